@@ -1,0 +1,99 @@
+"""CLI commands that read or migrate the store: db upgrade, runs, show, check-config."""
+
+from __future__ import annotations
+
+import click
+
+from .cli import emit_json, fail_cleanly, main, pass_app, shared_options
+from .store import utcnow
+
+
+@main.group()
+def db():
+    """Store schema (Alembic migrations shipped in the package)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@shared_options
+@pass_app
+@fail_cleanly
+def db_upgrade(app, revision):
+    """Create or migrate the store's tables."""
+    from . import migrate
+
+    migrate.upgrade(app.engine, revision)
+    click.echo(f"store at revision {migrate.current(app.engine)}: {app.engine.url.render_as_string(hide_password=True)}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@shared_options
+@pass_app
+@fail_cleanly
+def db_downgrade(app, revision):
+    """Migrate the store down to REVISION (`base` drops every table)."""
+    from . import migrate
+
+    migrate.downgrade(app.engine, revision)
+    click.echo(f"store at revision {migrate.current(app.engine)}")
+
+
+@main.command("runs")
+@click.option("--all", "all_runs", is_flag=True, help="Include ended runs (newest first).")
+@click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@shared_options
+@pass_app
+@fail_cleanly
+def runs_cmd(app, all_runs, limit, as_json):
+    """List the active runs (or every run with --all)."""
+    from . import render, views
+
+    with app.engine.connect() as conn:
+        records = views.list_runs(conn, app.config, utcnow(), all_runs=all_runs, limit=limit)
+    if as_json:
+        emit_json(records)
+    else:
+        click.echo(render.runs_table(records))
+
+
+@main.command("show")
+@click.argument("run_id")
+@click.option("--events", "last_events", default=15, show_default=True, type=click.IntRange(0, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable object.")
+@shared_options
+@pass_app
+@fail_cleanly
+def show_cmd(app, run_id, last_events, as_json):
+    """One run: counters against budgets, top tools, interventions, last events."""
+    from . import render, views
+
+    with app.engine.connect() as conn:
+        rid = views.resolve_run_id(conn, run_id)
+        record = views.run_detail(conn, rid, app.config, utcnow(), last_events=last_events)
+    if as_json:
+        emit_json(record)
+    else:
+        click.echo(render.run_detail(record))
+
+
+@main.command("check-config")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+@shared_options
+@pass_app
+@fail_cleanly
+def check_config(app, file, as_json):
+    """Validate a config and print every agent's effective profile (exit 2 on error)."""
+    from . import render
+    from .config import load
+
+    if file:
+        app.config_path = file
+    config = load(app.config_path)
+    if as_json:
+        emit_json({"path": config.path, "defaults": config.defaults.to_json(),
+                   "agents": {k: v.to_json() for k, v in config.agents.items()}})
+    else:
+        click.echo(render.config_summary(config))

@@ -1,0 +1,160 @@
+"""The agent SDK: register a run, record steps and tool calls, see stops.
+
+Light on purpose: importing this module never imports psutil, apprise or
+APScheduler. Each record is one short transaction (see `watchdog.hotpath`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import warnings
+from collections import deque
+
+from . import lifecycle as lc
+from .config import ENV_DB, RUN_BUDGET_KEYS
+from .errors import RunKilled, ToolUnavailable
+from .circuitview import CircuitView
+from .hotpath import Writer
+from .records import budget_error
+from .store import make_engine
+
+log = logging.getLogger("watchdog.client")
+
+BUFFER_MAX_EVENTS = 10_000
+SETTINGS_TTL_S = 5.0
+
+__all__ = ["Watchdog", "Run", "RunKilled", "ToolUnavailable"]
+
+
+class Watchdog:
+    """A handle on the shared store for one agent process. Thread-safe."""
+
+    def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS):
+        url = url or os.environ.get(ENV_DB)
+        if not url:
+            raise ValueError(f"Watchdog(url): no store URL given and ${ENV_DB} is not set")
+        # One connection per thread stays checked out: let the pool grow with the threads.
+        self.engine = make_engine(url, pool_size=1, max_overflow=-1)
+        self.writer = Writer(self.engine)
+        self._buffer: deque = deque()
+        self._buffer_max = buffer_max
+        self._buffer_lock = threading.RLock()
+        self.dropped_events = 0
+        self._warned_outage = False
+        self._settings: dict | None = None
+        self._settings_at = 0.0
+        self.circuits = CircuitView(self.writer)
+
+    # -- runs --------------------------------------------------------------
+
+    def run(self, agent: str, *, kill_mode: str = lc.COOPERATIVE, labels: dict | None = None, run_id: str | None = None,
+            guards: bool = True, **budgets) -> "Run":
+        """Open a run; use it as a context manager."""
+        from .run import Run  # late: Run needs this module's Watchdog type only at call time
+
+        if not isinstance(agent, str) or not agent.strip():
+            raise ValueError(f"agent: expected a non-empty name, got {agent!r}")
+        if kill_mode not in lc.KILL_MODES:
+            raise ValueError(f"kill_mode: expected one of {', '.join(lc.KILL_MODES)}, got {kill_mode!r}")
+        if labels is not None and not isinstance(labels, dict):
+            raise ValueError(f"labels: expected a dict, got {type(labels).__name__}")
+        unknown = set(budgets) - set(RUN_BUDGET_KEYS)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)[0]}: not a run budget (expected one of {', '.join(RUN_BUDGET_KEYS)})")
+        settings = self.settings()
+        profile = settings.get("agents", {}).get(agent) or settings.get("defaults")
+        for key, value in budgets.items():
+            if value is None:
+                continue
+            err = budget_error(key, value, profile, agent)
+            if err:
+                raise ValueError(err)
+        return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id,
+                   budgets={k: v for k, v in budgets.items() if v is not None}, profile=profile, guards=guards)
+
+    # -- published settings (prices, profiles) ------------------------------
+
+    def settings(self) -> dict:
+        """The config the daemon published in the store; {} when none is (or the store is down)."""
+        now = time.monotonic()
+        if self._settings is None or now - self._settings_at > SETTINGS_TTL_S:
+            try:
+                rows = self.writer.query(self.writer.dialect.select_settings, ("config",))
+                self._settings = self.writer.dialect.parse_json(rows[0][0]) if rows else {}
+            except Exception as exc:  # an unreachable store must not stop the agent
+                self._note_outage(exc)
+                self._settings = self._settings or {}
+            self._settings_at = now
+        return self._settings
+
+    def circuit_for(self, tool: str):
+        """The open or half-open circuit of `tool`, or None when it is closed."""
+        return self.circuits.get(tool)
+
+    def price_eur(self, model: str | None, tokens_in: int, tokens_out: int) -> float:
+        price = (self.settings().get("prices") or {}).get(model or "")
+        if not price:
+            return 0.0
+        return (tokens_in * price["input_eur_per_mtok"] + tokens_out * price["output_eur_per_mtok"]) / 1e6
+
+    # -- the write path, with the outage buffer ------------------------------
+
+    def write(self, statements):
+        """Run one transaction; on a store failure buffer it (bounded) and return None."""
+        with self._buffer_lock:
+            if self._buffer and not self._flush():
+                self._enqueue(statements)
+                return None
+        try:
+            return self.writer.transaction(statements)
+        except Exception as exc:
+            self._note_outage(exc)
+            with self._buffer_lock:
+                self._enqueue(statements)
+            return None
+
+    def _enqueue(self, statements):
+        if len(self._buffer) >= self._buffer_max:
+            self.dropped_events += 1
+            return
+        self._buffer.append(statements)
+
+    def _flush(self) -> bool:
+        while self._buffer:
+            try:
+                self.writer.transaction(self._buffer[0])
+            except Exception as exc:
+                self._note_outage(exc)
+                return False
+            self._buffer.popleft()
+        if self._warned_outage:
+            log.warning("agent-watchdog store is reachable again; buffered events written, %d dropped",
+                        self.dropped_events)
+            self._warned_outage = False
+        return True
+
+    def flush(self) -> bool:
+        """Write buffered records now; True when nothing is left buffered."""
+        with self._buffer_lock:
+            return self._flush()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def _note_outage(self, exc: BaseException):
+        if not self._warned_outage:
+            self._warned_outage = True
+            msg = (f"agent-watchdog store unreachable ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                   f"buffering up to {self._buffer_max} records in memory, the agent goes on")
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+    def close(self):
+        self.flush()
+        self.writer.discard()
+        self.engine.dispose()
+

@@ -1,0 +1,34 @@
+"""Exceptions shared by the SDK, the daemon and the CLI (no heavy imports here)."""
+
+
+class RunKilled(BaseException):
+    """The watchdog (or an in-process guard) stopped this run.
+
+    A BaseException, like asyncio.CancelledError, so that an agent's
+    `except Exception:` cannot swallow a stop.
+    """
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class ToolUnavailable(Exception):
+    """A tool's circuit is open: the call failed fast without running the tool.
+
+    An ordinary Exception on purpose: the agent (and the model) should read it
+    and choose another path, not die of it.
+    """
+
+    def __init__(self, tool: str, message: str):
+        self.tool = tool
+        super().__init__(message)
+
+
+class ConfigError(Exception):
+    """Bad configuration: the message is one line naming file, key and what was expected."""
+
+
+class StoreError(Exception):
+    """A store-level problem with a clear one-line message (bad URL, unknown run id...)."""

@@ -1,0 +1,147 @@
+"""The SDK's write path: one short transaction per record, on the raw DBAPI connection.
+
+Why not SQLAlchemy Core or the ORM here: on SQLite the write lock is held for
+as long as the transaction's Python code runs, so every microsecond of
+statement compilation is a microsecond all other agents wait. The SQL below is
+rendered once per dialect and executed on a per-thread DBAPI connection.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+import threading
+
+from sqlalchemy.engine import Engine
+
+from .store import SQLITE_TS_FORMAT
+
+EVENT_COLUMNS = (
+    "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
+    "error_msg", "duration_s", "model", "tokens_in", "tokens_out", "cost_eur", "progress",
+)  # fmt: skip
+
+RUN_COLUMNS = (
+    "id", "agent", "status", "kill_mode", "host", "pid", "pid_create_time", "labels",
+    "max_wall_s", "max_steps", "max_tool_calls", "max_cost_eur", "max_identical_calls",
+    "heartbeat_timeout_s", "started_at", "last_seen_at",
+)  # fmt: skip
+
+
+class Dialect:
+    """SQL text and value adaptation for one database."""
+
+    def __init__(self, name: str):
+        self.name = name
+        sqlite = name == "sqlite"
+        ph = "?" if sqlite else "%s"
+        self.begin = "BEGIN IMMEDIATE" if sqlite else None
+        greatest = "MAX" if sqlite else "GREATEST"
+        json_ph = ph if sqlite else "%s::json"
+        ev_values = ", ".join(json_ph if c == "args" else ph for c in EVENT_COLUMNS)
+        self.insert_event = f"INSERT INTO events ({', '.join(EVENT_COLUMNS)}) VALUES ({ev_values})"
+        run_values = ", ".join(json_ph if c == "labels" else ph for c in RUN_COLUMNS)
+        self.insert_run = f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) VALUES ({run_values})"
+        self.returning = not sqlite or sqlite3.sqlite_version_info >= (3, 35)
+        self.update_run = (
+            f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, "
+            f"tool_errors = tool_errors + {ph}, tokens_in = tokens_in + {ph}, "
+            f"tokens_out = tokens_out + {ph}, cost_eur = cost_eur + {ph}, "
+            f"last_seq = {greatest}(last_seq, {ph}), last_seen_at = {greatest}(last_seen_at, {ph}), "
+            f"progress = COALESCE({ph}, progress) WHERE id = {ph}"
+        )
+        if self.returning:
+            self.update_run += " RETURNING status, stop_reason, stop_detail"
+        self.select_status = f"SELECT status, stop_reason, stop_detail FROM runs WHERE id = {ph}"
+        self.end_run = (
+            f"UPDATE runs SET status = {ph}, ended_at = {ph}, "
+            f"stop_reason = COALESCE(stop_reason, {ph}), stop_detail = COALESCE(stop_detail, {ph}) "
+            f"WHERE id = {ph} AND status IN ('running', 'stopping')"
+        )
+        self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
+        self.select_circuits = "SELECT tool, state, open_until, errors_in_window, window_s, last_error FROM tool_circuits WHERE state <> 'closed'"
+        self.sqlite = sqlite
+
+    def ts(self, value: dt.datetime):
+        # SQLite has no timestamp type: naive UTC text, the format of the table contract.
+        if self.sqlite:
+            return value.astimezone(dt.timezone.utc).strftime(SQLITE_TS_FORMAT)
+        return value
+
+    def json(self, value):
+        return None if value is None else json.dumps(value, sort_keys=True, default=str)
+
+    def parse_ts(self, value):
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return value
+
+    def parse_json(self, value):
+        return json.loads(value) if isinstance(value, str) else value
+
+
+class Writer:
+    """Runs short transactions on one DBAPI connection per thread."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.dialect = Dialect(engine.dialect.name)
+        self._local = threading.local()
+
+    def _conn(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.engine.raw_connection()
+            self._local.conn = conn
+        return conn
+
+    def transaction(self, statements):
+        """Execute [(sql, params), ...] in one transaction; return the last statement's first row."""
+        conn = self._conn()
+        row = None
+        try:
+            cur = conn.cursor()
+            if self.dialect.begin:
+                cur.execute(self.dialect.begin)
+            for sql, params in statements:
+                cur.execute(sql, params)
+                row = cur.fetchone() if cur.description else None
+            if self.dialect.sqlite:
+                cur.execute("COMMIT")
+            else:
+                conn.commit()
+            cur.close()
+            return row
+        except BaseException:
+            self.discard()
+            raise
+
+    def query(self, sql, params=()):
+        """A read outside any write transaction (no write lock taken on SQLite)."""
+        conn = self._conn()
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, params)
+            rows = cur.fetchall()
+            cur.close()
+            if not self.dialect.sqlite:
+                conn.rollback()  # end the implicit read transaction: never sit idle in one
+            return rows
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self):
+        """Drop this thread's connection after an error: the next use reconnects."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            try:
+                conn.invalidate()
+            except Exception:  # a connection that is already broken cannot be closed cleanly
+                pass

@@ -1,0 +1,70 @@
+"""Pure helpers for what the SDK records: argument hashes, error fields, validation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+ERROR_MSG_MAX_CHARS = 200
+
+
+def canonical_json(args) -> str:
+    """Sorted keys, no whitespace: the same arguments always give the same text."""
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def hash_args(args, *, tool: str = "?") -> str:
+    """sha256 of the canonical JSON of the arguments. Raw arguments are not stored by default."""
+    try:
+        text = canonical_json(args)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"args of tool {tool!r}: expected JSON-serialisable values ({exc})") from None
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def error_fields(error) -> tuple[str | None, str | None]:
+    """(error class, short one-line message) from an exception or a string."""
+    if error is None or error is False:
+        return None, None
+    if isinstance(error, BaseException):
+        cls, msg = type(error).__name__, str(error)
+    else:
+        cls, msg = "Error", str(error)
+    msg = " ".join(msg.split())
+    if len(msg) > ERROR_MSG_MAX_CHARS:
+        msg = msg[: ERROR_MSG_MAX_CHARS - 1] + "…"
+    return cls, msg
+
+
+def validate_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def validate_tokens(tokens_in, tokens_out) -> tuple[int, int]:
+    return validate_count("tokens_in", tokens_in), validate_count("tokens_out", tokens_out)
+
+
+def validate_amount(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
+    return float(value)
+
+
+def budget_error(key: str, value, profile: dict | None, agent: str) -> str | None:
+    """Why a run's requested budget is not acceptable, or None.
+
+    A run may lower its profile's budgets, never raise them, unless the profile
+    says `runs_may_raise = true`.
+    """
+    integer = key in ("max_steps", "max_tool_calls", "max_identical_calls")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        return f"{key}: expected {'an integer' if integer else 'a number'} > 0, got {value!r}"
+    if not math.isfinite(value) or value <= 0:
+        return f"{key}: expected {'an integer' if integer else 'a number'} > 0, got {value!r}"
+    if profile and not profile.get("runs_may_raise") and key in profile and value > profile[key]:
+        return (f"{key}={value} is above the {agent!r} profile's {profile[key]}; "
+                "a run may only lower its budgets (set runs_may_raise = true in the profile to allow it)")
+    return None
