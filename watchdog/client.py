@@ -16,7 +16,7 @@ from collections import deque
 from . import lifecycle as lc
 from .config import ENV_DB, RUN_BUDGET_KEYS
 from .errors import RunKilled, ToolUnavailable
-from .circuitview import CircuitView
+from .circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
 from .hotpath import Writer
 from .records import budget_error
 from .store import make_engine
@@ -32,7 +32,9 @@ __all__ = ["Watchdog", "Run", "RunKilled", "ToolUnavailable"]
 class Watchdog:
     """A handle on the shared store for one agent process. Thread-safe."""
 
-    def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS):
+    def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS,
+                 circuit_cache_s: float = CIRCUIT_CACHE_MAX_S):
+        """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached (one tick by default)."""
         url = url or os.environ.get(ENV_DB)
         if not url:
             raise ValueError(f"Watchdog(url): no store URL given and ${ENV_DB} is not set")
@@ -46,7 +48,7 @@ class Watchdog:
         self._warned_outage = False
         self._settings: dict | None = None
         self._settings_at = 0.0
-        self.circuits = CircuitView(self.writer)
+        self.circuits = CircuitView(self.writer, cache_s=circuit_cache_s)
 
     # -- runs --------------------------------------------------------------
 

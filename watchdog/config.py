@@ -71,6 +71,7 @@ class CircuitPolicy:
     errors: int = 5
     window_s: float = 60.0
     open_s: float = 120.0
+    max_calls_per_min: int = 120  # calls of one tool over all runs; 0 = no alarm
 
 
 @dataclass(frozen=True)
@@ -180,10 +181,11 @@ def _budgets(ctx: _Ctx, section: str, table: Mapping, base: Budgets) -> Budgets:
 
 
 def _circuit_policy(ctx: _Ctx, section: str, table: Mapping, base: CircuitPolicy) -> CircuitPolicy:
-    _check_keys(ctx, section, table, ("errors", "window_s", "open_s"))
+    _check_keys(ctx, section, table, ("errors", "window_s", "open_s", "max_calls_per_min"))
     values = {}
     for k, v in table.items():
-        values[k] = _number(ctx, f"{section}.{k}", v, integer=(k == "errors"))
+        values[k] = _number(ctx, f"{section}.{k}", v, integer=(k in ("errors", "max_calls_per_min")),
+                            allow_zero=(k == "max_calls_per_min"))
     return dataclasses.replace(base, **values)
 
 

@@ -89,6 +89,8 @@ class Killer:
         users = frozenset(u for u in (allowed_users or ()) if u)
         self.allowed_users = users or frozenset({_current_user()})
         self.host = host or procid.hostname()
+        # None where Python/the OS lacks pidfds; os.kill is the fallback.
+        self._pidfd_open = getattr(os, "pidfd_open", None)
 
     def identity(self, pid: int) -> ProcessIdentity | None:
         """Identity of a local process as it runs now; None if it is gone."""
@@ -96,8 +98,6 @@ class Killer:
             return ProcessIdentity(self.host, pid, psutil.Process(pid).create_time())
         except (psutil.NoSuchProcess, ValueError):
             return None
-
-    # --- checks -------------------------------------------------------
 
     def _inspect(self, ident: ProcessIdentity) -> tuple[str | None, str | None]:
         """(why ident does not name a running local process, its username)."""
@@ -140,8 +140,6 @@ class Killer:
     def alive(self, idents: Iterable[ProcessIdentity]) -> list[ProcessIdentity]:
         return [i for i in idents if self._inspect(i)[0] is None]
 
-    # --- enumeration ----------------------------------------------------
-
     def _members(self, leader: ProcessIdentity, mode: str) -> list[ProcessIdentity]:
         """Descendants (plus group members in tree mode) of a verified leader."""
         found: list[ProcessIdentity] = []
@@ -167,29 +165,25 @@ class Killer:
                 return []  # the leader does not lead its own group
         except OSError:
             return []
-        found = []
+        found: list[ProcessIdentity] = []
         for pid in psutil.pids():
             try:
-                if os.getpgid(pid) != pgid:
-                    continue
-                proc = psutil.Process(pid)
-                create_time = proc.create_time()
-                # Re-read the group after the create time: a pid recycled in
-                # between fails is_running()'s identity check.
-                if os.getpgid(pid) == pgid and proc.is_running():
-                    found.append(ProcessIdentity(self.host, pid, create_time))
+                if os.getpgid(pid) == pgid:  # cheap filter first
+                    # Identity, then group, then identity again: a pid
+                    # recycled in between fails is_running().
+                    proc = psutil.Process(pid)
+                    if os.getpgid(pid) == pgid and proc.is_running():
+                        found.append(ProcessIdentity(self.host, pid, proc.create_time()))
             except (OSError, psutil.Error):
                 continue
         return found
 
-    # --- signalling -----------------------------------------------------
-
     def _open_pidfd(self, pid: int) -> int | None:
         """A pidfd pinning pid, or None where there is none (use os.kill)."""
-        try:
-            return os.pidfd_open(pid)
-        except AttributeError:
+        if self._pidfd_open is None:
             return None
+        try:
+            return self._pidfd_open(pid)
         except OSError as e:
             if e.errno == errno.ENOSYS:
                 return None

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 _APPRISE_LOG = logging.getLogger(apprise.LOGGER_NAME)
 
 _MASK = "****"
-_MIN_SECRET_CHARS = 3  # shorter URL pieces ("no", "to") are never secrets, masking them mangles text
+_MIN_SECRET_CHARS = 3  # shorter URL pieces ("no", "to") are not secrets; masking them mangles text
 _MAX_REASON_CHARS = 300
 
 
@@ -41,11 +41,9 @@ class TargetResult:
     error: str | None  # one line, secret-free
 
 
-# --- secret masking --------------------------------------------------------
-
 _lock = threading.Lock()
 _registered: dict[object, frozenset[str]] = {}
-_all_secrets: tuple[str, ...] = ()  # longest first, so a secret's substrings do not break its masking
+_all_secrets: tuple[str, ...] = ()  # longest first: a secret's substring must not mask it partially
 
 
 def _set_secrets(key: object, secrets: frozenset[str] | None) -> None:
@@ -86,10 +84,11 @@ class _AppriseLogFilter(logging.Filter):
             return False  # apprise's TRACE level exists to dump parsed URLs with their passwords
         secrets = _all_secrets
         if secrets:
-            message = record.getMessage()
-            clean = _scrub(message, secrets)
-            if clean != message:
-                record.msg, record.args = clean, None
+            try:
+                message = record.getMessage()
+            except Exception:  # logging's error report would print the raw args
+                message = "(unformattable apprise log message)"
+            record.msg, record.args = _scrub(message, secrets), None
         return True
 
 
@@ -172,7 +171,7 @@ class Notifier:
             target_id = hashlib.sha256(url.encode()).hexdigest()[:12]
             if any(t.id == target_id for t, _ in self._entries):
                 continue  # the same URL twice would page the same human twice
-            # notify(timeout=) only stops waiting; the worker thread lives until its socket times out.
+            # notify(timeout=) only stops waiting; the worker lives until its socket times out.
             for attr in ("socket_connect_timeout", "socket_read_timeout"):
                 current = getattr(plugin, attr, None)
                 if isinstance(current, (int, float)) and current > self._timeout_s:
@@ -189,16 +188,12 @@ class Notifier:
 
     def send(self, title: str, body: str, skip: Collection[str] = ()) -> list[TargetResult]:
         """Deliver to every target not in `skip`; failures are results, never exceptions."""
-        return [
-            self._send_one(target, one, title, body)
-            for target, one in self._entries
-            if target.id not in skip
-        ]
+        return [self._send_one(t, one, title, body) for t, one in self._entries if t.id not in skip]
 
-    def _send_one(self, target: Target, one: apprise.Apprise, title: str, body: str) -> TargetResult:
+    def _send_one(self, target: Target, ap: apprise.Apprise, title: str, body: str) -> TargetResult:
         error = None
         try:
-            with one.notify(
+            with ap.notify(
                 body=body,
                 title=title,
                 body_format=apprise.NotifyFormat.TEXT,
@@ -207,19 +202,21 @@ class Notifier:
                 # notify() returns an AppriseResult in apprise 2.x (a bool before): coerce.
                 if not bool(outcome):
                     error = _first_warning(outcome) or "delivery failed"
-        except Exception as exc:  # apprise is not meant to raise here; the outbox loop must survive if it does
+        except Exception as exc:  # apprise should not raise here, but the outbox loop must survive
             error = f"delivery failed: apprise raised {type(exc).__name__}"
         if error is None:
             return TargetResult(target, True, None)
         error = _one_line(_scrub(error))
-        log.warning("alert to %s failed: %s", target.privacy_url, error)
+        # DEBUG: callers (outbox, test-alert) report the result themselves.
+        log.debug("alert to %s failed: %s", target.privacy_url, error)
         return TargetResult(target, False, error)
 
 
-def _first_warning(outcome) -> str | None:
-    # Entries were captured after our logger filter ran, so they are already masked.
+def _first_warning(outcome: apprise.AppriseResult) -> str | None:
+    # apprise 2.x keeps each service's WARNING+ log lines in its result; they were
+    # captured after our logger filter ran, so they are already masked.
     for entry in outcome.logs():
-        level = logging.getLevelName(entry.level)
+        level = logging.getLevelName(entry.level)  # "WARNING" -> 30
         if isinstance(level, int) and level >= logging.WARNING:
             return entry.message
     return None

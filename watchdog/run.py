@@ -98,16 +98,22 @@ class Run:
     # -- records ---------------------------------------------------------------
 
     def step(self, model: str | None = None, tokens_in: int = 0, tokens_out: int = 0, cost_eur: float | None = None):
-        """Record one model call (a step)."""
+        """Record one model call (a step) that happened; its cost is recorded even when over budget.
+
+        The in-process guard then stops the run if it is over a budget (steps, cost,
+        wall-clock). Call `check_budget` *before* each model call to refuse the call
+        that would exceed it instead.
+        """
         tokens_in, tokens_out = validate_tokens(tokens_in, tokens_out)
         if cost_eur is None:
             cost_eur = self.wd.price_eur(model, tokens_in, tokens_out)
         cost_eur = validate_amount("cost_eur", cost_eur)
         self.check()
         if self.guard:
-            self._guarded(self.guard.before_step)
             self.guard.after_step(cost_eur)
         self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
+        if self.guard:
+            self._guarded(lambda: self.guard.check_totals(self._elapsed_s()))
 
     def check_budget(self, estimated_cost_eur: float = 0.0):
         """Pre-flight: call before a model call so a money budget overshoots by at most one call."""

@@ -1,0 +1,74 @@
+"""Prometheus metrics (optional extra `metrics`). Bounded label sets: never a run id as a label."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+MAX_TOOL_LABELS = 200  # tools beyond this share the label "other": cardinality stays bounded
+
+
+class Metrics:
+    def __init__(self, registry=None):
+        try:
+            from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
+        except ImportError:
+            raise RuntimeError("[metrics] listen needs prometheus_client: pip install 'agent-watchdog[metrics]'") from None
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.active = Gauge("agent_watchdog_active_runs", "Runs running or stopping", ["status"], registry=r)
+        self.interventions = PCounter("agent_watchdog_interventions", "Stops requested, by reason", ["reason"],
+                                      registry=r)
+        self.lost = PCounter("agent_watchdog_runs_lost", "Runs whose process vanished", registry=r)
+        self.alerts = PCounter("agent_watchdog_alert_deliveries", "Alert deliveries per target outcome", ["outcome"],
+                               registry=r)
+        self.tick = Histogram("agent_watchdog_tick_seconds", "Tick duration",
+                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.skipped = PCounter("agent_watchdog_ticks_skipped", "Ticks skipped because the previous one ran late",
+                                registry=r)
+        self.failed = PCounter("agent_watchdog_ticks_failed", "Ticks that failed (database down...)", registry=r)
+        self.tool_calls = PCounter("agent_watchdog_tool_calls", "Tool calls seen, by tool", ["tool"], registry=r)
+        self.tool_errors = PCounter("agent_watchdog_tool_errors", "Tool errors seen, by tool", ["tool"], registry=r)
+        self._tools: set[str] = set()
+
+    def _tool(self, name: str) -> str:
+        if name in self._tools or len(self._tools) < MAX_TOOL_LABELS:
+            self._tools.add(name)
+            return name
+        return "other"
+
+    def observe_tick(self, rep) -> None:
+        self.tick.observe(rep.duration_s)
+        self.active.labels("running").set(rep.active - rep.stopping)
+        self.active.labels("stopping").set(rep.stopping)
+        for _rid, reason in rep.stops:
+            self.interventions.labels(reason).inc()
+        if rep.lost:
+            self.lost.inc(len(rep.lost))
+        calls, errors = Counter(), Counter()
+        for e in getattr(rep, "events", ()):
+            calls[self._tool(e.tool)] += 1
+            if e.ok is False:
+                errors[self._tool(e.tool)] += 1
+        for tool, n in calls.items():
+            self.tool_calls.labels(tool).inc(n)
+        for tool, n in errors.items():
+            self.tool_errors.labels(tool).inc(n)
+
+    def tick_skipped(self) -> None:
+        self.skipped.inc()
+
+    def tick_failed(self) -> None:
+        self.failed.inc()
+
+    def alert_result(self, result) -> None:
+        self.alerts.labels("delivered" if result.ok else "failed").inc()
+
+
+def start_metrics(listen: str) -> Metrics:
+    """Serve /metrics on host:port in a background thread."""
+    from prometheus_client import start_http_server
+
+    metrics = Metrics()
+    host, _, port = listen.rpartition(":")
+    start_http_server(int(port), addr=host.strip("[]"), registry=metrics.registry)
+    return metrics

@@ -1,0 +1,136 @@
+"""What the tick knows about active runs: counters from the run rows, and per-run
+tool statistics folded incrementally from the events written since the last tick.
+
+The caches are rebuilt from the store on a cold start (only the active runs'
+events are read), so a restarted daemon knows exactly what the old one knew.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from sqlalchemy import and_, func, select
+
+from . import lifecycle as lc
+from .policies import RunSnapshot
+from .store import events, runs
+
+RATE_WINDOW_S = 60.0
+# PostgreSQL assigns ids at insert but commits in any order: re-read this many ids
+# below the high-water mark so a late commit is never missed (dedupe by id).
+ID_OVERLAP = 2000
+CHUNK = 500
+
+
+@dataclass
+class RunStats:
+    signatures: Counter = field(default_factory=Counter)
+    tools: Counter = field(default_factory=Counter)
+    tool_errors: Counter = field(default_factory=Counter)
+    last_error: dict = field(default_factory=dict)
+    recent: deque = field(default_factory=deque)  # (at, tool) of tool calls, for the rate
+
+    def add(self, at: dt.datetime, tool: str, args_hash: str | None, ok: bool | None, error_msg: str | None):
+        self.tools[tool] += 1
+        self.signatures[(tool, args_hash)] += 1
+        if ok is False:
+            self.tool_errors[tool] += 1
+            if error_msg:
+                self.last_error[tool] = error_msg
+        self.recent.append((at, tool))
+
+    def rate(self, now: dt.datetime) -> tuple[int, tuple[str, int] | None]:
+        horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
+        while self.recent and self.recent[0][0] < horizon:
+            self.recent.popleft()
+        counts = Counter(tool for at, tool in self.recent if at <= now)
+        top = counts.most_common(1)
+        return sum(counts.values()), (top[0] if top else None)
+
+    def top_signature(self) -> tuple[str, int] | None:
+        if not self.signatures:
+            return None
+        (tool, _hash), count = self.signatures.most_common(1)[0]
+        return tool, count
+
+    def top_tool(self) -> tuple[str, int, int] | None:
+        if not self.tools:
+            return None
+        tool, calls = max(self.tools.items(), key=lambda kv: (kv[1], self.tool_errors[kv[0]]))
+        return tool, calls, self.tool_errors[tool]
+
+
+@dataclass
+class NewEvent:
+    id: int
+    run_id: str
+    at: dt.datetime
+    tool: str
+    args_hash: str | None
+    ok: bool | None
+    error_msg: str | None
+
+
+class Scanner:
+    """Loads active runs and folds new tool events into per-run stats."""
+
+    def __init__(self):
+        self.stats: dict[str, RunStats] = {}
+        self.high_water: int | None = None  # largest event id folded in
+        self._seen: set[int] = set()
+        self.all_recent: deque = deque()  # (at, tool) over all runs: many runs hammering one tool
+
+    def tool_rates(self, now: dt.datetime) -> Counter:
+        """Tool calls per tool over all runs in the last minute."""
+        horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
+        while self.all_recent and self.all_recent[0][0] < horizon:
+            self.all_recent.popleft()
+        return Counter(tool for at, tool in self.all_recent if at <= now)
+
+    def load_active(self, conn) -> list:
+        return conn.execute(select(runs).where(runs.c.status.in_(lc.ACTIVE_STATUSES))).all()
+
+    def fold(self, conn, active_ids: list[str]) -> list[NewEvent]:
+        """Fold the tool events written since the last tick; return them (the circuits need them too)."""
+        cols = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
+                events.c.error_msg)
+        new: list[NewEvent] = []
+        if self.high_water is None:
+            # Cold start: the full history of the active runs only, never all history.
+            top = conn.execute(select(func.max(events.c.id))).scalar()
+            for i in range(0, len(active_ids), CHUNK):
+                q = select(*cols).where(and_(events.c.run_id.in_(active_ids[i : i + CHUNK]),
+                                             events.c.kind == lc.EV_TOOL)).order_by(events.c.id)
+                new.extend(NewEvent(*r) for r in conn.execute(q))
+            self.high_water = top or 0
+            overlap = select(events.c.id).where(events.c.id > self.high_water - ID_OVERLAP)
+            self._seen = {r[0] for r in conn.execute(overlap)}
+        else:
+            low = max(0, self.high_water - ID_OVERLAP)
+            q = select(*cols).where(and_(events.c.id > low, events.c.kind == lc.EV_TOOL)).order_by(events.c.id)
+            fresh = [NewEvent(*r) for r in conn.execute(q) if r[0] not in self._seen]
+            new.extend(fresh)
+            if fresh:
+                self.high_water = max(self.high_water, max(e.id for e in fresh))
+            self._seen = {i for i in self._seen if i > self.high_water - ID_OVERLAP}
+            self._seen.update(e.id for e in fresh)
+        active = set(active_ids)
+        for e in new:
+            self.all_recent.append((e.at, e.tool))
+            if e.run_id in active:
+                self.stats.setdefault(e.run_id, RunStats()).add(e.at, e.tool, e.args_hash, e.ok, e.error_msg)
+        for rid in list(self.stats):
+            if rid not in active:
+                del self.stats[rid]
+        return new
+
+    def snapshot(self, row, now: dt.datetime) -> RunSnapshot:
+        st = self.stats.get(row.id) or RunStats()
+        calls_min, top_min = st.rate(now)
+        return RunSnapshot(
+            id=row.id, agent=row.agent, started_at=row.started_at, last_seen_at=row.last_seen_at,
+            steps=row.steps, tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
+            top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
+        )
