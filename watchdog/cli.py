@@ -119,3 +119,7 @@ def emit_json(data) -> None:
 
 # Commands live in small modules; importing them registers them on `main`.
 from . import cli_store, cli_daemon  # noqa: E402,F401
+
+
+if __name__ == "__main__":  # python -m watchdog.cli
+    main()
