@@ -28,7 +28,7 @@ GONE = "process gone"
 ZOMBIE = "zombie"
 RECYCLED = "create time differs (pid recycled)"
 # For these the process the identity names no longer runs: that is success.
-_GONE_REASONS = frozenset({GONE, ZOMBIE, RECYCLED})
+GONE_REASONS = frozenset({GONE, ZOMBIE, RECYCLED})
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class Killer:
 
     def _signal_one(self, ident: ProcessIdentity, sig: int) -> str | None:
         """Send sig to exactly the process ident names. None when sent,
-        else the reason (a _GONE_REASONS member when it no longer runs)."""
+        else the reason (a GONE_REASONS member when it no longer runs)."""
         reason = self.refusal(ident)
         if reason is not None:
             return reason
@@ -246,7 +246,7 @@ class Killer:
                 leader_reason = reason
             if reason is None:
                 sent.append(ident)
-            elif reason in _GONE_REASONS:
+            elif reason in GONE_REASONS:
                 gone.append(ident.pid)
             elif ident is not leader:
                 skipped.append((ident.pid, reason))

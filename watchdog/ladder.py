@@ -16,12 +16,11 @@ from sqlalchemy import and_, desc, select, update
 from . import lifecycle as lc
 from .actions import enqueue_alert, record
 from .config import Budgets, DaemonConfig
-from .killer import Killer, ProcessIdentity
+from .killer import GONE_REASONS, Killer, ProcessIdentity
 from .messages import RunFacts, cooperative_alert, escalation_alert
 from .store import interventions, runs
 
 KILL_CONFIRM_S = 10.0  # a process still there this long after SIGKILL is stuck (D state): say so
-GONE_REFUSALS = ("process gone", "zombie")
 
 
 def _since(t: dt.datetime | None, now: dt.datetime) -> float:
@@ -97,7 +96,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
 
     if stage is None:
         refusal = killer.refusal(leader)
-        if refusal in GONE_REFUSALS:
+        if refusal in GONE_REASONS:
             _finish(conn, row, None, f"process exited after the cooperative stop ({refusal})", now, by, facts,
                     budgets, escalated=False)
             return
@@ -105,6 +104,10 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
             _fail(conn, row, None, "refused", "signal_refused", f"not signalled: {refusal}", now, by, facts, budgets)
             return
         out = killer.terminate(leader, row.kill_mode)
+        if out.refused in GONE_REASONS:  # it exited between the check and the signal
+            _finish(conn, row, None, f"process exited after the cooperative stop ({out.refused})", now, by, facts,
+                    budgets, escalated=False)
+            return
         if out.refused:
             _fail(conn, row, None, "refused", "signal_refused", f"not signalled: {out.refused}", now, by, facts,
                   budgets)
