@@ -118,7 +118,7 @@ def emit_json(data) -> None:
 
 
 # Commands live in small modules; importing them registers them on `main`.
-from . import cli_store, cli_daemon  # noqa: E402,F401
+from . import cli_daemon, cli_report, cli_store  # noqa: E402,F401
 
 
 if __name__ == "__main__":  # python -m watchdog.cli
