@@ -1,0 +1,85 @@
+"""Real stores for every test: a SQLite file and a PostgreSQL database.
+
+PostgreSQL: a fresh database per test session on $AGENT_WATCHDOG_TEST_PG's
+server (default postgres@127.0.0.1:5432), emptied between tests. If the server
+is unreachable the PostgreSQL tests fail (they are never silently skipped).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from watchdog import migrate
+from watchdog.store import make_engine, metadata
+
+PG_ADMIN_URL = os.environ.get("AGENT_WATCHDOG_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="session")
+def pg_server_url():
+    """URL of a fresh PostgreSQL database for this session; dropped afterwards."""
+    name = f"aw_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is unreachable, the PostgreSQL tests cannot run: {exc}")
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_migrated(pg_server_url):
+    engine = make_engine(pg_server_url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return pg_server_url
+
+
+def _empty_pg(url):
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        names = ", ".join(t.name for t in metadata.sorted_tables)
+        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request, tmp_path):
+    """A migrated, empty store on each backend."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'runs.db'}"
+        engine = make_engine(url)
+        migrate.upgrade(engine)
+        engine.dispose()
+        yield url
+    else:
+        url = request.getfixturevalue("pg_migrated")
+        _empty_pg(url)
+        yield url
+
+
+@pytest.fixture
+def engine(db_url):
+    engine = make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    return url
