@@ -210,7 +210,7 @@ PUBLIC_KEYS = {
         "dedupe_window_s",
         "runs_may_raise",
     },
-    "circuit": {"errors", "window_s", "open_s"},
+    "circuit": {"errors", "window_s", "open_s", "max_calls_per_min"},
     "alerts": {"urls"},
     "metrics": {"listen"},
 }
@@ -269,7 +269,7 @@ def test_example_documented_values():
         "dedupe_window_s": 0,
         "runs_may_raise": False,
     }
-    assert {k: raw["circuit"][k] for k in PUBLIC_KEYS["circuit"]} == {"errors": 5, "window_s": 60, "open_s": 120}
+    assert {k: raw["circuit"][k] for k in PUBLIC_KEYS["circuit"]} == {"errors": 5, "window_s": 60, "open_s": 120, "max_calls_per_min": 120}
     assert raw["metrics"] == {"listen": ""}
 
 
