@@ -18,13 +18,16 @@ from .config import ENV_DB, RUN_BUDGET_KEYS
 from .errors import RunKilled, ToolUnavailable
 from .circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
 from .hotpath import Writer
-from .records import budget_error
-from .store import make_engine
+from .records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, budget_error, validate_name
+from .errors import StoreError
+from .store import make_engine, normalise_url
 
 log = logging.getLogger("watchdog.client")
 
 BUFFER_MAX_EVENTS = 10_000
 SETTINGS_TTL_S = 5.0
+# An unreachable PostgreSQL host must cost a record seconds, not the OS's TCP timeout.
+PG_CONNECT_TIMEOUT_S = 5
 
 __all__ = ["Watchdog", "Run", "RunKilled", "ToolUnavailable"]
 
@@ -38,14 +41,23 @@ class Watchdog:
         url = url or os.environ.get(ENV_DB)
         if not url:
             raise ValueError(f"Watchdog(url): no store URL given and ${ENV_DB} is not set")
+        if isinstance(buffer_max, bool) or not isinstance(buffer_max, int) or buffer_max < 0:
+            raise ValueError(f"buffer_max: expected an integer >= 0, got {buffer_max!r}")
+        try:
+            url = normalise_url(url)
+        except StoreError as exc:
+            raise ValueError(f"url: {exc}") from None
+        kw = {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}} if url.startswith("postgresql") else {}
         # One connection per thread stays checked out: let the pool grow with the threads.
-        self.engine = make_engine(url, pool_size=1, max_overflow=-1)
+        self.engine = make_engine(url, pool_size=1, max_overflow=-1, **kw)
         self.writer = Writer(self.engine)
         self._buffer: deque = deque()
         self._buffer_max = buffer_max
         self._buffer_lock = threading.RLock()
         self.dropped_events = 0
+        self.rejected_events = 0
         self._warned_outage = False
+        self._warned_rejected = False
         self._settings: dict | None = None
         self._settings_at = 0.0
         self.circuits = CircuitView(self.writer, cache_s=circuit_cache_s)
@@ -57,8 +69,9 @@ class Watchdog:
         """Open a run; use it as a context manager."""
         from .run import Run  # late: Run needs this module's Watchdog type only at call time
 
-        if not isinstance(agent, str) or not agent.strip():
-            raise ValueError(f"agent: expected a non-empty name, got {agent!r}")
+        validate_name("agent", agent, AGENT_MAX_CHARS)
+        if run_id is not None:
+            validate_name("run_id", run_id, RUN_ID_MAX_CHARS)
         if kill_mode not in lc.KILL_MODES:
             raise ValueError(f"kill_mode: expected one of {', '.join(lc.KILL_MODES)}, got {kill_mode!r}")
         if labels is not None and not isinstance(labels, dict):
@@ -105,7 +118,11 @@ class Watchdog:
     # -- the write path, with the outage buffer ------------------------------
 
     def write(self, statements):
-        """Run one transaction; on a store failure buffer it (bounded) and return None."""
+        """Run one transaction; on a store failure buffer it (bounded) and return None.
+
+        A record the store refuses (a constraint or data error) is dropped and
+        counted instead: retrying it could never succeed, and buffered ahead of
+        every later record it would keep the run from ever seeing a stop."""
         with self._buffer_lock:
             if self._buffer and not self._flush():
                 self._enqueue(statements)
@@ -113,6 +130,9 @@ class Watchdog:
         try:
             return self.writer.transaction(statements)
         except Exception as exc:
+            if self.writer.is_rejection(exc):
+                self._note_rejected(exc)
+                return None
             self._note_outage(exc)
             with self._buffer_lock:
                 self._enqueue(statements)
@@ -129,8 +149,10 @@ class Watchdog:
             try:
                 self.writer.transaction(self._buffer[0])
             except Exception as exc:
-                self._note_outage(exc)
-                return False
+                if not self.writer.is_rejection(exc):
+                    self._note_outage(exc)
+                    return False
+                self._note_rejected(exc)
             self._buffer.popleft()
         if self._warned_outage:
             log.warning("agent-watchdog store is reachable again; buffered events written, %d dropped",
@@ -150,9 +172,19 @@ class Watchdog:
     def _note_outage(self, exc: BaseException):
         if not self._warned_outage:
             self._warned_outage = True
-            msg = (f"agent-watchdog store unreachable ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            msg = (f"agent-watchdog store unreachable ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}); "
                    f"buffering up to {self._buffer_max} records in memory, the agent goes on")
             log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+    def _note_rejected(self, exc: BaseException):
+        self.rejected_events += 1
+        msg = (f"agent-watchdog store rejected a record ({type(exc).__name__}: "
+               f"{(str(exc).splitlines() or [''])[0][:200]}); dropped it, the agent goes on "
+               f"({self.rejected_events} rejected so far)")
+        log.warning(msg)
+        if not self._warned_rejected:
+            self._warned_rejected = True
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
     def close(self):

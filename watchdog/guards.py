@@ -83,7 +83,8 @@ class Guard:
                 raise RunKilled(lc.MAX_STEPS, f"{self.steps} steps > max_steps {cap} (in-process guard)")
             cap = self._limit("max_cost_eur")
             if cap is not None and self.cost_eur > cap:
-                raise RunKilled(lc.MAX_COST, f"{self.cost_eur:.4f} EUR spent > max_cost_eur {cap:.2f} (in-process guard)")
+                raise RunKilled(lc.MAX_COST,
+                                f"{self.cost_eur:.4f} EUR spent > max_cost_eur {cap:.2f} (in-process guard)")
         self.check_wall(elapsed_s)
 
     def check_wall(self, elapsed_s: float):

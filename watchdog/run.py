@@ -10,7 +10,8 @@ import uuid
 from . import lifecycle as lc
 from .errors import RunKilled
 from .procid import current_create_time, hostname
-from .records import error_fields, hash_args, validate_amount, validate_tokens
+from .records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
+                      validate_name, validate_tokens)
 from .store import utcnow
 
 
@@ -104,6 +105,8 @@ class Run:
         wall-clock). Call `check_budget` *before* each model call to refuse the call
         that would exceed it instead.
         """
+        if model is not None:
+            validate_name("model", model, MODEL_MAX_CHARS)
         tokens_in, tokens_out = validate_tokens(tokens_in, tokens_out)
         if cost_eur is None:
             cost_eur = self.wd.price_eur(model, tokens_in, tokens_out)
@@ -131,8 +134,7 @@ class Run:
 
     def record_tool(self, name: str, args=None, *, ok: bool = True, error=None, duration_s: float | None = None):
         """Record a tool call that a framework ran itself."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name: expected a tool name, got {name!r}")
+        validate_name("name", name, TOOL_MAX_CHARS)
         if duration_s is not None:
             duration_s = validate_amount("duration_s", duration_s)
         args = {} if args is None else args
@@ -149,6 +151,7 @@ class Run:
         """Call `fn(**args)`, record it, return its result; the tool's exception is re-raised."""
         from .toolcall import call_tool  # guards, dedupe, circuits and retries live there
 
+        validate_name("name", name, TOOL_MAX_CHARS)  # before the tool runs: it could not be recorded
         return call_tool(self, name, {} if args is None else args, fn, read_only=read_only, **policy)
 
     def _elapsed_s(self) -> float:

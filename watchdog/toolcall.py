@@ -127,5 +127,6 @@ def _dedupe_cache(run) -> dict:
 def _exception_types(retry_on) -> tuple:
     types = retry_on if isinstance(retry_on, tuple) else (retry_on,)
     if not all(isinstance(t, type) and issubclass(t, Exception) for t in types):
-        raise ValueError(f"retry_on: expected an Exception subclass or a tuple of them (() retries nothing), got {retry_on!r}")
+        raise ValueError(
+            f"retry_on: expected an Exception subclass or a tuple of them (() retries nothing), got {retry_on!r}")
     return types
