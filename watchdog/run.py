@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 import threading
 import time
 import uuid
@@ -35,6 +36,8 @@ class Run:
         self.steps = self.tool_calls = self.tool_errors = 0
         self.tokens_in = self.tokens_out = 0
         self.cost_eur = 0.0
+        self.tool_counts: Counter = Counter()  # per tool, for the alert of an in-process stop
+        self.tool_error_counts: Counter = Counter()
         self.status = None
         self.guard = None
         if guards:
@@ -162,7 +165,22 @@ class Run:
             check()
         except RunKilled as stop:
             self._stop = stop
+            self._publish_stop(stop)
             raise
+
+    def _publish_stop(self, stop: RunKilled):
+        """Say at once, in the store, that an in-process guard stopped this run.
+
+        The run goes to `stopping` like a daemon stop, so an agent that swallows the
+        RunKilled and lingers is still taken down by the daemon's ladder; the audit
+        row and the alert are queued in the same transaction (the daemon delivers it).
+        """
+        from .guardstop import statements
+
+        try:
+            self.wd.write(statements(self, stop, utcnow()))
+        except Exception:  # noqa: BLE001 — a stop must never fail for want of bookkeeping
+            pass
 
     def _record(self, kind: str, **f):
         d = self.wd.writer.dialect
@@ -176,6 +194,9 @@ class Run:
             self.steps += steps
             self.tool_calls += calls
             self.tool_errors += errors
+            if calls:
+                self.tool_counts[f["tool"]] += 1
+                self.tool_error_counts[f["tool"]] += errors
             self.tokens_in += f.get("tokens_in") or 0
             self.tokens_out += f.get("tokens_out") or 0
             self.cost_eur += f.get("cost_eur") or 0.0
