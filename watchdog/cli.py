@@ -118,8 +118,12 @@ def emit_json(data) -> None:
 
 
 # Commands live in small modules; importing them registers them on `main`.
-from . import cli_daemon, cli_report, cli_store  # noqa: E402,F401
+from . import cli_daemon, cli_demo, cli_report, cli_store  # noqa: E402,F401
 
 
 if __name__ == "__main__":  # python -m watchdog.cli
-    main()
+    # This file runs as `__main__`, a second copy of the module: the commands are
+    # registered on the `main` of `watchdog.cli`, so call that one.
+    from watchdog.cli import main as registered_main
+
+    registered_main(prog_name="agent-watchdog")

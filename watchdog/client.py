@@ -36,8 +36,9 @@ class Watchdog:
     """A handle on the shared store for one agent process. Thread-safe."""
 
     def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS,
-                 circuit_cache_s: float = CIRCUIT_CACHE_MAX_S):
-        """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached (one tick by default)."""
+                 circuit_cache_s: float | None = None):
+        """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached
+        (default: one daemon tick as published in the store, at most 5 s)."""
         url = url or os.environ.get(ENV_DB)
         if not url:
             raise ValueError(f"Watchdog(url): no store URL given and ${ENV_DB} is not set")
@@ -60,7 +61,11 @@ class Watchdog:
         self._warned_rejected = False
         self._settings: dict | None = None
         self._settings_at = 0.0
-        self.circuits = CircuitView(self.writer, cache_s=circuit_cache_s)
+        self.circuits = CircuitView(self.writer, cache_s=CIRCUIT_CACHE_MAX_S if circuit_cache_s is None else circuit_cache_s)
+        if circuit_cache_s is None:  # follow the daemon's tick: a circuit it opens is seen within one tick
+            tick_s = self.settings().get("tick_s")
+            if isinstance(tick_s, (int, float)) and 0 < tick_s < CIRCUIT_CACHE_MAX_S:
+                self.circuits.cache_s = float(tick_s)
 
     # -- runs --------------------------------------------------------------
 
@@ -104,6 +109,18 @@ class Watchdog:
                 self._settings = self._settings or {}
             self._settings_at = now
         return self._settings
+
+    def langchain(self, agent: str, **run_kwargs):
+        """LangChain callback handler recording and stopping one run: callbacks=[wd.langchain(agent="support-bot")]."""
+        from .integrations.langchain import handler
+
+        return handler(self, agent=agent, **run_kwargs)
+
+    def openai_agents(self, agent: str, **run_kwargs):
+        """OpenAI Agents SDK hooks recording and stopping one run: Runner.run(..., hooks=wd.openai_agents(agent=...))."""
+        from .integrations.openai_agents import hooks
+
+        return hooks(self, agent=agent, **run_kwargs)
 
     def circuit_for(self, tool: str):
         """The open or half-open circuit of `tool`, or None when it is closed."""

@@ -127,9 +127,11 @@ class Daemon:
 
     def serve(self) -> int:
         from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
-        from apscheduler.schedulers.blocking import BlockingScheduler
+        from apscheduler.schedulers.background import BackgroundScheduler
 
-        sched = BlockingScheduler(timezone=dt.timezone.utc)
+        # The jobs run in the scheduler's threads; the main thread only waits for a
+        # signal, so a SIGTERM at any moment (even during start-up) is honoured.
+        sched = BackgroundScheduler(timezone=dt.timezone.utc)
         tick_s = self.config.daemon.tick_s
         common = dict(trigger="interval", seconds=tick_s, max_instances=1, coalesce=True,
                       misfire_grace_time=max(1, int(tick_s)), next_run_time=dt.datetime.now(dt.timezone.utc))
@@ -146,19 +148,26 @@ class Daemon:
 
         def on_signal(signum, _frame):
             log.info("%s: finishing the current tick and exiting", signal.Signals(signum).name)
-            # wait=True: the running tick completes; no new one starts.
-            threading.Thread(target=sched.shutdown, kwargs={"wait": True}, daemon=True).start()
+            self._stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        self.publish(force=True)
+        try:
+            self.publish(force=True)
+        except Exception as exc:  # noqa: BLE001 — the tick retries publishing
+            log.error("could not publish the settings yet: %s", _one_line(exc))
+        if self._stop.is_set():
+            return 0
+        sched.start()
         sdnotify.notify("READY=1", "STATUS=watching")
         log.info("agent-watchdog watching %s every %g s (host %s, pid %d)",
                  self.engine.url.render_as_string(hide_password=True), tick_s, self.killer.host, os.getpid())
         try:
-            sched.start()
+            while not self._stop.wait(1.0):
+                pass
         finally:
             sdnotify.notify("STOPPING=1")
+            sched.shutdown(wait=True)  # the running tick completes; no new one starts
         return 0
 
 

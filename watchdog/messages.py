@@ -39,6 +39,12 @@ def top_tool_line(f: RunFacts) -> str:
     return line
 
 
+def eur(value: float, budget: float) -> str:
+    """Cents for euro budgets; more digits for small ones, so 0.054 is not printed as 0.05/0.05 OVER."""
+    digits = 2 if budget >= 1 else 4
+    return f"{value:.{digits}f}/{budget:.{digits}f}"
+
+
 def counters(f: RunFacts, b: Budgets) -> list[str]:
     def mark(value, limit):
         return "  ← OVER" if value > limit else ""
@@ -46,7 +52,7 @@ def counters(f: RunFacts, b: Budgets) -> list[str]:
     return [
         f"steps {f.steps}/{b.max_steps}{mark(f.steps, b.max_steps)}",
         f"tool calls {f.tool_calls}/{b.max_tool_calls}{mark(f.tool_calls, b.max_tool_calls)} ({f.tool_errors} errors)",
-        f"cost {f.cost_eur:.2f}/{b.max_cost_eur:.2f} EUR{mark(f.cost_eur, b.max_cost_eur)}",
+        f"cost {eur(f.cost_eur, b.max_cost_eur)} EUR{mark(f.cost_eur, b.max_cost_eur)}",
         f"duration {f.duration_s:.0f}/{b.max_wall_s:g} s{mark(f.duration_s, b.max_wall_s)}",
     ]
 

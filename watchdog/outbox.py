@@ -21,6 +21,7 @@ from .store import alerts
 log = logging.getLogger("watchdog.alerts")
 
 BACKOFF_MAX_S = 900.0
+NO_TARGETS = "no [alerts] urls configured: logged only"
 BATCH = 50
 
 
@@ -63,6 +64,8 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, retry_s: float 
         attempts = a.attempts + 1
         values = {"attempts": attempts, "delivered_targets": sorted(done),
                   "last_error": "; ".join(errors)[:2000] if errors else None}
+        if not notifier.targets:
+            values["last_error"] = NO_TARGETS
         if all_done:
             values["delivered_at"] = now
             report.delivered += 1

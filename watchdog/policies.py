@@ -72,7 +72,9 @@ def max_tool_calls(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | No
 
 def max_cost(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
     if s.cost_eur > b.max_cost_eur:
-        return Verdict(lc.MAX_COST, s.cost_eur, b.max_cost_eur, f"cost {s.cost_eur:.2f}/{b.max_cost_eur:.2f} EUR")
+        digits = 2 if b.max_cost_eur >= 1 else 4
+        return Verdict(lc.MAX_COST, s.cost_eur, b.max_cost_eur,
+                       f"cost {s.cost_eur:.{digits}f}/{b.max_cost_eur:.{digits}f} EUR")
     return None
 
 

@@ -44,13 +44,14 @@ def _ts(t: dt.datetime | None) -> str:
 
 def signatures(row, evs, budgets) -> dict[str, bool]:
     """Which rows of the cause → log-signature table this run's log matches."""
-    errors = [e for e in evs if e.kind == lc.EV_TOOL and e.ok is False and e.error_class != "ToolUnavailable"]
+    errors = [e for e in evs if e.kind == lc.EV_TOOL and e.ok is False]
     found = {"schema": False, "down": False}
     if errors:
         top_tool, n = Counter(e.tool for e in errors).most_common(1)[0]
         msgs = [f"{e.error_class} {e.error_msg}" for e in errors if e.tool == top_tool]
         found["schema"] = n >= 2 and sum(bool(SCHEMA_RE.search(m)) for m in msgs) * 2 >= len(msgs)
-        found["down"] = n >= 2 and sum(bool(DOWN_RE.search(m)) for m in msgs) * 2 >= len(msgs)
+        # A call that failed fast on an open circuit is the same signature: the tool is down.
+        found["down"] = n >= 2 and sum(bool(DOWN_RE.search(m)) or m.startswith("ToolUnavailable") for m in msgs) * 2 >= len(msgs)
     sigs = Counter((e.tool, e.args_hash) for e in evs if e.kind == lc.EV_TOOL)
     found["stuck"] = bool(sigs) and sigs.most_common(1)[0][1] >= min(budgets.max_identical_calls, 3)
     found["insist"] = row.steps >= budgets.max_steps or row.stop_reason in (lc.MAX_STEPS, lc.MAX_COST, lc.WALL_CLOCK)
@@ -171,7 +172,8 @@ def _worked(row, ivs, circ, sent, budgets) -> list[str]:
     opened = [c for c in circ if c.action == "circuit_open"]
     lines.append(f"- circuit breaker: {'opened for ' + ', '.join(sorted({c.tool for c in opened})) if opened else 'did not open'}")
     for a in sent:
-        state = (f"delivered {_ts(a.delivered_at)}" if a.delivered_at else
+        state = ("logged only (no alert URLs configured)" if a.delivered_at and a.last_error else
+                 f"delivered {_ts(a.delivered_at)}" if a.delivered_at else
                  f"NOT delivered yet ({a.attempts} attempts: {a.last_error or 'pending'})")
         lines.append(f"- alert “{a.title}”: {state}")
     if not sent:
@@ -179,17 +181,22 @@ def _worked(row, ivs, circ, sent, budgets) -> list[str]:
     return lines
 
 
+# The scenarios of tests/chaos/agent.py that reproduce each cause.
+CHAOS_SCENARIO = {"down": "always_500", "schema": "bad_schema", "stuck": "stuck", "hung": "hung_tool",
+                  "crash": "dies", "manual": "runaway"}
+
+
 def _chaos_case(row, cause, top, budgets) -> str:
+    """A test in the style of tests/chaos/ (fixtures watchdog_daemon and agent_process)."""
     tool = top[0] if top else "some_tool"
-    failure = {"schema": 'raise ValueError("schema validation failed")', "down": 'raise RuntimeError("500 Internal Server Error")',
-               "hung": "time.sleep(3600)"}.get(cause, "return {'same': 'answer'}")
+    scenario = CHAOS_SCENARIO.get(cause) or ("insist" if row.tool_errors else "runaway")
+    status = lc.LOST if cause == "crash" else lc.KILLED
+    verb = "fails" if cause in ("schema", "down") else "misbehaves"
     name = re.sub(r"\W", "_", f"{row.agent}_{cause}")
     return "\n".join([
         f"def test_{name}_is_stopped(watchdog_daemon, agent_process):",
-        f"    # {tool} {'fails' if cause in ('schema', 'down') else 'misbehaves'} every time, as in run {row.id[:8]}",
-        f"    def {tool}(**kwargs):",
-        f"        {failure}",
-        f"    run = agent_process(agent={row.agent!r}, tools={{{tool!r}: {tool}}}, guards=False)",
+        f"    # {tool} {verb} every time, as in run {row.id[:8]}",
+        f"    run = agent_process(agent={row.agent!r}, scenario={scenario!r}, tool={tool!r}, guards=False)",
         f"    assert run.ended_within(steps={budgets.max_steps}, seconds={budgets.max_wall_s:g}, eur={budgets.max_cost_eur:.2f})",
-        "    assert run.status == 'killed' and run.innocent_runs_untouched()",
+        f"    assert run.status == {status!r} and run.innocent_runs_untouched()",
     ])

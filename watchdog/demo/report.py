@@ -1,0 +1,217 @@
+"""What the demo prints: the live feed read from the store, and the final table.
+
+Everything here is read from the shared store (runs, interventions, alerts),
+exactly what the daemon and the agents wrote: the demo process itself decides
+nothing and stops nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from .. import lifecycle as lc
+from ..store import alerts, interventions, runs, utcnow
+from ..views import run_record, tool_stats
+from .agents import CIRCUIT, COOPERATIVE, GUARD, NONE, SIGKILL, SIGTERM, BEHAVIOURS
+
+LABEL_W = 12
+# Lines are held this long before printing, so that rows committed a moment
+# apart by different processes still print in timestamp order.
+SETTLE_S = 0.35
+# Interventions the feed leaves out: the `ended` row is folded into the run's
+# end line; a circuit's half-open probe is bookkeeping, not news.
+QUIET_ACTIONS = {"ended", "circuit_half_open"}
+ACTION_TEXT = {"sigterm": "SIGTERM", "sigkill": "SIGKILL", "not_signalled": "not signalled",
+               "signal_refused": "signal refused", "stop_failed": "STOP FAILED", "lost": "lost",
+               "rate_alarm": "rate alarm"}
+
+
+class Feed:
+    """Polls the store and prints one line per event that matters (plus each alert, Slack-style)."""
+
+    def __init__(self, engine, names: dict[str, str], echo):
+        self.engine = engine
+        self.names = names  # run id -> agent
+        self.t0: dt.datetime | None = None  # the first run's start: "+0.0s"
+        self.echo = echo
+        self.status: dict[str, str] = {}
+        self.ended_how: dict[str, str] = {}  # run id -> the ladder's last word
+        self.guarded: set[str] = set()  # runs stopped by their own in-process guard
+        self.iv_seen = 0
+        self.alert_seen = 0
+        self.pending: list[tuple] = []
+
+    def poll(self, flush: bool = False) -> dict:
+        """Read what is new, print what has settled; return the demo's run rows by id."""
+        with self.engine.connect() as conn:
+            rows = {r.id: r for r in conn.execute(select(runs).where(runs.c.id.in_(list(self.names))))}
+            ivs = conn.execute(select(interventions).where(interventions.c.id > self.iv_seen)
+                               .order_by(interventions.c.id)).all()
+            als = conn.execute(select(alerts).where(alerts.c.id > self.alert_seen).order_by(alerts.c.id)).all()
+        for i in ivs:
+            self.iv_seen = i.id
+            self._intervention(i)
+        for a in als:
+            self.alert_seen = a.id
+            # Right under the intervention it reports (same transaction, same timestamp); the SDK's
+            # guard-stop alert names no intervention: after those of its instant.
+            self.pending.append(((a.created_at, 1, a.intervention_id or float("inf"), 1), self._alert(a)))
+        if rows and self.t0 is None:
+            self.t0 = min(r.started_at for r in rows.values())
+        for rid, r in rows.items():
+            self._run(r)
+        self.pending.sort(key=lambda p: p[0])
+        horizon = utcnow() - dt.timedelta(seconds=SETTLE_S)
+        while self.pending and (flush or self.pending[0][0][0] <= horizon):
+            self.echo(self.pending.pop(0)[1])
+        return rows
+
+    def _line(self, at: dt.datetime, label: str, text: str) -> str:
+        since = (at - self.t0).total_seconds() if self.t0 else 0.0
+        return f"{since:+6.1f}s  {label[:LABEL_W]:{LABEL_W}} {text}"
+
+    def _run(self, r):
+        before = self.status.get(r.id)
+        if before is None:
+            self.pending.append(((r.started_at, 0, 0, 0),
+                                 self._line(r.started_at, r.agent, f"started    pid {r.pid}, run {r.id[:8]}")))
+        if r.status in lc.END_STATUSES and before not in lc.END_STATUSES:
+            at = r.ended_at or utcnow()
+            self.pending.append(((at, 2, 0, 0), self._line(at, r.agent, self._end_text(r))))
+        self.status[r.id] = r.status
+
+    def _end_text(self, r) -> str:
+        counts = f"{_n(r.steps, 'step')}, {_n(r.tool_calls, 'tool call')}, {r.cost_eur:.4f} EUR"
+        if r.status == lc.COMPLETED:
+            return f"COMPLETED  {counts}"
+        how = self.ended_how.get(r.id)
+        if how is None and r.id in self.guarded:
+            how = "the guard raised RunKilled in the agent, which left"
+        elif how is None and r.stop_requested_at is not None:
+            how = "it saw the stop on its next write and left"
+        # The detail was on the STOP line already (every stop writes one, daemon or guard).
+        why = r.stop_reason or "-"
+        if r.stop_reason == lc.HEARTBEAT_TIMEOUT and r.progress:
+            why += f" (last progress: {r.progress})"
+        return f"{r.status.upper():10} {why} — {counts}" + (f"; {how}" if how else "")
+
+    def _intervention(self, i):
+        if i.action == "ended":
+            self.ended_how[i.run_id] = i.outcome
+        if i.action in QUIET_ACTIONS:
+            return
+        label = self.names.get(i.run_id, "?") if i.run_id else (i.tool or "?")
+        if i.action == "stop_requested":
+            text = f"STOP       requested by the daemon — {i.reason}: {i.detail}"
+        elif i.action == "guard_stop":
+            self.guarded.add(i.run_id)
+            text = f"STOP       by its own in-process guard — {i.reason}: {i.detail}"
+        elif i.action == "circuit_open":
+            text = f"CIRCUIT    OPEN — {i.detail}; {i.outcome}"
+        elif i.action == "circuit_closed":
+            text = f"CIRCUIT    closed — {i.detail}"
+        else:
+            text = f"{ACTION_TEXT.get(i.action, i.action):10} {i.outcome or i.detail or ''}"
+        self.pending.append(((i.at, 1, i.id, 0), self._line(i.at, label, text)))
+
+    def _alert(self, a) -> str:
+        pad = " " * 9
+        lines = [f"{pad}┌ ALERT  {a.title}"]
+        lines += [f"{pad}│ {ln}".rstrip() for ln in a.body.splitlines()]
+        return "\n".join(lines + [f"{pad}└"])
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+# -- the final table ----------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    agent: str
+    run_id: str | None
+    record: dict | None  # views.run_record, None if the run never registered
+    defense: str
+    circuit: bool
+
+    def problems(self) -> list[str]:
+        b = BEHAVIOURS[self.agent]
+        want = f"{b.status} / {b.reason or '-'} / {b.defense}" + (f" + {CIRCUIT}" if b.circuit else "")
+        if self.record is None:
+            return [f"{self.agent}: never registered its run (see its log); expected {want}"]
+        r = self.record
+        got = f"{r['status']} / {r['stop_reason'] or '-'} / {self.defense}" + (f" + {CIRCUIT}" if self.circuit else "")
+        ok = (r["status"], r["stop_reason"], self.defense) == (b.status, b.reason, b.defense) and (
+            self.circuit or not b.circuit)
+        return [] if ok else [f"{self.agent}: expected {want}, got {got}"]
+
+
+def defense(status: str, actions: set[str]) -> str:
+    """Which defense ended the run, from the interventions it received (the strongest wins)."""
+    if status == lc.COMPLETED:
+        return NONE
+    for action, name in (("sigkill", SIGKILL), ("sigterm", SIGTERM), ("guard_stop", GUARD),
+                         ("stop_requested", COOPERATIVE)):
+        if action in actions:
+            return name
+    if status == lc.KILLED:
+        return GUARD  # killed with no audit row at all: the SDK stopped itself (and could not say so)
+    return f"none ({status})"
+
+
+def outcomes(engine, config, names: dict[str, str]) -> list[Outcome]:
+    now = utcnow()
+    with engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(select(runs).where(runs.c.id.in_(list(names))))}
+        stats = tool_stats(conn, list(rows))
+        acts = conn.execute(select(interventions.c.run_id, interventions.c.action, interventions.c.tool)).all()
+    opened = {tool for rid, action, tool in acts if action == "circuit_open"}
+    out = []
+    for rid, agent in names.items():
+        row = rows.get(rid)
+        if row is None:
+            out.append(Outcome(agent, rid, None, "-", False))
+            continue
+        actions = {action for r, action, _ in acts if r == rid}
+        failing = {t.name for t in stats[rid] if t.errors}
+        out.append(Outcome(agent, rid, run_record(row, stats[rid], config, now), defense(row.status, actions),
+                           bool(failing & opened)))
+    return out
+
+
+def _to_stop(r: dict) -> str:
+    """Seconds from the stop request (or, without one, from the start) to the end."""
+    since, end = r["stop_requested_at"] or r["started_at"], r["ended_at"]
+    if not end:
+        return "-"
+    return f"{(dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(since)).total_seconds():.1f}s"
+
+
+def table(results: list[Outcome]) -> str:
+    rows = [("AGENT", "OUTCOME", "STOP REASON", "STEPS", "CALLS", "EUR/BUDGET", "TO STOP",
+             "DEFENSE THAT ACTED", "TOP TOOL")]
+    for o in results:
+        r = o.record
+        if r is None:
+            rows.append((o.agent, "never registered", *("-",) * 7))
+            continue
+        top = r["top_tool"]
+        top_txt = f"{top['name']} ×{top['calls']}" + (f", {top['errors']} err" if top["errors"] else "") if top else "-"
+        if r["stop_reason"] == lc.HEARTBEAT_TIMEOUT and (r["progress"] or "").startswith("calling "):
+            top_txt += f"; hung in {r['progress'][8:]}"  # a call that never returned left no tool event
+        rows.append((o.agent, r["status"], r["stop_reason"] or "-", str(r["steps"]), str(r["tool_calls"]),
+                     f"{r['cost_eur']:.3f}/{r['budgets']['max_cost_eur']:.2f}", _to_stop(r),
+                     o.defense + (f" + {CIRCUIT}" if o.circuit else ""), top_txt))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    right = {3, 4, 5, 6}  # numbers
+    lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append("TO STOP: from the stop request (daemon or guard) to the run's end, graces included; "
+                 "no request: from its start")
+    return "\n".join(lines)

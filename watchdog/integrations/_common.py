@@ -1,0 +1,83 @@
+"""What the framework integrations share: JSON-safe tool arguments and the guard's pre-checks.
+
+Pure SDK code, no framework import: each framework module adapts its own events
+to these helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..errors import RunKilled, ToolUnavailable
+from ..records import hash_args
+
+
+def json_safe(value):
+    """The value as plain JSON data; objects a framework passes along become their str()."""
+    try:
+        return json.loads(json.dumps(value, default=str, allow_nan=False))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def tool_args(value) -> dict:
+    """Tool arguments as a dict: a dict as is, a JSON object string parsed, anything else under "input"."""
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value) if value.strip() else {}
+        except ValueError:
+            parsed = None
+        value = parsed if isinstance(parsed, dict) else {"input": value}
+    elif not isinstance(value, dict):
+        value = {"input": value}
+    return json_safe(value)
+
+
+class PendingTool:
+    """A tool call the framework started: what it was, since when, and how it ended."""
+
+    __slots__ = ("name", "args", "args_hash", "t0", "error")
+
+    def __init__(self, name: str, args: dict):
+        self.name = name
+        self.args = args
+        self.args_hash = hash_args(args, tool=name)
+        self.t0 = time.perf_counter()
+        self.error = None
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, time.perf_counter() - self.t0)
+
+
+def before_tool(run, pending: PendingTool, *, circuits: bool) -> None:
+    """The checks `Run.tool_call` makes before a tool runs, for a framework that runs it itself.
+
+    Raises RunKilled (stop requested, or a guard refuses the call: budgets, identical
+    calls, oscillation) or, with `circuits`, ToolUnavailable when the tool's circuit is
+    open (the refusal is recorded as a failed call, like `Run.tool_call` does).
+    """
+    run.check()
+    if circuits:
+        circuit = run.wd.circuit_for(pending.name)
+        if circuit is not None and circuit.refuses(run.id):
+            exc = ToolUnavailable(pending.name, circuit.message(pending.name))
+            run.record_tool(pending.name, pending.args, ok=False, error=exc, duration_s=0.0)
+            raise exc
+    if run.guard:
+        run._guarded(lambda: run.guard.before_tool(pending.name, pending.args_hash, run._elapsed_s()))
+
+
+def after_tool(run, pending: PendingTool, *, ok: bool, error=None) -> None:
+    """Count the call for the guards and record it (raises RunKilled if the daemon asked to stop)."""
+    if run.guard:
+        run.guard.after_tool(pending.name, pending.args_hash)
+    if isinstance(error, RunKilled):
+        # The tool itself was stopped: record the call, the stop is already on its way up.
+        try:
+            run.record_tool(pending.name, pending.args, ok=False, error=error, duration_s=pending.duration_s)
+        except RunKilled:
+            pass
+        return
+    run.record_tool(pending.name, pending.args, ok=ok, error=error, duration_s=pending.duration_s)

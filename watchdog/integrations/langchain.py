@@ -1,0 +1,289 @@
+"""LangChain: a callback handler that records a run's model calls and tool calls, and stops it.
+
+    from watchdog import Watchdog
+    from watchdog.integrations.langchain import handler
+
+    wd = Watchdog("sqlite:///runs.db")
+    agent.invoke(question, config={"callbacks": [handler(wd, agent="support-bot")]})
+
+Every chat-model / LLM call is a step (model name, `usage_metadata` tokens), every
+tool call a tool call (arguments hashed). The handler opens the watchdog run at the
+first event and ends it — completed, failed or killed — when the outermost chain
+ends; it can also join a run you opened yourself (`WatchdogCallbackHandler(run=run)`),
+which it then never ends.
+
+Stops are real: the handler sets `raise_error = True` and `RunKilled` is a
+BaseException, so a stop raised in a callback — the daemon asked (seen on the run's
+next write), or an in-process guard refuses the next model or tool call before it
+runs — propagates out of `invoke()` / `ainvoke()` / `stream()`. LangChain's callback
+manager only catches `Exception` around handlers (see
+`langchain_core.callbacks.manager.handle_event`), and its runnables, chat models and
+tools re-raise what they catch after reporting it (`on_chain_error`, `on_llm_error`,
+`on_tool_error`).
+
+Extra: `pip install 'agent-watchdog[langchain]'` (langchain-core >= 0.3).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+from uuid import UUID
+
+try:
+    from langchain_core.callbacks import BaseCallbackHandler
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "watchdog.integrations.langchain needs langchain-core: pip install 'agent-watchdog[langchain]'"
+    ) from exc
+
+from ..errors import RunKilled, ToolUnavailable
+from ._common import PendingTool, after_tool, before_tool, tool_args
+
+log = logging.getLogger("watchdog.integrations.langchain")
+
+__all__ = ["WatchdogCallbackHandler", "handler"]
+
+_MODEL_KEYS = ("model", "model_name", "model_id", "deployment_name")
+
+
+def handler(wd, agent: str, **run_kwargs) -> "WatchdogCallbackHandler":
+    """`callbacks=[handler(wd, agent="support-bot")]`: a handler that opens its own run.
+
+    `run_kwargs` are those of `Watchdog.run()` (kill_mode, labels, guards, max_steps, ...)
+    and the handler's own `estimated_cost_eur` and `circuits`.
+    """
+    return WatchdogCallbackHandler(wd, agent=agent, **run_kwargs)
+
+
+class WatchdogCallbackHandler(BaseCallbackHandler):
+    """Records LangChain model and tool calls on a watchdog run; raises RunKilled to stop it.
+
+    Either give `wd` and `agent` (plus any `Watchdog.run()` keyword): the handler opens
+    the run at its first event and ends it when the outermost chain ends. Used as a
+    context manager (`with handler:`), the block is the run instead: for loops with no
+    enclosing chain, or several invocations as one run. A handler reused for a later
+    invocation opens a new run; `.run` is the current (or last) one.
+
+    Or give `run=` an already started Run: the handler records on it and leaves
+    ending it to its owner (the `with wd.run(...)` block).
+
+    `estimated_cost_eur`: what one model call is expected to cost, for the money
+    guard's pre-check before each call. `circuits`: fail a tool call fast with
+    ToolUnavailable (an ordinary exception, recorded) while the daemon holds the
+    tool's circuit open, like `Run.tool_call` does.
+    """
+
+    raise_error: bool = True  # without it LangChain logs a callback's exception and goes on
+    run_inline: bool = True  # async runs call us in order, on the event loop's thread
+
+    def __init__(self, wd=None, *, agent: str | None = None, run=None, estimated_cost_eur: float = 0.0,
+                 circuits: bool = True, **run_kwargs):
+        super().__init__()
+        if run is not None:
+            if wd is not None or agent is not None or run_kwargs:
+                raise ValueError("WatchdogCallbackHandler: give either run= (join a run) or wd and agent= (open one)")
+            self._owns = False
+            self.run = run
+        else:
+            if wd is None:
+                raise ValueError("WatchdogCallbackHandler: give a Watchdog and agent=, or run= to join a started run")
+            self._owns = True
+            self.run = wd.run(agent=agent, **run_kwargs)  # validates the budgets now, starts on the first event
+        self._wd = wd
+        self._agent = agent
+        self._run_kwargs = run_kwargs
+        self._estimated = float(estimated_cost_eur)
+        self._circuits = circuits
+        self._lock = threading.RLock()
+        self._ended = False
+        self._managed = False  # inside `with handler:` the block's end ends the run
+        self._roots: set[UUID] = set()  # outermost chains in flight
+        self._models: dict[UUID, str | None] = {}  # LangChain run id -> requested model name
+        self._tools: dict[UUID, PendingTool] = {}  # LangChain run id -> tool call in flight
+
+    # -- the run's lifecycle ------------------------------------------------------
+
+    def _open(self):
+        """The run to record on, started (or re-opened after it ended) if it is ours."""
+        with self._lock:
+            if self._owns:
+                if self._ended:
+                    self.run = self._wd.run(agent=self._agent, **self._run_kwargs)
+                    self._ended = False
+                if self.run.started_at is None:
+                    self.run.start()
+            return self.run
+
+    def end(self, error: BaseException | None = None):
+        """End the run now (completed, or from `error`: failed / killed). Idempotent; no-op on a joined run."""
+        with self._lock:
+            if not self._owns or self._ended or self.run.started_at is None:
+                return
+            self._ended = True
+            self._roots.clear()
+        try:
+            if error is None:
+                self.run.__exit__(None, None, None)  # completed, or killed if a stop was seen and swallowed
+            else:
+                self.run.__exit__(type(error), error, error.__traceback__)
+        except Exception:  # noqa: BLE001 - ending must never replace the agent's own outcome
+            log.exception("agent-watchdog: could not end run %s", self.run.id)
+
+    def __enter__(self) -> "WatchdogCallbackHandler":
+        self._managed = True
+        self._open()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._managed = False
+        self.end(exc)
+        return False
+
+    def _obey(self, fn, *args, **kwargs):
+        """Run a recording step. Only stops (and ToolUnavailable) reach the agent: a stop ends our run
+        at once unless a chain or `with` block will; any other failure of ours is logged, never raised."""
+        try:
+            return fn(*args, **kwargs)
+        except RunKilled as stop:
+            with self._lock:
+                someone_else_will_end_it = self._managed or bool(self._roots)
+            if not someone_else_will_end_it:
+                self.end(stop)
+            raise
+        except ToolUnavailable:
+            raise
+        except Exception:  # noqa: BLE001 - raise_error is on: a bug of ours must not fail the agent
+            log.warning("agent-watchdog: could not record a LangChain event on run %s", self.run.id, exc_info=True)
+            return None
+
+    # -- chains: the outermost one bounds the run -----------------------------------
+
+    def on_chain_start(self, serialized, inputs, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
+        if parent_run_id is None:
+            self._obey(self._root_start, run_id)
+
+    def _root_start(self, run_id: UUID):
+        self._open()
+        with self._lock:
+            self._roots.add(run_id)
+
+    def on_chain_end(self, outputs, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
+        self._root_done(run_id, None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
+                       **kwargs: Any):
+        self._root_done(run_id, error)
+
+    def _root_done(self, run_id: UUID, error: BaseException | None):
+        with self._lock:
+            if run_id not in self._roots:
+                return
+            self._roots.discard(run_id)
+            last = not self._roots and not self._managed
+        if last:
+            self.end(error)
+
+    # -- model calls: a step each -------------------------------------------------------
+
+    def on_chat_model_start(self, serialized, messages, *, run_id: UUID, parent_run_id: UUID | None = None,
+                            **kwargs: Any):
+        self._model_start(run_id, kwargs)
+
+    def on_llm_start(self, serialized, prompts, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
+        self._model_start(run_id, kwargs)
+
+    def _model_start(self, run_id: UUID, kwargs: dict):
+        self._obey(self._before_model, run_id, kwargs)
+
+    def _before_model(self, run_id: UUID, kwargs: dict):
+        run = self._open()
+        self._models[run_id] = _requested_model(kwargs)
+        # Pre-flight: stop requested, wall clock, max_steps, money: refuse the call before it is made.
+        run.check_budget(self._estimated)
+
+    def on_llm_end(self, response, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
+        self._obey(self._after_model, run_id, response)
+
+    def _after_model(self, run_id: UUID, response):
+        requested = self._models.pop(run_id, None)
+        served, tokens_in, tokens_out = _usage(response)
+        self.run.step(model=requested or served, tokens_in=tokens_in, tokens_out=tokens_out)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
+                     **kwargs: Any):
+        self._models.pop(run_id, None)
+
+    # -- tool calls -------------------------------------------------------------------------
+
+    def on_tool_start(self, serialized, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None,
+                      inputs: dict | None = None, **kwargs: Any):
+        self._obey(self._before_tool, run_id, serialized, input_str, inputs, kwargs)
+
+    def _before_tool(self, run_id: UUID, serialized, input_str, inputs, kwargs):
+        run = self._open()
+        name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
+        pending = PendingTool(name, tool_args(inputs if inputs is not None else input_str))
+        # Before the tool runs: a refusal raised here means the tool never runs.
+        before_tool(run, pending, circuits=self._circuits)
+        self._tools[run_id] = pending
+
+    def on_tool_end(self, output, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
+        pending = self._tools.pop(run_id, None)
+        if pending is None:
+            return
+        # A tool with handle_tool_error returns its error as a ToolMessage with status "error".
+        failed = getattr(output, "status", None) == "error"
+        self._obey(after_tool, self.run, pending, ok=not failed, error=_message_text(output) if failed else None)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
+                      **kwargs: Any):
+        pending = self._tools.pop(run_id, None)  # on_tool_error carries no tool name: the start had it
+        if pending is None:
+            return
+        self._obey(after_tool, self.run, pending, ok=False, error=error)
+
+
+def _requested_model(kwargs: dict) -> str | None:
+    params = kwargs.get("invocation_params") or {}
+    for key in _MODEL_KEYS:
+        if isinstance(params.get(key), str) and params[key]:
+            return params[key]
+    name = (kwargs.get("metadata") or {}).get("ls_model_name")
+    return name if isinstance(name, str) and name else None
+
+
+def _usage(response) -> tuple[str | None, int, int]:
+    """(model name served, input tokens, output tokens) of one LLMResult."""
+    model = None
+    tokens_in = tokens_out = 0
+    found = False
+    try:
+        generation = response.generations[0][0]
+    except (AttributeError, IndexError, TypeError):
+        generation = None
+    message = getattr(generation, "message", None)
+    if message is not None:
+        usage = getattr(message, "usage_metadata", None)
+        if usage:
+            tokens_in, tokens_out, found = _int(usage.get("input_tokens")), _int(usage.get("output_tokens")), True
+        meta = getattr(message, "response_metadata", None) or {}
+        model = meta.get("model_name") or meta.get("model")
+    llm_output = getattr(response, "llm_output", None) or {}
+    if not found:
+        usage = llm_output.get("token_usage") or llm_output.get("usage") or {}
+        if isinstance(usage, dict):
+            tokens_in = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+            tokens_out = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    model = model or llm_output.get("model_name") or llm_output.get("model")
+    return (model if isinstance(model, str) and model else None), tokens_in, tokens_out
+
+
+def _int(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _message_text(output) -> str:
+    content = getattr(output, "content", output)
+    return content if isinstance(content, str) else str(content)
