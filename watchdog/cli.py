@@ -42,6 +42,20 @@ class App:
         return url
 
     @property
+    def profiles(self) -> Config:
+        """The budgets runs are judged against: the config file if one is given, else
+        what the daemon published in the store (so `show` agrees with the daemon)."""
+        if self.config_path:
+            return self.config
+        from .views import published_profiles
+
+        try:
+            with self.engine.connect() as conn:
+                return published_profiles(conn, self.config)
+        except Exception:  # noqa: BLE001 — an old or empty store: the built-in defaults
+            return self.config
+
+    @property
     def engine(self):
         if self._engine is None:
             from .store import make_engine

@@ -22,10 +22,11 @@ def top_cmd(app, once, interval_s):
     from . import top
 
     interval_s = interval_s or app.config.daemon.tick_s
+    profiles = app.profiles
     while True:
         now = utcnow()
         with app.engine.connect() as conn:
-            text = top.frame(top.rows(conn, app.config, now), now)
+            text = top.frame(top.rows(conn, profiles, now), now)
         if once:
             click.echo(text)
             return
@@ -49,7 +50,7 @@ def postmortem_cmd(app, run_id, output):
     from .views import resolve_run_id
 
     with app.engine.connect() as conn:
-        text = postmortem.render(conn, resolve_run_id(conn, run_id), app.config, utcnow())
+        text = postmortem.render(conn, resolve_run_id(conn, run_id), app.profiles, utcnow())
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text)
