@@ -26,6 +26,7 @@ class RunFacts:
     duration_s: float
     top_tool: tuple[str, int, int] | None  # name, calls, errors
     last_error: str | None = None
+    progress: str | None = None  # the last heartbeat's text: for a hung run, where it hangs
 
 
 def top_tool_line(f: RunFacts) -> str:
@@ -59,7 +60,10 @@ def counters(f: RunFacts, b: Budgets) -> list[str]:
 
 def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:
     head = [f"agent {f.agent}   run {f.id}", f"host {f.host}   pid {f.pid if f.pid else '-'}   kill_mode {f.kill_mode}"]
-    tail = ["", *counters(f, b), top_tool_line(f), "", f"agent-watchdog show {f.id[:8]}"]
+    tail = ["", *counters(f, b), top_tool_line(f)]
+    if f.progress:
+        tail.append(f"last progress: {f.progress[:200]}")
+    tail += ["", f"agent-watchdog show {f.id[:8]}"]
     return "\n".join(head + lines + tail)
 
 
