@@ -33,8 +33,7 @@ def pg_server_url():
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     yield url
     with admin.connect() as conn:
-        conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
 
 

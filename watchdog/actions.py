@@ -31,11 +31,15 @@ def record(conn, *, at: dt.datetime, action: str, by: str, run_id=None, tool=Non
     return res.inserted_primary_key[0]
 
 
+def queued(conn, key: str) -> bool:
+    """An alert with this dedupe key is (or was) in the outbox."""
+    return conn.execute(select(alerts.c.id).where(alerts.c.dedupe_key == key[:255])).first() is not None
+
+
 def enqueue_alert(conn, key: str, title: str, body: str, *, now: dt.datetime, run_id=None,
                   intervention_id=None) -> bool:
     """Put an alert in the outbox once per key, ever; False if that key was already queued."""
-    exists = conn.execute(select(alerts.c.id).where(alerts.c.dedupe_key == key)).first()
-    if exists:
+    if queued(conn, key):
         return False
     conn.execute(insert(alerts).values(
         dedupe_key=key[:255], title=title[:500], body=body, created_at=now, run_id=run_id,
@@ -48,7 +52,8 @@ def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -
     return RunFacts(
         id=row.id, agent=row.agent, host=row.host, pid=row.pid, kill_mode=row.kill_mode, steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
-        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error)
+        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error,
+        progress=row.progress)
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,

@@ -43,9 +43,21 @@ def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: 
         enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
 
 
+# Stages where the ladder has nothing more to send but the run is still `stopping`:
+# the tick ends such a run once its process is gone, so it never stays active forever.
+WAITING_STAGES = ("refused", "not_signalled", "failed")
+_EXITED = {
+    None: "process exited after the cooperative stop",
+    "refused": "process gone; it was never signalled (the signal was refused)",
+    "not_signalled": "process gone; it was never signalled (shared process)",
+    "failed": "process gone at last after SIGKILL",
+}
+
+
 def exited(conn, row, *, now, by, facts, budgets):
-    """The process ended after the cooperative stop without ending its run: it is killed."""
-    _finish(conn, row, None, "process exited after the cooperative stop", now, by, facts, budgets, escalated=False)
+    """The process ended without ending its run (after the cooperative stop, or after a
+    refused / impossible / failed signal): the run is killed."""
+    _finish(conn, row, row.signal_stage, _EXITED[row.signal_stage], now, by, facts, budgets, escalated=False)
 
 
 def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budgets):

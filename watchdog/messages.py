@@ -93,7 +93,8 @@ def rate_alert(f: RunFacts, b: Budgets, calls_min: int, top: tuple[str, int] | N
 
 def cooperative_alert(f: RunFacts, b: Budgets, reason: str, grace_s: float, sharing: int) -> tuple[str, str]:
     title = f"agent-watchdog: {f.agent} run {f.id[:8]} did not stop — {reason}"
+    why = (f"shares its process with {sharing} other run{'s' if sharing != 1 else ''}" if sharing else
+           "its kill_mode is cooperative (it does not own its process)")
     lines = [f"reason {reason}",
-             f"action none more: did not stop {grace_s:g} s after the cooperative stop and shares its process "
-             f"with {sharing} other run{'s' if sharing != 1 else ''}; not signalled"]
+             f"action none more: did not stop {grace_s:g} s after the cooperative stop and {why}; not signalled"]
     return title, _body(f, b, lines)

@@ -13,12 +13,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sqlalchemy import update
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from . import lifecycle as lc
-from .actions import actor, enqueue_alert, facts, mark_lost, record, request_stop
+from .actions import actor, enqueue_alert, facts, mark_lost, queued, record, request_stop
 from .config import Config
 from .killer import Killer, ProcessIdentity
-from .ladder import advance, exited
+from .ladder import WAITING_STAGES, advance, exited
 from .messages import rate_alert
 from .policies import evaluate, rate_alarm
 from .scan import RATE_WINDOW_S, Scanner
@@ -26,6 +28,13 @@ from .store import daemons
 from .views import effective_budgets
 
 log = logging.getLogger("watchdog.tick")
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """The store is down, unreachable or locked (as opposed to one row being bad)."""
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 @dataclass
@@ -54,7 +63,7 @@ class Ticker:
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
         rep = TickReport(at=now)
-        with self.engine.connect() as conn:
+        with self._read_snapshot() as conn:
             rows = self.scanner.load_active(conn)
             new = self.scanner.fold(conn, [r.id for r in rows])
         rep.new_events = len(new)
@@ -65,7 +74,9 @@ class Ticker:
         for row in rows:
             try:
                 self._one(row, now, rep, live, sharing)
-            except Exception:  # one bad row must not stop the scan of the others
+            except Exception as exc:  # one bad row must not stop the scan of the others...
+                if store_unavailable(exc):
+                    raise  # ...but a store that is down or locked fails them all: retry the whole tick
                 log.exception("run %s: evaluation failed; skipped this tick", row.id)
         if self.circuits is not None:
             self.circuits.update(self.engine, new, now, self.scanner)
@@ -83,8 +94,9 @@ class Ticker:
         if row.status == lc.STOPPING:
             rep.stopping += 1
             with self.engine.begin() as conn:
-                if row.signal_stage is None and self._gone(row, live, now):
-                    # It ended after the cooperative stop without saying so: no need to wait for the grace.
+                if row.signal_stage in (None, *WAITING_STAGES) and self._gone(row, live, now):
+                    # It ended without saying so: after the cooperative stop (no need to wait for the
+                    # grace), or after a signal that was refused / not allowed / did not work.
                     exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets)
                     return
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
@@ -119,12 +131,24 @@ class Ticker:
         window = int(now.timestamp() // RATE_WINDOW_S)
         title, body = rate_alert(f, budgets, snap.calls_last_min, snap.top_tool_last_min, stopping=False)
         with self.engine.begin() as conn:
+            if queued(conn, f"rate:{row.id}:{window}"):
+                return  # a daemon before a restart already alarmed this minute
             iid = record(conn, at=now, action="rate_alarm", by=self.by, run_id=row.id,
                          tool=snap.top_tool_last_min[0] if snap.top_tool_last_min else None,
                          reason=lc.TOOL_RATE, detail=alarm.detail, outcome="alert only")
             if enqueue_alert(conn, f"rate:{row.id}:{window}", title, body, now=now, run_id=row.id,
                              intervention_id=iid):
                 rep.alarms.append(row.id)
+
+    def _read_snapshot(self):
+        """One snapshot for the active runs and their new events. Under PostgreSQL's default
+        READ COMMITTED each query sees the commits made since the previous one: a run started
+        between the two would have its first events folded (and marked seen) while it was not
+        yet active, and they would never count. SQLite's reads already hold the write lock."""
+        conn = self.engine.connect()
+        if self.engine.dialect.name == "postgresql":
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        return conn
 
     # -- processes -------------------------------------------------------------
 
