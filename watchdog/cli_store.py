@@ -39,6 +39,13 @@ def db_downgrade(app, revision):
     click.echo(f"store at revision {migrate.current(app.engine)}")
 
 
+def _judge_by(app, conn):
+    """The budgets runs are shown against: the config file's, else the ones the daemon published."""
+    from . import views
+
+    return app.config if app.config_path else views.published_profiles(conn, app.config)
+
+
 @main.command("runs")
 @click.option("--all", "all_runs", is_flag=True, help="Include ended runs (newest first).")
 @click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000))
@@ -51,7 +58,7 @@ def runs_cmd(app, all_runs, limit, as_json):
     from . import render, views
 
     with app.engine.connect() as conn:
-        records = views.list_runs(conn, app.config, utcnow(), all_runs=all_runs, limit=limit)
+        records = views.list_runs(conn, _judge_by(app, conn), utcnow(), all_runs=all_runs, limit=limit)
     if as_json:
         emit_json(records)
     else:
@@ -71,7 +78,7 @@ def show_cmd(app, run_id, last_events, as_json):
 
     with app.engine.connect() as conn:
         rid = views.resolve_run_id(conn, run_id)
-        record = views.run_detail(conn, rid, app.config, utcnow(), last_events=last_events)
+        record = views.run_detail(conn, rid, _judge_by(app, conn), utcnow(), last_events=last_events)
     if as_json:
         emit_json(record)
     else:

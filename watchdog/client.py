@@ -7,6 +7,7 @@ APScheduler. Each record is one short transaction (see `watchdog.hotpath`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -23,6 +24,19 @@ from .errors import StoreError
 from .store import make_engine, normalise_url
 
 log = logging.getLogger("watchdog.client")
+
+
+def _sane_settings(value) -> dict:
+    """The published settings in the shape the SDK reads, whatever a row written by hand holds."""
+    value = dict(value) if isinstance(value, dict) else {}
+    for key in ("agents", "prices"):
+        if not isinstance(value.get(key), dict):
+            value[key] = {}
+    value["agents"] = {k: v for k, v in value["agents"].items() if isinstance(v, dict)}
+    value["prices"] = {k: v for k, v in value["prices"].items() if isinstance(v, dict)}
+    if not isinstance(value.get("defaults"), dict):
+        value["defaults"] = None
+    return value
 
 BUFFER_MAX_EVENTS = 10_000
 SETTINGS_TTL_S = 5.0
@@ -85,7 +99,7 @@ class Watchdog:
         if unknown:
             raise ValueError(f"{sorted(unknown)[0]}: not a run budget (expected one of {', '.join(RUN_BUDGET_KEYS)})")
         settings = self.settings()
-        profile = settings.get("agents", {}).get(agent) or settings.get("defaults")
+        profile = (settings.get("agents") or {}).get(agent) or settings.get("defaults")
         for key, value in budgets.items():
             if value is None:
                 continue
@@ -103,10 +117,10 @@ class Watchdog:
         if self._settings is None or now - self._settings_at > SETTINGS_TTL_S:
             try:
                 rows = self.writer.query(self.writer.dialect.select_settings, ("config",))
-                self._settings = self.writer.dialect.parse_json(rows[0][0]) if rows else {}
+                self._settings = _sane_settings(self.writer.dialect.parse_json(rows[0][0]) if rows else {})
             except Exception as exc:  # an unreachable store must not stop the agent
                 self._note_outage(exc)
-                self._settings = self._settings or {}
+                self._settings = self._settings or _sane_settings({})
             self._settings_at = now
         return self._settings
 
@@ -130,16 +144,22 @@ class Watchdog:
         price = (self.settings().get("prices") or {}).get(model or "")
         if not price:
             return 0.0
-        return (tokens_in * price["input_eur_per_mtok"] + tokens_out * price["output_eur_per_mtok"]) / 1e6
+        try:
+            cost = (tokens_in * float(price["input_eur_per_mtok"]) + tokens_out * float(price["output_eur_per_mtok"])) / 1e6
+        except (KeyError, TypeError, ValueError):  # a malformed published row must not break the agent
+            log.warning("agent-watchdog: the published price of %r is malformed (%r); cost recorded as 0", model, price)
+            return 0.0
+        return cost if math.isfinite(cost) and cost >= 0 else 0.0
 
     # -- the write path, with the outage buffer ------------------------------
 
-    def write(self, statements):
+    def write(self, statements, *, raise_conflict: bool = False):
         """Run one transaction; on a store failure buffer it (bounded) and return None.
 
         A record the store refuses (a constraint or data error) is dropped and
         counted instead: retrying it could never succeed, and buffered ahead of
-        every later record it would keep the run from ever seeing a stop."""
+        every later record it would keep the run from ever seeing a stop.
+        With `raise_conflict`, an integrity error (a duplicate key) is raised instead."""
         with self._buffer_lock:
             if self._buffer and not self._flush():
                 self._enqueue(statements)
@@ -148,6 +168,8 @@ class Watchdog:
             return self.writer.transaction(statements)
         except Exception as exc:
             if self.writer.is_rejection(exc):
+                if raise_conflict and self.writer.is_conflict(exc):
+                    raise
                 self._note_rejected(exc)
                 return None
             self._note_outage(exc)

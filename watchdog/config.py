@@ -8,6 +8,7 @@ annotates each of them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -149,6 +150,8 @@ def _number(ctx, key, value, *, integer=False, positive=True, allow_zero=False):
         raise ctx.fail(key, "an integer" if integer else "a number", value)
     if integer and not isinstance(value, int):
         raise ctx.fail(key, "an integer", value)
+    if not math.isfinite(value):  # TOML has nan and inf: a NaN budget would never trip
+        raise ctx.fail(key, "a finite number", value)
     if positive and (value < 0 or (value == 0 and not allow_zero)):
         raise ctx.fail(key, "a number >= 0" if allow_zero else "a number > 0", value)
     return value if integer else float(value)
@@ -304,6 +307,8 @@ def load(path: str | os.PathLike | None = None) -> Config:
         raise ConfigError(f"{p}: no such config file") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: expected a UTF-8 text file (undecodable byte at offset {exc.start})") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -314,3 +319,4 @@ def load(path: str | os.PathLike | None = None) -> Config:
 def resolve_db_url(db: str | None, config: Config) -> str | None:
     """--db, else $AGENT_WATCHDOG_DB, else [store] url."""
     return db or os.environ.get(ENV_DB) or config.store.url
+

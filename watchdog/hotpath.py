@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sqlite3
 import threading
 
 from sqlalchemy.engine import Engine
 
 from .store import SQLITE_TS_FORMAT
+
+# datetime.isoformat(" ", "microseconds") spells this format (4-digit years), ~3x faster than strftime.
+_ISO_IS_TS_FORMAT = SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
+_NO_TS = object()  # never a caller's value: the empty ts() cache
 
 EVENT_COLUMNS = (
     "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
@@ -62,11 +67,27 @@ class Dialect:
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
         self.select_circuits = "SELECT tool, state, open_until, errors_in_window, window_s, last_error FROM tool_circuits WHERE state <> 'closed'"
         self.sqlite = sqlite
+        self._ts_last = (_NO_TS, "")  # (datetime, its SQLite text): see ts()
 
     def ts(self, value: dt.datetime):
         # SQLite has no timestamp type: naive UTC text, the format of the table contract.
         if self.sqlite:
-            return value.astimezone(dt.timezone.utc).strftime(SQLITE_TS_FORMAT)
+            # A record binds the same `now` twice (the event's `at`, the run's `last_seen_at`):
+            # remember the last one. Datetimes are immutable and the cache holds a reference,
+            # so identity means the same text. One tuple, swapped atomically: thread-safe.
+            last = self._ts_last
+            if last[0] is value:
+                return last[1]
+            utc = value.astimezone(dt.timezone.utc)
+            if _ISO_IS_TS_FORMAT and type(utc) is dt.datetime and utc.year >= 1000:
+                # isoformat is ~3x cheaper than strftime and, for 4-digit years, spells exactly
+                # SQLITE_TS_FORMAT ("%Y-%m-%d %H:%M:%S.%f") followed by "+00:00".
+                text = utc.isoformat(" ", "microseconds")[:26]
+            else:
+                text = utc.strftime(SQLITE_TS_FORMAT)
+            if type(value.tzinfo) is dt.timezone:  # a fixed offset: the text can never change
+                self._ts_last = (value, text)
+            return text
         return value
 
     def json(self, value):
@@ -92,17 +113,32 @@ class Writer:
         self.engine = engine
         self.dialect = Dialect(engine.dialect.name)
         self._local = threading.local()
+        self._pid = os.getpid()
+        self._parents: list = []
 
     def _conn(self):
+        if self._pid != os.getpid():
+            self._after_fork()
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self.engine.raw_connection()
             self._local.conn = conn
         return conn
 
+    def _after_fork(self):
+        # A forked child (multiprocessing) inherits the parent's connections: a shared
+        # socket or SQLite handle corrupts both processes' transactions. The child opens
+        # its own. The parent's are kept referenced, never used nor closed here: closing
+        # (or garbage-collecting) them would end the parent's sessions.
+        self._parents.append(self._local)
+        self._local = threading.local()
+        self.engine.dispose(close=False)
+        self._pid = os.getpid()
+
     def transaction(self, statements):
         """Execute [(sql, params), ...] in one transaction; return the last statement's first row."""
         conn = self._conn()
+        cur = None
         row = None
         try:
             cur = conn.cursor()
@@ -118,12 +154,13 @@ class Writer:
             cur.close()
             return row
         except BaseException:
-            self.discard()
+            self._abort(conn, cur)
             raise
 
     def query(self, sql, params=()):
         """A read outside any write transaction (no write lock taken on SQLite)."""
         conn = self._conn()
+        cur = None
         try:
             cur = conn.cursor()
             cur.execute(sql, params)
@@ -133,11 +170,41 @@ class Writer:
                 conn.rollback()  # end the implicit read transaction: never sit idle in one
             return rows
         except BaseException:
-            self.discard()
+            self._abort(conn, cur)
             raise
+
+    def _abort(self, conn, cur):
+        # Roll back explicitly before dropping the connection. Closing a sqlite3
+        # connection while a cursor of the failed statement is still referenced
+        # (by the traceback being raised) leaves a "zombie" connection that keeps
+        # the transaction, and with it the database's write lock, until garbage
+        # collection: every other agent would then wait out its busy timeout.
+        for step in (lambda: cur.close() if cur is not None else None, conn.rollback):
+            try:
+                step()
+            except Exception:  # a broken connection cannot be rolled back: it is discarded below
+                pass
+        self.discard()
+
+    def is_rejection(self, exc: BaseException) -> bool:
+        """True when the store refused this record itself (constraint, bad data),
+        False for a store that is down, locked or unreachable. Retrying a refused
+        record can never succeed, so it must not be buffered."""
+        exc = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps connect-time errors
+        dbapi = self.engine.dialect.loaded_dbapi
+        kinds = tuple(getattr(dbapi, name) for name in ("IntegrityError", "DataError", "ProgrammingError",
+                                                         "NotSupportedError") if hasattr(dbapi, name))
+        return isinstance(exc, kinds)
+
+    def is_conflict(self, exc: BaseException) -> bool:
+        """True for an integrity error: a duplicate key or a missing parent row."""
+        exc = getattr(exc, "orig", None) or exc
+        return isinstance(exc, self.engine.dialect.loaded_dbapi.IntegrityError)
 
     def discard(self):
         """Drop this thread's connection after an error: the next use reconnects."""
+        if self._pid != os.getpid():
+            self._after_fork()  # never close the parent's connection from a child
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:

@@ -7,6 +7,13 @@ import json
 import math
 
 ERROR_MSG_MAX_CHARS = 200
+# Column widths of the table contract (watchdog.store): longer values are refused
+# up front with a ValueError, never sent to a store that would reject the record.
+AGENT_MAX_CHARS = 128
+RUN_ID_MAX_CHARS = 32
+TOOL_MAX_CHARS = 128
+MODEL_MAX_CHARS = 128
+ERROR_CLASS_MAX_CHARS = 128
 
 
 def canonical_json(args) -> str:
@@ -28,13 +35,22 @@ def error_fields(error) -> tuple[str | None, str | None]:
     if error is None or error is False:
         return None, None
     if isinstance(error, BaseException):
-        cls, msg = type(error).__name__, str(error)
+        cls, msg = type(error).__name__[:ERROR_CLASS_MAX_CHARS], str(error)
     else:
         cls, msg = "Error", str(error)
     msg = " ".join(msg.split())
     if len(msg) > ERROR_MSG_MAX_CHARS:
         msg = msg[: ERROR_MSG_MAX_CHARS - 1] + "…"
     return cls, msg
+
+
+def validate_name(name: str, value, max_chars: int) -> str:
+    """A non-empty string that fits its column."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name}: expected a non-empty string, got {value!r}")
+    if len(value) > max_chars:
+        raise ValueError(f"{name}: expected at most {max_chars} characters, got {len(value)}")
+    return value
 
 
 def validate_count(name: str, value) -> int:

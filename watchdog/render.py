@@ -87,11 +87,24 @@ def event_line(e: dict) -> str:
     return f"#{e['seq']:<4} {t} heartbeat {e['progress'] or ''}"[:110]
 
 
+def _masked_url(url: str | None) -> str | None:
+    """A store URL fit for a terminal or a log: the password is replaced by ***."""
+    if not url:
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(unparsable URL)"
+
+
 def config_summary(config: Config) -> str:
     keys = ("max_wall_s", "max_steps", "max_tool_calls", "max_cost_eur", "max_identical_calls",
             "heartbeat_timeout_s", "max_tool_calls_per_min", "on_rate", "dedupe_window_s", "runs_may_raise")
     lines = [f"config {config.path or '(built-in defaults)'}: OK",
-             f"  store {config.store.url or '(from --db / AGENT_WATCHDOG_DB)'}",
+             f"  store {_masked_url(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
              f"  daemon tick {config.daemon.tick_s:g}s, cancel grace {config.daemon.cancel_grace_s:g}s, "
              f"term grace {config.daemon.term_grace_s:g}s, allowed users {list(config.daemon.allowed_users) or '(own user)'}",
              f"  alerts {len(config.alert_urls)} URL(s), prices for {len(config.prices)} model(s)"]

@@ -69,7 +69,10 @@ class Run:
                 "max_wall_s", "max_steps", "max_tool_calls", "max_cost_eur", "max_identical_calls", "heartbeat_timeout_s")),
             d.ts(now), d.ts(now),
         )
-        self.wd.write([(d.insert_run, params)])
+        try:
+            self.wd.write([(d.insert_run, params)], raise_conflict=True)
+        except Exception:  # only a duplicate id gets here: events would land in the other run
+            raise ValueError(f"run_id: a run {self.id!r} already exists in the store; give each run its own id") from None
         self.status = lc.RUNNING
         return self
 

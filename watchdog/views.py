@@ -15,7 +15,7 @@ from sqlalchemy import and_, desc, func, select
 from . import lifecycle as lc
 from .config import RUN_BUDGET_KEYS, Budgets, Config
 from .errors import StoreError
-from .store import events, interventions, runs
+from .store import events, interventions, runs, settings
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,37 @@ def effective_budgets(profile: Budgets, row) -> Budgets:
     return dataclasses.replace(profile, **changes) if changes else profile
 
 
+def published_profiles(conn, config: Config) -> Config:
+    """`config` with the agent profiles the daemon published in the store.
+
+    Without a config file the CLI would otherwise judge runs by the built-in
+    defaults while the daemon applies its own profiles: with this, the CLI shows
+    the budgets the daemon actually enforces."""
+    value = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
+    if not isinstance(value, dict):
+        return config
+    known = {f.name for f in dataclasses.fields(Budgets)}
+
+    def budgets(raw):
+        if not isinstance(raw, dict):
+            return None
+        try:
+            return Budgets(**{k: v for k, v in raw.items() if k in known})
+        except TypeError:
+            return None
+
+    defaults = budgets(value.get("defaults")) or config.defaults
+    agents = {name: b for name, raw in (value.get("agents") or {}).items() if (b := budgets(raw)) is not None}
+    return dataclasses.replace(config, defaults=defaults, agents=agents)
+
+
 def resolve_run_id(conn, run_id: str) -> str:
     """A full id or a unique prefix (8 characters are usually enough)."""
     run_id = (run_id or "").strip().lower()
     if len(run_id) < 4:
         raise StoreError(f"run id {run_id!r}: give at least 4 characters of the run id")
-    rows = conn.execute(select(runs.c.id).where(runs.c.id.like(run_id.replace("%", "") + "%")).limit(2)).all()
+    # A literal prefix: "_" and "%" in what the user typed are not LIKE wildcards.
+    rows = conn.execute(select(runs.c.id).where(runs.c.id.startswith(run_id, autoescape=True)).limit(2)).all()
     if not rows:
         raise StoreError(f"run id {run_id!r}: no such run")
     if len(rows) > 1:

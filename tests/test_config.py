@@ -1,0 +1,380 @@
+"""TOML config → frozen dataclasses; one-line ConfigErrors; `agent-watchdog check-config`."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from watchdog.cli import main
+from watchdog.config import (
+    Budgets,
+    CircuitPolicy,
+    Config,
+    DaemonConfig,
+    Price,
+    StoreConfig,
+    load,
+    parse,
+    resolve_db_url,
+)
+from watchdog.errors import ConfigError
+
+HAS_NOTIFY = importlib.util.find_spec("watchdog.notify") is not None
+
+FULL = """
+[store]
+url = "sqlite:////var/lib/agent-watchdog/runs.db"
+record_args = true
+
+[daemon]
+tick_s = 2
+cancel_grace_s = 0
+term_grace_s = 3.5
+allowed_users = ["agents", "batch"]
+alert_retry_s = 45
+
+[defaults]
+max_wall_s = 600
+max_steps = 10
+max_tool_calls = 30
+max_cost_eur = 1.5
+max_identical_calls = 4
+heartbeat_timeout_s = 90
+max_tool_calls_per_min = 20
+on_rate = "stop"
+dedupe_window_s = 0
+runs_may_raise = false
+
+[agents.support-bot]
+max_steps = 8
+
+[agents."batch.summariser"]
+max_wall_s = 3600
+max_cost_eur = 5
+runs_may_raise = true
+on_rate = "alert"
+
+[circuit]
+errors = 3
+window_s = 30
+open_s = 60
+
+[circuit.tools.verify_iban]
+errors = 10
+
+[alerts]
+urls = ["slack://T000/B000/XXXX/#oncall", "mailtos://user:pass@example.org?to=oncall@example.org"]
+
+[prices."gpt-x"]
+input_eur_per_mtok = 2.0
+output_eur_per_mtok = 12
+
+[prices."free-model"]
+input_eur_per_mtok = 0
+output_eur_per_mtok = 0
+
+[metrics]
+listen = "127.0.0.1:9464"
+"""
+
+
+def write(tmp_path, body: str, name="watchdog.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for var in ("AGENT_WATCHDOG_DB", "AGENT_WATCHDOG_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+
+
+# --- parsing ------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_NOTIFY, reason="alert URLs are validated by watchdog.notify, not there yet")
+def test_every_section_is_parsed(tmp_path):
+    path = write(tmp_path, FULL)
+    cfg = load(path)
+    assert cfg.path == str(path)
+    assert cfg.store == StoreConfig(url="sqlite:////var/lib/agent-watchdog/runs.db", record_args=True)
+    assert cfg.daemon == DaemonConfig(tick_s=2.0, cancel_grace_s=0.0, term_grace_s=3.5,
+                                      allowed_users=("agents", "batch"), alert_retry_s=45.0)
+    assert cfg.defaults == Budgets(max_wall_s=600.0, max_steps=10, max_tool_calls=30, max_cost_eur=1.5,
+                                   max_identical_calls=4, heartbeat_timeout_s=90.0, max_tool_calls_per_min=20,
+                                   on_rate="stop", dedupe_window_s=0.0, runs_may_raise=False)
+    # A profile starts from [defaults] and overrides only what it names.
+    assert cfg.agents["support-bot"] == dataclasses.replace(cfg.defaults, max_steps=8)
+    assert cfg.agents["batch.summariser"] == dataclasses.replace(
+        cfg.defaults, max_wall_s=3600.0, max_cost_eur=5.0, runs_may_raise=True, on_rate="alert")
+    assert cfg.profile("support-bot").max_steps == 8
+    assert cfg.profile("unknown-agent") == cfg.defaults
+    assert cfg.circuit.default == CircuitPolicy(errors=3, window_s=30.0, open_s=60.0)
+    assert cfg.circuit.for_tool("verify_iban") == CircuitPolicy(errors=10, window_s=30.0, open_s=60.0)
+    assert cfg.circuit.for_tool("search") == cfg.circuit.default
+    assert cfg.alert_urls == ("slack://T000/B000/XXXX/#oncall",
+                              "mailtos://user:pass@example.org?to=oncall@example.org")
+    assert cfg.prices == {"gpt-x": Price(2.0, 12.0), "free-model": Price(0.0, 0.0)}
+    assert cfg.prices["gpt-x"].cost_eur(1000, 500) == pytest.approx(0.008)
+    assert cfg.metrics_listen == "127.0.0.1:9464"
+    assert isinstance(cfg.defaults.max_steps, int) and isinstance(cfg.defaults.max_wall_s, float)
+
+
+def test_an_empty_file_gives_the_documented_defaults(tmp_path):
+    cfg = load(write(tmp_path, ""))
+    assert cfg.defaults == Budgets()
+    b = cfg.defaults
+    assert (b.max_wall_s, b.max_steps, b.max_tool_calls, b.max_cost_eur, b.max_identical_calls,
+            b.heartbeat_timeout_s, b.max_tool_calls_per_min, b.on_rate) == (300, 12, 40, 2.0, 3, 120, 15, "alert")
+    assert (cfg.circuit.default.errors, cfg.circuit.default.window_s, cfg.circuit.default.open_s) == (5, 60, 120)
+    assert cfg.daemon.tick_s == 5 and cfg.store.record_args is False
+    assert cfg.agents == {} and cfg.alert_urls == () and cfg.prices == {}
+
+
+def test_config_is_frozen(tmp_path):
+    cfg = load(write(tmp_path, "[defaults]\nmax_steps = 9\n"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.defaults.max_steps = 100
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.store = StoreConfig()
+
+
+def test_published_settings_carry_prices_profiles_and_record_args():
+    cfg = parse(tomllib.loads(_without_alerts(FULL)))  # alert URLs need apprise: not under test here
+    pub = cfg.published()
+    json.dumps(pub)  # it is stored as JSON
+    assert pub["prices"]["gpt-x"] == {"input_eur_per_mtok": 2.0, "output_eur_per_mtok": 12.0}
+    assert pub["agents"]["support-bot"]["max_steps"] == 8
+    assert pub["agents"]["support-bot"]["max_tool_calls"] == 30  # merged with defaults
+    assert pub["defaults"]["on_rate"] == "stop"
+    assert pub["record_args"] is True
+
+
+def _without_alerts(text: str) -> str:
+    out, skip = [], False
+    for line in text.splitlines():
+        if line.startswith("["):
+            skip = line.strip() == "[alerts]"
+        if not skip:
+            out.append(line)
+    return "\n".join(out)
+
+
+def test_load_uses_the_environment_variable(tmp_path, monkeypatch):
+    path = write(tmp_path, "[defaults]\nmax_steps = 7\n")
+    monkeypatch.setenv("AGENT_WATCHDOG_CONFIG", str(path))
+    assert load().defaults.max_steps == 7
+    assert load(None).path == str(path)
+    monkeypatch.delenv("AGENT_WATCHDOG_CONFIG")
+    assert load() == Config()
+
+
+def test_store_url_precedence(monkeypatch):
+    cfg = parse({"store": {"url": "sqlite:///from-config.db"}})
+    assert resolve_db_url(None, cfg) == "sqlite:///from-config.db"
+    monkeypatch.setenv("AGENT_WATCHDOG_DB", "sqlite:///from-env.db")
+    assert resolve_db_url(None, cfg) == "sqlite:///from-env.db"
+    assert resolve_db_url("sqlite:///from-flag.db", cfg) == "sqlite:///from-flag.db"
+
+
+# --- errors: one line, naming the file and the key -------------------------------------------
+
+BAD = [
+    ("[stor]\nurl = 'x'\n", "stor"),
+    ("[defaults]\nmax_stepz = 3\n", "defaults.max_stepz"),
+    ("[defaults]\nmax_steps = \"8\"\n", "defaults.max_steps"),
+    ("[defaults]\nmax_steps = 8.5\n", "defaults.max_steps"),
+    ("[defaults]\nmax_steps = true\n", "defaults.max_steps"),
+    ("[defaults]\nmax_steps = 0\n", "defaults.max_steps"),
+    ("[defaults]\nmax_cost_eur = -1\n", "defaults.max_cost_eur"),
+    ("[defaults]\nmax_wall_s = 0\n", "defaults.max_wall_s"),
+    ("[defaults]\nmax_cost_eur = nan\n", "defaults.max_cost_eur"),
+    ("[defaults]\nmax_wall_s = inf\n", "defaults.max_wall_s"),
+    ("[daemon]\ntick_s = nan\n", "daemon.tick_s"),
+    ("[defaults]\nheartbeat_timeout_s = -5\n", "defaults.heartbeat_timeout_s"),
+    ("[defaults]\non_rate = \"kill\"\n", "defaults.on_rate"),
+    ("[defaults]\nruns_may_raise = \"yes\"\n", "defaults.runs_may_raise"),
+    ("[agents.support-bot]\nmax_tool_calls = 0\n", "agents.support-bot.max_tool_calls"),
+    ("[agents.support-bot]\nmax_tokens = 10\n", "agents.support-bot.max_tokens"),
+    ("[agents.support-bot]\non_rate = 1\n", "agents.support-bot.on_rate"),
+    ("agents = 3\n", "agents"),
+    ("[daemon]\ntick_s = 0\n", "daemon.tick_s"),
+    ("[daemon]\nterm_grace_s = -1\n", "daemon.term_grace_s"),
+    ("[daemon]\nallowed_users = \"agents\"\n", "daemon.allowed_users"),
+    ("[daemon]\npoll = 1\n", "daemon.poll"),
+    ("[store]\nurl = 5\n", "store.url"),
+    ("[store]\nrecord_args = 1\n", "store.record_args"),
+    ("[circuit]\nerrors = 0\n", "circuit.errors"),
+    ("[circuit]\nerrors = 2.5\n", "circuit.errors"),
+    ("[circuit.tools.search]\nopen_s = -1\n", "circuit.tools.search.open_s"),
+    ("[alerts]\nurls = \"slack://T/B/X\"\n", "alerts.urls"),
+    ("[alerts]\nurl = []\n", "alerts.url"),
+    ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = 1\n", "output_eur_per_mtok"),
+    ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = -1\noutput_eur_per_mtok = 1\n", "input_eur_per_mtok"),
+    ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 1\ncached = 1\n", "cached"),
+    ("[metrics]\nlisten = \"nowhere\"\n", "metrics.listen"),
+]
+
+
+def _assert_one_line_naming(err: ConfigError, path: Path, key: str):
+    msg = str(err)
+    assert "\n" not in msg, msg
+    assert msg.startswith(str(path)), msg
+    assert key in msg, msg
+    assert "expected" in msg, msg
+
+
+@pytest.mark.parametrize("body,key", BAD, ids=[k + f"-{i}" for i, (_, k) in enumerate(BAD)])
+def test_bad_values_raise_one_line_config_errors(tmp_path, body, key):
+    path = write(tmp_path, body)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    _assert_one_line_naming(err.value, path, key)
+
+
+@pytest.mark.skipif(not HAS_NOTIFY, reason="alert URLs are validated by watchdog.notify, not there yet")
+@pytest.mark.parametrize("url", ["slack://", "nonsense", "slack://T000/B000"])
+def test_unparsable_alert_urls_are_config_errors_that_do_not_echo_secrets(tmp_path, url):
+    path = write(tmp_path, f'[alerts]\nurls = ["json://localhost/hook", "{url}"]\n')
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    _assert_one_line_naming(err.value, path, "alerts.urls[1]")
+    if "/" in url.split("://", 1)[-1]:
+        assert url.split("://", 1)[1] not in str(err.value)
+
+
+def test_bad_toml_names_the_file_and_the_line(tmp_path):
+    path = write(tmp_path, "[defaults]\nmax_steps = \n")
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(str(path))
+    assert "TOML" in msg and "line 2" in msg
+
+
+def test_a_missing_or_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path)  # a directory
+    assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_config_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("[defaults]\n# d\xe9faut\nmax_steps = 3\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+
+
+# --- check-config ---------------------------------------------------------------------------
+
+PROFILES = """
+[defaults]
+max_steps = 10
+max_cost_eur = 1.5
+
+[agents.support-bot]
+max_tool_calls = 20
+
+[agents.researcher]
+max_steps = 25
+max_wall_s = 900
+"""
+
+
+def test_check_config_prints_every_agents_effective_profile(tmp_path):
+    path = write(tmp_path, PROFILES)
+    result = CliRunner().invoke(main, ["check-config", str(path)])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert str(path) in out and "OK" in out
+    sections = {}
+    current = None
+    for line in out.splitlines():
+        if line.strip().startswith("["):
+            current = line.strip()
+        elif current:
+            sections[current] = line
+    # Each profile shows the defaults merged with its own overrides.
+    assert "max_steps=10" in sections["[defaults]"] and "max_tool_calls=40" in sections["[defaults]"]
+    assert "max_steps=10" in sections["[agents.support-bot]"]
+    assert "max_tool_calls=20" in sections["[agents.support-bot]"]
+    assert "max_cost_eur=1.5" in sections["[agents.support-bot]"]
+    assert "max_steps=25" in sections["[agents.researcher]"]
+    assert "max_wall_s=900" in sections["[agents.researcher]"]
+    assert "max_cost_eur=1.5" in sections["[agents.researcher]"]
+
+
+def test_check_config_never_prints_the_store_password(tmp_path):
+    path = write(tmp_path, '[store]\nurl = "postgresql+psycopg://watchdog:s3cr3t-pw@db.internal:5432/runs"\n')
+    result = CliRunner().invoke(main, ["check-config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "s3cr3t-pw" not in result.output
+    assert "watchdog:***@db.internal" in result.stdout
+
+
+def test_check_config_json_has_the_merged_profiles(tmp_path):
+    path = write(tmp_path, PROFILES)
+    result = CliRunner().invoke(main, ["check-config", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["agents"]["support-bot"] == {**data["defaults"], "max_tool_calls": 20}
+    assert data["agents"]["researcher"]["max_cost_eur"] == 1.5
+
+
+def test_check_config_takes_the_file_from_the_option_or_the_environment(tmp_path):
+    path = write(tmp_path, PROFILES)
+    by_option = CliRunner().invoke(main, ["--config", str(path), "check-config"])
+    by_env = CliRunner().invoke(main, ["check-config"], env={"AGENT_WATCHDOG_CONFIG": str(path)})
+    for result in (by_option, by_env):
+        assert result.exit_code == 0, result.output
+        assert "[agents.researcher]" in result.stdout
+
+
+@pytest.mark.parametrize("body,key", [BAD[1], BAD[5], BAD[9], ("[defaults\nmax_steps = 3\n", "TOML")])
+def test_check_config_error_is_one_line_exit_2_no_traceback(tmp_path, body, key):
+    path = write(tmp_path, body)
+    result = CliRunner().invoke(main, ["check-config", str(path)])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert str(path) in lines[0] and key in lines[0]
+    assert "Traceback" not in result.output
+
+
+def console_script() -> str:
+    found = shutil.which("agent-watchdog", path=os.path.dirname(sys.executable))
+    assert found, "the agent-watchdog console script is not installed next to this Python"
+    return found
+
+
+def test_check_config_console_script(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
+    good = write(tmp_path, PROFILES)
+    ok = subprocess.run([console_script(), "check-config", str(good)], capture_output=True, text=True,
+                        timeout=60, cwd="/", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "[agents.support-bot]" in ok.stdout and "max_tool_calls=20" in ok.stdout
+    bad = write(tmp_path, "[agents.support-bot]\nmax_steps = -3\n", name="bad.toml")
+    err = subprocess.run([console_script(), "check-config", str(bad)], capture_output=True, text=True,
+                         timeout=60, cwd="/", env=env)
+    assert err.returncode == 2
+    assert err.stdout == ""
+    assert err.stderr.count("\n") == 1 and "Traceback" not in err.stderr
+    assert str(bad) in err.stderr and "agents.support-bot.max_steps" in err.stderr
+    missing = subprocess.run([console_script(), "check-config", str(tmp_path / "nope.toml")], capture_output=True,
+                             text=True, timeout=60, cwd="/", env=env)
+    assert missing.returncode == 2 and "nope.toml" in missing.stderr and "Traceback" not in missing.stderr

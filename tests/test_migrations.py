@@ -1,0 +1,169 @@
+"""Alembic migrations against real SQLite and PostgreSQL databases.
+
+Round trips run on a database of their own (a fresh SQLite file, a fresh
+PostgreSQL database), never on the session's shared one.
+"""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from click.testing import CliRunner
+from sqlalchemy import create_engine, inspect, text
+
+from watchdog import Watchdog, migrate
+from watchdog.cli import main
+from watchdog.store import make_engine, metadata
+
+TABLES = {"runs", "events", "interventions", "alerts", "tool_circuits", "settings", "daemons"}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fresh_url(request, tmp_path):
+    """An empty, un-migrated database on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh.db'}"
+        return
+    server = request.getfixturevalue("pg_server_url")
+    name = f"aw_mig_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield server.rsplit("/", 1)[0] + f"/{name}"
+    with admin.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name})
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+def diffs(engine):
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+        return compare_metadata(ctx, metadata)
+
+
+def tables(engine) -> set:
+    return set(inspect(engine).get_table_names())
+
+
+def head() -> str:
+    return ScriptDirectory.from_config(migrate.alembic_config(make_engine("sqlite://"))).get_current_head()
+
+
+def test_one_linear_history_ending_at_head():
+    script = ScriptDirectory.from_config(migrate.alembic_config(make_engine("sqlite://")))
+    assert script.get_heads() == ["0001"]
+    assert [r.revision for r in script.walk_revisions()][-1] == "0001"
+    assert migrate.migrations_dir().joinpath("env.py").is_file()
+
+
+def test_models_and_migrations_never_drift(db_url, engine):
+    """compare_metadata (what `alembic check` runs) against a migrated database: no diffs."""
+    assert migrate.current(engine) == head()
+    assert TABLES <= tables(engine)
+    assert diffs(engine) == []
+
+
+def test_drift_detection_would_notice_a_change(sqlite_url):
+    """The drift test is not vacuous: a model change shows up as a diff."""
+    from sqlalchemy import Column, Integer, MetaData, Table
+
+    engine = make_engine(sqlite_url)
+    try:
+        changed = MetaData()
+        for table in metadata.sorted_tables:
+            table.to_metadata(changed)
+        Table("runs", changed, Column("extra", Integer), extend_existing=True)
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            found = compare_metadata(ctx, changed)
+        assert any(d[0] == "add_column" and d[3].name == "extra" for d in found), found
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade_round_trip(fresh_url):
+    engine = make_engine(fresh_url)
+    try:
+        assert migrate.current(engine) is None
+        migrate.upgrade(engine)
+        assert migrate.current(engine) == head()
+        assert TABLES <= tables(engine)
+        # Some data in it: downgrade must drop it in foreign-key order without complaint.
+        wd = Watchdog(fresh_url)
+        with wd.run(agent="a") as run:
+            run.step(tokens_in=1)
+            run.record_tool("t", {"a": 1})
+        wd.close()
+
+        migrate.downgrade(engine, "base")
+        assert migrate.current(engine) is None
+        assert tables(engine) & TABLES == set()
+
+        migrate.upgrade(engine)
+        assert migrate.current(engine) == head()
+        assert TABLES <= tables(engine)
+        assert diffs(engine) == []
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT COUNT(*) FROM runs")).scalar() == 0
+        wd = Watchdog(fresh_url)
+        with wd.run(agent="a") as run:
+            run.step(tokens_in=1)
+        assert wd.buffered == 0 and wd.rejected_events == 0
+        wd.close()
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT steps FROM runs")).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_db_upgrade_twice_is_idempotent_and_keeps_data(fresh_url):
+    runner = CliRunner()
+    first = runner.invoke(main, ["--db", fresh_url, "db", "upgrade"])
+    assert first.exit_code == 0, first.output
+    assert "revision 0001" in first.stdout
+    wd = Watchdog(fresh_url)
+    with wd.run(agent="keep-me") as run:
+        run.step(tokens_in=5)
+    wd.close()
+    second = runner.invoke(main, ["db", "upgrade", "--db", fresh_url])
+    assert second.exit_code == 0, second.output
+    assert "revision 0001" in second.stdout
+    engine = make_engine(fresh_url)
+    try:
+        assert migrate.current(engine) == "0001"
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT agent, steps FROM runs")).one() == ("keep-me", 1)
+            assert conn.execute(text("SELECT COUNT(*) FROM alembic_version")).scalar() == 1
+        assert diffs(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_db_downgrade_base_from_the_cli(fresh_url):
+    runner = CliRunner()
+    assert runner.invoke(main, ["--db", fresh_url, "db", "upgrade"]).exit_code == 0
+    down = runner.invoke(main, ["--db", fresh_url, "db", "downgrade", "base"])
+    assert down.exit_code == 0, down.output
+    engine = make_engine(fresh_url)
+    try:
+        assert tables(engine) & TABLES == set()
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_upgrade_leaves_wal_and_no_open_transaction(sqlite_url, tmp_path):
+    """After `db upgrade` other processes can write at once (no lock left behind)."""
+    import sqlite3
+
+    path = sqlite_url.split("sqlite:///", 1)[1]
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()

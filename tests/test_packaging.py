@@ -1,0 +1,102 @@
+"""The wheel ships the Alembic migrations, and a plain `pip install` works from any directory.
+
+Slow-ish (builds a wheel, creates a fresh virtual environment and installs into
+it: about 20-40 s here) but runs by default: it is the only test that proves a
+non-editable install can migrate a store.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TABLES = {"runs", "events", "interventions", "alerts", "tool_circuits", "settings", "daemons"}
+
+pytestmark = pytest.mark.slow
+
+
+def clean_env() -> dict:
+    # Nothing may leak the source tree or the test venv into the fresh install.
+    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "AGENT_WATCHDOG_DB", "AGENT_WATCHDOG_CONFIG")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(REPO), "-w", str(out)],
+                           capture_output=True, text=True, timeout=180, env=clean_env())
+    assert build.returncode == 0, build.stderr[-2000:]
+    (found,) = out.glob("agent_watchdog-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("venv") / "v"
+    made = subprocess.run([sys.executable, "-m", "venv", str(root)], capture_output=True, text=True, timeout=120,
+                          env=clean_env())
+    assert made.returncode == 0, made.stderr
+    assert "include-system-site-packages = false" in (root / "pyvenv.cfg").read_text()
+    installed = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
+                               capture_output=True, text=True, timeout=300, env=clean_env(), cwd="/")
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return root
+
+
+def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        entry_points = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
+        metadata = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
+    for required in ("watchdog/_migrations/env.py", "watchdog/_migrations/script.py.mako",
+                     "watchdog/_migrations/versions/0001_initial.py", "watchdog/__init__.py", "watchdog/client.py",
+                     "watchdog/migrate.py"):
+        assert required in names, required
+    assert not any(n.endswith(".pyc") or "__pycache__" in n for n in names)
+    assert not any(n.startswith(("tests/", "migrations/")) for n in names)
+    assert "agent-watchdog = watchdog.cli:main" in entry_points
+    assert "Name: agent-watchdog" in metadata
+    assert "Requires-Python: >=3.11" in metadata
+    for dep in ("psutil", "sqlalchemy", "alembic", "apscheduler", "click", "apprise"):
+        assert f"requires-dist: {dep}" in metadata.lower(), dep
+    assert "extra == 'postgres'" in metadata and "extra == 'test'" in metadata
+
+
+def test_installed_wheel_upgrades_a_store_from_the_root_directory(venv, tmp_path):
+    db = tmp_path / "x.db"
+    script = venv / "bin" / "agent-watchdog"
+    for _ in range(2):  # twice: idempotent
+        result = subprocess.run([str(script), "db", "upgrade", "--db", f"sqlite:///{db}"], capture_output=True,
+                                text=True, timeout=120, cwd="/", env=clean_env())
+        assert result.returncode == 0, result.stderr
+        assert "revision 0001" in result.stdout
+    conn = sqlite3.connect(db)
+    try:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+    finally:
+        conn.close()
+    assert TABLES <= names
+
+
+def test_installed_package_uses_its_own_migrations_and_a_light_sdk(venv):
+    code = (
+        "import sys, watchdog, watchdog.client, watchdog.migrate as m\n"
+        "print(watchdog.__file__)\n"
+        "print(m.migrations_dir())\n"
+        "print(','.join(sorted(x for x in sys.modules if x.split('.')[0] in ('psutil', 'apprise', 'apscheduler'))))\n"
+    )
+    result = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd="/", env=clean_env())
+    assert result.returncode == 0, result.stderr
+    package_file, migrations, heavy = (result.stdout.splitlines() + [""])[:3]
+    assert package_file.startswith(str(venv)), package_file
+    assert migrations.startswith(str(venv)) and migrations.endswith("_migrations"), migrations
+    assert heavy == ""
