@@ -8,7 +8,7 @@ import sys
 import click
 
 from .cli import emit_json, fail_cleanly, main, pass_app, shared_options
-from .store import utcnow
+from .store import read_connection, utcnow
 
 
 def _logging(verbose: bool):
@@ -94,7 +94,7 @@ def circuits_cmd(ctx, app, as_json):
 
     from .store import tool_circuits
 
-    with app.engine.connect() as conn:
+    with read_connection(app.engine) as conn:
         rows = conn.execute(select(tool_circuits).order_by(tool_circuits.c.tool)).all()
     records = [{"tool": r.tool, "state": r.state, "open_until": r.open_until.isoformat() if r.open_until else None,
                 "errors_in_window": r.errors_in_window, "window_s": r.window_s, "last_error": r.last_error,

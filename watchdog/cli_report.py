@@ -7,7 +7,7 @@ import time
 import click
 
 from .cli import fail_cleanly, main, pass_app, shared_options
-from .store import utcnow
+from .store import read_connection, utcnow
 
 
 @main.command("top")
@@ -25,7 +25,7 @@ def top_cmd(app, once, interval_s):
     profiles = app.profiles
     while True:
         now = utcnow()
-        with app.engine.connect() as conn:
+        with read_connection(app.engine) as conn:
             text = top.frame(top.rows(conn, profiles, now), now)
         if once:
             click.echo(text)
@@ -49,7 +49,7 @@ def postmortem_cmd(app, run_id, output):
     from . import postmortem
     from .views import resolve_run_id
 
-    with app.engine.connect() as conn:
+    with read_connection(app.engine) as conn:
         text = postmortem.render(conn, resolve_run_id(conn, run_id), app.profiles, utcnow())
     if output:
         with open(output, "w", encoding="utf-8") as fh:

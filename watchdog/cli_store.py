@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .cli import emit_json, fail_cleanly, main, pass_app, shared_options
-from .store import utcnow
+from .store import read_connection, utcnow
 
 
 @main.group()
@@ -57,7 +57,7 @@ def runs_cmd(app, all_runs, limit, as_json):
     """List the active runs (or every run with --all)."""
     from . import render, views
 
-    with app.engine.connect() as conn:
+    with read_connection(app.engine) as conn:
         records = views.list_runs(conn, _judge_by(app, conn), utcnow(), all_runs=all_runs, limit=limit)
     if as_json:
         emit_json(records)
@@ -76,7 +76,7 @@ def show_cmd(app, run_id, last_events, as_json):
     """One run: counters against budgets, top tools, interventions, last events."""
     from . import render, views
 
-    with app.engine.connect() as conn:
+    with read_connection(app.engine) as conn:
         rid = views.resolve_run_id(conn, run_id)
         record = views.run_detail(conn, rid, _judge_by(app, conn), utcnow(), last_events=last_events)
     if as_json:

@@ -6,12 +6,14 @@ APScheduler. Each record is one short transaction (see `watchdog.hotpath`).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 
 from . import lifecycle as lc
@@ -75,6 +77,8 @@ class Watchdog:
         self._warned_rejected = False
         self._settings: dict | None = None
         self._settings_at = 0.0
+        # Records buffered during an outage get one last chance when the agent exits.
+        atexit.register(_flush_at_exit, weakref.ref(self))
         self.circuits = CircuitView(self.writer, cache_s=CIRCUIT_CACHE_MAX_S if circuit_cache_s is None else circuit_cache_s)
         if circuit_cache_s is None:  # follow the daemon's tick: a circuit it opens is seen within one tick
             tick_s = self.settings().get("tick_s")
@@ -231,3 +235,12 @@ class Watchdog:
         self.writer.discard()
         self.engine.dispose()
 
+
+def _flush_at_exit(ref):
+    wd = ref()
+    if wd is not None and wd.buffered:
+        try:
+            if not wd.flush():
+                log.warning("agent-watchdog: %d buffered records could not be written before exit", wd.buffered)
+        except Exception:  # noqa: BLE001 — never fail an agent's exit
+            pass

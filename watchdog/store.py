@@ -243,8 +243,32 @@ def _sqlite_pragmas(dbapi_conn, _record):
 
 def _sqlite_begin(conn):
     # A deferred BEGIN that reads then writes fails at once with SQLITE_BUSY_SNAPSHOT,
-    # whatever the busy timeout: take the write lock up front.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # whatever the busy timeout: take the write lock up front. Only connections that
+    # promise to read (read_connection) begin deferred, so they never block writers.
+    if conn.get_execution_options().get("watchdog_read_only"):
+        conn.exec_driver_sql("BEGIN")
+    else:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def read_connection(engine: Engine):
+    """A connection for reads only, with one consistent snapshot for all its queries.
+
+    SQLite: a deferred BEGIN, a WAL snapshot that does not take the write lock.
+    PostgreSQL: REPEATABLE READ (under READ COMMITTED each query would see new commits).
+    """
+    conn = engine.connect()
+    if engine.dialect.name == "postgresql":
+        return conn.execution_options(isolation_level="REPEATABLE READ")
+    return conn.execution_options(watchdog_read_only=True)
+
+
+def _masked(url: str) -> str:
+    """An unparsable URL may still carry a password: keep the scheme and the host part only."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"
 
 
 def normalise_url(url: str) -> str:
@@ -255,13 +279,14 @@ def normalise_url(url: str) -> str:
         parsed = make_url(url)
     except ArgumentError:
         raise StoreError(
-            f"store URL {url!r}: expected a SQLAlchemy URL such as sqlite:///runs.db "
+            f"store URL {_masked(url)!r}: expected a SQLAlchemy URL such as sqlite:///runs.db "
             "or postgresql+psycopg://user@host/db"
         ) from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() not in ("sqlite", "postgresql"):
-        raise StoreError(f"store URL {url!r}: only sqlite and postgresql are supported")
+        raise StoreError(f"store URL {parsed.render_as_string(hide_password=True)!r}: "
+                         "only sqlite and postgresql are supported")
     return parsed.render_as_string(hide_password=False)
 
 

@@ -24,7 +24,7 @@ from .ladder import WAITING_STAGES, advance, exited
 from .messages import rate_alert
 from .policies import evaluate, rate_alarm
 from .scan import RATE_WINDOW_S, Scanner
-from .store import daemons
+from .store import daemons, read_connection
 from .views import effective_budgets
 
 log = logging.getLogger("watchdog.tick")
@@ -141,14 +141,9 @@ class Ticker:
                 rep.alarms.append(row.id)
 
     def _read_snapshot(self):
-        """One snapshot for the active runs and their new events. Under PostgreSQL's default
-        READ COMMITTED each query sees the commits made since the previous one: a run started
-        between the two would have its first events folded (and marked seen) while it was not
-        yet active, and they would never count. SQLite's reads already hold the write lock."""
-        conn = self.engine.connect()
-        if self.engine.dialect.name == "postgresql":
-            conn = conn.execution_options(isolation_level="REPEATABLE READ")
-        return conn
+        """One snapshot for the active runs and their new events: a run started between the
+        two reads must not have its first events folded (and marked seen) while not yet active."""
+        return read_connection(self.engine)
 
     # -- processes -------------------------------------------------------------
 
