@@ -82,3 +82,34 @@ def sqlite_url(tmp_path):
     migrate.upgrade(engine)
     engine.dispose()
     return url
+
+
+# --- shared fixtures: real alert sinks and real agent processes -----------------
+
+
+@pytest.fixture
+def smtp():
+    """A local SMTP server (aiosmtpd) on 127.0.0.1 that records the mails it gets."""
+    from alertsinks import SmtpSink
+
+    with SmtpSink() as sink:
+        yield sink
+
+
+@pytest.fixture
+def http():
+    """A local HTTP server on 127.0.0.1 that records JSON posts (apprise json://)."""
+    from alertsinks import HttpSink
+
+    with HttpSink() as sink:
+        yield sink
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Agent child processes, all killed at teardown."""
+    from agent_procs import AgentProcs
+
+    p = AgentProcs(tmp_path)
+    yield p
+    p.close()

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, event, select, text
 
-from agent_procs import AgentProcs, wait_until
-from alertsinks import HttpSink, SmtpSink
+from agent_procs import wait_until
 from conftest import PG_ADMIN_URL
 from daemon_support import actions, alerts_of, config, later, run_row
 from watchdog import RunKilled, Watchdog, migrate
@@ -39,29 +38,10 @@ CLI_TIMEOUT_S = 60
 
 
 @pytest.fixture
-def procs(tmp_path):
-    p = AgentProcs(tmp_path)
-    yield p
-    p.close()
-
-
-@pytest.fixture
 def wd(db_url):
     w = Watchdog(db_url)
     yield w
     w.close()
-
-
-@pytest.fixture
-def smtp():
-    with SmtpSink() as sink:
-        yield sink
-
-
-@pytest.fixture
-def http():
-    with HttpSink() as sink:
-        yield sink
 
 
 def ticker(engine, cfg=None) -> Ticker:

@@ -21,8 +21,7 @@ import psutil
 import pytest
 from sqlalchemy import update
 
-from agent_procs import AgentProcs, process_gone, wait_until
-from alertsinks import HttpSink
+from agent_procs import process_gone, wait_until
 from daemon_support import actions, alerts_of, config, interventions_of, later, run_row
 from watchdog import lifecycle as lc
 from watchdog.daemon import Daemon
@@ -34,19 +33,6 @@ from watchdog.ticker import Ticker
 AGENT_WATCHDOG = str(Path(sys.executable).parent / "agent-watchdog")
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
-
-
-@pytest.fixture
-def procs(tmp_path):
-    p = AgentProcs(tmp_path)
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def http():
-    with HttpSink() as sink:
-        yield sink
 
 
 def ticker(engine, cfg=None) -> Ticker:

@@ -7,23 +7,11 @@ import socket
 
 import pytest
 
-from alertsinks import HttpSink, SmtpSink, closed_port
+from alertsinks import closed_port
 from watchdog.notify import Notifier, Target, TargetResult, url_error
 
 TITLE = "agent-watchdog: run r-42 stopped"
 BODY = "reason: budget_exceeded\nrun: r-42\ncost: $12.50 of $10.00"
-
-
-@pytest.fixture
-def smtp():
-    with SmtpSink() as sink:
-        yield sink
-
-
-@pytest.fixture
-def http():
-    with HttpSink() as sink:
-        yield sink
 
 
 @pytest.fixture
