@@ -18,9 +18,8 @@ from sqlalchemy.engine import Engine
 
 from .store import SQLITE_TS_FORMAT
 
-# datetime.isoformat(" ", "microseconds") spells this format (4-digit years), ~3x faster than strftime.
-_ISO_IS_TS_FORMAT = SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
-_NO_TS = object()  # never a caller's value: the empty ts() cache
+# Dialect.ts spells this format with isoformat, which is ~3x faster than strftime.
+assert SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
 
 EVENT_COLUMNS = (
     "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
@@ -67,28 +66,17 @@ class Dialect:
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
         self.select_circuits = "SELECT tool, state, open_until, errors_in_window, window_s, last_error FROM tool_circuits WHERE state <> 'closed'"
         self.sqlite = sqlite
-        self._ts_last = (_NO_TS, "")  # (datetime, its SQLite text): see ts()
 
     def ts(self, value: dt.datetime):
         # SQLite has no timestamp type: naive UTC text, the format of the table contract.
-        if self.sqlite:
-            # A record binds the same `now` twice (the event's `at`, the run's `last_seen_at`):
-            # remember the last one. Datetimes are immutable and the cache holds a reference,
-            # so identity means the same text. One tuple, swapped atomically: thread-safe.
-            last = self._ts_last
-            if last[0] is value:
-                return last[1]
-            utc = value.astimezone(dt.timezone.utc)
-            if _ISO_IS_TS_FORMAT and type(utc) is dt.datetime and utc.year >= 1000:
-                # isoformat is ~3x cheaper than strftime and, for 4-digit years, spells exactly
-                # SQLITE_TS_FORMAT ("%Y-%m-%d %H:%M:%S.%f") followed by "+00:00".
-                text = utc.isoformat(" ", "microseconds")[:26]
-            else:
-                text = utc.strftime(SQLITE_TS_FORMAT)
-            if type(value.tzinfo) is dt.timezone:  # a fixed offset: the text can never change
-                self._ts_last = (value, text)
-            return text
-        return value
+        if not self.sqlite:
+            return value
+        utc = value.astimezone(dt.timezone.utc)
+        if type(utc) is dt.datetime and utc.year >= 1000:
+            # isoformat is ~3x cheaper than strftime and, for 4-digit years, spells exactly
+            # SQLITE_TS_FORMAT ("%Y-%m-%d %H:%M:%S.%f") followed by "+00:00".
+            return utc.isoformat(" ", "microseconds")[:26]
+        return utc.strftime(SQLITE_TS_FORMAT)
 
     def json(self, value):
         return None if value is None else json.dumps(value, sort_keys=True, default=str)

@@ -16,9 +16,13 @@ MODEL_MAX_CHARS = 128
 ERROR_CLASS_MAX_CHARS = 128
 
 
+# Built once: json.dumps with options builds a new encoder on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(args) -> str:
     """Sorted keys, no whitespace: the same arguments always give the same text."""
-    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(args)
 
 
 def hash_args(args, *, tool: str = "?") -> str:

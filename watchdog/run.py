@@ -187,7 +187,7 @@ class Run:
 
     def _record(self, kind: str, **f):
         d = self.wd.writer.dialect
-        now = utcnow()
+        at = d.ts(utcnow())  # the event's time and the run's last_seen_at: one clock reading
         record_args = self.wd.settings().get("record_args", False)
         with self._lock:
             self._seq += 1
@@ -204,13 +204,13 @@ class Run:
             self.tokens_out += f.get("tokens_out") or 0
             self.cost_eur += f.get("cost_eur") or 0.0
         event = (
-            self.id, seq, d.ts(now), kind, f.get("tool"), f.get("args_hash"),
+            self.id, seq, at, kind, f.get("tool"), f.get("args_hash"),
             d.json(f.get("args")) if record_args else None, f.get("ok"), f.get("error_class"), f.get("error_msg"),
             f.get("duration_s"), f.get("model"), f.get("tokens_in"), f.get("tokens_out"), f.get("cost_eur"),
             f.get("progress"),
         )
         update = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0,
-                  seq, d.ts(now), f.get("progress"), self.id)
+                  seq, at, f.get("progress"), self.id)
         statements = [(d.insert_event, event), (d.update_run, update)]
         if not d.returning:
             statements.append((d.select_status, (self.id,)))
