@@ -37,7 +37,8 @@ class RunStats:
         self.signatures[(tool, args_hash)] += 1
         if ok is False:
             self.tool_errors[tool] += 1
-            if error_msg:
+            # A fail-fast refusal of an open circuit is not news: keep the tool's own error.
+            if error_msg and (not error_msg.startswith("ToolUnavailable") or tool not in self.last_error):
                 self.last_error[tool] = error_msg
         self.recent.append((at, tool))
 
