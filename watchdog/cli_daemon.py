@@ -33,7 +33,7 @@ def run_cmd(app, once, verbose):
     _logging(verbose)
     metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(app.engine, app.config, metrics=metrics)
-    daemon.acquire()
+    _acquire(daemon, retry=not once)
     try:
         if once:
             rep = daemon.once()
@@ -45,6 +45,32 @@ def run_cmd(app, once, verbose):
         sys.exit(daemon.serve())
     finally:
         daemon.release()
+
+
+def _acquire(daemon, retry: bool):
+    """Take the lease; a store that is down at start-up is waited for, not fatal (systemd
+    would only restart us into the same outage). Another live daemon is fatal."""
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    from . import migrate
+    from .errors import StoreError
+
+    delay_s = 1.0
+    while True:
+        try:
+            if migrate.current(daemon.engine) is None:
+                raise StoreError("the store has no tables yet: run `agent-watchdog db upgrade` first")
+            return daemon.acquire()
+        except OperationalError as exc:
+            if not retry:
+                raise
+            first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0][:200]
+            logging.getLogger("watchdog.daemon").error("store unreachable at start-up (%s); retrying in %g s",
+                                                       first, delay_s)
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, daemon.config.daemon.tick_s * 6)
 
 
 @main.command("kill")
