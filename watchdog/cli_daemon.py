@@ -17,6 +17,7 @@ def _logging(verbose: bool):
     # apprise logs full URLs on some failures: only our own privacy-form lines reach the log.
     logging.getLogger("apprise").setLevel(logging.CRITICAL)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 @main.command("run")
