@@ -131,3 +131,26 @@ def test_unknown_run_is_one_line(sqlite_url, args):
     res = subprocess.run([CLI, "--db", sqlite_url, *args], capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
     assert res.stderr.strip() == "agent-watchdog: error: run id 'deadbeef': no such run"
+
+
+def test_run_refuses_an_unmigrated_store_in_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    res = subprocess.run([CLI, "--db", url, "run", "--once"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        "agent-watchdog: error: the store has no tables yet: run `agent-watchdog db upgrade` first")
+
+
+def test_run_waits_for_a_store_that_is_down_at_start_up(tmp_path):
+    _held, port = closed_port()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\ntick_s = 1\n")
+    proc = subprocess.Popen([CLI, "--config", str(cfg), "--db", f"postgresql://postgres@127.0.0.1:{port}/x", "run"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stderr.readline() for _ in range(2)]  # two attempts: it retries, it does not exit
+        assert all("store unreachable at start-up" in line for line in lines), lines
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
