@@ -79,6 +79,16 @@ def _signalled_targets(conn, run_id: str) -> list[ProcessIdentity]:
     return [ProcessIdentity.from_json(t) for t in json.loads(detail).get("targets", [])]
 
 
+def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
+    """Whether advance() could do anything for this stopping run now (pure: no store, no OS).
+    Keep in step with advance()'s early returns."""
+    if row.signal_stage in ("done", "refused", "failed", "not_signalled"):
+        return False
+    if _since(row.stop_requested_at, now) < daemon.cancel_grace_s:
+        return False
+    return row.kill_mode == lc.COOPERATIVE or row.host == host
+
+
 def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
             now: dt.datetime, by: str, sharing: int) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come."""

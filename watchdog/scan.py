@@ -11,7 +11,7 @@ import datetime as dt
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import Float, and_, cast, extract, func, select
 
 from . import lifecycle as lc
 from .policies import RunSnapshot
@@ -23,6 +23,19 @@ RATE_WINDOW_S = 60.0
 ID_OVERLAP = 2000
 CHUNK = 500
 
+# What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
+# a full evaluation. The two timestamps come back as epoch seconds computed by the
+# database, so no datetime (and no row of 31 columns) is built for a healthy run.
+LIGHT = ("id", "agent", "status", "host", "pid", "pid_create_time", "max_wall_s", "max_steps", "max_tool_calls",
+         "max_cost_eur", "max_identical_calls", "heartbeat_timeout_s", "steps", "tool_calls", "cost_eur")
+
+
+def epoch_s(col, dialect_name: str):
+    """A UTCDateTime column as float seconds since the epoch, computed by the database."""
+    if dialect_name == "sqlite":  # naive UTC text; julianday() reads the fraction too
+        return (func.julianday(col) - 2440587.5) * 86400.0
+    return cast(extract("epoch", col), Float)
+
 
 @dataclass
 class RunStats:
@@ -31,10 +44,14 @@ class RunStats:
     tool_errors: Counter = field(default_factory=Counter)
     last_error: dict = field(default_factory=dict)
     recent: deque = field(default_factory=deque)  # (at, tool) of tool calls, for the rate
+    max_signature: int = 0  # the top signature's count, kept as calls are added (counts only grow)
 
     def add(self, at: dt.datetime, tool: str, args_hash: str | None, ok: bool | None, error_msg: str | None):
         self.tools[tool] += 1
-        self.signatures[(tool, args_hash)] += 1
+        n = self.signatures[(tool, args_hash)] + 1
+        self.signatures[(tool, args_hash)] = n
+        if n > self.max_signature:
+            self.max_signature = n
         if ok is False:
             self.tool_errors[tool] += 1
             # A fail-fast refusal of an open circuit is not news: keep the tool's own error.
@@ -49,6 +66,13 @@ class RunStats:
         counts = Counter(tool for at, tool in self.recent if at <= now)
         top = counts.most_common(1)
         return sum(counts.values()), (top[0] if top else None)
+
+    def recent_upper_bound(self, horizon: dt.datetime) -> int:
+        """At least rate()'s count at now = horizon + RATE_WINDOW_S (later calls count too); no Counter."""
+        recent = self.recent
+        while recent and recent[0][0] < horizon:
+            recent.popleft()
+        return len(recent)
 
     def top_signature(self) -> tuple[str, int] | None:
         if not self.signatures:
@@ -91,7 +115,19 @@ class Scanner:
         return Counter(tool for at, tool in self.all_recent if at <= now)
 
     def load_active(self, conn) -> list:
-        return conn.execute(select(runs).where(runs.c.status.in_(lc.ACTIVE_STATUSES))).all()
+        """Every active run, light: the LIGHT columns, then started_at and last_seen_at in epoch seconds."""
+        name = conn.dialect.name
+        q = select(*(runs.c[c] for c in LIGHT), epoch_s(runs.c.started_at, name),
+                   epoch_s(runs.c.last_seen_at, name)).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+        return conn.execute(q).all()
+
+    def load_rows(self, conn, ids: list[str]) -> list:
+        """The whole rows of the runs that need an evaluation this tick (if still active)."""
+        out = []
+        for i in range(0, len(ids), CHUNK):
+            out.extend(conn.execute(select(runs).where(and_(runs.c.id.in_(ids[i : i + CHUNK]),
+                                                            runs.c.status.in_(lc.ACTIVE_STATUSES)))))
+        return out
 
     def fold(self, conn, active_ids: list[str]) -> list[NewEvent]:
         """Fold the tool events written since the last tick; return them (the circuits need them too)."""
@@ -109,19 +145,35 @@ class Scanner:
             overlap = select(events.c.id).where(events.c.id > self.high_water - ID_OVERLAP)
             self._seen = {r[0] for r in conn.execute(overlap)}
         else:
+            # Whole rows only above the high-water mark; in the overlap below it, ids first and
+            # whole rows only for the ids never seen (a late PostgreSQL commit: rare).
             low = max(0, self.high_water - ID_OVERLAP)
-            q = select(*cols).where(and_(events.c.id > low, events.c.kind == lc.EV_TOOL)).order_by(events.c.id)
-            fresh = [NewEvent(*r) for r in conn.execute(q) if r[0] not in self._seen]
+            seen = self._seen
+            ids = conn.execute(select(events.c.id).where(and_(
+                events.c.id > low, events.c.id <= self.high_water, events.c.kind == lc.EV_TOOL))).scalars().all()
+            late = [i for i in ids if i not in seen]
+            fresh = []
+            for i in range(0, len(late), CHUNK):
+                q = select(*cols).where(events.c.id.in_(late[i : i + CHUNK]))
+                fresh.extend(NewEvent(*r) for r in conn.execute(q).all())
+            q = select(*cols).where(and_(events.c.id > self.high_water, events.c.kind == lc.EV_TOOL))
+            fresh.extend(NewEvent(*r) for r in conn.execute(q.order_by(events.c.id)).all())
+            if late:
+                fresh.sort(key=lambda e: e.id)
             new.extend(fresh)
             if fresh:
                 self.high_water = max(self.high_water, max(e.id for e in fresh))
             self._seen = {i for i in self._seen if i > self.high_water - ID_OVERLAP}
             self._seen.update(e.id for e in fresh)
         active = set(active_ids)
+        stats = self.stats
         for e in new:
             self.all_recent.append((e.at, e.tool))
             if e.run_id in active:
-                self.stats.setdefault(e.run_id, RunStats()).add(e.at, e.tool, e.args_hash, e.ok, e.error_msg)
+                st = stats.get(e.run_id)
+                if st is None:  # not setdefault(id, RunStats()): that builds 3 Counters and a deque per event
+                    st = stats[e.run_id] = RunStats()
+                st.add(e.at, e.tool, e.args_hash, e.ok, e.error_msg)
         for rid in list(self.stats):
             if rid not in active:
                 del self.stats[rid]
