@@ -168,6 +168,7 @@ class Daemon:
         finally:
             sdnotify.notify("STOPPING=1")
             sched.shutdown(wait=True)  # the running tick completes; no new one starts
+            self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
         return 0
 
 
