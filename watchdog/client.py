@@ -21,6 +21,7 @@ from .config import ENV_DB, RUN_BUDGET_KEYS
 from .errors import RunKilled, ToolUnavailable
 from .circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
 from .hotpath import Writer
+from .inflight import InflightTools
 from .records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, budget_error, validate_name
 from .errors import StoreError
 from .store import make_engine, normalise_url
@@ -77,6 +78,7 @@ class Watchdog:
         self._warned_rejected = False
         self._settings: dict | None = None
         self._settings_at = 0.0
+        self.inflight = InflightTools(self)
         # Records buffered during an outage get one last chance when the agent exits.
         atexit.register(_flush_at_exit, weakref.ref(self))
         self.circuits = CircuitView(self.writer, cache_s=CIRCUIT_CACHE_MAX_S if circuit_cache_s is None else circuit_cache_s)

@@ -67,9 +67,11 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
                 run._guarded(lambda: guard.before_retry(run._elapsed_s()))
         probe = _admit(run, name, args, guard, last_exc)
         t0 = time.perf_counter()
+        token = run.wd.inflight.started(run, name)  # names the tool if it never returns
         try:
             result = fn(**args)
         except Exception as exc:
+            run.wd.inflight.finished(token)
             duration_s = time.perf_counter() - t0
             if guard is not None:
                 guard.count_tool_call()
@@ -78,6 +80,10 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
                 raise
             last_exc = exc
             continue
+        except BaseException:
+            run.wd.inflight.finished(token)
+            raise
+        run.wd.inflight.finished(token)
         duration_s = time.perf_counter() - t0
         if guard is not None:
             guard.count_tool_call()

@@ -37,7 +37,7 @@ def tool_args(value) -> dict:
 class PendingTool:
     """A tool call the framework started: what it was, since when, and how it ended."""
 
-    __slots__ = ("name", "args", "args_hash", "t0", "error")
+    __slots__ = ("name", "args", "args_hash", "t0", "error", "token")
 
     def __init__(self, name: str, args: dict):
         self.name = name
@@ -45,6 +45,7 @@ class PendingTool:
         self.args_hash = hash_args(args, tool=name)
         self.t0 = time.perf_counter()
         self.error = None
+        self.token = None  # the SDK's in-flight tool marker (names the tool if it hangs)
 
     @property
     def duration_s(self) -> float:
@@ -59,18 +60,23 @@ def before_tool(run, pending: PendingTool, *, circuits: bool) -> None:
     open (the refusal is recorded as a failed call, like `Run.tool_call` does).
     """
     run.check()
+    # The guards first: a guard refusing a call after it won the half-open probe would hold
+    # the probe slot, and the circuit would stay half-open until the daemon freed it.
+    if run.guard:
+        run._guarded(lambda: run.guard.before_tool(pending.name, pending.args_hash, run._elapsed_s()))
     if circuits:
         circuit = run.wd.circuit_for(pending.name)
         if circuit is not None and circuit.refuses(run.id):
             exc = ToolUnavailable(pending.name, circuit.message(pending.name))
             run.record_tool(pending.name, pending.args, ok=False, error=exc, duration_s=0.0)
             raise exc
-    if run.guard:
-        run._guarded(lambda: run.guard.before_tool(pending.name, pending.args_hash, run._elapsed_s()))
+    pending.token = run.wd.inflight.started(run, pending.name)
 
 
 def after_tool(run, pending: PendingTool, *, ok: bool, error=None) -> None:
     """Count the call for the guards and record it (raises RunKilled if the daemon asked to stop)."""
+    if pending.token is not None:
+        run.wd.inflight.finished(pending.token)
     if run.guard:
         run.guard.after_tool(pending.name, pending.args_hash)
     if isinstance(error, RunKilled):

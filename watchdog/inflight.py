@@ -1,0 +1,72 @@
+"""Which tool a run is stuck in, for tools that never return.
+
+A tool event is written when the call returns, so a call that hangs leaves no
+trace of its tool: the heartbeat-timeout alert could only name the last tool
+that answered. A background thread of the SDK writes, for calls still running
+after `announce_after_s`, the run's `progress` ("in scan_archive since
+14:03:05, no answer yet"). It never touches `last_seen_at`: a hung run still
+looks hung to the daemon, the alert just says where.
+
+The hot path pays two dict operations per tool call; the thread wakes once a
+second and writes only for slow calls.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import threading
+import time
+
+ANNOUNCE_AFTER_S = 2.0
+POLL_S = 1.0
+
+
+class InflightTools:
+    def __init__(self, wd, announce_after_s: float = ANNOUNCE_AFTER_S):
+        self.wd = wd
+        self.announce_after_s = announce_after_s
+        self._calls: dict[int, list] = {}  # token -> [run, tool, t0 monotonic, started at, announced]
+        self._lock = threading.Lock()
+        self._tokens = itertools.count()
+        self._thread_pid = None
+
+    def started(self, run, tool: str) -> int:
+        token = next(self._tokens)
+        with self._lock:
+            self._calls[token] = [run, tool, time.monotonic(), dt.datetime.now(dt.timezone.utc), False]
+        if self._thread_pid != os.getpid():  # first call, or a forked child: threads do not survive fork
+            self._start()
+        return token
+
+    def finished(self, token: int) -> None:
+        with self._lock:
+            call = self._calls.pop(token, None)
+        if call is not None and call[4]:  # it was announced as hanging: say it answered after all
+            run, tool, t0 = call[0], call[1], call[2]
+            self._write(run, f"{tool} answered after {time.monotonic() - t0:.0f} s")
+
+    def _start(self) -> None:
+        self._thread_pid = os.getpid()
+        threading.Thread(target=self._loop, name="agent-watchdog-inflight", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(POLL_S)
+            now = time.monotonic()
+            with self._lock:
+                due = [c for c in self._calls.values() if not c[4] and now - c[2] >= self.announce_after_s]
+                for c in due:
+                    c[4] = True
+            for run, tool, _t0, started_at, _ in due:
+                self._write(run, f"in {tool} since {started_at.astimezone():%H:%M:%S}, no answer yet")
+
+    def _write(self, run, progress: str) -> None:
+        d = self.wd.writer.dialect
+        ph = "?" if d.sqlite else "%s"
+        sql = f"UPDATE runs SET progress = {ph} WHERE id = {ph} AND status IN ('running', 'stopping')"
+        try:
+            self.wd.writer.transaction([(sql, (progress[:500], run.id))])
+        except Exception:  # noqa: BLE001 — a note for humans: never worth failing or buffering for
+            pass
