@@ -107,6 +107,8 @@ def render(conn, run_id: str, config: Config, now: dt.datetime) -> str:
     out = [f"# Postmortem: {row.agent} run {row.id[:8]} — {row.stop_reason or row.status}", "",
            f"Run `{row.id}` on {row.host} (pid {row.pid}, kill_mode {row.kill_mode}); status **{row.status}**.", "",
            "## What happened", "", f"- {_ts(row.started_at)} run started"]
+    if _hung_in(row):
+        out.append(f"- the run was stuck in a call to **{_hung_in(row)}** ({row.progress})")
     rep = _first_repeat(evs)
     if rep is not None:
         out.append(f"- {_ts(rep.at)} first repeated call: {rep.tool} with identical arguments (event #{rep.seq})")
@@ -186,9 +188,15 @@ CHAOS_SCENARIO = {"down": "always_500", "schema": "bad_schema", "stuck": "stuck"
                   "crash": "dies", "manual": "runaway"}
 
 
+def _hung_in(row) -> str | None:
+    """The tool a hung run was stuck in, from the SDK's in-flight note ("in X since ...")."""
+    m = re.match(r"in (\S+) since ", row.progress or "")
+    return m.group(1) if m else None
+
+
 def _chaos_case(row, cause, top, budgets) -> str:
     """A test in the style of tests/chaos/ (fixtures watchdog_daemon and agent_process)."""
-    tool = top[0] if top else "some_tool"
+    tool = (cause == "hung" and _hung_in(row)) or (top[0] if top else "some_tool")
     scenario = CHAOS_SCENARIO.get(cause) or ("insist" if row.tool_errors else "runaway")
     status = lc.LOST if cause == "crash" else lc.KILLED
     verb = "fails" if cause in ("schema", "down") else "misbehaves"
