@@ -899,7 +899,7 @@ def main(argv=None) -> int:
     print(fmt_table(rows))
     print()
     print("\n".join(verdicts(rows, args.target_ms)))
-    print(f"\nhistory templates loaded: " + ", ".join(f"{b} {h:,}: {s:.1f} s" for (b, h), s in loads.items()))
+    print("\nhistory templates loaded: " + ", ".join(f"{b} {h:,}: {s:.1f} s" for (b, h), s in loads.items()))
     print(f"total wall time {time.perf_counter() - started:.0f} s")
 
     for name, (prof, ptimes, n_active, n_hist, phases) in profiles.items():

@@ -9,7 +9,6 @@ the script removes the flag half-way, as an operator fixing the upstream would.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile

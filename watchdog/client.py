@@ -46,7 +46,7 @@ SETTINGS_TTL_S = 5.0
 # An unreachable PostgreSQL host must cost a record seconds, not the OS's TCP timeout.
 PG_CONNECT_TIMEOUT_S = 5
 
-__all__ = ["Watchdog", "Run", "RunKilled", "ToolUnavailable"]
+__all__ = ["Watchdog", "RunKilled", "ToolUnavailable"]
 
 
 class Watchdog:

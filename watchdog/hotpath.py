@@ -64,7 +64,6 @@ class Dialect:
             f"WHERE id = {ph} AND status IN ('running', 'stopping')"
         )
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
-        self.select_circuits = "SELECT tool, state, open_until, errors_in_window, window_s, last_error FROM tool_circuits WHERE state <> 'closed'"
         self.sqlite = sqlite
 
     def ts(self, value: dt.datetime):

@@ -16,7 +16,7 @@ from sqlalchemy import and_, or_, select
 
 from . import lifecycle as lc
 from .config import Config
-from .store import alerts, events, interventions, runs, tool_circuits
+from .store import alerts, events, interventions, runs
 from .views import effective_budgets, load_run
 
 SCHEMA_RE = re.compile(r"schema|validat|invalid|malformed|required field|pydantic|jsondecode", re.I)
