@@ -1,4 +1,4 @@
-"""What the framework integrations share: JSON-safe tool arguments and the guard's pre-checks.
+"""What the framework integrations share: the run they record on, JSON-safe tool arguments, the pre-checks.
 
 Pure SDK code, no framework import: each framework module adapts its own events
 to these helpers.
@@ -7,10 +7,82 @@ to these helpers.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 
 from ..errors import RunKilled, ToolUnavailable
 from ..records import hash_args
+
+log = logging.getLogger("watchdog.integrations")
+
+
+class RunBinding:
+    """Opens (or joins) the watchdog run a framework's callbacks record on, and ends it once.
+
+    Owned runs start on the first event and, once ended, a later event opens a new
+    one (a handler reused for another invocation). A joined run (`run=`) is never ended
+    here: its owner does that. Inside `with handler:` the block bounds the run.
+    """
+
+    def _bind(self, wd, agent, run, estimated_cost_eur: float, run_kwargs: dict) -> None:
+        name = type(self).__name__
+        if run is not None:
+            if wd is not None or agent is not None or run_kwargs:
+                raise ValueError(f"{name}: give either run= (join a run) or wd and agent= (open one)")
+            self._owns = False
+            self.run = run
+        else:
+            if wd is None:
+                raise ValueError(f"{name}: give a Watchdog and agent=, or run= to join a started run")
+            self._owns = True
+            self.run = wd.run(agent=agent, **run_kwargs)  # validates the budgets now, starts on the first event
+        self._wd = wd
+        self._agent = agent
+        self._run_kwargs = run_kwargs
+        self._estimated = float(estimated_cost_eur)
+        self._lock = threading.RLock()
+        self._ended = False
+        self._managed = False  # inside `with handler:` the block's end ends the run
+
+    def _open(self):
+        """The run to record on, started (or re-opened after it ended) if it is ours."""
+        with self._lock:
+            if self._owns:
+                if self._ended:
+                    self.run = self._wd.run(agent=self._agent, **self._run_kwargs)
+                    self._ended = False
+                if self.run.started_at is None:
+                    self.run.start()
+            return self.run
+
+    def _forget(self) -> None:
+        """Drop per-invocation state when the run ends (called under the lock)."""
+
+    def end(self, error: BaseException | None = None):
+        """End the run now (completed, or from `error`: failed / killed). Idempotent; no-op on a joined run."""
+        with self._lock:
+            if not self._owns or self._ended or self.run.started_at is None:
+                return
+            self._ended = True
+            self._forget()
+        try:
+            if error is None:
+                self.run.__exit__(None, None, None)  # completed, or killed if a stop was seen and swallowed
+            else:
+                self.run.__exit__(type(error), error, error.__traceback__)
+        except Exception:  # noqa: BLE001 - ending must never replace the agent's own outcome
+            log.exception("agent-watchdog: could not end run %s", self.run.id)
+
+    def __enter__(self):
+        self._managed = True
+        self._open()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._managed = False
+        self.end(exc)
+        return False
 
 
 def json_safe(value):

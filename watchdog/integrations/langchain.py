@@ -27,7 +27,6 @@ Extra: `pip install 'agent-watchdog[langchain]'` (langchain-core >= 0.3).
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 from uuid import UUID
 
@@ -39,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ..errors import RunKilled, ToolUnavailable
-from ._common import PendingTool, after_tool, before_tool, tool_args
+from ._common import PendingTool, RunBinding, after_tool, before_tool, tool_args
 
 log = logging.getLogger("watchdog.integrations.langchain")
 
@@ -57,7 +56,7 @@ def handler(wd, agent: str, **run_kwargs) -> "WatchdogCallbackHandler":
     return WatchdogCallbackHandler(wd, agent=agent, **run_kwargs)
 
 
-class WatchdogCallbackHandler(BaseCallbackHandler):
+class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
     """Records LangChain model and tool calls on a watchdog run; raises RunKilled to stop it.
 
     Either give `wd` and `agent` (plus any `Watchdog.run()` keyword): the handler opens
@@ -81,65 +80,16 @@ class WatchdogCallbackHandler(BaseCallbackHandler):
     def __init__(self, wd=None, *, agent: str | None = None, run=None, estimated_cost_eur: float = 0.0,
                  circuits: bool = True, **run_kwargs):
         super().__init__()
-        if run is not None:
-            if wd is not None or agent is not None or run_kwargs:
-                raise ValueError("WatchdogCallbackHandler: give either run= (join a run) or wd and agent= (open one)")
-            self._owns = False
-            self.run = run
-        else:
-            if wd is None:
-                raise ValueError("WatchdogCallbackHandler: give a Watchdog and agent=, or run= to join a started run")
-            self._owns = True
-            self.run = wd.run(agent=agent, **run_kwargs)  # validates the budgets now, starts on the first event
-        self._wd = wd
-        self._agent = agent
-        self._run_kwargs = run_kwargs
-        self._estimated = float(estimated_cost_eur)
+        self._bind(wd, agent, run, estimated_cost_eur, run_kwargs)
         self._circuits = circuits
-        self._lock = threading.RLock()
-        self._ended = False
-        self._managed = False  # inside `with handler:` the block's end ends the run
         self._roots: set[UUID] = set()  # outermost chains in flight
         self._models: dict[UUID, str | None] = {}  # LangChain run id -> requested model name
         self._tools: dict[UUID, PendingTool] = {}  # LangChain run id -> tool call in flight
 
-    # -- the run's lifecycle ------------------------------------------------------
+    # -- the run's lifecycle (open / end / with: RunBinding) ------------------------
 
-    def _open(self):
-        """The run to record on, started (or re-opened after it ended) if it is ours."""
-        with self._lock:
-            if self._owns:
-                if self._ended:
-                    self.run = self._wd.run(agent=self._agent, **self._run_kwargs)
-                    self._ended = False
-                if self.run.started_at is None:
-                    self.run.start()
-            return self.run
-
-    def end(self, error: BaseException | None = None):
-        """End the run now (completed, or from `error`: failed / killed). Idempotent; no-op on a joined run."""
-        with self._lock:
-            if not self._owns or self._ended or self.run.started_at is None:
-                return
-            self._ended = True
-            self._roots.clear()
-        try:
-            if error is None:
-                self.run.__exit__(None, None, None)  # completed, or killed if a stop was seen and swallowed
-            else:
-                self.run.__exit__(type(error), error, error.__traceback__)
-        except Exception:  # noqa: BLE001 - ending must never replace the agent's own outcome
-            log.exception("agent-watchdog: could not end run %s", self.run.id)
-
-    def __enter__(self) -> "WatchdogCallbackHandler":
-        self._managed = True
-        self._open()
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self._managed = False
-        self.end(exc)
-        return False
+    def _forget(self) -> None:
+        self._roots.clear()
 
     def _obey(self, fn, *args, **kwargs):
         """Run a recording step. Only stops (and ToolUnavailable) reach the agent: a stop ends our run

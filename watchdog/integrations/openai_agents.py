@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from typing import Any
 
 try:
@@ -46,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ..errors import RunKilled
-from ._common import PendingTool, after_tool, before_tool, tool_args
+from ._common import PendingTool, RunBinding, after_tool, before_tool, tool_args
 
 log = logging.getLogger("watchdog.integrations.openai_agents")
 
@@ -88,7 +87,7 @@ def make_failure_error_function(formatter=None):
 failure_error_function = make_failure_error_function()
 
 
-class WatchdogRunHooks(RunHooks):
+class WatchdogRunHooks(RunBinding, RunHooks):
     """Records model responses and tool calls on a watchdog run; raises RunKilled to stop it.
 
     Either give `wd` and `agent` (plus any `Watchdog.run()` keyword): the hooks open the
@@ -108,61 +107,11 @@ class WatchdogRunHooks(RunHooks):
 
     def __init__(self, wd=None, *, agent: str | None = None, run=None, estimated_cost_eur: float = 0.0,
                  model: str | None = None, **run_kwargs):
-        if run is not None:
-            if wd is not None or agent is not None or run_kwargs:
-                raise ValueError("WatchdogRunHooks: give either run= (join a run) or wd and agent= (open one)")
-            self._owns = False
-            self.run = run
-        else:
-            if wd is None:
-                raise ValueError("WatchdogRunHooks: give a Watchdog and agent=, or run= to join a started run")
-            self._owns = True
-            self.run = wd.run(agent=agent, **run_kwargs)  # validates the budgets now, starts on the first event
-        self._wd = wd
-        self._agent = agent
-        self._run_kwargs = run_kwargs
-        self._estimated = float(estimated_cost_eur)
+        self._bind(wd, agent, run, estimated_cost_eur, run_kwargs)
         self._model = model
-        self._lock = threading.RLock()
-        self._ended = False
-        self._managed = False  # inside `with hooks:` the block's end ends the run
         self._tools: dict[Any, list[PendingTool]] = {}
 
-    # -- the run's lifecycle ------------------------------------------------------
-
-    def _open(self):
-        with self._lock:
-            if self._owns:
-                if self._ended:
-                    self.run = self._wd.run(agent=self._agent, **self._run_kwargs)
-                    self._ended = False
-                if self.run.started_at is None:
-                    self.run.start()
-            return self.run
-
-    def end(self, error: BaseException | None = None):
-        """End the run now (completed, or from `error`: failed / killed). Idempotent; no-op on a joined run."""
-        with self._lock:
-            if not self._owns or self._ended or self.run.started_at is None:
-                return
-            self._ended = True
-        try:
-            if error is None:
-                self.run.__exit__(None, None, None)  # completed, or killed if a stop was seen and swallowed
-            else:
-                self.run.__exit__(type(error), error, error.__traceback__)
-        except Exception:  # noqa: BLE001 - ending must never replace the agent's own outcome
-            log.exception("agent-watchdog: could not end run %s", self.run.id)
-
-    def __enter__(self) -> "WatchdogRunHooks":
-        self._managed = True
-        self._open()
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self._managed = False
-        self.end(exc)
-        return False
+    # -- the run's lifecycle (open / end / with: RunBinding) ------------------------
 
     async def __aenter__(self) -> "WatchdogRunHooks":
         return self.__enter__()
