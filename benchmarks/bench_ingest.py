@@ -145,7 +145,7 @@ def _counting(note, errors, also=None):
 
 
 def _raw_writer(backend, url, agent, records, warmup, barrier):
-    from watchdog.hotpath import Dialect  # SQL text only: the same statements as the SDK
+    from watchdog.store.hotpath import Dialect  # SQL text only: the same statements as the SDK
 
     d = Dialect(backend)
     run_id = uuid.uuid4().hex
@@ -257,8 +257,8 @@ class Store:
     """A fresh, migrated store for one backend; `close()` removes it."""
 
     def __init__(self, backend: str):
-        from watchdog.migrate import upgrade
-        from watchdog.store import make_engine
+        from watchdog.store.migrate import upgrade
+        from watchdog.store.engine import make_engine
 
         self.backend = backend
         self._tmp = None
@@ -433,8 +433,8 @@ def profile(backend: str, records: int, top: int):
     import timeit
 
     from watchdog import Watchdog
-    from watchdog.records import hash_args
-    from watchdog.store import utcnow
+    from watchdog.core.records import hash_args
+    from watchdog.store.schema import utcnow
 
     if backend == "postgresql":
         records = min(records, 2000)  # each commit waits for a WAL fsync: keep the profile short

@@ -104,7 +104,7 @@ RUN_COLS = ("id", "agent", "status", "kill_mode", "host", "pid", "pid_create_tim
 
 def bench_config(tick_s: float):
     """Generous budgets: a healthy active run trips nothing, whatever the grid size."""
-    from watchdog.config import Budgets, Config, DaemonConfig
+    from watchdog.core.config import Budgets, Config, DaemonConfig
 
     budgets = Budgets(max_wall_s=7 * 86400.0, max_steps=100_000, max_tool_calls=100_000, max_cost_eur=1000.0,
                       max_identical_calls=1000, heartbeat_timeout_s=3600.0, max_tool_calls_per_min=10_000)
@@ -188,7 +188,7 @@ class ActiveRuns:
         self.last_seq: dict[str, int] = {}
         self.local = local
         if local:
-            from watchdog.procid import current_create_time, hostname
+            from watchdog.core.procid import current_create_time, hostname
 
             self.host, self.pid, self.ctime = hostname(), os.getpid(), current_create_time()
 
@@ -297,8 +297,8 @@ class Backend:
             admin.execute(sql)
 
     def create_empty(self, tag: str) -> str:
-        from watchdog.migrate import upgrade
-        from watchdog.store import make_engine
+        from watchdog.store.migrate import upgrade
+        from watchdog.store.engine import make_engine
 
         if self.sqlite:
             where = os.path.join(self.tmp, f"{tag}.db")
@@ -436,10 +436,10 @@ def naive_tick(engine, config, now: dt.datetime) -> tuple[int, int]:
     """Aggregate every event of every run, then evaluate the same policies: (active runs, verdicts)."""
     from sqlalchemy import select, text
 
-    from watchdog import lifecycle as lc
-    from watchdog.policies import RunSnapshot, evaluate
-    from watchdog.store import runs
-    from watchdog.views import effective_budgets
+    from watchdog.core import lifecycle as lc
+    from watchdog.core.policies import RunSnapshot, evaluate
+    from watchdog.store.schema import runs
+    from watchdog.store.views import effective_budgets
 
     with engine.connect() as conn:
         active = conn.execute(select(runs).where(runs.c.status.in_(lc.ACTIVE_STATUSES))).all()
@@ -588,9 +588,10 @@ class SchedClock:
 def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profile_this: bool) -> dict:
     from sqlalchemy import func, select
 
-    from watchdog.killer import Killer
-    from watchdog.store import events, make_engine, runs
-    from watchdog.ticker import Ticker
+    from watchdog.daemon.killer import Killer
+    from watchdog.store.engine import make_engine
+    from watchdog.store.schema import events, runs
+    from watchdog.daemon.ticker import Ticker
 
     rng = random.Random(n_active * 7919 + n_hist)
     tag = f"r{n_active}_h{n_hist}"

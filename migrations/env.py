@@ -2,9 +2,17 @@
 
 from alembic import context
 
-from watchdog.store import make_engine, metadata
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import UTCDateTime, metadata
 
 config = context.config
+
+
+def render_item(type_, obj, autogen_context):
+    """Autogenerate writes plain SQLAlchemy types: a migration never imports our modules."""
+    if type_ == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
 
 
 def run_migrations_offline():
@@ -28,7 +36,7 @@ def run_migrations_online():
 def _run(connection):
     # Batch mode: SQLite cannot ALTER most things in place; batch recreates the table.
     context.configure(connection=connection, target_metadata=metadata, render_as_batch=True,
-                      compare_type=True)
+                      compare_type=True, render_item=render_item)
     with context.begin_transaction():
         context.run_migrations()
 

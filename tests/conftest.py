@@ -13,8 +13,9 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, text
 
-from watchdog import migrate
-from watchdog.store import make_engine, metadata
+from watchdog.store import migrate
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import metadata
 
 PG_ADMIN_URL = os.environ.get("AGENT_WATCHDOG_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]

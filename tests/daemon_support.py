@@ -7,8 +7,8 @@ import datetime as dt
 
 from sqlalchemy import select
 
-from watchdog.config import parse
-from watchdog.store import alerts, interventions, runs
+from watchdog.core.config import parse
+from watchdog.store.schema import alerts, interventions, runs
 
 CANCEL_GRACE_S = 0.5
 TERM_GRACE_S = 0.5

@@ -140,8 +140,8 @@ def test_without_a_config_budgets_are_the_ones_the_daemon_published(runs3, engin
 
     from sqlalchemy import insert
 
-    from watchdog.config import parse
-    from watchdog.store import settings, utcnow
+    from watchdog.core.config import parse
+    from watchdog.store.schema import settings, utcnow
 
     published = parse(tomllib.loads("[defaults]\nmax_tool_calls = 30\n[agents.support-bot]\nmax_steps = 6\n")).published()
     with engine.begin() as conn:

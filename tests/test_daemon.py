@@ -24,14 +24,16 @@ from sqlalchemy import create_engine, event, select, text
 from agent_procs import wait_until
 from conftest import PG_ADMIN_URL
 from daemon_support import actions, alerts_of, config, later, run_row
-from watchdog import RunKilled, Watchdog, migrate
-from watchdog import lifecycle as lc
-from watchdog.daemon import Daemon
-from watchdog.killer import Killer
-from watchdog.notify import Notifier
-from watchdog.outbox import deliver_due
-from watchdog.store import daemons, make_engine, runs, utcnow
-from watchdog.ticker import Ticker
+from watchdog import RunKilled, Watchdog
+from watchdog.store import migrate
+from watchdog.core import lifecycle as lc
+from watchdog.daemon.service import Daemon
+from watchdog.daemon.killer import Killer
+from watchdog.daemon.notify import Notifier
+from watchdog.daemon.outbox import deliver_due
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import daemons, runs, utcnow
+from watchdog.daemon.ticker import Ticker
 
 AGENT_WATCHDOG = str(Path(sys.executable).parent / "agent-watchdog")
 CLI_TIMEOUT_S = 60

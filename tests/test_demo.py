@@ -19,7 +19,8 @@ from sqlalchemy import select
 
 from watchdog.demo.model import ScriptedModel
 from watchdog.demo.tools import Catalogue, write_files
-from watchdog.store import daemons, interventions, make_engine, runs
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import daemons, interventions, runs
 
 TIMEOUT_S = 120
 DAEMON_ACTIONS = {"stop_requested", "sigterm", "sigkill"}

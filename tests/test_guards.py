@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from watchdog import lifecycle as lc
+from watchdog.core import lifecycle as lc
 from watchdog.errors import RunKilled
-from watchdog.guards import Guard, oscillates
+from watchdog.sdk.guards import Guard, oscillates
 
 A, B, C, D = ("a", "h1"), ("b", "h2"), ("c", "h3"), ("d", "h4")
 

@@ -9,10 +9,10 @@ import time
 from sqlalchemy import select
 
 from watchdog import Watchdog
-from watchdog.config import parse
-from watchdog.killer import Killer
-from watchdog.store import alerts, runs
-from watchdog.ticker import Ticker
+from watchdog.core.config import parse
+from watchdog.daemon.killer import Killer
+from watchdog.store.schema import alerts, runs
+from watchdog.daemon.ticker import Ticker
 
 
 def _row(engine, run_id):

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from watchdog.killer import Killer, ProcessIdentity, SignalOutcome
+from watchdog.daemon.killer import Killer, ProcessIdentity, SignalOutcome
 
 WAIT_S = 10.0  # generous: a loaded 2-core box can be slow to start Pythons
 POLL_S = 0.02

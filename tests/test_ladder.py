@@ -23,12 +23,12 @@ from sqlalchemy import update
 
 from agent_procs import process_gone, wait_until
 from daemon_support import actions, alerts_of, config, interventions_of, later, run_row
-from watchdog import lifecycle as lc
-from watchdog.daemon import Daemon
-from watchdog.killer import Killer
-from watchdog.notify import Notifier
-from watchdog.store import runs, utcnow
-from watchdog.ticker import Ticker
+from watchdog.core import lifecycle as lc
+from watchdog.daemon.service import Daemon
+from watchdog.daemon.killer import Killer
+from watchdog.daemon.notify import Notifier
+from watchdog.store.schema import runs, utcnow
+from watchdog.daemon.ticker import Ticker
 
 AGENT_WATCHDOG = str(Path(sys.executable).parent / "agent-watchdog")
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
@@ -123,7 +123,7 @@ def test_a_sigterm_ignoring_agent_gets_sigterm_then_sigkill(db_url, engine, proc
 
 
 def test_kill_mode_tree_kills_the_agent_its_child_and_its_grandchild(sqlite_url, procs):
-    from watchdog.store import make_engine
+    from watchdog.store.engine import make_engine
 
     engine = make_engine(sqlite_url)
     # The children ignore SIGTERM: they outlive the agent (reparented away from it) and get SIGKILL.
@@ -228,7 +228,7 @@ def test_a_recycled_pid_is_never_signalled(sqlite_url, procs):
         NS_LAST_PID.write_text(NS_LAST_PID.read_text().strip())
     except OSError as exc:
         pytest.skip(f"{NS_LAST_PID} is not writable ({exc.strerror}): cannot force a recycled pid")
-    from watchdog.store import make_engine
+    from watchdog.store.engine import make_engine
 
     engine = make_engine(sqlite_url)
     agent = procs.start("runaway", sqlite_url, **RUNAWAY, then="hang")

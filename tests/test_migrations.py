@@ -14,9 +14,12 @@ from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
-from watchdog import Watchdog, migrate
+from watchdog import Watchdog
+
+from watchdog.store import migrate
 from watchdog.cli import main
-from watchdog.store import make_engine, metadata
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import metadata
 
 TABLES = {"runs", "events", "interventions", "alerts", "tool_circuits", "settings", "daemons"}
 

@@ -16,10 +16,10 @@ import pytest
 
 from alertsinks import HttpSink, closed_port
 from watchdog import Watchdog
-from watchdog.config import parse
-from watchdog.daemon import Daemon
-from watchdog.metrics import start_metrics
-from watchdog.store import make_engine
+from watchdog.core.config import parse
+from watchdog.daemon.service import Daemon
+from watchdog.daemon.metrics import start_metrics
+from watchdog.store.engine import make_engine
 
 CLI = shutil.which("agent-watchdog", path=str(Path(sys.executable).parent)) or "agent-watchdog"
 

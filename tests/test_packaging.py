@@ -57,7 +57,7 @@ def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
         metadata = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
     for required in ("watchdog/_migrations/env.py", "watchdog/_migrations/script.py.mako",
                      "watchdog/_migrations/versions/0001_initial.py", "watchdog/__init__.py", "watchdog/client.py",
-                     "watchdog/migrate.py"):
+                     "watchdog/store/migrate.py", "watchdog/sdk/client.py"):
         assert required in names, required
     assert not any(n.endswith(".pyc") or "__pycache__" in n for n in names)
     assert not any(n.startswith(("tests/", "migrations/")) for n in names)
@@ -88,7 +88,7 @@ def test_installed_wheel_upgrades_a_store_from_the_root_directory(venv, tmp_path
 
 def test_installed_package_uses_its_own_migrations_and_a_light_sdk(venv):
     code = (
-        "import sys, watchdog, watchdog.client, watchdog.migrate as m\n"
+        "import sys, watchdog, watchdog.client, watchdog.store.migrate as m\n"
         "print(watchdog.__file__)\n"
         "print(m.migrations_dir())\n"
         "print(','.join(sorted(x for x in sys.modules if x.split('.')[0] in ('psutil', 'apprise', 'apscheduler'))))\n"

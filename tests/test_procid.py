@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from watchdog import procid
+from watchdog.core import procid
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc formula")
@@ -24,7 +24,7 @@ def test_current_create_time_equals_psutil_for_self():
 
 def test_child_reports_the_create_time_psutil_sees():
     code = (
-        "import sys; from watchdog import procid\n"
+        "import sys; from watchdog.core import procid\n"
         "print(repr(procid.current_create_time()), flush=True)\n"
         "print('psutil' in sys.modules, flush=True)\n"
         "sys.stdin.read()\n"  # stay alive until the parent has looked

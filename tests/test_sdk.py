@@ -26,10 +26,13 @@ import psutil
 import pytest
 from sqlalchemy import create_engine, insert, select, text
 
-from watchdog import RunKilled, Watchdog, migrate
-from watchdog.config import parse as parse_config
-from watchdog.records import hash_args
-from watchdog.store import events, make_engine, runs, settings, utcnow
+from watchdog import RunKilled, Watchdog
+
+from watchdog.store import migrate
+from watchdog.core.config import parse as parse_config
+from watchdog.core.records import hash_args
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import events, runs, settings, utcnow
 
 # An outage warning in a test that does not stage an outage is a failure (tests
 # that expect one catch it explicitly with warnings.catch_warnings).

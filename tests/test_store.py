@@ -22,16 +22,8 @@ from sqlalchemy.exc import IntegrityError, StatementError
 
 from watchdog import Watchdog
 from watchdog.errors import StoreError
-from watchdog.store import (
-    SQLITE_BUSY_TIMEOUT_MS,
-    SQLITE_TS_FORMAT,
-    alerts,
-    events,
-    make_engine,
-    normalise_url,
-    runs,
-    utcnow,
-)
+from watchdog.store.engine import SQLITE_BUSY_TIMEOUT_MS, make_engine, normalise_url
+from watchdog.store.schema import SQLITE_TS_FORMAT, alerts, events, runs, utcnow
 
 WAIT_S = 180.0  # whole multi-process scenarios on a loaded 2-core box
 
@@ -115,7 +107,7 @@ def test_a_failed_write_releases_the_write_lock_even_while_its_error_is_kept(sql
     write lock back at once: closing a sqlite3 connection whose failed statement is
     still referenced (by the kept traceback) would otherwise keep the transaction
     open and every other agent would wait out its busy timeout."""
-    from watchdog.hotpath import Writer
+    from watchdog.store.hotpath import Writer
 
     engine = make_engine(sqlite_url)
     writer = Writer(engine)
@@ -192,7 +184,7 @@ wd.close()
 READ_THEN_WRITE_WORKER = r"""
 import json, os, sys, time
 from sqlalchemy import text
-from watchdog.store import make_engine
+from watchdog.store.engine import make_engine
 url, n, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 deadline = time.monotonic() + 60
 while not os.path.exists(go) and time.monotonic() < deadline:

@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import insert, select
 
 from watchdog import RunKilled, ToolUnavailable, Watchdog
-from watchdog import lifecycle as lc
-from watchdog import toolcall
-from watchdog.store import events, runs, settings, tool_circuits, utcnow
+from watchdog.core import lifecycle as lc
+from watchdog.sdk import toolcall
+from watchdog.store.schema import events, runs, settings, tool_circuits, utcnow
 
 UNTIL_FMT = "%H:%M:%S"
 

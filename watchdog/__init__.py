@@ -3,9 +3,9 @@
     from watchdog import Watchdog, RunKilled
 """
 
-from .client import Watchdog
-from .errors import ConfigError, RunKilled, ToolUnavailable
-from .run import Run
+from watchdog.sdk.client import Watchdog
+from watchdog.errors import ConfigError, RunKilled, ToolUnavailable
+from watchdog.sdk.run import Run
 
 __all__ = ["Watchdog", "Run", "RunKilled", "ToolUnavailable", "ConfigError"]
 __version__ = "0.1.0"

@@ -7,7 +7,9 @@ Create Date: 2026-11-29
 
 from alembic import op
 import sqlalchemy as sa
-import watchdog.store
+
+# Self-contained: a migration never imports the application (whose code moves on);
+# timestamps are timestamptz on PostgreSQL and text on SQLite, as DateTime(timezone=True) makes them.
 
 
 revision = '0001'
@@ -21,8 +23,8 @@ def upgrade():
     sa.Column('host', sa.String(length=255), nullable=False),
     sa.Column('pid', sa.Integer(), nullable=False),
     sa.Column('pid_create_time', sa.Float(), nullable=False),
-    sa.Column('started_at', watchdog.store.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('last_tick_at', watchdog.store.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('started_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('last_tick_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('last_event_id', sa.BigInteger(), nullable=True),
     sa.PrimaryKeyConstraint('host', name=op.f('pk_daemons'))
     )
@@ -51,12 +53,12 @@ def upgrade():
     sa.Column('cost_eur', sa.Float(), server_default='0', nullable=False),
     sa.Column('last_seq', sa.Integer(), server_default='0', nullable=False),
     sa.Column('progress', sa.Text(), nullable=True),
-    sa.Column('started_at', watchdog.store.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('last_seen_at', watchdog.store.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('stop_requested_at', watchdog.store.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('started_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('last_seen_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('stop_requested_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('signal_stage', sa.String(length=16), nullable=True),
-    sa.Column('signalled_at', watchdog.store.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('ended_at', watchdog.store.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('signalled_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('ended_at', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_runs'))
     )
     with op.batch_alter_table('runs', schema=None) as batch_op:
@@ -66,27 +68,27 @@ def upgrade():
     op.create_table('settings',
     sa.Column('key', sa.String(length=64), nullable=False),
     sa.Column('value', sa.JSON(), nullable=False),
-    sa.Column('updated_at', watchdog.store.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('key', name=op.f('pk_settings'))
     )
     op.create_table('tool_circuits',
     sa.Column('tool', sa.String(length=128), nullable=False),
     sa.Column('state', sa.String(length=16), nullable=False),
-    sa.Column('opened_at', watchdog.store.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('open_until', watchdog.store.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('opened_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('open_until', sa.DateTime(timezone=True), nullable=True),
     sa.Column('errors_in_window', sa.Integer(), server_default='0', nullable=False),
     sa.Column('window_s', sa.Float(), nullable=True),
     sa.Column('last_error', sa.String(length=500), nullable=True),
     sa.Column('probe_run_id', sa.String(length=32), nullable=True),
-    sa.Column('probe_at', watchdog.store.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('updated_at', watchdog.store.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('probe_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('tool', name=op.f('pk_tool_circuits'))
     )
     op.create_table('events',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
     sa.Column('run_id', sa.String(length=32), nullable=False),
     sa.Column('seq', sa.Integer(), nullable=False),
-    sa.Column('at', watchdog.store.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('kind', sa.String(length=16), nullable=False),
     sa.Column('tool', sa.String(length=128), nullable=True),
     sa.Column('args_hash', sa.String(length=64), nullable=True),
@@ -109,7 +111,7 @@ def upgrade():
 
     op.create_table('interventions',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
-    sa.Column('at', watchdog.store.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('run_id', sa.String(length=32), nullable=True),
     sa.Column('tool', sa.String(length=128), nullable=True),
     sa.Column('action', sa.String(length=32), nullable=False),
@@ -127,15 +129,15 @@ def upgrade():
     op.create_table('alerts',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
     sa.Column('dedupe_key', sa.String(length=255), nullable=False),
-    sa.Column('created_at', watchdog.store.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('run_id', sa.String(length=32), nullable=True),
     sa.Column('intervention_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=True),
     sa.Column('title', sa.String(length=500), nullable=False),
     sa.Column('body', sa.Text(), nullable=False),
     sa.Column('attempts', sa.Integer(), server_default='0', nullable=False),
-    sa.Column('next_attempt_at', watchdog.store.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('next_attempt_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('delivered_targets', sa.JSON(), nullable=True),
-    sa.Column('delivered_at', watchdog.store.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('delivered_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('last_error', sa.Text(), nullable=True),
     sa.ForeignKeyConstraint(['intervention_id'], ['interventions.id'], name=op.f('fk_alerts_intervention_id_interventions'), ondelete='SET NULL'),
     sa.ForeignKeyConstraint(['run_id'], ['runs.id'], name=op.f('fk_alerts_run_id_runs'), ondelete='CASCADE'),

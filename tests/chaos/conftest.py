@@ -75,8 +75,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from watchdog.config import RUN_BUDGET_KEYS
-from watchdog.store import daemons, events, interventions, make_engine, runs, settings, tool_circuits
+from watchdog.core.config import RUN_BUDGET_KEYS
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import daemons, events, interventions, runs, settings, tool_circuits
 
 HERE = Path(__file__).resolve().parent
 AGENT_PY = HERE / "agent.py"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from watchdog.store import daemons, events, make_engine, runs, settings
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import daemons, events, runs, settings
 
 DAEMON_CONFIG = """\
 [daemon]

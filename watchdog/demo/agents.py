@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .model import MODEL, ScriptedModel
-from .tools import Catalogue
+from watchdog.demo.model import MODEL, ScriptedModel
+from watchdog.demo.tools import Catalogue
 
 EXIT_COMPLETED = 0
 EXIT_KILLED = 3

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from .. import lifecycle as lc
-from ..store import alerts, interventions, runs, utcnow
-from ..views import run_record, tool_stats
-from .agents import CIRCUIT, COOPERATIVE, GUARD, NONE, SIGKILL, SIGTERM, BEHAVIOURS
+from watchdog.core import lifecycle as lc
+from watchdog.store.schema import alerts, interventions, runs, utcnow
+from watchdog.store.views import run_record, tool_stats
+from watchdog.demo.agents import CIRCUIT, COOPERATIVE, GUARD, NONE, SIGKILL, SIGTERM, BEHAVIOURS
 
 LABEL_W = 12
 # Lines are held this long before printing, so that rows committed a moment

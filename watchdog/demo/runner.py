@@ -23,13 +23,14 @@ from pathlib import Path
 import click
 from sqlalchemy import func, select
 
-from .. import lifecycle as lc
-from ..config import load
-from ..store import alerts, daemons, make_engine, settings
-from .agents import BEHAVIOURS
-from .model import MODEL
-from .report import Feed, outcomes, table
-from .tools import write_files
+from watchdog.core import lifecycle as lc
+from watchdog.core.config import load
+from watchdog.store.engine import make_engine
+from watchdog.store.schema import alerts, daemons, settings
+from watchdog.demo.agents import BEHAVIOURS
+from watchdog.demo.model import MODEL
+from watchdog.demo.report import Feed, outcomes, table
+from watchdog.demo.tools import write_files
 
 POLL_S = 0.3
 DAEMON_READY_S = 30.0  # a cold Python start on a loaded 2-core box can take seconds
@@ -104,7 +105,7 @@ class Demo:
     # -- setup --------------------------------------------------------------------
 
     def start_daemon(self):
-        from .. import migrate
+        from watchdog.store import migrate
 
         migrate.upgrade(self.engine)
         argv = [sys.executable, "-c", "from watchdog.cli import main; main(prog_name='agent-watchdog')",

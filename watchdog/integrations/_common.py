@@ -11,8 +11,8 @@ import logging
 import threading
 import time
 
-from ..errors import RunKilled, ToolUnavailable
-from ..records import hash_args
+from watchdog.errors import RunKilled, ToolUnavailable
+from watchdog.core.records import hash_args
 
 log = logging.getLogger("watchdog.integrations")
 

@@ -37,8 +37,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "watchdog.integrations.langchain needs langchain-core: pip install 'agent-watchdog[langchain]'"
     ) from exc
 
-from ..errors import RunKilled, ToolUnavailable
-from ._common import PendingTool, RunBinding, after_tool, before_tool, tool_args
+from watchdog.errors import RunKilled, ToolUnavailable
+from watchdog.integrations._common import PendingTool, RunBinding, after_tool, before_tool, tool_args
 
 log = logging.getLogger("watchdog.integrations.langchain")
 

@@ -44,8 +44,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install 'agent-watchdog[openai-agents]'"
     ) from exc
 
-from ..errors import RunKilled
-from ._common import PendingTool, RunBinding, after_tool, before_tool, tool_args
+from watchdog.errors import RunKilled
+from watchdog.integrations._common import PendingTool, RunBinding, after_tool, before_tool, tool_args
 
 log = logging.getLogger("watchdog.integrations.openai_agents")
 

@@ -1,0 +1,174 @@
+"""CLI commands that act: run (the daemon), kill, circuits, test-alert."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
+from watchdog.store.engine import read_connection
+from watchdog.store.schema import utcnow
+
+
+def _logging(verbose: bool):
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    # apprise logs full URLs on some failures: only our own privacy-form lines reach the log.
+    logging.getLogger("apprise").setLevel(logging.CRITICAL)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+@main.command("run")
+@click.option("--once", is_flag=True, help="Run one tick (and one alert delivery) and exit.")
+@click.option("-v", "--verbose", is_flag=True)
+@shared_options
+@pass_app
+@fail_cleanly
+def run_cmd(app, once, verbose):
+    """Run the watchdog daemon in the foreground (SIGTERM/SIGINT: finish the tick and exit 0)."""
+    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.metrics import start_metrics
+
+    _logging(verbose)
+    metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
+    daemon = Daemon(app.engine, app.config, metrics=metrics)
+    _acquire(daemon, retry=not once)
+    try:
+        if once:
+            rep = daemon.once()
+            if rep is None:
+                raise click.ClickException("the tick failed (see the log above)")
+            click.echo(f"tick: {rep.active} active, {rep.stopping} stopping, {len(rep.stops)} stop(s) requested, "
+                       f"{len(rep.lost)} lost, {rep.duration_s * 1000:.1f} ms")
+            return
+        sys.exit(daemon.serve())
+    finally:
+        daemon.release()
+
+
+def _acquire(daemon, retry: bool):
+    """Take the lease; a store that is down at start-up is waited for, not fatal (systemd
+    would only restart us into the same outage). Another live daemon is fatal."""
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    from watchdog.store import migrate
+    from watchdog.errors import StoreError
+
+    delay_s = 1.0
+    while True:
+        try:
+            if migrate.current(daemon.engine) is None:
+                raise StoreError("the store has no tables yet: run `agent-watchdog db upgrade` first")
+            return daemon.acquire()
+        except OperationalError as exc:
+            if not retry:
+                raise
+            first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0][:200]
+            logging.getLogger("watchdog.daemon").error("store unreachable at start-up (%s); retrying in %g s",
+                                                       first, delay_s)
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, daemon.config.daemon.tick_s * 6)
+
+
+@main.command("kill")
+@click.argument("run_id")
+@click.option("--reason", default="stopped by hand", show_default=True, help="Why (kept in the audit and alert).")
+@shared_options
+@pass_app
+@fail_cleanly
+def kill_cmd(app, run_id, reason):
+    """Stop one run through the same ladder as the daemon (stop_reason = manual)."""
+    from watchdog.core import lifecycle as lc
+    from watchdog.store.actions import actor, facts, request_stop
+    from watchdog.errors import StoreError
+    from watchdog.store.views import effective_budgets, load_run, resolve_run_id, tool_stats
+
+    now = utcnow()
+    with app.engine.begin() as conn:
+        rid = resolve_run_id(conn, run_id)
+        row = load_run(conn, rid)
+        if row.status != lc.RUNNING:
+            if row.status == lc.STOPPING:
+                raise StoreError(f"run {rid[:8]} is already stopping ({row.stop_reason}); the daemon is on it")
+            raise StoreError(f"run {rid[:8]} already ended: {row.status}")
+        stats = tool_stats(conn, [rid])[rid]
+        top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
+        budgets = effective_budgets(app.profiles.profile(row.agent), row)
+        ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=actor("cli"), budgets=budgets,
+                          run_facts=facts(row, top, None, now))
+    if not ok:
+        raise StoreError(f"run {rid[:8]} ended or was stopped meanwhile")
+    tail = "" if row.kill_mode == lc.COOPERATIVE else f", then SIGTERM after {app.config.daemon.cancel_grace_s:g} s"
+    click.echo(f"stop requested for {row.agent} run {rid[:8]}: it sees the stop on its next write{tail} "
+               "(the daemon carries out the ladder)")
+
+
+@main.group("circuits", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@shared_options
+@pass_app
+@click.pass_context
+@fail_cleanly
+def circuits_cmd(ctx, app, as_json):
+    """List the tool circuit breakers (`circuits close TOOL` closes one)."""
+    if ctx.invoked_subcommand:
+        return
+    from sqlalchemy import select
+
+    from watchdog.store.schema import tool_circuits
+
+    with read_connection(app.engine) as conn:
+        rows = conn.execute(select(tool_circuits).order_by(tool_circuits.c.tool)).all()
+    records = [{"tool": r.tool, "state": r.state, "open_until": r.open_until.isoformat() if r.open_until else None,
+                "errors_in_window": r.errors_in_window, "window_s": r.window_s, "last_error": r.last_error,
+                "probe_run_id": r.probe_run_id} for r in rows]
+    if as_json:
+        emit_json(records)
+        return
+    if not records:
+        click.echo("no circuits: every tool is closed")
+    for r in records:
+        until = f" until {r['open_until'][11:19]} UTC" if r["state"] == "open" and r["open_until"] else ""
+        click.echo(f"{r['tool'][:30]:30} {r['state']:9}{until}  {r['errors_in_window']} errors  {r['last_error'] or ''}"[:120])
+
+
+@circuits_cmd.command("close")
+@click.argument("tool")
+@shared_options
+@pass_app
+@fail_cleanly
+def circuits_close(app, tool):
+    """Close TOOL's circuit by hand (after fixing the tool)."""
+    from watchdog.store.actions import actor
+    from watchdog.daemon.circuits import CircuitBreakers
+    from watchdog.errors import StoreError
+
+    if not CircuitBreakers(app.config).close(app.engine, tool, utcnow(), actor("cli")):
+        raise StoreError(f"tool {tool!r}: no open circuit")
+    click.echo(f"circuit for {tool} closed")
+
+
+@main.command("test-alert")
+@shared_options
+@pass_app
+@fail_cleanly
+def test_alert(app):
+    """Send a test alert to every configured URL; one line per URL; exit 1 if any failed."""
+    from watchdog.daemon.notify import Notifier
+
+    urls = app.config.alert_urls
+    if not urls:
+        raise click.ClickException("no alert URLs: set [alerts] urls in the config")
+    _logging(False)
+    results = Notifier(urls).send(
+        "agent-watchdog: test alert",
+        "This is a test alert from agent-watchdog. If you read this, real alerts will reach you here too.")
+    for r in results:
+        click.echo(f"{'ok    ' if r.ok else 'FAILED'} {r.target.privacy_url}" + ("" if r.ok else f"  — {r.error}"))
+    if not all(r.ok for r in results):
+        sys.exit(1)

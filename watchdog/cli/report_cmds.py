@@ -1,0 +1,60 @@
+"""CLI commands for people at 3 a.m.: top (live view) and postmortem (Markdown report)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
+from watchdog.store.engine import read_connection
+from watchdog.store.schema import utcnow
+
+
+@main.command("top")
+@click.option("--once", is_flag=True, help="Print one frame and exit (for scripts).")
+@click.option("--interval", "interval_s", type=click.FloatRange(0.1, 3600), default=None,
+              help="Refresh period in seconds (default: the daemon's tick_s).")
+@shared_options
+@pass_app
+@fail_cleanly
+def top_cmd(app, once, interval_s):
+    """Live view of the active runs, closest to a budget first (80 columns)."""
+    from watchdog.cli import top
+
+    interval_s = interval_s or app.config.daemon.tick_s
+    profiles = app.profiles
+    while True:
+        now = utcnow()
+        with read_connection(app.engine) as conn:
+            text = top.frame(top.rows(conn, profiles, now), now)
+        if once:
+            click.echo(text)
+            return
+        click.clear()
+        click.echo(text + "\n\n(ctrl-c to quit)")
+        try:
+            time.sleep(interval_s)
+        except KeyboardInterrupt:
+            return
+
+
+@main.command("postmortem")
+@click.argument("run_id")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write the report to FILE.")
+@shared_options
+@pass_app
+@fail_cleanly
+def postmortem_cmd(app, run_id, output):
+    """A Markdown postmortem of one run: what happened, impact, probable cause, actions, chaos test."""
+    from watchdog.cli import postmortem
+    from watchdog.store.views import resolve_run_id
+
+    with read_connection(app.engine) as conn:
+        text = postmortem.render(conn, resolve_run_id(conn, run_id), app.profiles, utcnow())
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"postmortem written to {output}")
+    else:
+        click.echo(text)

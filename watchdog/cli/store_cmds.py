@@ -1,0 +1,109 @@
+"""CLI commands that read or migrate the store: db upgrade, runs, show, check-config."""
+
+from __future__ import annotations
+
+import click
+
+from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
+from watchdog.store.engine import read_connection
+from watchdog.store.schema import utcnow
+
+
+@main.group()
+def db():
+    """Store schema (Alembic migrations shipped in the package)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@shared_options
+@pass_app
+@fail_cleanly
+def db_upgrade(app, revision):
+    """Create or migrate the store's tables."""
+    from watchdog.store import migrate
+
+    migrate.upgrade(app.engine, revision)
+    click.echo(f"store at revision {migrate.current(app.engine)}: {app.engine.url.render_as_string(hide_password=True)}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@shared_options
+@pass_app
+@fail_cleanly
+def db_downgrade(app, revision):
+    """Migrate the store down to REVISION (`base` drops every table)."""
+    from watchdog.store import migrate
+
+    migrate.downgrade(app.engine, revision)
+    click.echo(f"store at revision {migrate.current(app.engine)}")
+
+
+def _judge_by(app, conn):
+    """The budgets runs are shown against: the config file's, else the ones the daemon published."""
+    from watchdog.store import views
+
+    return app.config if app.config_path else views.published_profiles(conn, app.config)
+
+
+@main.command("runs")
+@click.option("--all", "all_runs", is_flag=True, help="Include ended runs (newest first).")
+@click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@shared_options
+@pass_app
+@fail_cleanly
+def runs_cmd(app, all_runs, limit, as_json):
+    """List the active runs (or every run with --all)."""
+    from watchdog.cli import render
+    from watchdog.store import views
+
+    with read_connection(app.engine) as conn:
+        records = views.list_runs(conn, _judge_by(app, conn), utcnow(), all_runs=all_runs, limit=limit)
+    if as_json:
+        emit_json(records)
+    else:
+        click.echo(render.runs_table(records))
+
+
+@main.command("show")
+@click.argument("run_id")
+@click.option("--events", "last_events", default=15, show_default=True, type=click.IntRange(0, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable object.")
+@shared_options
+@pass_app
+@fail_cleanly
+def show_cmd(app, run_id, last_events, as_json):
+    """One run: counters against budgets, top tools, interventions, last events."""
+    from watchdog.cli import render
+    from watchdog.store import views
+
+    with read_connection(app.engine) as conn:
+        rid = views.resolve_run_id(conn, run_id)
+        record = views.run_detail(conn, rid, _judge_by(app, conn), utcnow(), last_events=last_events)
+    if as_json:
+        emit_json(record)
+    else:
+        click.echo(render.run_detail(record))
+
+
+@main.command("check-config")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+@shared_options
+@pass_app
+@fail_cleanly
+def check_config(app, file, as_json):
+    """Validate a config and print every agent's effective profile (exit 2 on error)."""
+    from watchdog.cli import render
+    from watchdog.core.config import load
+
+    if file:
+        app.config_path = file
+    config = load(app.config_path)
+    if as_json:
+        emit_json({"path": config.path, "defaults": config.defaults.to_json(),
+                   "agents": {k: v.to_json() for k, v in config.agents.items()}})
+    else:
+        click.echo(render.config_summary(config))

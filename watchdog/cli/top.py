@@ -1,0 +1,64 @@
+"""`agent-watchdog top`: the active runs, closest to a budget first, in 80 columns."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import and_, func, select
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.config import Config
+from watchdog.cli.render import short
+from watchdog.store.schema import events, runs
+from watchdog.store.views import effective_budgets, tool_stats
+
+WIDTH = 80
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}"
+
+
+def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
+    active = conn.execute(select(runs).where(runs.c.status.in_(lc.ACTIVE_STATUSES))).all()
+    ids = [r.id for r in active]
+    per_min: dict[str, int] = {}
+    horizon = now - dt.timedelta(seconds=60)
+    for i in range(0, len(ids), 500):
+        q = (select(events.c.run_id, func.count()).where(and_(
+            events.c.run_id.in_(ids[i : i + 500]), events.c.kind == lc.EV_TOOL, events.c.at > horizon))
+             .group_by(events.c.run_id))
+        per_min.update(dict(conn.execute(q).all()))
+    stats = tool_stats(conn, ids)
+    out = []
+    for r in active:
+        b = effective_budgets(config.profile(r.agent), r)
+        age_s = (now - r.started_at).total_seconds()
+        # How close to its nearest budget the run is: 1.0 = at the limit.
+        closeness = max(r.steps / b.max_steps, r.tool_calls / b.max_tool_calls, r.cost_eur / b.max_cost_eur,
+                        age_s / b.max_wall_s, (now - r.last_seen_at).total_seconds() / b.heartbeat_timeout_s)
+        top = stats[r.id][0] if stats[r.id] else None
+        out.append(dict(id=r.id, agent=r.agent, status=r.status, age_s=age_s, steps=r.steps, max_steps=b.max_steps,
+                        calls=r.tool_calls, max_calls=b.max_tool_calls, cost=r.cost_eur, max_cost=b.max_cost_eur,
+                        per_min=per_min.get(r.id, 0), top=top, closeness=closeness))
+    out.sort(key=lambda d: (d["status"] != lc.STOPPING, -d["closeness"]))
+    return out
+
+
+def frame(records: list[dict], now: dt.datetime, title: str = "") -> str:
+    head = f"agent-watchdog top — {len(records)} active — {now.astimezone():%H:%M:%S}"
+    if title:
+        head += f" — {title}"
+    lines = [head[:WIDTH],
+             f"{'RUN':8} {'AGENT':10} {'AGE':>5} {'STEPS':>6} {'CALLS':>6} {'EUR':>9} {'C/MIN':>5} {'TOP TOOL':14} STATUS"]
+    for d in records:
+        top = f"{d['top'].name[:9]}×{d['top'].calls}" if d["top"] else "-"
+        eur = f"{d['cost']:.2f}/{d['max_cost']:.2f}"
+        line = (f"{short(d['id']):8} {d['agent'][:10]:10} {_age(d['age_s']):>5} "
+                f"{d['steps']:>3}/{d['max_steps']:<2} {d['calls']:>3}/{d['max_calls']:<2} {eur:>9} "
+                f"{d['per_min']:>5} {top[:14]:14} {'STOP' if d['status'] == lc.STOPPING else 'run'}")
+        lines.append(line[:WIDTH])
+    if not records:
+        lines.append("no active runs")
+    return "\n".join(lines)

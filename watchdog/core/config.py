@@ -1,0 +1,322 @@
+"""TOML configuration into frozen dataclasses.
+
+Every error is a ConfigError with one line naming the file, the key and what
+was expected. The key names are public (DESIGN.md); `systemd/config.example.toml`
+annotates each of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from watchdog.errors import ConfigError
+
+ENV_CONFIG = "AGENT_WATCHDOG_CONFIG"
+ENV_DB = "AGENT_WATCHDOG_DB"
+ON_RATE_CHOICES = ("alert", "stop")
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """One agent profile: the limits a run of that agent is held to."""
+
+    max_wall_s: float = 300.0
+    max_steps: int = 12
+    max_tool_calls: int = 40
+    max_cost_eur: float = 2.0
+    max_identical_calls: int = 3
+    heartbeat_timeout_s: float = 120.0
+    max_tool_calls_per_min: int = 15
+    on_rate: str = "alert"
+    dedupe_window_s: float = 0.0  # 0 = the whole run
+    runs_may_raise: bool = False
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# The budgets a run may ask to lower (columns of the runs table).
+RUN_BUDGET_KEYS = (
+    "max_wall_s",
+    "max_steps",
+    "max_tool_calls",
+    "max_cost_eur",
+    "max_identical_calls",
+    "heartbeat_timeout_s",
+)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    url: str | None = None
+    record_args: bool = False
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    tick_s: float = 5.0
+    cancel_grace_s: float = 10.0
+    term_grace_s: float = 5.0
+    allowed_users: tuple[str, ...] = ()  # empty = the daemon's own user
+    alert_retry_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class CircuitPolicy:
+    errors: int = 5
+    window_s: float = 60.0
+    open_s: float = 120.0
+    max_calls_per_min: int = 120  # calls of one tool over all runs; 0 = no alarm
+
+
+@dataclass(frozen=True)
+class CircuitConfig:
+    default: CircuitPolicy = CircuitPolicy()
+    tools: Mapping[str, CircuitPolicy] = field(default_factory=dict)
+
+    def for_tool(self, tool: str) -> CircuitPolicy:
+        return self.tools.get(tool, self.default)
+
+
+@dataclass(frozen=True)
+class Price:
+    input_eur_per_mtok: float
+    output_eur_per_mtok: float
+
+    def cost_eur(self, tokens_in: int, tokens_out: int) -> float:
+        return (tokens_in * self.input_eur_per_mtok + tokens_out * self.output_eur_per_mtok) / 1e6
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str | None = None
+    store: StoreConfig = StoreConfig()
+    daemon: DaemonConfig = DaemonConfig()
+    defaults: Budgets = Budgets()
+    agents: Mapping[str, Budgets] = field(default_factory=dict)
+    circuit: CircuitConfig = CircuitConfig()
+    alert_urls: tuple[str, ...] = ()
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    metrics_listen: str = ""
+
+    def profile(self, agent: str) -> Budgets:
+        return self.agents.get(agent, self.defaults)
+
+    def published(self) -> dict:
+        """What the daemon publishes in the store's settings table for the SDK and CLI."""
+        return {
+            "defaults": self.defaults.to_json(),
+            "agents": {k: v.to_json() for k, v in self.agents.items()},
+            "prices": {k: dataclasses.asdict(v) for k, v in self.prices.items()},
+            "record_args": self.store.record_args,
+            "tick_s": self.daemon.tick_s,
+        }
+
+
+# --- parsing ------------------------------------------------------------------
+
+
+class _Ctx:
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, key: str, expected: str, got: Any = dataclasses.MISSING) -> ConfigError:
+        got_txt = "" if got is dataclasses.MISSING else f", got {got!r}"
+        return ConfigError(f"{self.path}: {key}: expected {expected}{got_txt}")
+
+
+def _check_keys(ctx: _Ctx, section: str, table: Mapping, allowed) -> None:
+    for key in table:
+        if key not in allowed:
+            known = ", ".join(sorted(allowed))
+            raise ctx.fail(f"{section}.{key}" if section else key, f"one of the known keys ({known})", "unknown key")
+
+
+def _table(ctx: _Ctx, raw: Mapping, key: str) -> Mapping:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise ctx.fail(f"[{key}]", "a table", value)
+    return value
+
+
+def _number(ctx, key, value, *, integer=False, positive=True, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ctx.fail(key, "an integer" if integer else "a number", value)
+    if integer and not isinstance(value, int):
+        raise ctx.fail(key, "an integer", value)
+    if not math.isfinite(value):  # TOML has nan and inf: a NaN budget would never trip
+        raise ctx.fail(key, "a finite number", value)
+    if positive and (value < 0 or (value == 0 and not allow_zero)):
+        raise ctx.fail(key, "a number >= 0" if allow_zero else "a number > 0", value)
+    return value if integer else float(value)
+
+
+def _bool(ctx, key, value):
+    if not isinstance(value, bool):
+        raise ctx.fail(key, "true or false", value)
+    return value
+
+
+def _budget_value(ctx: _Ctx, key: str, name: str, value):
+    if name == "on_rate":
+        if value not in ON_RATE_CHOICES:
+            raise ctx.fail(key, 'one of "alert", "stop"', value)
+        return value
+    if name == "runs_may_raise":
+        return _bool(ctx, key, value)
+    kind = {f.name: f.type for f in dataclasses.fields(Budgets)}[name]
+    return _number(ctx, key, value, integer=(kind == "int"), allow_zero=(name == "dedupe_window_s"))
+
+
+BUDGET_KEYS = tuple(f.name for f in dataclasses.fields(Budgets))
+
+
+def _budgets(ctx: _Ctx, section: str, table: Mapping, base: Budgets) -> Budgets:
+    _check_keys(ctx, section, table, BUDGET_KEYS)
+    values = {k: _budget_value(ctx, f"{section}.{k}", k, v) for k, v in table.items()}
+    return dataclasses.replace(base, **values)
+
+
+def _circuit_policy(ctx: _Ctx, section: str, table: Mapping, base: CircuitPolicy) -> CircuitPolicy:
+    _check_keys(ctx, section, table, ("errors", "window_s", "open_s", "max_calls_per_min"))
+    values = {}
+    for k, v in table.items():
+        values[k] = _number(ctx, f"{section}.{k}", v, integer=(k in ("errors", "max_calls_per_min")),
+                            allow_zero=(k == "max_calls_per_min"))
+    return dataclasses.replace(base, **values)
+
+
+def parse(raw: Mapping, path: str = "<config>") -> Config:
+    ctx = _Ctx(path)
+    _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics"))
+
+    store_t = _table(ctx, raw, "store")
+    _check_keys(ctx, "store", store_t, ("url", "record_args"))
+    url = store_t.get("url")
+    if url is not None and (not isinstance(url, str) or not url):
+        raise ctx.fail("store.url", "a SQLAlchemy URL string such as sqlite:///runs.db", url)
+    store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)))
+
+    daemon_t = _table(ctx, raw, "daemon")
+    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s"))
+    d = {}
+    for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s"):
+        if k in daemon_t:
+            d[k] = _number(ctx, f"daemon.{k}", daemon_t[k], allow_zero=k.endswith("grace_s"))
+    if "allowed_users" in daemon_t:
+        users = daemon_t["allowed_users"]
+        if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
+            raise ctx.fail("daemon.allowed_users", "a list of user names", users)
+        d["allowed_users"] = tuple(users)
+    daemon = DaemonConfig(**d)
+
+    defaults = _budgets(ctx, "defaults", _table(ctx, raw, "defaults"), Budgets())
+    agents = {}
+    for name, table in _table(ctx, raw, "agents").items():
+        if not isinstance(table, dict):
+            raise ctx.fail(f"agents.{name}", "a table of budget keys", table)
+        agents[name] = _budgets(ctx, f"agents.{name}", table, defaults)
+
+    circuit_t = dict(_table(ctx, raw, "circuit"))
+    tools_t = circuit_t.pop("tools", {})
+    if not isinstance(tools_t, dict):
+        raise ctx.fail("circuit.tools", "a table of per-tool tables", tools_t)
+    default_policy = _circuit_policy(ctx, "circuit", circuit_t, CircuitPolicy())
+    tools = {}
+    for tool, table in tools_t.items():
+        if not isinstance(table, dict):
+            raise ctx.fail(f"circuit.tools.{tool}", "a table with errors / window_s / open_s", table)
+        tools[tool] = _circuit_policy(ctx, f"circuit.tools.{tool}", table, default_policy)
+    circuit = CircuitConfig(default=default_policy, tools=tools)
+
+    alerts_t = _table(ctx, raw, "alerts")
+    _check_keys(ctx, "alerts", alerts_t, ("urls",))
+    urls = alerts_t.get("urls", [])
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise ctx.fail("alerts.urls", "a list of apprise URL strings", urls)
+    for i, u in enumerate(urls):
+        reason = _url_error(u)
+        if reason:
+            raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", _mask(u))
+
+    prices = {}
+    for model, table in _table(ctx, raw, "prices").items():
+        section = f'prices."{model}"'
+        if not isinstance(table, dict):
+            raise ctx.fail(section, "a table with input_eur_per_mtok and output_eur_per_mtok", table)
+        _check_keys(ctx, section, table, ("input_eur_per_mtok", "output_eur_per_mtok"))
+        for k in ("input_eur_per_mtok", "output_eur_per_mtok"):
+            if k not in table:
+                raise ctx.fail(f"{section}.{k}", "a number >= 0 (EUR per million tokens)", "missing")
+        prices[model] = Price(
+            *(_number(ctx, f"{section}.{k}", table[k], allow_zero=True) for k in ("input_eur_per_mtok", "output_eur_per_mtok"))
+        )
+
+    metrics_t = _table(ctx, raw, "metrics")
+    _check_keys(ctx, "metrics", metrics_t, ("listen",))
+    listen = metrics_t.get("listen", "")
+    if not isinstance(listen, str) or (listen and not _valid_listen(listen)):
+        raise ctx.fail("metrics.listen", 'a "host:port" string such as "127.0.0.1:9464"', listen)
+
+    return Config(
+        path=path,
+        store=store,
+        daemon=daemon,
+        defaults=defaults,
+        agents=agents,
+        circuit=circuit,
+        alert_urls=tuple(urls),
+        prices=prices,
+        metrics_listen=listen,
+    )
+
+
+def _valid_listen(listen: str) -> bool:
+    host, sep, port = listen.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+def _mask(url: str) -> str:
+    # Never echo a secret back: keep the scheme only.
+    scheme, sep, _ = url.partition("://")
+    return f"{scheme}://…" if sep else "…"
+
+
+def _url_error(url: str) -> str | None:
+    # apprise is imported lazily: the SDK imports this module and must stay light.
+    from watchdog.daemon.notify import url_error
+
+    return url_error(url)
+
+
+def load(path: str | os.PathLike | None = None) -> Config:
+    """Load the config from `path`, else $AGENT_WATCHDOG_CONFIG, else built-in defaults."""
+    path = path or os.environ.get(ENV_CONFIG)
+    if not path:
+        return Config()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: expected a UTF-8 text file (undecodable byte at offset {exc.start})") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    return parse(raw, str(p))
+
+
+def resolve_db_url(db: str | None, config: Config) -> str | None:
+    """--db, else $AGENT_WATCHDOG_DB, else [store] url."""
+    return db or os.environ.get(ENV_DB) or config.store.url
+

@@ -1,0 +1,100 @@
+"""Alert texts. Pure: numbers in, title and body out.
+
+An alert must let the on-call human act from the phone: which agent, which run,
+which tool it was stuck on, the numbers against the budgets, what was done, and
+the command to look closer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from watchdog.core.config import Budgets
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    id: str
+    agent: str
+    host: str
+    pid: int | None
+    kill_mode: str
+    steps: int
+    tool_calls: int
+    tool_errors: int
+    cost_eur: float
+    duration_s: float
+    top_tool: tuple[str, int, int] | None  # name, calls, errors
+    last_error: str | None = None
+    progress: str | None = None  # the last heartbeat's text: for a hung run, where it hangs
+
+
+def top_tool_line(f: RunFacts) -> str:
+    if not f.top_tool:
+        return "top tool: none (no tool calls)"
+    name, calls, errors = f.top_tool
+    share = 100 * calls // f.tool_calls if f.tool_calls else 0
+    line = f"top tool: {name} ×{calls} ({share}%), {errors} errors"
+    if f.last_error:
+        line += f" — last error: {f.last_error}"
+    return line
+
+
+def eur(value: float, budget: float) -> str:
+    """Cents for euro budgets; more digits for small ones, so 0.054 is not printed as 0.05/0.05 OVER."""
+    digits = 2 if budget >= 1 else 4
+    return f"{value:.{digits}f}/{budget:.{digits}f}"
+
+
+def counters(f: RunFacts, b: Budgets) -> list[str]:
+    def mark(value, limit):
+        return "  ← OVER" if value > limit else ""
+
+    return [
+        f"steps {f.steps}/{b.max_steps}{mark(f.steps, b.max_steps)}",
+        f"tool calls {f.tool_calls}/{b.max_tool_calls}{mark(f.tool_calls, b.max_tool_calls)} ({f.tool_errors} errors)",
+        f"cost {eur(f.cost_eur, b.max_cost_eur)} EUR{mark(f.cost_eur, b.max_cost_eur)}",
+        f"duration {f.duration_s:.0f}/{b.max_wall_s:g} s{mark(f.duration_s, b.max_wall_s)}",
+    ]
+
+
+def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:
+    head = [f"agent {f.agent}   run {f.id}", f"host {f.host}   pid {f.pid if f.pid else '-'}   kill_mode {f.kill_mode}"]
+    tail = ["", *counters(f, b), top_tool_line(f)]
+    if f.progress:
+        tail.append(f"last progress: {f.progress[:200]}")
+    tail += ["", f"agent-watchdog show {f.id[:8]}"]
+    return "\n".join(head + lines + tail)
+
+
+def stop_alert(f: RunFacts, b: Budgets, reason: str, detail: str, action: str) -> tuple[str, str]:
+    title = f"agent-watchdog: stopped {f.agent} run {f.id[:8]} — {reason}"
+    return title, _body(f, b, [f"reason {reason}: {detail}", f"action {action}"])
+
+
+def escalation_alert(f: RunFacts, b: Budgets, reason: str, outcome: str, failed: bool) -> tuple[str, str]:
+    verb = "could not stop" if failed else "signalled"
+    title = f"agent-watchdog: {verb} {f.agent} run {f.id[:8]} — {reason}"
+    return title, _body(f, b, [f"reason {reason}", f"ladder {outcome}"])
+
+
+def lost_alert(f: RunFacts, b: Budgets, detail: str) -> tuple[str, str]:
+    title = f"agent-watchdog: lost {f.agent} run {f.id[:8]} — process_gone"
+    return title, _body(f, b, [f"reason process_gone: {detail}", "action none needed: marked lost"])
+
+
+def rate_alert(f: RunFacts, b: Budgets, calls_min: int, top: tuple[str, int] | None, stopping: bool) -> tuple[str, str]:
+    top_txt = f", top {top[0]} ×{top[1]}" if top else ""
+    title = f"agent-watchdog: LOOP? run {f.id[:8]}: {calls_min} tool calls/min{top_txt}"
+    action = "stopping the run (on_rate = \"stop\")" if stopping else "alert only (on_rate = \"alert\")"
+    return title, _body(f, b, [f"rate {calls_min} tool calls/min > {b.max_tool_calls_per_min}{top_txt}",
+                               f"action {action}"])
+
+
+def cooperative_alert(f: RunFacts, b: Budgets, reason: str, grace_s: float, sharing: int) -> tuple[str, str]:
+    title = f"agent-watchdog: {f.agent} run {f.id[:8]} did not stop — {reason}"
+    why = (f"shares its process with {sharing} other run{'s' if sharing != 1 else ''}" if sharing else
+           "its kill_mode is cooperative (it does not own its process)")
+    lines = [f"reason {reason}",
+             f"action none more: did not stop {grace_s:g} s after the cooperative stop and {why}; not signalled"]
+    return title, _body(f, b, lines)

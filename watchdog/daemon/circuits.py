@@ -1,0 +1,168 @@
+"""Per-tool circuit breakers across runs, on the daemon's side.
+
+Errors are counted in a rolling window over all runs (a success never resets
+the count: a tool failing 5 times in a minute among successes is still broken).
+closed → open (errors over the threshold) → half_open (after open_s: one probe,
+claimed by the SDK) → closed (probe ok) or open again (probe failed). Every
+transition is an intervention and an alert.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from sqlalchemy import and_, func, insert, select, update
+
+from watchdog.store.actions import actor, enqueue_alert, record
+from watchdog.core.config import Config
+from watchdog.store.schema import events, tool_circuits
+
+log = logging.getLogger("watchdog.circuits")
+
+# Fail-fast refusals are written as failed tool events: they are not the tool's errors.
+REFUSAL_CLASS = "ToolUnavailable"
+TOOL_RATE_WINDOW_S = 60.0
+
+
+class CircuitBreakers:
+    def __init__(self, config: Config, by: str | None = None):
+        self.config = config
+        self.by = by or actor()
+        self._rate_alarmed: dict[str, dt.datetime] = {}
+
+    def update(self, engine, new_events, now: dt.datetime, scanner=None) -> list[tuple[str, str]]:
+        """Apply this tick's new events; return the transitions [(tool, new state)]."""
+        changes = []
+        with engine.connect() as conn:
+            circuits = {r.tool: r for r in conn.execute(select(tool_circuits))}
+        failing = {e.tool for e in new_events if e.ok is False}
+        for tool in sorted(failing):
+            row = circuits.get(tool)
+            if row is None or row.state == "closed":
+                if self._maybe_open(engine, tool, row, now):
+                    changes.append((tool, "open"))
+        for tool, row in circuits.items():
+            if row.state in ("open", "half_open"):
+                state = self._follow(engine, row, now)
+                if state:
+                    changes.append((tool, state))
+        if scanner is not None:
+            self._tool_rate(engine, scanner, now)
+        return changes
+
+    def _window_errors(self, conn, tool, since):
+        cond = and_(events.c.tool == tool, events.c.at > since, events.c.ok.is_(False),
+                    func.coalesce(events.c.error_class, "") != REFUSAL_CLASS)
+        errors, runs = conn.execute(select(func.count(), func.count(func.distinct(events.c.run_id))).where(cond)).one()
+        common = conn.execute(
+            select(events.c.error_msg, func.count().label("n")).where(cond)
+            .group_by(events.c.error_msg).order_by(func.count().desc()).limit(1)).first()
+        return errors, runs, (common[0] if common else None)
+
+    def _maybe_open(self, engine, tool, row, now) -> bool:
+        pol = self.config.circuit.for_tool(tool)
+        since = now - dt.timedelta(seconds=pol.window_s)
+        if row is not None and row.updated_at and row.updated_at > since:
+            since = row.updated_at  # errors from before the last close were already paid for
+        with engine.begin() as conn:
+            errors, runs, common = self._window_errors(conn, tool, since)
+            if errors < pol.errors:
+                return False
+            until = now + dt.timedelta(seconds=pol.open_s)
+            values = dict(state="open", opened_at=now, open_until=until, errors_in_window=errors,
+                          window_s=pol.window_s, last_error=(common or "")[:500] or None, probe_run_id=None,
+                          probe_at=None, updated_at=now)
+            if row is None:
+                conn.execute(insert(tool_circuits).values(tool=tool, **values))
+            else:
+                done = conn.execute(update(tool_circuits).where(
+                    and_(tool_circuits.c.tool == tool, tool_circuits.c.state == "closed")).values(**values))
+                if done.rowcount != 1:
+                    return False
+            detail = f"{errors} errors in {pol.window_s:g} s across {runs} runs; most common: {common or '-'}"
+            self._transition(conn, tool, "circuit_open", detail, f"open until {until:%H:%M:%S} UTC", now,
+                             f"agent-watchdog: circuit OPEN for {tool} — {errors} errors in {pol.window_s:g} s",
+                             [f"tool {tool}", f"errors {errors} in {pol.window_s:g} s (threshold {pol.errors})",
+                              f"most common error: {common or '-'}", f"runs affected: {runs}",
+                              f"calls fail fast until {until:%H:%M:%S} UTC, then one probe is let through",
+                              f"agent-watchdog circuits close {tool}   # to close it by hand"])
+            log.warning("circuit open: %s (%s)", tool, detail)
+            return True
+
+    def _follow(self, engine, row, now) -> str | None:
+        pol = self.config.circuit.for_tool(row.tool)
+        with engine.begin() as conn:
+            if row.probe_run_id and row.probe_at:
+                probe = conn.execute(
+                    select(events.c.ok, events.c.error_msg).where(and_(
+                        events.c.tool == row.tool, events.c.run_id == row.probe_run_id, events.c.at >= row.probe_at,
+                        func.coalesce(events.c.error_class, "") != REFUSAL_CLASS))
+                    .order_by(events.c.id).limit(1)).first()
+                if probe is None:
+                    if (now - row.probe_at).total_seconds() > pol.open_s:  # the probe never reported: free the slot
+                        conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool)
+                                     .values(probe_run_id=None, probe_at=None, updated_at=now))
+                    return None
+                if probe.ok:
+                    self._close(conn, row.tool, now, "probe call succeeded")
+                    return "closed"
+                until = now + dt.timedelta(seconds=pol.open_s)
+                conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
+                    state="open", opened_at=now, open_until=until, probe_run_id=None, probe_at=None,
+                    last_error=(probe.error_msg or row.last_error), updated_at=now))
+                self._transition(conn, row.tool, "circuit_open", f"probe failed: {probe.error_msg}",
+                                 f"open again until {until:%H:%M:%S} UTC", now,
+                                 f"agent-watchdog: circuit OPEN again for {row.tool} — the probe failed",
+                                 [f"tool {row.tool}", f"probe error: {probe.error_msg or '-'}",
+                                  f"calls fail fast until {until:%H:%M:%S} UTC"])
+                return "open"
+            if row.state == "open" and row.open_until and now >= row.open_until:
+                done = conn.execute(update(tool_circuits).where(and_(
+                    tool_circuits.c.tool == row.tool, tool_circuits.c.state == "open")).values(
+                    state="half_open", updated_at=now))
+                if done.rowcount == 1:
+                    record(conn, at=now, action="circuit_half_open", by=self.by, tool=row.tool,
+                           outcome="one probe call will be let through")
+                    return "half_open"
+        return None
+
+    def _close(self, conn, tool, now, why):
+        conn.execute(update(tool_circuits).where(tool_circuits.c.tool == tool).values(
+            state="closed", open_until=None, probe_run_id=None, probe_at=None, errors_in_window=0, updated_at=now))
+        self._transition(conn, tool, "circuit_closed", why, "closed", now,
+                         f"agent-watchdog: circuit closed for {tool} — {why}", [f"tool {tool}", f"closed: {why}"])
+
+    def close(self, engine, tool: str, now: dt.datetime, by: str) -> bool:
+        """Close a circuit by hand (`agent-watchdog circuits close TOOL`)."""
+        with engine.begin() as conn:
+            row = conn.execute(select(tool_circuits).where(tool_circuits.c.tool == tool)).first()
+            if row is None or row.state == "closed":
+                return False
+            self.by = by
+            self._close(conn, tool, now, f"closed by hand ({by})")
+            return True
+
+    def _transition(self, conn, tool, action, detail, outcome, now, title, lines):
+        iid = record(conn, at=now, action=action, by=self.by, tool=tool, detail=detail, outcome=outcome)
+        enqueue_alert(conn, f"{action}:{tool}:{now.isoformat()}", title, "\n".join(lines), now=now,
+                      intervention_id=iid)
+
+    def _tool_rate(self, engine, scanner, now):
+        """Many runs hammering one tool: the per-run rate figure, aggregated over all runs."""
+        for tool, calls in scanner.tool_rates(now).items():
+            limit = self.config.circuit.for_tool(tool).max_calls_per_min
+            if not limit or calls <= limit:
+                continue
+            last = self._rate_alarmed.get(tool)
+            if last and (now - last).total_seconds() < TOOL_RATE_WINDOW_S:
+                continue
+            self._rate_alarmed[tool] = now
+            window = int(now.timestamp() // TOOL_RATE_WINDOW_S)
+            with engine.begin() as conn:
+                iid = record(conn, at=now, action="rate_alarm", by=self.by, tool=tool, reason="tool_rate",
+                             detail=f"{calls} calls/min over all runs > {limit}", outcome="alert only")
+                enqueue_alert(conn, f"toolrate:{tool}:{window}",
+                              f"agent-watchdog: LOOP? tool {tool}: {calls} calls/min over all runs",
+                              f"tool {tool}\n{calls} calls/min over all runs > max_calls_per_min {limit}",
+                              now=now, intervention_id=iid)

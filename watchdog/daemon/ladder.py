@@ -1,0 +1,163 @@
+"""The stop ladder for runs in `stopping`: cooperative stop → SIGTERM → SIGKILL.
+
+Its state lives on the run row (`signal_stage`, `signalled_at`) and in the
+interventions (the SIGTERM row keeps the identities signalled), so a daemon
+restarted at any moment continues exactly where the last one was, once.
+The killer decides nothing: this module decides, the killer checks and sends.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from sqlalchemy import and_, desc, select, update
+
+from watchdog.core import lifecycle as lc
+from watchdog.store.actions import enqueue_alert, record
+from watchdog.core.config import Budgets, DaemonConfig
+from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
+from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert
+from watchdog.store.schema import interventions, runs
+
+KILL_CONFIRM_S = 10.0  # a process still there this long after SIGKILL is stuck (D state): say so
+
+
+def _since(t: dt.datetime | None, now: dt.datetime) -> float:
+    return (now - t).total_seconds() if t else 0.0
+
+
+def _set_stage(conn, row, expected: str | None, stage: str, now: dt.datetime, **extra) -> bool:
+    cond = runs.c.signal_stage.is_(None) if expected is None else runs.c.signal_stage == expected
+    res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.STOPPING, cond))
+                       .values(signal_stage=stage, **extra))
+    return res.rowcount == 1
+
+
+def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: bool):
+    if not _set_stage(conn, row, stage_from, "done", now, status=lc.KILLED, ended_at=now):
+        return
+    iid = record(conn, at=now, action="ended", by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
+    if escalated:  # one more alert only when the ladder went past the cooperative stop
+        title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=False)
+        enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+
+
+# Stages where the ladder has nothing more to send but the run is still `stopping`:
+# the tick ends such a run once its process is gone, so it never stays active forever.
+WAITING_STAGES = ("refused", "not_signalled", "failed")
+_EXITED = {
+    None: "process exited after the cooperative stop",
+    "refused": "process gone; it was never signalled (the signal was refused)",
+    "not_signalled": "process gone; it was never signalled (shared process)",
+    "failed": "process gone at last after SIGKILL",
+}
+
+
+def exited(conn, row, *, now, by, facts, budgets):
+    """The process ended without ending its run (after the cooperative stop, or after a
+    refused / impossible / failed signal): the run is killed."""
+    _finish(conn, row, row.signal_stage, _EXITED[row.signal_stage], now, by, facts, budgets, escalated=False)
+
+
+def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budgets):
+    if not _set_stage(conn, row, stage_from, stage_to, now, signalled_at=now):
+        return
+    iid = record(conn, at=now, action=action, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
+    title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=True)
+    enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+
+
+def _signalled_targets(conn, run_id: str) -> list[ProcessIdentity]:
+    detail = conn.execute(
+        select(interventions.c.detail)
+        .where(and_(interventions.c.run_id == run_id, interventions.c.action == "sigterm"))
+        .order_by(desc(interventions.c.id)).limit(1)
+    ).scalar()
+    if not detail:
+        return []
+    return [ProcessIdentity.from_json(t) for t in json.loads(detail).get("targets", [])]
+
+
+def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
+    """Whether advance() could do anything for this stopping run now (pure: no store, no OS).
+    Keep in step with advance()'s early returns."""
+    if row.signal_stage in ("done", "refused", "failed", "not_signalled"):
+        return False
+    if _since(row.stop_requested_at, now) < daemon.cancel_grace_s:
+        return False
+    return row.kill_mode == lc.COOPERATIVE or row.host == host
+
+
+def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
+            now: dt.datetime, by: str, sharing: int) -> None:
+    """Take the next step of the ladder for one stopping run, if its time has come."""
+    stage = row.signal_stage
+    if stage in ("done", "refused", "failed", "not_signalled"):
+        return
+    if _since(row.stop_requested_at, now) < daemon.cancel_grace_s:
+        return
+    grace = f"{daemon.cancel_grace_s:g} s"
+
+    if row.kill_mode == lc.COOPERATIVE:
+        if _set_stage(conn, row, None, "not_signalled", now, signalled_at=now):
+            outcome = f"did not stop {grace} after the cooperative stop; shares its process with {sharing} other runs"
+            iid = record(conn, at=now, action="not_signalled", by=by, run_id=row.id, reason=row.stop_reason,
+                         outcome=outcome)
+            title, body = cooperative_alert(facts, budgets, row.stop_reason, daemon.cancel_grace_s, sharing)
+            enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+        return
+
+    if row.host != killer.host:
+        return  # the daemon on the run's own host signals it
+    if row.pid is None or row.pid_create_time is None:
+        _fail(conn, row, None, "refused", "signal_refused", "not signalled: the run registered no process identity",
+              now, by, facts, budgets)
+        return
+    leader = ProcessIdentity(row.host, row.pid, row.pid_create_time)
+
+    if stage is None:
+        refusal = killer.refusal(leader)
+        if refusal in GONE_REASONS:
+            _finish(conn, row, None, f"process exited after the cooperative stop ({refusal})", now, by, facts,
+                    budgets, escalated=False)
+            return
+        if refusal:
+            _fail(conn, row, None, "refused", "signal_refused", f"not signalled: {refusal}", now, by, facts, budgets)
+            return
+        out = killer.terminate(leader, row.kill_mode)
+        if out.refused in GONE_REASONS:  # it exited between the check and the signal
+            _finish(conn, row, None, f"process exited after the cooperative stop ({out.refused})", now, by, facts,
+                    budgets, escalated=False)
+            return
+        if out.refused:
+            _fail(conn, row, None, "refused", "signal_refused", f"not signalled: {out.refused}", now, by, facts,
+                  budgets)
+            return
+        if _set_stage(conn, row, None, "term", now, signalled_at=now):
+            detail = {"targets": [t.to_json() for t in out.targets], "skipped": list(out.skipped)}
+            record(conn, at=now, action="sigterm", by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
+                   outcome=out.summary())
+        return
+
+    targets = _signalled_targets(conn, row.id) or [leader]
+    alive = killer.alive(targets)
+    waited_s = _since(row.signalled_at, now)
+    if stage == "term":
+        if not alive:
+            _finish(conn, row, "term", f"SIGTERM after {grace}; exited within {waited_s:.1f} s", now, by, facts,
+                    budgets, escalated=True)
+        elif waited_s >= daemon.term_grace_s:
+            out = killer.kill(leader, row.kill_mode, targets)
+            if _set_stage(conn, row, "term", "kill", now, signalled_at=now):
+                record(conn, at=now, action="sigkill", by=by, run_id=row.id, reason=row.stop_reason,
+                       detail={"targets": [t.to_json() for t in out.targets]}, outcome=out.summary())
+    elif stage == "kill":
+        if not alive:
+            _finish(conn, row, "kill",
+                    f"ignored SIGTERM for {daemon.term_grace_s:g} s; SIGKILL; gone within {waited_s:.1f} s",
+                    now, by, facts, budgets, escalated=True)
+        elif waited_s >= KILL_CONFIRM_S:
+            pids = ", ".join(str(t.pid) for t in alive)
+            _fail(conn, row, "kill", "failed", "stop_failed",
+                  f"still alive {waited_s:.0f} s after SIGKILL (pids {pids}; uninterruptible?)", now, by, facts, budgets)

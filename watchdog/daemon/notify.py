@@ -1,0 +1,222 @@
+"""Alert delivery through apprise: one apprise object per URL, one result per target.
+
+Secrets: a notify URL carries tokens and passwords, and apprise itself logs URLs:
+at TRACE it dumps every parsed URL verbatim (password included), some plugins
+echo rejected tokens in warnings, and socket errors can quote webhook paths. So
+this module puts one filter on the "apprise" logger that drops TRACE records and
+masks the secret parts of every configured URL; its own logs use privacy_url only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+import threading
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import apprise
+
+log = logging.getLogger("watchdog.notify")
+_APPRISE_LOG = logging.getLogger(apprise.LOGGER_NAME)
+
+_MASK = "****"
+_MIN_SECRET_CHARS = 3  # shorter URL pieces ("no", "to") are not secrets; masking them mangles text
+_MAX_REASON_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Target:
+    id: str  # sha256(url)[:12]: stored in the outbox, so never the URL itself
+    privacy_url: str  # apprise's masked form: the only form that may be logged or shown
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    target: Target
+    ok: bool
+    error: str | None  # one line, secret-free
+
+
+_lock = threading.Lock()
+_registered: dict[object, frozenset[str]] = {}
+_all_secrets: tuple[str, ...] = ()  # longest first: a secret's substring must not mask it partially
+
+
+def _set_secrets(key: object, secrets: frozenset[str] | None) -> None:
+    global _all_secrets
+    with _lock:
+        if secrets:
+            _registered[key] = secrets
+        else:
+            _registered.pop(key, None)
+        _all_secrets = tuple(sorted(set().union(*_registered.values()), key=len, reverse=True))
+
+
+def _scrub(text: str, secrets: Sequence[str] | None = None) -> str:
+    for secret in _all_secrets if secrets is None else secrets:
+        text = text.replace(secret, _MASK)
+    return text
+
+
+def _url_pieces(url: str) -> set[str]:
+    """Every piece of a URL that could be a credential: everything but schema and query keys."""
+    rest = url.split("://", 1)[-1]
+    base, _, query = rest.partition("?")
+    pieces = re.split(r"[/:@#,\s]+", base)
+    for pair in query.split("&"):
+        pieces += re.split(r"[,\s]+", pair.partition("=")[2])
+    return {p for raw in pieces for p in (raw, unquote(raw)) if len(p) >= _MIN_SECRET_CHARS}
+
+
+def _secrets_of(url: str, privacy_url: str) -> frozenset[str]:
+    # Whatever apprise chose to hide in its privacy form is, by apprise's own judgement, a secret.
+    shown = privacy_url + " " + unquote(privacy_url)
+    return frozenset(p for p in _url_pieces(url) if p not in shown)
+
+
+class _AppriseLogFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.DEBUG:
+            return False  # apprise's TRACE level exists to dump parsed URLs with their passwords
+        secrets = _all_secrets
+        if secrets:
+            try:
+                message = record.getMessage()
+            except Exception:  # logging's error report would print the raw args
+                message = "(unformattable apprise log message)"
+            record.msg, record.args = _scrub(message, secrets), None
+        return True
+
+
+# A logger-level filter runs before every handler, apprise's own result capture included.
+_APPRISE_LOG.addFilter(_AppriseLogFilter())
+
+
+class _ThreadWarnings(logging.Handler):
+    """apprise WARNING+ messages from this thread: instantiate() has no result object to ask."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._thread = threading.get_ident()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self._thread:
+            self.messages.append(record.getMessage())
+
+    def __enter__(self) -> _ThreadWarnings:
+        _APPRISE_LOG.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _APPRISE_LOG.removeHandler(self)
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_REASON_CHARS else text[: _MAX_REASON_CHARS - 1] + "…"
+
+
+def _load(url: str):
+    """(apprise plugin, None) or (None, one-line secret-free reason)."""
+    if not isinstance(url, str) or not url.strip():
+        return None, "empty URL"
+    if not re.match(r"[A-Za-z][\w+.-]*://", url):
+        return None, "not an apprise URL (expected schema://...)"
+    key = object()
+    # Until apprise says which pieces are secret, treat them all as secret.
+    _set_secrets(key, frozenset(_url_pieces(url)))
+    try:
+        with _ThreadWarnings() as captured:
+            try:
+                plugin = apprise.Apprise.instantiate(url)
+            except Exception as exc:  # a plugin bug must read as a bad URL, not crash config checks
+                plugin = None
+                captured.messages.insert(0, f"apprise raised {type(exc).__name__}")
+    finally:
+        _set_secrets(key, None)
+    if plugin is None:
+        # The first warning is the cause ("invalid token"); later ones are "could not load".
+        reason = captured.messages[0] if captured.messages else "apprise cannot load this URL"
+        return None, _one_line(_scrub(reason, sorted(_url_pieces(url), key=len, reverse=True)))
+    return plugin, None
+
+
+def url_error(url: str) -> str | None:
+    """None if apprise can load `url`, else a one-line reason that never quotes a secret."""
+    return _load(url)[1]
+
+
+def _schema_only(url: object) -> str:
+    m = re.match(r"([A-Za-z][\w+.-]*)://", url) if isinstance(url, str) else None
+    return f"{m[1]}://…" if m else "…"
+
+
+class Notifier:
+    def __init__(self, urls: Sequence[str], timeout_s: float = 10.0):
+        if isinstance(urls, str):
+            raise TypeError("urls must be a sequence of URLs, not one string")
+        if not (0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self._timeout_s = float(timeout_s)
+        self._entries: list[tuple[Target, apprise.Apprise]] = []
+        for index, url in enumerate(urls):
+            plugin, reason = _load(url)
+            if plugin is None:
+                raise ValueError(f"notify URL #{index} ({_schema_only(url)}): {reason}")
+            target_id = hashlib.sha256(url.encode()).hexdigest()[:12]
+            if any(t.id == target_id for t, _ in self._entries):
+                continue  # the same URL twice would page the same human twice
+            # notify(timeout=) only stops waiting; the worker lives until its socket times out.
+            for attr in ("socket_connect_timeout", "socket_read_timeout"):
+                current = getattr(plugin, attr, None)
+                if isinstance(current, (int, float)) and current > self._timeout_s:
+                    setattr(plugin, attr, self._timeout_s)
+            privacy_url = plugin.url(privacy=True)
+            _set_secrets(target_id, _secrets_of(url, privacy_url))
+            one = apprise.Apprise()
+            one.add(plugin)
+            self._entries.append((Target(target_id, privacy_url), one))
+
+    @property
+    def targets(self) -> list[Target]:
+        return [target for target, _ in self._entries]
+
+    def send(self, title: str, body: str, skip: Collection[str] = ()) -> list[TargetResult]:
+        """Deliver to every target not in `skip`; failures are results, never exceptions."""
+        return [self._send_one(t, one, title, body) for t, one in self._entries if t.id not in skip]
+
+    def _send_one(self, target: Target, ap: apprise.Apprise, title: str, body: str) -> TargetResult:
+        error = None
+        try:
+            with ap.notify(
+                body=body,
+                title=title,
+                body_format=apprise.NotifyFormat.TEXT,
+                timeout=self._timeout_s,
+            ) as outcome:
+                # notify() returns an AppriseResult in apprise 2.x (a bool before): coerce.
+                if not bool(outcome):
+                    error = _first_warning(outcome) or "delivery failed"
+        except Exception as exc:  # apprise should not raise here, but the outbox loop must survive
+            error = f"delivery failed: apprise raised {type(exc).__name__}"
+        if error is None:
+            return TargetResult(target, True, None)
+        error = _one_line(_scrub(error))
+        # DEBUG: callers (outbox, test-alert) report the result themselves.
+        log.debug("alert to %s failed: %s", target.privacy_url, error)
+        return TargetResult(target, False, error)
+
+
+def _first_warning(outcome: apprise.AppriseResult) -> str | None:
+    # apprise 2.x keeps each service's WARNING+ log lines in its result; they were
+    # captured after our logger filter ran, so they are already masked.
+    for entry in outcome.logs():
+        level = logging.getLevelName(entry.level)  # "WARNING" -> 30
+        if isinstance(level, int) and level >= logging.WARNING:
+            return entry.message
+    return None

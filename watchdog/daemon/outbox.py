@@ -1,0 +1,77 @@
+"""Alert delivery from the outbox table.
+
+Alerts are queued in the transaction of the intervention they report; this
+module delivers them later, per target, retrying failures with backoff on later
+ticks. A target that already got an alert never gets it again (its id is
+recorded in `delivered_targets`), so a target that fails then recovers gets it
+once, and a restarted daemon does not resend.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import and_, or_, select, update
+
+from watchdog.daemon.notify import Notifier
+from watchdog.store.schema import alerts
+
+log = logging.getLogger("watchdog.alerts")
+
+BACKOFF_MAX_S = 900.0
+NO_TARGETS = "no [alerts] urls configured: logged only"
+BATCH = 50
+
+
+@dataclass
+class DeliveryReport:
+    delivered: int = 0
+    failed: int = 0  # deliveries (alert × target) that failed this time
+
+
+def backoff_s(attempts: int, first_s: float) -> float:
+    return min(BACKOFF_MAX_S, first_s * (2 ** max(0, attempts - 1)))
+
+
+def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, retry_s: float = 30.0,
+                on_result=None) -> DeliveryReport:
+    """Deliver every alert that is due; never raises for a target that is down."""
+    report = DeliveryReport()
+    with engine.connect() as conn:
+        due = conn.execute(
+            select(alerts)
+            .where(and_(alerts.c.delivered_at.is_(None),
+                        or_(alerts.c.next_attempt_at.is_(None), alerts.c.next_attempt_at <= now)))
+            .order_by(alerts.c.id).limit(BATCH)
+        ).all()
+    for a in due:
+        if a.attempts == 0:  # the log is the alert channel of last resort (and the demo's)
+            log.info("ALERT %s\n%s", a.title, a.body)
+        done = set(a.delivered_targets or [])
+        results = notifier.send(a.title, a.body, skip=done) if notifier.targets else []
+        errors = []
+        for r in results:
+            if r.ok:
+                done.add(r.target.id)
+            else:
+                errors.append(f"{r.target.privacy_url}: {r.error}")
+                log.warning("alert %s to %s failed: %s", a.dedupe_key, r.target.privacy_url, r.error)
+            if on_result:
+                on_result(r)
+        all_done = all(t.id in done for t in notifier.targets)
+        attempts = a.attempts + 1
+        values = {"attempts": attempts, "delivered_targets": sorted(done),
+                  "last_error": "; ".join(errors)[:2000] if errors else None}
+        if not notifier.targets:
+            values["last_error"] = NO_TARGETS
+        if all_done:
+            values["delivered_at"] = now
+            report.delivered += 1
+        else:
+            values["next_attempt_at"] = now + dt.timedelta(seconds=backoff_s(attempts, retry_s))
+            report.failed += len(errors)
+        with engine.begin() as conn:
+            conn.execute(update(alerts).where(alerts.c.id == a.id).values(**values))
+    return report

@@ -1,0 +1,189 @@
+"""What the tick knows about active runs: counters from the run rows, and per-run
+tool statistics folded incrementally from the events written since the last tick.
+
+The caches are rebuilt from the store on a cold start (only the active runs'
+events are read), so a restarted daemon knows exactly what the old one knew.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from sqlalchemy import Float, and_, cast, extract, func, select
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.policies import RunSnapshot
+from watchdog.store.schema import events, runs
+
+RATE_WINDOW_S = 60.0
+# PostgreSQL assigns ids at insert but commits in any order: re-read this many ids
+# below the high-water mark so a late commit is never missed (dedupe by id).
+ID_OVERLAP = 2000
+CHUNK = 500
+
+# What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
+# a full evaluation. The two timestamps come back as epoch seconds computed by the
+# database, so no datetime (and no row of 31 columns) is built for a healthy run.
+LIGHT = ("id", "agent", "status", "host", "pid", "pid_create_time", "max_wall_s", "max_steps", "max_tool_calls",
+         "max_cost_eur", "max_identical_calls", "heartbeat_timeout_s", "steps", "tool_calls", "cost_eur")
+
+
+def epoch_s(col, dialect_name: str):
+    """A UTCDateTime column as float seconds since the epoch, computed by the database."""
+    if dialect_name == "sqlite":  # naive UTC text; julianday() reads the fraction too
+        return (func.julianday(col) - 2440587.5) * 86400.0
+    return cast(extract("epoch", col), Float)
+
+
+@dataclass
+class RunStats:
+    signatures: Counter = field(default_factory=Counter)
+    tools: Counter = field(default_factory=Counter)
+    tool_errors: Counter = field(default_factory=Counter)
+    last_error: dict = field(default_factory=dict)
+    recent: deque = field(default_factory=deque)  # (at, tool) of tool calls, for the rate
+    max_signature: int = 0  # the top signature's count, kept as calls are added (counts only grow)
+
+    def add(self, at: dt.datetime, tool: str, args_hash: str | None, ok: bool | None, error_msg: str | None):
+        self.tools[tool] += 1
+        n = self.signatures[(tool, args_hash)] + 1
+        self.signatures[(tool, args_hash)] = n
+        if n > self.max_signature:
+            self.max_signature = n
+        if ok is False:
+            self.tool_errors[tool] += 1
+            # A fail-fast refusal of an open circuit is not news: keep the tool's own error.
+            if error_msg and (not error_msg.startswith("ToolUnavailable") or tool not in self.last_error):
+                self.last_error[tool] = error_msg
+        self.recent.append((at, tool))
+
+    def rate(self, now: dt.datetime) -> tuple[int, tuple[str, int] | None]:
+        horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
+        while self.recent and self.recent[0][0] < horizon:
+            self.recent.popleft()
+        counts = Counter(tool for at, tool in self.recent if at <= now)
+        top = counts.most_common(1)
+        return sum(counts.values()), (top[0] if top else None)
+
+    def recent_upper_bound(self, horizon: dt.datetime) -> int:
+        """At least rate()'s count at now = horizon + RATE_WINDOW_S (later calls count too); no Counter."""
+        recent = self.recent
+        while recent and recent[0][0] < horizon:
+            recent.popleft()
+        return len(recent)
+
+    def top_signature(self) -> tuple[str, int] | None:
+        if not self.signatures:
+            return None
+        (tool, _hash), count = self.signatures.most_common(1)[0]
+        return tool, count
+
+    def top_tool(self) -> tuple[str, int, int] | None:
+        if not self.tools:
+            return None
+        tool, calls = max(self.tools.items(), key=lambda kv: (kv[1], self.tool_errors[kv[0]]))
+        return tool, calls, self.tool_errors[tool]
+
+
+@dataclass
+class NewEvent:
+    id: int
+    run_id: str
+    at: dt.datetime
+    tool: str
+    args_hash: str | None
+    ok: bool | None
+    error_msg: str | None
+
+
+class Scanner:
+    """Loads active runs and folds new tool events into per-run stats."""
+
+    def __init__(self):
+        self.stats: dict[str, RunStats] = {}
+        self.high_water: int | None = None  # largest event id folded in
+        self._seen: set[int] = set()
+        self.all_recent: deque = deque()  # (at, tool) over all runs: many runs hammering one tool
+
+    def tool_rates(self, now: dt.datetime) -> Counter:
+        """Tool calls per tool over all runs in the last minute."""
+        horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
+        while self.all_recent and self.all_recent[0][0] < horizon:
+            self.all_recent.popleft()
+        return Counter(tool for at, tool in self.all_recent if at <= now)
+
+    def load_active(self, conn) -> list:
+        """Every active run, light: the LIGHT columns, then started_at and last_seen_at in epoch seconds."""
+        name = conn.dialect.name
+        q = select(*(runs.c[c] for c in LIGHT), epoch_s(runs.c.started_at, name),
+                   epoch_s(runs.c.last_seen_at, name)).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+        return conn.execute(q).all()
+
+    def load_rows(self, conn, ids: list[str]) -> list:
+        """The whole rows of the runs that need an evaluation this tick (if still active)."""
+        out = []
+        for i in range(0, len(ids), CHUNK):
+            out.extend(conn.execute(select(runs).where(and_(runs.c.id.in_(ids[i : i + CHUNK]),
+                                                            runs.c.status.in_(lc.ACTIVE_STATUSES)))))
+        return out
+
+    def fold(self, conn, active_ids: list[str]) -> list[NewEvent]:
+        """Fold the tool events written since the last tick; return them (the circuits need them too)."""
+        cols = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
+                events.c.error_msg)
+        new: list[NewEvent] = []
+        if self.high_water is None:
+            # Cold start: the full history of the active runs only, never all history.
+            top = conn.execute(select(func.max(events.c.id))).scalar()
+            for i in range(0, len(active_ids), CHUNK):
+                q = select(*cols).where(and_(events.c.run_id.in_(active_ids[i : i + CHUNK]),
+                                             events.c.kind == lc.EV_TOOL)).order_by(events.c.id)
+                new.extend(NewEvent(*r) for r in conn.execute(q))
+            self.high_water = top or 0
+            overlap = select(events.c.id).where(events.c.id > self.high_water - ID_OVERLAP)
+            self._seen = {r[0] for r in conn.execute(overlap)}
+        else:
+            # Whole rows only above the high-water mark; in the overlap below it, ids first and
+            # whole rows only for the ids never seen (a late PostgreSQL commit: rare).
+            low = max(0, self.high_water - ID_OVERLAP)
+            seen = self._seen
+            ids = conn.execute(select(events.c.id).where(and_(
+                events.c.id > low, events.c.id <= self.high_water, events.c.kind == lc.EV_TOOL))).scalars().all()
+            late = [i for i in ids if i not in seen]
+            fresh = []
+            for i in range(0, len(late), CHUNK):
+                q = select(*cols).where(events.c.id.in_(late[i : i + CHUNK]))
+                fresh.extend(NewEvent(*r) for r in conn.execute(q).all())
+            q = select(*cols).where(and_(events.c.id > self.high_water, events.c.kind == lc.EV_TOOL))
+            fresh.extend(NewEvent(*r) for r in conn.execute(q.order_by(events.c.id)).all())
+            if late:
+                fresh.sort(key=lambda e: e.id)
+            new.extend(fresh)
+            if fresh:
+                self.high_water = max(self.high_water, max(e.id for e in fresh))
+            self._seen = {i for i in self._seen if i > self.high_water - ID_OVERLAP}
+            self._seen.update(e.id for e in fresh)
+        active = set(active_ids)
+        stats = self.stats
+        for e in new:
+            self.all_recent.append((e.at, e.tool))
+            if e.run_id in active:
+                st = stats.get(e.run_id)
+                if st is None:  # not setdefault(id, RunStats()): that builds 3 Counters and a deque per event
+                    st = stats[e.run_id] = RunStats()
+                st.add(e.at, e.tool, e.args_hash, e.ok, e.error_msg)
+        for rid in list(self.stats):
+            if rid not in active:
+                del self.stats[rid]
+        return new
+
+    def snapshot(self, row, now: dt.datetime) -> RunSnapshot:
+        st = self.stats.get(row.id) or RunStats()
+        calls_min, top_min = st.rate(now)
+        return RunSnapshot(
+            id=row.id, agent=row.agent, started_at=row.started_at, last_seen_at=row.last_seen_at,
+            steps=row.steps, tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
+            top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
+        )

@@ -1,0 +1,156 @@
+"""The SDK's view of the tool circuits the daemon opened: cached, so it costs no query per call.
+
+The daemon opens and closes circuits (rows of `tool_circuits`); the SDK only
+reads them and, once an open circuit's time is up, competes for the single
+half-open probe with one conditional UPDATE, so across every process exactly
+one call gets through. The state is cached for at most `cache_s` (one daemon
+tick by default); `refresh(force=True)` reloads it at once.
+
+Decisions, per call of a tool whose row is not 'closed':
+
+- open, open_until in the future (or NULL)   → fail fast;
+- open, open_until passed, or half_open with no probe yet → claim the probe:
+  the one caller whose UPDATE changed the row runs the tool (one attempt);
+  everybody else fails fast;
+- half_open with a probe already claimed (by anyone, this run included) → fail fast
+  until the daemon closes or re-opens the circuit from the probe's outcome.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import and_, or_, select, update
+
+from watchdog.store.schema import tool_circuits, utcnow
+
+CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
+
+ALLOW = "allow"  # closed (or the row vanished): call the tool as usual
+PROBE = "probe"  # this call is the one half-open probe: one attempt, no retries
+
+
+@dataclass(frozen=True)
+class CircuitState:
+    tool: str
+    state: str  # open | half_open
+    open_until: dt.datetime | None
+    errors: int
+    window_s: float | None
+    last_error: str | None
+    probe_run_id: str | None = None
+
+
+class CircuitView:
+    def __init__(self, writer, cache_s: float = CIRCUIT_CACHE_MAX_S):
+        if isinstance(cache_s, bool) or not isinstance(cache_s, (int, float)) or cache_s < 0:
+            raise ValueError(f"circuit_cache_s: expected a number of seconds >= 0, got {cache_s!r}")
+        self.writer = writer
+        self.cache_s = float(cache_s)
+        self._states: dict[str, CircuitState] = {}
+        self._loaded_at = float("-inf")
+        self._lock = threading.Lock()
+        d = writer.dialect
+        self._select = (
+            "SELECT tool, state, open_until, errors_in_window, window_s, last_error, probe_run_id "
+            "FROM tool_circuits WHERE state <> 'closed'"
+        )
+        self._parse_ts = d.parse_ts
+
+    def refresh(self, force: bool = False):
+        """Reload the non-closed circuits when the cache is older than `cache_s` (or `force`)."""
+        now = time.monotonic()
+        if not force and now - self._loaded_at < self.cache_s:
+            return
+        with self._lock:
+            if not force and now - self._loaded_at < self.cache_s:  # another thread just did
+                return
+            try:
+                rows = self.writer.query(self._select)
+            except Exception:
+                # Store down: keep what we knew and do not ask again before the cache
+                # expires, so an outage costs one failed query per `cache_s`, not one per call.
+                self._loaded_at = now
+                return
+            self._states = {
+                r[0]: CircuitState(r[0], r[1], self._parse_ts(r[2]), r[3] or 0, r[4], r[5], r[6]) for r in rows
+            }
+            self._loaded_at = now
+
+    def get(self, tool: str) -> "CircuitGate | None":
+        """The gate of `tool`'s open or half-open circuit, or None when it is closed."""
+        self.refresh()
+        st = self._states.get(tool)
+        return CircuitGate(self, st) if st else None
+
+    def state(self, tool: str) -> CircuitState | None:
+        """The cached state of `tool`'s circuit (None = closed), without refreshing."""
+        return self._states.get(tool)
+
+    def claim_probe(self, tool: str, run_id: str) -> str | None:
+        """Try to become the one half-open probe of `tool`.
+
+        Returns PROBE when this call won, ALLOW when the circuit closed (or its
+        row vanished) meanwhile, None when the call must fail fast (someone else
+        probes, or the daemon re-opened it). The UPDATE is conditional, so of any
+        number of concurrent callers in any number of processes one wins.
+        """
+        now = utcnow()
+        t = tool_circuits
+        claim = (
+            update(t)
+            .where(t.c.tool == tool,
+                   or_(and_(t.c.state == "open", t.c.open_until <= now),
+                       and_(t.c.state == "half_open", t.c.probe_run_id.is_(None))))
+            .values(state="half_open", probe_run_id=run_id, probe_at=now, updated_at=now)
+        )
+        try:
+            with self.writer.engine.begin() as conn:
+                won = conn.execute(claim).rowcount == 1
+                state = None if won else conn.execute(select(t.c.state).where(t.c.tool == tool)).scalar()
+        except Exception:
+            return None  # store down: an open circuit stays open for us
+        self.refresh(force=True)
+        if won:
+            return PROBE
+        return ALLOW if state in (None, "closed") else None
+
+
+class CircuitGate:
+    """One call's look at a non-closed circuit."""
+
+    def __init__(self, view: CircuitView, st: CircuitState):
+        self.view = view
+        self.st = st
+
+    def admit(self, run_id: str) -> str | None:
+        """ALLOW, PROBE (run it, once) or None (fail fast; see `message`)."""
+        st = self.st
+        if st.state == "open" and (st.open_until is None or utcnow() < st.open_until):
+            return None
+        if st.state == "half_open" and st.probe_run_id is not None:
+            return None
+        verdict = self.view.claim_probe(st.tool, run_id)
+        if verdict is None:
+            # Lost the race: word the refusal from what the circuit is now.
+            self.st = self.view.state(st.tool) or st
+        return verdict
+
+    def refuses(self, run_id: str) -> bool:
+        """True when the call must fail fast (kept for callers of the old interface)."""
+        return self.admit(run_id) is None
+
+    def message(self, tool: str | None = None) -> str:
+        # Worded for the model reading it: what, until when, why, and what not to do.
+        st = self.st
+        tool = tool or st.tool
+        why = f"{st.errors} errors in {st.window_s:g} s" if st.window_s else f"{st.errors} errors"
+        if st.last_error:
+            why += f": {st.last_error}"
+        if st.state == "half_open" or (st.open_until is not None and st.open_until <= utcnow()):
+            return f"ToolUnavailable: {tool} is being probed after failures ({why}); do not retry it now"
+        until = st.open_until.astimezone().strftime("%H:%M:%S") if st.open_until else "further notice"
+        return f"ToolUnavailable: {tool} is unavailable until {until} ({why}); do not retry it"

@@ -1,0 +1,248 @@
+"""The agent SDK: register a run, record steps and tool calls, see stops.
+
+Light on purpose: importing this module never imports psutil, apprise or
+APScheduler. Each record is one short transaction (see `watchdog.hotpath`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.config import ENV_DB, RUN_BUDGET_KEYS
+from watchdog.errors import RunKilled, ToolUnavailable
+from watchdog.sdk.circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
+from watchdog.store.hotpath import Writer
+from watchdog.sdk.inflight import InflightTools
+from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, budget_error, validate_name
+from watchdog.errors import StoreError
+from watchdog.store.engine import make_engine, normalise_url
+
+log = logging.getLogger("watchdog.client")
+
+
+def _sane_settings(value) -> dict:
+    """The published settings in the shape the SDK reads, whatever a row written by hand holds."""
+    value = dict(value) if isinstance(value, dict) else {}
+    for key in ("agents", "prices"):
+        if not isinstance(value.get(key), dict):
+            value[key] = {}
+    value["agents"] = {k: v for k, v in value["agents"].items() if isinstance(v, dict)}
+    value["prices"] = {k: v for k, v in value["prices"].items() if isinstance(v, dict)}
+    if not isinstance(value.get("defaults"), dict):
+        value["defaults"] = None
+    return value
+
+BUFFER_MAX_EVENTS = 10_000
+SETTINGS_TTL_S = 5.0
+# An unreachable PostgreSQL host must cost a record seconds, not the OS's TCP timeout.
+PG_CONNECT_TIMEOUT_S = 5
+
+__all__ = ["Watchdog", "RunKilled", "ToolUnavailable"]
+
+
+class Watchdog:
+    """A handle on the shared store for one agent process. Thread-safe."""
+
+    def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS,
+                 circuit_cache_s: float | None = None):
+        """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached
+        (default: one daemon tick as published in the store, at most 5 s)."""
+        url = url or os.environ.get(ENV_DB)
+        if not url:
+            raise ValueError(f"Watchdog(url): no store URL given and ${ENV_DB} is not set")
+        if isinstance(buffer_max, bool) or not isinstance(buffer_max, int) or buffer_max < 0:
+            raise ValueError(f"buffer_max: expected an integer >= 0, got {buffer_max!r}")
+        try:
+            url = normalise_url(url)
+        except StoreError as exc:
+            raise ValueError(f"url: {exc}") from None
+        kw = {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}} if url.startswith("postgresql") else {}
+        # One connection per thread stays checked out: let the pool grow with the threads.
+        self.engine = make_engine(url, pool_size=1, max_overflow=-1, **kw)
+        self.writer = Writer(self.engine)
+        self._buffer: deque = deque()
+        self._buffer_max = buffer_max
+        self._buffer_lock = threading.RLock()
+        self.dropped_events = 0
+        self.rejected_events = 0
+        self._warned_outage = False
+        self._warned_rejected = False
+        self._settings: dict | None = None
+        self._settings_at = 0.0
+        self.inflight = InflightTools(self)
+        # Records buffered during an outage get one last chance when the agent exits.
+        atexit.register(_flush_at_exit, weakref.ref(self))
+        self.circuits = CircuitView(self.writer, cache_s=CIRCUIT_CACHE_MAX_S if circuit_cache_s is None else circuit_cache_s)
+        if circuit_cache_s is None:  # follow the daemon's tick: a circuit it opens is seen within one tick
+            tick_s = self.settings().get("tick_s")
+            if isinstance(tick_s, (int, float)) and 0 < tick_s < CIRCUIT_CACHE_MAX_S:
+                self.circuits.cache_s = float(tick_s)
+
+    # -- runs --------------------------------------------------------------
+
+    def run(self, agent: str, *, kill_mode: str = lc.COOPERATIVE, labels: dict | None = None, run_id: str | None = None,
+            guards: bool = True, **budgets) -> "Run":
+        """Open a run; use it as a context manager."""
+        from watchdog.sdk.run import Run  # late: Run needs this module's Watchdog type only at call time
+
+        validate_name("agent", agent, AGENT_MAX_CHARS)
+        if run_id is not None:
+            validate_name("run_id", run_id, RUN_ID_MAX_CHARS)
+        if kill_mode not in lc.KILL_MODES:
+            raise ValueError(f"kill_mode: expected one of {', '.join(lc.KILL_MODES)}, got {kill_mode!r}")
+        if labels is not None and not isinstance(labels, dict):
+            raise ValueError(f"labels: expected a dict, got {type(labels).__name__}")
+        unknown = set(budgets) - set(RUN_BUDGET_KEYS)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)[0]}: not a run budget (expected one of {', '.join(RUN_BUDGET_KEYS)})")
+        settings = self.settings()
+        profile = (settings.get("agents") or {}).get(agent) or settings.get("defaults")
+        for key, value in budgets.items():
+            if value is None:
+                continue
+            err = budget_error(key, value, profile, agent)
+            if err:
+                raise ValueError(err)
+        return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id,
+                   budgets={k: v for k, v in budgets.items() if v is not None}, profile=profile, guards=guards)
+
+    # -- published settings (prices, profiles) ------------------------------
+
+    def settings(self) -> dict:
+        """The config the daemon published in the store; {} when none is (or the store is down)."""
+        now = time.monotonic()
+        if self._settings is None or now - self._settings_at > SETTINGS_TTL_S:
+            try:
+                rows = self.writer.query(self.writer.dialect.select_settings, ("config",))
+                self._settings = _sane_settings(self.writer.dialect.parse_json(rows[0][0]) if rows else {})
+            except Exception as exc:  # an unreachable store must not stop the agent
+                self._note_outage(exc)
+                self._settings = self._settings or _sane_settings({})
+            self._settings_at = now
+        return self._settings
+
+    def langchain(self, agent: str, **run_kwargs):
+        """LangChain callback handler recording and stopping one run: callbacks=[wd.langchain(agent="support-bot")]."""
+        from watchdog.integrations.langchain import handler
+
+        return handler(self, agent=agent, **run_kwargs)
+
+    def openai_agents(self, agent: str, **run_kwargs):
+        """OpenAI Agents SDK hooks recording and stopping one run: Runner.run(..., hooks=wd.openai_agents(agent=...))."""
+        from watchdog.integrations.openai_agents import hooks
+
+        return hooks(self, agent=agent, **run_kwargs)
+
+    def circuit_for(self, tool: str):
+        """The open or half-open circuit of `tool`, or None when it is closed."""
+        return self.circuits.get(tool)
+
+    def price_eur(self, model: str | None, tokens_in: int, tokens_out: int) -> float:
+        price = (self.settings().get("prices") or {}).get(model or "")
+        if not price:
+            return 0.0
+        try:
+            cost = (tokens_in * float(price["input_eur_per_mtok"]) + tokens_out * float(price["output_eur_per_mtok"])) / 1e6
+        except (KeyError, TypeError, ValueError):  # a malformed published row must not break the agent
+            log.warning("agent-watchdog: the published price of %r is malformed (%r); cost recorded as 0", model, price)
+            return 0.0
+        return cost if math.isfinite(cost) and cost >= 0 else 0.0
+
+    # -- the write path, with the outage buffer ------------------------------
+
+    def write(self, statements, *, raise_conflict: bool = False):
+        """Run one transaction; on a store failure buffer it (bounded) and return None.
+
+        A record the store refuses (a constraint or data error) is dropped and
+        counted instead: retrying it could never succeed, and buffered ahead of
+        every later record it would keep the run from ever seeing a stop.
+        With `raise_conflict`, an integrity error (a duplicate key) is raised instead."""
+        with self._buffer_lock:
+            if self._buffer and not self._flush():
+                self._enqueue(statements)
+                return None
+        try:
+            return self.writer.transaction(statements)
+        except Exception as exc:
+            if self.writer.is_rejection(exc):
+                if raise_conflict and self.writer.is_conflict(exc):
+                    raise
+                self._note_rejected(exc)
+                return None
+            self._note_outage(exc)
+            with self._buffer_lock:
+                self._enqueue(statements)
+            return None
+
+    def _enqueue(self, statements):
+        if len(self._buffer) >= self._buffer_max:
+            self.dropped_events += 1
+            return
+        self._buffer.append(statements)
+
+    def _flush(self) -> bool:
+        while self._buffer:
+            try:
+                self.writer.transaction(self._buffer[0])
+            except Exception as exc:
+                if not self.writer.is_rejection(exc):
+                    self._note_outage(exc)
+                    return False
+                self._note_rejected(exc)
+            self._buffer.popleft()
+        if self._warned_outage:
+            log.warning("agent-watchdog store is reachable again; buffered events written, %d dropped",
+                        self.dropped_events)
+            self._warned_outage = False
+        return True
+
+    def flush(self) -> bool:
+        """Write buffered records now; True when nothing is left buffered."""
+        with self._buffer_lock:
+            return self._flush()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def _note_outage(self, exc: BaseException):
+        if not self._warned_outage:
+            self._warned_outage = True
+            msg = (f"agent-watchdog store unreachable ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}); "
+                   f"buffering up to {self._buffer_max} records in memory, the agent goes on")
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+    def _note_rejected(self, exc: BaseException):
+        self.rejected_events += 1
+        msg = (f"agent-watchdog store rejected a record ({type(exc).__name__}: "
+               f"{(str(exc).splitlines() or [''])[0][:200]}); dropped it, the agent goes on "
+               f"({self.rejected_events} rejected so far)")
+        log.warning(msg)
+        if not self._warned_rejected:
+            self._warned_rejected = True
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+    def close(self):
+        self.flush()
+        self.writer.discard()
+        self.engine.dispose()
+
+
+def _flush_at_exit(ref):
+    wd = ref()
+    if wd is not None and wd.buffered:
+        try:
+            if not wd.flush():
+                log.warning("agent-watchdog: %d buffered records could not be written before exit", wd.buffered)
+        except Exception:  # noqa: BLE001 — never fail an agent's exit
+            pass

@@ -1,0 +1,226 @@
+"""One agent run as the SDK sees it: a context manager that records and obeys stops."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+import threading
+import time
+import uuid
+
+from watchdog.core import lifecycle as lc
+from watchdog.errors import RunKilled
+from watchdog.core.procid import current_create_time, hostname
+from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
+                      validate_name, validate_tokens)
+from watchdog.store.schema import utcnow
+
+
+class Run:
+    """Created by `Watchdog.run()`. Every record is one transaction that also reads
+    the run's status back: when the daemon asked the run to stop, it raises RunKilled."""
+
+    def __init__(self, wd, *, agent, kill_mode, labels, run_id, budgets, profile, guards):
+        self.wd = wd
+        self.id = run_id or uuid.uuid4().hex
+        self.agent = agent
+        self.kill_mode = kill_mode
+        self.labels = labels
+        self.requested = dict(budgets)
+        self.profile = profile or {}
+        self.guards_enabled = guards
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._stop: RunKilled | None = None
+        self.started_at = None
+        self.steps = self.tool_calls = self.tool_errors = 0
+        self.tokens_in = self.tokens_out = 0
+        self.cost_eur = 0.0
+        self.tool_counts: Counter = Counter()  # per tool, for the alert of an in-process stop
+        self.tool_error_counts: Counter = Counter()
+        self.status = None
+        self.guard = None
+        if guards:
+            from watchdog.sdk.guards import Guard  # pure, light
+
+            self.guard = Guard(self.effective_budgets())
+
+    def effective_budgets(self) -> dict:
+        """The profile's budgets lowered by the run's own request (what the daemon applies too)."""
+        eff = dict(self.profile)
+        for key, value in self.requested.items():
+            eff[key] = value if key not in eff or self.profile.get("runs_may_raise") else min(eff[key], value)
+        return eff
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def __enter__(self) -> "Run":
+        self.start()
+        return self
+
+    def start(self) -> "Run":
+        d = self.wd.writer.dialect
+        now = utcnow()
+        self.started_at = now
+        self._t0 = time.monotonic()
+        params = (
+            self.id, self.agent, lc.RUNNING, self.kill_mode, hostname(), os.getpid(), current_create_time(),
+            d.json(self.labels), *(self.requested.get(k) for k in (
+                "max_wall_s", "max_steps", "max_tool_calls", "max_cost_eur", "max_identical_calls", "heartbeat_timeout_s")),
+            d.ts(now), d.ts(now),
+        )
+        try:
+            self.wd.write([(d.insert_run, params)], raise_conflict=True)
+        except Exception:  # only a duplicate id gets here: events would land in the other run
+            raise ValueError(f"run_id: a run {self.id!r} already exists in the store; give each run its own id") from None
+        self.status = lc.RUNNING
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and issubclass(exc_type, RunKilled):
+            self.end(lc.KILLED, exc.reason, exc.detail)
+        elif exc_type is not None:
+            cls, msg = error_fields(exc)
+            self.end(lc.FAILED, None, f"{cls}: {msg}")
+        elif self._stop is not None:  # the agent caught the stop and left quietly: still a kill
+            self.end(lc.KILLED, self._stop.reason, self._stop.detail)
+        else:
+            self.end(lc.COMPLETED, None, None)
+        return False
+
+    def end(self, status: str, reason: str | None, detail: str | None):
+        d = self.wd.writer.dialect
+        self.wd.write([(d.end_run, (status, d.ts(utcnow()), reason, detail, self.id))])
+        self.status = status
+
+    @property
+    def stop_requested(self) -> RunKilled | None:
+        return self._stop
+
+    def check(self):
+        """Raise RunKilled if this run was stopped; cheap, no I/O."""
+        if self._stop is not None:
+            raise self._stop
+
+    # -- records ---------------------------------------------------------------
+
+    def step(self, model: str | None = None, tokens_in: int = 0, tokens_out: int = 0, cost_eur: float | None = None):
+        """Record one model call (a step) that happened; its cost is recorded even when over budget.
+
+        The in-process guard then stops the run if it is over a budget (steps, cost,
+        wall-clock). Call `check_budget` *before* each model call to refuse the call
+        that would exceed it instead.
+        """
+        if model is not None:
+            validate_name("model", model, MODEL_MAX_CHARS)
+        tokens_in, tokens_out = validate_tokens(tokens_in, tokens_out)
+        if cost_eur is None:
+            cost_eur = self.wd.price_eur(model, tokens_in, tokens_out)
+        cost_eur = validate_amount("cost_eur", cost_eur)
+        self.check()
+        if self.guard:
+            self.guard.after_step(cost_eur)
+        self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
+        if self.guard:
+            self._guarded(lambda: self.guard.check_totals(self._elapsed_s()))
+
+    def check_budget(self, estimated_cost_eur: float = 0.0):
+        """Pre-flight: call before a model call so a money budget overshoots by at most one call."""
+        estimated_cost_eur = validate_amount("estimated_cost_eur", estimated_cost_eur)
+        self.check()
+        if self.guard:
+            self._guarded(lambda: self.guard.before_model(estimated_cost_eur, self._elapsed_s()))
+
+    def heartbeat(self, progress: str | None = None):
+        """Say "alive" (with optional progress) without a step or a tool call."""
+        if progress is not None and not isinstance(progress, str):
+            raise ValueError(f"progress: expected a string, got {type(progress).__name__}")
+        self.check()
+        self._record(lc.EV_HEARTBEAT, progress=progress)
+
+    def record_tool(self, name: str, args=None, *, ok: bool = True, error=None, duration_s: float | None = None):
+        """Record a tool call that a framework ran itself."""
+        validate_name("name", name, TOOL_MAX_CHARS)
+        if duration_s is not None:
+            duration_s = validate_amount("duration_s", duration_s)
+        args = {} if args is None else args
+        args_hash = hash_args(args, tool=name)
+        ok = bool(ok) and not error
+        cls, msg = error_fields(error) if not ok else (None, None)
+        if not ok and cls is None:
+            cls, msg = "Error", "tool reported failure"
+        self.check()
+        self._record(lc.EV_TOOL, tool=name, args_hash=args_hash, args=args, ok=ok,
+                     error_class=cls, error_msg=msg, duration_s=duration_s)
+
+    def tool_call(self, name: str, args: dict | None, fn, read_only: bool = False, **policy):
+        """Call `fn(**args)`, record it, return its result; the tool's exception is re-raised."""
+        from watchdog.sdk.toolcall import call_tool  # guards, dedupe, circuits and retries live there
+
+        validate_name("name", name, TOOL_MAX_CHARS)  # before the tool runs: it could not be recorded
+        return call_tool(self, name, {} if args is None else args, fn, read_only=read_only, **policy)
+
+    def _elapsed_s(self) -> float:
+        return time.monotonic() - self._t0 if self.started_at else 0.0
+
+    def _guarded(self, check):
+        try:
+            check()
+        except RunKilled as stop:
+            self._stop = stop
+            self._publish_stop(stop)
+            raise
+
+    def _publish_stop(self, stop: RunKilled):
+        """Say at once, in the store, that an in-process guard stopped this run.
+
+        The run goes to `stopping` like a daemon stop, so an agent that swallows the
+        RunKilled and lingers is still taken down by the daemon's ladder; the audit
+        row and the alert are queued in the same transaction (the daemon delivers it).
+        """
+        from watchdog.sdk.guardstop import statements
+
+        try:
+            self.wd.write(statements(self, stop, utcnow()))
+        except Exception:  # noqa: BLE001 — a stop must never fail for want of bookkeeping
+            pass
+
+    def _record(self, kind: str, **f):
+        d = self.wd.writer.dialect
+        at = d.ts(utcnow())  # the event's time and the run's last_seen_at: one clock reading
+        record_args = self.wd.settings().get("record_args", False)
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            steps, calls = (1, 0) if kind == lc.EV_STEP else (0, 1) if kind == lc.EV_TOOL else (0, 0)
+            errors = 1 if kind == lc.EV_TOOL and not f.get("ok") else 0
+            self.steps += steps
+            self.tool_calls += calls
+            self.tool_errors += errors
+            if calls:
+                self.tool_counts[f["tool"]] += 1
+                self.tool_error_counts[f["tool"]] += errors
+            self.tokens_in += f.get("tokens_in") or 0
+            self.tokens_out += f.get("tokens_out") or 0
+            self.cost_eur += f.get("cost_eur") or 0.0
+        event = (
+            self.id, seq, at, kind, f.get("tool"), f.get("args_hash"),
+            d.json(f.get("args")) if record_args else None, f.get("ok"), f.get("error_class"), f.get("error_msg"),
+            f.get("duration_s"), f.get("model"), f.get("tokens_in"), f.get("tokens_out"), f.get("cost_eur"),
+            f.get("progress"),
+        )
+        update = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0,
+                  seq, at, f.get("progress"), self.id)
+        statements = [(d.insert_event, event), (d.update_run, update)]
+        if not d.returning:
+            statements.append((d.select_status, (self.id,)))
+        row = self.wd.write(statements)
+        if row is not None:
+            self._obey(row)
+
+    def _obey(self, row):
+        status, reason, detail = row
+        self.status = status
+        if status == lc.STOPPING or status in (lc.KILLED, lc.LOST):
+            self._stop = RunKilled(reason or lc.MANUAL, detail or "")
+            raise self._stop

@@ -1,0 +1,45 @@
+"""Alembic, driven from code: works from any directory, with no alembic.ini."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy.engine import Engine
+
+
+def migrations_dir() -> Path:
+    package = Path(__file__).resolve().parent.parent  # watchdog/
+    for candidate in (package / "_migrations", package.parent / "migrations"):  # wheel, then source tree
+        if (candidate / "env.py").exists():
+            return candidate
+    raise FileNotFoundError("agent-watchdog's migrations are missing from this installation")
+
+
+def alembic_config(engine: Engine) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    cfg = alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    cfg = alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+
+
+def current(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

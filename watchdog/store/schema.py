@@ -1,0 +1,219 @@
+"""The table definitions: the public table contract.
+
+SQLite (WAL) is the embedded default, PostgreSQL the store for several hosts.
+The SDK's hot path does not go through these Table objects (see
+`watchdog.store.hotpath`); everything else does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL needs 64 bits for events.
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+# How a timestamp is spelled in SQLite (UTC, no offset). Part of the table contract.
+SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC in and out, on both databases.
+
+    PostgreSQL stores timestamptz. SQLite has no timezone type: values are
+    stored as naive UTC text and come back aware, so comparisons never mix
+    naive and aware datetimes.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: timestamps must be timezone-aware UTC")
+        value = value.astimezone(dt.timezone.utc)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        if isinstance(value, str):  # rows written by plain SQL from another language
+            value = dt.datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("agent", String(128), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("stop_reason", String(32)),
+    Column("stop_detail", Text),
+    Column("kill_mode", String(16), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer),
+    Column("pid_create_time", Float),  # psutil-compatible create time, seconds since epoch
+    Column("labels", JSON),
+    # The budgets this run asked for (NULL = the profile's). Lower only, unless allowed.
+    Column("max_wall_s", Float),
+    Column("max_steps", Integer),
+    Column("max_tool_calls", Integer),
+    Column("max_cost_eur", Float),
+    Column("max_identical_calls", Integer),
+    Column("heartbeat_timeout_s", Float),
+    # Denormalised counters, updated in the same transaction as each event.
+    Column("steps", Integer, nullable=False, server_default="0"),
+    Column("tool_calls", Integer, nullable=False, server_default="0"),
+    Column("tool_errors", Integer, nullable=False, server_default="0"),
+    Column("tokens_in", BigInteger, nullable=False, server_default="0"),
+    Column("tokens_out", BigInteger, nullable=False, server_default="0"),
+    Column("cost_eur", Float, nullable=False, server_default="0"),
+    Column("last_seq", Integer, nullable=False, server_default="0"),
+    Column("progress", Text),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("last_seen_at", UTCDateTime, nullable=False),
+    Column("stop_requested_at", UTCDateTime),
+    # The stop ladder's state lives here so a restarted daemon resumes exactly once.
+    Column("signal_stage", String(16)),  # NULL | term | kill | refused | done
+    Column("signalled_at", UTCDateTime),
+    Column("ended_at", UTCDateTime),
+    Index(None, "status"),
+    Index(None, "agent", "started_at"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("run_id", String(32), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("kind", String(16), nullable=False),  # step | tool | heartbeat
+    Column("tool", String(128)),
+    Column("args_hash", String(64)),
+    Column("args", JSON),  # only when [store] record_args = true: arguments carry secrets
+    Column("ok", Boolean),
+    Column("error_class", String(128)),
+    Column("error_msg", String(500)),
+    Column("duration_s", Float),
+    Column("model", String(128)),
+    Column("tokens_in", Integer),
+    Column("tokens_out", Integer),
+    Column("cost_eur", Float),
+    Column("progress", Text),
+    UniqueConstraint("run_id", "seq"),
+    # The circuit breaker's rolling window: a tool's recent calls across runs.
+    Index(None, "tool", "at"),
+)
+
+interventions = Table(
+    "interventions",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("run_id", String(32), ForeignKey("runs.id", ondelete="CASCADE")),
+    Column("tool", String(128)),
+    # stop_requested | sigterm | sigkill | signal_refused | not_signalled | lost
+    # | rate_alarm | circuit_open | circuit_half_open | circuit_closed | ended
+    Column("action", String(32), nullable=False),
+    Column("reason", String(32)),
+    Column("detail", Text),
+    Column("outcome", String(255)),
+    Column("actor", String(255)),  # daemon@host:pid, cli@host, sdk
+    Index(None, "run_id"),
+    Index(None, "at"),
+)
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    # At most one alert per key, ever: the database enforces "alert exactly once".
+    Column("dedupe_key", String(255), nullable=False, unique=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("run_id", String(32), ForeignKey("runs.id", ondelete="CASCADE")),
+    Column("intervention_id", BigId, ForeignKey("interventions.id", ondelete="SET NULL")),
+    Column("title", String(500), nullable=False),
+    Column("body", Text, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", UTCDateTime),
+    Column("delivered_targets", JSON),  # ids of the URLs that already got it
+    Column("delivered_at", UTCDateTime),
+    Column("last_error", Text),
+    Index(None, "delivered_at", "next_attempt_at"),
+)
+
+tool_circuits = Table(
+    "tool_circuits",
+    metadata,
+    Column("tool", String(128), primary_key=True),
+    Column("state", String(16), nullable=False),  # closed | open | half_open
+    Column("opened_at", UTCDateTime),
+    Column("open_until", UTCDateTime),
+    Column("errors_in_window", Integer, nullable=False, server_default="0"),
+    Column("window_s", Float),
+    Column("last_error", String(500)),
+    Column("probe_run_id", String(32)),
+    Column("probe_at", UTCDateTime),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+# What the daemon publishes so the SDK, the daemon and the CLI agree
+# (price table, agent profiles). Key -> JSON.
+settings = Table(
+    "settings",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", JSON, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+# One live daemon per (store, host): a lease checked against the process table.
+daemons = Table(
+    "daemons",
+    metadata,
+    Column("host", String(255), primary_key=True),
+    Column("pid", Integer, nullable=False),
+    Column("pid_create_time", Float, nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("last_tick_at", UTCDateTime),
+    Column("last_event_id", BigInteger),
+)

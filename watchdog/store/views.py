@@ -1,0 +1,191 @@
+"""Read models over the store: run records (the JSON of `runs`/`show`), top tools, budgets.
+
+Shared by the CLI, the daemon's alerts, `top` and `postmortem`, so every
+surface shows the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import and_, desc, func, select
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.config import RUN_BUDGET_KEYS, Budgets, Config
+from watchdog.errors import StoreError
+from watchdog.store.schema import events, interventions, runs, settings
+
+
+@dataclass(frozen=True)
+class ToolStat:
+    name: str
+    calls: int
+    errors: int
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "calls": self.calls, "errors": self.errors}
+
+
+def effective_budgets(profile: Budgets, row) -> Budgets:
+    """The profile lowered (never raised, unless the profile allows it) by the run's own request."""
+    changes = {}
+    for key in RUN_BUDGET_KEYS:
+        asked = row.get(key) if isinstance(row, dict) else getattr(row, key, None)
+        if asked is None:
+            continue
+        current = getattr(profile, key)
+        changes[key] = asked if profile.runs_may_raise else min(current, asked)
+    return dataclasses.replace(profile, **changes) if changes else profile
+
+
+def published_profiles(conn, config: Config) -> Config:
+    """`config` with the agent profiles the daemon published in the store.
+
+    Without a config file the CLI would otherwise judge runs by the built-in
+    defaults while the daemon applies its own profiles: with this, the CLI shows
+    the budgets the daemon actually enforces."""
+    value = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
+    if not isinstance(value, dict):
+        return config
+    known = {f.name for f in dataclasses.fields(Budgets)}
+
+    def budgets(raw):
+        if not isinstance(raw, dict):
+            return None
+        try:
+            return Budgets(**{k: v for k, v in raw.items() if k in known})
+        except TypeError:
+            return None
+
+    defaults = budgets(value.get("defaults")) or config.defaults
+    agents = {name: b for name, raw in (value.get("agents") or {}).items() if (b := budgets(raw)) is not None}
+    return dataclasses.replace(config, defaults=defaults, agents=agents)
+
+
+def resolve_run_id(conn, run_id: str) -> str:
+    """A full id or a unique prefix (8 characters are usually enough)."""
+    run_id = (run_id or "").strip().lower()
+    if len(run_id) < 4:
+        raise StoreError(f"run id {run_id!r}: give at least 4 characters of the run id")
+    # A literal prefix: "_" and "%" in what the user typed are not LIKE wildcards.
+    rows = conn.execute(select(runs.c.id).where(runs.c.id.startswith(run_id, autoescape=True)).limit(2)).all()
+    if not rows:
+        raise StoreError(f"run id {run_id!r}: no such run")
+    if len(rows) > 1:
+        raise StoreError(f"run id {run_id!r}: ambiguous prefix, give more characters")
+    return rows[0][0]
+
+
+def tool_stats(conn, run_ids) -> dict[str, list[ToolStat]]:
+    """Per run, its tools by calls (then errors) descending."""
+    run_ids = list(run_ids)
+    out: dict[str, list[ToolStat]] = {rid: [] for rid in run_ids}
+    for i in range(0, len(run_ids), 500):
+        chunk = run_ids[i : i + 500]
+        q = (
+            select(events.c.run_id, events.c.tool, func.count().label("calls"),
+                   func.sum(func.coalesce(_not_ok(), 0)).label("errors"))
+            .where(and_(events.c.run_id.in_(chunk), events.c.kind == lc.EV_TOOL))
+            .group_by(events.c.run_id, events.c.tool)
+        )
+        for rid, tool, calls, errors in conn.execute(q):
+            out[rid].append(ToolStat(tool, int(calls), int(errors or 0)))
+    for rid in out:
+        out[rid].sort(key=lambda t: (-t.calls, -t.errors, t.name))
+    return out
+
+
+def _not_ok():
+    from sqlalchemy import case
+
+    return case((events.c.ok.is_(False), 1), else_=0)
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.astimezone(dt.timezone.utc).isoformat() if value else None
+
+
+def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime) -> dict:
+    """The public JSON record of a run (`runs --json`, `show --json`)."""
+    budgets = effective_budgets(config.profile(row.agent), row)
+    end = row.ended_at or now
+    top = tools[0] if tools else None
+    return {
+        "id": row.id,
+        "agent": row.agent,
+        "status": row.status,
+        "stop_reason": row.stop_reason,
+        "stop_detail": row.stop_detail,
+        "steps": row.steps,
+        "tool_calls": row.tool_calls,
+        "tool_errors": row.tool_errors,
+        "tokens_in": row.tokens_in,
+        "tokens_out": row.tokens_out,
+        "cost_eur": round(row.cost_eur, 6),
+        "host": row.host,
+        "pid": row.pid,
+        "kill_mode": row.kill_mode,
+        "labels": row.labels,
+        "started_at": _iso(row.started_at),
+        "last_seen_at": _iso(row.last_seen_at),
+        "stop_requested_at": _iso(row.stop_requested_at),
+        "ended_at": _iso(row.ended_at),
+        "duration_s": round((end - row.started_at).total_seconds(), 3),
+        "progress": row.progress,
+        "top_tool": top.to_json() if top else None,
+        "budgets": {
+            "max_wall_s": budgets.max_wall_s,
+            "max_steps": budgets.max_steps,
+            "max_tool_calls": budgets.max_tool_calls,
+            "max_cost_eur": budgets.max_cost_eur,
+            "max_identical_calls": budgets.max_identical_calls,
+            "heartbeat_timeout_s": budgets.heartbeat_timeout_s,
+        },
+    }
+
+
+def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200) -> list[dict]:
+    q = select(runs).order_by(desc(runs.c.started_at)).limit(limit)
+    if not all_runs:
+        q = q.where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    rows = conn.execute(q).all()
+    stats = tool_stats(conn, [r.id for r in rows])
+    return [run_record(r, stats[r.id], config, now) for r in rows]
+
+
+def load_run(conn, run_id: str):
+    row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    if row is None:
+        raise StoreError(f"run id {run_id!r}: no such run")
+    return row
+
+
+def run_detail(conn, run_id: str, config: Config, now: dt.datetime, *, last_events: int = 15) -> dict:
+    row = load_run(conn, run_id)
+    stats = tool_stats(conn, [row.id])[row.id]
+    record = run_record(row, stats, config, now)
+    record["tools"] = [t.to_json() for t in stats]
+    evs = conn.execute(
+        select(events).where(events.c.run_id == row.id).order_by(desc(events.c.seq)).limit(last_events)
+    ).all()
+    record["last_events"] = [event_json(e) for e in reversed(evs)]
+    ivs = conn.execute(
+        select(interventions).where(interventions.c.run_id == row.id).order_by(interventions.c.id)
+    ).all()
+    record["interventions"] = [
+        {"at": _iso(i.at), "action": i.action, "reason": i.reason, "detail": i.detail, "outcome": i.outcome,
+         "actor": i.actor}
+        for i in ivs
+    ]
+    return record
+
+
+def event_json(e) -> dict:
+    return {
+        "seq": e.seq, "at": _iso(e.at), "kind": e.kind, "tool": e.tool, "args_hash": e.args_hash,
+        "ok": e.ok, "error_class": e.error_class, "error_msg": e.error_msg, "duration_s": e.duration_s,
+        "model": e.model, "tokens_in": e.tokens_in, "tokens_out": e.tokens_out, "cost_eur": e.cost_eur,
+        "progress": e.progress,
+    }  # fmt: skip
