@@ -18,9 +18,10 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, request_stop
-from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective_budgets
+from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record
+from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective, effective_budgets
 from watchdog.core.config import Config
+from watchdog.daemon.approvals import act_on_breach, judge_paused
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.ladder import due as ladder_due
@@ -90,6 +91,8 @@ class TickReport:
     stopping: int = 0
     new_events: int = 0
     stops: list = field(default_factory=list)  # (run id, reason)
+    pauses: list = field(default_factory=list)  # (run id, reason): on_breach = "pause"
+    paused: int = 0  # runs waiting for a human
     lost: list = field(default_factory=list)
     alarms: list = field(default_factory=list)
     events: list = field(default_factory=list)  # the tool events folded this tick
@@ -106,6 +109,7 @@ class Ticker:
         self.scanner = Scanner()
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
+        self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.approvals)
 
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
@@ -148,10 +152,10 @@ class Ticker:
     def _limits_of(self, r) -> tuple:
         """(budgets, [(light index, limit) of each counter budget], age limit, silence limit,
         identical-calls limit, rate limit), memoised per (agent, own budgets)."""
-        key = (r[L["agent"]], *r[OWN_BUDGETS])
+        key = (r[L["agent"]], bool(r[L["resumes"]]), *r[OWN_BUDGETS])
         memo = self._budget_memo.get(key)
         if memo is None:
-            b = effective_budgets(self.config.profile(key[0]), dict(zip(RUN_BUDGET_KEYS, key[1:])))
+            b = effective(self.config.profile(key[0]), dict(zip(RUN_BUDGET_KEYS, key[2:])), raised=key[1])
             counters = [(L[x.measure], getattr(b, x.key)) for x in BUDGETS if x.measure in MEASURES]
             limit = {x.measure: getattr(b, x.key) for x in BUDGETS}
             memo = (b, counters, limit["age_s"] - SLACK_S, limit["silent_s"] - SLACK_S, limit["identical_calls"],
@@ -224,6 +228,11 @@ class Ticker:
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
                         now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1)
             return
+        if row.status == lc.PAUSED:
+            if len(self._pause_seen) > 10_000:
+                self._pause_seen.clear()
+            judge_paused(self, row, budgets=budgets, facts=f, now=now, rep=rep, live=live, batch=batch)
+            return
         if self._gone(row, live, now):
             with batch.run() as conn:
                 if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
@@ -233,12 +242,8 @@ class Ticker:
         snap = self.scanner.snapshot(row, now)
         verdicts = evaluate(snap, budgets, now)
         if verdicts:
-            v = verdicts[0]
-            with batch.run() as conn:
-                if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=self.by, budgets=budgets,
-                                run_facts=f):
-                    rep.stops.append((row.id, v.reason))
-                    log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
+            with batch.run() as conn:  # stop, or pause with on_breach = "pause"
+                act_on_breach(self, conn, row, verdicts, budgets=budgets, facts=f, now=now, rep=rep)
             return
         alarm = rate_alarm(snap, budgets, now)
         if alarm:

@@ -80,8 +80,10 @@ class Watchdog:
     # -- runs --------------------------------------------------------------
 
     def run(self, agent: str, *, kill_mode: str = lc.COOPERATIVE, labels: dict | None = None, run_id: str | None = None,
-            guards: bool = True, **budgets) -> "Run":
-        """Open a run; use it as a context manager."""
+            guards: bool = True, parent_id: str | None = None, _parent=None, _left=None, **budgets) -> "Run":
+        """Open a run; use it as a context manager. `parent_id`: the run is a child of that run
+        (a sub-agent in another process; in the same process use `run.child(...)`)."""
+        from watchdog.sdk import children
         from watchdog.sdk.run import Run  # late: Run needs this module's Watchdog type only at call time
 
         validate_name("agent", agent, AGENT_MAX_CHARS)
@@ -98,8 +100,18 @@ class Watchdog:
             err = bud.request_error(key, value, profile, agent)
             if err:
                 raise ValueError(err)
-        return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id,
-                   budgets={k: v for k, v in budgets.items() if v is not None}, profile=profile, guards=guards)
+        asked = {k: v for k, v in budgets.items() if v is not None}
+        ancestors: tuple[str, ...] = ()
+        if parent_id is not None and _parent is None:
+            validate_name("parent_id", parent_id, RUN_ID_MAX_CHARS)
+            ancestors, _pb, _left = children.from_store(self, parent_id)
+            hit = children.exhausted(_left)
+            if hit is not None:
+                raise ValueError(f"parent_id: run {parent_id[:8]} has no {hit[0].label} left for a child run")
+        if _left:  # a child: its own budgets, never above what its parent has left
+            asked = children.clamp(asked, profile, _left)
+        return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id, budgets=asked,
+                   profile=profile, guards=guards, parent=_parent, ancestors=ancestors)
 
     # -- published settings (prices, profiles) ------------------------------
 

@@ -53,30 +53,50 @@ def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -
         id=row.id, agent=row.agent, host=row.host, pid=row.pid, kill_mode=row.kill_mode, steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
         duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error,
-        progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0))
+        progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
+        partial=getattr(row, "partial", None))
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
-                 run_facts: RunFacts) -> bool:
-    """running → stopping, with its intervention and alert; False if someone else got there first."""
+                 run_facts: RunFacts, why: str | None = None) -> bool:
+    """running (or paused) → stopping, with its intervention and alert, and the same for the run's
+    active child runs; False if someone else got there first. `why`: said before the plan
+    (a paused run nobody answered)."""
     from watchdog.core.messages import stop_alert
+    from watchdog.store.children import stop_descendants, with_top_child
 
     res = conn.execute(
         update(runs)
-        .where(and_(runs.c.id == row.id, runs.c.status == lc.RUNNING))
+        .where(and_(runs.c.id == row.id, runs.c.status.in_(lc.STOPPABLE_STATUSES)))
         .values(status=lc.STOPPING, stop_reason=reason, stop_detail=detail, stop_requested_at=now)
     )
     if res.rowcount != 1:
         return False
-    if row.kill_mode == lc.COOPERATIVE:
-        plan = "cooperative stop requested (the run shares its process: it will not be signalled)"
-    else:
-        plan = "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
+    plan = _plan(row.kill_mode)
     iid = record(conn, at=now, action="stop_requested", by=by, run_id=row.id, reason=reason, detail=detail,
-                 outcome=plan)
-    title, body = stop_alert(run_facts, budgets, reason, detail, plan)
+                 outcome=f"{why}; {plan}" if why else plan)
+    title, body = stop_alert(with_top_child(conn, row, run_facts), budgets, reason, detail,
+                             f"{why}; {plan}" if why else plan)
     enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+    for child, child_detail in stop_descendants(conn, row, reason=reason, detail=detail, now=now, by=by):
+        title, body = stop_alert(facts(child, now=now), budgets_of_child(child, budgets), reason, child_detail,
+                                 _plan(child.kill_mode))
+        enqueue_alert(conn, f"stop:{child.id}", title, body, now=now, run_id=child.id)
     return True
+
+
+def _plan(kill_mode: str) -> str:
+    if kill_mode == lc.COOPERATIVE:
+        return "cooperative stop requested (the run shares its process: it will not be signalled)"
+    return "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
+
+
+def budgets_of_child(child, parent_budgets: Budgets) -> Budgets:
+    """What a child run's alert shows it against: its own columns over its parent's profile
+    (the daemon's config is not at hand here; a child never has more than its parent)."""
+    from watchdog.core.budgets import for_run
+
+    return for_run(parent_budgets, child)
 
 
 def mark_lost(conn, row, *, detail: str, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts) -> bool:

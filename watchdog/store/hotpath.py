@@ -62,7 +62,7 @@ class Dialect:
         self.end_run = (
             f"UPDATE runs SET status = {ph}, ended_at = {ph}, "
             f"stop_reason = COALESCE(stop_reason, {ph}), stop_detail = COALESCE(stop_detail, {ph}) "
-            f"WHERE id = {ph} AND status IN ('running', 'stopping')"
+            f"WHERE id = {ph} AND status IN ('running', 'paused', 'stopping')"
         )
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
         self.sqlite = sqlite

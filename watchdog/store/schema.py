@@ -113,8 +113,17 @@ runs = Table(
     Column("signal_stage", String(16)),  # NULL | term | kill | refused | done
     Column("signalled_at", UTCDateTime),
     Column("ended_at", UTCDateTime),
+    # A child run (run.child): its steps, tool calls and spend also count on its parent's row.
+    # No foreign key: a child may outlive its pruned parent; the SDK checks the parent at start.
+    Column("parent_id", String(32)),
+    # on_breach = "pause": since when it is held (NULL unless paused), and how often a human
+    # resumed it (> 0: its own budget columns hold, above its profile too).
+    Column("paused_at", UTCDateTime),
+    Column("resumes", Integer, nullable=False, server_default="0"),
+    Column("partial", Text),  # run.partial(): a short partial result, kept across a stop
     Index(None, "status"),
     Index(None, "agent", "started_at"),
+    Index(None, "parent_id"),
 )
 
 events = Table(
