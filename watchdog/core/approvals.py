@@ -94,7 +94,7 @@ class Grant:
         return ", ".join(parts)
 
 
-def still_over(reason: str | None, used: Totals, limits: Mapping[str, float]) -> str | None:
+def still_over(reason: str | None, used: Totals, limits: Mapping[str, float], grant: Grant) -> str | None:
     """Why a resume would not help: the budget the run paused for is still broken with the
     new limits (the run would pause again at once), or None."""
     budget = BY_REASON.get(reason or "")
@@ -103,10 +103,10 @@ def still_over(reason: str | None, used: Totals, limits: Mapping[str, float]) ->
     value, limit = getattr(used, budget.measure), limits[budget.key]
     if not budget.over(value, limit):
         return None
-    need = value - limit
-    need = math.ceil(need) if budget.integer else need
+    need = value - (limit - grant.adds.get(budget.key, 0))  # what --add-... must be at least
+    need = math.ceil(need) if budget.integer else round(need + 0.005, 2) if budget.unit == "EUR" else math.ceil(need)
     return (f"the run paused for {reason} ({budget.label} {budget.fmt(value, limit)}); with {budget.key} "
-            f"{_num(limit)} it would pause again at once: give --{budget.add_option} more than {_num(need)}")
+            f"{_num(limit)} it would pause again at once: give --{budget.add_option} {_num(need)} or more")
 
 
 def suggestion(reason: str, used: Totals, prof) -> str:

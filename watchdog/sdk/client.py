@@ -57,6 +57,7 @@ class Watchdog:
         # One connection per thread stays checked out: let the pool grow with the threads.
         self.engine = make_engine(url, pool_size=1, max_overflow=-1, **kw)
         self.writer = Writer(self.engine)
+        self.closed = False
         self._buffer: deque = deque()
         self._buffer_max = buffer_max
         self._buffer_lock = threading.RLock()
@@ -251,6 +252,7 @@ class Watchdog:
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
     def close(self):
+        self.closed = True  # a run still held in a pause gives up (watchdog.sdk.pause)
         self.flush()
         self.writer.discard()
         self.engine.dispose()

@@ -66,6 +66,9 @@ class Hold:
             own = (row[3] if len(row) > 3 else run.id) == run.id
             with self.cond:
                 self.cond.wait(POLL_S)
+            if run.wd.closed:  # the agent closed its Watchdog: nobody is left to hold for
+                row = (lc.STOPPING, row[1], f"{row[2] or ''} (the Watchdog was closed while the run was paused)")
+                continue
             self._beat()
             if own and time.monotonic() - t0 > self._fallback_s():
                 self._give_up(row)

@@ -90,7 +90,7 @@ def resume(conn, row, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Bu
     used = Totals(steps=row.steps, tool_calls=row.tool_calls, cost_eur=row.cost_eur,
                   tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
                   age_s=max(0.0, (now - row.started_at).total_seconds()))
-    why = ap.still_over(row.stop_reason, used, columns)
+    why = ap.still_over(row.stop_reason, used, columns, grant)
     if why:
         raise ValueError(why)
     res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.PAUSED))
