@@ -330,7 +330,7 @@ def long_tool(spec: dict) -> int:
                 run = child_cm.start()
             run.step(model="gpt-x", tokens_in=10, tokens_out=5)
 
-            def scan():
+            def scan(path):
                 for i in range(1200):
                     if run.cancelled.is_set():
                         run.partial(f"scanned {i} of 1200 files")
