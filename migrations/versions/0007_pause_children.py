@@ -40,8 +40,8 @@ def _replace_status_check(statuses) -> None:
     if not _has_status_check(bind):
         return
     with op.batch_alter_table('runs', recreate='always' if bind.dialect.name == 'sqlite' else 'auto') as b:
-        b.drop_constraint('ck_runs_status', type_='check')
-        b.create_check_constraint('ck_runs_status', _status_in(statuses))
+        b.drop_constraint(op.f('ck_runs_status'), type_='check')
+        b.create_check_constraint(op.f('ck_runs_status'), _status_in(statuses))
 
 
 def upgrade():
