@@ -105,7 +105,7 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
         except ToolUnavailable:
             raise
         except Exception:  # noqa: BLE001 - raise_error is on: a bug of ours must not fail the agent
-            log.warning("agent-watchdog: could not record a LangChain event on run %s", self.run.id, exc_info=True)
+            log.warning("agent-watchdog: could not record a LangChain event on run %s", getattr(self.run, "id", None), exc_info=True)
             return None
 
     # -- chains: the outermost one bounds the run -----------------------------------
