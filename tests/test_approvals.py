@@ -52,6 +52,7 @@ def test_a_grant_pins_the_runs_budgets_and_the_time_paused_does_not_count():
     grant = ap.Grant.from_options(add_steps=5, add_eur=0.5, add_tool_calls=None, add_s=None)
     assert grant.adds == {"max_steps": 5, "max_cost_eur": 0.5}
     cols = grant.columns(Budgets(), paused_s=120.0)
+    assert grant.columns(Budgets(), paused_s=0.4)["max_wall_s"] == 300.0  # under a second: not worth a change
     assert cols == {"max_wall_s": 420.0, "max_steps": 17, "max_tool_calls": 40, "max_cost_eur": 2.5,
                     "max_identical_calls": 3, "heartbeat_timeout_s": 120.0}
     assert grant.describe(Budgets(), cols) == "max_steps 12 → 17, max_cost_eur 2 → 2.5, max_wall_s 300 → 420"

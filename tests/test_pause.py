@@ -76,7 +76,7 @@ def test_a_paused_run_is_held_alive_and_resume_lets_it_complete(engine, db_url, 
     assert alert.title == f"agent-watchdog: paused bot run {rid[:8]} — max_steps: approve or kill"
     assert f"agent-watchdog resume {rid[:8]} --add-steps" in alert.body
     assert f"agent-watchdog kill {rid[:8]}" in alert.body
-    assert "--add-tool-calls N, --add-eur N, --add-s N" in alert.body
+    assert "--add-tool-calls N, --add-eur X, --add-s N" in alert.body
 
     # Let the agent go on: its next record finds the run paused and waits there.
     (tmp_path / "migrate.gate").touch()

@@ -207,6 +207,8 @@ PUBLIC_KEYS = {
         "heartbeat_timeout_s",
         "max_tool_calls_per_min",
         "on_rate",
+        "on_breach",
+        "approval_timeout_s",
         "dedupe_window_s",
         "runs_may_raise",
     },
@@ -268,6 +270,8 @@ def test_example_documented_values():
         "on_rate": "alert",
         "dedupe_window_s": 0,
         "runs_may_raise": False,
+        "on_breach": "stop",
+        "approval_timeout_s": 900,
     }
     assert {k: raw["circuit"][k] for k in PUBLIC_KEYS["circuit"]} == {"errors": 5, "window_s": 60, "open_s": 120, "max_calls_per_min": 120}
     assert raw["metrics"] == {"listen": ""}

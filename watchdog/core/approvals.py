@@ -81,7 +81,8 @@ class Grant:
         out = {b.key: getattr(current, b.key) for b in RUN_BUDGETS}
         for key, amount in self.adds.items():
             out[key] = out[key] + amount
-        out["max_wall_s"] = out["max_wall_s"] + max(0.0, paused_s)
+        if paused_s >= 1:
+            out["max_wall_s"] = out["max_wall_s"] + math.ceil(paused_s)
         return {k: (int(v) if BY_KEY[k].integer else float(v)) for k, v in out.items()}
 
     def describe(self, before, after: Mapping[str, float]) -> str:
@@ -138,7 +139,7 @@ def _used(f: RunFacts) -> Totals:
 
 def what_to_do(f: RunFacts, prof, reason: str) -> list[str]:
     rid = f.id[:8]
-    others = ", ".join(f"--{b.add_option} N" for b in PAUSABLE if b.reason != reason)
+    others = ", ".join(f"--{b.add_option} {'X' if b.unit == 'EUR' else 'N'}" for b in PAUSABLE if b.reason != reason)
     return [f"to continue: agent-watchdog resume {rid} {suggestion(reason, _used(f), prof)}   (or {others})",
             f"to stop:     agent-watchdog kill {rid}"]
 

@@ -8,7 +8,9 @@ the status: the daemon records and alerts what it did not request, `acknowledge`
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import math
 import os
 import pwd
 import socket
@@ -99,10 +101,10 @@ def resume(conn, row, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Bu
     if res.rowcount != 1:
         raise ValueError(f"run {row.id[:8]} was stopped or resumed meanwhile")
     granted = grant.describe(budgets, columns)
-    if paused_s and "max_wall_s" not in grant.adds:
-        granted += f" (max_wall_s: the {paused_s:.0f} s it was paused do not count)"
+    if paused_s >= 1:
+        granted += f" (the {math.ceil(paused_s)} s it was paused do not count against max_wall_s)"
     iid = record(conn, at=now, action="resumed", by=by, run_id=row.id, reason=row.stop_reason, detail=granted,
                  outcome=f"resumed after {paused_s:.0f} s paused")
-    title, body = ap.resume_alert(run_facts, budgets, row.stop_reason, granted, by)
+    title, body = ap.resume_alert(run_facts, dataclasses.replace(budgets, **columns), row.stop_reason, granted, by)
     enqueue_alert(conn, f"resume:{row.id}:{iid}", title, body, now=now, run_id=row.id, intervention_id=iid)
     return granted
