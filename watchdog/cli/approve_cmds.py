@@ -31,13 +31,12 @@ def resume_cmd(app, run_id, add_steps, add_tool_calls, add_eur, add_s):
 
     grant = Grant.from_options(add_steps=add_steps, add_tool_calls=add_tool_calls, add_eur=add_eur, add_s=add_s)
     now = utcnow()
-    profiles = app.profiles
     with app.engine.begin() as conn:
         rid = resolve_run_id(conn, run_id)
         row = load_run(conn, rid)
         stats = tool_stats(conn, [rid])[rid]
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
-        budgets = effective_budgets(profiles.profile(row.agent), row)
+        budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
         try:
             granted = resume(conn, row, grant, now=now, by=operator(), budgets=budgets,
                              run_facts=facts(row, top, None, now))

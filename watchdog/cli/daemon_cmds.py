@@ -91,9 +91,6 @@ def kill_cmd(app, run_id, reason):
     from watchdog.store.views import load_run, resolve_run_id, tool_stats
 
     now = utcnow()
-    # Read before the write transaction: on SQLite a second connection inside it would wait
-    # out the busy timeout for the write lock this one holds.
-    profiles = app.profiles
     with app.engine.begin() as conn:
         rid = resolve_run_id(conn, run_id)
         row = load_run(conn, rid)
@@ -103,7 +100,7 @@ def kill_cmd(app, run_id, reason):
             raise StoreError(f"run {rid[:8]} already ended: {row.status}")
         stats = tool_stats(conn, [rid])[rid]
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
-        budgets = effective_budgets(profiles.profile(row.agent), row)
+        budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
         ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=operator(), budgets=budgets,
                           run_facts=facts(row, top, None, now),
                           why=f"killed while paused for {row.stop_reason}" if row.status == lc.PAUSED else None)

@@ -18,48 +18,11 @@ import datetime as dt
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.errors import RunKilled
+from watchdog.store.lineage import Lineage, parent_sql  # noqa: F401 — the SQL of a run and its ancestors
 
 MAX_DEPTH = 32  # a parent_id chain is never followed further (a cycle written by hand)
 # The totals a child spends from its parent: the registry's measure → the Run attribute.
 _SPENT = {"steps": "steps", "tool_calls": "tool_calls", "cost_eur": "cost_eur", "age_s": "elapsed_s"}
-# The status a child's records see first: a stop anywhere in its lineage, then a pause, then its own.
-_RANK = ("CASE status WHEN 'stopping' THEN 0 WHEN 'killed' THEN 0 WHEN 'lost' THEN 0 "
-         "WHEN 'paused' THEN 1 ELSE 2 END")
-
-
-class Lineage:
-    """The SQL of one run and its ancestors (none for a top-level run), rendered once."""
-
-    def __init__(self, dialect, run_id: str, ancestors: tuple[str, ...] = ()):
-        self.run_id = run_id
-        self.ancestors = tuple(ancestors)
-        ph = "?" if dialect.sqlite else "%s"
-        greatest = "MAX" if dialect.sqlite else "GREATEST"
-        ids = (run_id, *self.ancestors)
-        self.ids = ids
-        in_ids = ", ".join([ph] * len(ids))
-        self.status_sql = (f"SELECT status, stop_reason, stop_detail, id FROM runs WHERE id IN ({in_ids}) "
-                           f"ORDER BY {_RANK}, CASE WHEN id = {ph} THEN 0 ELSE 1 END LIMIT 1")
-        self.status_params = (*ids, run_id)
-        # Keep-alive while held: the run and its ancestors (a parent waits on its paused child).
-        self.beat_sql = (f"UPDATE runs SET last_seen_at = {greatest}(last_seen_at, {ph}) "
-                         f"WHERE id IN ({in_ids}) AND status IN ('running', 'paused')")
-        if self.ancestors:
-            up = ", ".join([ph] * len(self.ancestors))
-            self.rollup_sql = (
-                f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, "
-                f"tool_errors = tool_errors + {ph}, tokens_in = tokens_in + {ph}, tokens_out = tokens_out + {ph}, "
-                f"cost_eur = cost_eur + {ph}, last_seen_at = {greatest}(last_seen_at, {ph}) WHERE id IN ({up})")
-            self.parent_sql = f"UPDATE runs SET parent_id = {ph} WHERE id = {ph}"
-        self.budgets_sql = (f"SELECT {', '.join(bud.RUN_BUDGET_KEYS)}, resumes FROM runs WHERE id = {ph}")
-
-    def record_statements(self, counts: tuple, at) -> list:
-        """What a record adds to the ancestors' rows, then the status the run obeys."""
-        out = []
-        if self.ancestors:
-            out.append((self.rollup_sql, (*counts, at, *self.ancestors)))
-        out.append((self.status_sql, self.status_params))
-        return out
 
 
 def obeyed_stop(row, run_id: str) -> RunKilled | None:
@@ -120,10 +83,8 @@ def spent_in_process(parent) -> dict:
 def from_store(wd, parent_id: str):
     """(ancestor ids nearest first, the parent's budgets left) for a child in another process."""
     d = wd.writer.dialect
-    ph = "?" if d.sqlite else "%s"
-    cols = ("id", "agent", "status", "parent_id", "steps", "tool_calls", "cost_eur", "started_at", "resumes",
-            *bud.RUN_BUDGET_KEYS)
-    rows = wd.writer.query(f"SELECT {', '.join(cols)} FROM runs WHERE id = {ph}", (parent_id,))
+    cols, sql = parent_sql(d)
+    rows = wd.writer.query(sql, (parent_id,))
     if not rows:
         raise ValueError(f"parent_id: no run {parent_id!r} in the store")
     row = dict(zip(cols, rows[0]))
@@ -133,8 +94,8 @@ def from_store(wd, parent_id: str):
     up = row["parent_id"]
     while up and up not in chain and len(chain) < MAX_DEPTH:
         chain.append(up)
-        found = wd.writer.query(f"SELECT parent_id FROM runs WHERE id = {ph}", (up,))
-        up = found[0][0] if found else None
+        found = wd.writer.query(sql, (up,))
+        up = found[0][cols.index("parent_id")] if found else None
     budgets = bud.for_run(wd.config().profile(row["agent"]), row)
     started = d.parse_ts(row["started_at"])
     age_s = (dt.datetime.now(dt.timezone.utc) - started).total_seconds() if started else 0.0

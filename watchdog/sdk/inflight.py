@@ -74,14 +74,11 @@ class InflightTools:
     def _poll(self, in_flight: list) -> None:
         """Set `cancelled` on the runs (with a tool in flight) whose row, or an ancestor's, says stop."""
         from watchdog.sdk.children import obeyed_stop
+        from watchdog.store.lineage import poll_sql
 
         ids = sorted({i for run in in_flight for i in run.lineage.ids})
-        d = self.wd.writer.dialect
-        ph = "?" if d.sqlite else "%s"
         try:
-            rows = self.wd.writer.query(
-                f"SELECT status, stop_reason, stop_detail, id FROM runs WHERE id IN ({', '.join([ph] * len(ids))})",
-                tuple(ids))
+            rows = self.wd.writer.query(poll_sql(self.wd.writer.dialect, len(ids)), tuple(ids))
         except Exception:  # noqa: BLE001 — the store is down: the tool's own record will see the stop
             return
         by_id = {r[3]: r for r in rows}
@@ -94,10 +91,7 @@ class InflightTools:
                     break
 
     def _write(self, run, progress: str) -> None:
-        d = self.wd.writer.dialect
-        ph = "?" if d.sqlite else "%s"
-        sql = f"UPDATE runs SET progress = {ph} WHERE id = {ph} AND status IN ('running', 'paused', 'stopping')"
         try:
-            self.wd.writer.transaction([(sql, (progress[:500], run.id))])
+            self.wd.writer.transaction([(self.wd.writer.dialect.set_progress, (progress[:500], run.id))])
         except Exception:  # noqa: BLE001 — a note for humans: never worth failing or buffering for
             pass

@@ -103,12 +103,8 @@ class Hold:
     def _give_up(self, row) -> None:
         """No daemon answered: stop the run with the reason it paused for."""
         run = self.run
-        d = run.wd.writer.dialect
-        ph = "?" if d.sqlite else "%s"
         try:
-            run.wd.writer.transaction([(
-                f"UPDATE runs SET status = {ph}, stop_requested_at = {ph} WHERE id = {ph} AND status = {ph}",
-                (lc.STOPPING, d.ts(utcnow()), run.id, lc.PAUSED))])
+            run.wd.writer.transaction([(run.lineage.give_up_sql, (run.wd.writer.dialect.ts(utcnow()), run.id))])
         except Exception:  # noqa: BLE001 — stopping locally is what matters; the end record is buffered
             pass
         stop = RunKilled(row[1] or lc.MANUAL, f"{row[2] or ''} (nobody answered the pause within "
@@ -134,9 +130,5 @@ class Hold:
 def pause_statements(run, stop: RunKilled, now) -> list:
     """running → paused, written by the run's own guard: the status only (the daemon records and
     alerts a pause it did not request), then the status the run must obey."""
-    d = run.wd.writer.dialect
-    ph = "?" if d.sqlite else "%s"
-    return [(f"UPDATE runs SET status = {ph}, stop_reason = {ph}, stop_detail = {ph}, paused_at = {ph} "
-             f"WHERE id = {ph} AND status = {ph}",
-             (lc.PAUSED, stop.reason, stop.detail, d.ts(now), run.id, lc.RUNNING)),
+    return [(run.lineage.pause_sql, (stop.reason, stop.detail, run.wd.writer.dialect.ts(now), run.id)),
             (run.lineage.status_sql, run.lineage.status_params)]

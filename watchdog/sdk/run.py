@@ -207,8 +207,7 @@ class Run:
         text = result if isinstance(result, str) else json.dumps(result, default=str, ensure_ascii=False)
         text = text[:PARTIAL_MAX_CHARS]
         self.partial_result = text
-        ph = "?" if self.wd.writer.dialect.sqlite else "%s"
-        self.wd.write([(f"UPDATE runs SET partial = {ph} WHERE id = {ph}", (text, self.id))])
+        self.wd.write([(self.lineage.partial_sql, (text, self.id))])
 
     # -- records ---------------------------------------------------------------
 
