@@ -18,7 +18,7 @@ import datetime as dt
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.errors import RunKilled
-from watchdog.store.lineage import Lineage, parent_sql  # noqa: F401 — the SQL of a run and its ancestors
+from watchdog.store.lineage import parent_sql
 
 MAX_DEPTH = 32  # a parent_id chain is never followed further (a cycle written by hand)
 # The totals a child spends from its parent: the registry's measure → the Run attribute.

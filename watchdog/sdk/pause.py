@@ -70,8 +70,14 @@ class Hold:
                 row = (lc.STOPPING, row[1], f"{row[2] or ''} (the Watchdog was closed while the run was paused)")
                 continue
             self._beat()
-            if own and time.monotonic() - t0 > self._fallback_s():
-                self._give_up(row)
+            if time.monotonic() - t0 > self._fallback_s():
+                if own:
+                    self._give_up(row)
+                # Held by a paused ancestor nobody answered: this run stops (the ancestor's own
+                # holder, or the daemon, stops the ancestor).
+                row = (lc.STOPPING, row[1], f"{row[2] or ''} (its parent run {row[3][:8]} stayed paused past "
+                                            f"approval_timeout_s)", row[3])
+                continue
             try:
                 rows = run.wd.writer.query(run.lineage.status_sql, run.lineage.status_params)
             except Exception as exc:  # noqa: BLE001 — the store is down: stay held, a pause is a pause

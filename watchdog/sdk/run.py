@@ -20,6 +20,7 @@ from watchdog.errors import RunKilled
 from watchdog.sdk import children, toolcall
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.pause import Hold, pause_statements
+from watchdog.store.lineage import Lineage
 from watchdog.store.schema import utcnow
 
 
@@ -65,7 +66,7 @@ class Run:
             ancestors = (parent.id, *parent.lineage.ancestors)
         self.parent_id = ancestors[0] if ancestors else None
         self._children: weakref.WeakSet = weakref.WeakSet()
-        self.lineage = children.Lineage(wd.writer.dialect, self.id, ancestors)
+        self.lineage = Lineage(wd.writer.dialect, self.id, ancestors)
         self._hold = Hold(self)
 
     def effective_budgets(self) -> dict:
