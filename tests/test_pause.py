@@ -272,3 +272,33 @@ def wd(db_url):
     w = Watchdog(db_url)
     yield w
     w.close()
+
+
+def test_without_a_daemon_a_paused_run_stops_itself_after_approval_timeout(engine, db_url):
+    cfg = config(daemon={"tick_s": 0.5}, agents={"bot": {**PAUSE, "approval_timeout_s": 1.0}})
+    Daemon(engine, cfg).publish(force=True)  # published once; no daemon ticks afterwards
+    wd = Watchdog(db_url)
+    out = {}
+
+    def agent():
+        try:
+            with wd.run("bot", max_steps=1) as run:
+                out["id"] = run.id
+                for _ in range(3):
+                    run.check_budget()
+                    run.step()
+        except RunKilled as stop:
+            out["stop"] = stop
+
+    t = threading.Thread(target=agent)
+    t0 = time.monotonic()
+    t.start()
+    try:
+        t.join(60)
+        assert not t.is_alive()
+        assert out["stop"].reason == lc.MAX_STEPS and "nobody answered the pause" in out["stop"].detail
+        assert time.monotonic() - t0 >= 1.0 + 3 * 0.5  # the daemon, had there been one, answered first
+        row = run_row(engine, out["id"])
+        assert (row.status, row.stop_reason, row.steps) == (lc.KILLED, lc.MAX_STEPS, 1)
+    finally:
+        wd.close()
