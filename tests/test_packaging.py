@@ -33,7 +33,7 @@ def wheel(tmp_path_factory) -> Path:
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(REPO), "-w", str(out)],
                            capture_output=True, text=True, timeout=180, env=clean_env())
     assert build.returncode == 0, build.stderr[-2000:]
-    (found,) = out.glob("agent_watchdog-*.whl")
+    (found,) = out.glob("agent_watchdog_daemon-*.whl")
     return found
 
 
@@ -62,7 +62,8 @@ def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
     assert not any(n.endswith(".pyc") or "__pycache__" in n for n in names)
     assert not any(n.startswith(("tests/", "migrations/")) for n in names)
     assert "agent-watchdog = watchdog.cli:main" in entry_points
-    assert "Name: agent-watchdog" in metadata
+    # Our own name: `agent-watchdog` on PyPI is an unrelated project.
+    assert "\nName: agent-watchdog-daemon\n" in metadata
     assert "Requires-Python: >=3.11" in metadata
     for dep in ("psutil", "sqlalchemy", "alembic", "apscheduler", "click", "apprise"):
         assert f"requires-dist: {dep}" in metadata.lower(), dep
@@ -100,3 +101,11 @@ def test_installed_package_uses_its_own_migrations_and_a_light_sdk(venv):
     assert package_file.startswith(str(venv)), package_file
     assert migrations.startswith(str(venv)) and migrations.endswith("_migrations"), migrations
     assert heavy == ""
+
+
+def test_installed_version_comes_from_the_distribution(venv):
+    # click reads the version from the distribution's metadata: a stale package_name fails here.
+    result = subprocess.run([str(venv / "bin" / "agent-watchdog"), "--version"], capture_output=True, text=True,
+                            timeout=60, cwd="/", env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "agent-watchdog, version 0.1.0"

@@ -98,7 +98,7 @@ def _die(app, exc, code):
 @click.option("--config", "config_path", envvar=ENV_CONFIG, type=click.Path(dir_okay=False),
               help="Config file (else $AGENT_WATCHDOG_CONFIG).")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
-@click.version_option(package_name="agent-watchdog")
+@click.version_option(package_name="agent-watchdog-daemon")
 @click.pass_context
 def main(ctx, db, config_path, debug):
     """agent-watchdog: stop runaway LLM agent runs — one run, one tool, never the platform."""

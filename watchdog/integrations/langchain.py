@@ -21,7 +21,8 @@ manager only catches `Exception` around handlers (see
 tools re-raise what they catch after reporting it (`on_chain_error`, `on_llm_error`,
 `on_tool_error`).
 
-Extra: `pip install 'agent-watchdog[langchain]'` (langchain-core >= 0.3).
+Extra `langchain` (langchain-core >= 0.3): `pip install '.[langchain]'` from a checkout, or
+`pip install 'agent-watchdog-daemon[langchain]'`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ try:
     from langchain_core.callbacks import BaseCallbackHandler
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "watchdog.integrations.langchain needs langchain-core: pip install 'agent-watchdog[langchain]'"
+        "watchdog.integrations.langchain needs langchain-core (the `langchain` extra): "
+        "pip install '.[langchain]' from a checkout of agent-watchdog, or pip install 'agent-watchdog-daemon[langchain]'"
     ) from exc
 
 from watchdog.errors import RunKilled, ToolUnavailable

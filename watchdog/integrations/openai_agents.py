@@ -27,7 +27,8 @@ cannot see (a model API error, MaxTurnsExceeded) are seen when you use the hooks
 a context manager (`with hooks(...) as h: Runner.run(..., hooks=h)`), or when they
 join a run you opened yourself: `WatchdogRunHooks(run=run)` inside `with wd.run(...)`.
 
-Extra: `pip install 'agent-watchdog[openai-agents]'` (openai-agents >= 0.4: `ToolContext.tool_arguments`).
+Extra `openai-agents` (openai-agents >= 0.24): `pip install '.[openai-agents]'` from a checkout, or
+`pip install 'agent-watchdog-daemon[openai-agents]'`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ try:
     from agents import RunHooks
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "watchdog.integrations.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'agent-watchdog[openai-agents]'"
+        "watchdog.integrations.openai_agents needs the OpenAI Agents SDK (the `openai-agents` extra): "
+        "pip install '.[openai-agents]' from a checkout of agent-watchdog, "
+        "or pip install 'agent-watchdog-daemon[openai-agents]'"
     ) from exc
 
 from watchdog.errors import RunKilled
