@@ -86,7 +86,8 @@ def kill_cmd(app, run_id, reason):
     from watchdog.core import lifecycle as lc
     from watchdog.store.actions import actor, facts, request_stop
     from watchdog.errors import StoreError
-    from watchdog.store.views import effective_budgets, load_run, resolve_run_id, tool_stats
+    from watchdog.core.budgets import effective_budgets
+    from watchdog.store.views import load_run, resolve_run_id, tool_stats
 
     now = utcnow()
     with app.engine.begin() as conn:
@@ -98,7 +99,7 @@ def kill_cmd(app, run_id, reason):
             raise StoreError(f"run {rid[:8]} already ended: {row.status}")
         stats = tool_stats(conn, [rid])[rid]
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
-        budgets = effective_budgets(app.profiles.profile(row.agent), row)
+        budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
         ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=actor("cli"), budgets=budgets,
                           run_facts=facts(row, top, None, now))
     if not ok:

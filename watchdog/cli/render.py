@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
+from watchdog.core.budgets import BUDGETS, PROFILE_KEYS, Totals
 from watchdog.core.config import Config
+from watchdog.core.text import duration, url_without_password
 
 
 def short(run_id: str) -> str:
     return run_id[:8]
-
-
-def _dur(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def top_tool_text(top: dict | None) -> str:
@@ -34,31 +25,32 @@ def runs_table(records: list[dict]) -> str:
     for r in records:
         lines.append(
             f"{short(r['id']):8} {r['agent'][:14]:14} {r['status']:9} {(r['stop_reason'] or '-')[:13]:13} "
-            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {_dur(r['duration_s']):>6} "
+            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>6} "
             f"{top_tool_text(r['top_tool'])[:18]}"
         )
     return "\n".join(lines)
 
 
-def against(value, budget, fmt="{}") -> str:
-    mark = "  OVER" if budget is not None and value > budget else ""
-    return f"{fmt.format(value)}/{fmt.format(budget) if budget is not None else '-'}{mark}"
-
-
 def run_detail(r: dict) -> str:
     b = r["budgets"]
+    used = Totals(steps=r["steps"], tool_calls=r["tool_calls"], cost_eur=r["cost_eur"],
+                  tokens=(r.get("tokens_in") or 0) + (r.get("tokens_out") or 0), age_s=r["duration_s"])
     lines = [
         f"run {r['id']}  agent {r['agent']}",
         f"  status      {r['status']}" + (f"  ({r['stop_reason']}: {r['stop_detail']})" if r["stop_reason"] else
                                          (f"  ({r['stop_detail']})" if r.get("stop_detail") else "")),
         f"  where       {r['host']} pid {r['pid']}  kill_mode {r['kill_mode']}",
         f"  started     {r['started_at']}   ended {r['ended_at'] or '-'}",
-        f"  duration    {against(round(r['duration_s']), b['max_wall_s'], '{:g}')} s",
-        f"  steps       {against(r['steps'], b['max_steps'])}",
-        f"  tool calls  {against(r['tool_calls'], b['max_tool_calls'])}  ({r['tool_errors']} errors)",
-        f"  cost        {against(r['cost_eur'], b['max_cost_eur'], '{:.2f}')} EUR  "
-        f"(tokens {r['tokens_in']} in / {r['tokens_out']} out)",
     ]
+    for budget in BUDGETS:  # each counter against its budget, as the registry renders it
+        if budget.measure not in ("steps", "tool_calls", "cost_eur", "tokens", "age_s"):
+            continue
+        line = f"  {budget.label:11} {budget.against(getattr(used, budget.measure), b.get(budget.key))}"
+        if budget.measure == "tool_calls":
+            line += f"  ({r['tool_errors']} errors)"
+        elif budget.measure == "cost_eur":
+            line += f"  (tokens {r['tokens_in']} in / {r['tokens_out']} out)"
+        lines.append(line)
     if r.get("progress"):
         lines.append(f"  progress    {r['progress']}")
     if r.get("tools"):
@@ -87,24 +79,10 @@ def event_line(e: dict) -> str:
     return f"#{e['seq']:<4} {t} heartbeat {e['progress'] or ''}"[:110]
 
 
-def _masked_url(url: str | None) -> str | None:
-    """A store URL fit for a terminal or a log: the password is replaced by ***."""
-    if not url:
-        return url
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(unparsable URL)"
-
-
 def config_summary(config: Config) -> str:
-    keys = ("max_wall_s", "max_steps", "max_tool_calls", "max_cost_eur", "max_identical_calls",
-            "heartbeat_timeout_s", "max_tool_calls_per_min", "on_rate", "dedupe_window_s", "runs_may_raise")
+    keys = PROFILE_KEYS
     lines = [f"config {config.path or '(built-in defaults)'}: OK",
-             f"  store {_masked_url(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
+             f"  store {url_without_password(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
              f"  daemon tick {config.daemon.tick_s:g}s, cancel grace {config.daemon.cancel_grace_s:g}s, "
              f"term grace {config.daemon.term_grace_s:g}s, allowed users {list(config.daemon.allowed_users) or '(own user)'}",
              f"  alerts {len(config.alert_urls)} URL(s), prices for {len(config.prices)} model(s)"]

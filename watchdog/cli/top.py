@@ -9,15 +9,15 @@ from sqlalchemy import and_, func, select
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.cli.render import short
+from watchdog.core.text import duration
 from watchdog.store.schema import events, runs
-from watchdog.store.views import effective_budgets, tool_stats
+from watchdog.core.budgets import BUDGETS, Totals, effective_budgets
+from watchdog.store.views import tool_stats
+
+# The measures that only grow while a run runs (the loop and rate measures come from events).
+_RUNNING_TOTALS = ("steps", "tool_calls", "cost_eur", "tokens", "age_s", "silent_s")
 
 WIDTH = 80
-
-
-def _age(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}"
 
 
 def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
@@ -35,9 +35,10 @@ def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
     for r in active:
         b = effective_budgets(config.profile(r.agent), r)
         age_s = (now - r.started_at).total_seconds()
+        used = Totals(steps=r.steps, tool_calls=r.tool_calls, cost_eur=r.cost_eur, tokens=r.tokens_in + r.tokens_out,
+                      age_s=age_s, silent_s=(now - r.last_seen_at).total_seconds())
         # How close to its nearest budget the run is: 1.0 = at the limit.
-        closeness = max(r.steps / b.max_steps, r.tool_calls / b.max_tool_calls, r.cost_eur / b.max_cost_eur,
-                        age_s / b.max_wall_s, (now - r.last_seen_at).total_seconds() / b.heartbeat_timeout_s)
+        closeness = max(getattr(used, x.measure) / getattr(b, x.key) for x in BUDGETS if x.measure in _RUNNING_TOTALS)
         top = stats[r.id][0] if stats[r.id] else None
         out.append(dict(id=r.id, agent=r.agent, status=r.status, age_s=age_s, steps=r.steps, max_steps=b.max_steps,
                         calls=r.tool_calls, max_calls=b.max_tool_calls, cost=r.cost_eur, max_cost=b.max_cost_eur,
@@ -55,7 +56,7 @@ def frame(records: list[dict], now: dt.datetime, title: str = "") -> str:
     for d in records:
         top = f"{d['top'].name[:9]}×{d['top'].calls}" if d["top"] else "-"
         eur = f"{d['cost']:.2f}/{d['max_cost']:.2f}"
-        line = (f"{short(d['id']):8} {d['agent'][:10]:10} {_age(d['age_s']):>5} "
+        line = (f"{short(d['id']):8} {d['agent'][:10]:10} {duration(d['age_s']):>5} "
                 f"{d['steps']:>3}/{d['max_steps']:<2} {d['calls']:>3}/{d['max_calls']:<2} {eur:>9} "
                 f"{d['per_min']:>5} {top[:14]:14} {'STOP' if d['status'] == lc.STOPPING else 'run'}")
         lines.append(line[:WIDTH])
