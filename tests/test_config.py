@@ -229,7 +229,7 @@ def _assert_one_line_naming(err: ConfigError, path: Path, key: str):
     assert "\n" not in msg, msg
     assert msg.startswith(str(path)), msg
     assert key in msg, msg
-    assert "expected" in msg, msg
+    assert "expected" in msg or "did you mean" in msg, msg
 
 
 @pytest.mark.parametrize("body,key", BAD, ids=[k + f"-{i}" for i, (_, k) in enumerate(BAD)])
@@ -375,3 +375,24 @@ def test_check_config_console_script(tmp_path):
     missing = subprocess.run([console_script(), "check-config", str(tmp_path / "nope.toml")], capture_output=True,
                              text=True, timeout=60, cwd="/", env=env)
     assert missing.returncode == 2 and "nope.toml" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("body,key,meant", [
+    ("[defaults]\nmax_step = 3\n", "defaults.max_step", "max_steps"),
+    ("[daemon]\ntick = 1\n", "daemon.tick", "tick_s"),
+    ("[stor]\nurl = \"sqlite:///x.db\"\n", "stor", "store"),
+    ("[agents.support-bot]\nmax_tool_call = 3\n", "agents.support-bot.max_tool_call", "max_tool_calls"),
+    ("[circuit]\nerror = 3\n", "circuit.error", "errors"),
+])
+def test_a_typo_names_the_key_that_was_meant(tmp_path, body, key, meant):
+    path = write(tmp_path, body)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert str(err.value) == f"{path}: {key}: unknown key; did you mean {meant!r}?"
+
+
+def test_a_key_like_no_other_lists_the_known_ones(tmp_path):
+    path = write(tmp_path, "[daemon]\nzzz = 1\n")
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert "expected one of the known keys (alert_retry_s, allowed_users, cancel_grace_s" in str(err.value)

@@ -111,3 +111,41 @@ def test_installed_version_comes_from_the_distribution(venv):
                             timeout=60, cwd="/", env=clean_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "agent-watchdog, version 0.1.0"
+
+
+def test_without_an_extra_every_message_names_it(venv, tmp_path):
+    """The installed wheel has no extras: what needs psycopg or prometheus_client says which extra to add."""
+    py, cli = str(venv / "bin" / "python"), str(venv / "bin" / "agent-watchdog")
+    probe = subprocess.run([py, "-c", "import importlib.util as u; print(u.find_spec('psycopg'), "
+                                      "u.find_spec('prometheus_client'))"], capture_output=True, text=True, timeout=60,
+                           env=clean_env(), cwd="/")
+    assert probe.stdout.split() == ["None", "None"], probe.stdout + probe.stderr
+    pg = "postgresql://postgres@127.0.0.1:5432/whatever"
+    postgres_hint = ("needs the `postgres` extra (psycopg 3): pip install 'agent-watchdog-daemon[postgres]', "
+                     "or '.[postgres]' from a checkout")
+
+    def run(*args):
+        return subprocess.run(args, capture_output=True, text=True, timeout=120, env=clean_env(), cwd=tmp_path)
+
+    res = run(cli, "--db", pg, "runs")
+    assert res.returncode == 1 and res.stderr.strip() == (
+        f"agent-watchdog: error: store URL 'postgresql+psycopg://postgres@127.0.0.1:5432/whatever' {postgres_hint}")
+    sdk = run(py, "-c", f"from watchdog import Watchdog; Watchdog({pg!r})")
+    assert sdk.returncode == 1 and sdk.stderr.strip().splitlines()[-1].endswith(postgres_hint), sdk.stderr
+    assert "ModuleNotFoundError" not in sdk.stderr
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "{pg}"\n[metrics]\nlisten = "127.0.0.1:9464"\n')
+    check = run(cli, "check-config", str(cfg))
+    assert check.returncode == 2
+    msg = check.stderr.strip()
+    assert msg.startswith(f"agent-watchdog: error: {cfg}: store.url is a PostgreSQL URL: it {postgres_hint}; ")
+    assert msg.endswith(f"{cfg}: metrics.listen needs the `metrics` extra (prometheus_client): "
+                        "pip install 'agent-watchdog-daemon[metrics]', or '.[metrics]' from a checkout")
+
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    assert run(cli, "--db", db, "db", "upgrade").returncode == 0
+    cfg.write_text('[metrics]\nlisten = "127.0.0.1:9464"\n')
+    daemon = run(cli, "--config", str(cfg), "--db", db, "run", "--once")
+    assert daemon.returncode == 2 and "metrics.listen needs the `metrics` extra" in daemon.stderr, daemon.stderr
+    assert "Traceback" not in daemon.stderr and daemon.stderr.count("\n") == 1

@@ -7,7 +7,6 @@ import time
 import click
 
 from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
-from watchdog.store.engine import read_connection
 from watchdog.store.schema import utcnow
 
 
@@ -25,7 +24,7 @@ def top_cmd(app, once, interval_s):
     interval_s = interval_s or app.config.daemon.tick_s
     while True:
         now = utcnow()
-        with read_connection(app.engine) as conn:
+        with app.reader() as conn:
             text = top.frame(top.rows(conn, app.judge_by(conn), now), now)
         if once:
             click.echo(text)
@@ -49,7 +48,7 @@ def postmortem_cmd(app, run_id, output):
     from watchdog.cli import postmortem
     from watchdog.store.views import resolve_run_id
 
-    with read_connection(app.engine) as conn:
+    with app.reader() as conn:
         text = postmortem.render(conn, resolve_run_id(conn, run_id), app.judge_by(conn), utcnow())
     if output:
         with open(output, "w", encoding="utf-8") as fh:

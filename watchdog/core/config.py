@@ -8,6 +8,7 @@ annotates each of them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import tomllib
@@ -120,8 +121,12 @@ class _Ctx:
 def _check_keys(ctx: _Ctx, section: str, table: Mapping, allowed) -> None:
     for key in table:
         if key not in allowed:
+            name = f"{section}.{key}" if section else key
+            near = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+            if near:  # a typo: name the key that was meant
+                raise ConfigError(f"{ctx.path}: {name}: unknown key; did you mean {near[0]!r}?")
             known = ", ".join(sorted(allowed))
-            raise ctx.fail(f"{section}.{key}" if section else key, f"one of the known keys ({known})", "unknown key")
+            raise ctx.fail(name, f"one of the known keys ({known})", "unknown key")
 
 
 def _table(ctx: _Ctx, raw: Mapping, key: str) -> Mapping:

@@ -12,8 +12,10 @@ class Metrics:
         try:
             from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
         except ImportError:
-            raise RuntimeError("[metrics] listen needs prometheus_client (the `metrics` extra): pip install "
-                               "'agent-watchdog-daemon[metrics]', or '.[metrics]' from a checkout") from None
+            from watchdog.errors import ConfigError
+
+            raise ConfigError("metrics.listen needs the `metrics` extra (prometheus_client): pip install "
+                              "'agent-watchdog-daemon[metrics]', or '.[metrics]' from a checkout") from None
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.active = Gauge("agent_watchdog_active_runs", "Runs running or stopping", ["status"], registry=r)

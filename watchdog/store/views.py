@@ -7,6 +7,7 @@ surface shows the same numbers.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import and_, desc, func, select
@@ -113,17 +114,44 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime) -> 
     }
 
 
-def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200) -> list[dict]:
+# What a row written by another program can make our column types or records raise
+# (a timestamp in another format, text where a number belongs).
+UNREADABLE = (ValueError, TypeError, ArithmeticError)
+
+
+def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
+              on_bad_row: Callable[[str, Exception], None] | None = None) -> list[dict]:
+    """Run records, newest first. A row that cannot be read is passed to `on_bad_row(run_id,
+    error)` and left out: one bad row never hides the others."""
     q = select(runs).order_by(desc(runs.c.started_at)).limit(limit)
     if not all_runs:
         q = q.where(runs.c.status.in_(lc.ACTIVE_STATUSES))
-    rows = conn.execute(q).all()
+    try:
+        rows = conn.execute(q).all()
+    except UNREADABLE:  # read again one row at a time, to name the bad ones and keep the rest
+        rows = []
+        for (run_id,) in conn.execute(q.with_only_columns(runs.c.id)).all():
+            try:
+                rows.append(conn.execute(select(runs).where(runs.c.id == run_id)).one())
+            except UNREADABLE as exc:
+                if on_bad_row is not None:
+                    on_bad_row(run_id, exc)
     stats = tool_stats(conn, [r.id for r in rows])
-    return [run_record(r, stats[r.id], config, now) for r in rows]
+    out = []
+    for r in rows:
+        try:
+            out.append(run_record(r, stats[r.id], config, now))
+        except UNREADABLE as exc:
+            if on_bad_row is not None:
+                on_bad_row(r.id, exc)
+    return out
 
 
 def load_run(conn, run_id: str):
-    row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    try:
+        row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    except UNREADABLE as exc:
+        raise StoreError(f"run {run_id[:8]}: unreadable row ({' '.join(str(exc).split())[:200]})") from exc
     if row is None:
         raise StoreError(f"run id {run_id!r}: no such run")
     return row
@@ -132,7 +160,10 @@ def load_run(conn, run_id: str):
 def run_detail(conn, run_id: str, config: Config, now: dt.datetime, *, last_events: int = 15) -> dict:
     row = load_run(conn, run_id)
     stats = tool_stats(conn, [row.id])[row.id]
-    record = run_record(row, stats, config, now)
+    try:
+        record = run_record(row, stats, config, now)
+    except UNREADABLE as exc:
+        raise StoreError(f"run {run_id[:8]}: unreadable row ({' '.join(str(exc).split())[:200]})") from exc
     record["tools"] = [t.to_json() for t in stats]
     evs = conn.execute(
         select(events).where(events.c.run_id == row.id).order_by(desc(events.c.seq)).limit(last_events)
