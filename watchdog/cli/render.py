@@ -18,15 +18,22 @@ def top_tool_text(top: dict | None) -> str:
     return f"{top['name']}×{top['calls']}{err}"
 
 
+def cut(text: str, width: int) -> str:
+    """`text` in at most `width` characters; a cut one ends in "…", so it never reads as whole."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def runs_table(records: list[dict]) -> str:
     if not records:
         return "no runs"
-    lines = [f"{'RUN':8} {'AGENT':14} {'STATUS':9} {'REASON':13} {'STEP':>4} {'CALL':>4} {'EUR':>6} {'AGE':>6} TOP TOOL"]
+    reason_w = max(6, min(17, max(len(r["stop_reason"] or "-") for r in records)))
+    lines = [f"{'RUN':8} {'AGENT':14} {'STATUS':9} {'REASON':{reason_w}} {'STEP':>4} {'CALL':>4} {'EUR':>6} "
+             f"{'AGE':>6} TOP TOOL"]
     for r in records:
         lines.append(
-            f"{short(r['id']):8} {r['agent'][:14]:14} {r['status']:9} {(r['stop_reason'] or '-')[:13]:13} "
+            f"{short(r['id']):8} {cut(r['agent'], 14):14} {r['status']:9} {cut(r['stop_reason'] or '-', reason_w):{reason_w}} "
             f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>6} "
-            f"{top_tool_text(r['top_tool'])[:18]}"
+            f"{cut(top_tool_text(r['top_tool']), 18)}"
         )
     return "\n".join(lines)
 
@@ -72,11 +79,33 @@ def run_detail(r: dict) -> str:
 def event_line(e: dict) -> str:
     t = e["at"][11:19]
     if e["kind"] == "tool":
-        status = "ok" if e["ok"] else f"ERR {e['error_class']}: {e['error_msg']}"
+        status = "ok" if e["ok"] else f"ERR {error_text(e['error_class'], e['error_msg'])}"
         return f"#{e['seq']:<4} {t} tool {e['tool']} [{(e['args_hash'] or '')[:8]}] {status}"[:110]
     if e["kind"] == "step":
         return f"#{e['seq']:<4} {t} step {e['model'] or '-'} {e['tokens_in']}→{e['tokens_out']} tok {e['cost_eur'] or 0:.4f} EUR"
     return f"#{e['seq']:<4} {t} heartbeat {e['progress'] or ''}"[:110]
+
+
+def error_text(error_class: str | None, error_msg: str | None) -> str:
+    """`Class: message`, once: a message that already starts with its class (ToolUnavailable's
+    does, it is worded for the model) is not prefixed again."""
+    msg = error_msg or ""
+    if not error_class or msg.startswith(f"{error_class}:") or msg == error_class:
+        return msg or (error_class or "error")
+    return f"{error_class}: {msg}" if msg else error_class
+
+
+def circuit_line(r: dict, open_until, now) -> str:
+    """One line of `circuits`: an open circuit whose time is up says so (the next call is its
+    probe) instead of "open until" a time already past."""
+    state = r["state"]
+    if state == "open" and open_until is not None:
+        if open_until > now:
+            state = f"open until {open_until.strftime('%H:%M:%S')} UTC"
+        else:
+            state = f"open, expired {open_until.strftime('%H:%M:%S')} UTC (the next call is the probe)"
+    line = f"{cut(r['tool'], 30):30} {state}  {r['errors_in_window']} errors"
+    return cut(line + (f"  {r['last_error']}" if r["last_error"] else ""), 120)
 
 
 def config_summary(config: Config) -> str:

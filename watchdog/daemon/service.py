@@ -102,6 +102,8 @@ class Daemon:
                 self.metrics.tick_failed()
             return None
         self.last_report = rep
+        log.debug("tick: %d active, %d stopping, %d stop(s) requested, %d lost, %.1f ms", rep.active, rep.stopping,
+                  len(rep.stops), len(rep.lost), rep.duration_s * 1000)
         if self.metrics:
             self.metrics.observe_tick(rep)
         # Pinged from the tick itself: a hung tick stops the pings and systemd restarts us.
