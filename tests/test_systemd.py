@@ -14,10 +14,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
 import pytest
+
+import scratch_root
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[1] / "systemd"
 UNIT = SYSTEMD_DIR / "agent-watchdog.service"
@@ -222,8 +225,32 @@ def _example() -> dict:
         return tomllib.load(f)
 
 
-def test_example_is_valid_toml():
-    assert isinstance(_example(), dict)
+def test_example_passes_check_config_where_its_users_exist():
+    """The real `check-config` (TOML, keys, values, alert URLs, and what the file needs from the
+    host) refuses the example on a host without the user its allowed_users names, and accepts
+    it once that user exists: in a scratch root (tests/scratch_root.py), where useradd writes a
+    copy of /etc."""
+    why = scratch_root.available()
+    if why:
+        pytest.skip(f"a scratch root {why}")
+    cli = Path(sys.executable).with_name("agent-watchdog")
+    base = Path(tempfile.mkdtemp(prefix="aw-example-root-", dir="/tmp"))
+    try:
+        script = ("set +e\nuserdel agents >/dev/null 2>&1\n"  # in the copy of /etc: whatever this host has
+                  f'"{cli}" check-config "{EXAMPLE}"; echo "exit=$?"\n'
+                  "useradd --system --shell /usr/sbin/nologin agents\n"
+                  f'"{cli}" check-config "{EXAMPLE}"; echo "exit=$?"\n')
+        done = scratch_root.ScratchRoot(base).run(base, [script], timeout_s=120)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"agent-watchdog: error: {EXAMPLE}: daemon.allowed_users: no user 'agents' on this host "
+        "(create it, or name the user the agents run as)"]
+    exits = [line for line in done.stdout.splitlines() if line.startswith("exit=")]
+    assert exits == ["exit=2", "exit=0"], done.stdout
+    assert f"config {EXAMPLE}: OK" in done.stdout
+    assert "allowed users ['agents']" in done.stdout
 
 
 def test_example_names_every_public_key():

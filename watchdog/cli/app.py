@@ -138,7 +138,7 @@ def _database_error(app, exc) -> str | None:
     if is_missing_schema(exc):
         return f"the store at {url_without_password(url)} lacks tables or columns this agent-watchdog needs " \
                f"({first}): {upgrade_hint(url)}"
-    return f"store {url_without_password(url)}: {first}"
+    return f"the store at {url_without_password(url)}: {first}"
 
 
 class _Group(click.Group):

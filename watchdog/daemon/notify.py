@@ -232,7 +232,9 @@ def _first_warning(outcome: apprise.AppriseResult) -> str | None:
 # The cause apprise logs only at DEBUG ("Socket Exception: ... [Errno 111] Connection refused"):
 # the warning alone says "A Connection error occurred", which does not tell refused from unknown host.
 _CAUSES = (re.compile(r"\[Errno -?\d+\] ([^\"'()\]\[]+)"), re.compile(r"((?:Read |Connect )?timed out)"),
-           re.compile(r"(CERTIFICATE_VERIFY_FAILED|certificate verify failed[^\"'()]*)"))
+           re.compile(r"(CERTIFICATE_VERIFY_FAILED|certificate verify failed[^\"'()]*)"),
+           # smtplib's refusal: (550, b'5.7.1 relaying denied') -> "server said 550 5.7.1 relaying denied"
+           re.compile(r"Socket Exception: \(((?:4|5)\d\d), b?['\"]([^'\"]*)"))
 
 
 class _DeliveryLog(logging.Handler):
@@ -254,7 +256,8 @@ class _DeliveryLog(logging.Handler):
             for pattern in _CAUSES:
                 m = pattern.search(message)
                 if m:
-                    self.reason = m.group(1).strip().rstrip(".")
+                    words = " ".join(g for g in m.groups() if g).strip().rstrip(".")
+                    self.reason = f"server said {words}" if len(m.groups()) == 2 else words
                     break
         if self._restore is not None and self._restore[1] and record.levelno >= self._threshold:
             parent = _APPRISE_LOG.parent  # what the host did ask for propagates as before
