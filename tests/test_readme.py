@@ -200,7 +200,8 @@ class Reader:
         self.tmp = scratch / "tmp"
         self.tmp.mkdir()
         self.env = _reader_env(self.tmp)
-        self.outputs: dict[int, str] = {}
+        self.outputs: dict[int, str] = {}  # stdout + stderr, by the block's line
+        self.stdouts: dict[int, str] = {}
         self.installed: set[str] = set()
 
     @property
@@ -214,6 +215,7 @@ class Reader:
         assert result.returncode == 0, f"{block.where()} failed (exit {result.returncode}):\n{block.text}\n" \
                                        f"--- output (tail) ---\n{output[-4000:]}"
         self.outputs[block.line] = output
+        self.stdouts[block.line] = result.stdout
         return output
 
     def _file(self, block: Block, suffix: str, body: str) -> Path:
@@ -359,7 +361,7 @@ def test_a_newcomer_runs_the_readme_top_to_bottom(tmp_path, pg_migrated):
     assert any((r["status"], r["steps"], r["tool_calls"]) == ("completed", 1, 2) for r in by_agent["support-bot"])
     # The looping LangGraph agent was stopped by the guard, and the block printed why.
     (loop_block,) = [b for b in ran if b.argument == "a LangGraph agent that loops"]
-    printed = reader.outputs[loop_block.line].strip().splitlines()
+    printed = reader.stdouts[loop_block.line].strip().splitlines()
     assert printed and printed[-1] in ("loop_detected", "max_tool_calls", "max_steps"), printed[-5:]
     assert any(r["status"] == "killed" for r in by_agent["support-bot"])
 
