@@ -14,7 +14,7 @@ test_every_block_is_runnable_or_marked. The markers:
   against that store and against a migrated PostgreSQL database.
 - `given <something>`: a Python block that uses the reader's own object (an agent): it runs
   after the prelude GIVEN[<something>], which builds one with the real framework and a
-  scripted model (no API key), and the framework the reader's agent brings (langgraph).
+  scripted model (no API key); the frameworks are the ones the README's extras install.
 - `operator`: the systemd steps, run as root by test_the_systemd_steps_run_in_a_scratch_root
   in a scratch root (tests/scratch_root.py); `operator, after setting [alerts] urls` runs
   after the test made that edit, as the prose asks the reader to.
@@ -163,7 +163,6 @@ agent = Agent(name="support-bot", instructions="Help the customer.", tools=[get_
 wd = Watchdog("sqlite:///runs.db")
 ''',
 }
-GIVEN_NEEDS = {"a LangGraph agent": ["langgraph"], "a LangGraph agent that loops": ["langgraph"]}
 
 # `python -m asyncio` semantics for a block with a top-level await.
 _ASYNC_RUNNER = '''
@@ -202,7 +201,6 @@ class Reader:
         self.env = _reader_env(self.tmp)
         self.outputs: dict[int, str] = {}  # stdout + stderr, by the block's line
         self.stdouts: dict[int, str] = {}
-        self.installed: set[str] = set()
 
     @property
     def python(self) -> Path:
@@ -238,11 +236,7 @@ class Reader:
         prelude = ""
         if block.kind == "given":
             assert block.argument in GIVEN, f"{block.where()}: no prelude for 'given {block.argument}'"
-            prelude = GIVEN[block.argument]
-            needs = [n for n in GIVEN_NEEDS.get(block.argument, []) if n not in self.installed]
-            if needs:  # the framework the reader's own agent is built with
-                self._run([str(self.python), "-m", "pip", "install", "-q", *needs], block)
-                self.installed.update(needs)
+            prelude = GIVEN[block.argument]  # its frameworks come with the README's extras (langgraph too)
         script = self._file(block, ".py", prelude + "\n" + block.text)
         if re.search(r"^\S.*\bawait\b|^\s*(result\s*=\s*)?await\b", block.text, re.M):
             runner = self._file(block, "-runner.py", _ASYNC_RUNNER)
