@@ -1,0 +1,211 @@
+"""The tick's money work: price what the SDK could not, book ended runs, judge period budgets,
+report unpriced models, publish what the SDK checks at run start, and the drift alarms.
+
+Order within a tick (watchdog.daemon.ticker drives it):
+
+1. `before_snapshot`: the backfill prices new unpriced steps (their cost lands on the runs);
+2. `read` (inside the tick's read snapshot): the ended runs not booked yet, the ledger's
+   spend for the current day and month, the labels of new active runs;
+3. `settle`: book those runs (exactly once: a compare-and-set per run) and compute every
+   period budget's spend = ledger + unbooked + the active runs' live cost — one snapshot,
+   so concurrent first runs are summed, not each compared with an empty ledger;
+4. the ticker stops the running runs of closed scopes (`closing`), like any verdict;
+5. `after`: warn / closed alerts (once per period), unpriced-model alerts (once per model
+   and day), the published state (closed scopes: a new `wd.run()` is refused), drift.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from sqlalchemy import insert, select, update
+
+from watchdog.core import forecast
+from watchdog.core.periods import (DAY, PERIODS, PeriodState, build_states, closed_entry, period_key, scope_agent,
+                                   sum_spend, zone)
+from watchdog.core.pricing import NO_MODEL
+from watchdog.daemon.backfill import Backfill, BackfillReport
+from watchdog.daemon.driftwatch import DriftWatch
+from watchdog.daemon.prices import PriceBook
+from watchdog.store import ledger
+from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.schema import runs, settings
+
+log = logging.getLogger("watchdog.money")
+
+STATE_KEY = "budget_state"  # settings row the SDK reads at run start
+STATE_REFRESH_S = 30.0  # the published rates are refreshed this often (closed scopes at once)
+PRUNE_EVERY_S = 3600.0
+CHUNK = 500
+MAX_REMEMBERED = 10_000
+
+
+class Money:
+    def __init__(self, config, by: str):
+        self.config = config
+        self.by = by
+        self.tz = zone(config.pricing.budget_tz)
+        self.prices = PriceBook(config.prices, config.pricing.eur_per_usd)
+        self.backfill = Backfill(self.prices)
+        self.drift = DriftWatch(config.drift, by)
+        self.label_budgets = tuple(config.budgets)
+        self.rates = forecast.RateTracker()
+        self.labels: dict[str, object] = {}  # active run id -> labels (only with [[budgets]])
+        self.states: list[PeriodState] = []
+        self.closed: dict[str, PeriodState] = {}  # scope key -> the closed period (day first)
+        self._unbooked: list = []
+        self._spend: dict = {}
+        self._keys: dict[str, str] = {}
+        self._alerted: set[str] = set()
+        self._published: tuple | None = None
+        self._published_at: dt.datetime | None = None
+        self._pruned_at: dt.datetime | None = None
+        self.last_backfill = BackfillReport()
+
+    # -- 1. before the read snapshot ------------------------------------------------------
+
+    def before_snapshot(self, engine, now: dt.datetime) -> BackfillReport:
+        self.last_backfill = self.backfill.run(engine, now)
+        return self.last_backfill
+
+    # -- 2. inside it ---------------------------------------------------------------------
+
+    def read(self, conn, active_ids: list[str], now: dt.datetime) -> None:
+        self._keys = {p: period_key(p, now, self.tz) for p in PERIODS}
+        self._unbooked = ledger.read_unbooked(conn)
+        self._spend = ledger.read_spend(conn, self._keys)
+        if self.label_budgets:
+            active = set(active_ids)
+            for rid in [r for r in self.labels if r not in active]:
+                del self.labels[rid]
+            new = [r for r in active_ids if r not in self.labels]
+            for i in range(0, len(new), CHUNK):
+                q = select(runs.c.id, runs.c.labels).where(runs.c.id.in_(new[i : i + CHUNK]))
+                self.labels.update({rid: labels for rid, labels in conn.execute(q)})
+
+    # -- 3. book, then every period budget's state -----------------------------------------
+
+    def settle(self, engine, live, now: dt.datetime) -> list[PeriodState]:
+        """`live`: (run id, agent, cost_eur) of every active run, from the tick's snapshot."""
+        if self._unbooked:
+            try:
+                with engine.begin() as conn:
+                    booking = ledger.book(conn, self._unbooked, now, self.tz, self.label_budgets)
+                self.drift.dirty(booking.oldest_bucket, now)
+            except Exception:  # noqa: BLE001 — booked next tick; the spend below counts them anyway
+                log.exception("booking %d ended runs failed; retried next tick", len(self._unbooked))
+        spent, agents = sum_spend(self._spend, self._unbooked, live, self._keys, self.tz, self.label_budgets,
+                                  self.labels.get)
+
+        def rate_of(scope, period, key, s, start):
+            return self.rates.rate(scope, period, key, s, now, start)
+
+        states = build_states(spent, agents, self.config.profile, self.label_budgets, now, self.tz, rate_of)
+        self.rates.forget({(s.scope.key, s.period) for s in states})
+        self.states = states
+        self.closed = {}
+        for s in self.states:
+            if s.closed and s.scope.key not in self.closed:  # the day first: it ends sooner
+                self.closed[s.scope.key] = s
+        return self.states
+
+    # -- 4. which running runs a closed budget stops -------------------------------------------
+
+    def closing(self, run_id: str, agent: str) -> PeriodState | None:
+        """The closed period budget covering this run, or None (cheap: called for every active run)."""
+        if not self.closed:
+            return None
+        s = self.closed.get(scope_agent(agent))
+        if s is not None:
+            return s
+        labels = self.labels.get(run_id)
+        for b in self.label_budgets:
+            s = self.closed.get(b.scope)
+            if s is not None and b.matches(labels):
+                return s
+        return None
+
+    def states_of(self, agent: str, labels=None) -> list[PeriodState]:
+        """The period states that cover a run of `agent` (for the forecast lines of its alerts)."""
+        keys = {scope_agent(agent)} | {b.scope for b in self.label_budgets if b.matches(labels)}
+        return [s for s in self.states if s.scope.key in keys and s.budget_eur > 0]
+
+    # -- 5. alerts and what the SDK reads -------------------------------------------------------
+
+    def after(self, engine, now: dt.datetime, stopped: dict[str, list[str]] | None = None) -> None:
+        """`stopped`: scope key -> the run ids the tick stopped for that scope's budget."""
+        stopped = stopped or {}
+        for s in self.states:
+            if s.closed:
+                self._period_alert(engine, s, now, "closed", stopped.get(s.scope.key, []))
+            elif s.warned:
+                self._period_alert(engine, s, now, "warning", [])
+        self._unpriced_alerts(engine, now)
+        self._publish(engine, now)
+        self.drift.check(engine, now)
+        self._prune(engine, now)
+
+    def _period_alert(self, engine, s: PeriodState, now, kind: str, stopped: list[str]) -> None:
+        from watchdog.core.messages import period_alert
+
+        key = f"budget-{kind}:{s.scope.key}:{s.period}:{s.key}"
+        if key in self._alerted:
+            return
+        title, body = period_alert(s, kind, now, self.tz, stopped)
+        with engine.begin() as conn:
+            if not queued(conn, key):
+                iid = record(conn, at=now, action=f"budget_{kind}", by=self.by, reason=s.reason if kind == "closed"
+                             else None, detail=body.splitlines()[0], outcome=f"{len(stopped)} running run(s) stopped"
+                             if kind == "closed" else "alert only")
+                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid)
+                log.warning("%s", title)
+        self._remember(key)
+
+    def _unpriced_alerts(self, engine, now) -> None:
+        from watchdog.core.messages import unpriced_alert
+
+        day = period_key(DAY, now, self.tz)
+        for model, u in sorted(self.last_backfill.unpriced.items()):
+            if self.prices.known(model):
+                continue  # priced meanwhile (an override in a reloaded config)
+            key = f"unpriced:{model}:{day}"
+            if key in self._alerted:
+                continue
+            title, body = unpriced_alert(model, sorted(u.agents), u.tokens, u.steps, model == NO_MODEL)
+            with engine.begin() as conn:
+                if not queued(conn, key):
+                    enqueue_alert(conn, key, title, body, now=now)
+                    log.warning("%s", title)
+            self._remember(key)
+
+    def published_state(self) -> dict:
+        return {"tz": self.config.pricing.budget_tz,
+                "closed": [closed_entry(s) for s in self.closed.values()],
+                "periods": [s.to_json() for s in self.states]}
+
+    def _publish(self, engine, now) -> None:
+        value = self.published_state()
+        ident = tuple(sorted((e["scope"], e["name"], e["reason"], e["until"]) for e in value["closed"]))
+        fresh = (self._published_at is not None and 0 <= (now - self._published_at).total_seconds() < STATE_REFRESH_S)
+        if ident == self._published and fresh:
+            return
+        value["at"] = now.isoformat()
+        with engine.begin() as conn:
+            done = conn.execute(update(settings).where(settings.c.key == STATE_KEY).values(value=value, updated_at=now))
+            if done.rowcount == 0:
+                conn.execute(insert(settings).values(key=STATE_KEY, value=value, updated_at=now))
+        self._published, self._published_at = ident, now
+
+    def _prune(self, engine, now) -> None:
+        if self._pruned_at is not None and 0 <= (now - self._pruned_at).total_seconds() < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        keep_s = self.config.drift.baseline_days * 86400 + self.config.drift.window_s + 86400
+        with engine.begin() as conn:
+            ledger.prune(conn, now - dt.timedelta(seconds=keep_s), ledger.month_key_ago(now, self.tz))
+
+    def _remember(self, key: str) -> None:
+        if len(self._alerted) >= MAX_REMEMBERED:
+            self._alerted.clear()
+        self._alerted.add(key)
