@@ -1,4 +1,4 @@
-"""Token prices in euros: one model's price, the cost of one step, and the [pricing] section.
+"""Token prices: the one formula from tokens to euros, one model's price, and the [pricing] section.
 
 Pure and light: the SDK prices steps with this from the table the daemon publishes
 in the store; the daemon fills that table from `[prices."MODEL"]` overrides and from

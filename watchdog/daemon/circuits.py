@@ -14,6 +14,7 @@ import logging
 
 from sqlalchemy import and_, func, insert, select, update
 
+from watchdog.core.lifecycle import Circuit
 from watchdog.store.actions import actor, enqueue_alert, record
 from watchdog.core.config import Config
 from watchdog.store.schema import events, tool_circuits
@@ -39,14 +40,16 @@ class CircuitBreakers:
         failing = {e.tool for e in new_events if e.ok is False}
         for tool in sorted(failing):
             row = circuits.get(tool)
-            if row is None or row.state == "closed":
+            if row is None or row.state == Circuit.CLOSED:
                 if self._maybe_open(engine, tool, row, now):
-                    changes.append((tool, "open"))
+                    changes.append((tool, Circuit.OPEN))
         for tool, row in circuits.items():
-            if row.state in ("open", "half_open"):
+            if row.state in (Circuit.OPEN, Circuit.HALF_OPEN):
                 state = self._follow(engine, row, now)
                 if state:
                     changes.append((tool, state))
+            elif row.probe_run_id is not None and self._audit_probe_close(engine, row, now):
+                changes.append((tool, Circuit.CLOSED))
         if scanner is not None:
             self._tool_rate(engine, scanner, now)
         return changes
@@ -70,14 +73,14 @@ class CircuitBreakers:
             if errors < pol.errors:
                 return False
             until = now + dt.timedelta(seconds=pol.open_s)
-            values = dict(state="open", opened_at=now, open_until=until, errors_in_window=errors,
+            values = dict(state=Circuit.OPEN, opened_at=now, open_until=until, errors_in_window=errors,
                           window_s=pol.window_s, last_error=(common or "")[:500] or None, probe_run_id=None,
                           probe_at=None, updated_at=now)
             if row is None:
                 conn.execute(insert(tool_circuits).values(tool=tool, **values))
             else:
                 done = conn.execute(update(tool_circuits).where(
-                    and_(tool_circuits.c.tool == tool, tool_circuits.c.state == "closed")).values(**values))
+                    and_(tool_circuits.c.tool == tool, tool_circuits.c.state == Circuit.CLOSED)).values(**values))
                 if done.rowcount != 1:
                     return False
             detail = f"{errors} errors in {pol.window_s:g} s across {runs} runs; most common: {common or '-'}"
@@ -106,30 +109,47 @@ class CircuitBreakers:
                     return None
                 if probe.ok:
                     self._close(conn, row.tool, now, "probe call succeeded")
-                    return "closed"
+                    return Circuit.CLOSED
                 until = now + dt.timedelta(seconds=pol.open_s)
                 conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
-                    state="open", opened_at=now, open_until=until, probe_run_id=None, probe_at=None,
+                    state=Circuit.OPEN, opened_at=now, open_until=until, probe_run_id=None, probe_at=None,
                     last_error=(probe.error_msg or row.last_error), updated_at=now))
                 self._transition(conn, row.tool, "circuit_open", f"probe failed: {probe.error_msg}",
                                  f"open again until {until:%H:%M:%S} UTC", now,
                                  f"agent-watchdog: circuit OPEN again for {row.tool} — the probe failed",
                                  [f"tool {row.tool}", f"probe error: {probe.error_msg or '-'}",
                                   f"calls fail fast until {until:%H:%M:%S} UTC"])
-                return "open"
-            if row.state == "open" and row.open_until and now >= row.open_until:
+                return Circuit.OPEN
+            if row.state == Circuit.OPEN and row.open_until and now >= row.open_until:
                 done = conn.execute(update(tool_circuits).where(and_(
-                    tool_circuits.c.tool == row.tool, tool_circuits.c.state == "open")).values(
-                    state="half_open", updated_at=now))
+                    tool_circuits.c.tool == row.tool, tool_circuits.c.state == Circuit.OPEN)).values(
+                    state=Circuit.HALF_OPEN, updated_at=now))
                 if done.rowcount == 1:
                     record(conn, at=now, action="circuit_half_open", by=self.by, tool=row.tool,
                            outcome="one probe call will be let through")
-                    return "half_open"
+                    return Circuit.HALF_OPEN
         return None
+
+    def _audit_probe_close(self, engine, row, now) -> bool:
+        """The SDK closed the circuit the moment its probe succeeded (so the next call goes
+        through at once) and left the probe's id on the row: record and alert the close here,
+        once (the conditional update clears the id), from the store's own probe event."""
+        with engine.begin() as conn:
+            done = conn.execute(update(tool_circuits).where(and_(
+                tool_circuits.c.tool == row.tool, tool_circuits.c.state == Circuit.CLOSED,
+                tool_circuits.c.probe_run_id == row.probe_run_id)).values(probe_run_id=None, probe_at=None))
+            if done.rowcount != 1:
+                return False
+            why = f"probe call succeeded (run {row.probe_run_id[:8]})"
+            self._transition(conn, row.tool, "circuit_closed", why, "closed", now,
+                             f"agent-watchdog: circuit closed for {row.tool} — {why}",
+                             [f"tool {row.tool}", f"closed: {why}"])
+            log.warning("circuit closed: %s (%s)", row.tool, why)
+            return True
 
     def _close(self, conn, tool, now, why):
         conn.execute(update(tool_circuits).where(tool_circuits.c.tool == tool).values(
-            state="closed", open_until=None, probe_run_id=None, probe_at=None, errors_in_window=0, updated_at=now))
+            state=Circuit.CLOSED, open_until=None, probe_run_id=None, probe_at=None, errors_in_window=0, updated_at=now))
         self._transition(conn, tool, "circuit_closed", why, "closed", now,
                          f"agent-watchdog: circuit closed for {tool} — {why}", [f"tool {tool}", f"closed: {why}"])
 
@@ -137,7 +157,7 @@ class CircuitBreakers:
         """Close a circuit by hand (`agent-watchdog circuits close TOOL`)."""
         with engine.begin() as conn:
             row = conn.execute(select(tool_circuits).where(tool_circuits.c.tool == tool)).first()
-            if row is None or row.state == "closed":
+            if row is None or row.state == Circuit.CLOSED:
                 return False
             self.by = by
             self._close(conn, tool, now, f"closed by hand ({by})")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import and_, or_, select, update
 
+from watchdog.core.lifecycle import Circuit
 from watchdog.store.schema import tool_circuits, utcnow
 
 CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
@@ -103,9 +104,9 @@ class CircuitView:
         claim = (
             update(t)
             .where(t.c.tool == tool,
-                   or_(and_(t.c.state == "open", t.c.open_until <= now),
-                       and_(t.c.state == "half_open", t.c.probe_run_id.is_(None))))
-            .values(state="half_open", probe_run_id=run_id, probe_at=now, updated_at=now)
+                   or_(and_(t.c.state == Circuit.OPEN, t.c.open_until <= now),
+                       and_(t.c.state == Circuit.HALF_OPEN, t.c.probe_run_id.is_(None))))
+            .values(state=Circuit.HALF_OPEN, probe_run_id=run_id, probe_at=now, updated_at=now)
         )
         try:
             with self.writer.engine.begin() as conn:
@@ -116,7 +117,27 @@ class CircuitView:
         self.refresh(force=True)
         if won:
             return PROBE
-        return ALLOW if state in (None, "closed") else None
+        return ALLOW if state in (None, Circuit.CLOSED) else None
+
+
+    def probe_succeeded(self, tool: str, run_id: str) -> bool:
+        """Close `tool`'s circuit at once after this run's probe succeeded.
+
+        Conditional on the circuit being half-open with *this* run's probe, so of two
+        callers at most one closes it, and a circuit the daemon re-opened meanwhile stays
+        open. The probe's id is kept on the closed row: the daemon audits the close and
+        alerts from it (the SDK writes no audit or alert text)."""
+        now = utcnow()
+        t = tool_circuits
+        try:
+            with self.writer.engine.begin() as conn:
+                done = conn.execute(
+                    update(t).where(t.c.tool == tool, t.c.state == Circuit.HALF_OPEN, t.c.probe_run_id == run_id)
+                    .values(state=Circuit.CLOSED, open_until=None, errors_in_window=0, updated_at=now)).rowcount == 1
+        except Exception:  # noqa: BLE001 — store down: the daemon closes it from the probe's event
+            return False
+        self.refresh(force=True)
+        return done
 
 
 class CircuitGate:
@@ -129,19 +150,15 @@ class CircuitGate:
     def admit(self, run_id: str) -> str | None:
         """ALLOW, PROBE (run it, once) or None (fail fast; see `message`)."""
         st = self.st
-        if st.state == "open" and (st.open_until is None or utcnow() < st.open_until):
+        if st.state == Circuit.OPEN and (st.open_until is None or utcnow() < st.open_until):
             return None
-        if st.state == "half_open" and st.probe_run_id is not None:
+        if st.state == Circuit.HALF_OPEN and st.probe_run_id is not None:
             return None
         verdict = self.view.claim_probe(st.tool, run_id)
         if verdict is None:
             # Lost the race: word the refusal from what the circuit is now.
             self.st = self.view.state(st.tool) or st
         return verdict
-
-    def refuses(self, run_id: str) -> bool:
-        """True when the call must fail fast (kept for callers of the old interface)."""
-        return self.admit(run_id) is None
 
     def message(self, tool: str | None = None) -> str:
         # Worded for the model reading it: what, until when, why, and what not to do.
@@ -150,7 +167,7 @@ class CircuitGate:
         why = f"{st.errors} errors in {st.window_s:g} s" if st.window_s else f"{st.errors} errors"
         if st.last_error:
             why += f": {st.last_error}"
-        if st.state == "half_open" or (st.open_until is not None and st.open_until <= utcnow()):
+        if st.state == Circuit.HALF_OPEN or (st.open_until is not None and st.open_until <= utcnow()):
             return f"ToolUnavailable: {tool} is being probed after failures ({why}); do not retry it now"
         until = st.open_until.astimezone().strftime("%H:%M:%S") if st.open_until else "further notice"
         return f"ToolUnavailable: {tool} is unavailable until {until} ({why}); do not retry it"

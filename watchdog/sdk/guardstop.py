@@ -5,18 +5,11 @@ Kept out of the per-record hot path: it runs once per run at most.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.config import Budgets
 from watchdog.core.messages import RunFacts, stop_alert
 from watchdog.core.procid import hostname
-
-
-def _budgets(run) -> Budgets:
-    known = {f.name for f in dataclasses.fields(Budgets)}
-    return dataclasses.replace(Budgets(), **{k: v for k, v in run.effective_budgets().items() if k in known})
 
 
 def statements(run, stop, now) -> list:
@@ -30,9 +23,9 @@ def statements(run, stop, now) -> list:
     facts = RunFacts(
         id=run.id, agent=run.agent, host=hostname(), pid=os.getpid(), kill_mode=run.kill_mode, steps=run.steps,
         tool_calls=run.tool_calls, tool_errors=run.tool_errors, cost_eur=run.cost_eur,
-        duration_s=run._elapsed_s(), top_tool=top)
+        duration_s=run.elapsed_s, top_tool=top, tokens=run.tokens_in + run.tokens_out)
     action = "in-process guard refused the call and raised RunKilled in the agent"
-    title, body = stop_alert(facts, _budgets(run), stop.reason, stop.detail, action)
+    title, body = stop_alert(facts, run.budgets, stop.reason, stop.detail, action)
     by = f"sdk@{hostname()}:{os.getpid()}"
     ts = d.ts(now)
     return [
