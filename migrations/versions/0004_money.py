@@ -1,11 +1,10 @@
-"""money: cached / reasoning / unpriced tokens, the max_tokens budget, the period ledger and rollups
+"""money: cached / reasoning / unpriced tokens, the period ledger and rollups
 
 Revision ID: 0004
-Revises: 0001
+Revises: 0002
 Create Date: 2026-12-01
 
-- runs: cached_tokens_in, reasoning_tokens, cost_unpriced_tokens (counters), max_tokens
-  (a run's own budget), booked_at (when the daemon booked the ended run into the ledger)
+- runs: cached_tokens_in, reasoning_tokens, cost_unpriced_tokens (counters), booked_at (when the daemon booked the ended run into the ledger)
 - events: cached_tokens_in, reasoning_tokens
 - spend_ledger: per scope (agent or label set) and calendar period, the cost of the runs that ended in it
 - agent_rollups / agent_rollup_tools: per agent and 5-minute bucket, the ended runs' totals (drift)
@@ -22,7 +21,7 @@ import sqlalchemy as sa
 # Self-contained: a migration never imports the application (whose code moves on).
 
 revision = '0004'
-down_revision = '0001'
+down_revision = '0002'
 branch_labels = None
 depends_on = None
 
@@ -31,7 +30,6 @@ ENDED = ('completed', 'failed', 'killed', 'lost')
 
 def upgrade():
     with op.batch_alter_table('runs', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('max_tokens', sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column('cached_tokens_in', sa.BigInteger(), server_default='0', nullable=False))
         batch_op.add_column(sa.Column('reasoning_tokens', sa.BigInteger(), server_default='0', nullable=False))
         batch_op.add_column(sa.Column('cost_unpriced_tokens', sa.BigInteger(), server_default='0', nullable=False))
@@ -96,7 +94,7 @@ def downgrade():
     with op.batch_alter_table('runs', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_runs_status_booked_at'))
     _drop_columns('events', ('reasoning_tokens', 'cached_tokens_in'))
-    _drop_columns('runs', ('booked_at', 'cost_unpriced_tokens', 'reasoning_tokens', 'cached_tokens_in', 'max_tokens'))
+    _drop_columns('runs', ('booked_at', 'cost_unpriced_tokens', 'reasoning_tokens', 'cached_tokens_in'))
 
 
 def _drop_columns(table, names):
