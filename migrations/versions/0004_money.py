@@ -1,10 +1,11 @@
-"""money: cached / reasoning / unpriced tokens, the period ledger and rollups
+"""money: cached / reasoning / unpriced tokens, the max_tokens budget, the period ledger and rollups
 
 Revision ID: 0004
 Revises: 0002
 Create Date: 2026-12-01
 
-- runs: cached_tokens_in, reasoning_tokens, cost_unpriced_tokens (counters), booked_at (when the daemon booked the ended run into the ledger)
+- runs: cached_tokens_in, reasoning_tokens, cost_unpriced_tokens (counters), max_tokens
+  (a run's own budget), booked_at (when the daemon booked the ended run into the ledger)
 - events: cached_tokens_in, reasoning_tokens
 - spend_ledger: per scope (agent or label set) and calendar period, the cost of the runs that ended in it
 - agent_rollups / agent_rollup_tools: per agent and 5-minute bucket, the ended runs' totals (drift)
@@ -30,6 +31,7 @@ ENDED = ('completed', 'failed', 'killed', 'lost')
 
 def upgrade():
     with op.batch_alter_table('runs', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('max_tokens', sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column('cached_tokens_in', sa.BigInteger(), server_default='0', nullable=False))
         batch_op.add_column(sa.Column('reasoning_tokens', sa.BigInteger(), server_default='0', nullable=False))
         batch_op.add_column(sa.Column('cost_unpriced_tokens', sa.BigInteger(), server_default='0', nullable=False))
@@ -94,7 +96,7 @@ def downgrade():
     with op.batch_alter_table('runs', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_runs_status_booked_at'))
     _drop_columns('events', ('reasoning_tokens', 'cached_tokens_in'))
-    _drop_columns('runs', ('booked_at', 'cost_unpriced_tokens', 'reasoning_tokens', 'cached_tokens_in'))
+    _drop_columns('runs', ('booked_at', 'cost_unpriced_tokens', 'reasoning_tokens', 'cached_tokens_in', 'max_tokens'))
 
 
 def _drop_columns(table, names):

@@ -98,6 +98,8 @@ BUDGETS: tuple[Budget, ...] = (
     Budget("max_tool_calls", StopReason.MAX_TOOL_CALLS, "tool_calls", "tool calls", "", True, 40,
            counted_on="tool"),
     Budget("max_cost_eur", StopReason.MAX_COST, "cost_eur", "cost", "EUR", False, 2.0, counted_on="step"),
+    # The price-independent backstop: a model no table prices still cannot run away.
+    Budget("max_tokens", StopReason.MAX_TOKENS, "tokens", "tokens", "", True, 2_000_000, counted_on="step"),
     Budget("max_wall_s", StopReason.WALL_CLOCK, "age_s", "duration", "s", False, 300.0, clock=True),
     Budget("max_identical_calls", StopReason.LOOP_DETECTED, "identical_calls", "identical calls", "", True, 3,
            at_limit=True),

@@ -116,7 +116,7 @@ class Run:
         cost_eur = validate_amount("cost_eur", cost_eur)
         self.check()
         if self.guard:
-            self.guard.after_step(cost_eur)
+            self.guard.after_step(cost_eur, tokens_in + tokens_out)
         self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
         if self.guard:
             self._guarded(lambda: self.guard.check_totals(self.elapsed_s))
