@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from watchdog.core import drift, forecast
-from watchdog.core.periods import (DAY, MONTH, LabelBudget, build_states, closed_entry, period_bounds, period_key,
-                                   refusal, sum_spend, zone)
+from watchdog.core.periods import (DAY, MONTH, LabelBudget, build_states, closed_entry, live_by_scope, period_bounds,
+                                   period_key, refusal, sum_spend, zone)
 from watchdog.core.pricing import Price
 from watchdog.daemon.prices import PriceBook
 
@@ -146,7 +146,7 @@ def test_spend_is_ledger_plus_unbooked_plus_live_each_once():
                 ended("bot", 7.0, T0 - dt.timedelta(days=1))]  # ended yesterday: this month only
     live = [("r1", "bot", 0.5), ("r2", "other", 0.25)]
     labels = {"r1": {"tenant": "acme", "team": "x"}, "r2": {"tenant": "globex"}}
-    spent, agents = sum_spend(ledger, unbooked, live, keys, UTC, (acme,), labels.get)
+    spent, agents = sum_spend(ledger, unbooked, live_by_scope(live, (acme,), labels.get), keys, UTC, (acme,))
     assert spent[("agent:bot", DAY)] == pytest.approx(12.5)
     assert spent[("agent:bot", MONTH)] == pytest.approx(109.5)
     assert spent[(acme.scope, DAY)] == pytest.approx(3.5)

@@ -13,10 +13,11 @@ from watchdog.store.schema import utcnow
 STALE_S = 120.0  # an older published state (a stopped daemon) gives no burn rates
 
 
-def _published(conn, now: dt.datetime) -> dict | None:
+def published_state(conn, now: dt.datetime) -> dict | None:
+    """The daemon's last published period state (its burn rates), unless stale."""
     from sqlalchemy import select
 
-    from watchdog.daemon.money import STATE_KEY
+    from watchdog.core.periods import STATE_KEY
     from watchdog.store.schema import settings
 
     row = conn.execute(select(settings.c.value, settings.c.updated_at).where(settings.c.key == STATE_KEY)).first()
@@ -55,7 +56,7 @@ def budgets_cmd(app, as_json):
     now = utcnow()
     config = app.profiles
     with read_connection(app.engine) as conn:
-        states = period_report(conn, config, now, _published(conn, now))
+        states = period_report(conn, config, now, published_state(conn, now))
     if as_json:
         emit_json([s.to_json() for s in states])
     else:

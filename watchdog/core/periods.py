@@ -22,6 +22,10 @@ WARN_AT = 0.8  # the documented default of warn_at
 REASON = {DAY: "daily_budget", MONTH: "monthly_budget"}
 ADJECTIVE = {DAY: "daily", MONTH: "monthly"}
 BUDGET_KEY = {DAY: "max_cost_eur_per_day", MONTH: "max_cost_eur_per_month"}
+# The settings rows the daemon publishes: the spent budgets (the SDK reads it at every run
+# start) and every period budget's spend, burn rate and run-out time (for `budgets` and `top`).
+CLOSED_KEY = "budget_closed"
+STATE_KEY = "budget_state"
 
 
 def zone(name: str) -> dt.tzinfo:
@@ -200,21 +204,33 @@ def scopes_of(agent: str, labels, label_budgets) -> list[str]:
     return [scope_agent(agent)] + [b.scope for b in label_budgets if b.matches(labels)]
 
 
-def sum_spend(ledger_spend: Mapping[tuple[str, str], float], unbooked, live, keys: Mapping[str, str],
-              tz: dt.tzinfo, label_budgets=(), labels_of=None) -> tuple[dict, set]:
+def live_by_scope(runs, label_budgets=(), labels_of=None) -> dict[str, float]:
+    """The active runs' live cost per scope: runs = (run id, agent, cost_eur) triples."""
+    out: dict[str, float] = {}
+    for rid, agent, cost in runs:
+        key = "agent:" + agent
+        out[key] = out.get(key, 0.0) + (cost or 0.0)
+        if label_budgets and labels_of is not None:
+            labels = labels_of(rid)
+            for b in label_budgets:
+                if b.matches(labels):
+                    out[b.scope] = out.get(b.scope, 0.0) + (cost or 0.0)
+    return out
+
+
+def sum_spend(ledger_spend: Mapping[tuple[str, str], float], unbooked, live: Mapping[str, float],
+              keys: Mapping[str, str], tz: dt.tzinfo, label_budgets=()) -> tuple[dict, set]:
     """Spend per (scope, period) of the current periods, and the agents seen.
 
     ledger_spend: what the ledger holds for the current keys; unbooked: ended runs not in
-    it yet (attributes agent, labels, cost_eur, ended_at, last_seen_at); live: (run id, agent,
-    cost_eur) of the active runs (labels_of(run id) gives their labels). All from one
+    it yet (attributes agent, labels, cost_eur, ended_at, last_seen_at); live: the active
+    runs' cost per scope (live_by_scope), counted in the current periods. All from one
     snapshot, so each run counts once."""
-    spent: dict[tuple[str, str], float] = {}
+    spent: dict[tuple[str, str], float] = dict(ledger_spend)
 
     def add(scope, period, cost):
         spent[(scope, period)] = spent.get((scope, period), 0.0) + (cost or 0.0)
 
-    for k, v in ledger_spend.items():
-        add(k[0], k[1], v)
     agents = {k[0][len("agent:"):] for k in ledger_spend if k[0].startswith("agent:")}
     for r in unbooked:
         agents.add(r.agent)
@@ -223,12 +239,11 @@ def sum_spend(ledger_spend: Mapping[tuple[str, str], float], unbooked, live, key
             for p in PERIODS:
                 if period_key(p, end, tz) == keys[p]:
                     add(scope, p, r.cost_eur)
-    for rid, agent, cost in live:
-        agents.add(agent)
-        labels = labels_of(rid) if (label_budgets and labels_of) else None
-        for scope in scopes_of(agent, labels, label_budgets):
-            for p in PERIODS:
-                add(scope, p, cost)
+    for scope, cost in live.items():
+        if scope.startswith("agent:"):
+            agents.add(scope[len("agent:"):])
+        for p in PERIODS:
+            add(scope, p, cost)
     return spent, agents
 
 

@@ -4,13 +4,13 @@ report unpriced models, publish what the SDK checks at run start, and the drift 
 Order within a tick (watchdog.daemon.ticker drives it):
 
 1. `before_snapshot`: the backfill prices new unpriced steps (their cost lands on the runs);
-2. `read` (inside the tick's read snapshot): the ended runs not booked yet, the ledger's
-   spend for the current day and month, the labels of new active runs;
-3. `settle`: book those runs (exactly once: a compare-and-set per run) and compute every
-   period budget's spend = ledger + unbooked + the active runs' live cost — one snapshot,
-   so concurrent first runs are summed, not each compared with an empty ledger;
-4. the ticker stops the running runs of closed scopes (`closing`), like any verdict;
-5. `after`: warn / closed alerts (once per period), unpriced-model alerts (once per model
+2. `read` then `judge`, inside the tick's read snapshot: the ended runs not booked yet, the
+   ledger's spend for the current day and month, and every period budget's spend = ledger +
+   unbooked + the active runs' live cost — one snapshot, so each run counts once and
+   concurrent first runs are summed, never each compared with an empty ledger;
+3. the ticker stops the running runs of closed scopes (`closing`), like any verdict, and
+   `book`s the ended runs (a compare-and-set each: exactly once over all daemons);
+4. `after`: warn / closed alerts (once per period), unpriced-model alerts (once per model
    and day), the published state (closed scopes: a new `wd.run()` is refused), drift.
 """
 
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections import defaultdict
 
 from sqlalchemy import insert, select, update
 
 from watchdog.core import forecast
-from watchdog.core.periods import (DAY, PERIODS, PeriodState, build_states, closed_entry, period_key, scope_agent,
+from watchdog.core.periods import (CLOSED_KEY, DAY, PERIODS, STATE_KEY, PeriodState, build_states, closed_entry, period_key, scope_agent,
                                    sum_spend, zone)
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.backfill import Backfill, BackfillReport
@@ -34,7 +35,6 @@ from watchdog.store.schema import runs, settings
 
 log = logging.getLogger("watchdog.money")
 
-STATE_KEY = "budget_state"  # settings row the SDK reads at run start
 STATE_REFRESH_S = 30.0  # the published rates are refreshed this often (closed scopes at once)
 PRUNE_EVERY_S = 3600.0
 CHUNK = 500
@@ -84,19 +84,22 @@ class Money:
                 q = select(runs.c.id, runs.c.labels).where(runs.c.id.in_(new[i : i + CHUNK]))
                 self.labels.update({rid: labels for rid, labels in conn.execute(q)})
 
-    # -- 3. book, then every period budget's state -----------------------------------------
+    # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
-    def settle(self, engine, live, now: dt.datetime) -> list[PeriodState]:
-        """`live`: (run id, agent, cost_eur) of every active run, from the tick's snapshot."""
-        if self._unbooked:
-            try:
-                with engine.begin() as conn:
-                    booking = ledger.book(conn, self._unbooked, now, self.tz, self.label_budgets)
-                self.drift.dirty(booking.oldest_bucket, now)
-            except Exception:  # noqa: BLE001 — booked next tick; the spend below counts them anyway
-                log.exception("booking %d ended runs failed; retried next tick", len(self._unbooked))
-        spent, agents = sum_spend(self._spend, self._unbooked, live, self._keys, self.tz, self.label_budgets,
-                                  self.labels.get)
+    def judge(self, light, i_id: int, i_agent: int, i_cost: int, now: dt.datetime) -> list[PeriodState]:
+        """Spend = ledger + unbooked + the active runs' live cost, all from the tick's snapshot.
+        `light`: the tick's light rows of every active run (read by position)."""
+        live: dict[str, float] = defaultdict(float)
+        for r in light:  # the one O(active runs) loop of the period budgets
+            live[r[i_agent]] += r[i_cost] or 0.0
+        by_scope = {scope_agent(a): c for a, c in live.items()}
+        if self.label_budgets:
+            for r in light:
+                labels = self.labels.get(r[i_id])
+                for b in self.label_budgets:
+                    if b.matches(labels):
+                        by_scope[b.scope] = by_scope.get(b.scope, 0.0) + (r[i_cost] or 0.0)
+        spent, agents = sum_spend(self._spend, self._unbooked, by_scope, self._keys, self.tz, self.label_budgets)
 
         def rate_of(scope, period, key, s, start):
             return self.rates.rate(scope, period, key, s, now, start)
@@ -105,10 +108,19 @@ class Money:
         self.rates.forget({(s.scope.key, s.period) for s in states})
         self.states = states
         self.closed = {}
-        for s in self.states:
+        for s in states:
             if s.closed and s.scope.key not in self.closed:  # the day first: it ends sooner
                 self.closed[s.scope.key] = s
-        return self.states
+        return states
+
+    def book(self, engine, now: dt.datetime) -> int:
+        """Book the ended runs the snapshot found unbooked (a compare-and-set each: exactly once)."""
+        if not self._unbooked:
+            return 0
+        with engine.begin() as conn:
+            booking = ledger.book(conn, self._unbooked, now, self.tz, self.label_budgets)
+        self.drift.dirty(booking.oldest_bucket, now)
+        return len(booking.booked)
 
     # -- 4. which running runs a closed budget stops -------------------------------------------
 
@@ -131,6 +143,18 @@ class Money:
         keys = {scope_agent(agent)} | {b.scope for b in self.label_budgets if b.matches(labels)}
         return [s for s in self.states if s.scope.key in keys and s.budget_eur > 0]
 
+    def forecast_lines(self, row, budgets, now: dt.datetime) -> tuple[str, ...]:
+        """The burn-rate lines of a run's alerts: the run against its max_cost_eur, then every
+        period budget covering it ("support-bot's daily budget runs out at 16:40 UTC")."""
+        lines = []
+        run = forecast.run_line(row.cost_eur or 0.0, budgets.max_cost_eur,
+                                max(0.0, (now - row.started_at).total_seconds()))
+        if run:
+            lines.append(run)
+        labels = row.labels if self.label_budgets else None
+        lines += [forecast.period_line(s, now, self.tz) for s in self.states_of(row.agent, labels)]
+        return tuple(lines)
+
     # -- 5. alerts and what the SDK reads -------------------------------------------------------
 
     def after(self, engine, now: dt.datetime, stopped: dict[str, list[str]] | None = None) -> None:
@@ -147,7 +171,7 @@ class Money:
         self._prune(engine, now)
 
     def _period_alert(self, engine, s: PeriodState, now, kind: str, stopped: list[str]) -> None:
-        from watchdog.core.messages import period_alert
+        from watchdog.core.money_alerts import period_alert
 
         key = f"budget-{kind}:{s.scope.key}:{s.period}:{s.key}"
         if key in self._alerted:
@@ -163,7 +187,7 @@ class Money:
         self._remember(key)
 
     def _unpriced_alerts(self, engine, now) -> None:
-        from watchdog.core.messages import unpriced_alert
+        from watchdog.core.money_alerts import unpriced_alert
 
         day = period_key(DAY, now, self.tz)
         for model, u in sorted(self.last_backfill.unpriced.items()):
@@ -180,21 +204,22 @@ class Money:
             self._remember(key)
 
     def published_state(self) -> dict:
-        return {"tz": self.config.pricing.budget_tz,
-                "closed": [closed_entry(s) for s in self.closed.values()],
-                "periods": [s.to_json() for s in self.states]}
+        return {"tz": self.config.pricing.budget_tz, "periods": [s.to_json() for s in self.states]}
 
     def _publish(self, engine, now) -> None:
-        value = self.published_state()
-        ident = tuple(sorted((e["scope"], e["name"], e["reason"], e["until"]) for e in value["closed"]))
-        fresh = (self._published_at is not None and 0 <= (now - self._published_at).total_seconds() < STATE_REFRESH_S)
+        """The closed scopes at once when they change (the SDK refuses new runs by them);
+        the whole state, with burn rates for `budgets` and `top`, every STATE_REFRESH_S."""
+        closed = [closed_entry(s) for s in self.closed.values()]
+        ident = tuple(sorted((e["scope"], e["name"], e["reason"], e["until"]) for e in closed))
+        fresh = self._published_at is not None and 0 <= (now - self._published_at).total_seconds() < STATE_REFRESH_S
         if ident == self._published and fresh:
             return
-        value["at"] = now.isoformat()
+        state = self.published_state()
+        state["at"] = now.isoformat()
         with engine.begin() as conn:
-            done = conn.execute(update(settings).where(settings.c.key == STATE_KEY).values(value=value, updated_at=now))
-            if done.rowcount == 0:
-                conn.execute(insert(settings).values(key=STATE_KEY, value=value, updated_at=now))
+            if ident != self._published:
+                _put(conn, CLOSED_KEY, closed, now)
+            _put(conn, STATE_KEY, state, now)
         self._published, self._published_at = ident, now
 
     def _prune(self, engine, now) -> None:
@@ -209,3 +234,9 @@ class Money:
         if len(self._alerted) >= MAX_REMEMBERED:
             self._alerted.clear()
         self._alerted.add(key)
+
+
+def _put(conn, key: str, value, now: dt.datetime) -> None:
+    done = conn.execute(update(settings).where(settings.c.key == key).values(value=value, updated_at=now))
+    if done.rowcount == 0:
+        conn.execute(insert(settings).values(key=key, value=value, updated_at=now))

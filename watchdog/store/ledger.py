@@ -207,7 +207,7 @@ def period_report(conn, config, now: dt.datetime, published: dict | None = None)
     """Every period budget's state as the daemon computes it, from the store alone (for `budgets`).
 
     `published`: the daemon's last "budget_state" (its burn rates; omitted when stale)."""
-    from watchdog.core.periods import build_states, sum_spend, zone
+    from watchdog.core.periods import build_states, live_by_scope, sum_spend, zone
 
     tz = zone(config.pricing.budget_tz)
     keys = {p: period_key(p, now, tz) for p in PERIODS}
@@ -215,8 +215,8 @@ def period_report(conn, config, now: dt.datetime, published: dict | None = None)
     q = select(runs.c.id, runs.c.agent, runs.c.cost_eur, runs.c.labels).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
     active = conn.execute(q).all()
     labels = {r.id: r.labels for r in active}
-    spent, agents = sum_spend(read_spend(conn, keys), read_unbooked(conn), [(r.id, r.agent, r.cost_eur) for r in active],
-                              keys, tz, label_budgets, labels.get)
+    live = live_by_scope([(r.id, r.agent, r.cost_eur) for r in active], label_budgets, labels.get)
+    spent, agents = sum_spend(read_spend(conn, keys), read_unbooked(conn), live, keys, tz, label_budgets)
     rates = {}
     for p in (published or {}).get("periods") or []:
         if isinstance(p, dict) and p.get("rate_eur_per_min") is not None:
