@@ -16,7 +16,7 @@ TERM_GRACE_S = 0.5
 
 def config(**sections):
     """A Config from a TOML-like dict, with tiny graces unless told otherwise."""
-    raw = {k: dict(v) for k, v in sections.items()}
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in sections.items()}
     daemon = raw.setdefault("daemon", {})
     daemon.setdefault("cancel_grace_s", CANCEL_GRACE_S)
     daemon.setdefault("term_grace_s", TERM_GRACE_S)
