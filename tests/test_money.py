@@ -362,9 +362,11 @@ def test_drift_fires_on_an_hour_of_nine_times_the_tool_calls_and_not_on_a_steady
     assert alert.title == (f"agent-watchdog: drift support-bot: tool calls/run 3.0 → 27.0 (×9.0) in the last hour; "
                            f"top tool search.read ×{top}; 61 runs")
     assert "baseline 336 runs over the 7 days before" in alert.body
-    # Once per window: later ticks in the same hour add nothing, nor does a restarted daemon.
+    # Once per window: later ticks within the hour add nothing, nor does a restarted daemon, even
+    # across the top of the clock hour; an hour on, a drift that lasts is alerted again.
     tk.tick(later(now, 120))
     ticker(engine, config()).tick(later(now, 180))
+    ticker(engine, config()).tick(later(now, 3500))
     assert len(money_alerts(engine, "drift:")) == 1
 
 

@@ -134,19 +134,14 @@ def _profile(day=50.0, month=500.0, warn_at=0.8):
     return SimpleNamespace(max_cost_eur_per_day=day, max_cost_eur_per_month=month, warn_at=warn_at)
 
 
-def ended(agent, cost, at, labels=None):
-    return SimpleNamespace(agent=agent, cost_eur=cost, labels=labels, ended_at=at, last_seen_at=at)
-
-
 def test_spend_is_ledger_plus_unbooked_plus_live_each_once():
-    keys = {DAY: "2025-03-14", MONTH: "2025-03"}
     acme = LabelBudget({"tenant": "acme"}, max_cost_eur_per_day=5.0)
     ledger = {("agent:bot", DAY): 10.0, ("agent:bot", MONTH): 100.0, (acme.scope, DAY): 1.0}
-    unbooked = [ended("bot", 2.0, T0, {"tenant": "acme"}),
-                ended("bot", 7.0, T0 - dt.timedelta(days=1))]  # ended yesterday: this month only
+    # ended runs not booked yet, summed per (agent, labels): (cost ended today, this month)
+    unbooked = [("bot", {"tenant": "acme"}, 2.0, 2.0), ("bot", None, 0.0, 7.0)]
     live = [("r1", "bot", 0.5), ("r2", "other", 0.25)]
     labels = {"r1": {"tenant": "acme", "team": "x"}, "r2": {"tenant": "globex"}}
-    spent, agents = sum_spend(ledger, unbooked, live_by_scope(live, (acme,), labels.get), keys, UTC, (acme,))
+    spent, agents = sum_spend(ledger, unbooked, live_by_scope(live, (acme,), labels.get), (acme,))
     assert spent[("agent:bot", DAY)] == pytest.approx(12.5)
     assert spent[("agent:bot", MONTH)] == pytest.approx(109.5)
     assert spent[(acme.scope, DAY)] == pytest.approx(3.5)
@@ -177,6 +172,12 @@ def test_states_warn_close_and_forecast():
     assert refusal([entry], "big", None, T0) == ("daily_budget", entry["detail"])
     assert refusal([entry], "bot", None, T0) is None
     assert refusal([entry], "big", None, big.end) is None  # the period is over: not refused on a stale row
+
+
+def test_a_huge_budget_at_a_tiny_rate_lasts_the_period():
+    from watchdog.core.periods import runs_out_at
+
+    assert runs_out_at(0.0, 1e12, 1e-9, T0, T0 + dt.timedelta(days=1)) is None
 
 
 def test_zero_budget_is_no_budget():

@@ -74,10 +74,10 @@ class LabelBudget:
     max_cost_eur_per_day: float = 0.0  # 0 = no budget for that period
     max_cost_eur_per_month: float = 0.0
     warn_at: float = WARN_AT
+    scope: str = field(default="", compare=False)  # scope_labels(labels), computed once
 
-    @property
-    def scope(self) -> str:
-        return scope_labels(self.labels)
+    def __post_init__(self):
+        object.__setattr__(self, "scope", scope_labels(self.labels))
 
     @property
     def name(self) -> str:
@@ -153,8 +153,10 @@ def runs_out_at(spent_eur: float, budget_eur: float, rate_eur_per_min: float | N
         return None
     if spent_eur >= budget_eur:
         return now
-    at = now + dt.timedelta(minutes=(budget_eur - spent_eur) / rate_eur_per_min)
-    return at if at < end else None
+    left_min = (budget_eur - spent_eur) / rate_eur_per_min
+    if left_min >= (end - now).total_seconds() / 60:  # (a huge budget at a tiny rate: no overflow either)
+        return None
+    return now + dt.timedelta(minutes=left_min)
 
 
 def closed_entry(state: PeriodState) -> dict:
@@ -219,26 +221,24 @@ def live_by_scope(runs, label_budgets=(), labels_of=None) -> dict[str, float]:
 
 
 def sum_spend(ledger_spend: Mapping[tuple[str, str], float], unbooked, live: Mapping[str, float],
-              keys: Mapping[str, str], tz: dt.tzinfo, label_budgets=()) -> tuple[dict, set]:
+              label_budgets=()) -> tuple[dict, set]:
     """Spend per (scope, period) of the current periods, and the agents seen.
 
-    ledger_spend: what the ledger holds for the current keys; unbooked: ended runs not in
-    it yet (attributes agent, labels, cost_eur, ended_at, last_seen_at); live: the active
-    runs' cost per scope (live_by_scope), counted in the current periods. All from one
-    snapshot, so each run counts once."""
+    ledger_spend: what the ledger holds for the current period keys; unbooked: the ended runs
+    not in it yet, summed per (agent, labels) as (agent, labels, cost ended today, cost ended
+    this month); live: the active runs' cost per scope (live_by_scope), counted in the current
+    periods. All from one snapshot, so each run counts once."""
     spent: dict[tuple[str, str], float] = dict(ledger_spend)
 
     def add(scope, period, cost):
         spent[(scope, period)] = spent.get((scope, period), 0.0) + (cost or 0.0)
 
     agents = {k[0][len("agent:"):] for k in ledger_spend if k[0].startswith("agent:")}
-    for r in unbooked:
-        agents.add(r.agent)
-        end = end_of(r)
-        for scope in scopes_of(r.agent, r.labels, label_budgets):
-            for p in PERIODS:
-                if period_key(p, end, tz) == keys[p]:
-                    add(scope, p, r.cost_eur)
+    for agent, labels, day_cost, month_cost in unbooked:
+        agents.add(agent)
+        for scope in scopes_of(agent, labels, label_budgets):
+            add(scope, DAY, day_cost)
+            add(scope, MONTH, month_cost)
     for scope, cost in live.items():
         if scope.startswith("agent:"):
             agents.add(scope[len("agent:"):])

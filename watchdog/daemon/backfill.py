@@ -69,9 +69,13 @@ class Backfill:
         self.low: int | None = None  # the next tick reads the unpriced steps above this event id
         self._seen: set[int] = set()  # unpriced events already reported (within the overlap)
 
-    def _read(self, engine) -> list:
+    def _read(self, engine, high_water: int | None) -> list:
+        """`high_water`: the largest event id the tick has already seen (the scanner's), if any."""
         with read_connection(engine) as conn:
-            top = conn.execute(select(func.max(events.c.id))).scalar() or 0
+            if self.low is None or high_water is None:
+                top = conn.execute(select(func.max(events.c.id))).scalar() or 0
+            else:
+                top = high_water  # saves a query: later ids are above the next low anyway
             if self.low is None:
                 # Cold start: the unpriced steps of every run not booked yet (active ones and
                 # those that ended unbooked), found through the runs' own counter.
@@ -94,9 +98,9 @@ class Backfill:
             self.low = max(self.low or 0, top - ID_OVERLAP, 0)
         return found
 
-    def run(self, engine, now: dt.datetime) -> BackfillReport:
+    def run(self, engine, now: dt.datetime, high_water: int | None = None) -> BackfillReport:
         rep = BackfillReport()
-        found = self._read(engine)
+        found = self._read(engine, high_water)
         low = self.low
         self._seen = {i for i in self._seen if i > low}
         if not found:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from sqlalchemy import select
+
 from watchdog.core import drift
 from watchdog.store.actions import enqueue_alert, queued, record
 from watchdog.store.engine import read_connection
 from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
+from watchdog.store.schema import alerts
 
 log = logging.getLogger("watchdog.drift")
 
@@ -70,7 +73,10 @@ class DriftWatch:
                 continue
             title, body = drift.alert(agent, verdicts, w, baseline.get(agent, drift.Totals()), self.cfg, top)
             with engine.begin() as conn:
-                if queued(conn, key):  # a daemon before a restart (or on another host) sent it
+                # Sent already (by a daemon before a restart, or on another host), or sent in the
+                # previous window less than a window ago: once per window_s, not per clock hour.
+                if queued(conn, key) or _sent_since(conn, f"drift:{agent}:{window_no - 1}",
+                                                    now - dt.timedelta(seconds=self.cfg.window_s)):
                     self._remember(key)
                     continue
                 iid = record(conn, at=now, action="drift_alarm", by=self.by, tool=top[0] if top else None,
@@ -85,3 +91,8 @@ class DriftWatch:
         if len(self._alerted) >= MAX_REMEMBERED:
             self._alerted.clear()
         self._alerted.add(key)
+
+
+def _sent_since(conn, key: str, since: dt.datetime) -> bool:
+    at = conn.execute(select(alerts.c.created_at).where(alerts.c.dedupe_key == key[:255])).scalar()
+    return at is not None and at > since

@@ -23,8 +23,8 @@ from collections import defaultdict
 from sqlalchemy import insert, select, update
 
 from watchdog.core import forecast
-from watchdog.core.periods import (CLOSED_KEY, DAY, PERIODS, STATE_KEY, PeriodState, build_states, closed_entry, period_key, scope_agent,
-                                   sum_spend, zone)
+from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, PeriodState, build_states,
+                                   closed_entry, period_bounds, period_key, scope_agent, sum_spend, zone)
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.backfill import Backfill, BackfillReport
 from watchdog.daemon.driftwatch import DriftWatch
@@ -37,6 +37,8 @@ log = logging.getLogger("watchdog.money")
 
 STATE_REFRESH_S = 30.0  # the published rates are refreshed this often (closed scopes at once)
 PRUNE_EVERY_S = 3600.0
+BOOK_EVERY_S = 30.0  # ended runs are booked into the ledger and rollups this often...
+BOOK_BACKLOG = 500  # ...or as soon as this many wait
 CHUNK = 500
 MAX_REMEMBERED = 10_000
 
@@ -51,55 +53,55 @@ class Money:
         self.drift = DriftWatch(config.drift, by)
         self.label_budgets = tuple(config.budgets)
         self.rates = forecast.RateTracker()
-        self.labels: dict[str, object] = {}  # active run id -> labels (only with [[budgets]])
+        self.run_scopes: dict[str, tuple[str, ...]] = {}  # active run id -> the label budgets covering it
         self.states: list[PeriodState] = []
         self.closed: dict[str, PeriodState] = {}  # scope key -> the closed period (day first)
-        self._unbooked: list = []
+        self._unbooked: list = []  # (agent, labels, cost ended today, this month) of the unbooked runs
+        self._n_unbooked = 0
         self._spend: dict = {}
         self._keys: dict[str, str] = {}
         self._alerted: set[str] = set()
         self._published: tuple | None = None
         self._published_at: dt.datetime | None = None
         self._pruned_at: dt.datetime | None = None
+        self._booked_at: dt.datetime | None = None
         self.last_backfill = BackfillReport()
 
     # -- 1. before the read snapshot ------------------------------------------------------
 
-    def before_snapshot(self, engine, now: dt.datetime) -> BackfillReport:
-        self.last_backfill = self.backfill.run(engine, now)
+    def before_snapshot(self, engine, now: dt.datetime, high_water: int | None = None) -> BackfillReport:
+        self.last_backfill = self.backfill.run(engine, now, high_water)
         return self.last_backfill
 
     # -- 2. inside it ---------------------------------------------------------------------
 
-    def read(self, conn, active_ids: list[str], now: dt.datetime) -> None:
+    def read(self, conn, now: dt.datetime) -> None:
+        """The ledger's side of the spend: what it holds for the current periods, and the ended
+        runs it does not hold yet (summed in the database: a few rows whatever their number)."""
         self._keys = {p: period_key(p, now, self.tz) for p in PERIODS}
-        self._unbooked = ledger.read_unbooked(conn)
+        starts = {p: period_bounds(p, now, self.tz)[0] for p in PERIODS}
+        self._unbooked, self._n_unbooked = ledger.read_unbooked_spend(conn, starts[DAY], starts[MONTH])
         self._spend = ledger.read_spend(conn, self._keys)
-        if self.label_budgets:
-            active = set(active_ids)
-            for rid in [r for r in self.labels if r not in active]:
-                del self.labels[rid]
-            new = [r for r in active_ids if r not in self.labels]
-            for i in range(0, len(new), CHUNK):
-                q = select(runs.c.id, runs.c.labels).where(runs.c.id.in_(new[i : i + CHUNK]))
-                self.labels.update({rid: labels for rid, labels in conn.execute(q)})
 
     # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
-    def judge(self, light, i_id: int, i_agent: int, i_cost: int, now: dt.datetime) -> list[PeriodState]:
-        """Spend = ledger + unbooked + the active runs' live cost, all from the tick's snapshot.
-        `light`: the tick's light rows of every active run (read by position)."""
-        live: dict[str, float] = defaultdict(float)
-        for r in light:  # the one O(active runs) loop of the period budgets
-            live[r[i_agent]] += r[i_cost] or 0.0
+    def live_spend(self) -> "LiveSpend":
+        """What the tick's one pass over the active runs fills (Ticker._due), for `judge`."""
+        return LiveSpend(self.run_scopes if self.label_budgets else None)
+
+    def judge(self, conn, spend: "LiveSpend", now: dt.datetime) -> list[PeriodState]:
+        """Spend = ledger + unbooked + the active runs' live cost, all from the tick's snapshot
+        (`conn`); `spend`: the live cost the tick summed per agent and known label budget."""
+        live, labelled = spend.per_agent, spend.labelled
+        if spend.new:
+            for scope, cost in self._learn_labels(conn, spend.new):
+                labelled[scope] += cost
+        if len(self.run_scopes) > 2 * len(spend.light) + 1000:  # forget the runs that ended
+            active = {r[spend.i_id] for r in spend.light}
+            self.run_scopes = {k: v for k, v in self.run_scopes.items() if k in active}
         by_scope = {scope_agent(a): c for a, c in live.items()}
-        if self.label_budgets:
-            for r in light:
-                labels = self.labels.get(r[i_id])
-                for b in self.label_budgets:
-                    if b.matches(labels):
-                        by_scope[b.scope] = by_scope.get(b.scope, 0.0) + (r[i_cost] or 0.0)
-        spent, agents = sum_spend(self._spend, self._unbooked, by_scope, self._keys, self.tz, self.label_budgets)
+        by_scope.update(labelled)
+        spent, agents = sum_spend(self._spend, self._unbooked, by_scope, self.label_budgets)
 
         def rate_of(scope, period, key, s, start):
             return self.rates.rate(scope, period, key, s, now, start)
@@ -114,13 +116,34 @@ class Money:
         return states
 
     def book(self, engine, now: dt.datetime) -> int:
-        """Book the ended runs the snapshot found unbooked (a compare-and-set each: exactly once)."""
-        if not self._unbooked:
+        """Book the ended runs the snapshot found unbooked (a compare-and-set each: exactly once).
+
+        Every BOOK_EVERY_S (or at once for a backlog), not every tick: until booked, a run is
+        counted from the unbooked read each tick, so spend is the same either way, and one
+        write transaction per half-minute costs less than one per tick."""
+        if not self._n_unbooked:
+            return 0
+        due = (self._booked_at is None or self._n_unbooked >= BOOK_BACKLOG
+               or not 0 <= (now - self._booked_at).total_seconds() < BOOK_EVERY_S)
+        if not due:
             return 0
         with engine.begin() as conn:
-            booking = ledger.book(conn, self._unbooked, now, self.tz, self.label_budgets)
+            booking = ledger.book(conn, ledger.read_unbooked(conn), now, self.tz, self.label_budgets)
+        self._booked_at = now
         self.drift.dirty(booking.oldest_bucket, now)
         return len(booking.booked)
+
+    def _learn_labels(self, conn, new: list[tuple[str, float]]):
+        """Read the labels of runs seen for the first time; yield (label scope, cost) of each match."""
+        cost_of = dict(new)
+        ids = list(cost_of)
+        for i in range(0, len(ids), CHUNK):
+            q = select(runs.c.id, runs.c.labels).where(runs.c.id.in_(ids[i : i + CHUNK]))
+            for rid, labels in conn.execute(q):
+                scopes = tuple(b.scope for b in self.label_budgets if b.matches(labels))
+                self.run_scopes[rid] = scopes
+                for scope in scopes:
+                    yield scope, cost_of[rid]
 
     # -- 4. which running runs a closed budget stops -------------------------------------------
 
@@ -131,10 +154,9 @@ class Money:
         s = self.closed.get(scope_agent(agent))
         if s is not None:
             return s
-        labels = self.labels.get(run_id)
-        for b in self.label_budgets:
-            s = self.closed.get(b.scope)
-            if s is not None and b.matches(labels):
+        for scope in self.run_scopes.get(run_id, ()):
+            s = self.closed.get(scope)
+            if s is not None:
                 return s
         return None
 
@@ -151,7 +173,7 @@ class Money:
                                 max(0.0, (now - row.started_at).total_seconds()))
         if run:
             lines.append(run)
-        labels = row.labels if self.label_budgets else None
+        labels = row.labels if self.label_budgets else None  # (the whole row: its labels are at hand)
         lines += [forecast.period_line(s, now, self.tz) for s in self.states_of(row.agent, labels)]
         return tuple(lines)
 
@@ -240,3 +262,19 @@ def _put(conn, key: str, value, now: dt.datetime) -> None:
     done = conn.execute(update(settings).where(settings.c.key == key).values(value=value, updated_at=now))
     if done.rowcount == 0:
         conn.execute(insert(settings).values(key=key, value=value, updated_at=now))
+
+
+class LiveSpend:
+    """The active runs' live cost, summed in the tick's one pass over them (Ticker._due): per
+    agent, and per label budget for the runs whose labels are known (a run's labels never
+    change, so they are read once, when it is first seen: `new`)."""
+
+    __slots__ = ("per_agent", "labelled", "covered", "new", "light", "i_id")
+
+    def __init__(self, covered: dict | None):
+        self.per_agent: dict[str, float] = defaultdict(float)
+        self.labelled: dict[str, float] = defaultdict(float)
+        self.covered = covered  # run id -> the label budgets covering it; None: no [[budgets]]
+        self.new: list[tuple[str, float]] = []  # (run id, live cost) of runs first seen
+        self.light: list = []  # the tick's light rows (for forgetting the runs that ended)
+        self.i_id = 0

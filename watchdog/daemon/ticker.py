@@ -124,18 +124,21 @@ class Ticker:
         live = self._live_pids()
         money = self.money
         if money is not None:  # first: the costs it backfills are judged in this same tick
-            bf = money.before_snapshot(self.engine, now)
+            bf = money.before_snapshot(self.engine, now, self.scanner.high_water)
             rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
             rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
         with self._read_snapshot() as conn:
             light = self.scanner.load_active(conn)
-            ids = [r[L["id"]] for r in light]
-            new = self.scanner.fold(conn, ids)
+            new = self.scanner.fold(conn, [r[L["id"]] for r in light])
+            spend = money.live_spend() if money is not None else None
+            due = self._due(light, now, live, spend)
             if money is not None:
-                money.read(conn, ids, now)
-                rep.periods = money.judge(light, L["id"], L["agent"], L["cost_eur"], now)
+                money.read(conn, now)
+                rep.periods = money.judge(conn, spend, now)
+                if money.closed:  # the running runs a spent period budget covers are due too
+                    due = self._closing(light, due, money)
             # Only the runs that may need something this tick are read whole and evaluated.
-            rows = self.scanner.load_rows(conn, self._due(light, now, live))
+            rows = self.scanner.load_rows(conn, due)
         rep.new_events = len(new)
         rep.events = new
         rep.active = len(light)
@@ -202,12 +205,14 @@ class Ticker:
             self._budget_memo[key] = memo
         return memo
 
-    def _due(self, light, now, live) -> list[str]:
+    def _due(self, light, now, live, spend=None) -> list[str]:
         """Ids of the runs `_one` might act on: a superset of them, never fewer.
 
         A healthy running run is skipped without building a row, a snapshot or facts:
         the checks below are the budgets' own comparisons (the clock ones SLACK_S early)
         and `_gone`'s conditions. The policies still decide, on the whole row.
+        `spend` (watchdog.daemon.money.LiveSpend): this same pass over every active run sums
+        their live cost per agent and label budget, for the period budgets.
         """
         now_s = now.timestamp()
         horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
@@ -216,11 +221,26 @@ class Ticker:
         my_host = self.killer.host
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
-        closing = self.money.closing if (self.money is not None and self.money.closed) else None
+        i_cost = L["cost_eur"]
+        per_agent = spend.per_agent if spend is not None else None
+        covered = spend.covered if spend is not None else None
+        if spend is not None:
+            spend.light, spend.i_id = light, i_id
+            labelled, new = spend.labelled, spend.new
         due = []
         for r in light:
             rid = r[i_id]
-            if r[i_status] != lc.RUNNING or (closing is not None and closing(rid, r[i_agent]) is not None):
+            if per_agent is not None:
+                cost = r[i_cost]  # NOT NULL in the table contract
+                per_agent[r[i_agent]] += cost
+                if covered is not None:
+                    scopes = covered.get(rid)
+                    if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
+                        new.append((rid, cost))
+                    elif scopes:
+                        for scope in scopes:
+                            labelled[scope] += cost
+            if r[i_status] != lc.RUNNING:
                 due.append(rid)
                 continue
             _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self._limits_of(r)
@@ -243,6 +263,15 @@ class Ticker:
                     and (pid not in live or now_s - seen_s >= recheck_s)):
                 due.append(rid)
         return due
+
+    @staticmethod
+    def _closing(light, due: list[str], money) -> list[str]:
+        """`due` plus the running runs a spent period budget covers (a second pass, only then)."""
+        seen = set(due)
+        i_id, i_agent, i_status = L["id"], L["agent"], L["status"]
+        extra = [r[i_id] for r in light if r[i_status] == lc.RUNNING and r[i_id] not in seen
+                 and money.closing(r[i_id], r[i_agent]) is not None]
+        return due + extra
 
     # -- one run -------------------------------------------------------------
 

@@ -18,10 +18,11 @@ by the current periods or the rollup window: never a scan of history.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, case, delete, desc, func, or_, select, update
+from sqlalchemy import Text, and_, case, cast, delete, desc, func, or_, select, update
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.drift import Totals
@@ -54,6 +55,32 @@ def read_unbooked(conn, limit: int = BOOK_LIMIT) -> list:
          .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
          .order_by(desc(func.coalesce(runs.c.ended_at, runs.c.last_seen_at))).limit(limit))
     return conn.execute(q).all()
+
+
+def read_unbooked_spend(conn, day_start: dt.datetime, month_start: dt.datetime) -> tuple[list, int]:
+    """The ended runs not booked yet, summed in the database per (agent, labels): a few rows
+    whatever their number. ([(agent, labels, cost ended today, cost ended this month)], runs)."""
+    end = func.coalesce(runs.c.ended_at, runs.c.last_seen_at)
+    labels = cast(runs.c.labels, Text)  # PostgreSQL cannot group by json; the text groups alike
+    q = (select(runs.c.agent, labels, func.sum(case((end >= day_start, runs.c.cost_eur), else_=0.0)),
+                func.sum(case((end >= month_start, runs.c.cost_eur), else_=0.0)), func.count())
+         .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
+         .group_by(runs.c.agent, labels))
+    out, n = [], 0
+    for agent, text, day_cost, month_cost, count in conn.execute(q):
+        out.append((agent, _labels(text), float(day_cost or 0.0), float(month_cost or 0.0)))
+        n += int(count)
+    return out, n
+
+
+def _labels(text):
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:  # a row written by hand: no label budget matches it
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def read_spend(conn, keys: dict[str, str]) -> dict[tuple[str, str], float]:
@@ -207,16 +234,17 @@ def period_report(conn, config, now: dt.datetime, published: dict | None = None)
     """Every period budget's state as the daemon computes it, from the store alone (for `budgets`).
 
     `published`: the daemon's last "budget_state" (its burn rates; omitted when stale)."""
-    from watchdog.core.periods import build_states, live_by_scope, sum_spend, zone
+    from watchdog.core.periods import DAY, build_states, live_by_scope, period_bounds, sum_spend, zone
 
     tz = zone(config.pricing.budget_tz)
     keys = {p: period_key(p, now, tz) for p in PERIODS}
+    unbooked, _n = read_unbooked_spend(conn, period_bounds(DAY, now, tz)[0], period_bounds(MONTH, now, tz)[0])
     label_budgets = tuple(config.budgets)
     q = select(runs.c.id, runs.c.agent, runs.c.cost_eur, runs.c.labels).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
     active = conn.execute(q).all()
     labels = {r.id: r.labels for r in active}
     live = live_by_scope([(r.id, r.agent, r.cost_eur) for r in active], label_budgets, labels.get)
-    spent, agents = sum_spend(read_spend(conn, keys), read_unbooked(conn), live, keys, tz, label_budgets)
+    spent, agents = sum_spend(read_spend(conn, keys), unbooked, live, label_budgets)
     rates = {}
     for p in (published or {}).get("periods") or []:
         if isinstance(p, dict) and p.get("rate_eur_per_min") is not None:
