@@ -54,8 +54,8 @@ def budgets_cmd(app, as_json):
     from watchdog.store.ledger import period_report
 
     now = utcnow()
-    config = app.profiles
     with read_connection(app.engine) as conn:
+        config = app.judge_by(conn)
         states = period_report(conn, config, now, published_state(conn, now))
     if as_json:
         emit_json([s.to_json() for s in states])

@@ -19,6 +19,7 @@ from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profil
 from watchdog.core.drift import DriftConfig
 from watchdog.core.periods import LabelBudget, WARN_AT, zone
 from watchdog.core.pricing import PRICE_KEYS, REQUIRED_PRICE_KEYS, Price, PricingConfig
+from watchdog.core.text import url_scheme_only
 from watchdog.errors import ConfigError
 
 __all__ = ["Budgets", "RUN_BUDGET_KEYS", "Config", "load", "parse", "resolve_db_url"]
@@ -263,7 +264,7 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     for i, u in enumerate(urls):
         reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
         if reason:
-            raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", _mask(u))
+            raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", url_scheme_only(u))
 
     prices = {}
     for model, table in _table(ctx, raw, "prices").items():
@@ -362,12 +363,6 @@ def _drift(ctx: _Ctx, table: Mapping) -> DriftConfig:
 def _valid_listen(listen: str) -> bool:
     host, sep, port = listen.rpartition(":")
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
-
-
-def _mask(url: str) -> str:
-    # Never echo a secret back: keep the scheme only.
-    scheme, sep, _ = url.partition("://")
-    return f"{scheme}://…" if sep else "…"
 
 
 def load(path: str | os.PathLike | None = None, *, url_error: UrlCheck | None = None) -> Config:

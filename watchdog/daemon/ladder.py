@@ -15,7 +15,8 @@ from sqlalchemy import and_, desc, select, update
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.actions import enqueue_alert, record
-from watchdog.core.config import Budgets, DaemonConfig
+from watchdog.core.budgets import Budgets
+from watchdog.core.config import DaemonConfig
 from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert
 from watchdog.store.schema import interventions, runs
@@ -28,6 +29,8 @@ def _since(t: dt.datetime | None, now: dt.datetime) -> float:
 
 
 def _set_stage(conn, row, expected: str | None, stage: str, now: dt.datetime, **extra) -> bool:
+    if not lc.can_move(lc.STAGE_MOVES, expected, stage):
+        raise AssertionError(f"stop ladder: {expected} -> {stage} is not a transition of lifecycle.STAGE_MOVES")
     cond = runs.c.signal_stage.is_(None) if expected is None else runs.c.signal_stage == expected
     res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.STOPPING, cond))
                        .values(signal_stage=stage, **extra))
@@ -35,7 +38,7 @@ def _set_stage(conn, row, expected: str | None, stage: str, now: dt.datetime, **
 
 
 def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: bool):
-    if not _set_stage(conn, row, stage_from, "done", now, status=lc.KILLED, ended_at=now):
+    if not _set_stage(conn, row, stage_from, lc.Stage.DONE, now, status=lc.KILLED, ended_at=now):
         return
     iid = record(conn, at=now, action="ended", by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
     if escalated:  # one more alert only when the ladder went past the cooperative stop
@@ -45,12 +48,12 @@ def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: 
 
 # Stages where the ladder has nothing more to send but the run is still `stopping`:
 # the tick ends such a run once its process is gone, so it never stays active forever.
-WAITING_STAGES = ("refused", "not_signalled", "failed")
+WAITING_STAGES = lc.WAITING_STAGES
 _EXITED = {
     None: "process exited after the cooperative stop",
-    "refused": "process gone; it was never signalled (the signal was refused)",
-    "not_signalled": "process gone; it was never signalled (shared process)",
-    "failed": "process gone at last after SIGKILL",
+    lc.Stage.REFUSED: "process gone; it was never signalled (the signal was refused)",
+    lc.Stage.NOT_SIGNALLED: "process gone; it was never signalled (shared process)",
+    lc.Stage.FAILED: "process gone at last after SIGKILL",
 }
 
 
@@ -81,8 +84,8 @@ def _signalled_targets(conn, run_id: str) -> list[ProcessIdentity]:
 
 def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
     """Whether advance() could do anything for this stopping run now (pure: no store, no OS).
-    Keep in step with advance()'s early returns."""
-    if row.signal_stage in ("done", "refused", "failed", "not_signalled"):
+    advance() starts by asking this, so the two cannot disagree."""
+    if row.signal_stage not in lc.ACTING_STAGES:  # done, or waiting for a process it will not signal
         return False
     if _since(row.stop_requested_at, now) < daemon.cancel_grace_s:
         return False
@@ -92,15 +95,13 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
             now: dt.datetime, by: str, sharing: int) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come."""
+    if not due(row, now, daemon, killer.host):
+        return
     stage = row.signal_stage
-    if stage in ("done", "refused", "failed", "not_signalled"):
-        return
-    if _since(row.stop_requested_at, now) < daemon.cancel_grace_s:
-        return
     grace = f"{daemon.cancel_grace_s:g} s"
 
     if row.kill_mode == lc.COOPERATIVE:
-        if _set_stage(conn, row, None, "not_signalled", now, signalled_at=now):
+        if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now, signalled_at=now):
             outcome = f"did not stop {grace} after the cooperative stop; shares its process with {sharing} other runs"
             iid = record(conn, at=now, action="not_signalled", by=by, run_id=row.id, reason=row.stop_reason,
                          outcome=outcome)
@@ -108,10 +109,8 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
             enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
         return
 
-    if row.host != killer.host:
-        return  # the daemon on the run's own host signals it
     if row.pid is None or row.pid_create_time is None:
-        _fail(conn, row, None, "refused", "signal_refused", "not signalled: the run registered no process identity",
+        _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", "not signalled: the run registered no process identity",
               now, by, facts, budgets)
         return
     leader = ProcessIdentity(row.host, row.pid, row.pid_create_time)
@@ -123,7 +122,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
                     budgets, escalated=False)
             return
         if refusal:
-            _fail(conn, row, None, "refused", "signal_refused", f"not signalled: {refusal}", now, by, facts, budgets)
+            _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {refusal}", now, by, facts, budgets)
             return
         out = killer.terminate(leader, row.kill_mode)
         if out.refused in GONE_REASONS:  # it exited between the check and the signal
@@ -131,10 +130,10 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
                     budgets, escalated=False)
             return
         if out.refused:
-            _fail(conn, row, None, "refused", "signal_refused", f"not signalled: {out.refused}", now, by, facts,
+            _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {out.refused}", now, by, facts,
                   budgets)
             return
-        if _set_stage(conn, row, None, "term", now, signalled_at=now):
+        if _set_stage(conn, row, None, lc.Stage.TERM, now, signalled_at=now):
             detail = {"targets": [t.to_json() for t in out.targets], "skipped": list(out.skipped)}
             record(conn, at=now, action="sigterm", by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
                    outcome=out.summary())
@@ -143,21 +142,21 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
     targets = _signalled_targets(conn, row.id) or [leader]
     alive = killer.alive(targets)
     waited_s = _since(row.signalled_at, now)
-    if stage == "term":
+    if stage == lc.Stage.TERM:
         if not alive:
-            _finish(conn, row, "term", f"SIGTERM after {grace}; exited within {waited_s:.1f} s", now, by, facts,
+            _finish(conn, row, lc.Stage.TERM, f"SIGTERM after {grace}; exited within {waited_s:.1f} s", now, by, facts,
                     budgets, escalated=True)
         elif waited_s >= daemon.term_grace_s:
             out = killer.kill(leader, row.kill_mode, targets)
-            if _set_stage(conn, row, "term", "kill", now, signalled_at=now):
+            if _set_stage(conn, row, lc.Stage.TERM, lc.Stage.KILL, now, signalled_at=now):
                 record(conn, at=now, action="sigkill", by=by, run_id=row.id, reason=row.stop_reason,
                        detail={"targets": [t.to_json() for t in out.targets]}, outcome=out.summary())
-    elif stage == "kill":
+    elif stage == lc.Stage.KILL:
         if not alive:
-            _finish(conn, row, "kill",
+            _finish(conn, row, lc.Stage.KILL,
                     f"ignored SIGTERM for {daemon.term_grace_s:g} s; SIGKILL; gone within {waited_s:.1f} s",
                     now, by, facts, budgets, escalated=True)
         elif waited_s >= KILL_CONFIRM_S:
             pids = ", ".join(str(t.pid) for t in alive)
-            _fail(conn, row, "kill", "failed", "stop_failed",
+            _fail(conn, row, lc.Stage.KILL, lc.Stage.FAILED, "stop_failed",
                   f"still alive {waited_s:.0f} s after SIGKILL (pids {pids}; uninterruptible?)", now, by, facts, budgets)

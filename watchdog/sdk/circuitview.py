@@ -23,10 +23,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import and_, or_, select, update
-
 from watchdog.core.lifecycle import Circuit
-from watchdog.store.schema import tool_circuits, utcnow
+from watchdog.store import probes
+from watchdog.store.schema import utcnow
 
 CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
 
@@ -55,10 +54,7 @@ class CircuitView:
         self._loaded_at = float("-inf")
         self._lock = threading.Lock()
         d = writer.dialect
-        self._select = (
-            "SELECT tool, state, open_until, errors_in_window, window_s, last_error, probe_run_id "
-            "FROM tool_circuits WHERE state <> 'closed'"
-        )
+        self._select = d.select_circuits
         self._parse_ts = d.parse_ts
 
     def refresh(self, force: bool = False):
@@ -99,26 +95,14 @@ class CircuitView:
         probes, or the daemon re-opened it). The UPDATE is conditional, so of any
         number of concurrent callers in any number of processes one wins.
         """
-        now = utcnow()
-        t = tool_circuits
-        claim = (
-            update(t)
-            .where(t.c.tool == tool,
-                   or_(and_(t.c.state == Circuit.OPEN, t.c.open_until <= now),
-                       and_(t.c.state == Circuit.HALF_OPEN, t.c.probe_run_id.is_(None))))
-            .values(state=Circuit.HALF_OPEN, probe_run_id=run_id, probe_at=now, updated_at=now)
-        )
         try:
-            with self.writer.engine.begin() as conn:
-                won = conn.execute(claim).rowcount == 1
-                state = None if won else conn.execute(select(t.c.state).where(t.c.tool == tool)).scalar()
-        except Exception:
-            return None  # store down: an open circuit stays open for us
+            won, state = probes.claim_probe(self.writer.engine, tool, run_id, utcnow())
+        except Exception:  # noqa: BLE001 — store down: an open circuit stays open for us
+            return None
         self.refresh(force=True)
         if won:
             return PROBE
         return ALLOW if state in (None, Circuit.CLOSED) else None
-
 
     def probe_succeeded(self, tool: str, run_id: str) -> bool:
         """Close `tool`'s circuit at once after this run's probe succeeded.
@@ -127,13 +111,8 @@ class CircuitView:
         callers at most one closes it, and a circuit the daemon re-opened meanwhile stays
         open. The probe's id is kept on the closed row: the daemon audits the close and
         alerts from it (the SDK writes no audit or alert text)."""
-        now = utcnow()
-        t = tool_circuits
         try:
-            with self.writer.engine.begin() as conn:
-                done = conn.execute(
-                    update(t).where(t.c.tool == tool, t.c.state == Circuit.HALF_OPEN, t.c.probe_run_id == run_id)
-                    .values(state=Circuit.CLOSED, open_until=None, errors_in_window=0, updated_at=now)).rowcount == 1
+            done = probes.close_after_probe(self.writer.engine, tool, run_id, utcnow())
         except Exception:  # noqa: BLE001 — store down: the daemon closes it from the probe's event
             return False
         self.refresh(force=True)

@@ -17,10 +17,14 @@ import threading
 from sqlalchemy.engine import Engine
 
 from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.core.lifecycle import ACTIVE_STATUSES, Circuit
 from watchdog.store.schema import SQLITE_TS_FORMAT
 
 # Dialect.ts spells this format with isoformat, which is ~3x faster than strftime.
 assert SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
+
+# The statuses literal in SQL text, from the lifecycle (never spelled out by hand).
+ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
 
 EVENT_COLUMNS = (
     "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
@@ -65,7 +69,14 @@ class Dialect:
         self.end_run = (
             f"UPDATE runs SET status = {ph}, ended_at = {ph}, "
             f"stop_reason = COALESCE(stop_reason, {ph}), stop_detail = COALESCE(stop_detail, {ph}) "
-            f"WHERE id = {ph} AND status IN ('running', 'stopping')"
+            f"WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
+        )
+        # A note for humans on a run whose tool has not answered yet (watchdog.sdk.inflight).
+        self.set_progress = f"UPDATE runs SET progress = {ph} WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
+        # The SDK's cached view of the circuits the daemon opened (watchdog.sdk.circuitview).
+        self.select_circuits = (
+            "SELECT tool, state, open_until, errors_in_window, window_s, last_error, probe_run_id "
+            f"FROM tool_circuits WHERE state <> '{Circuit.CLOSED}'"
         )
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
         self.sqlite = sqlite
