@@ -63,7 +63,7 @@ def period_line(state: PeriodState, now: dt.datetime, tz: dt.tzinfo) -> str:
     rate = state.rate_eur_per_min
     rate_txt = f" at {rate:.{2 if rate >= 0.1 else 4}f} EUR/min" if rate else ""
     if state.closed:
-        return f"{state.label} is spent ({spent}); new runs are refused until {when(state.end, now, tz)}"
+        return f"{state.label} is spent ({spent}): new runs refused until {when(state.end, now, tz)}"
     if state.runs_out_at is not None:
         return f"{state.label} runs out at {when(state.runs_out_at, now, tz)}{rate_txt} ({spent})"
     rest = "the day" if state.period == DAY else "the month"

@@ -10,8 +10,9 @@ Order within a tick (watchdog.daemon.ticker drives it):
    concurrent first runs are summed, never each compared with an empty ledger;
 3. the ticker stops the running runs of closed scopes (`closing`), like any verdict, and
    `book`s the ended runs (a compare-and-set each: exactly once over all daemons);
+   `publish_closed` comes first: a new `wd.run()` is refused from then on;
 4. `after`: warn / closed alerts (once per period), unpriced-model alerts (once per model
-   and day), the published state (closed scopes: a new `wd.run()` is refused), drift.
+   and day), the published state (spend, burn rates), drift.
 """
 
 from __future__ import annotations
@@ -228,21 +229,30 @@ class Money:
     def published_state(self) -> dict:
         return {"tz": self.config.pricing.budget_tz, "periods": [s.to_json() for s in self.states]}
 
-    def _publish(self, engine, now) -> None:
-        """The closed scopes at once when they change (the SDK refuses new runs by them);
-        the whole state, with burn rates for `budgets` and `top`, every STATE_REFRESH_S."""
+    def publish_closed(self, engine, now: dt.datetime) -> bool:
+        """The spent budgets, for the SDK's check at run start: written when they change, and
+        before the tick stops the runs they cover — an agent that sees its run stopped for
+        daily_budget and asks for a new one is refused, never let through by a race."""
         closed = [closed_entry(s) for s in self.closed.values()]
         ident = tuple(sorted((e["scope"], e["name"], e["reason"], e["until"]) for e in closed))
+        if ident == self._published:
+            return False
+        with engine.begin() as conn:
+            _put(conn, CLOSED_KEY, closed, now)
+        self._published = ident
+        return True
+
+    def _publish(self, engine, now) -> None:
+        """Every period budget's state, with burn rates for `budgets` and `top`, every STATE_REFRESH_S."""
+        changed = self.publish_closed(engine, now)
         fresh = self._published_at is not None and 0 <= (now - self._published_at).total_seconds() < STATE_REFRESH_S
-        if ident == self._published and fresh:
+        if fresh and not changed:
             return
         state = self.published_state()
         state["at"] = now.isoformat()
         with engine.begin() as conn:
-            if ident != self._published:
-                _put(conn, CLOSED_KEY, closed, now)
             _put(conn, STATE_KEY, state, now)
-        self._published, self._published_at = ident, now
+        self._published_at = now
 
     def _prune(self, engine, now) -> None:
         if self._pruned_at is not None and 0 <= (now - self._pruned_at).total_seconds() < PRUNE_EVERY_S:

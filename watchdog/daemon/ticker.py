@@ -139,6 +139,8 @@ class Ticker:
                     due = self._closing(light, due, money)
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, due)
+        if money is not None:
+            self._safely(money.publish_closed, now)  # before the stops: see Money.publish_closed
         rep.new_events = len(new)
         rep.events = new
         rep.active = len(light)
@@ -163,6 +165,14 @@ class Ticker:
         self._touch_lease(now)
         rep.duration_s = time.perf_counter() - t0
         return rep
+
+    def _safely(self, fn, now):
+        try:
+            fn(self.engine, now)
+        except Exception as exc:  # noqa: BLE001 — retried next tick; never at the expense of the stops
+            if store_unavailable(exc):
+                raise
+            log.exception("%s failed; retried next tick", getattr(fn, "__name__", fn))
 
     def _money_after(self, money, now, rep):
         """Book the ended runs, then the alerts and the published state: after the stops, and
