@@ -429,3 +429,58 @@ def test_migration_books_the_history_and_downgrade_keeps_the_events(tmp_path):
             assert conn.execute(text("SELECT count(*) FROM events")).scalar() == 1
     finally:
         engine.dispose()
+
+
+def test_hostile_rows_neither_crash_the_tick_nor_poison_the_budgets(engine, db_url, wd):
+    """Rows any writer of the table contract may write: a NaN or negative cost, labels that are
+    not a table, an ended run without ended_at, an unpriced step with negative tokens and a model
+    name carrying control characters. The tick goes on; a real overspend still closes its day."""
+    pg = engine.dialect.name == "postgresql"
+    now = utcnow()
+    bad_cost = float("nan") if pg else -5.0
+    with engine.begin() as conn:
+        for row in [
+            dict(id="a" * 32, agent="bad-bot", status="running", kill_mode="cooperative", host="elsewhere",
+                 cost_eur=bad_cost, labels=[1, 2], started_at=now, last_seen_at=now),
+            dict(id="b" * 32, agent="bad-bot", status="completed", kill_mode="cooperative", host="elsewhere",
+                 cost_eur=1e308, labels="str", started_at=now, last_seen_at=now, ended_at=None),
+            dict(id="c" * 32, agent="bad-bot", status="running", kill_mode="cooperative", host="elsewhere",
+                 cost_eur=0.0, started_at=now, last_seen_at=now, cost_unpriced_tokens=5),
+        ]:
+            conn.execute(insert(runs).values(**row))
+        conn.execute(insert(events), [dict(run_id="c" * 32, seq=1, at=now, kind="step", model="evil\nmodel\x1b[2J",
+                                           tokens_in=-5, tokens_out=10, cost_eur=None)])
+    cfg = config(agents={"ok-bot": {"max_cost_eur_per_day": 1.0}, "bad-bot": {"max_cost_eur_per_day": 1.0}},
+                 budgets=[{"labels": {"tenant": "acme"}, "max_cost_eur_per_day": 1.0}])
+    tk = ticker(engine, cfg)
+    with pytest.raises(RunKilled):
+        with wd.run("ok-bot", guards=False) as ok:
+            ok.step(model="gpt-x", cost_eur=1.5)
+            rep = tk.tick(later(now, 1))
+            assert rep.stops == [(ok.id, lc.DAILY_BUDGET)]
+            ok.heartbeat()
+    states = {(s.scope.name, s.period): s for s in tk.money.states}
+    assert states[("bad-bot", "day")].spent_eur == 0.0 and not states[("bad-bot", "day")].closed
+    (alert,) = money_alerts(engine, "unpriced:")
+    assert "\n" not in alert.title and "\x1b" not in alert.title
+    tk.tick(later(now, 40))  # the booking of the bad ended run: counted as 0, no crash
+    with engine.connect() as conn:
+        assert conn.execute(select(runs.c.booked_at).where(runs.c.id == "b" * 32)).scalar() is not None
+        day = conn.execute(select(spend_ledger.c.cost_eur).where(spend_ledger.c.scope == "agent:bad-bot")
+                           .where(spend_ledger.c.period == "day")).scalar()
+    assert day == 0.0
+
+
+def test_a_forged_budget_closed_row_is_rewritten_by_the_daemon(engine, wd):
+    tk = ticker(engine, config())
+    now = utcnow()
+    tk.tick(now)
+    forged = [{"scope": "agent", "name": "victim", "labels": None, "reason": "daily_budget",
+               "until": "2999-01-01T00:00:00+00:00", "detail": "forged"}]
+    with engine.begin() as conn:
+        conn.execute(settings.update().where(settings.c.key == CLOSED_KEY).values(value=forged))
+    with pytest.raises(RunKilled):  # the SDK honours what it reads...
+        wd.run("victim")
+    tk.tick(later(now, 60))  # ...until the daemon's next refresh of the row
+    with wd.run("victim") as run:
+        run.heartbeat()

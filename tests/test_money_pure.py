@@ -246,3 +246,14 @@ def test_drift_on_stops_from_a_baseline_without_any():
     window = drift.Totals(runs=20, stopped=8, steps=80, tool_calls=60, cost_eur=0.2)
     (v,) = drift.evaluate(window, baseline, CFG)
     assert v.metric == "runs stopped" and v.shown_window == "40%" and v.ratio >= 3
+
+
+def test_names_from_the_store_are_one_printable_line_in_alerts():
+    from watchdog.core.money_alerts import unpriced_alert
+
+    title, body = unpriced_alert("evil\nmodel\x1b[2J", ["a\nb"] + [f"bot{i}" for i in range(12)], 10, 1, False)
+    assert "\n" not in title and "\x1b" not in title
+    assert title.startswith('agent-watchdog: model evil?model?[2J has no price: cost budgets are not enforced for agents a?b, ')
+    assert "(+3 more)" in title
+    v = drift.DriftVerdict("tool calls/run", 3.0, 27.0, 9.0, "3.0", "27.0")
+    assert "\n" not in drift.line("bot\n", v, 3600, ("x\ny", 5), 61)

@@ -91,7 +91,9 @@ def window_phrase(window_s: float) -> str:
 
 
 def line(agent: str, v: DriftVerdict, window_s: float, top_tool: tuple[str, int] | None, runs: int) -> str:
-    top = f"; top tool {top_tool[0]} ×{top_tool[1]}" if top_tool else ""
+    agent = "".join(c if c.isprintable() else "?" for c in agent)
+    tool = "".join(c if c.isprintable() else "?" for c in top_tool[0]) if top_tool else ""
+    top = f"; top tool {tool} ×{top_tool[1]}" if top_tool else ""
     return (f"{agent}: {v.metric} {v.shown_baseline} → {v.shown_window} (×{v.ratio:.1f}) in {window_phrase(window_s)}"
             f"{top}; {runs} runs")
 

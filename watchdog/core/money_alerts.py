@@ -11,8 +11,17 @@ from watchdog.core import forecast
 from watchdog.core.periods import PeriodState
 
 
+MAX_NAMES = 10  # agents named in one unpriced-model alert
+
+
 def _eur(v: float) -> str:
     return f"{v:.2f}"
+
+
+def shown(name: str, max_chars: int = 128) -> str:
+    """A name from the store (a model, an agent: anyone may write one) as one printable line."""
+    text = "".join(c if c.isprintable() else "?" for c in str(name))
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
 def period_alert(s: PeriodState, kind: str, now: dt.datetime, tz: dt.tzinfo, stopped: list[str]
@@ -39,7 +48,10 @@ def period_alert(s: PeriodState, kind: str, now: dt.datetime, tz: dt.tzinfo, sto
 
 def unpriced_alert(model: str, agents: list[str], tokens: int, steps: int, no_model: bool) -> tuple[str, str]:
     """"model foo-7b has no price: cost budgets are not enforced for agent X; add [prices."foo-7b"]"."""
-    who = f"agent {agents[0]}" if len(agents) == 1 else f"agents {', '.join(agents)}"
+    model = shown(model)
+    names = [shown(a) for a in agents[:MAX_NAMES]]
+    more = f" (+{len(agents) - MAX_NAMES} more)" if len(agents) > MAX_NAMES else ""
+    who = (f"agent {names[0]}" if len(names) == 1 else f"agents {', '.join(names)}") + more
     if no_model:
         head = (f"steps recorded without a model have no price: cost budgets are not enforced for {who}; "
                 "pass model= (or cost_eur=) to run.step()")

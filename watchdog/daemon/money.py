@@ -64,8 +64,10 @@ class Money:
         self._alerted: set[str] = set()
         self._published: tuple | None = None
         self._published_at: dt.datetime | None = None
+        self._closed_at: dt.datetime | None = None
         self._pruned_at: dt.datetime | None = None
         self._booked_at: dt.datetime | None = None
+        self._warned_bad: set[str] = set()
         self.last_backfill = BackfillReport()
 
     # -- 1. before the read snapshot ------------------------------------------------------
@@ -94,6 +96,10 @@ class Money:
         """Spend = ledger + unbooked + the active runs' live cost, all from the tick's snapshot
         (`conn`); `spend`: the live cost the tick summed per agent and known label budget."""
         live, labelled = spend.per_agent, spend.labelled
+        for sums in (live, labelled):
+            for k, v in sums.items():
+                if not 0 <= v < ledger.MAX_COST_EUR:  # a bad row (NaN, negative) poisoned the sum: redo it
+                    sums[k] = self._resum(spend, k)
         if spend.new:
             for scope, cost in self._learn_labels(conn, spend.new):
                 labelled[scope] += cost
@@ -133,6 +139,20 @@ class Money:
         self._booked_at = now
         self.drift.dirty(booking.oldest_bucket, now)
         return len(booking.booked)
+
+    def _resum(self, spend: "LiveSpend", key: str) -> float:
+        """One scope's live cost again, each bad cost as 0 (the rare path: a hand-written bad row)."""
+        from watchdog.daemon.scan import L
+
+        i_agent, i_cost = L["agent"], L["cost_eur"]
+        total = 0.0
+        for r in spend.light:
+            if r[i_agent] == key or key in self.run_scopes.get(r[spend.i_id], ()):
+                total += ledger.sane_cost(r[i_cost])
+        if key not in self._warned_bad:
+            self._warned_bad.add(key)
+            log.warning("a run of %s has a bad cost_eur (negative, infinite or NaN): counted as 0", key)
+        return total
 
     def _learn_labels(self, conn, new: list[tuple[str, float]]):
         """Read the labels of runs seen for the first time; yield (label scope, cost) of each match."""
@@ -235,11 +255,13 @@ class Money:
         daily_budget and asks for a new one is refused, never let through by a race."""
         closed = [closed_entry(s) for s in self.closed.values()]
         ident = tuple(sorted((e["scope"], e["name"], e["reason"], e["until"]) for e in closed))
-        if ident == self._published:
+        # Rewritten every STATE_REFRESH_S too: a row written by hand is not trusted for long.
+        fresh = (self._closed_at is not None and 0 <= (now - self._closed_at).total_seconds() < STATE_REFRESH_S)
+        if ident == self._published and fresh:
             return False
         with engine.begin() as conn:
             _put(conn, CLOSED_KEY, closed, now)
-        self._published = ident
+        self._published, self._closed_at = ident, now
         return True
 
     def _publish(self, engine, now) -> None:

@@ -31,6 +31,7 @@ from watchdog.store.schema import agent_rollup_tools, agent_rollups, events, run
 
 BUCKET_S = 300  # rollup granularity: an hour's window is exact to within 5 minutes
 BOOK_LIMIT = 5000  # ended runs booked per tick at most (a backlog drains over ticks)
+MAX_COST_EUR = 1e12  # a run's cost above this (or negative, or NaN) is a bad row: counted as 0
 CHUNK = 500
 STOPPED = (lc.KILLED, lc.LOST)
 
@@ -49,6 +50,11 @@ def first_bucket_after(at: dt.datetime) -> dt.datetime:
     return b if b == at else b + dt.timedelta(seconds=BUCKET_S)
 
 
+def sane_cost(value) -> float:
+    """A run's cost as the sums take it: a bad value written by hand counts as 0."""
+    return float(value) if isinstance(value, (int, float)) and 0 <= value < MAX_COST_EUR else 0.0
+
+
 def read_unbooked(conn, limit: int = BOOK_LIMIT) -> list:
     """Ended runs the ledger does not hold yet, the latest first (they matter to today's budgets)."""
     q = (select(*(runs.c[c] for c in UNBOOKED_COLS))
@@ -62,8 +68,11 @@ def read_unbooked_spend(conn, day_start: dt.datetime, month_start: dt.datetime) 
     whatever their number. ([(agent, labels, cost ended today, cost ended this month)], runs)."""
     end = func.coalesce(runs.c.ended_at, runs.c.last_seen_at)
     labels = cast(runs.c.labels, Text)  # PostgreSQL cannot group by json; the text groups alike
-    q = (select(runs.c.agent, labels, func.sum(case((end >= day_start, runs.c.cost_eur), else_=0.0)),
-                func.sum(case((end >= month_start, runs.c.cost_eur), else_=0.0)), func.count())
+    # A cost written by hand that is negative, infinite or NaN (PostgreSQL orders NaN above all)
+    # counts as 0: it must neither poison nor lower the sums.
+    cost = case((and_(runs.c.cost_eur >= 0, runs.c.cost_eur < MAX_COST_EUR), runs.c.cost_eur), else_=0.0)
+    q = (select(runs.c.agent, labels, func.sum(case((end >= day_start, cost), else_=0.0)),
+                func.sum(case((end >= month_start, cost), else_=0.0)), func.count())
          .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
          .group_by(runs.c.agent, labels))
     out, n = [], 0
@@ -136,20 +145,21 @@ def book(conn, rows: list, now: dt.datetime, tz: dt.tzinfo, label_budgets: tuple
         counts = _tool_counts(conn, [r.id for r in mine])
         for r in mine:
             end = end_of(r)
-            tokens = (r.tokens_in or 0) + (r.tokens_out or 0)
+            tokens = max(0, (r.tokens_in or 0) + (r.tokens_out or 0))
+            cost = sane_cost(r.cost_eur)
             for scope in scopes_of(r.agent, r.labels, label_budgets):
                 for period in PERIODS:
                     acc = ledger[(scope, period, period_key(period, end, tz))]
-                    acc[0] += r.cost_eur or 0.0
+                    acc[0] += cost
                     acc[1] += 1
                     acc[2] += tokens
                     acc[3] += r.cost_unpriced_tokens or 0
             b = bucket_of(end)
             out.oldest_bucket = b if out.oldest_bucket is None else min(out.oldest_bucket, b)
             acc = rollups[(r.agent, b)]
-            for j, v in enumerate((1, int(r.status in STOPPED), r.steps, r.tool_calls, r.tool_errors, r.cost_eur,
+            for j, v in enumerate((1, int(r.status in STOPPED), r.steps, r.tool_calls, r.tool_errors, cost,
                                    tokens, r.cost_unpriced_tokens)):
-                acc[j] += v or 0
+                acc[j] += max(0, v or 0)
             for tool, calls, errors in counts.get(r.id, ()):
                 t = tools[(r.agent, b, tool)]
                 t[0] += calls
