@@ -54,7 +54,7 @@ def test_a_grant_pins_the_runs_budgets_and_the_time_paused_does_not_count():
     cols = grant.columns(Budgets(), paused_s=120.0)
     assert grant.columns(Budgets(), paused_s=0.4)["max_wall_s"] == 300.0  # under a second: not worth a change
     assert cols == {"max_wall_s": 420.0, "max_steps": 17, "max_tool_calls": 40, "max_cost_eur": 2.5,
-                    "max_identical_calls": 3, "heartbeat_timeout_s": 120.0}
+                    "max_tokens": 2_000_000, "max_identical_calls": 3, "heartbeat_timeout_s": 120.0}
     assert grant.describe(Budgets(), cols) == "max_steps 12 → 17, max_cost_eur 2 → 2.5, max_wall_s 300 → 420"
     with pytest.raises(ValueError, match="--add-steps: expected an integer > 0"):
         ap.Grant.from_options(add_steps=0)

@@ -1,7 +1,7 @@
 """runs: parent_id (child runs), paused_at and resumes (pause and approve), partial (a stopped run's partial result)
 
 Revision ID: 0007
-Revises: 0002
+Revises: 0004
 Create Date: 2026-12-01
 
 The new status `paused` needs no column. Where the store already checks the status
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 # Self-contained: a migration never imports the application.
 
 revision = '0007'
-down_revision = '0002'
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 
@@ -62,6 +62,13 @@ def downgrade():
     op.execute("UPDATE runs SET status = 'running', paused_at = NULL WHERE status = 'paused'")
     _replace_status_check(STATUSES)
     op.drop_index(op.f('ix_runs_parent_id'), table_name='runs')
+    columns = ('partial', 'resumes', 'paused_at', 'parent_id')
+    bind = op.get_bind()
+    if bind.dialect.name == 'sqlite' and bind.dialect.dbapi.sqlite_version_info >= (3, 35):
+        # In place: a batch recreate would drop `runs`, and with it (ON DELETE CASCADE) every event.
+        for col in columns:
+            op.execute(f"ALTER TABLE runs DROP COLUMN {col}")
+        return
     with op.batch_alter_table('runs') as b:
-        for col in ('partial', 'resumes', 'paused_at', 'parent_id'):
+        for col in columns:
             b.drop_column(col)

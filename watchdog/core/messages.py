@@ -29,6 +29,8 @@ class RunFacts:
     last_error: str | None = None
     progress: str | None = None  # the last heartbeat's text: for a hung run, where it hangs
     tokens: int = 0  # in + out
+    unpriced_tokens: int = 0  # tokens of steps no price table priced: their cost is not in cost_eur
+    forecast: tuple[str, ...] = ()  # burn-rate lines (watchdog.core.forecast): the run's, its period budgets'
     partial: str | None = None  # what the run stored with run.partial(): kept across a stop
     top_child: str | None = None  # a parent run: its child run that spent most, as one line
     reason: str | None = None  # why it stopped, for the partial-answer line
@@ -59,6 +61,9 @@ def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:
     tail = ["", *counters(f, b), top_tool_line(f)]
     if f.top_child:
         tail.append(f"child that spent most: {f.top_child}")
+    if f.unpriced_tokens:
+        tail.append(f"unpriced: {f.unpriced_tokens} tokens of models no price table knows (not in the cost)")
+    tail += list(f.forecast)
     if f.progress:
         tail.append(f"last progress: {f.progress[:200]}")
     if f.partial:

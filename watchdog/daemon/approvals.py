@@ -19,21 +19,25 @@ from watchdog.store.approvals import acknowledge, pause_key, request_pause
 log = logging.getLogger("watchdog.tick")
 
 
-def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep) -> None:
-    """Pause or stop a running run over budget (one transaction, the caller's)."""
+def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep) -> tuple[str, object, bool]:
+    """Pause or stop a running run over budget (one transaction, the caller's):
+    ("pause" | "stop", the verdict acted on, whether this tick did it)."""
     action, v = ap.decide(verdicts, budgets)
     if action == "pause":
-        if request_pause(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                         run_facts=facts):
+        done = request_pause(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
+                             run_facts=facts)
+        if done:
             rep.pauses.append((row.id, v.reason))
             tk._pause_seen.add(pause_key(row, now))
             log.warning("paused: %s run %s — %s (%s); waiting for resume or kill", row.agent, row.id[:8],
                         v.reason, v.detail)
-        return
-    if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                    run_facts=facts):
+        return action, v, done
+    done = request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
+                        run_facts=facts)
+    if done:
         rep.stops.append((row.id, v.reason))
         log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
+    return action, v, done
 
 
 def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:

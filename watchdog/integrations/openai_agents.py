@@ -41,7 +41,8 @@ left; spend rolled up into the parent):
   The SDK reports no link between the two runs, so without those hooks the nested agent
   is not recorded at all.
 
-Extra: `pip install 'agent-watchdog[openai-agents]'` (openai-agents >= 0.4: `ToolContext.tool_arguments`).
+Extra `openai-agents` (openai-agents >= 0.24): `pip install '.[openai-agents]'` from a checkout, or
+`pip install 'agent-watchdog-daemon[openai-agents]'`.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ try:
     from agents import RunHooks
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "watchdog.integrations.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'agent-watchdog[openai-agents]'"
+        "watchdog.integrations.openai_agents needs the OpenAI Agents SDK (the `openai-agents` extra): "
+        "pip install '.[openai-agents]' from a checkout of agent-watchdog, "
+        "or pip install 'agent-watchdog-daemon[openai-agents]'"
     ) from exc
 
 from watchdog.errors import RunKilled
@@ -203,8 +205,12 @@ class WatchdogRunHooks(RunBinding, RunHooks):
 
     def _after_model(self, agent, response):
         usage = getattr(response, "usage", None)
-        self._run_for(agent).step(model=self._model or _model_name(agent), tokens_in=_int(getattr(usage, "input_tokens", 0)),
-                      tokens_out=_int(getattr(usage, "output_tokens", 0)))
+        tokens_in, tokens_out = _int(getattr(usage, "input_tokens", 0)), _int(getattr(usage, "output_tokens", 0))
+        # The Responses API's details: cached input tokens and reasoning tokens (parts of the totals).
+        cached = _int(getattr(getattr(usage, "input_tokens_details", None), "cached_tokens", 0))
+        reasoning = _int(getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", 0))
+        self._run_for(agent).step(model=self._model or _model_name(agent), tokens_in=tokens_in, tokens_out=tokens_out,
+                      cached_tokens_in=min(cached, tokens_in), reasoning_tokens=min(reasoning, tokens_out))
 
     async def on_tool_start(self, context, agent, tool) -> None:
         self._obey(self._before_tool, context, agent, tool)

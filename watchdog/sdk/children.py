@@ -77,7 +77,9 @@ def no_room(parent, left: dict) -> None:
 
 
 def spent_in_process(parent) -> dict:
-    return {m: getattr(parent, attr) for m, attr in _SPENT.items()}
+    spent = {m: getattr(parent, attr) for m, attr in _SPENT.items()}
+    spent["tokens"] = parent.tokens_in + parent.tokens_out
+    return spent
 
 
 def from_store(wd, parent_id: str):
@@ -99,5 +101,6 @@ def from_store(wd, parent_id: str):
     budgets = bud.for_run(wd.config().profile(row["agent"]), row)
     started = d.parse_ts(row["started_at"])
     age_s = (dt.datetime.now(dt.timezone.utc) - started).total_seconds() if started else 0.0
-    spent = {"steps": row["steps"], "tool_calls": row["tool_calls"], "cost_eur": row["cost_eur"], "age_s": age_s}
+    spent = {"steps": row["steps"], "tool_calls": row["tool_calls"], "cost_eur": row["cost_eur"], "age_s": age_s,
+             "tokens": (row["tokens_in"] or 0) + (row["tokens_out"] or 0)}
     return tuple(chain), budgets, left_of(budgets, spent)

@@ -54,7 +54,7 @@ def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
         duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error,
         progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
-        partial=getattr(row, "partial", None))
+        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0, partial=getattr(row, "partial", None))
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,

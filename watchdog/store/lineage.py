@@ -65,8 +65,8 @@ def poll_sql(dialect, n: int) -> str:
     return f"SELECT status, stop_reason, stop_detail, id FROM runs WHERE id IN ({', '.join([ph] * n)})"
 
 
-PARENT_COLUMNS = ("id", "agent", "status", "parent_id", "steps", "tool_calls", "cost_eur", "started_at", "resumes",
-                  *bud.RUN_BUDGET_KEYS)
+PARENT_COLUMNS = ("id", "agent", "status", "parent_id", "steps", "tool_calls", "cost_eur", "tokens_in", "tokens_out",
+                  "started_at", "resumes", *bud.RUN_BUDGET_KEYS)
 
 
 def parent_sql(dialect) -> tuple[tuple[str, ...], str]:
