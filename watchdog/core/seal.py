@@ -24,10 +24,16 @@ KEY_MIN_BYTES = 32
 
 
 class Sealer:
-    def __init__(self, key: bytes):
+    """`host`: whose daemon holds the key (alerts say which daemon sealed them)."""
+
+    def __init__(self, key: bytes, host: str = ""):
         if not isinstance(key, bytes) or len(key) < KEY_MIN_BYTES:
             raise ValueError(f"key: expected at least {KEY_MIN_BYTES} bytes")
         self._key = key
+        self.host = host
+
+    def __repr__(self) -> str:  # never the key
+        return f"Sealer(host={self.host!r})"
 
     def _mac(self, kind: str, *fields) -> str:
         h = hmac.new(self._key, digestmod=hashlib.sha256)
@@ -55,15 +61,16 @@ class Sealer:
 
     # -- what a SIGTERM reached ----------------------------------------------------
 
-    def targets(self, run_id: str, targets: Iterable[tuple[str, int, float]]) -> str:
-        flat = [x for host, pid, ct in sorted(targets, key=lambda t: (t[0], int(t[1])))
-                for x in (host, int(pid), float(ct))]
+    def targets(self, run_id: str, targets: Iterable[tuple[str, int, float, int]]) -> str:
+        """(host, pid, create time, uid or -1) of each process."""
+        flat = [x for host, pid, ct, uid in sorted(targets, key=lambda t: (t[0], int(t[1])))
+                for x in (host, int(pid), float(ct), int(uid))]
         return self._mac("targets/1", run_id, len(flat), *flat)
 
     def targets_ok(self, mac, run_id, targets) -> bool:
         try:
             expected = self.targets(run_id, targets)
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError):  # a forged row's odd shapes
             return False
         return self._ok(expected, mac)
 

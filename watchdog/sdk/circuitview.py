@@ -2,9 +2,15 @@
 
 The daemon opens and closes circuits (rows of `tool_circuits`); the SDK only
 reads them and, once an open circuit's time is up, competes for the single
-half-open probe with one conditional UPDATE, so across every process exactly
-one call gets through. The state is cached for at most `cache_s` (one daemon
-tick by default); `refresh(force=True)` reloads it at once.
+half-open probe with one conditional INSERT into `circuit_probes` (keyed by the
+tool and the open period), so across every process exactly one call gets
+through, and an agent never needs to write `tool_circuits` itself (on
+PostgreSQL the agents' role cannot). The state is cached for at most `cache_s`
+(one daemon tick by default); `refresh(force=True)` reloads it at once.
+
+What a refused call is told names the tool, the error class and the count:
+never the text of another run's error (it may carry that run's secrets, or
+words written to steer whichever model reads them).
 
 Decisions, per call of a tool whose row is not 'closed':
 
@@ -23,9 +29,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import String, and_, literal, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from watchdog.store.schema import tool_circuits, utcnow
+from watchdog.store.schema import UTCDateTime, circuit_probes, tool_circuits, utcnow
 
 CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
 
@@ -40,7 +48,7 @@ class CircuitState:
     open_until: dt.datetime | None
     errors: int
     window_s: float | None
-    last_error: str | None
+    error_class: str | None  # the most common error's class: all another run is told
     probe_run_id: str | None = None
 
 
@@ -55,8 +63,9 @@ class CircuitView:
         self._lock = threading.Lock()
         d = writer.dialect
         self._select = (
-            "SELECT tool, state, open_until, errors_in_window, window_s, last_error, probe_run_id "
-            "FROM tool_circuits WHERE state <> 'closed'"
+            "SELECT c.tool, c.state, c.open_until, c.errors_in_window, c.window_s, c.last_error_class, "
+            "COALESCE(c.probe_run_id, p.run_id) FROM tool_circuits c LEFT JOIN circuit_probes p "
+            "ON p.tool = c.tool AND p.opened_at = c.opened_at WHERE c.state <> 'closed'"
         )
         self._parse_ts = d.parse_ts
 
@@ -95,18 +104,20 @@ class CircuitView:
 
         Returns PROBE when this call won, ALLOW when the circuit closed (or its
         row vanished) meanwhile, None when the call must fail fast (someone else
-        probes, or the daemon re-opened it). The UPDATE is conditional, so of any
-        number of concurrent callers in any number of processes one wins.
+        probes, or the daemon re-opened it). The INSERT copies the circuit's open
+        period from its row only while the row is claimable, and (tool, opened_at)
+        is a primary key, so of any number of concurrent callers in any number of
+        processes one wins, once per open period.
         """
         now = utcnow()
         t = tool_circuits
-        claim = (
-            update(t)
-            .where(t.c.tool == tool,
-                   or_(and_(t.c.state == "open", t.c.open_until <= now),
-                       and_(t.c.state == "half_open", t.c.probe_run_id.is_(None))))
-            .values(state="half_open", probe_run_id=run_id, probe_at=now, updated_at=now)
-        )
+        insert = sqlite_insert if self.writer.dialect.sqlite else pg_insert
+        claim = insert(circuit_probes).from_select(
+            ["tool", "opened_at", "run_id", "claimed_at"],
+            select(t.c.tool, t.c.opened_at, literal(run_id, String(32)), literal(now, UTCDateTime()))
+            .where(t.c.tool == tool, t.c.opened_at.is_not(None), t.c.probe_run_id.is_(None),
+                   or_(and_(t.c.state == "open", t.c.open_until <= now), t.c.state == "half_open")),
+        ).on_conflict_do_nothing()
         try:
             with self.writer.engine.begin() as conn:
                 won = conn.execute(claim).rowcount == 1
@@ -148,8 +159,8 @@ class CircuitGate:
         st = self.st
         tool = tool or st.tool
         why = f"{st.errors} errors in {st.window_s:g} s" if st.window_s else f"{st.errors} errors"
-        if st.last_error:
-            why += f": {st.last_error}"
+        if st.error_class:
+            why += f", {st.error_class}"
         if st.state == "half_open" or (st.open_until is not None and st.open_until <= utcnow()):
             return f"ToolUnavailable: {tool} is being probed after failures ({why}); do not retry it now"
         until = st.open_until.astimezone().strftime("%H:%M:%S") if st.open_until else "further notice"
