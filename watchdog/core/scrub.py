@@ -39,7 +39,7 @@ _AUTH_HEADER = re.compile(r"(?i)\b((?:proxy-)?authori[sz]ation\b[\"']?\s*[:=]\s*
 _SCHEME_CRED = re.compile(r"(?i)\b(bearer|basic|token|digest)(\s+)([A-Za-z0-9._~+/=\-]{6,})")
 _KEY_VALUE = re.compile(
     r"(?i)(?P<key>[\w.\-]*" + _SECRET_KEY + r"[\w.\-]*)"
-    r"(?P<sep>[\"']?\s*(?:=|:|=>)\s*)"
+    r"(?P<sep>[\"']?\s*(?:=>|=|:)\s*)"
     r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s,;&)}\]\"']+)")
 _KNOWN_TOKENS = re.compile(
     r"\b(?:sk|pk|rk)[-_](?:live|test|proj|ant|or)?[-_]?[A-Za-z0-9_\-]{8,}"
