@@ -50,7 +50,9 @@ SELECT format('GRANT USAGE ON SEQUENCE %s TO %I', pg_get_serial_sequence('events
 -- What the daemon publishes, read only.
 GRANT SELECT ON settings, tool_circuits TO :"agents_role";
 
--- The half-open probe: the first INSERT of (tool, opened_at) wins it; the daemon judges it.
+-- The half-open probe: the first INSERT of (tool, opened_at) wins it, and the winner marks it
+-- ok when its call succeeded (the SDK then lets calls through); the daemon judges it from the events.
 GRANT SELECT, INSERT ON circuit_probes TO :"agents_role";
+GRANT UPDATE (ok) ON circuit_probes TO :"agents_role";
 
 COMMIT;

@@ -121,15 +121,25 @@ def test_half_open_lets_exactly_one_probe_through_and_its_success_closes(engine,
 
     calls, results = [], []
     gate = threading.Barrier(4)
+    others_refused = threading.Event()
+
+    def verify(iban, i):
+        calls.append(i)
+        # Answer once the three others were refused: a successful probe closes the circuit at
+        # once, and a caller arriving after that would rightly go through.
+        others_refused.wait(60)
+        return "valid"
 
     def probe(i):
         run = Watchdog(wd.engine.url.render_as_string(hide_password=False), circuit_cache_s=0).run(agent=f"p{i}")
         run.start()
         gate.wait()
         try:
-            results.append(run.tool_call("verify_iban", {"iban": "probe"}, lambda iban: calls.append(i) or "valid"))
+            results.append(run.tool_call("verify_iban", {"iban": "probe"}, lambda iban: verify(iban, i)))
         except ToolUnavailable as exc:
             results.append(str(exc))
+            if sum("being probed" in str(r) for r in results) == 3:
+                others_refused.set()
 
     threads = [threading.Thread(target=probe, args=(i,)) for i in range(4)]
     for t in threads:
@@ -140,11 +150,13 @@ def test_half_open_lets_exactly_one_probe_through_and_its_success_closes(engine,
     assert results.count("valid") == 1
     assert sum("being probed" in r for r in results) == 3
 
-    ticker.tick(utcnow())
-    assert _circuit(engine).state == "closed"
-    assert _actions(engine) == ["circuit_open", "circuit_half_open", "circuit_closed"]
+    assert _circuit(engine).state == "closed"  # at once, by the probe: no tick in between
     run = wd.run(agent="after").start()
+    wd.circuits.refresh(force=True)
     assert run.tool_call("verify_iban", {"iban": "ok"}, ok) == "valid"
+    ticker.tick(utcnow())  # the daemon audits and alerts the close, once
+    ticker.tick(utcnow())
+    assert _actions(engine) == ["circuit_open", "circuit_half_open", "circuit_closed"]
 
 
 def test_a_failed_probe_opens_the_circuit_again(engine, wd, ticker):

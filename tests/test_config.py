@@ -25,6 +25,7 @@ from watchdog.core.config import (
     parse,
     resolve_db_url,
 )
+from watchdog.daemon.notify import url_error
 from watchdog.errors import ConfigError
 
 
@@ -243,7 +244,7 @@ def test_bad_values_raise_one_line_config_errors(tmp_path, body, key):
 def test_unparsable_alert_urls_are_config_errors_that_do_not_echo_secrets(tmp_path, url):
     path = write(tmp_path, f'[alerts]\nurls = ["json://localhost/hook", "{url}"]\n')
     with pytest.raises(ConfigError) as err:
-        load(path)
+        load(path, url_error=url_error)
     _assert_one_line_naming(err.value, path, "alerts.urls[1]")
     if "/" in url.split("://", 1)[-1]:
         assert url.split("://", 1)[1] not in str(err.value)

@@ -34,7 +34,6 @@ def test_before_model_refuses_the_step_that_would_exceed_max_steps():
         g.before_model(0.0, 0.0)
         g.after_step(0.0)
     assert stop_reason(g.before_model, 0.0, 0.0) == lc.MAX_STEPS
-    assert stop_reason(g.before_step) == lc.MAX_STEPS
     assert g.steps == 3
 
 
@@ -123,11 +122,11 @@ def test_a_cached_repeat_uses_no_tool_call_but_counts_as_a_repeat():
     assert stop_reason(g.before_tool, "a", "h1", 0.0, cached=True) == lc.LOOP_DETECTED
 
 
-def test_after_tool_counts_an_attempt_not_a_second_signature():
-    # The integrations' flow: before_tool → the framework runs the tool → after_tool.
+def test_counting_an_attempt_does_not_count_a_second_signature():
+    # The choke point's flow: before_tool → the tool runs → count_tool_call.
     g = Guard({"max_identical_calls": 3})
     g.before_tool("a", "h1", 0.0)
-    g.after_tool("a", "h1")
+    g.count_tool_call()
     assert (g.tool_calls, g.signatures[A]) == (1, 1)
 
 

@@ -58,7 +58,7 @@ def head() -> str:
 
 def test_one_linear_history_ending_at_head():
     script = ScriptDirectory.from_config(migrate.alembic_config(make_engine("sqlite://")))
-    assert script.get_heads() == ["0001"]
+    assert len(script.get_heads()) == 1
     assert [r.revision for r in script.walk_revisions()][-1] == "0001"
     assert migrate.migrations_dir().joinpath("env.py").is_file()
 
@@ -127,17 +127,17 @@ def test_db_upgrade_twice_is_idempotent_and_keeps_data(fresh_url):
     runner = CliRunner()
     first = runner.invoke(main, ["--db", fresh_url, "db", "upgrade"])
     assert first.exit_code == 0, first.output
-    assert "revision 0001" in first.stdout
+    assert f"revision {migrate.head()}" in first.stdout
     wd = Watchdog(fresh_url)
     with wd.run(agent="keep-me") as run:
         run.step(tokens_in=5)
     wd.close()
     second = runner.invoke(main, ["db", "upgrade", "--db", fresh_url])
     assert second.exit_code == 0, second.output
-    assert "revision 0001" in second.stdout
+    assert f"revision {migrate.head()}" in second.stdout
     engine = make_engine(fresh_url)
     try:
-        assert migrate.current(engine) == "0001"
+        assert migrate.current(engine) == migrate.head()
         with engine.connect() as conn:
             assert conn.execute(text("SELECT agent, steps FROM runs")).one() == ("keep-me", 1)
             assert conn.execute(text("SELECT COUNT(*) FROM alembic_version")).scalar() == 1

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from watchdog.store import migrate
+
 REPO = Path(__file__).resolve().parents[1]
 TABLES = {"runs", "events", "interventions", "alerts", "tool_circuits", "settings", "daemons"}
 
@@ -76,11 +78,11 @@ def test_installed_wheel_upgrades_a_store_from_the_root_directory(venv, tmp_path
         result = subprocess.run([str(script), "db", "upgrade", "--db", f"sqlite:///{db}"], capture_output=True,
                                 text=True, timeout=120, cwd="/", env=clean_env())
         assert result.returncode == 0, result.stderr
-        assert "revision 0001" in result.stdout
+        assert f"revision {migrate.head()}" in result.stdout
     conn = sqlite3.connect(db)
     try:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [("0001",)]
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(migrate.head(),)]
     finally:
         conn.close()
     assert TABLES <= names

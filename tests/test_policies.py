@@ -16,7 +16,7 @@ import pytest
 from watchdog.core import lifecycle as lc
 from watchdog.core import policies as p
 from watchdog.core.config import Budgets, parse
-from watchdog.store.views import effective_budgets
+from watchdog.core.budgets import effective_budgets
 
 T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 B = Budgets()  # the documented defaults: 300 s, 12 steps, 40 calls, 2.00 EUR, 3 identical, 120 s, 15/min

@@ -479,7 +479,7 @@ def _expected(n):
 def test_eight_threads_on_one_run_keep_exact_counters_and_unique_seq(db_url, engine, make_wd):
     wd = make_wd(db_url)
     errors: list = []
-    with wd.run(agent="threads") as run:
+    with wd.run(agent="threads", guards=False) as run:
         threads = [threading.Thread(target=_hammer, args=(run, t, 100, errors)) for t in range(8)]
         for t in threads:
             t.start()
@@ -503,7 +503,7 @@ def test_four_runs_in_four_threads_of_one_process(db_url, engine, make_wd):
 
     def agent(no):
         try:
-            with wd.run(agent=f"agent{no}", labels={"no": no}) as run:
+            with wd.run(agent=f"agent{no}", labels={"no": no}, guards=False) as run:
                 ids.append(run.id)
                 _hammer(run, no, 60, errors)
         except BaseException as exc:  # noqa: BLE001
@@ -528,7 +528,7 @@ def _forked_agent(wd, n, queue):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            with wd.run(agent="child") as run:
+            with wd.run(agent="child", guards=False) as run:
                 for _ in range(n):
                     run.step(tokens_in=1)
         queue.put((run.id, wd.buffered, wd.dropped_events, wd.rejected_events, None))
@@ -544,7 +544,7 @@ def test_a_forked_child_uses_its_own_connection(db_url, engine, make_wd):
     ctx = multiprocessing.get_context("fork")
     wd = make_wd(db_url)
     queue = ctx.Queue()
-    with wd.run(agent="parent") as run:
+    with wd.run(agent="parent", guards=False) as run:
         run.step(tokens_in=1)  # the connection the child inherits is open and in use
         child = ctx.Process(target=_forked_agent, args=(wd, 150, queue))
         child.start()
@@ -815,7 +815,7 @@ def test_store_outage_overflow_is_bounded_counted_and_reported(pg_outage, make_w
     wd._expect_loss = True
     engine = make_engine(pg_outage.url)
     try:
-        with wd.run(agent="outage") as run:
+        with wd.run(agent="outage", guards=False) as run:
             run.step(tokens_in=1, cost_eur=0.01)
             pg_outage.cut()
             with warnings.catch_warnings(record=True) as caught:

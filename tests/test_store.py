@@ -161,7 +161,7 @@ while not os.path.exists(go) and time.monotonic() < deadline:
 errors = []
 wd = Watchdog(url)
 try:
-    with wd.run(agent=f"proc{no}", kill_mode="process") as run:
+    with wd.run(agent=f"proc{no}", kill_mode="process", guards=False) as run:
         for i in range(n):
             try:
                 if i % 4 == 0:
@@ -413,7 +413,7 @@ def test_concurrent_sdk_and_sqlalchemy_writers_in_threads(db_url, engine):
     wd = Watchdog(db_url)
     errors = []
     try:
-        with wd.run(agent="mixed") as run:
+        with wd.run(agent="mixed", guards=False) as run:
             def sdk():
                 try:
                     for _ in range(100):

@@ -146,9 +146,9 @@ def test_max_tool_calls_is_checked_before_the_call_and_recorded(wd, engine):
 def test_wall_clock_is_checked_before_a_tool_call_and_recorded(wd, engine):
     tool = Tool()
     with pytest.raises(RunKilled) as info:
-        with wd.run("bot", max_wall_s=3600) as run:
+        with wd.run("bot", max_wall_s=300) as run:
             run.tool_call("search", {"q": 1}, tool)
-            run._t0 -= 3601  # the run has been going for an hour more: no sleeping in tests
+            run._t0 -= 301  # the run has been going for 5 minutes more: no sleeping in tests
             run.tool_call("search", {"q": 2}, tool)
     assert info.value.reason == lc.WALL_CLOCK
     assert len(tool.calls) == 1
@@ -157,8 +157,8 @@ def test_wall_clock_is_checked_before_a_tool_call_and_recorded(wd, engine):
 
 def test_wall_clock_is_checked_before_a_model_call(wd, engine):
     with pytest.raises(RunKilled):
-        with wd.run("bot", max_wall_s=3600) as run:
-            run._t0 -= 3601
+        with wd.run("bot", max_wall_s=300) as run:
+            run._t0 -= 301
             run.check_budget(estimated_cost_eur=0.01)
     assert_killed(engine, run, lc.WALL_CLOCK)
 
@@ -243,7 +243,7 @@ def test_dedupe_never_swallows_a_write(wd, engine):
 
 def test_read_only_dedupe_returns_the_cached_result_without_calling(wd, engine):
     tool = Tool(result={"hits": [1, 2]})
-    with wd.run("bot", max_identical_calls=5) as run:
+    with wd.run("bot", max_identical_calls=3) as run:
         first = run.tool_call("search", {"q": "refund"}, tool, read_only=True)
         again = run.tool_call("search", {"q": "refund"}, tool, read_only=True)
         other = run.tool_call("search", {"q": "other"}, tool, read_only=True)
@@ -275,7 +275,7 @@ def test_a_failed_read_is_not_cached(wd, engine):
 
 
 def test_dedupe_window_from_the_profile(db_url, engine, monkeypatch):
-    publish(engine, dedupe_window_s=30.0)
+    publish(engine, dedupe_window_s=30.0, max_identical_calls=10)
     now = [1000.0]
     monkeypatch.setattr(toolcall, "_clock", lambda: now[0])
     tool = Tool()
@@ -471,10 +471,19 @@ def test_closed_circuit_row_lets_calls_through(wd, engine):
 def test_half_open_lets_exactly_one_probe_through_across_processes(db_url, engine):
     write_circuit(engine, "verify_iban", open_until=utcnow() - dt.timedelta(seconds=1))
     n = 6
-    tool = Tool(result="valid")
-    barrier = threading.Barrier(n, timeout=120)
     outcomes: dict[str, object] = {}
     lock = threading.Lock()
+    refused_all = threading.Event()
+
+    class Probe(Tool):
+        def __call__(self, **kw):
+            # The probe answers only once every other caller was refused: a successful probe
+            # closes the circuit at once, and a caller arriving after that would rightly go through.
+            refused_all.wait(120)
+            return super().__call__(**kw)
+
+    tool = Probe(result="valid")
+    barrier = threading.Barrier(n, timeout=120)
 
     def agent(i):
         w = Watchdog(db_url, circuit_cache_s=0)  # one Watchdog per thread: like separate processes
@@ -487,6 +496,8 @@ def test_half_open_lets_exactly_one_probe_through_across_processes(db_url, engin
                     out = exc
                 with lock:
                     outcomes[run.id] = out
+                    if sum(isinstance(o, ToolUnavailable) for o in outcomes.values()) == n - 1:
+                        refused_all.set()
         finally:
             w.close()
 
@@ -504,7 +515,8 @@ def test_half_open_lets_exactly_one_probe_through_across_processes(db_url, engin
     assert all("do not retry it" in str(e) for e in refused)
     with engine.connect() as conn:
         row = conn.execute(select(tool_circuits).where(tool_circuits.c.tool == "verify_iban")).one()
-    assert (row.state, row.probe_run_id) == ("half_open", winners[0])
+    # Closed at once by the successful probe; its id stays for the daemon to audit the close.
+    assert (row.state, row.probe_run_id) == ("closed", winners[0])
     assert row.probe_at is not None
 
 
@@ -525,10 +537,12 @@ def test_half_open_row_without_a_probe_is_claimable(wd, engine):
     write_circuit(engine, "verify_iban", state="half_open", open_until=utcnow() - dt.timedelta(seconds=1))
     tool = Tool()
     with wd.run("bot") as run:
-        assert run.tool_call("verify_iban", {}, tool) == "ok"
+        assert run.tool_call("verify_iban", {}, tool) == "ok"  # the probe, and it succeeded
+        assert run.tool_call("verify_iban", {}, tool) == "ok"  # closed at once: no wait for a daemon tick
+    assert len(tool.calls) == 2
     with engine.connect() as conn:
         row = conn.execute(select(tool_circuits)).one()
-    assert (row.state, row.probe_run_id) == ("half_open", run.id)
+    assert (row.state, row.probe_run_id) == ("closed", run.id)
 
 
 def test_half_open_row_with_a_probe_elsewhere_fails_fast(wd, engine):

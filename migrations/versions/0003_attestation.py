@@ -1,7 +1,7 @@
 """attested identities, sealed alerts, probe claims by insert, the circuit's error class
 
 Revision ID: 0003
-Revises: 0001
+Revises: 0002
 Create Date: 2026-12-01
 
 - attestations: process identities the daemon attested (SO_PEERCRED), sealed with its key;
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 # Self-contained: a migration never imports the application.
 
 revision = '0003'
-down_revision = '0001'
+down_revision = '0002'
 branch_labels = None
 depends_on = None
 
@@ -39,6 +39,7 @@ def upgrade():
     sa.Column('opened_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('run_id', sa.String(length=32), nullable=False),
     sa.Column('claimed_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('ok', sa.Boolean(), nullable=True),
     sa.PrimaryKeyConstraint('tool', 'opened_at', name=op.f('pk_circuit_probes'))
     )
     with op.batch_alter_table('alerts', schema=None) as batch_op:

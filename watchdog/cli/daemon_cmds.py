@@ -86,7 +86,8 @@ def kill_cmd(app, run_id, reason):
     from watchdog.core import lifecycle as lc
     from watchdog.store.actions import actor, facts, request_stop
     from watchdog.errors import StoreError
-    from watchdog.store.views import effective_budgets, load_run, resolve_run_id, tool_stats
+    from watchdog.core.budgets import effective_budgets
+    from watchdog.store.views import load_run, resolve_run_id, tool_stats
 
     now = utcnow()
     with app.engine.begin() as conn:

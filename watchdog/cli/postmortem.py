@@ -17,7 +17,8 @@ from sqlalchemy import and_, or_, select
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.store.schema import alerts, events, interventions, runs
-from watchdog.store.views import effective_budgets, load_run
+from watchdog.core.budgets import effective_budgets
+from watchdog.store.views import load_run
 
 SCHEMA_RE = re.compile(r"schema|validat|invalid|malformed|required field|pydantic|jsondecode", re.I)
 DOWN_RE = re.compile(r"\b5\d\d\b|internal server error|bad gateway|unavailable|timed? ?out|connection (refused|reset)", re.I)

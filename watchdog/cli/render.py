@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from watchdog.core.budgets import BUDGETS, PROFILE_KEYS, Totals
 from watchdog.core.config import Config
 
 
@@ -40,25 +41,26 @@ def runs_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def against(value, budget, fmt="{}") -> str:
-    mark = "  OVER" if budget is not None and value > budget else ""
-    return f"{fmt.format(value)}/{fmt.format(budget) if budget is not None else '-'}{mark}"
-
-
 def run_detail(r: dict) -> str:
     b = r["budgets"]
+    used = Totals(steps=r["steps"], tool_calls=r["tool_calls"], cost_eur=r["cost_eur"],
+                  tokens=(r.get("tokens_in") or 0) + (r.get("tokens_out") or 0), age_s=r["duration_s"])
     lines = [
         f"run {r['id']}  agent {r['agent']}",
         f"  status      {r['status']}" + (f"  ({r['stop_reason']}: {r['stop_detail']})" if r["stop_reason"] else
                                          (f"  ({r['stop_detail']})" if r.get("stop_detail") else "")),
         f"  where       {r['host']} pid {r['pid']}  kill_mode {r['kill_mode']}",
         f"  started     {r['started_at']}   ended {r['ended_at'] or '-'}",
-        f"  duration    {against(round(r['duration_s']), b['max_wall_s'], '{:g}')} s",
-        f"  steps       {against(r['steps'], b['max_steps'])}",
-        f"  tool calls  {against(r['tool_calls'], b['max_tool_calls'])}  ({r['tool_errors']} errors)",
-        f"  cost        {against(r['cost_eur'], b['max_cost_eur'], '{:.2f}')} EUR  "
-        f"(tokens {r['tokens_in']} in / {r['tokens_out']} out)",
     ]
+    for budget in BUDGETS:  # each counter against its budget, as the registry renders it
+        if budget.measure not in ("steps", "tool_calls", "cost_eur", "tokens", "age_s"):
+            continue
+        line = f"  {budget.label:11} {budget.against(getattr(used, budget.measure), b.get(budget.key))}"
+        if budget.measure == "tool_calls":
+            line += f"  ({r['tool_errors']} errors)"
+        elif budget.measure == "cost_eur":
+            line += f"  (tokens {r['tokens_in']} in / {r['tokens_out']} out)"
+        lines.append(line)
     if r.get("progress"):
         lines.append(f"  progress    {r['progress']}")
     if r.get("tools"):
@@ -101,8 +103,7 @@ def _masked_url(url: str | None) -> str | None:
 
 
 def config_summary(config: Config) -> str:
-    keys = ("max_wall_s", "max_steps", "max_tool_calls", "max_cost_eur", "max_identical_calls",
-            "heartbeat_timeout_s", "max_tool_calls_per_min", "on_rate", "dedupe_window_s", "runs_may_raise")
+    keys = PROFILE_KEYS
     lines = [f"config {config.path or '(built-in defaults)'}: OK",
              f"  store {_masked_url(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
              f"  daemon tick {config.daemon.tick_s:g}s, cancel grace {config.daemon.cancel_grace_s:g}s, "

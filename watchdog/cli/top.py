@@ -10,7 +10,11 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.cli.render import short
 from watchdog.store.schema import events, runs
-from watchdog.store.views import effective_budgets, tool_stats
+from watchdog.core.budgets import BUDGETS, Totals, effective_budgets
+from watchdog.store.views import tool_stats
+
+# The measures that only grow while a run runs (the loop and rate measures come from events).
+_RUNNING_TOTALS = ("steps", "tool_calls", "cost_eur", "tokens", "age_s", "silent_s")
 
 WIDTH = 80
 
@@ -35,9 +39,10 @@ def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
     for r in active:
         b = effective_budgets(config.profile(r.agent), r)
         age_s = (now - r.started_at).total_seconds()
+        used = Totals(steps=r.steps, tool_calls=r.tool_calls, cost_eur=r.cost_eur, tokens=r.tokens_in + r.tokens_out,
+                      age_s=age_s, silent_s=(now - r.last_seen_at).total_seconds())
         # How close to its nearest budget the run is: 1.0 = at the limit.
-        closeness = max(r.steps / b.max_steps, r.tool_calls / b.max_tool_calls, r.cost_eur / b.max_cost_eur,
-                        age_s / b.max_wall_s, (now - r.last_seen_at).total_seconds() / b.heartbeat_timeout_s)
+        closeness = max(getattr(used, x.measure) / getattr(b, x.key) for x in BUDGETS if x.measure in _RUNNING_TOTALS)
         top = stats[r.id][0] if stats[r.id] else None
         out.append(dict(id=r.id, agent=r.agent, status=r.status, age_s=age_s, steps=r.steps, max_steps=b.max_steps,
                         calls=r.tool_calls, max_calls=b.max_tool_calls, cost=r.cost_eur, max_cost=b.max_cost_eur,

@@ -13,45 +13,19 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profile_from_json, validate_profile_value
+from watchdog.core.pricing import Price
 from watchdog.errors import ConfigError
+
+__all__ = ["Budgets", "RUN_BUDGET_KEYS", "Config", "load", "parse", "resolve_db_url"]
+
+# Why an alert URL cannot be used, or None (watchdog.daemon.notify.url_error).
+UrlCheck = Callable[[str], "str | None"]
 
 ENV_CONFIG = "AGENT_WATCHDOG_CONFIG"
 ENV_DB = "AGENT_WATCHDOG_DB"
-ON_RATE_CHOICES = ("alert", "stop")
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """One agent profile: the limits a run of that agent is held to."""
-
-    max_wall_s: float = 300.0
-    max_steps: int = 12
-    max_tool_calls: int = 40
-    max_cost_eur: float = 2.0
-    max_identical_calls: int = 3
-    heartbeat_timeout_s: float = 120.0
-    max_tool_calls_per_min: int = 15
-    on_rate: str = "alert"
-    dedupe_window_s: float = 0.0  # 0 = the whole run
-    runs_may_raise: bool = False
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-# The budgets a run may ask to lower (columns of the runs table).
-RUN_BUDGET_KEYS = (
-    "max_wall_s",
-    "max_steps",
-    "max_tool_calls",
-    "max_cost_eur",
-    "max_identical_calls",
-    "heartbeat_timeout_s",
-)
-
-
 @dataclass(frozen=True)
 class StoreConfig:
     url: str | None = None
@@ -85,15 +59,6 @@ class CircuitConfig:
 
 
 @dataclass(frozen=True)
-class Price:
-    input_eur_per_mtok: float
-    output_eur_per_mtok: float
-
-    def cost_eur(self, tokens_in: int, tokens_out: int) -> float:
-        return (tokens_in * self.input_eur_per_mtok + tokens_out * self.output_eur_per_mtok) / 1e6
-
-
-@dataclass(frozen=True)
 class Config:
     path: str | None = None
     store: StoreConfig = StoreConfig()
@@ -117,6 +82,26 @@ class Config:
             "record_args": self.store.record_args,
             "tick_s": self.daemon.tick_s,
         }
+
+    def with_published(self, value: Any) -> "Config":
+        """This config judged by the profiles and prices a daemon published (`published()`),
+        whatever a row written by hand holds: what cannot be read is left as it is here.
+        The one reader of the published settings (the SDK and the CLI both use it)."""
+        if not isinstance(value, dict):
+            return self
+        defaults = profile_from_json(value.get("defaults")) or self.defaults
+        raw_agents = value.get("agents") if isinstance(value.get("agents"), dict) else {}
+        agents = {name: b for name, raw in raw_agents.items()
+                  if isinstance(name, str) and (b := profile_from_json(raw)) is not None}
+        raw_prices = value.get("prices") if isinstance(value.get("prices"), dict) else {}
+        prices = {m: pr for m, raw in raw_prices.items() if (pr := Price.from_json(raw)) is not None}
+        tick_s = value.get("tick_s")
+        daemon = self.daemon
+        if isinstance(tick_s, (int, float)) and not isinstance(tick_s, bool) and 0 < tick_s < math.inf:
+            daemon = dataclasses.replace(daemon, tick_s=float(tick_s))
+        store = dataclasses.replace(self.store, record_args=value.get("record_args") is True)
+        return dataclasses.replace(self, defaults=defaults, agents=agents, prices=prices or self.prices,
+                                   daemon=daemon, store=store)
 
 
 # --- parsing ------------------------------------------------------------------
@@ -163,23 +148,14 @@ def _bool(ctx, key, value):
     return value
 
 
-def _budget_value(ctx: _Ctx, key: str, name: str, value):
-    if name == "on_rate":
-        if value not in ON_RATE_CHOICES:
-            raise ctx.fail(key, 'one of "alert", "stop"', value)
-        return value
-    if name == "runs_may_raise":
-        return _bool(ctx, key, value)
-    kind = {f.name: f.type for f in dataclasses.fields(Budgets)}[name]
-    return _number(ctx, key, value, integer=(kind == "int"), allow_zero=(name == "dedupe_window_s"))
-
-
-BUDGET_KEYS = tuple(f.name for f in dataclasses.fields(Budgets))
-
-
 def _budgets(ctx: _Ctx, section: str, table: Mapping, base: Budgets) -> Budgets:
-    _check_keys(ctx, section, table, BUDGET_KEYS)
-    values = {k: _budget_value(ctx, f"{section}.{k}", k, v) for k, v in table.items()}
+    _check_keys(ctx, section, table, PROFILE_KEYS)
+    values = {}
+    for k, v in table.items():
+        try:
+            values[k] = validate_profile_value(k, v)
+        except ValueError as exc:
+            raise ConfigError(f"{ctx.path}: {section}.{k}: {exc}") from None
     return dataclasses.replace(base, **values)
 
 
@@ -192,7 +168,7 @@ def _circuit_policy(ctx: _Ctx, section: str, table: Mapping, base: CircuitPolicy
     return dataclasses.replace(base, **values)
 
 
-def parse(raw: Mapping, path: str = "<config>") -> Config:
+def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = None) -> Config:
     ctx = _Ctx(path)
     _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics"))
 
@@ -241,7 +217,7 @@ def parse(raw: Mapping, path: str = "<config>") -> Config:
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
         raise ctx.fail("alerts.urls", "a list of apprise URL strings", urls)
     for i, u in enumerate(urls):
-        reason = _url_error(u)
+        reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
         if reason:
             raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", _mask(u))
 
@@ -288,15 +264,12 @@ def _mask(url: str) -> str:
     return f"{scheme}://…" if sep else "…"
 
 
-def _url_error(url: str) -> str | None:
-    # apprise is imported lazily: the SDK imports this module and must stay light.
-    from watchdog.daemon.notify import url_error
+def load(path: str | os.PathLike | None = None, *, url_error: UrlCheck | None = None) -> Config:
+    """Load the config from `path`, else $AGENT_WATCHDOG_CONFIG, else built-in defaults.
 
-    return url_error(url)
-
-
-def load(path: str | os.PathLike | None = None) -> Config:
-    """Load the config from `path`, else $AGENT_WATCHDOG_CONFIG, else built-in defaults."""
+    `url_error` checks each alert URL for real (the daemon side passes apprise's loader:
+    this module is shared with the SDK and must not import apprise); without it only the
+    URL's shape is checked."""
     path = path or os.environ.get(ENV_CONFIG)
     if not path:
         return Config()
@@ -313,7 +286,7 @@ def load(path: str | os.PathLike | None = None) -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML ({exc})") from None
-    return parse(raw, str(p))
+    return parse(raw, str(p), url_error=url_error)
 
 
 def resolve_db_url(db: str | None, config: Config) -> str | None:

@@ -1,52 +1,131 @@
-"""The run lifecycle vocabulary: statuses, stop reasons, kill modes.
+"""The run lifecycle vocabulary: statuses, stop reasons, kill modes, ladder stages, circuit states.
 
 These strings are public: they are stored in the table contract, printed by the
-CLI and matched by scripts, so they never change spelling.
+CLI and matched by scripts, so they never change spelling. Each is a `StrEnum`
+(a member *is* its string: it binds to SQL and compares with what a row holds),
+and each state machine has its transition table here, so code asks the table
+(`can_move`) instead of repeating which stage may follow which.
+
+Imports nothing: every side of the process boundary uses it.
 """
 
-# Run statuses. `running` and `stopping` are the active ones the daemon scans.
-RUNNING = "running"
-STOPPING = "stopping"
-COMPLETED = "completed"
-FAILED = "failed"
-KILLED = "killed"
-LOST = "lost"
+from __future__ import annotations
 
-ACTIVE_STATUSES = (RUNNING, STOPPING)
-END_STATUSES = (COMPLETED, FAILED, KILLED, LOST)
-STATUSES = ACTIVE_STATUSES + END_STATUSES
+from enum import StrEnum
 
-# Stop reasons: data, never a boolean.
-WALL_CLOCK = "wall_clock"
-MAX_STEPS = "max_steps"
-MAX_TOOL_CALLS = "max_tool_calls"
-MAX_COST = "max_cost"
-LOOP_DETECTED = "loop_detected"
-HEARTBEAT_TIMEOUT = "heartbeat_timeout"
-TOOL_RATE = "tool_rate"
-PROCESS_GONE = "process_gone"
-MANUAL = "manual"
 
-STOP_REASONS = (
-    WALL_CLOCK,
-    MAX_STEPS,
-    MAX_TOOL_CALLS,
-    MAX_COST,
-    LOOP_DETECTED,
-    HEARTBEAT_TIMEOUT,
-    TOOL_RATE,
-    PROCESS_GONE,
-    MANUAL,
-)
+class Status(StrEnum):
+    RUNNING = "running"
+    STOPPING = "stopping"  # the daemon (or a guard) asked; the SDK sees it on the run's next write
+    COMPLETED = "completed"
+    FAILED = "failed"
+    KILLED = "killed"
+    LOST = "lost"  # the process is gone without ending the run
 
-# Kill modes: what the run owns.
-COOPERATIVE = "cooperative"  # shares its process: cancel the run, never signal
-PROCESS = "process"  # owns its process: SIGTERM / SIGKILL the process and its children
-TREE = "tree"  # owns its process group: signal the whole group
-KILL_MODES = (COOPERATIVE, PROCESS, TREE)
 
-# Event kinds written by the SDK.
-EV_STEP = "step"
-EV_TOOL = "tool"
-EV_HEARTBEAT = "heartbeat"
-EVENT_KINDS = (EV_STEP, EV_TOOL, EV_HEARTBEAT)
+class StopReason(StrEnum):
+    WALL_CLOCK = "wall_clock"
+    MAX_STEPS = "max_steps"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    MAX_COST = "max_cost"
+    MAX_TOKENS = "max_tokens"
+    DAILY_BUDGET = "daily_budget"
+    MONTHLY_BUDGET = "monthly_budget"
+    LOOP_DETECTED = "loop_detected"
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    TOOL_RATE = "tool_rate"
+    PROCESS_GONE = "process_gone"
+    MANUAL = "manual"
+
+
+class KillMode(StrEnum):
+    COOPERATIVE = "cooperative"  # shares its process: cancel the run, never signal
+    PROCESS = "process"  # owns its process: SIGTERM / SIGKILL the process and its children
+    TREE = "tree"  # owns its process group: signal the whole group
+
+
+class EventKind(StrEnum):
+    STEP = "step"
+    TOOL = "tool"
+    HEARTBEAT = "heartbeat"
+
+
+class Stage(StrEnum):
+    """Where the stop ladder of a `stopping` run is (`runs.signal_stage`; NULL = cooperative stop only)."""
+
+    TERM = "term"  # SIGTERM sent, waiting term_grace_s
+    KILL = "kill"  # SIGKILL sent, waiting for the process to go
+    REFUSED = "refused"  # the killer refused to signal (identity, user, not attested): waits for the process
+    NOT_SIGNALLED = "not_signalled"  # cooperative run that did not stop: never signalled
+    FAILED = "failed"  # still alive after SIGKILL (uninterruptible)
+    DONE = "done"  # the run is killed
+
+
+class Circuit(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+# --- named groups ---------------------------------------------------------------
+
+ACTIVE_STATUSES = (Status.RUNNING, Status.STOPPING)
+END_STATUSES = (Status.COMPLETED, Status.FAILED, Status.KILLED, Status.LOST)
+STATUSES = tuple(Status)
+STOP_REASONS = tuple(StopReason)
+KILL_MODES = tuple(KillMode)
+EVENT_KINDS = tuple(EventKind)
+CIRCUIT_STATES = tuple(Circuit)
+
+# --- transitions: every move is listed; anything else is a bug -----------------
+
+STATUS_MOVES: dict[Status, frozenset[Status]] = {
+    Status.RUNNING: frozenset({Status.STOPPING, Status.COMPLETED, Status.FAILED, Status.KILLED, Status.LOST}),
+    Status.STOPPING: frozenset({Status.KILLED, Status.COMPLETED, Status.FAILED, Status.LOST}),
+    Status.COMPLETED: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.KILLED: frozenset(),
+    Status.LOST: frozenset(),
+}
+
+# None is the stage of a run whose cooperative stop was just requested.
+STAGE_MOVES: dict[Stage | None, frozenset[Stage]] = {
+    None: frozenset({Stage.TERM, Stage.REFUSED, Stage.NOT_SIGNALLED, Stage.DONE}),
+    Stage.TERM: frozenset({Stage.KILL, Stage.DONE}),
+    Stage.KILL: frozenset({Stage.FAILED, Stage.DONE}),
+    Stage.REFUSED: frozenset({Stage.DONE}),
+    Stage.NOT_SIGNALLED: frozenset({Stage.DONE}),
+    Stage.FAILED: frozenset({Stage.DONE}),
+    Stage.DONE: frozenset(),
+}
+
+CIRCUIT_MOVES: dict[Circuit, frozenset[Circuit]] = {
+    Circuit.CLOSED: frozenset({Circuit.OPEN}),
+    Circuit.OPEN: frozenset({Circuit.HALF_OPEN, Circuit.CLOSED}),  # closed: by hand
+    Circuit.HALF_OPEN: frozenset({Circuit.CLOSED, Circuit.OPEN}),
+}
+
+# Stages where the ladder has nothing more to send: the run waits for its process to go.
+WAITING_STAGES = (Stage.REFUSED, Stage.NOT_SIGNALLED, Stage.FAILED)
+# Stages where the ladder still acts (a signal to send or to confirm).
+ACTING_STAGES = tuple(s for s, moves in STAGE_MOVES.items() if s not in WAITING_STAGES and moves)
+
+
+def can_move(table: dict, current, new) -> bool:
+    """True when `table` lists current → new. A StrEnum member hashes and compares as its
+    string, so the plain strings a row holds look up as well as the members."""
+    return new in table.get(current, ())
+
+
+# --- the names the rest of the code has always used -----------------------------
+
+RUNNING, STOPPING = Status.RUNNING, Status.STOPPING
+COMPLETED, FAILED, KILLED, LOST = Status.COMPLETED, Status.FAILED, Status.KILLED, Status.LOST
+WALL_CLOCK, MAX_STEPS, MAX_TOOL_CALLS, MAX_COST = (StopReason.WALL_CLOCK, StopReason.MAX_STEPS,
+                                                   StopReason.MAX_TOOL_CALLS, StopReason.MAX_COST)
+MAX_TOKENS, DAILY_BUDGET, MONTHLY_BUDGET = StopReason.MAX_TOKENS, StopReason.DAILY_BUDGET, StopReason.MONTHLY_BUDGET
+LOOP_DETECTED, HEARTBEAT_TIMEOUT, TOOL_RATE = (StopReason.LOOP_DETECTED, StopReason.HEARTBEAT_TIMEOUT,
+                                               StopReason.TOOL_RATE)
+PROCESS_GONE, MANUAL = StopReason.PROCESS_GONE, StopReason.MANUAL
+COOPERATIVE, PROCESS, TREE = KillMode.COOPERATIVE, KillMode.PROCESS, KillMode.TREE
+EV_STEP, EV_TOOL, EV_HEARTBEAT = EventKind.STEP, EventKind.TOOL, EventKind.HEARTBEAT

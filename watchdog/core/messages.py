@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from watchdog.core.config import Budgets
+from watchdog.core.budgets import Budgets, Totals, counter_lines
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class RunFacts:
     top_tool: tuple[str, int, int] | None  # name, calls, errors
     last_error: str | None = None
     progress: str | None = None  # the last heartbeat's text: for a hung run, where it hangs
+    tokens: int = 0  # in + out
 
 
 def top_tool_line(f: RunFacts) -> str:
@@ -40,22 +41,13 @@ def top_tool_line(f: RunFacts) -> str:
     return line
 
 
-def eur(value: float, budget: float) -> str:
-    """Cents for euro budgets; more digits for small ones, so 0.054 is not printed as 0.05/0.05 OVER."""
-    digits = 2 if budget >= 1 else 4
-    return f"{value:.{digits}f}/{budget:.{digits}f}"
+def totals(f: RunFacts) -> Totals:
+    return Totals(steps=f.steps, tool_calls=f.tool_calls, cost_eur=f.cost_eur, tokens=f.tokens, age_s=f.duration_s)
 
 
 def counters(f: RunFacts, b: Budgets) -> list[str]:
-    def mark(value, limit):
-        return "  ← OVER" if value > limit else ""
-
-    return [
-        f"steps {f.steps}/{b.max_steps}{mark(f.steps, b.max_steps)}",
-        f"tool calls {f.tool_calls}/{b.max_tool_calls}{mark(f.tool_calls, b.max_tool_calls)} ({f.tool_errors} errors)",
-        f"cost {eur(f.cost_eur, b.max_cost_eur)} EUR{mark(f.cost_eur, b.max_cost_eur)}",
-        f"duration {f.duration_s:.0f}/{b.max_wall_s:g} s{mark(f.duration_s, b.max_wall_s)}",
-    ]
+    """The run's numbers against its budgets, one line each (the registry says which and how)."""
+    return counter_lines(totals(f), b, f.tool_errors)
 
 
 def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:

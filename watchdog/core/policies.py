@@ -1,7 +1,9 @@
 """Pure policy functions: a run snapshot + its effective budgets + now → verdicts.
 
 No database, no OS, no clock of their own: the tick passes everything in, so
-each policy is tested with plain values.
+each policy is tested with plain values. There is one policy per budget of the
+registry (watchdog.core.budgets), and they all compare the same way the SDK's
+guards do: `Budget.over`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.config import Budgets
+from watchdog.core.budgets import BUDGETS, BY_KEY, RATE, Budget, Budgets, Totals
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class RunSnapshot:
     tool_calls: int
     tool_errors: int
     cost_eur: float
+    tokens: int = 0  # in + out
     # The most repeated (tool, args hash) of the run and its count.
     top_signature: tuple[str, int] | None = None
     # Tool calls in the last minute, and the top tool among them.
@@ -42,6 +45,7 @@ class Verdict:
 PRIORITY = (
     lc.LOOP_DETECTED,
     lc.MAX_COST,
+    lc.MAX_TOKENS,
     lc.MAX_TOOL_CALLS,
     lc.MAX_STEPS,
     lc.TOOL_RATE,
@@ -50,67 +54,58 @@ PRIORITY = (
 )
 
 
-def wall_clock(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
-    age_s = (now - s.started_at).total_seconds()
-    if age_s > b.max_wall_s:
-        return Verdict(lc.WALL_CLOCK, age_s, b.max_wall_s, f"running {age_s:.0f} s > max_wall_s {b.max_wall_s:g} s")
-    return None
+def totals(s: RunSnapshot, now: dt.datetime) -> Totals:
+    return Totals(
+        steps=s.steps, tool_calls=s.tool_calls, cost_eur=s.cost_eur, tokens=s.tokens,
+        age_s=(now - s.started_at).total_seconds(), silent_s=(now - s.last_seen_at).total_seconds(),
+        identical_calls=s.top_signature[1] if s.top_signature else 0, calls_last_min=s.calls_last_min)
 
 
-def max_steps(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
-    if s.steps > b.max_steps:
-        return Verdict(lc.MAX_STEPS, s.steps, b.max_steps, f"steps {s.steps}/{b.max_steps}")
-    return None
+def check(budget: Budget, s: RunSnapshot, b: Budgets, now: dt.datetime, used: Totals | None = None) -> Verdict | None:
+    """The verdict of one budget on one run, or None."""
+    used = used or totals(s, now)
+    value, limit = getattr(used, budget.measure), getattr(b, budget.key)
+    if not budget.over(value, limit):
+        return None
+    detail = budget.detail(value, limit)
+    if budget.measure == "identical_calls" and s.top_signature:
+        detail = f"{s.top_signature[0]} {detail}"
+    elif budget is RATE and s.top_tool_last_min:
+        detail += f", top {s.top_tool_last_min[0]} ×{s.top_tool_last_min[1]}"
+    return Verdict(budget.reason, value, limit, detail)
 
 
-def max_tool_calls(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
-    if s.tool_calls > b.max_tool_calls:
-        return Verdict(lc.MAX_TOOL_CALLS, s.tool_calls, b.max_tool_calls,
-                       f"tool calls {s.tool_calls}/{b.max_tool_calls}")
-    return None
+def _policy(key: str):
+    budget = BY_KEY[key]
+
+    def policy(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
+        return check(budget, s, b, now)
+
+    policy.__name__ = budget.reason
+    policy.__doc__ = f"{budget.key}: stop with {budget.reason} when {budget.label} goes over it."
+    return policy
 
 
-def max_cost(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
-    if s.cost_eur > b.max_cost_eur:
-        digits = 2 if b.max_cost_eur >= 1 else 4
-        return Verdict(lc.MAX_COST, s.cost_eur, b.max_cost_eur,
-                       f"cost {s.cost_eur:.{digits}f}/{b.max_cost_eur:.{digits}f} EUR")
-    return None
+wall_clock = _policy("max_wall_s")
+max_steps = _policy("max_steps")
+max_tool_calls = _policy("max_tool_calls")
+max_cost = _policy("max_cost_eur")
+loop_detected = _policy("max_identical_calls")
+heartbeat_timeout = _policy("heartbeat_timeout_s")
+tool_rate = _policy("max_tool_calls_per_min")
 
 
-def loop_detected(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
-    if s.top_signature and s.top_signature[1] >= b.max_identical_calls:
-        tool, count = s.top_signature
-        return Verdict(lc.LOOP_DETECTED, count, b.max_identical_calls,
-                       f"{tool} called {count}× with identical arguments (max_identical_calls {b.max_identical_calls})")
-    return None
-
-
-def heartbeat_timeout(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
-    silent_s = (now - s.last_seen_at).total_seconds()
-    if silent_s > b.heartbeat_timeout_s:
-        return Verdict(lc.HEARTBEAT_TIMEOUT, silent_s, b.heartbeat_timeout_s,
-                       f"silent for {silent_s:.0f} s > heartbeat_timeout_s {b.heartbeat_timeout_s:g} s")
-    return None
-
-
-def tool_rate(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
-    if s.calls_last_min > b.max_tool_calls_per_min:
-        top = f", top {s.top_tool_last_min[0]} ×{s.top_tool_last_min[1]}" if s.top_tool_last_min else ""
-        return Verdict(lc.TOOL_RATE, s.calls_last_min, b.max_tool_calls_per_min,
-                       f"{s.calls_last_min} tool calls/min > {b.max_tool_calls_per_min}{top}")
-    return None
-
-
-BUDGET_POLICIES = (loop_detected, max_cost, max_tool_calls, max_steps, wall_clock, heartbeat_timeout)
-
-
-def evaluate(s: RunSnapshot, b: Budgets, now: dt.datetime) -> list[Verdict]:
-    """Every verdict against the run, the most specific first. The rate only stops with on_rate = "stop"."""
-    verdicts = [v for p in BUDGET_POLICIES if (v := p(s, b, now))]
-    if b.on_rate == "stop" and (v := tool_rate(s, b, now)):
-        verdicts.append(v)
-    return sorted(verdicts, key=lambda v: PRIORITY.index(v.reason))
+def evaluate(s: RunSnapshot, b: Budgets, now: dt.datetime, *, skip_clock: bool = False) -> list[Verdict]:
+    """Every verdict against the run, the most specific first. The rate only stops with on_rate = "stop".
+    `skip_clock`: the wall clock just jumped; durations measured on it are not judged."""
+    used = totals(s, now)
+    verdicts = []
+    for budget in BUDGETS:
+        if (budget is RATE and b.on_rate != "stop") or (skip_clock and budget.clock):
+            continue
+        if (v := check(budget, s, b, now, used)) is not None:
+            verdicts.append(v)
+    return sorted(verdicts, key=lambda v: PRIORITY.index(v.reason) if v.reason in PRIORITY else len(PRIORITY))
 
 
 def rate_alarm(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:

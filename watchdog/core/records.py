@@ -95,20 +95,3 @@ def validate_amount(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
     return float(value)
-
-
-def budget_error(key: str, value, profile: dict | None, agent: str) -> str | None:
-    """Why a run's requested budget is not acceptable, or None.
-
-    A run may lower its profile's budgets, never raise them, unless the profile
-    says `runs_may_raise = true`.
-    """
-    integer = key in ("max_steps", "max_tool_calls", "max_identical_calls")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        return f"{key}: expected {'an integer' if integer else 'a number'} > 0, got {value!r}"
-    if not math.isfinite(value) or value <= 0:
-        return f"{key}: expected {'an integer' if integer else 'a number'} > 0, got {value!r}"
-    if profile and not profile.get("runs_may_raise") and key in profile and value > profile[key]:
-        return (f"{key}={value} is above the {agent!r} profile's {profile[key]}; "
-                "a run may only lower its budgets (set runs_may_raise = true in the profile to allow it)")
-    return None

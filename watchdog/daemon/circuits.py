@@ -21,6 +21,7 @@ import re
 
 from sqlalchemy import and_, delete, func, insert, select, update
 
+from watchdog.core.lifecycle import Circuit
 from watchdog.core.scrub import scrub
 from watchdog.store.actions import actor, enqueue_alert, record
 from watchdog.core.config import Config
@@ -56,11 +57,11 @@ class CircuitBreakers:
         failing = {e.tool for e in new_events if e.ok is False}
         for tool in sorted(failing):
             row = circuits.get(tool)
-            if row is None or row.state == "closed":
+            if row is None or row.state == Circuit.CLOSED:
                 if self._maybe_open(engine, tool, row, now):
-                    changes.append((tool, "open"))
+                    changes.append((tool, Circuit.OPEN))
         for tool, row in circuits.items():
-            if row.state in ("open", "half_open"):
+            if row.state in (Circuit.OPEN, Circuit.HALF_OPEN):
                 state = self._follow(engine, row, now)
                 if state:
                     changes.append((tool, state))
@@ -89,14 +90,14 @@ class CircuitBreakers:
             if errors < pol.errors:
                 return False
             until = now + dt.timedelta(seconds=pol.open_s)
-            values = dict(state="open", opened_at=now, open_until=until, errors_in_window=errors,
+            values = dict(state=Circuit.OPEN, opened_at=now, open_until=until, errors_in_window=errors,
                           window_s=pol.window_s, last_error=(common or "")[:500] or None, last_error_class=cls,
                           probe_run_id=None, probe_at=None, updated_at=now)
             if row is None:
                 conn.execute(insert(tool_circuits).values(tool=tool, **values))
             else:
                 done = conn.execute(update(tool_circuits).where(
-                    and_(tool_circuits.c.tool == tool, tool_circuits.c.state == "closed")).values(**values))
+                    and_(tool_circuits.c.tool == tool, tool_circuits.c.state == Circuit.CLOSED)).values(**values))
                 if done.rowcount != 1:
                     return False
             detail = f"{errors} errors in {pol.window_s:g} s across {runs} runs; most common: {common or '-'}"
@@ -114,7 +115,7 @@ class CircuitBreakers:
         it, else the SDK's claim in circuit_probes, mirrored onto the circuit's row."""
         if row.probe_run_id and row.probe_at:
             return row.probe_run_id, row.probe_at
-        claimable = row.state == "half_open" or (row.open_until is not None and row.open_until <= now)
+        claimable = row.state == Circuit.HALF_OPEN or (row.open_until is not None and row.open_until <= now)
         if row.opened_at is None or not claimable:  # a claim inserted early by hand is not one
             return None, None
         claim = conn.execute(select(circuit_probes.c.run_id, circuit_probes.c.claimed_at).where(and_(
@@ -122,7 +123,7 @@ class CircuitBreakers:
         if claim is None:
             return None, None
         conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
-            state="half_open", probe_run_id=claim.run_id, probe_at=claim.claimed_at, updated_at=now))
+            state=Circuit.HALF_OPEN, probe_run_id=claim.run_id, probe_at=claim.claimed_at, updated_at=now))
         return claim.run_id, claim.claimed_at
 
     def _follow(self, engine, row, now) -> str | None:
@@ -142,12 +143,12 @@ class CircuitBreakers:
                         self._forget_probes(conn, row.tool)
                     return None
                 if probe.ok:
-                    self._close(conn, row.tool, now, "probe call succeeded")
-                    return "closed"
+                    self._close(conn, row.tool, now, f"probe call succeeded (run {probe_run_id[:8]})")
+                    return Circuit.CLOSED
                 until = now + dt.timedelta(seconds=pol.open_s)
                 msg = scrub(probe.error_msg)
                 conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
-                    state="open", opened_at=now, open_until=until, probe_run_id=None, probe_at=None,
+                    state=Circuit.OPEN, opened_at=now, open_until=until, probe_run_id=None, probe_at=None,
                     last_error=((msg or row.last_error or "")[:500] or None),
                     last_error_class=error_class_name(probe.error_class) or row.last_error_class, updated_at=now))
                 self._forget_probes(conn, row.tool)
@@ -156,15 +157,15 @@ class CircuitBreakers:
                                  f"agent-watchdog: circuit OPEN again for {row.tool} — the probe failed",
                                  [f"tool {row.tool}", f"probe error: {msg or '-'}",
                                   f"calls fail fast until {until:%H:%M:%S} UTC"])
-                return "open"
-            if row.state == "open" and row.open_until and now >= row.open_until:
+                return Circuit.OPEN
+            if row.state == Circuit.OPEN and row.open_until and now >= row.open_until:
                 done = conn.execute(update(tool_circuits).where(and_(
-                    tool_circuits.c.tool == row.tool, tool_circuits.c.state == "open")).values(
-                    state="half_open", updated_at=now))
+                    tool_circuits.c.tool == row.tool, tool_circuits.c.state == Circuit.OPEN)).values(
+                    state=Circuit.HALF_OPEN, updated_at=now))
                 if done.rowcount == 1:
                     record(conn, at=now, action="circuit_half_open", by=self.by, tool=row.tool,
                            outcome="one probe call will be let through")
-                    return "half_open"
+                    return Circuit.HALF_OPEN
         return None
 
     def _forget_probes(self, conn, tool):
@@ -172,7 +173,7 @@ class CircuitBreakers:
 
     def _close(self, conn, tool, now, why):
         conn.execute(update(tool_circuits).where(tool_circuits.c.tool == tool).values(
-            state="closed", open_until=None, probe_run_id=None, probe_at=None, errors_in_window=0, updated_at=now))
+            state=Circuit.CLOSED, open_until=None, probe_run_id=None, probe_at=None, errors_in_window=0, updated_at=now))
         self._forget_probes(conn, tool)
         self._transition(conn, tool, "circuit_closed", why, "closed", now,
                          f"agent-watchdog: circuit closed for {tool} — {why}", [f"tool {tool}", f"closed: {why}"])
@@ -181,7 +182,7 @@ class CircuitBreakers:
         """Close a circuit by hand (`agent-watchdog circuits close TOOL`)."""
         with engine.begin() as conn:
             row = conn.execute(select(tool_circuits).where(tool_circuits.c.tool == tool)).first()
-            if row is None or row.state == "closed":
+            if row is None or row.state == Circuit.CLOSED:
                 return False
             self.by = by
             self._close(conn, tool, now, f"closed by hand ({by})")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Float, and_, cast, extract, func, select
 
 from watchdog.core import lifecycle as lc
+from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.policies import RunSnapshot
 from watchdog.store.schema import events, runs
 
@@ -26,8 +27,13 @@ CHUNK = 500
 # What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
 # a full evaluation. The two timestamps come back as epoch seconds computed by the
 # database, so no datetime (and no row of 31 columns) is built for a healthy run.
-LIGHT = ("id", "agent", "status", "host", "pid", "pid_create_time", "max_wall_s", "max_steps", "max_tool_calls",
-         "max_cost_eur", "max_identical_calls", "heartbeat_timeout_s", "steps", "tool_calls", "cost_eur")
+# Columns are read by position (a Row's attribute access costs at 10,000 runs): `L` names them.
+IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time")
+# The counters the registry's budgets measure, as the run row holds them ("tokens" is in + out).
+MEASURES = ("steps", "tool_calls", "cost_eur", "tokens")
+LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s")
+L = {name: i for i, name in enumerate(LIGHT)}
+OWN_BUDGETS = slice(L[RUN_BUDGET_KEYS[0]], L[RUN_BUDGET_KEYS[-1]] + 1)
 
 
 def epoch_s(col, dialect_name: str):
@@ -46,12 +52,14 @@ class RunStats:
     recent: deque = field(default_factory=deque)  # (at, tool) of tool calls, for the rate
     max_signature: int = 0  # the top signature's count, kept as calls are added (counts only grow)
 
-    def add(self, at: dt.datetime, tool: str, args_hash: str | None, ok: bool | None, error_msg: str | None):
+    def add(self, at: dt.datetime, tool: str, args_hash: str | None, ok: bool | None, error_msg: str | None,
+            retry: bool = False):
         self.tools[tool] += 1
-        n = self.signatures[(tool, args_hash)] + 1
-        self.signatures[(tool, args_hash)] = n
-        if n > self.max_signature:
-            self.max_signature = n
+        if not retry:  # a retry attempt repeats a call the agent asked for once: not a loop
+            n = self.signatures[(tool, args_hash)] + 1
+            self.signatures[(tool, args_hash)] = n
+            if n > self.max_signature:
+                self.max_signature = n
         if ok is False:
             self.tool_errors[tool] += 1
             # A fail-fast refusal of an open circuit is not news: keep the tool's own error.
@@ -96,6 +104,7 @@ class NewEvent:
     args_hash: str | None
     ok: bool | None
     error_msg: str | None
+    attempt: int | None = None
 
 
 class Scanner:
@@ -117,8 +126,11 @@ class Scanner:
     def load_active(self, conn) -> list:
         """Every active run, light: the LIGHT columns, then started_at and last_seen_at in epoch seconds."""
         name = conn.dialect.name
-        q = select(*(runs.c[c] for c in LIGHT), epoch_s(runs.c.started_at, name),
-                   epoch_s(runs.c.last_seen_at, name)).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+        measures = {"tokens": runs.c.tokens_in + runs.c.tokens_out}
+        q = select(*(runs.c[c] for c in (*IDENTITY, *RUN_BUDGET_KEYS)),
+                   *(measures.get(m, runs.c[m] if m in runs.c else None) for m in MEASURES),
+                   epoch_s(runs.c.started_at, name), epoch_s(runs.c.last_seen_at, name)
+                   ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
         return conn.execute(q).all()
 
     def load_rows(self, conn, ids: list[str]) -> list:
@@ -132,7 +144,7 @@ class Scanner:
     def fold(self, conn, active_ids: list[str]) -> list[NewEvent]:
         """Fold the tool events written since the last tick; return them (the circuits need them too)."""
         cols = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
-                events.c.error_msg)
+                events.c.error_msg, events.c.attempt)
         new: list[NewEvent] = []
         if self.high_water is None:
             # Cold start: the full history of the active runs only, never all history.
@@ -173,7 +185,7 @@ class Scanner:
                 st = stats.get(e.run_id)
                 if st is None:  # not setdefault(id, RunStats()): that builds 3 Counters and a deque per event
                     st = stats[e.run_id] = RunStats()
-                st.add(e.at, e.tool, e.args_hash, e.ok, e.error_msg)
+                st.add(e.at, e.tool, e.args_hash, e.ok, e.error_msg, bool(e.attempt and e.attempt > 1))
         for rid in list(self.stats):
             if rid not in active:
                 del self.stats[rid]
@@ -185,5 +197,5 @@ class Scanner:
         return RunSnapshot(
             id=row.id, agent=row.agent, started_at=row.started_at, last_seen_at=row.last_seen_at,
             steps=row.steps, tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
-            top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
+            tokens=(row.tokens_in or 0) + (row.tokens_out or 0), top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
         )

@@ -19,16 +19,16 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, request_stop
-from watchdog.core.config import RUN_BUDGET_KEYS, Budgets, Config
+from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective_budgets
+from watchdog.core.config import Config
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.messages import rate_alert
 from watchdog.core.policies import evaluate, rate_alarm
-from watchdog.daemon.scan import RATE_WINDOW_S, Scanner
+from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import daemons
-from watchdog.store.views import effective_budgets
 
 log = logging.getLogger("watchdog.tick")
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
@@ -105,7 +105,7 @@ class Ticker:
         self.by = by or actor()
         self.scanner = Scanner()
         self._rate_alarmed: dict[str, dt.datetime] = {}
-        self._budget_memo: dict[tuple, Budgets] = {}
+        self._budget_memo: dict[tuple, tuple] = {}
 
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
@@ -113,13 +113,13 @@ class Ticker:
         live = self._live_pids()
         with self._read_snapshot() as conn:
             light = self.scanner.load_active(conn)
-            new = self.scanner.fold(conn, [r[0] for r in light])
+            new = self.scanner.fold(conn, [r[L["id"]] for r in light])
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, self._due(light, now, live))
         rep.new_events = len(new)
         rep.events = new
         rep.active = len(light)
-        sharing = Counter((r[3], r[4]) for r in light) if any(r.status == lc.STOPPING for r in rows) else {}
+        sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light) if any(r.status == lc.STOPPING for r in rows) else {}
         batch = _Batch(self.engine)
         try:
             for row in rows:
@@ -142,21 +142,30 @@ class Ticker:
     # -- which runs need a full evaluation ---------------------------------------
 
     def _budgets_of(self, r) -> Budgets:
-        """effective_budgets for a light row, memoised: few distinct (agent, own budgets) exist."""
-        key = tuple(r[1:2]) + tuple(r[6:12])  # agent, then the run's own budget columns
-        b = self._budget_memo.get(key)
-        if b is None:
-            b = effective_budgets(self.config.profile(r[1]), dict(zip(RUN_BUDGET_KEYS, key[1:])))
+        """The effective budgets of a light row, memoised: few distinct (agent, own budgets) exist."""
+        return self._limits_of(r)[0]
+
+    def _limits_of(self, r) -> tuple:
+        """(budgets, [(light index, limit) of each counter budget], age limit, silence limit,
+        identical-calls limit, rate limit), memoised per (agent, own budgets)."""
+        key = (r[L["agent"]], *r[OWN_BUDGETS])
+        memo = self._budget_memo.get(key)
+        if memo is None:
+            b = effective_budgets(self.config.profile(key[0]), dict(zip(RUN_BUDGET_KEYS, key[1:])))
+            counters = [(L[x.measure], getattr(b, x.key)) for x in BUDGETS if x.measure in MEASURES]
+            limit = {x.measure: getattr(b, x.key) for x in BUDGETS}
+            memo = (b, counters, limit["age_s"] - SLACK_S, limit["silent_s"] - SLACK_S, limit["identical_calls"],
+                    limit["calls_last_min"])
             if len(self._budget_memo) > 10_000:
                 self._budget_memo.clear()
-            self._budget_memo[key] = b
-        return b
+            self._budget_memo[key] = memo
+        return memo
 
     def _due(self, light, now, live) -> list[str]:
         """Ids of the runs `_one` might act on: a superset of them, never fewer.
 
         A healthy running run is skipped without building a row, a snapshot or facts:
-        the checks below are the policies' own comparisons (the clock ones SLACK_S early)
+        the checks below are the budgets' own comparisons (the clock ones SLACK_S early)
         and `_gone`'s conditions. The policies still decide, on the whole row.
         """
         now_s = now.timestamp()
@@ -164,24 +173,30 @@ class Ticker:
         stats = self.scanner.stats
         recheck_s = 2 * self.config.daemon.tick_s - SLACK_S
         my_host = self.killer.host
+        i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
+        i_started, i_seen = L["started_s"], L["seen_s"]
         due = []
         for r in light:
-            (rid, _agent, status, host, pid, ctime, _w, _s, _t, _c, _i, _h, steps, calls, cost,
-             started_s, seen_s) = r
-            if status != lc.RUNNING:
+            rid = r[i_id]
+            if r[i_status] != lc.RUNNING:
                 due.append(rid)
                 continue
-            b = self._budgets_of(r)
-            if (steps > b.max_steps or calls > b.max_tool_calls or cost > b.max_cost_eur
-                    or now_s - started_s > b.max_wall_s - SLACK_S
-                    or now_s - seen_s > b.heartbeat_timeout_s - SLACK_S):
+            _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self._limits_of(r)
+            seen_s = r[i_seen]
+            over = now_s - r[i_started] > age_limit or now_s - seen_s > silence_limit
+            for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
+                if over or r[i] > limit:
+                    over = True
+                    break
+            if over:
                 due.append(rid)
                 continue
             st = stats.get(rid)
-            if st is not None and (st.max_signature >= b.max_identical_calls
-                                   or st.recent_upper_bound(horizon) > b.max_tool_calls_per_min):
+            if st is not None and (st.max_signature >= identical_limit
+                                   or st.recent_upper_bound(horizon) > rate_limit):
                 due.append(rid)
                 continue
+            host, pid, ctime = r[i_host], r[i_pid], r[i_ctime]
             if (live is not None and host == my_host and pid and ctime is not None
                     and (pid not in live or now_s - seen_s >= recheck_s)):
                 due.append(rid)

@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 
-from watchdog.errors import RunKilled, ToolUnavailable
-from watchdog.core.records import hash_args
+from watchdog.sdk.toolcall import PendingTool
 
 log = logging.getLogger("watchdog.integrations")
 
@@ -106,56 +104,13 @@ def tool_args(value) -> dict:
     return json_safe(value)
 
 
-class PendingTool:
-    """A tool call the framework started: what it was, since when, and how it ended."""
-
-    __slots__ = ("name", "args", "args_hash", "t0", "error", "token")
-
-    def __init__(self, name: str, args: dict):
-        self.name = name
-        self.args = args
-        self.args_hash = hash_args(args, tool=name)
-        self.t0 = time.perf_counter()
-        self.error = None
-        self.token = None  # the SDK's in-flight tool marker (names the tool if it hangs)
-
-    @property
-    def duration_s(self) -> float:
-        return max(0.0, time.perf_counter() - self.t0)
-
-
-def before_tool(run, pending: PendingTool, *, circuits: bool) -> None:
-    """The checks `Run.tool_call` makes before a tool runs, for a framework that runs it itself.
-
-    Raises RunKilled (stop requested, or a guard refuses the call: budgets, identical
-    calls, oscillation) or, with `circuits`, ToolUnavailable when the tool's circuit is
-    open (the refusal is recorded as a failed call, like `Run.tool_call` does).
-    """
-    run.check()
-    # The guards first: a guard refusing a call after it won the half-open probe would hold
-    # the probe slot, and the circuit would stay half-open until the daemon freed it.
-    if run.guard:
-        run._guarded(lambda: run.guard.before_tool(pending.name, pending.args_hash, run._elapsed_s()))
-    if circuits:
-        circuit = run.wd.circuit_for(pending.name)
-        if circuit is not None and circuit.refuses(run.id):
-            exc = ToolUnavailable(pending.name, circuit.message(pending.name))
-            run.record_tool(pending.name, pending.args, ok=False, error=exc, duration_s=0.0)
-            raise exc
-    pending.token = run.wd.inflight.started(run, pending.name)
+def before_tool(run, name: str, args: dict, *, circuits: bool) -> PendingTool:
+    """`Run.before_tool` for a framework that runs the tool itself (the same choke point as
+    `Run.tool_call`): raises RunKilled, or with `circuits` ToolUnavailable, before the tool runs."""
+    return run.before_tool(name, args, circuits=circuits)
 
 
 def after_tool(run, pending: PendingTool, *, ok: bool, error=None) -> None:
-    """Count the call for the guards and record it (raises RunKilled if the daemon asked to stop)."""
-    if pending.token is not None:
-        run.wd.inflight.finished(pending.token)
-    if run.guard:
-        run.guard.after_tool(pending.name, pending.args_hash)
-    if isinstance(error, RunKilled):
-        # The tool itself was stopped: record the call, the stop is already on its way up.
-        try:
-            run.record_tool(pending.name, pending.args, ok=False, error=error, duration_s=pending.duration_s)
-        except RunKilled:
-            pass
-        return
-    run.record_tool(pending.name, pending.args, ok=ok, error=error, duration_s=pending.duration_s)
+    """`Run.after_tool`: count the call for the guards and record it (raises RunKilled if the
+    daemon asked to stop)."""
+    run.after_tool(pending, ok=ok, error=error)

@@ -174,9 +174,9 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
     def _before_tool(self, run_id: UUID, serialized, input_str, inputs, kwargs):
         run = self._open()
         name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
-        pending = PendingTool(name, tool_args(inputs if inputs is not None else input_str))
         # Before the tool runs: a refusal raised here means the tool never runs.
-        before_tool(run, pending, circuits=self._circuits)
+        pending = before_tool(run, name, tool_args(inputs if inputs is not None else input_str),
+                              circuits=self._circuits)
         self._tools[run_id] = pending
 
     def on_tool_end(self, output, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):

@@ -164,9 +164,8 @@ class WatchdogRunHooks(RunBinding, RunHooks):
         # Local tools other than function tools (shell, computer, ...) show no arguments to hooks:
         # give each call its own, so that unknown arguments never count as identical calls.
         args = tool_args(raw) if raw is not None else {"unknown_args_call": next(_UNKNOWN_ARGS)}
-        pending = PendingTool(name, args)
         # Before the tool runs: a refusal raised here means the tool never runs.
-        before_tool(run, pending, circuits=False)
+        pending = before_tool(run, name, args, circuits=False)
         with self._lock:
             self._tools.setdefault(_call_key(context, tool), []).append(pending)
 

@@ -16,10 +16,13 @@ Decisions, per call of a tool whose row is not 'closed':
 
 - open, open_until in the future (or NULL)   → fail fast;
 - open, open_until passed, or half_open with no probe yet → claim the probe:
-  the one caller whose UPDATE changed the row runs the tool (one attempt);
+  the one caller whose INSERT claimed it runs the tool (one attempt);
   everybody else fails fast;
 - half_open with a probe already claimed (by anyone, this run included) → fail fast
-  until the daemon closes or re-opens the circuit from the probe's outcome.
+  until the daemon closes or re-opens the circuit from the probe's outcome;
+- a probe that succeeded (marked on its claim by the run that made it) → the
+  circuit counts as closed at once, for every process, before the daemon's tick
+  closes its row and alerts.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import String, and_, literal, or_, select
+from sqlalchemy import String, and_, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from watchdog.core.lifecycle import Circuit
 from watchdog.store.schema import UTCDateTime, circuit_probes, tool_circuits, utcnow
 
 CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
@@ -65,7 +69,8 @@ class CircuitView:
         self._select = (
             "SELECT c.tool, c.state, c.open_until, c.errors_in_window, c.window_s, c.last_error_class, "
             "COALESCE(c.probe_run_id, p.run_id) FROM tool_circuits c LEFT JOIN circuit_probes p "
-            "ON p.tool = c.tool AND p.opened_at = c.opened_at WHERE c.state <> 'closed'"
+            "ON p.tool = c.tool AND p.opened_at = c.opened_at "
+            "WHERE c.state <> 'closed' AND (p.ok IS NULL OR p.ok = FALSE)"
         )
         self._parse_ts = d.parse_ts
 
@@ -116,7 +121,7 @@ class CircuitView:
             ["tool", "opened_at", "run_id", "claimed_at"],
             select(t.c.tool, t.c.opened_at, literal(run_id, String(32)), literal(now, UTCDateTime()))
             .where(t.c.tool == tool, t.c.opened_at.is_not(None), t.c.probe_run_id.is_(None),
-                   or_(and_(t.c.state == "open", t.c.open_until <= now), t.c.state == "half_open")),
+                   or_(and_(t.c.state == Circuit.OPEN, t.c.open_until <= now), t.c.state == Circuit.HALF_OPEN)),
         ).on_conflict_do_nothing()
         try:
             with self.writer.engine.begin() as conn:
@@ -127,7 +132,22 @@ class CircuitView:
         self.refresh(force=True)
         if won:
             return PROBE
-        return ALLOW if state in (None, "closed") else None
+        return ALLOW if state in (None, Circuit.CLOSED) else None
+
+    def probe_succeeded(self, tool: str, run_id: str) -> bool:
+        """Mark this run's claimed probe of `tool` as succeeded: the circuit counts as
+        closed at once (for every process, on its next refresh), and the daemon closes
+        its row, audits and alerts on its next tick (the SDK writes no circuit state,
+        audit or alert text). Conditional on this run's own unjudged claim."""
+        p = circuit_probes
+        try:
+            with self.writer.engine.begin() as conn:
+                done = conn.execute(update(p).where(p.c.tool == tool, p.c.run_id == run_id, p.c.ok.is_(None))
+                                    .values(ok=True)).rowcount >= 1
+        except Exception:  # noqa: BLE001 — store down: the daemon closes it from the probe's event
+            return False
+        self.refresh(force=True)
+        return done
 
 
 class CircuitGate:
@@ -140,19 +160,15 @@ class CircuitGate:
     def admit(self, run_id: str) -> str | None:
         """ALLOW, PROBE (run it, once) or None (fail fast; see `message`)."""
         st = self.st
-        if st.state == "open" and (st.open_until is None or utcnow() < st.open_until):
+        if st.state == Circuit.OPEN and (st.open_until is None or utcnow() < st.open_until):
             return None
-        if st.state == "half_open" and st.probe_run_id is not None:
+        if st.state == Circuit.HALF_OPEN and st.probe_run_id is not None:
             return None
         verdict = self.view.claim_probe(st.tool, run_id)
         if verdict is None:
             # Lost the race: word the refusal from what the circuit is now.
             self.st = self.view.state(st.tool) or st
         return verdict
-
-    def refuses(self, run_id: str) -> bool:
-        """True when the call must fail fast (kept for callers of the old interface)."""
-        return self.admit(run_id) is None
 
     def message(self, tool: str | None = None) -> str:
         # Worded for the model reading it: what, until when, why, and what not to do.
@@ -161,7 +177,7 @@ class CircuitGate:
         why = f"{st.errors} errors in {st.window_s:g} s" if st.window_s else f"{st.errors} errors"
         if st.error_class:
             why += f", {st.error_class}"
-        if st.state == "half_open" or (st.open_until is not None and st.open_until <= utcnow()):
+        if st.state == Circuit.HALF_OPEN or (st.open_until is not None and st.open_until <= utcnow()):
             return f"ToolUnavailable: {tool} is being probed after failures ({why}); do not retry it now"
         until = st.open_until.astimezone().strftime("%H:%M:%S") if st.open_until else "further notice"
         return f"ToolUnavailable: {tool} is unavailable until {until} ({why}); do not retry it"

@@ -16,30 +16,18 @@ import warnings
 import weakref
 from collections import deque
 
+from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
-from watchdog.core.config import ENV_DB, RUN_BUDGET_KEYS
-from watchdog.errors import RunKilled, ToolUnavailable
+from watchdog.core.config import ENV_CONFIG, ENV_DB, Config
+from watchdog.core.config import load as load_config
+from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name
+from watchdog.errors import ConfigError, RunKilled, StoreError, ToolUnavailable
 from watchdog.sdk.circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
-from watchdog.store.hotpath import Writer
 from watchdog.sdk.inflight import InflightTools
-from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, budget_error, validate_name
-from watchdog.errors import StoreError
 from watchdog.store.engine import make_engine, normalise_url
+from watchdog.store.hotpath import Writer
 
 log = logging.getLogger("watchdog.client")
-
-
-def _sane_settings(value) -> dict:
-    """The published settings in the shape the SDK reads, whatever a row written by hand holds."""
-    value = dict(value) if isinstance(value, dict) else {}
-    for key in ("agents", "prices"):
-        if not isinstance(value.get(key), dict):
-            value[key] = {}
-    value["agents"] = {k: v for k, v in value["agents"].items() if isinstance(v, dict)}
-    value["prices"] = {k: v for k, v in value["prices"].items() if isinstance(v, dict)}
-    if not isinstance(value.get("defaults"), dict):
-        value["defaults"] = None
-    return value
 
 BUFFER_MAX_EVENTS = 10_000
 SETTINGS_TTL_S = 5.0
@@ -78,14 +66,16 @@ class Watchdog:
         self._warned_rejected = False
         self._settings: dict | None = None
         self._settings_at = 0.0
+        self._judged_by: str | None = None
+        self._config: Config | None = None
+        self._config_src: dict | None = None
+        self._local = _local_config()
         self.inflight = InflightTools(self)
         # Records buffered during an outage get one last chance when the agent exits.
         atexit.register(_flush_at_exit, weakref.ref(self))
         self.circuits = CircuitView(self.writer, cache_s=CIRCUIT_CACHE_MAX_S if circuit_cache_s is None else circuit_cache_s)
         if circuit_cache_s is None:  # follow the daemon's tick: a circuit it opens is seen within one tick
-            tick_s = self.settings().get("tick_s")
-            if isinstance(tick_s, (int, float)) and 0 < tick_s < CIRCUIT_CACHE_MAX_S:
-                self.circuits.cache_s = float(tick_s)
+            self.circuits.cache_s = min(CIRCUIT_CACHE_MAX_S, self.config().daemon.tick_s)
 
     # -- runs --------------------------------------------------------------
 
@@ -101,15 +91,11 @@ class Watchdog:
             raise ValueError(f"kill_mode: expected one of {', '.join(lc.KILL_MODES)}, got {kill_mode!r}")
         if labels is not None and not isinstance(labels, dict):
             raise ValueError(f"labels: expected a dict, got {type(labels).__name__}")
-        unknown = set(budgets) - set(RUN_BUDGET_KEYS)
-        if unknown:
-            raise ValueError(f"{sorted(unknown)[0]}: not a run budget (expected one of {', '.join(RUN_BUDGET_KEYS)})")
-        settings = self.settings()
-        profile = (settings.get("agents") or {}).get(agent) or settings.get("defaults")
+        profile = self.config().profile(agent)
         for key, value in budgets.items():
-            if value is None:
-                continue
-            err = budget_error(key, value, profile, agent)
+            if value is None and key in bud.RUN_BUDGET_KEYS:
+                continue  # None = the profile's
+            err = bud.request_error(key, value, profile, agent)
             if err:
                 raise ValueError(err)
         return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id,
@@ -118,17 +104,41 @@ class Watchdog:
     # -- published settings (prices, profiles) ------------------------------
 
     def settings(self) -> dict:
-        """The config the daemon published in the store; {} when none is (or the store is down)."""
+        """The raw config the daemon published in the store; {} when none is (or the store is down)."""
         now = time.monotonic()
         if self._settings is None or now - self._settings_at > SETTINGS_TTL_S:
             try:
                 rows = self.writer.query(self.writer.dialect.select_settings, ("config",))
-                self._settings = _sane_settings(self.writer.dialect.parse_json(rows[0][0]) if rows else {})
+                value = self.writer.dialect.parse_json(rows[0][0]) if rows else {}
+                self._settings = value if isinstance(value, dict) else {}
             except Exception as exc:  # an unreachable store must not stop the agent
                 self._note_outage(exc)
-                self._settings = self._settings or _sane_settings({})
+                self._settings = self._settings or {}
             self._settings_at = now
         return self._settings
+
+    def config(self) -> Config:
+        """What runs are judged by: the profiles and prices a daemon published in the store;
+        before any daemon published, the config this process can read ($AGENT_WATCHDOG_CONFIG)
+        or else the documented defaults. The guards never wait for a daemon."""
+        published = self.settings()
+        if published is self._config_src and self._config is not None:
+            return self._config  # the hot path: nothing new was read from the store
+        self._config_src = published
+        if published:
+            judged_by = "the profiles the daemon published in the store"
+            config = self._local.with_published(published)
+        else:
+            judged_by = (f"the config {self._local.path} (no daemon has published profiles to this store yet)"
+                         if self._local.path else
+                         f"the built-in default budgets (no daemon has published profiles to this store yet and "
+                         f"${ENV_CONFIG} is not set)")
+            config = self._local
+        if judged_by != self._judged_by:
+            self._judged_by = judged_by
+            log.info("agent-watchdog: runs are judged by %s", judged_by)
+        self._config = config
+        return config
 
     def langchain(self, agent: str, **run_kwargs):
         """LangChain callback handler recording and stopping one run: callbacks=[wd.langchain(agent="support-bot")]."""
@@ -147,14 +157,10 @@ class Watchdog:
         return self.circuits.get(tool)
 
     def price_eur(self, model: str | None, tokens_in: int, tokens_out: int) -> float:
-        price = (self.settings().get("prices") or {}).get(model or "")
-        if not price:
+        price = self.config().prices.get(model or "")
+        if price is None:
             return 0.0
-        try:
-            cost = (tokens_in * float(price["input_eur_per_mtok"]) + tokens_out * float(price["output_eur_per_mtok"])) / 1e6
-        except (KeyError, TypeError, ValueError):  # a malformed published row must not break the agent
-            log.warning("agent-watchdog: the published price of %r is malformed (%r); cost recorded as 0", model, price)
-            return 0.0
+        cost = price.cost_eur(tokens_in, tokens_out)
         return cost if math.isfinite(cost) and cost >= 0 else 0.0
 
     # -- the write path, with the outage buffer ------------------------------
@@ -236,6 +242,19 @@ class Watchdog:
         self.flush()
         self.writer.discard()
         self.engine.dispose()
+
+
+def _local_config() -> Config:
+    """The config file this agent process can read, if any: a broken one is the developer's
+    mistake and says so at once (ConfigError); none at all is the defaults."""
+    if not os.environ.get(ENV_CONFIG):
+        return Config()
+    try:
+        return load_config()
+    except ConfigError:
+        raise
+    except OSError as exc:  # pragma: no cover — load() turns these into ConfigError
+        raise ConfigError(str(exc)) from None
 
 
 def _flush_at_exit(ref):

@@ -14,61 +14,91 @@ Counting rules (they match what the store records, so the daemon sees the same n
   for, dedupe hits included, retry attempts of that one call not: the retry
   policy is bounded by `retries` already, loops are about the agent asking again.
 
-Stop reasons are the daemon's (watchdog.lifecycle), so a run stopped in-process
-and a run stopped by the daemon read the same in the store.
+Stop reasons and comparisons are the budgets' own (watchdog.core.budgets), so a
+run stopped in-process and a run stopped by the daemon read the same in the store.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter, deque
+from typing import Mapping
 
 from watchdog.core import lifecycle as lc
+from watchdog.core.budgets import BUDGETS, BY_KEY, Budget
 from watchdog.errors import RunKilled
 
 OSCILLATION_WINDOW = 4  # A-B-A-B
+_WALL = BY_KEY["max_wall_s"]
+_IDENTICAL = BY_KEY["max_identical_calls"]
+# The budgets a model call adds to, and those a tool call adds to: guarded before each.
+_ON_STEP = tuple(b for b in BUDGETS if b.counted_on == "step")
+_ON_TOOL = tuple(b for b in BUDGETS if b.counted_on == "tool")
 
 
 class Guard:
-    """The budgets of one run and its counters. Thread-safe (a run may call tools from several threads)."""
+    """The budgets of one run and its counters. Thread-safe (a run may call tools from several threads).
 
-    def __init__(self, budgets: dict):
+    `budgets` maps a budget key to its limit; a missing (or None) key is no limit."""
+
+    def __init__(self, budgets: Mapping):
         self.budgets = dict(budgets)
-        self.steps = 0
-        self.tool_calls = 0
-        self.cost_eur = 0.0
+        self.used: dict[str, float] = {b.measure: 0 for b in BUDGETS if b.counted_on}
         self.signatures: Counter = Counter()
         self.recent: deque = deque(maxlen=OSCILLATION_WINDOW)
         self._lock = threading.Lock()
 
+    @property
+    def steps(self) -> int:
+        return int(self.used["steps"])
+
+    @property
+    def tool_calls(self) -> int:
+        return int(self.used["tool_calls"])
+
+    @property
+    def cost_eur(self) -> float:
+        return float(self.used["cost_eur"])
+
     def _limit(self, key):
         return self.budgets.get(key)
 
+    def _refuse_next(self, budgets: tuple[Budget, ...], pending: Mapping[str, float]) -> None:
+        """RunKilled if adding `pending` would take a counted budget over its limit. Caller holds the lock."""
+        for b in budgets:
+            cap = self._limit(b.key)
+            now = self.used[b.measure]
+            add = pending.get(b.measure, 0)
+            if b.over(now + add, cap):
+                if b.unit:  # an amount: what is spent and what this call is estimated to add
+                    text = (f"{b.fmt(now, cap)} {b.unit} spent + {b.fmt(add, cap)} estimated would exceed "
+                            f"{b.key} {b.fmt(cap, cap)} (in-process guard)")
+                else:
+                    text = f"{b.label} {int(now + add)} would exceed {b.key} {int(cap)} (in-process guard)"
+                raise RunKilled(b.reason, text)
+
+    def _refuse_over(self, budgets: tuple[Budget, ...]) -> None:
+        for b in budgets:
+            cap = self._limit(b.key)
+            if b.over(self.used[b.measure], cap):
+                raise RunKilled(b.reason, f"{b.detail(self.used[b.measure], cap)} (in-process guard)")
+
     # -- model calls -----------------------------------------------------------
 
-    def before_model(self, estimated_cost_eur: float, elapsed_s: float):
-        """Pre-flight for one model call: wall-clock, steps, and money spent + this call's estimate."""
+    def before_model(self, estimated_cost_eur: float, elapsed_s: float, estimated_tokens: int = 0):
+        """Pre-flight for one model call: wall-clock, then every budget a step adds to
+        (steps, money spent + this call's estimate, ...)."""
         self.check_wall(elapsed_s)
         with self._lock:
-            self._check_steps()
-            cap = self._limit("max_cost_eur")
-            if cap is not None and self.cost_eur + estimated_cost_eur > cap:
-                raise RunKilled(
-                    lc.MAX_COST,
-                    f"{self.cost_eur:.4f} EUR spent + {estimated_cost_eur:.4f} estimated would exceed "
-                    f"max_cost_eur {cap:.2f} (in-process guard)",
-                )
+            self._refuse_next(_ON_STEP, {"steps": 1, "cost_eur": estimated_cost_eur, "tokens": estimated_tokens})
 
-    def before_step(self):
-        """The steps budget alone (`before_model` without wall-clock and money)."""
-        with self._lock:
-            self._check_steps()
-
-    def after_step(self, cost_eur: float):
+    def after_step(self, cost_eur: float, tokens: int = 0):
         """Count a model call that happened (its cost is spent, whatever the budget says)."""
         with self._lock:
-            self.steps += 1
-            self.cost_eur += cost_eur
+            self.used["steps"] += 1
+            self.used["cost_eur"] += cost_eur
+            if "tokens" in self.used:
+                self.used["tokens"] += tokens
 
     def check_totals(self, elapsed_s: float):
         """After a recorded step: stop now if the run is already over a budget.
@@ -78,19 +108,13 @@ class Guard:
         pre-flight it is the only in-process check on steps and money.
         """
         with self._lock:
-            cap = self._limit("max_steps")
-            if cap is not None and self.steps > cap:
-                raise RunKilled(lc.MAX_STEPS, f"{self.steps} steps > max_steps {cap} (in-process guard)")
-            cap = self._limit("max_cost_eur")
-            if cap is not None and self.cost_eur > cap:
-                raise RunKilled(lc.MAX_COST,
-                                f"{self.cost_eur:.4f} EUR spent > max_cost_eur {cap:.2f} (in-process guard)")
+            self._refuse_over(_ON_STEP)
         self.check_wall(elapsed_s)
 
     def check_wall(self, elapsed_s: float):
-        cap = self._limit("max_wall_s")
-        if cap is not None and elapsed_s > cap:
-            raise RunKilled(lc.WALL_CLOCK, f"running {elapsed_s:.0f} s > max_wall_s {cap:g} s (in-process guard)")
+        cap = self._limit(_WALL.key)
+        if _WALL.over(elapsed_s, cap):
+            raise RunKilled(_WALL.reason, f"{_WALL.detail(elapsed_s, cap)} (in-process guard)")
 
     # -- tool calls ------------------------------------------------------------
 
@@ -105,9 +129,9 @@ class Guard:
         sig = (tool, args_hash)
         with self._lock:
             if not cached:
-                self._check_tool_budget()
-            same = self._limit("max_identical_calls")
-            if same is not None and self.signatures[sig] + 1 >= same:
+                self._refuse_next(_ON_TOOL, {"tool_calls": 1})
+            same = self._limit(_IDENTICAL.key)
+            if _IDENTICAL.over(self.signatures[sig] + 1, same):
                 raise RunKilled(lc.LOOP_DETECTED,
                                 f"{tool} would be called {self.signatures[sig] + 1}× with identical arguments "
                                 f"(max_identical_calls {same}, in-process guard)")
@@ -122,30 +146,12 @@ class Guard:
         """Before a retry attempt of an admitted call: wall-clock and the tool-call budget only."""
         self.check_wall(elapsed_s)
         with self._lock:
-            self._check_tool_budget()
+            self._refuse_next(_ON_TOOL, {"tool_calls": 1})
 
     def count_tool_call(self):
         """One attempt was made and recorded (ok, error or fail-fast)."""
         with self._lock:
-            self.tool_calls += 1
-
-    def after_tool(self, tool: str | None = None, args_hash: str | None = None):
-        """Count one recorded attempt of a call `before_tool` admitted (its signature is counted there).
-
-        For integrations whose framework runs the tool itself: before_tool → run → after_tool.
-        """
-        self.count_tool_call()
-
-    def _check_steps(self):
-        cap = self._limit("max_steps")
-        if cap is not None and self.steps + 1 > cap:
-            raise RunKilled(lc.MAX_STEPS, f"step {self.steps + 1} would exceed max_steps {cap} (in-process guard)")
-
-    def _check_tool_budget(self):
-        cap = self._limit("max_tool_calls")
-        if cap is not None and self.tool_calls + 1 > cap:
-            raise RunKilled(lc.MAX_TOOL_CALLS,
-                            f"tool call {self.tool_calls + 1} would exceed max_tool_calls {cap} (in-process guard)")
+            self.used["tool_calls"] += 1
 
 
 def oscillates(signatures: list) -> bool:

@@ -8,11 +8,14 @@ import threading
 import time
 import uuid
 
+from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
-from watchdog.errors import RunKilled
 from watchdog.core.procid import current_create_time, hostname
 from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
-                      validate_name, validate_tokens)
+                                   validate_name, validate_tokens)
+from watchdog.errors import RunKilled
+from watchdog.sdk import toolcall
+from watchdog.sdk.guards import Guard
 from watchdog.store.schema import utcnow
 
 
@@ -27,7 +30,8 @@ class Run:
         self.kill_mode = kill_mode
         self.labels = labels
         self.requested = dict(budgets)
-        self.profile = profile or {}
+        self.profile = profile if profile is not None else bud.Budgets()
+        self.budgets = bud.effective(self.profile, self.requested)  # what the daemon holds it to too
         self.guards_enabled = guards
         self._lock = threading.Lock()
         self._seq = 0
@@ -39,18 +43,12 @@ class Run:
         self.tool_counts: Counter = Counter()  # per tool, for the alert of an in-process stop
         self.tool_error_counts: Counter = Counter()
         self.status = None
-        self.guard = None
-        if guards:
-            from watchdog.sdk.guards import Guard  # pure, light
-
-            self.guard = Guard(self.effective_budgets())
+        self.dedupe_cache: dict = {}  # (tool, args hash) -> (stored at, result) of read-only calls
+        self.guard = Guard(self.budgets.to_json()) if guards else None
 
     def effective_budgets(self) -> dict:
         """The profile's budgets lowered by the run's own request (what the daemon applies too)."""
-        eff = dict(self.profile)
-        for key, value in self.requested.items():
-            eff[key] = value if key not in eff or self.profile.get("runs_may_raise") else min(eff[key], value)
-        return eff
+        return self.budgets.to_json()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -65,8 +63,7 @@ class Run:
         self._t0 = time.monotonic()
         params = (
             self.id, self.agent, lc.RUNNING, self.kill_mode, hostname(), os.getpid(), current_create_time(),
-            d.json(self.labels), *(self.requested.get(k) for k in (
-                "max_wall_s", "max_steps", "max_tool_calls", "max_cost_eur", "max_identical_calls", "heartbeat_timeout_s")),
+            d.json(self.labels), *(self.requested.get(k) for k in bud.RUN_BUDGET_KEYS),
             d.ts(now), d.ts(now),
         )
         try:
@@ -122,14 +119,14 @@ class Run:
             self.guard.after_step(cost_eur)
         self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
         if self.guard:
-            self._guarded(lambda: self.guard.check_totals(self._elapsed_s()))
+            self._guarded(lambda: self.guard.check_totals(self.elapsed_s))
 
     def check_budget(self, estimated_cost_eur: float = 0.0):
         """Pre-flight: call before a model call so a money budget overshoots by at most one call."""
         estimated_cost_eur = validate_amount("estimated_cost_eur", estimated_cost_eur)
         self.check()
         if self.guard:
-            self._guarded(lambda: self.guard.before_model(estimated_cost_eur, self._elapsed_s()))
+            self._guarded(lambda: self.guard.before_model(estimated_cost_eur, self.elapsed_s))
 
     def heartbeat(self, progress: str | None = None):
         """Say "alive" (with optional progress) without a step or a tool call."""
@@ -138,8 +135,9 @@ class Run:
         self.check()
         self._record(lc.EV_HEARTBEAT, progress=progress)
 
-    def record_tool(self, name: str, args=None, *, ok: bool = True, error=None, duration_s: float | None = None):
-        """Record a tool call that a framework ran itself."""
+    def record_tool(self, name: str, args=None, *, ok: bool = True, error=None, duration_s: float | None = None,
+                    attempt: int = 1):
+        """Record a tool call that a framework ran itself (`attempt` > 1: a retry of the same call)."""
         validate_name("name", name, TOOL_MAX_CHARS)
         if duration_s is not None:
             duration_s = validate_amount("duration_s", duration_s)
@@ -151,16 +149,27 @@ class Run:
             cls, msg = "Error", "tool reported failure"
         self.check()
         self._record(lc.EV_TOOL, tool=name, args_hash=args_hash, args=args, ok=ok,
-                     error_class=cls, error_msg=msg, duration_s=duration_s)
+                     error_class=cls, error_msg=msg, duration_s=duration_s, attempt=attempt if attempt > 1 else None)
 
     def tool_call(self, name: str, args: dict | None, fn, read_only: bool = False, **policy):
         """Call `fn(**args)`, record it, return its result; the tool's exception is re-raised."""
-        from watchdog.sdk.toolcall import call_tool  # guards, dedupe, circuits and retries live there
-
         validate_name("name", name, TOOL_MAX_CHARS)  # before the tool runs: it could not be recorded
-        return call_tool(self, name, {} if args is None else args, fn, read_only=read_only, **policy)
+        return toolcall.call_tool(self, name, {} if args is None else args, fn, read_only=read_only, **policy)
 
-    def _elapsed_s(self) -> float:
+    def before_tool(self, name: str, args: dict | None = None, *, circuits: bool = True) -> toolcall.PendingTool:
+        """For a tool the caller runs itself: the checks `tool_call` makes before the tool runs
+        (stop, guards, circuit). Raises RunKilled or ToolUnavailable; else call the tool and
+        then `after_tool` with what it returned."""
+        validate_name("name", name, TOOL_MAX_CHARS)
+        return toolcall.before_tool(self, name, {} if args is None else args, circuits=circuits)
+
+    def after_tool(self, pending: toolcall.PendingTool, *, ok: bool = True, error=None) -> None:
+        """Count and record the call `before_tool` admitted (raises RunKilled if a stop was asked)."""
+        toolcall.after_tool(self, pending, ok=ok, error=error)
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the run started, on the monotonic clock (0 before it starts)."""
         return time.monotonic() - self._t0 if self.started_at else 0.0
 
     def _guarded(self, check):
@@ -188,7 +197,7 @@ class Run:
     def _record(self, kind: str, **f):
         d = self.wd.writer.dialect
         at = d.ts(utcnow())  # the event's time and the run's last_seen_at: one clock reading
-        record_args = self.wd.settings().get("record_args", False)
+        record_args = self.wd.config().store.record_args
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -207,7 +216,7 @@ class Run:
             self.id, seq, at, kind, f.get("tool"), f.get("args_hash"),
             d.json(f.get("args")) if record_args else None, f.get("ok"), f.get("error_class"), f.get("error_msg"),
             f.get("duration_s"), f.get("model"), f.get("tokens_in"), f.get("tokens_out"), f.get("cost_eur"),
-            f.get("progress"),
+            f.get("progress"), f.get("attempt"),
         )
         update = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0,
                   seq, at, f.get("progress"), self.id)

@@ -1,17 +1,21 @@
-"""`Run.tool_call`: the one choke point every tool call of an agent goes through.
+"""The one choke point every tool call of an agent goes through.
 
-Order matters:
+`Run.tool_call` (the SDK runs the tool) and every framework integration (the
+framework runs it) use the same two functions, through `Run.before_tool` and
+`Run.after_tool`, so a rule added here holds for both:
 
 1. stop requested → RunKilled (no I/O);
 2. guards admit the call (wall-clock, tool-call budget, identical calls,
    oscillation) → RunKilled, recorded as the run's stop reason;
-3. dedupe: a read-only call already answered in this run (or within the
-   profile's `dedupe_window_s`) returns the cached result; writes never;
+3. dedupe (`call_tool` only): a read-only call already answered in this run (or
+   within the profile's `dedupe_window_s`) returns the cached result; writes never;
 4. circuit: open → ToolUnavailable without calling the tool (recorded as a
-   failed tool event); half-open → exactly one call, across all processes, is
-   the probe (one attempt, no retries);
-5. the one retry policy: each attempt is its own tool event; between attempts
-   the budgets and the circuit are checked again.
+   failed tool event and counted as a call); half-open → exactly one call,
+   across all processes, is the probe (one attempt, no retries); a successful
+   probe closes the circuit at once;
+5. the one retry policy (`call_tool` only): each attempt is its own tool event,
+   marked as a retry (the daemon does not count retries as identical calls);
+   between attempts the budgets and the circuit are checked again.
 
 Guards come before the circuit so that a half-open probe, once claimed, always
 runs (a guard refusing it afterwards would leave the circuit waiting for a probe
@@ -24,12 +28,90 @@ from __future__ import annotations
 
 import time
 
-from watchdog.sdk.circuitview import PROBE
-from watchdog.errors import ToolUnavailable
 from watchdog.core.records import hash_args, validate_amount
+from watchdog.errors import RunKilled, ToolUnavailable
+from watchdog.sdk.circuitview import PROBE
 
 _clock = time.monotonic  # the dedupe window's clock (tests replace it)
 _sleep = time.sleep  # the backoff's sleep (tests replace it)
+
+
+class PendingTool:
+    """One attempt of a tool call that was admitted: what it is, since when, whether it probes."""
+
+    __slots__ = ("name", "args", "args_hash", "t0", "token", "probe", "attempt", "error")
+
+    def __init__(self, name: str, args: dict, args_hash: str | None = None, attempt: int = 1):
+        self.name = name
+        self.args = args
+        self.args_hash = args_hash or hash_args(args, tool=name)
+        self.t0 = time.perf_counter()
+        self.token = None  # the in-flight marker (names the tool if it hangs)
+        self.probe = False
+        self.attempt = attempt
+        self.error = None
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, time.perf_counter() - self.t0)
+
+
+def before_tool(run, name: str, args: dict, *, circuits: bool = True, cached: bool = False,
+                args_hash: str | None = None, attempt: int = 1) -> PendingTool:
+    """Admit one attempt of a tool call, or raise RunKilled / ToolUnavailable. The tool has not run.
+
+    `cached`: the call is served from a dedupe cache (it counts for loops, not for the
+    tool-call budget, and is neither run nor recorded). `attempt` > 1: a retry of an
+    admitted call (the budgets and the circuit are checked again, the signature is not
+    counted twice)."""
+    pending = PendingTool(name, args, args_hash, attempt)
+    run.check()
+    guard = run.guard
+    if guard is not None:
+        if attempt == 1:
+            run._guarded(lambda: guard.before_tool(name, pending.args_hash, run.elapsed_s, cached=cached))
+        else:
+            run._guarded(lambda: guard.before_retry(run.elapsed_s))
+    if cached:
+        return pending
+    if circuits:
+        gate = run.wd.circuit_for(name)
+        if gate is not None:
+            verdict = gate.admit(run.id)
+            if verdict is None:
+                exc = ToolUnavailable(name, gate.message(name))
+                if guard is not None:
+                    guard.count_tool_call()
+                run.record_tool(name, args, ok=False, error=exc, duration_s=0.0, attempt=attempt)
+                raise exc
+            pending.probe = verdict == PROBE
+    pending.token = run.wd.inflight.started(run, name)
+    pending.t0 = time.perf_counter()
+    return pending
+
+
+def after_tool(run, pending: PendingTool, *, ok: bool, error=None, duration_s: float | None = None) -> None:
+    """Count and record one admitted attempt (raises RunKilled if the daemon asked to stop)."""
+    if pending.token is not None:
+        run.wd.inflight.finished(pending.token)
+        pending.token = None
+    duration_s = pending.duration_s if duration_s is None else duration_s
+    if run.guard is not None:
+        run.guard.count_tool_call()
+    if pending.probe:
+        # A circuit breaker closes on a successful probe: the next call goes through at once.
+        # A failed probe leaves the circuit half-open with its probe used: the daemon reopens it.
+        if ok and not error:
+            run.wd.circuits.probe_succeeded(pending.name, run.id)
+    if isinstance(error, RunKilled):
+        # The tool itself was stopped: record the call, the stop is already on its way up.
+        try:
+            run.record_tool(pending.name, pending.args, ok=False, error=error, duration_s=duration_s,
+                            attempt=pending.attempt)
+        except RunKilled:
+            pass
+        return
+    run.record_tool(pending.name, pending.args, ok=ok, error=error, duration_s=duration_s, attempt=pending.attempt)
 
 
 def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retries: int = 0,
@@ -47,14 +129,12 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
     args_hash = hash_args(args, tool=name)
     run.check()
 
-    guard = run.guard
     key = (name, args_hash)
-    if guard is not None:
-        hit = _cached(run, key, guard) if read_only else None
-        run._guarded(lambda: guard.before_tool(name, args_hash, run._elapsed_s(), cached=hit is not None))
-        if hit is not None:
-            # A repeat served from the cache: counted for loops (above), neither run nor recorded.
-            return hit[1]
+    hit = _cached(run, key) if read_only and run.guard is not None else None
+    if hit is not None:
+        # A repeat served from the cache: counted for loops, neither run nor recorded.
+        before_tool(run, name, args, args_hash=args_hash, cached=True)
+        return hit[1]
 
     last_exc: Exception | None = None
     attempt = 0
@@ -62,72 +142,39 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
         attempt += 1
         if attempt > 1:
             _sleep(backoff_s * (2 ** (attempt - 2)))
-            run.check()
-            if guard is not None:
-                run._guarded(lambda: guard.before_retry(run._elapsed_s()))
-        probe = _admit(run, name, args, guard, last_exc)
-        t0 = time.perf_counter()
-        token = run.wd.inflight.started(run, name)  # names the tool if it never returns
+        try:
+            pending = before_tool(run, name, args, args_hash=args_hash, attempt=attempt)
+        except ToolUnavailable as exc:
+            if last_exc is not None:
+                raise exc from last_exc
+            raise
         try:
             result = fn(**args)
         except Exception as exc:
-            run.wd.inflight.finished(token)
-            duration_s = time.perf_counter() - t0
-            if guard is not None:
-                guard.count_tool_call()
-            run.record_tool(name, args, ok=False, error=exc, duration_s=duration_s)
-            if probe or attempt > retries or not isinstance(exc, retry_on) or isinstance(exc, ToolUnavailable):
+            after_tool(run, pending, ok=False, error=exc)
+            if pending.probe or attempt > retries or not isinstance(exc, retry_on) or isinstance(exc, ToolUnavailable):
                 raise
             last_exc = exc
             continue
         except BaseException:
-            run.wd.inflight.finished(token)
+            if pending.token is not None:
+                run.wd.inflight.finished(pending.token)
             raise
-        run.wd.inflight.finished(token)
-        duration_s = time.perf_counter() - t0
-        if guard is not None:
-            guard.count_tool_call()
-            if read_only:
-                _dedupe_cache(run)[key] = (_clock(), result)
-        run.record_tool(name, args, ok=True, duration_s=duration_s)
+        if read_only and run.guard is not None:
+            run.dedupe_cache[key] = (_clock(), result)
+        after_tool(run, pending, ok=True)
         return result
 
 
-def _admit(run, name: str, args: dict, guard, cause: Exception | None) -> bool:
-    """Consult the tool's circuit; True when this attempt is the half-open probe.
-
-    Fails fast with ToolUnavailable (recorded as a failed tool event) while the
-    circuit refuses the call.
-    """
-    gate = run.wd.circuit_for(name)
-    if gate is None:
-        return False
-    verdict = gate.admit(run.id)
-    if verdict is not None:
-        return verdict == PROBE
-    exc = ToolUnavailable(name, gate.message(name))
-    if guard is not None:
-        guard.count_tool_call()
-    run.record_tool(name, args, ok=False, error=exc, duration_s=0.0)
-    raise exc from cause
-
-
-def _cached(run, key, guard):
+def _cached(run, key):
     """(stored_at, result) of a still-valid dedupe entry, or None."""
-    entry = _dedupe_cache(run).get(key)
+    entry = run.dedupe_cache.get(key)
     if entry is None:
         return None
-    window_s = guard.budgets.get("dedupe_window_s") or 0
+    window_s = run.guard.budgets.get("dedupe_window_s") or 0
     if window_s and _clock() - entry[0] > window_s:
         return None
     return entry
-
-
-def _dedupe_cache(run) -> dict:
-    cache = getattr(run, "_dedupe", None)
-    if cache is None:
-        cache = run._dedupe = {}
-    return cache
 
 
 def _exception_types(retry_on) -> tuple:

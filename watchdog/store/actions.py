@@ -13,7 +13,7 @@ import socket
 from sqlalchemy import and_, insert, select, update
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.config import Budgets
+from watchdog.core.budgets import Budgets
 from watchdog.core.messages import RunFacts
 from watchdog.store.schema import alerts, interventions, runs
 
@@ -61,7 +61,7 @@ def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -
         id=row.id, agent=row.agent, host=row.host, pid=row.pid, kill_mode=row.kill_mode, steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
         duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error,
-        progress=row.progress)
+        progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0))
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,

@@ -16,6 +16,7 @@ import threading
 
 from sqlalchemy.engine import Engine
 
+from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.store.schema import SQLITE_TS_FORMAT
 
 # Dialect.ts spells this format with isoformat, which is ~3x faster than strftime.
@@ -23,13 +24,13 @@ assert SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
 
 EVENT_COLUMNS = (
     "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
-    "error_msg", "duration_s", "model", "tokens_in", "tokens_out", "cost_eur", "progress",
+    "error_msg", "duration_s", "model", "tokens_in", "tokens_out", "cost_eur", "progress", "attempt",
 )  # fmt: skip
 
+# The run's own budgets follow its identity, in the registry's order (Run.start passes them so).
 RUN_COLUMNS = (
     "id", "agent", "status", "kill_mode", "host", "pid", "pid_create_time", "labels",
-    "max_wall_s", "max_steps", "max_tool_calls", "max_cost_eur", "max_identical_calls",
-    "heartbeat_timeout_s", "started_at", "last_seen_at",
+    *RUN_BUDGET_KEYS, "started_at", "last_seen_at",
 )  # fmt: skip
 
 

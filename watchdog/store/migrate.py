@@ -43,3 +43,12 @@ def current(engine: Engine) -> str | None:
 
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def head() -> str:
+    """The newest revision this installation ships (what `db upgrade` migrates to)."""
+    from alembic.script import ScriptDirectory
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    return ScriptDirectory.from_config(cfg).get_current_head()

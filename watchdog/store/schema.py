@@ -27,6 +27,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from watchdog.core.budgets import RUN_BUDGETS
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -92,13 +94,9 @@ runs = Table(
     Column("pid", Integer),
     Column("pid_create_time", Float),  # psutil-compatible create time, seconds since epoch
     Column("labels", JSON),
-    # The budgets this run asked for (NULL = the profile's). Lower only, unless allowed.
-    Column("max_wall_s", Float),
-    Column("max_steps", Integer),
-    Column("max_tool_calls", Integer),
-    Column("max_cost_eur", Float),
-    Column("max_identical_calls", Integer),
-    Column("heartbeat_timeout_s", Float),
+    # The budgets this run asked for (NULL = the profile's), one column per run budget of the
+    # registry (watchdog.core.budgets). Lower only, unless the profile allows raising.
+    *(Column(b.key, Integer if b.integer else Float) for b in RUN_BUDGETS),
     # Denormalised counters, updated in the same transaction as each event.
     Column("steps", Integer, nullable=False, server_default="0"),
     Column("tool_calls", Integer, nullable=False, server_default="0"),
@@ -139,6 +137,7 @@ events = Table(
     Column("tokens_out", Integer),
     Column("cost_eur", Float),
     Column("progress", Text),
+    Column("attempt", Integer),  # a tool call's retry number (2, 3, ...); NULL for a first attempt
     UniqueConstraint("run_id", "seq"),
     # The circuit breaker's rolling window: a tool's recent calls across runs.
     Index(None, "tool", "at"),
@@ -233,6 +232,9 @@ circuit_probes = Table(
     Column("opened_at", UTCDateTime, primary_key=True),  # the open period this probe is for
     Column("run_id", String(32), nullable=False),
     Column("claimed_at", UTCDateTime, nullable=False),
+    # Set by the probing run when its call succeeded: the SDK then treats the circuit as
+    # closed at once; the daemon closes the row (and audits, and alerts) on its next tick.
+    Column("ok", Boolean),
 )
 
 # Process identities the daemon of `host` attested over its Unix socket (SO_PEERCRED),

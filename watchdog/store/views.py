@@ -6,14 +6,14 @@ surface shows the same numbers.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 
 from sqlalchemy import and_, desc, func, select
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.config import RUN_BUDGET_KEYS, Budgets, Config
+from watchdog.core.budgets import RUN_BUDGETS, effective_budgets
+from watchdog.core.config import Config
 from watchdog.errors import StoreError
 from watchdog.store.schema import events, interventions, runs, settings
 
@@ -28,40 +28,14 @@ class ToolStat:
         return {"name": self.name, "calls": self.calls, "errors": self.errors}
 
 
-def effective_budgets(profile: Budgets, row) -> Budgets:
-    """The profile lowered (never raised, unless the profile allows it) by the run's own request."""
-    changes = {}
-    for key in RUN_BUDGET_KEYS:
-        asked = row.get(key) if isinstance(row, dict) else getattr(row, key, None)
-        if asked is None:
-            continue
-        current = getattr(profile, key)
-        changes[key] = asked if profile.runs_may_raise else min(current, asked)
-    return dataclasses.replace(profile, **changes) if changes else profile
-
-
 def published_profiles(conn, config: Config) -> Config:
-    """`config` with the agent profiles the daemon published in the store.
+    """`config` judged by the profiles the daemon published in the store.
 
     Without a config file the CLI would otherwise judge runs by the built-in
     defaults while the daemon applies its own profiles: with this, the CLI shows
     the budgets the daemon actually enforces."""
     value = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
-    if not isinstance(value, dict):
-        return config
-    known = {f.name for f in dataclasses.fields(Budgets)}
-
-    def budgets(raw):
-        if not isinstance(raw, dict):
-            return None
-        try:
-            return Budgets(**{k: v for k, v in raw.items() if k in known})
-        except TypeError:
-            return None
-
-    defaults = budgets(value.get("defaults")) or config.defaults
-    agents = {name: b for name, raw in (value.get("agents") or {}).items() if (b := budgets(raw)) is not None}
-    return dataclasses.replace(config, defaults=defaults, agents=agents)
+    return config.with_published(value)
 
 
 def resolve_run_id(conn, run_id: str) -> str:
@@ -135,14 +109,7 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime) -> 
         "duration_s": round((end - row.started_at).total_seconds(), 3),
         "progress": row.progress,
         "top_tool": top.to_json() if top else None,
-        "budgets": {
-            "max_wall_s": budgets.max_wall_s,
-            "max_steps": budgets.max_steps,
-            "max_tool_calls": budgets.max_tool_calls,
-            "max_cost_eur": budgets.max_cost_eur,
-            "max_identical_calls": budgets.max_identical_calls,
-            "heartbeat_timeout_s": budgets.heartbeat_timeout_s,
-        },
+        "budgets": {b.key: getattr(budgets, b.key) for b in RUN_BUDGETS},
     }
 
 

@@ -1,0 +1,251 @@
+"""The one home of every budget: key, unit, type, validation, merge with a profile,
+comparison and rendering. Everything else (config parsing, the `runs` columns, the
+SDK's guards, the daemon's policies and pre-filter, alerts, `show`, `top`, JSON)
+iterates over `BUDGETS`, so a new budget is one entry here plus its column.
+
+A *profile* (`Budgets`) is one agent's limits plus the few settings that go with
+them (`on_rate`, `dedupe_window_s`, `runs_may_raise`). A run may ask for lower
+budgets than its profile (the `runs` columns named after each budget), never
+higher unless the profile says `runs_may_raise = true`.
+
+Pure: imports nothing of ours but the lifecycle vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from watchdog.core.lifecycle import StopReason
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a run has used, as the budgets measure it. Built by the SDK from its own
+    counters and by the daemon from the run row and its folded events."""
+
+    steps: int = 0
+    tool_calls: int = 0
+    cost_eur: float = 0.0
+    tokens: int = 0  # in + out
+    age_s: float = 0.0  # since the run started
+    silent_s: float = 0.0  # since its last record
+    identical_calls: int = 0  # the most repeated (tool, args hash)
+    calls_last_min: int = 0
+
+
+@dataclass(frozen=True)
+class Budget:
+    key: str  # config key, `runs` column, JSON field of "budgets"
+    reason: StopReason  # the stop reason when it trips
+    measure: str  # the Totals field it limits
+    label: str  # how alerts and `show` name the measure
+    unit: str  # "" (a count), "s", "EUR"
+    integer: bool
+    default: float
+    per_run: bool = True  # a run may ask to lower it (it has a `runs` column)
+    at_limit: bool = False  # trips when the measure reaches the limit (N identical calls are a loop)
+    clock: bool = False  # measured on the wall clock: not judged across a clock jump
+    counted_on: str | None = None  # the SDK record kind that adds to it ("step" / "tool"): guarded before it
+
+    def over(self, value: float, limit: float | None) -> bool:
+        if limit is None:
+            return False
+        return value >= limit if self.at_limit else value > limit
+
+    def fmt(self, value: float, limit: float | None = None) -> str:
+        if self.unit == "EUR":
+            digits = 2 if (limit if limit is not None else value) >= 1 else 4
+            return f"{value:.{digits}f}"
+        if self.unit == "s":
+            return f"{value:.0f}" if limit is not None else f"{value:g}"
+        return f"{int(value)}"
+
+    def against(self, value: float, limit: float | None) -> str:
+        """`13/12 ← OVER` style: the value against its limit, with its unit."""
+        unit = f" {self.unit}" if self.unit else ""
+        lim = "-" if limit is None else (f"{limit:g}" if self.unit == "s" else self.fmt(limit, limit))
+        mark = "  ← OVER" if self.over(value, limit) and not self.at_limit else ""
+        return f"{self.fmt(value, limit)}/{lim}{unit}{mark}"
+
+    def detail(self, value: float, limit: float) -> str:
+        """One line for the stop reason: "steps 13/12"."""
+        if self.measure == "identical_calls":
+            return f"called {int(value)}× with identical arguments ({self.key} {int(limit)})"
+        if self.measure == "age_s":
+            return f"running {value:.0f} s > {self.key} {limit:g} s"
+        if self.measure == "silent_s":
+            return f"silent for {value:.0f} s > {self.key} {limit:g} s"
+        if self.measure == "calls_last_min":
+            return f"{int(value)} tool calls/min > {int(limit)}"
+        return f"{self.label} {self.fmt(value, limit)}/{self.fmt(limit, limit)}{' ' + self.unit if self.unit else ''}"
+
+    def validate(self, value: Any) -> float:
+        """The value as a budget (> 0, finite, an integer where counted), or ValueError saying why."""
+        kind = "an integer" if self.integer else "a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.integer and not isinstance(value, int)):
+            raise ValueError(f"expected {kind} > 0, got {value!r}")
+        if not math.isfinite(value) or value <= 0:  # a NaN or infinite budget would never trip
+            raise ValueError(f"expected {kind} > 0, got {value!r}")
+        return value if self.integer else float(value)
+
+
+# In the order alerts and `show` list them.
+BUDGETS: tuple[Budget, ...] = (
+    Budget("max_steps", StopReason.MAX_STEPS, "steps", "steps", "", True, 12, counted_on="step"),
+    Budget("max_tool_calls", StopReason.MAX_TOOL_CALLS, "tool_calls", "tool calls", "", True, 40,
+           counted_on="tool"),
+    Budget("max_cost_eur", StopReason.MAX_COST, "cost_eur", "cost", "EUR", False, 2.0, counted_on="step"),
+    Budget("max_wall_s", StopReason.WALL_CLOCK, "age_s", "duration", "s", False, 300.0, clock=True),
+    Budget("max_identical_calls", StopReason.LOOP_DETECTED, "identical_calls", "identical calls", "", True, 3,
+           at_limit=True),
+    Budget("heartbeat_timeout_s", StopReason.HEARTBEAT_TIMEOUT, "silent_s", "silent", "s", False, 120.0,
+           clock=True),
+    # The per-run tool-call rate: an alarm first; it stops only with on_rate = "stop".
+    Budget("max_tool_calls_per_min", StopReason.TOOL_RATE, "calls_last_min", "tool calls/min", "", True, 15,
+           per_run=False),
+)
+BY_KEY: dict[str, Budget] = {b.key: b for b in BUDGETS}
+RUN_BUDGETS: tuple[Budget, ...] = tuple(b for b in BUDGETS if b.per_run)
+RUN_BUDGET_KEYS: tuple[str, ...] = tuple(b.key for b in RUN_BUDGETS)
+# Budgets that stop a run whenever they trip (the rate stops only with on_rate = "stop").
+STOPPING_BUDGETS: tuple[Budget, ...] = tuple(b for b in BUDGETS if b.reason != StopReason.TOOL_RATE)
+RATE = BY_KEY["max_tool_calls_per_min"]
+
+ON_RATE_CHOICES = ("alert", "stop")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A profile key that is not a budget."""
+
+    key: str
+    default: Any
+    kind: str  # "choice" | "bool" | "seconds>=0"
+    choices: tuple[str, ...] = ()
+
+    def validate(self, value: Any) -> Any:
+        if self.kind == "choice":
+            if value not in self.choices:
+                raise ValueError(f"expected one of {', '.join(repr(c) for c in self.choices)}, got {value!r}")
+            return value
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"expected true or false, got {value!r}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"expected a number >= 0, got {value!r}")
+        return float(value)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("on_rate", "alert", "choice", ON_RATE_CHOICES),
+    Setting("dedupe_window_s", 0.0, "seconds>=0"),  # 0 = the whole run
+    Setting("runs_may_raise", False, "bool"),
+)
+PROFILE_KEYS: tuple[str, ...] = tuple(b.key for b in BUDGETS) + tuple(s.key for s in SETTINGS)
+
+
+def _profile_class():
+    fields = [(b.key, int if b.integer else float, dataclasses.field(default=b.default)) for b in BUDGETS]
+    fields += [(s.key, type(s.default), dataclasses.field(default=s.default)) for s in SETTINGS]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def limit(self, key: str):
+        return getattr(self, key)
+
+    return dataclasses.make_dataclass("Budgets", fields, frozen=True, namespace={
+        "to_json": to_json, "limit": limit, "__module__": __name__,
+        "__doc__": "One agent profile: the limits a run of that agent is held to (fields: PROFILE_KEYS)."})
+
+
+Budgets = _profile_class()
+
+
+def validate_profile_value(key: str, value: Any) -> Any:
+    """A profile key's value, checked; ValueError says why (the caller names file and section)."""
+    if key in BY_KEY:
+        return BY_KEY[key].validate(value)
+    for s in SETTINGS:
+        if s.key == key:
+            return s.validate(value)
+    raise KeyError(key)
+
+
+def profile(values: Mapping[str, Any], base=None):
+    """A profile from checked values over `base` (the built-in defaults when None)."""
+    return dataclasses.replace(base if base is not None else Budgets(), **values)
+
+
+def profile_from_json(raw: Any, base=None):
+    """The profile a daemon published (or a row written by hand): None when unusable.
+    Keys this version does not know are ignored; a bad value drops the whole profile,
+    so a half-parsed profile never judges a run."""
+    if not isinstance(raw, dict):
+        return None
+    values = {}
+    for key, value in raw.items():
+        if key not in PROFILE_KEYS:
+            continue
+        try:
+            values[key] = validate_profile_value(key, value)
+        except ValueError:
+            return None
+    return profile(values, base)
+
+
+def asked(row: Any) -> dict[str, float]:
+    """The budgets a run asked for itself: its non-NULL budget columns (a row or a dict)."""
+    get = row.get if isinstance(row, Mapping) else (lambda k: getattr(row, k, None))
+    return {k: v for k in RUN_BUDGET_KEYS if (v := get(k)) is not None}
+
+
+def effective(prof, run_asked: Mapping[str, float]):
+    """The profile lowered (never raised, unless the profile allows it) by the run's own request.
+    What a run is held to, in the SDK and in the daemon alike."""
+    changes = {}
+    for key, value in run_asked.items():
+        if key not in RUN_BUDGET_KEYS or value is None:
+            continue
+        changes[key] = value if prof.runs_may_raise else min(getattr(prof, key), value)
+    return dataclasses.replace(prof, **changes) if changes else prof
+
+
+def for_run(prof, row: Any):
+    """`effective` for a run row (or dict) holding its own budget columns."""
+    return effective(prof, asked(row))
+
+
+effective_budgets = for_run  # the name the read models and tests have always used
+
+
+def request_error(key: str, value: Any, prof, agent: str) -> str | None:
+    """Why a run's requested budget is not acceptable, or None."""
+    if key not in RUN_BUDGET_KEYS:
+        return f"{key}: not a run budget (expected one of {', '.join(RUN_BUDGET_KEYS)})"
+    try:
+        value = BY_KEY[key].validate(value)
+    except ValueError as exc:
+        return f"{key}: {exc}"
+    current = getattr(prof, key)
+    if not prof.runs_may_raise and value > current:
+        return (f"{key}={value} is above the {agent!r} profile's {current}; "
+                "a run may only lower its budgets (set runs_may_raise = true in the profile to allow it)")
+    return None
+
+
+def counter_lines(totals: Totals, prof, tool_errors: int = 0) -> list[str]:
+    """The numbers against their budgets, one line each, for alerts and `show`."""
+    lines = []
+    for b in BUDGETS:
+        if b.measure in ("identical_calls", "calls_last_min", "silent_s"):
+            continue  # named in the reason line when they trip; not a running total
+        text = f"{b.label} {b.against(getattr(totals, b.measure), getattr(prof, b.key))}"
+        if b.measure == "tool_calls":
+            text += f" ({tool_errors} errors)"
+        lines.append(text)
+    return lines
