@@ -114,3 +114,12 @@ def procs(tmp_path):
     p = AgentProcs(tmp_path)
     yield p
     p.close()
+
+
+@pytest.fixture
+def sealer():
+    """The daemon's sealing key for tests that drive a Ticker or the outbox directly."""
+    from watchdog.core.seal import Sealer
+    from watchdog.daemon.killer import Killer
+
+    return Sealer(os.urandom(32), Killer().host)

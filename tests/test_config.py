@@ -147,7 +147,7 @@ def test_config_is_frozen(tmp_path):
         cfg.store = StoreConfig()
 
 
-def test_published_settings_carry_prices_profiles_and_record_args():
+def test_published_settings_carry_prices_and_profiles_never_what_agents_record():
     cfg = parse(tomllib.loads(_without_alerts(FULL)))  # alert URLs need apprise: not under test here
     pub = cfg.published()
     json.dumps(pub)  # it is stored as JSON
@@ -155,7 +155,9 @@ def test_published_settings_carry_prices_profiles_and_record_args():
     assert pub["agents"]["support-bot"]["max_steps"] == 8
     assert pub["agents"]["support-bot"]["max_tool_calls"] == 30  # merged with defaults
     assert pub["defaults"]["on_rate"] == "stop"
-    assert pub["record_args"] is True
+    # record_args / record_errors are each agent's own choice: a settings row must not carry them.
+    assert cfg.store.record_args is True
+    assert "record_args" not in pub and "record_errors" not in pub and "store" not in pub
 
 
 def _without_alerts(text: str) -> str:

@@ -12,6 +12,7 @@ import sys
 import click
 
 from watchdog.core.config import ENV_CONFIG, Config, load, resolve_db_url
+from watchdog.core.scrub import scrub
 from watchdog.errors import ConfigError, StoreError
 
 EXIT_ERROR = 1
@@ -86,7 +87,7 @@ def fail_cleanly(fn):
 def _die(app, exc, code):
     if app is not None and app.debug:
         raise exc
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    msg = scrub(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__
     if not isinstance(exc, (ConfigError, StoreError, ValueError)):
         msg = f"{type(exc).__name__}: {msg}"
     click.echo(f"agent-watchdog: error: {msg}", err=True)

@@ -29,9 +29,10 @@ def _logging(verbose: bool):
 @fail_cleanly
 def run_cmd(app, once, verbose):
     """Run the watchdog daemon in the foreground (SIGTERM/SIGINT: finish the tick and exit 0)."""
-    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.service import Daemon, check_allowed_users
     from watchdog.daemon.metrics import start_metrics
 
+    check_allowed_users(app.config)  # before anything listens
     _logging(verbose)
     metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(app.engine, app.config, metrics=metrics)

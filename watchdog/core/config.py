@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profile_from_json, validate_profile_value
 from watchdog.core.pricing import Price
+from watchdog.core.records import RECORD_ERRORS_CHOICES
 from watchdog.errors import ConfigError
 
 __all__ = ["Budgets", "RUN_BUDGET_KEYS", "Config", "load", "parse", "resolve_db_url"]
@@ -26,10 +27,17 @@ UrlCheck = Callable[[str], "str | None"]
 
 ENV_CONFIG = "AGENT_WATCHDOG_CONFIG"
 ENV_DB = "AGENT_WATCHDOG_DB"
+# Where systemd's LoadCredential= puts the unit's credentials (a relative urls_file is read there).
+ENV_CREDENTIALS = "CREDENTIALS_DIRECTORY"
+DEFAULT_SOCKET = "/run/agent-watchdog/attest.sock"  # RuntimeDirectory= of the unit
+DEFAULT_KEY_FILE = "/var/lib/agent-watchdog/attest.key"  # StateDirectory= of the unit
 @dataclass(frozen=True)
 class StoreConfig:
     url: str | None = None
+    # Both are read by whoever reads THIS file (an agent's own config, or the daemon
+    # for what it copies into alerts and circuits); never published, never read from the store.
     record_args: bool = False
+    record_errors: str = "scrubbed"  # or "class": no message text at all
 
 
 @dataclass(frozen=True)
@@ -37,8 +45,11 @@ class DaemonConfig:
     tick_s: float = 5.0
     cancel_grace_s: float = 10.0
     term_grace_s: float = 5.0
-    allowed_users: tuple[str, ...] = ()  # empty = the daemon's own user
+    # empty = the daemon's own user, unless that is root (refused at start) or a system account (nobody)
+    allowed_users: tuple[str, ...] = ()
     alert_retry_s: float = 30.0
+    socket: str = DEFAULT_SOCKET  # where agents attest their process identity
+    key_file: str = DEFAULT_KEY_FILE  # the sealing key, 0600, created at the first start
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,8 @@ class Config:
             "defaults": self.defaults.to_json(),
             "agents": {k: v.to_json() for k, v in self.agents.items()},
             "prices": {k: dataclasses.asdict(v) for k, v in self.prices.items()},
-            "record_args": self.store.record_args,
+            # Not record_args nor record_errors: what an agent records is its own choice,
+            # and a row anyone can write must not be able to turn it up.
             "tick_s": self.daemon.tick_s,
         }
 
@@ -99,9 +111,8 @@ class Config:
         daemon = self.daemon
         if isinstance(tick_s, (int, float)) and not isinstance(tick_s, bool) and 0 < tick_s < math.inf:
             daemon = dataclasses.replace(daemon, tick_s=float(tick_s))
-        store = dataclasses.replace(self.store, record_args=value.get("record_args") is True)
         return dataclasses.replace(self, defaults=defaults, agents=agents, prices=prices or self.prices,
-                                   daemon=daemon, store=store)
+                                   daemon=daemon)
 
 
 # --- parsing ------------------------------------------------------------------
@@ -173,14 +184,19 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics"))
 
     store_t = _table(ctx, raw, "store")
-    _check_keys(ctx, "store", store_t, ("url", "record_args"))
+    _check_keys(ctx, "store", store_t, ("url", "record_args", "record_errors"))
     url = store_t.get("url")
     if url is not None and (not isinstance(url, str) or not url):
         raise ctx.fail("store.url", "a SQLAlchemy URL string such as sqlite:///runs.db", url)
-    store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)))
+    record_errors = store_t.get("record_errors", "scrubbed")
+    if record_errors not in RECORD_ERRORS_CHOICES:
+        raise ctx.fail("store.record_errors", 'one of "scrubbed", "class"', record_errors)
+    store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)),
+                        record_errors=record_errors)
 
     daemon_t = _table(ctx, raw, "daemon")
-    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s"))
+    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",
+                                          "socket", "key_file"))
     d = {}
     for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s"):
         if k in daemon_t:
@@ -190,6 +206,12 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
             raise ctx.fail("daemon.allowed_users", "a list of user names", users)
         d["allowed_users"] = tuple(users)
+    for k in ("socket", "key_file"):
+        if k in daemon_t:
+            value = daemon_t[k]
+            if not isinstance(value, str) or not os.path.isabs(value):
+                raise ctx.fail(f"daemon.{k}", "an absolute path", value)
+            d[k] = value
     daemon = DaemonConfig(**d)
 
     defaults = _budgets(ctx, "defaults", _table(ctx, raw, "defaults"), Budgets())
@@ -212,10 +234,12 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     circuit = CircuitConfig(default=default_policy, tools=tools)
 
     alerts_t = _table(ctx, raw, "alerts")
-    _check_keys(ctx, "alerts", alerts_t, ("urls",))
+    _check_keys(ctx, "alerts", alerts_t, ("urls", "urls_file"))
     urls = alerts_t.get("urls", [])
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
         raise ctx.fail("alerts.urls", "a list of apprise URL strings", urls)
+    if "urls_file" in alerts_t:
+        urls = urls + _urls_file(ctx, alerts_t["urls_file"])
     for i, u in enumerate(urls):
         reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
         if reason:
@@ -251,6 +275,27 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         prices=prices,
         metrics_listen=listen,
     )
+
+
+def _urls_file(ctx: _Ctx, value) -> list[str]:
+    """apprise URLs, one per line ('#' comments), from a file only the daemon can read: with
+    systemd, a credential (LoadCredential=alert-urls:/etc/agent-watchdog/alert-urls) named
+    relative to $CREDENTIALS_DIRECTORY, so the config itself holds no secret."""
+    key = "alerts.urls_file"
+    if not isinstance(value, str) or not value:
+        raise ctx.fail(key, "a file name (relative: in $CREDENTIALS_DIRECTORY) or an absolute path", value)
+    if not os.path.isabs(value):
+        creds = os.environ.get(ENV_CREDENTIALS)
+        if not creds:
+            raise ConfigError(f"{ctx.path}: {key} = {value!r}: a relative name is read from ${ENV_CREDENTIALS}, "
+                              "which is not set (set LoadCredential= in the unit, or give an absolute path)")
+        value = os.path.join(creds, value)
+    try:
+        text = Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{ctx.path}: {key}: cannot read {value} ({why})") from None
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _valid_listen(listen: str) -> bool:

@@ -9,7 +9,7 @@ import math
 from watchdog.core.scrub import scrub
 
 ERROR_MSG_MAX_CHARS = 200
-SCRUB_MAX_CHARS = 2000  # of a raw message, what is scrubbed (then cut to ERROR_MSG_MAX_CHARS)
+SCRUB_MAX_CHARS = 20_000  # of a raw message, what is scrubbed (then cut to ERROR_MSG_MAX_CHARS)
 # What of a tool's error is recorded (`record_errors`, the agent's own choice):
 # the message with its secrets scrubbed out, or the exception's class alone.
 RECORD_ERRORS_CHOICES = ("scrubbed", "class")
@@ -59,7 +59,9 @@ def error_fields(error, record_errors: str = "scrubbed") -> tuple[str | None, st
     # A huge message is first bounded at a word boundary (the scrub is linear, but not free).
     msg = " ".join(msg[:SCRUB_MAX_CHARS * 2].split())
     if len(msg) > SCRUB_MAX_CHARS:
-        msg = msg[:SCRUB_MAX_CHARS].rsplit(" ", 1)[0]
+        head, _, tail = msg[:SCRUB_MAX_CHARS].rpartition(" ")
+        # A short word cut in two may be half a key the scrubber no longer recognises: drop it.
+        msg = head if head and len(tail) < 256 else msg[:SCRUB_MAX_CHARS]
     msg = scrub(msg)
     if len(msg) > ERROR_MSG_MAX_CHARS:
         msg = msg[: ERROR_MSG_MAX_CHARS - 1] + "…"

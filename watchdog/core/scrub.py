@@ -49,6 +49,7 @@ _KNOWN_TOKENS = re.compile(
     r"|\b(?:AKIA|ASIA)[A-Z0-9]{12,}"
     r"|\beyJ[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]*")
 _LONG_TOKEN = re.compile(r"[A-Za-z0-9_\-+=]{24,}")
+_HEX = re.compile(r"[0-9a-f]+|[0-9A-F]+")
 _CARD = re.compile(r"(?<![\d.])\d(?:[ \-]?\d){12,18}(?![\d.])")
 
 # A random token of n characters over an alphabet of 60+ has ~log2(n) bits per
@@ -102,15 +103,15 @@ def _token(m: re.Match) -> str:
     s = m.group(0)
     if MASK in s:
         return s
-    has_digit = any(c.isdigit() for c in s)
-    has_alpha = any(c.isalpha() for c in s)
-    if has_digit and has_alpha and entropy_bits(s) >= ENTROPY_MIN_BITS:
-        return MASK
-    # All-hex / all-base64 blobs without digits are rare; mixed case without digits
-    # at 32+ characters (base64 of random bytes) is still a token.
-    if len(s) >= 32 and any(c.isupper() for c in s) and any(c.islower() for c in s) \
-            and entropy_bits(s) >= ENTROPY_MIN_BITS + 0.4:
-        return MASK
+    upper = any(c.isupper() for c in s)
+    lower = any(c.islower() for c in s)
+    digits = sum(c.isdigit() for c in s)
+    if upper and lower and digits and entropy_bits(s) >= ENTROPY_MIN_BITS:
+        return MASK  # random mixed-case alphanumerics: an API key, a session id
+    if len(s) >= 32 and _HEX.fullmatch(s):
+        return MASK  # a hex secret (also hashes and ids: over-scrubbing is accepted)
+    if digits >= len(s) // 4 and (upper or lower) and entropy_bits(s) >= ENTROPY_MIN_BITS:
+        return MASK  # single-case random alphanumerics; words with a digit or two are not
     return s
 
 

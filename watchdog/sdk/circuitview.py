@@ -125,8 +125,16 @@ class CircuitView:
         ).on_conflict_do_nothing()
         try:
             with self.writer.engine.begin() as conn:
-                won = conn.execute(claim).rowcount == 1
-                state = None if won else conn.execute(select(t.c.state).where(t.c.tool == tool)).scalar()
+                conn.execute(claim)
+                # Who holds this open period's claim now (an INSERT ... SELECT's rowcount is not
+                # reported by every driver): us, someone else, or nobody (the circuit moved on).
+                p = circuit_probes
+                row = conn.execute(select(t.c.state, p.c.run_id, p.c.claimed_at).select_from(
+                    t.outerjoin(p, and_(p.c.tool == t.c.tool, p.c.opened_at == t.c.opened_at)))
+                    .where(t.c.tool == tool)).first()
+                # Ours only if claimed just now: this run's earlier probe is not another turn.
+                won = row is not None and row.run_id == run_id and row.claimed_at == now
+                state = None if row is None else row.state
         except Exception:
             return None  # store down: an open circuit stays open for us
         self.refresh(force=True)
@@ -162,7 +170,7 @@ class CircuitGate:
         st = self.st
         if st.state == Circuit.OPEN and (st.open_until is None or utcnow() < st.open_until):
             return None
-        if st.state == Circuit.HALF_OPEN and st.probe_run_id is not None:
+        if st.probe_run_id is not None:  # claimed (maybe by this run): until the daemon judges it
             return None
         verdict = self.view.claim_probe(st.tool, run_id)
         if verdict is None:

@@ -15,6 +15,7 @@ from sqlalchemy import and_, insert, select, update
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
 from watchdog.core.messages import RunFacts
+from watchdog.core.scrub import scrub
 from watchdog.store.schema import alerts, interventions, runs
 
 
@@ -56,12 +57,20 @@ def enqueue_alert(conn, key: str, title: str, body: str, *, now: dt.datetime, ru
 
 
 def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -> RunFacts:
+    """What an alert may say about a run; its free texts (an error, a heartbeat) are agents'
+    words: scrubbed again here (an agent in another language may have stored them raw)."""
     end = row.ended_at or now or row.last_seen_at
     return RunFacts(
         id=row.id, agent=row.agent, host=row.host, pid=row.pid, kill_mode=row.kill_mode, steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
-        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error,
-        progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0))
+        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=scrub(last_error),
+        progress=scrub(row.progress), tokens=(row.tokens_in or 0) + (row.tokens_out or 0))
+
+
+def stop_plan(kill_mode: str) -> str:
+    if kill_mode == lc.COOPERATIVE:
+        return "cooperative stop requested (the run shares its process: it will not be signalled)"
+    return "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
@@ -78,10 +87,7 @@ def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: s
     )
     if res.rowcount != 1:
         return False
-    if row.kill_mode == lc.COOPERATIVE:
-        plan = "cooperative stop requested (the run shares its process: it will not be signalled)"
-    else:
-        plan = "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
+    plan = stop_plan(row.kill_mode)
     iid = record(conn, at=now, action="stop_requested", by=by, run_id=row.id, reason=reason, detail=detail,
                  outcome=plan)
     title, body = stop_alert(run_facts, budgets, reason, detail, plan)

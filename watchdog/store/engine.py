@@ -78,6 +78,9 @@ def normalise_url(url: str) -> str:
 def make_engine(url: str, **kw) -> Engine:
     """An engine with the store's connection discipline for either database."""
     url = normalise_url(url)
+    # A failed statement's message never carries its values (error texts, arguments, labels):
+    # exceptions are logged, and what they would quote is exactly what must stay in the store.
+    kw.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         kw.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
         engine = create_engine(url, **kw)
