@@ -30,10 +30,10 @@ def short_dir(prefix: str = "aw") -> Path:
 class Attestor:
     """The daemon's key and socket, for one test."""
 
-    def __init__(self, url: str, host: str | None = None):
+    def __init__(self, url: str, host: str | None = None, socket: str | None = None):
         self.dir = short_dir()
         self.key_file = str(self.dir / "attest.key")
-        self.socket = str(self.dir / "attest.sock")
+        self.socket = socket or str(self.dir / "attest.sock")
         self.host = host or Killer().host
         self.sealer = Sealer(keyfile.load_or_create(self.key_file), self.host)
         self.engine = make_engine(url)

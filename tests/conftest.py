@@ -123,3 +123,22 @@ def sealer():
     from watchdog.daemon.killer import Killer
 
     return Sealer(os.urandom(32), Killer().host)
+
+
+@pytest.fixture
+def attest(monkeypatch):
+    """attest(url): the daemon's attestation socket on a store (its own key), started; agents
+    started afterwards find it through $AGENT_WATCHDOG_SOCKET, as in production."""
+    from attest_support import Attestor
+
+    made = []
+
+    def start(url):
+        a = Attestor(url).start()
+        made.append(a)
+        monkeypatch.setenv("AGENT_WATCHDOG_SOCKET", a.socket)
+        return a
+
+    yield start
+    for a in made:
+        a.close()

@@ -4,22 +4,37 @@ read-only views of what the daemon wrote."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import pwd
 
 from sqlalchemy import select
 
+from attest_support import short_dir
 from watchdog.core.config import parse
+from watchdog.core.seal import Sealer
+from watchdog.daemon.killer import Killer
 from watchdog.store.schema import alerts, interventions, runs
 
 CANCEL_GRACE_S = 0.5
 TERM_GRACE_S = 0.5
+# The test process's user, named explicitly: root (CI) is never a default of allowed_users.
+ME = pwd.getpwuid(os.geteuid()).pw_name
+# A sealing key for tests that drive a Ticker and the outbox without attested processes.
+SEALER = Sealer(os.urandom(32), Killer().host)
 
 
 def config(**sections):
-    """A Config from a TOML-like dict, with tiny graces unless told otherwise."""
+    """A Config from a TOML-like dict, with tiny graces unless told otherwise, this user as
+    the allowed one, and the daemon's key and socket in a fresh short directory."""
     raw = {k: dict(v) for k, v in sections.items()}
     daemon = raw.setdefault("daemon", {})
     daemon.setdefault("cancel_grace_s", CANCEL_GRACE_S)
     daemon.setdefault("term_grace_s", TERM_GRACE_S)
+    daemon.setdefault("allowed_users", [ME])
+    if "key_file" not in daemon or "socket" not in daemon:
+        folder = short_dir()
+        daemon.setdefault("key_file", str(folder / "attest.key"))
+        daemon.setdefault("socket", str(folder / "attest.sock"))
     return parse(raw)
 
 

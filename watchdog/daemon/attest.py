@@ -62,7 +62,8 @@ def verified_leader(conn, row, sealer: Sealer | None) -> tuple[ProcessIdentity |
         return None, "the run never attested itself to this host's daemon"
     if not sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode):
         return None, "its attestation's seal does not verify (forged or from another daemon)"
-    if (a.host, a.pid, a.kill_mode) != (row.host, row.pid, row.kill_mode):
+    if ((a.host, a.pid, a.kill_mode) != (row.host, row.pid, row.kill_mode)
+            or row.pid_create_time is None or abs(row.pid_create_time - a.pid_create_time) > CREATE_TIME_TOLERANCE_S):
         return None, "the run row no longer matches what was attested"
     return ProcessIdentity(a.host, a.pid, a.pid_create_time, a.uid), ""
 
