@@ -65,3 +65,13 @@ def alerts_of(engine, run_id=None) -> list:
         q = q.where(alerts.c.run_id == run_id)
     with engine.connect() as conn:
         return conn.execute(q).all()
+
+
+def daemon_toml(**keys) -> str:
+    """A [daemon] table for a config file: this user allowed, key and socket in a fresh short directory."""
+    import json
+
+    folder = short_dir()
+    values = {"allowed_users": [ME], "key_file": str(folder / "attest.key"), "socket": str(folder / "attest.sock"),
+              **keys}
+    return "[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
