@@ -77,7 +77,9 @@ def test_errors_from_three_runs_open_the_circuit_and_a_fourth_run_fails_fast(eng
     _errors(runs[0], 2)
     _errors(runs[1], 2)
     _errors(runs[2], 1)
-    ticker.tick(utcnow())
+    # The tick's clock 30 s ahead: the errors are still inside the 60 s window, and the circuit
+    # stays open for the SDK's real clock however slow this machine is (open_s is 0.6 s here).
+    ticker.tick(utcnow() + dt.timedelta(seconds=30))
     row = _circuit(engine)
     assert row.state == "open" and row.errors_in_window == 5
     assert row.last_error == "500 Internal Server Error"

@@ -61,6 +61,17 @@ def test_demo_exits_0_and_names_every_agent(demo):
 
 
 @pytest.mark.slow
+def test_the_closing_table_fits_100_columns_and_names_every_agent(demo):
+    proc, _, _, _ = demo
+    out = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("AGENT "))
+    end = next(i for i, line in enumerate(out) if line.startswith("OK: every agent"))
+    table = out[start:end + 2]
+    assert max(len(line) for line in table) <= 100, "\n".join(line for line in table if len(line) > 100)
+    assert {line.split()[0] for line in out[start + 2:start + 2 + len(AGENTS)]} == set(AGENTS)
+
+
+@pytest.mark.slow
 def test_healthy_runs_complete_and_runaways_are_killed_by_the_right_defense(demo):
     _, rows, acts, _ = demo
     assert set(rows) == set(AGENTS)

@@ -16,6 +16,7 @@ from sqlalchemy import insert, select
 
 from watchdog import RunKilled, ToolUnavailable, Watchdog
 from watchdog.core import lifecycle as lc
+from watchdog.errors import ConfigError
 from watchdog.sdk import toolcall
 from watchdog.store.schema import circuit_probes, events, runs, settings, tool_circuits, utcnow
 
@@ -558,3 +559,53 @@ def test_half_open_row_with_a_probe_elsewhere_fails_fast(wd, engine):
         with pytest.raises(ToolUnavailable):
             run.tool_call("verify_iban", {}, tool)
     assert tool.calls == []
+
+
+# --- guards before any daemon ran -----------------------------------------------------------
+
+
+def test_on_a_fresh_store_with_no_daemon_a_loop_of_identical_calls_is_stopped(db_url, engine, monkeypatch, caplog):
+    monkeypatch.delenv("AGENT_WATCHDOG_CONFIG", raising=False)
+    with engine.connect() as conn:
+        assert conn.execute(select(settings)).first() is None  # nothing was ever published here
+    tool = Tool()
+    w = Watchdog(db_url, circuit_cache_s=0)
+    try:
+        with caplog.at_level("INFO", logger="watchdog.client"):
+            with pytest.raises(RunKilled) as info:
+                with w.run("bot") as run:
+                    for _ in range(60):
+                        run.tool_call("search", {"q": "refund"}, tool)
+    finally:
+        w.close()
+    assert info.value.reason == lc.LOOP_DETECTED
+    assert len(tool.calls) == 2  # the documented default: the 3rd identical call is refused
+    assert_killed(engine, run, lc.LOOP_DETECTED)
+    said = [r.getMessage() for r in caplog.records if "judged by" in r.getMessage()]
+    assert len(said) == 1 and "built-in default budgets" in said[0]  # says once which it used
+
+
+def test_on_a_fresh_store_the_guard_judges_by_the_config_it_can_read(db_url, engine, monkeypatch, tmp_path):
+    cfg = tmp_path / "agents.toml"
+    cfg.write_text("[agents.bot]\nmax_steps = 3\n")
+    monkeypatch.setenv("AGENT_WATCHDOG_CONFIG", str(cfg))
+    w = Watchdog(db_url, circuit_cache_s=0)
+    try:
+        with pytest.raises(RunKilled) as info:
+            with w.run("bot") as run:
+                for _ in range(60):
+                    run.check_budget(0.0)
+                    run.step(tokens_in=10)
+    finally:
+        w.close()
+    assert info.value.reason == lc.MAX_STEPS
+    assert run_row(engine, run.id).steps == 3
+    assert_killed(engine, run, lc.MAX_STEPS)
+
+
+def test_a_broken_agent_config_is_loud_at_once(db_url, monkeypatch, tmp_path):
+    cfg = tmp_path / "agents.toml"
+    cfg.write_text("[agents.bot]\nmax_stepz = 3\n")
+    monkeypatch.setenv("AGENT_WATCHDOG_CONFIG", str(cfg))
+    with pytest.raises(ConfigError, match="max_stepz"):
+        Watchdog(db_url)

@@ -42,19 +42,18 @@ class App:
             raise StoreError(f"no store: pass --db URL, set AGENT_WATCHDOG_DB, or set [store] url in the config (${ENV_CONFIG})")
         return url
 
-    @property
-    def profiles(self) -> Config:
-        """The budgets runs are judged against: the config file if one is given, else
-        what the daemon published in the store (so `show` agrees with the daemon)."""
+    def judge_by(self, conn) -> Config:
+        """The budgets runs are judged against: the config file if one is given, else what
+        the daemon published in the store (so `show` agrees with the daemon).
+
+        The one profile resolver of the CLI. It reads on the connection the command already
+        holds: a second connection opened inside a write transaction (as `kill` once did)
+        waits out SQLite's busy timeout for the lock its own command holds."""
         if self.config_path:
             return self.config
         from watchdog.store.views import published_profiles
 
-        try:
-            with self.engine.connect() as conn:
-                return published_profiles(conn, self.config)
-        except Exception:  # noqa: BLE001 — an old or empty store: the built-in defaults
-            return self.config
+        return published_profiles(conn, self.config)
 
     @property
     def engine(self):

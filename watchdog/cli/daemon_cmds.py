@@ -100,7 +100,7 @@ def kill_cmd(app, run_id, reason):
             raise StoreError(f"run {rid[:8]} already ended: {row.status}")
         stats = tool_stats(conn, [rid])[rid]
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
-        budgets = effective_budgets(app.profiles.profile(row.agent), row)
+        budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
         ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=actor("cli"), budgets=budgets,
                           run_facts=facts(row, top, None, now))
     if not ok:

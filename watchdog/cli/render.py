@@ -4,21 +4,11 @@ from __future__ import annotations
 
 from watchdog.core.budgets import BUDGETS, PROFILE_KEYS, Totals
 from watchdog.core.config import Config
+from watchdog.core.text import duration, url_without_password
 
 
 def short(run_id: str) -> str:
     return run_id[:8]
-
-
-def _dur(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def top_tool_text(top: dict | None) -> str:
@@ -35,7 +25,7 @@ def runs_table(records: list[dict]) -> str:
     for r in records:
         lines.append(
             f"{short(r['id']):8} {r['agent'][:14]:14} {r['status']:9} {(r['stop_reason'] or '-')[:13]:13} "
-            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {_dur(r['duration_s']):>6} "
+            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>6} "
             f"{top_tool_text(r['top_tool'])[:18]}"
         )
     return "\n".join(lines)
@@ -89,23 +79,10 @@ def event_line(e: dict) -> str:
     return f"#{e['seq']:<4} {t} heartbeat {e['progress'] or ''}"[:110]
 
 
-def _masked_url(url: str | None) -> str | None:
-    """A store URL fit for a terminal or a log: the password is replaced by ***."""
-    if not url:
-        return url
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(unparsable URL)"
-
-
 def config_summary(config: Config) -> str:
     keys = PROFILE_KEYS
     lines = [f"config {config.path or '(built-in defaults)'}: OK",
-             f"  store {_masked_url(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
+             f"  store {url_without_password(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
              f"  daemon tick {config.daemon.tick_s:g}s, cancel grace {config.daemon.cancel_grace_s:g}s, "
              f"term grace {config.daemon.term_grace_s:g}s, allowed users {list(config.daemon.allowed_users) or '(own user)'}",
              f"  alerts {len(config.alert_urls)} URL(s), prices for {len(config.prices)} model(s)"]

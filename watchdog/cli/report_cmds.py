@@ -23,11 +23,10 @@ def top_cmd(app, once, interval_s):
     from watchdog.cli import top
 
     interval_s = interval_s or app.config.daemon.tick_s
-    profiles = app.profiles
     while True:
         now = utcnow()
         with read_connection(app.engine) as conn:
-            text = top.frame(top.rows(conn, profiles, now), now)
+            text = top.frame(top.rows(conn, app.judge_by(conn), now), now)
         if once:
             click.echo(text)
             return
@@ -51,7 +50,7 @@ def postmortem_cmd(app, run_id, output):
     from watchdog.store.views import resolve_run_id
 
     with read_connection(app.engine) as conn:
-        text = postmortem.render(conn, resolve_run_id(conn, run_id), app.profiles, utcnow())
+        text = postmortem.render(conn, resolve_run_id(conn, run_id), app.judge_by(conn), utcnow())
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -40,13 +40,6 @@ def db_downgrade(app, revision):
     click.echo(f"store at revision {migrate.current(app.engine)}")
 
 
-def _judge_by(app, conn):
-    """The budgets runs are shown against: the config file's, else the ones the daemon published."""
-    from watchdog.store import views
-
-    return app.config if app.config_path else views.published_profiles(conn, app.config)
-
-
 @main.command("runs")
 @click.option("--all", "all_runs", is_flag=True, help="Include ended runs (newest first).")
 @click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000))
@@ -60,7 +53,7 @@ def runs_cmd(app, all_runs, limit, as_json):
     from watchdog.store import views
 
     with read_connection(app.engine) as conn:
-        records = views.list_runs(conn, _judge_by(app, conn), utcnow(), all_runs=all_runs, limit=limit)
+        records = views.list_runs(conn, app.judge_by(conn), utcnow(), all_runs=all_runs, limit=limit)
     if as_json:
         emit_json(records)
     else:
@@ -81,7 +74,7 @@ def show_cmd(app, run_id, last_events, as_json):
 
     with read_connection(app.engine) as conn:
         rid = views.resolve_run_id(conn, run_id)
-        record = views.run_detail(conn, rid, _judge_by(app, conn), utcnow(), last_events=last_events)
+        record = views.run_detail(conn, rid, app.judge_by(conn), utcnow(), last_events=last_events)
     if as_json:
         emit_json(record)
     else:

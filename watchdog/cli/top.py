@@ -9,6 +9,7 @@ from sqlalchemy import and_, func, select
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.cli.render import short
+from watchdog.core.text import duration
 from watchdog.store.schema import events, runs
 from watchdog.core.budgets import BUDGETS, Totals, effective_budgets
 from watchdog.store.views import tool_stats
@@ -17,11 +18,6 @@ from watchdog.store.views import tool_stats
 _RUNNING_TOTALS = ("steps", "tool_calls", "cost_eur", "tokens", "age_s", "silent_s")
 
 WIDTH = 80
-
-
-def _age(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}"
 
 
 def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
@@ -60,7 +56,7 @@ def frame(records: list[dict], now: dt.datetime, title: str = "") -> str:
     for d in records:
         top = f"{d['top'].name[:9]}×{d['top'].calls}" if d["top"] else "-"
         eur = f"{d['cost']:.2f}/{d['max_cost']:.2f}"
-        line = (f"{short(d['id']):8} {d['agent'][:10]:10} {_age(d['age_s']):>5} "
+        line = (f"{short(d['id']):8} {d['agent'][:10]:10} {duration(d['age_s']):>5} "
                 f"{d['steps']:>3}/{d['max_steps']:<2} {d['calls']:>3}/{d['max_calls']:<2} {eur:>9} "
                 f"{d['per_min']:>5} {top[:14]:14} {'STOP' if d['status'] == lc.STOPPING else 'run'}")
         lines.append(line[:WIDTH])

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profile_from_json, validate_profile_value
 from watchdog.core.pricing import Price
 from watchdog.core.records import RECORD_ERRORS_CHOICES
+from watchdog.core.text import url_scheme_only
 from watchdog.errors import ConfigError
 
 __all__ = ["Budgets", "RUN_BUDGET_KEYS", "Config", "load", "parse", "resolve_db_url"]
@@ -243,7 +244,7 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     for i, u in enumerate(urls):
         reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
         if reason:
-            raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", _mask(u))
+            raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", url_scheme_only(u))
 
     prices = {}
     for model, table in _table(ctx, raw, "prices").items():
@@ -301,12 +302,6 @@ def _urls_file(ctx: _Ctx, value) -> list[str]:
 def _valid_listen(listen: str) -> bool:
     host, sep, port = listen.rpartition(":")
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
-
-
-def _mask(url: str) -> str:
-    # Never echo a secret back: keep the scheme only.
-    scheme, sep, _ = url.partition("://")
-    return f"{scheme}://…" if sep else "…"
 
 
 def load(path: str | os.PathLike | None = None, *, url_error: UrlCheck | None = None) -> Config:

@@ -78,7 +78,10 @@ class CircuitBreakers:
             .group_by(events.c.error_class, events.c.error_msg).order_by(func.count().desc()).limit(1)).first()
         if common is None:
             return errors, runs, None, None
-        return errors, runs, scrub(common.error_msg), error_class_name(common.error_class)
+        cls = error_class_name(common.error_class)
+        if self.config.store.record_errors == "class":  # no message text anywhere the daemon writes
+            return errors, runs, cls, cls
+        return errors, runs, scrub(common.error_msg), cls
 
     def _maybe_open(self, engine, tool, row, now) -> bool:
         pol = self.config.circuit.for_tool(tool)
@@ -146,7 +149,8 @@ class CircuitBreakers:
                     self._close(conn, row.tool, now, f"probe call succeeded (run {probe_run_id[:8]})")
                     return Circuit.CLOSED
                 until = now + dt.timedelta(seconds=pol.open_s)
-                msg = scrub(probe.error_msg)
+                msg = (error_class_name(probe.error_class) if self.config.store.record_errors == "class"
+                       else scrub(probe.error_msg))
                 conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
                     state=Circuit.OPEN, opened_at=now, open_until=until, probe_run_id=None, probe_at=None,
                     last_error=((msg or row.last_error or "")[:500] or None),

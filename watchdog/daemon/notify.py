@@ -20,6 +20,8 @@ from urllib.parse import unquote
 
 import apprise
 
+from watchdog.core.text import url_scheme_only
+
 log = logging.getLogger("watchdog.notify")
 _APPRISE_LOG = logging.getLogger(apprise.LOGGER_NAME)
 
@@ -92,8 +94,15 @@ class _AppriseLogFilter(logging.Filter):
         return True
 
 
-# A logger-level filter runs before every handler, apprise's own result capture included.
-_APPRISE_LOG.addFilter(_AppriseLogFilter())
+_FILTER = _AppriseLogFilter()
+
+
+def _guard_apprise_log() -> None:
+    """Install the secret filter on apprise's logger before we first use apprise (not at
+    import: importing a module must not change global logging). A logger-level filter runs
+    before every handler, apprise's own result capture included."""
+    if _FILTER not in _APPRISE_LOG.filters:
+        _APPRISE_LOG.addFilter(_FILTER)
 
 
 class _ThreadWarnings(logging.Handler):
@@ -123,6 +132,7 @@ def _one_line(text: str) -> str:
 
 def _load(url: str):
     """(apprise plugin, None) or (None, one-line secret-free reason)."""
+    _guard_apprise_log()
     if not isinstance(url, str) or not url.strip():
         return None, "empty URL"
     if not re.match(r"[A-Za-z][\w+.-]*://", url):
@@ -151,11 +161,6 @@ def url_error(url: str) -> str | None:
     return _load(url)[1]
 
 
-def _schema_only(url: object) -> str:
-    m = re.match(r"([A-Za-z][\w+.-]*)://", url) if isinstance(url, str) else None
-    return f"{m[1]}://…" if m else "…"
-
-
 class Notifier:
     def __init__(self, urls: Sequence[str], timeout_s: float = 10.0):
         if isinstance(urls, str):
@@ -167,7 +172,7 @@ class Notifier:
         for index, url in enumerate(urls):
             plugin, reason = _load(url)
             if plugin is None:
-                raise ValueError(f"notify URL #{index} ({_schema_only(url)}): {reason}")
+                raise ValueError(f"notify URL #{index} ({url_scheme_only(url)}): {reason}")
             target_id = hashlib.sha256(url.encode()).hexdigest()[:12]
             if any(t.id == target_id for t, _ in self._entries):
                 continue  # the same URL twice would page the same human twice

@@ -292,8 +292,8 @@ def verdict(demo: Demo, results, finished: bool) -> int:
     if not finished:
         problems.insert(0, f"not every agent ended within {RUN_DEADLINE_S:g} s")
     if not problems:
-        demo.echo("OK: every agent ended as expected — the healthy runs completed, each runaway was stopped by "
-                  "the right defense, nothing else was touched.")
+        demo.echo("OK: every agent ended as expected — the healthy runs completed, each runaway was\n"
+                  "stopped by the right defense, nothing else was touched.")
         return 0
     demo.echo("FAILED: not every agent ended as expected:")
     for p in problems:

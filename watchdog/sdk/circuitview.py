@@ -4,13 +4,9 @@ The daemon opens and closes circuits (rows of `tool_circuits`); the SDK only
 reads them and, once an open circuit's time is up, competes for the single
 half-open probe with one conditional INSERT into `circuit_probes` (keyed by the
 tool and the open period), so across every process exactly one call gets
-through, and an agent never needs to write `tool_circuits` itself (on
-PostgreSQL the agents' role cannot). The state is cached for at most `cache_s`
-(one daemon tick by default); `refresh(force=True)` reloads it at once.
-
-What a refused call is told names the tool, the error class and the count:
-never the text of another run's error (it may carry that run's secrets, or
-words written to steer whichever model reads them).
+through, and an agent never writes `tool_circuits` itself (on PostgreSQL the
+agents' role cannot). The state is cached for at most `cache_s` (one daemon
+tick by default); `refresh(force=True)` reloads it at once.
 
 Decisions, per call of a tool whose row is not 'closed':
 
@@ -18,11 +14,15 @@ Decisions, per call of a tool whose row is not 'closed':
 - open, open_until passed, or half_open with no probe yet → claim the probe:
   the one caller whose INSERT claimed it runs the tool (one attempt);
   everybody else fails fast;
-- half_open with a probe already claimed (by anyone, this run included) → fail fast
-  until the daemon closes or re-opens the circuit from the probe's outcome;
+- a probe already claimed (by anyone, this run included) → fail fast until the
+  daemon closes or re-opens the circuit from the probe's outcome;
 - a probe that succeeded (marked on its claim by the run that made it) → the
   circuit counts as closed at once, for every process, before the daemon's tick
   closes its row and alerts.
+
+What a refused call is told names the tool, the error class and the count:
+never the text of another run's error (it may carry that run's secrets, or
+words written to steer whichever model reads them).
 """
 
 from __future__ import annotations
@@ -32,12 +32,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import String, and_, literal, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
 from watchdog.core.lifecycle import Circuit
-from watchdog.store.schema import UTCDateTime, circuit_probes, tool_circuits, utcnow
+from watchdog.store import probes
+from watchdog.store.schema import utcnow
 
 CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
 
@@ -66,12 +63,7 @@ class CircuitView:
         self._loaded_at = float("-inf")
         self._lock = threading.Lock()
         d = writer.dialect
-        self._select = (
-            "SELECT c.tool, c.state, c.open_until, c.errors_in_window, c.window_s, c.last_error_class, "
-            "COALESCE(c.probe_run_id, p.run_id) FROM tool_circuits c LEFT JOIN circuit_probes p "
-            "ON p.tool = c.tool AND p.opened_at = c.opened_at "
-            "WHERE c.state <> 'closed' AND (p.ok IS NULL OR p.ok = FALSE)"
-        )
+        self._select = d.select_circuits
         self._parse_ts = d.parse_ts
 
     def refresh(self, force: bool = False):
@@ -109,34 +101,14 @@ class CircuitView:
 
         Returns PROBE when this call won, ALLOW when the circuit closed (or its
         row vanished) meanwhile, None when the call must fail fast (someone else
-        probes, or the daemon re-opened it). The INSERT copies the circuit's open
-        period from its row only while the row is claimable, and (tool, opened_at)
-        is a primary key, so of any number of concurrent callers in any number of
-        processes one wins, once per open period.
+        probes, or the daemon re-opened it). The claim is an INSERT keyed by the
+        circuit's open period, so of any number of concurrent callers in any number
+        of processes one wins, once per open period.
         """
-        now = utcnow()
-        t = tool_circuits
-        insert = sqlite_insert if self.writer.dialect.sqlite else pg_insert
-        claim = insert(circuit_probes).from_select(
-            ["tool", "opened_at", "run_id", "claimed_at"],
-            select(t.c.tool, t.c.opened_at, literal(run_id, String(32)), literal(now, UTCDateTime()))
-            .where(t.c.tool == tool, t.c.opened_at.is_not(None), t.c.probe_run_id.is_(None),
-                   or_(and_(t.c.state == Circuit.OPEN, t.c.open_until <= now), t.c.state == Circuit.HALF_OPEN)),
-        ).on_conflict_do_nothing()
         try:
-            with self.writer.engine.begin() as conn:
-                conn.execute(claim)
-                # Who holds this open period's claim now (an INSERT ... SELECT's rowcount is not
-                # reported by every driver): us, someone else, or nobody (the circuit moved on).
-                p = circuit_probes
-                row = conn.execute(select(t.c.state, p.c.run_id, p.c.claimed_at).select_from(
-                    t.outerjoin(p, and_(p.c.tool == t.c.tool, p.c.opened_at == t.c.opened_at)))
-                    .where(t.c.tool == tool)).first()
-                # Ours only if claimed just now: this run's earlier probe is not another turn.
-                won = row is not None and row.run_id == run_id and row.claimed_at == now
-                state = None if row is None else row.state
-        except Exception:
-            return None  # store down: an open circuit stays open for us
+            won, state = probes.claim_probe(self.writer.engine, tool, run_id, utcnow())
+        except Exception:  # noqa: BLE001 — store down: an open circuit stays open for us
+            return None
         self.refresh(force=True)
         if won:
             return PROBE
@@ -147,11 +119,8 @@ class CircuitView:
         closed at once (for every process, on its next refresh), and the daemon closes
         its row, audits and alerts on its next tick (the SDK writes no circuit state,
         audit or alert text). Conditional on this run's own unjudged claim."""
-        p = circuit_probes
         try:
-            with self.writer.engine.begin() as conn:
-                done = conn.execute(update(p).where(p.c.tool == tool, p.c.run_id == run_id, p.c.ok.is_(None))
-                                    .values(ok=True)).rowcount >= 1
+            done = probes.mark_probe_ok(self.writer.engine, tool, run_id)
         except Exception:  # noqa: BLE001 — store down: the daemon closes it from the probe's event
             return False
         self.refresh(force=True)

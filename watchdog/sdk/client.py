@@ -7,6 +7,7 @@ APScheduler. Each record is one short transaction (see `watchdog.hotpath`).
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import math
 import os
@@ -161,15 +162,11 @@ class Watchdog:
 
     def langchain(self, agent: str, **run_kwargs):
         """LangChain callback handler recording and stopping one run: callbacks=[wd.langchain(agent="support-bot")]."""
-        from watchdog.integrations.langchain import handler
-
-        return handler(self, agent=agent, **run_kwargs)
+        return _integration("langchain").handler(self, agent=agent, **run_kwargs)
 
     def openai_agents(self, agent: str, **run_kwargs):
         """OpenAI Agents SDK hooks recording and stopping one run: Runner.run(..., hooks=wd.openai_agents(agent=...))."""
-        from watchdog.integrations.openai_agents import hooks
-
-        return hooks(self, agent=agent, **run_kwargs)
+        return _integration("openai_agents").hooks(self, agent=agent, **run_kwargs)
 
     def circuit_for(self, tool: str):
         """The open or half-open circuit of `tool`, or None when it is closed."""
@@ -261,6 +258,13 @@ class Watchdog:
         self.flush()
         self.writer.discard()
         self.engine.dispose()
+
+
+def _integration(name: str):
+    """The integration module `name`, loaded on first use. The integrations are built on the
+    SDK, not the reverse: the SDK names them by string only, so it never imports a framework
+    (nor, statically, the integrations package)."""
+    return importlib.import_module(f"watchdog.integrations.{name}")
 
 
 def _local_config() -> Config:

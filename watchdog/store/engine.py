@@ -10,6 +10,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
+from watchdog.core.text import url_without_password
 from watchdog.errors import StoreError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -48,14 +49,6 @@ def read_connection(engine: Engine):
     return conn.execution_options(watchdog_read_only=True)
 
 
-def _masked(url: str) -> str:
-    """An unparsable URL may still carry a password: keep the scheme and the host part only."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
-
-
 def normalise_url(url: str) -> str:
     """Accept `postgresql://` as psycopg 3 (the driver we ship), check the URL parses."""
     if not url or not isinstance(url, str):
@@ -64,7 +57,7 @@ def normalise_url(url: str) -> str:
         parsed = make_url(url)
     except ArgumentError:
         raise StoreError(
-            f"store URL {_masked(url)!r}: expected a SQLAlchemy URL such as sqlite:///runs.db "
+            f"store URL {url_without_password(url)!r}: expected a SQLAlchemy URL such as sqlite:///runs.db "
             "or postgresql+psycopg://user@host/db"
         ) from None
     if parsed.drivername in ("postgresql", "postgres"):
@@ -90,7 +83,3 @@ def make_engine(url: str, **kw) -> Engine:
         kw.setdefault("pool_pre_ping", True)
         engine = create_engine(url, **kw)
     return engine
-
-
-def is_sqlite(engine: Engine) -> bool:
-    return engine.dialect.name == "sqlite"

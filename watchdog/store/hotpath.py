@@ -17,10 +17,14 @@ import threading
 from sqlalchemy.engine import Engine
 
 from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.core.lifecycle import ACTIVE_STATUSES, Circuit
 from watchdog.store.schema import SQLITE_TS_FORMAT
 
 # Dialect.ts spells this format with isoformat, which is ~3x faster than strftime.
 assert SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
+
+# The statuses literal in SQL text, from the lifecycle (never spelled out by hand).
+ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
 
 EVENT_COLUMNS = (
     "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
@@ -62,7 +66,17 @@ class Dialect:
         self.end_run = (
             f"UPDATE runs SET status = {ph}, ended_at = {ph}, "
             f"stop_reason = COALESCE(stop_reason, {ph}), stop_detail = COALESCE(stop_detail, {ph}) "
-            f"WHERE id = {ph} AND status IN ('running', 'stopping')"
+            f"WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
+        )
+        # A note for humans on a run whose tool has not answered yet (watchdog.sdk.inflight).
+        self.set_progress = f"UPDATE runs SET progress = {ph} WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
+        # The SDK's cached view of the circuits the daemon opened (watchdog.sdk.circuitview).
+        # A circuit whose probe claim is marked ok counts as closed; never the error's text, only its class.
+        self.select_circuits = (
+            "SELECT c.tool, c.state, c.open_until, c.errors_in_window, c.window_s, c.last_error_class, "
+            "COALESCE(c.probe_run_id, p.run_id) FROM tool_circuits c LEFT JOIN circuit_probes p "
+            "ON p.tool = c.tool AND p.opened_at = c.opened_at "
+            f"WHERE c.state <> '{Circuit.CLOSED}' AND (p.ok IS NULL OR NOT p.ok)"
         )
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
         self.sqlite = sqlite
