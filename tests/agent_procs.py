@@ -252,7 +252,9 @@ class AgentProcs:
         self.agents: list[Agent] = []
         self._known: list[tuple[int, float]] = []  # (pid, create time) of everything started
 
-    def start(self, scenario: str, url: str, *, new_session: bool = True, **spec) -> Agent:
+    def start(self, scenario: str, url: str, *, new_session: bool = True, user: str | None = None,
+              **spec) -> Agent:
+        """`user`: run the agent as that local user (the folder must be writable by it)."""
         import psutil
 
         n = len(self.agents)
@@ -261,10 +263,16 @@ class AgentProcs:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
         env.pop("AGENT_WATCHDOG_CONFIG", None)
+        exe = sys.executable
+        if user is not None:
+            from attest_support import foreign_python
+
+            exe, foreign = foreign_python()
+            env.update(PYTHONPATH=foreign["PYTHONPATH"], PYTHONNOUSERSITE="1", HOME="/tmp")
         with open(log, "w") as log_f:
-            proc = subprocess.Popen([sys.executable, "-m", "agent_procs", scenario, json.dumps(spec)], env=env,
+            proc = subprocess.Popen([exe, "-m", "agent_procs", scenario, json.dumps(spec)], env=env,
                                     stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=new_session)
+                                    start_new_session=new_session, user=user, cwd="/tmp" if user else None)
         agent = Agent(proc, ready, result, log)
         self.agents.append(agent)
         try:

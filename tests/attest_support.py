@@ -87,3 +87,38 @@ def run_as(user: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
     """Run argv as `user` (a fresh process; its HOME is not needed)."""
     env = dict(kw.pop("env", os.environ))
     return subprocess.run(argv, user=user, env=env, capture_output=True, text=True, timeout=60, **kw)
+
+
+def _world_runnable(path: str) -> bool:
+    """Every directory on the way is traversable by others and the file executable by them."""
+    real = Path(os.path.realpath(path))
+    if not (real.is_file() and os.stat(real).st_mode & 0o001):
+        return False
+    return all(os.stat(p).st_mode & 0o001 for p in real.parents)
+
+
+def foreign_python() -> tuple[str, dict]:
+    """An interpreter (same major.minor as ours) and the environment with which another local
+    user runs this checkout's SDK: the test's own interpreter may live under a home directory
+    other users cannot enter (pyenv in /root)."""
+    import sys
+    import sysconfig
+
+    repo = Path(__file__).resolve().parents[1]
+    tests = Path(__file__).resolve().parent
+    paths = [str(repo), str(tests), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for exe in (sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
+        if os.path.exists(exe) and _world_runnable(exe) and all(_world_readable_dir(p) for p in paths):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # the checkout first
+            env["PYTHONNOUSERSITE"] = "1"
+            return exe, env
+    raise AssertionError(f"no Python {version} that other users can run (the test's is {sys.executable}); "
+                         f"install python{version} system-wide to run the multi-user tests")
+
+
+def _world_readable_dir(path: str) -> bool:
+    p = Path(os.path.realpath(path))
+    return (p.is_dir() and os.stat(p).st_mode & 0o005 == 0o005
+            and all(os.stat(q).st_mode & 0o001 for q in p.parents))

@@ -161,11 +161,12 @@ def circuits_close(app, tool):
 @fail_cleanly
 def test_alert(app):
     """Send a test alert to every configured URL; one line per URL; exit 1 if any failed."""
-    from watchdog.daemon.notify import Notifier
+    from watchdog.core.config import alert_urls
+    from watchdog.daemon.notify import Notifier, url_error
 
-    urls = app.config.alert_urls
+    urls = alert_urls(app.config, url_error=url_error)
     if not urls:
-        raise click.ClickException("no alert URLs: set [alerts] urls in the config")
+        raise click.ClickException("no alert URLs: set [alerts] urls or urls_file in the config")
     _logging(False)
     results = Notifier(urls).send(
         "agent-watchdog: test alert",

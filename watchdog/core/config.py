@@ -79,6 +79,7 @@ class Config:
     agents: Mapping[str, Budgets] = field(default_factory=dict)
     circuit: CircuitConfig = CircuitConfig()
     alert_urls: tuple[str, ...] = ()
+    alert_urls_file: str | None = None  # read by alert_urls(), when alerts are sent
     prices: Mapping[str, Price] = field(default_factory=dict)
     metrics_listen: str = ""
 
@@ -239,8 +240,10 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     urls = alerts_t.get("urls", [])
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
         raise ctx.fail("alerts.urls", "a list of apprise URL strings", urls)
-    if "urls_file" in alerts_t:
-        urls = urls + _urls_file(ctx, alerts_t["urls_file"])
+    urls_file = alerts_t.get("urls_file")
+    if urls_file is not None and (not isinstance(urls_file, str) or not urls_file):
+        raise ctx.fail("alerts.urls_file", "a file name (relative: in $CREDENTIALS_DIRECTORY) or an absolute path",
+                       urls_file)
     for i, u in enumerate(urls):
         reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
         if reason:
@@ -273,30 +276,39 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         agents=agents,
         circuit=circuit,
         alert_urls=tuple(urls),
+        alert_urls_file=urls_file,
         prices=prices,
         metrics_listen=listen,
     )
 
 
-def _urls_file(ctx: _Ctx, value) -> list[str]:
-    """apprise URLs, one per line ('#' comments), from a file only the daemon can read: with
-    systemd, a credential (LoadCredential=alert-urls:/etc/agent-watchdog/alert-urls) named
-    relative to $CREDENTIALS_DIRECTORY, so the config itself holds no secret."""
-    key = "alerts.urls_file"
-    if not isinstance(value, str) or not value:
-        raise ctx.fail(key, "a file name (relative: in $CREDENTIALS_DIRECTORY) or an absolute path", value)
+def alert_urls(config: "Config", *, url_error: UrlCheck | None = None) -> tuple[str, ...]:
+    """Every alert URL: `[alerts] urls`, then those of `[alerts] urls_file` (one per line, '#'
+    comments), read here, when they are needed (the daemon, test-alert), not at every load.
+
+    The file is what keeps secrets out of the config: under systemd it is a credential
+    (LoadCredential=alert-urls:/etc/agent-watchdog/alert-urls) that only the service can read,
+    named relative to $CREDENTIALS_DIRECTORY; without that variable (an operator's shell) a
+    relative name is read next to the config file."""
+    if not config.alert_urls_file:
+        return config.alert_urls
+    key, value = "alerts.urls_file", config.alert_urls_file
     if not os.path.isabs(value):
-        creds = os.environ.get(ENV_CREDENTIALS)
-        if not creds:
-            raise ConfigError(f"{ctx.path}: {key} = {value!r}: a relative name is read from ${ENV_CREDENTIALS}, "
-                              "which is not set (set LoadCredential= in the unit, or give an absolute path)")
-        value = os.path.join(creds, value)
+        base = os.environ.get(ENV_CREDENTIALS) or os.path.dirname(os.path.abspath(config.path or "."))
+        value = os.path.join(base, value)
+    where = config.path or "<config>"
     try:
         text = Path(value).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{ctx.path}: {key}: cannot read {value} ({why})") from None
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        raise ConfigError(f"{where}: {key}: cannot read {value} ({why})") from None
+    urls = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for i, u in enumerate(urls):
+        reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
+        if reason:
+            raise ConfigError(f"{where}: {key}: {value} line {i + 1}: expected an apprise URL ({reason}), "
+                              f"got {url_scheme_only(u)!r}")
+    return config.alert_urls + tuple(urls)
 
 
 def _valid_listen(listen: str) -> bool:

@@ -52,7 +52,12 @@ class Daemon:
             log.warning("[daemon] allowed_users is empty and the daemon's own user is a system account: no process "
                         "will be signalled (cooperative stops and alerts only); set allowed_users = [\"USER\", ...]")
         self.sealer = Sealer(keyfile.load_or_create(config.daemon.key_file), self.killer.host)
-        self.notifier = notifier or Notifier(config.alert_urls)
+        if notifier is None:
+            from watchdog.core.config import alert_urls
+            from watchdog.daemon.notify import url_error
+
+            notifier = Notifier(alert_urls(config, url_error=url_error))  # the credential file: read at start
+        self.notifier = notifier
         self.metrics = metrics
         self.attest_server: AttestServer | None = None
         from watchdog.daemon.circuits import CircuitBreakers
