@@ -75,14 +75,14 @@ def test_tenant_a_secret_appears_nowhere_tenant_b_or_anyone_can_see(db_url, engi
 
     assert [a for a in http.received if "circuit OPEN for charge" in a["title"]]
     assert [a for a in http.received if a["title"].startswith("agent-watchdog: stopped tenant-a run")]
-    assert leaks(json.dumps(http.received)) == []
+    assert leaks(json.dumps(http.received, default=str)) == []
     assert leaks(caplog.text) == []
     with engine.connect() as conn:
         dump = {t.name: [list(r) for r in conn.execute(select(t))] for t in metadata.sorted_tables}
     assert dump["events"] and dump["tool_circuits"] and dump["alerts"] and dump["interventions"]
     assert leaks(json.dumps(dump, default=str)) == []
     # What is kept is still useful to an operator: scrubbed, not erased.
-    assert "https://***@pay.example.org/v1/charge?***" in json.dumps(dump["events"])
+    assert "https://***@pay.example.org/v1/charge?***" in json.dumps(dump["events"], default=str)
     cli = []
     for args in (["show", run_a.id, "--json"], ["show", run_b.id, "--json"], ["show", run_a.id],
                  ["runs", "--all", "--json"], ["circuits", "--json"], ["postmortem", run_a.id]):
