@@ -529,3 +529,30 @@ def test_a_second_daemon_on_the_same_store_and_host_refuses_to_start(tmp_path, d
                           timeout=CLI_TIMEOUT_S)
     assert once.returncode == 0, once.stderr
     assert once.stdout.startswith("tick: 0 active, 0 stopping, 0 stop(s) requested")
+
+
+def test_an_in_process_guard_stop_is_recorded_and_alerted_by_the_daemon(db_url, engine, wd):
+    """The SDK only asks for the stop on its own row; the daemon records it and words the alert."""
+    run = wd.run(agent="bot", max_steps=2).start()
+    run.step(cost_eur=0.0)
+    run.step(cost_eur=0.0)
+    with pytest.raises(RunKilled):
+        run.step(cost_eur=0.0)
+    assert actions(engine, run.id) == [] and alerts_of(engine, run.id) == []  # nothing from the SDK but the row
+    row = run_row(engine, run.id)
+    assert (row.status, row.stop_reason) == (lc.STOPPING, lc.MAX_STEPS)
+    tk = ticker(engine)
+    tk.tick(utcnow())
+    tk.tick(later(utcnow(), 0.1))  # once, however many ticks see it
+    (iv,) = [i for i in _interventions(engine, run.id)]
+    assert (iv.action, iv.reason) == ("stop_requested", lc.MAX_STEPS) and iv.actor.startswith("daemon@")
+    (alert,) = alerts_of(engine, run.id)
+    assert alert.title == f"agent-watchdog: stopped bot run {run.id[:8]} — max_steps"
+    assert "requested in the store" in alert.body and "in-process guard" not in alert.body
+    assert alert.mac is not None
+
+
+def _interventions(engine, run_id):
+    from daemon_support import interventions_of
+
+    return interventions_of(engine, run_id)

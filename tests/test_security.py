@@ -81,6 +81,10 @@ elif kind == "sigterm_row":
     q("INSERT INTO interventions (at, run_id, action, reason, detail, outcome, actor) "
       "VALUES (?, ?, 'sigterm', 'max_steps', ?, 'SIGTERM sent', 'daemon@x:1')",
       (ts(now), args["run_id"], json.dumps(detail)))
+elif kind == "alert_row":
+    q("INSERT INTO alerts (dedupe_key, created_at, title, body, attempts, next_attempt_at, delivered_targets, "
+      "sealed_by, mac) VALUES (?, ?, ?, ?, 0, ?, '[]', ?, ?)",
+      (args["key"], ts(now), args["title"], args["body"], ts(now), hostname(), args.get("mac")))
 elif kind == "settings":
     q("UPDATE settings SET value = ? WHERE key = 'config'", (json.dumps(args["value"]),))
 conn.commit()
@@ -238,7 +242,9 @@ def test_a_forged_sigterm_row_does_not_add_a_victim_to_the_sigkill(store, engine
     assert agent.wait() == -signal.SIGKILL
     tk.tick(later(t, 1.3))
     assert victim.poll() is None and not sigterm_pending(victim.pid)
-    assert actions(engine, agent.run_id) == ["stop_requested", "sigterm", "forged_row", "sigkill", "ended"]
+    # The daemon's record, mallory's two rows, then the daemon again: the forgery noted, the SIGKILL, the end.
+    assert actions(engine, agent.run_id) == ["stop_requested", "sigterm", "sigterm", "sigterm", "forged_row",
+                                             "sigkill", "ended"]
     forged = [i for i in interventions_of(engine, agent.run_id) if i.action == "forged_row"][0]
     assert forged.outcome.startswith("2 sigterm intervention rows whose seal does not verify")
     sigkill = [i for i in interventions_of(engine, agent.run_id) if i.action == "sigkill"][0]
@@ -338,3 +344,36 @@ def test_a_root_daemon_without_allowed_users_refuses_to_start(store, tmp_path):
                     'set allowed_users = ["USER", ...] to the users whose agent processes it may signal (root and '
                     "system accounts only if named), or run it as its own user (see the unit)")
     assert not (folder / "k").exists() and not (folder / "s").exists()  # refused before anything was created
+
+
+# -- alert text of one's own ----------------------------------------------------------------------------
+
+
+def test_an_alert_row_a_store_writer_inserts_is_never_delivered(store, engine, attestor, users):
+    # One without a seal, one with the seal of a genuine alert copied onto other words.
+    tk = daemon_for(engine, attestor, users)
+    from watchdog.store.actions import enqueue_alert
+
+    with engine.begin() as conn:
+        enqueue_alert(conn, "genuine", "agent-watchdog: a genuine alert", "composed by the daemon", now=utcnow(),
+                      sealer=attestor.sealer)
+    with engine.connect() as conn:
+        from watchdog.store.schema import alerts
+
+        genuine_mac = conn.execute(select(alerts.c.mac).where(alerts.c.dedupe_key == "genuine")).scalar()
+    forge(users["mallory"], store, "alert_row", key="phish-1", title="agent-watchdog: URGENT",
+          body="rotate your keys at https://evil.example.org/login")
+    forge(users["mallory"], store, "alert_row", key="phish-2", title="agent-watchdog: a genuine alert",
+          body="wire 10k EUR to DE00", mac=genuine_mac)
+    received = deliver(engine, attestor)
+    titles = [r["title"] for r in received]
+    assert titles == ["agent-watchdog: a genuine alert",
+                      "agent-watchdog: refused 2 alert row(s) this daemon did not compose"]
+    assert not any("evil.example.org" in r["message"] or "wire 10k" in r["message"] for r in received)
+    with engine.connect() as conn:
+        refused = conn.execute(select(alerts.c.dedupe_key, alerts.c.last_error).where(
+            alerts.c.dedupe_key.like("phish-%"))).all()
+    assert sorted(k for k, _ in refused) == ["phish-1", "phish-2"]
+    assert all(err.startswith("refused: not sealed by this host's daemon") for _, err in refused)
+    assert deliver(engine, attestor) == []  # refused once, for good; the summary went out once
+    assert tk is not None
