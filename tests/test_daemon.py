@@ -556,3 +556,22 @@ def _interventions(engine, run_id):
     from daemon_support import interventions_of
 
     return interventions_of(engine, run_id)
+
+
+def test_the_published_settings_are_put_back_when_someone_else_changes_them(engine, caplog):
+    from watchdog.store.schema import settings
+
+    daemon = Daemon(engine, config(agents={"support-bot": {"max_steps": 8}}), notifier=Notifier([]))
+    daemon.publish(force=True)
+    with engine.connect() as conn:
+        mine = conn.execute(select(settings.c.value)).scalar()
+    caplog.set_level(logging.WARNING)
+    daemon.tick_job(utcnow())
+    assert "changed by someone else" not in caplog.text  # an untouched row costs one read, nothing more
+    with engine.begin() as conn:
+        conn.execute(settings.update().values(value={**mine, "prices": {"gpt-x": {"input_eur_per_mtok": 0,
+                                                                                  "output_eur_per_mtok": 0}}}))
+    daemon.tick_job(utcnow())
+    with engine.connect() as conn:
+        assert conn.execute(select(settings.c.value)).scalar() == mine
+    assert "the published settings were changed by someone else in the store; restored" in caplog.text

@@ -312,15 +312,21 @@ def test_a_real_agent_of_an_allowed_user_is_attested_and_its_tree_killed(store, 
 def test_a_settings_flip_by_a_store_writer_does_not_make_agents_record_arguments(store, engine, attestor, users,
                                                                                 uprocs):
     from watchdog.daemon.service import Daemon
+    from watchdog.store.schema import settings
 
     cfg = config(daemon={"allowed_users": [users["agent"]]})
-    Daemon(engine, cfg, notifier=Notifier([])).publish(force=True)
+    daemon = Daemon(engine, cfg, notifier=Notifier([]))
+    daemon.publish(force=True)
     published = json.loads(json.dumps(cfg.published()))
     forge(users["mallory"], store, "settings",
           value={**published, "record_args": True, "store": {"record_args": True, "record_errors": "full"}})
     secret_args = {"api_key": "sk-live-VICTIM", "card": "4111111111111111"}
     agent = uprocs.start("runaway", store, user=users["agent"], kill_mode="process",
                          tools=[["charge", secret_args, True]], then="hang")
+    # And the daemon puts its own settings back on its next tick.
+    daemon.tick_job(utcnow())
+    with engine.connect() as conn:
+        assert conn.execute(select(settings.c.value)).scalar() == published
     with engine.connect() as conn:
         (ev,) = conn.execute(select(events).where(events.c.run_id == agent.run_id, events.c.kind == "tool")).all()
     assert ev.args is None and ev.args_hash is not None

@@ -11,6 +11,7 @@ root's processes on the store's word), an unusable sealing key or socket path.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import signal
@@ -65,6 +66,7 @@ class Daemon:
         self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config, sealer=self.sealer),
                              by=actor(), sealer=self.sealer)
         self._published_at = 0.0
+        self._published_value: dict | None = None
         self._stop = threading.Event()
         self.last_report = None
 
@@ -110,9 +112,14 @@ class Daemon:
     # -- the jobs ---------------------------------------------------------------
 
     def publish(self, force: bool = False) -> None:
-        """Publish prices and profiles so the SDK and the CLI price and validate as the daemon does."""
+        """Publish prices and profiles so the SDK and the CLI price and validate as the daemon does.
+
+        Only the daemon composes the settings: a row someone else changed (any store writer
+        can, on SQLite) is put back within a tick, and said so in the log."""
         if not force and time.monotonic() - self._published_at < PUBLISH_EVERY_S:
-            return
+            if self._published_value is None or self._settings_intact():
+                return
+            log.warning("the published settings were changed by someone else in the store; restored")
         now = utcnow()
         value = self.config.published()
         with self.engine.begin() as conn:
@@ -120,6 +127,13 @@ class Daemon:
             if done.rowcount == 0:
                 conn.execute(insert(settings).values(key="config", value=value, updated_at=now))
         self._published_at = time.monotonic()
+        self._published_value = json.loads(json.dumps(value))  # as it reads back (lists, not tuples)
+
+    def _settings_intact(self) -> bool:
+        """One small read per tick: the settings row still holds what this daemon wrote."""
+        with self.engine.connect() as conn:
+            stored = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
+        return stored == self._published_value
 
     def tick_job(self, now: dt.datetime | None = None):
         """One tick; a database blip or bad row is logged, never fatal."""
