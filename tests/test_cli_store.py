@@ -267,13 +267,20 @@ def test_no_store_configured_is_one_line_error():
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("url", ["mysql://u@h/db", "not a url", "postgresql+psycopg://postgres@127.0.0.1:1/none"])
-def test_bad_or_unreachable_store_is_one_line_error(url):
-    for args in (["--db", url, "runs"], ["--db", url, "db", "upgrade"]):
+@pytest.mark.parametrize("url,message", [
+    ("mysql://u@h/db", "store URL 'mysql://u@h/db': only sqlite and postgresql are supported"),
+    ("not a url", "store URL '(unparsable URL)': expected a SQLAlchemy URL such as sqlite:///runs.db "
+                  "or postgresql+psycopg://user@host/db"),
+    ("postgresql+psycopg://postgres@127.0.0.1:1/none",
+     'the store at postgresql+psycopg://postgres@127.0.0.1:1/none: connection failed: connection to server at '
+     '"127.0.0.1", port 1 failed: Connection refused'),
+])
+def test_bad_or_unreachable_store_is_one_line_error(url, message):
+    for args in (["--db", url, "runs"], ["--db", url, "db", "upgrade"], ["--db", url, "kill", "abcd1234"]):
         result = invoke(*args)
-        assert result.exit_code != 0, result.output
-        assert result.stderr.count("\n") == 1, result.stderr
-        assert "Traceback" not in result.output
+        assert result.exit_code == 1, result.output
+        assert result.stderr == f"agent-watchdog: error: {message}\n"
+        assert result.stdout == ""
 
 
 @pytest.mark.postgres

@@ -121,3 +121,17 @@ def test_scripted_model_is_a_function_of_the_transcript(tmp_path):
     assert [c.name for c in model.complete(told, tools).tool_calls] == ["list_files"]
     assert model.complete(untold, tools).content == "I could not read the file, so I do not know."
     assert model.complete(told, tools).tokens_in > first.tokens_in  # every turn re-sends the transcript
+
+
+@pytest.mark.slow
+def test_demo_without_keep_deletes_its_store_and_points_at_keep(tmp_path):
+    # TMPDIR: the demo's temporary folder is made here, so the test can see it is gone.
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENT_WATCHDOG_DB", "AGENT_WATCHDOG_CONFIG")}
+    env["TMPDIR"] = str(tmp_path)
+    exe = Path(sys.executable).with_name("agent-watchdog")
+    proc = subprocess.run([str(exe), "demo"], capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert list(tmp_path.iterdir()) == [], "the temporary store was left behind"
+    closing = proc.stdout.rstrip().splitlines()[-1]
+    assert "deleted now" in closing and "agent-watchdog demo --keep DIR" in closing
+    assert "agent-watchdog --db" not in proc.stdout  # no command on a store that no longer exists

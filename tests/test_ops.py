@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import urllib.request
@@ -136,14 +137,16 @@ def test_unknown_run_is_one_line(sqlite_url, args):
 
 
 def test_run_refuses_an_unmigrated_store_in_one_line(tmp_path):
-    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    db = tmp_path / "empty.db"
+    sqlite3.connect(db).close()  # a SQLite file without tables
+    url = f"sqlite:///{db}"
     cfg = tmp_path / "c.toml"
     cfg.write_text(daemon_toml())
     res = subprocess.run([CLI, "--db", url, "--config", str(cfg), "run", "--once"], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
-        "agent-watchdog: error: the store has no tables yet: run `agent-watchdog db upgrade` first")
+        f"agent-watchdog: error: the store at {url} has no tables: run `agent-watchdog db upgrade --db {url}` first")
 
 
 def test_run_waits_for_a_store_that_is_down_at_start_up(tmp_path):

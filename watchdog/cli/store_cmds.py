@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
-from watchdog.store.engine import read_connection
 from watchdog.store.schema import utcnow
 
 
@@ -15,7 +14,7 @@ def db():
 
 
 @db.command("upgrade")
-@click.option("--revision", default="head", show_default=True)
+@click.option("--revision", default="head", show_default=True, help="Alembic revision to migrate to.")
 @shared_options
 @pass_app
 @fail_cleanly
@@ -23,8 +22,9 @@ def db_upgrade(app, revision):
     """Create or migrate the store's tables."""
     from watchdog.store import migrate
 
-    migrate.upgrade(app.engine, revision)
-    click.echo(f"store at revision {migrate.current(app.engine)}: {app.engine.url.render_as_string(hide_password=True)}")
+    engine = app.open_store()  # the one command that may create the SQLite file
+    migrate.upgrade(engine, revision)
+    click.echo(f"store at revision {migrate.current(engine)}: {engine.url.render_as_string(hide_password=True)}")
 
 
 @db.command("downgrade")
@@ -36,13 +36,15 @@ def db_downgrade(app, revision):
     """Migrate the store down to REVISION (`base` drops every table)."""
     from watchdog.store import migrate
 
-    migrate.downgrade(app.engine, revision)
-    click.echo(f"store at revision {migrate.current(app.engine)}")
+    engine = app.open_store(must_exist=True)
+    migrate.downgrade(engine, revision)
+    click.echo(f"store at revision {migrate.current(engine) or 'base (no tables)'}")
 
 
 @main.command("runs")
 @click.option("--all", "all_runs", is_flag=True, help="Include ended runs (newest first).")
-@click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000),
+              help="At most this many runs, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
 @shared_options
 @pass_app
@@ -52,17 +54,25 @@ def runs_cmd(app, all_runs, limit, as_json):
     from watchdog.cli import render
     from watchdog.store import views
 
-    with read_connection(app.engine) as conn:
-        records = views.list_runs(conn, app.judge_by(conn), utcnow(), all_runs=all_runs, limit=limit)
+    with app.reader() as conn:
+        records = views.list_runs(conn, app.judge_by(conn), utcnow(), all_runs=all_runs, limit=limit,
+                                  on_bad_row=_warn_bad_row)
     if as_json:
         emit_json(records)
     else:
         click.echo(render.runs_table(records))
 
 
+def _warn_bad_row(run_id: str, error: Exception) -> None:
+    # stderr: --json output stays valid; the other runs are listed all the same.
+    reason = " ".join(str(error).split())[:200]
+    click.echo(f"agent-watchdog: warning: run {run_id[:8]}: unreadable row, left out ({reason})", err=True)
+
+
 @main.command("show")
 @click.argument("run_id")
-@click.option("--events", "last_events", default=15, show_default=True, type=click.IntRange(0, 10_000))
+@click.option("--events", "last_events", default=15, show_default=True, type=click.IntRange(0, 10_000),
+              help="How many of the run's last events to print.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable object.")
 @shared_options
 @pass_app
@@ -72,7 +82,7 @@ def show_cmd(app, run_id, last_events, as_json):
     from watchdog.cli import render
     from watchdog.store import views
 
-    with read_connection(app.engine) as conn:
+    with app.reader() as conn:
         rid = views.resolve_run_id(conn, run_id)
         record = views.run_detail(conn, rid, app.judge_by(conn), utcnow(), last_events=last_events)
     if as_json:
@@ -83,18 +93,23 @@ def show_cmd(app, run_id, last_events, as_json):
 
 @main.command("check-config")
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the effective profiles as JSON.")
 @shared_options
 @pass_app
 @fail_cleanly
 def check_config(app, file, as_json):
-    """Validate a config and print every agent's effective profile (exit 2 on error)."""
+    """Validate a config and print every agent's effective profile (exit 2 on error).
+
+    Also checks what the config needs from this host: the extras its keys need
+    (postgres, metrics) are installed and the users of allowed_users exist."""
     from watchdog.cli import render
     from watchdog.core.config import load
+    from watchdog.daemon.preflight import check
 
     if file:
         app.config_path = file
     config = load(app.config_path)
+    check(config)
     if as_json:
         emit_json({"path": config.path, "defaults": config.defaults.to_json(),
                    "agents": {k: v.to_json() for k, v in config.agents.items()}})

@@ -122,6 +122,8 @@ class Daemon:
             log.warning("the published settings were changed by someone else in the store; restored")
         now = utcnow()
         value = self.config.published()
+        if self.ticker.money is not None:  # the models genai-prices priced for it so far, overrides winning
+            value["prices"] = self.ticker.money.prices.published()
         with self.engine.begin() as conn:
             done = conn.execute(update(settings).where(settings.c.key == "config").values(value=value, updated_at=now))
             if done.rowcount == 0:
@@ -140,6 +142,8 @@ class Daemon:
         try:
             self.publish()
             rep = self.ticker.tick(now or utcnow())
+            if rep.learned_prices:  # the SDK prices these models itself from its next settings read
+                self.publish(force=True)
         except Exception as exc:  # noqa: BLE001
             log.error("tick failed, retrying next tick: %s", _one_line(exc))
             log.debug("tick failure", exc_info=True)
@@ -147,6 +151,8 @@ class Daemon:
                 self.metrics.tick_failed()
             return None
         self.last_report = rep
+        log.debug("tick: %d active, %d stopping, %d stop(s) requested, %d lost, %.1f ms", rep.active, rep.stopping,
+                  len(rep.stops), len(rep.lost), rep.duration_s * 1000)
         if self.metrics:
             self.metrics.observe_tick(rep)
         # Pinged from the tick itself: a hung tick stops the pings and systemd restarts us.

@@ -279,6 +279,10 @@ def _run(folder: Path, keep: bool, tick_s: float, alert_urls) -> int:
         status = verdict(demo, results, finished)
     if keep:
         epilogue(demo, results)
+    else:
+        # The store is deleted on the way out: point at a command that keeps one, not at this one.
+        demo.echo(f"\nThe store and logs were temporary ({demo.dir}, deleted now). To look closer at the runs "
+                  "(runs --all, show, postmortem, top), keep them: agent-watchdog demo --keep DIR")
     return status
 
 

@@ -6,6 +6,10 @@ PostgreSQL (psycopg 3, pre-ping, REPEATABLE READ for readers).
 
 from __future__ import annotations
 
+import functools
+import os
+from urllib.parse import quote
+
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError
@@ -16,11 +20,12 @@ from watchdog.errors import StoreError
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
-def _sqlite_pragmas(dbapi_conn, _record):
+def _sqlite_pragmas(dbapi_conn, _record, read_only: bool = False):
     # Let the driver issue no BEGIN of its own: we emit BEGIN IMMEDIATE ourselves.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    if not read_only:  # setting the journal mode is a write; the file's WAL mode persists anyway
+        cur.execute("PRAGMA journal_mode=WAL")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
@@ -68,18 +73,81 @@ def normalise_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def make_engine(url: str, **kw) -> Engine:
-    """An engine with the store's connection discipline for either database."""
+EXTRA_HINT = "pip install 'agent-watchdog-daemon[{extra}]', or '.[{extra}]' from a checkout"
+
+
+def _require_driver(url: str) -> None:
+    """A PostgreSQL URL without psycopg installed: say which extra brings it (not ModuleNotFoundError)."""
+    import importlib.util
+
+    try:
+        missing = importlib.util.find_spec("psycopg") is None
+    except (ImportError, ValueError):
+        missing = True
+    if missing:
+        raise StoreError(f"store URL {url_without_password(url)!r} needs the `postgres` extra (psycopg 3): "
+                         + EXTRA_HINT.format(extra="postgres"))
+
+
+def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, **kw) -> Engine:
+    """An engine with the store's connection discipline for either database.
+
+    `must_exist`: a SQLite file that is not there is a StoreError naming the fix, instead
+    of an empty file created by the first connection. `read_only` (implies must_exist):
+    SQLite opens the file read-only (`mode=ro`), so a read can never create or change it.
+    """
     url = normalise_url(url)
     # A failed statement's message never carries its values (error texts, arguments, labels):
     # exceptions are logged, and what they would quote is exactly what must stay in the store.
     kw.setdefault("hide_parameters", True)
-    if url.startswith("sqlite"):
-        kw.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
-        engine = create_engine(url, **kw)
-        event.listen(engine, "connect", _sqlite_pragmas)
-        event.listen(engine, "begin", _sqlite_begin)
-    else:
+    if not url.startswith("sqlite"):
+        _require_driver(url)
         kw.setdefault("pool_pre_ping", True)
-        engine = create_engine(url, **kw)
+        return create_engine(url, **kw)
+    path = sqlite_path(url)
+    if (must_exist or read_only) and path is not None and not os.path.exists(path):
+        raise StoreError(f"no store at {path}: create it with `agent-watchdog db upgrade --db {url}`, "
+                         "or check --db / $AGENT_WATCHDOG_DB / [store] url")
+    if read_only and path is not None:
+        url = f"sqlite:///file:{quote(os.path.abspath(path))}?mode=ro&uri=true"
+    kw.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+    engine = create_engine(url, **kw)
+    event.listen(engine, "connect", functools.partial(_sqlite_pragmas, read_only=read_only))
+    event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL; None for an in-memory database."""
+    database = make_url(url).database
+    return None if not database or database == ":memory:" or database.startswith("file:") else database
+
+
+def upgrade_hint(url: str) -> str:
+    return f"run `agent-watchdog db upgrade --db {url_without_password(url)}` first"
+
+
+def require_tables(engine: Engine, url: str) -> None:
+    """StoreError naming the fix when the store has no tables yet (never migrated).
+
+    One cheap query (no Alembic import): commands call it before their first read, so
+    "no such table: settings" never reaches a user."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT version_num FROM alembic_version")).first()
+    except DBAPIError as exc:
+        if not is_missing_schema(exc):
+            raise
+        raise StoreError(f"the store at {url_without_password(url)} has no tables: {upgrade_hint(url)}") from None
+
+
+def is_missing_schema(exc: BaseException) -> bool:
+    """A query failed because a table or column is missing: the store is older than this code."""
+    orig = getattr(exc, "orig", exc)
+    text = str(orig).lower()
+    if type(orig).__name__ in ("UndefinedTable", "UndefinedColumn"):  # psycopg
+        return True
+    return "no such table" in text or "no such column" in text
