@@ -15,8 +15,11 @@ SECRET = "sk-live-TENANTA-SECRET"
     ("GET https://api.example.org/v1/charge?api_key=" + SECRET + "&amount=3 failed",
      "GET https://api.example.org/v1/charge?*** failed"),
     ("could not connect to postgresql://watchdog:hunter2@db.example.org:5432/aw",
-     "could not connect to postgresql://***@db.example.org:5432/aw"),
-    ("mailtos://user:pass@example.org?to=oncall@example.org", "mailtos://***@example.org?***"),
+     "could not connect to postgresql://watchdog:***@db.example.org:5432/aw"),
+    ("mailtos://user:pass@example.org?to=oncall@example.org", "mailtos://user:***@example.org?***"),
+    ("clone https://ghp_abcdefghijklmnopqrstuvwxyz0123@github.com/o/r failed",
+     "clone https://***@github.com/o/r failed"),
+    ("no tables at postgresql+psycopg://postgres@127.0.0.1:5432/aw", "no tables at postgresql+psycopg://postgres@127.0.0.1:5432/aw"),
     ("redirect to https://app.example.org/cb#access_token=abc.def", "redirect to https://app.example.org/cb#***"),
     # headers and credentials
     ("Authorization: Bearer abc123def456ghi", "Authorization: ***"),

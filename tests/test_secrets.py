@@ -82,7 +82,7 @@ def test_tenant_a_secret_appears_nowhere_tenant_b_or_anyone_can_see(db_url, engi
     assert dump["events"] and dump["tool_circuits"] and dump["alerts"] and dump["interventions"]
     assert leaks(json.dumps(dump, default=str)) == []
     # What is kept is still useful to an operator: scrubbed, not erased.
-    assert "https://***@pay.example.org/v1/charge?***" in json.dumps(dump["events"], default=str)
+    assert "https://pay:***@pay.example.org/v1/charge?***" in json.dumps(dump["events"], default=str)
     cli = []
     for args in (["show", run_a.id, "--json"], ["show", run_b.id, "--json"], ["show", run_a.id],
                  ["runs", "--all", "--json"], ["circuits", "--json"], ["postmortem", run_a.id]):

@@ -38,12 +38,12 @@ def run_cmd(app, once, verbose):
 
     from watchdog.daemon.preflight import check
 
-    check_allowed_users(app.config)  # before anything listens
     _logging(verbose)
     check(app.config)  # what the config needs (extras, users) is there: loud at start, not mid-run
-    metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     # SQLite: checked here, read-only (a store that is down is PostgreSQL's case: _acquire waits for it).
     store = app.open_store(must_exist=True, tables=app.db_url.startswith("sqlite"))
+    check_allowed_users(app.config)  # before anything listens or a key is made
+    metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(store, app.config, metrics=metrics)
     _acquire(daemon, app.db_url, retry=not once)
     try:

@@ -8,8 +8,9 @@ process that saw it.
 
 What it removes, each replaced by `***`:
 
-- URL userinfo (`https://user:pass@host` → `https://***@host`) and query strings
-  and fragments (`https://host/p?token=x` → `https://host/p?***`);
+- URL passwords and tokens in the userinfo (`https://user:pass@host` →
+  `https://user:***@host`, `https://ghp_…@host` → `https://***@host`) and query
+  strings and fragments (`https://host/p?token=x` → `https://host/p?***`);
 - `Authorization:` / `Proxy-Authorization:` header values and `Bearer` / `Basic`
   / `Token` credentials;
 - the value of any key/value pair whose key names a secret (`api_key=`,
@@ -81,7 +82,13 @@ def _url(m: re.Match) -> str:
             break
     authority, slash, path = rest.partition("/")
     if "@" in authority:
-        authority = MASK + "@" + authority.rpartition("@")[2]
+        userinfo, _, host = authority.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        if colon:  # user:password — the user name stays, as SQLAlchemy and apprise print it
+            userinfo = user + ":" + MASK
+        elif _KNOWN_TOKENS.sub(MASK, _LONG_TOKEN.sub(_token, userinfo)) != userinfo:
+            userinfo = MASK  # a token used as the user name (https://TOKEN@host/...)
+        authority = userinfo + "@" + host
     return m.group("scheme") + authority + slash + path
 
 
