@@ -14,23 +14,23 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import update
+from sqlalchemy import and_, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, request_stop
+from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, request_stop, stop_plan
 from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective_budgets
 from watchdog.core.config import Config
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
-from watchdog.core.messages import rate_alert
+from watchdog.core.messages import rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
-from watchdog.store.schema import daemons
+from watchdog.store.schema import daemons, interventions
 
 log = logging.getLogger("watchdog.tick")
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
@@ -105,15 +105,19 @@ class TickReport:
 
 class Ticker:
     def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
-                 money: bool = True):
+                 money: bool = True, sealer=None):
         self.engine = engine
         self.config = config
         self.killer = killer
         self.circuits = circuits  # watchdog.circuits.CircuitBreakers, optional
         self.by = by or actor()
+        # The daemon's key (watchdog.core.seal): seals alerts and SIGTERM targets, verifies
+        # attestations. Without one nothing is signalled and no alert is queued.
+        self.sealer = sealer
+        self._acked: set[str] = set()  # stopping runs whose stop this daemon recorded or acknowledged
         self.scanner = Scanner()
         # Prices, the spend ledger, period budgets, drift (watchdog.daemon.money); None = run budgets only.
-        self.money = Money(config, self.by) if money else None
+        self.money = Money(config, self.by, sealer=sealer) if money else None
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
 
@@ -158,6 +162,9 @@ class Ticker:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
+        if self._acked:
+            active = {r[L["id"]] for r in light}
+            self._acked &= active
         if money is not None:
             self._money_after(money, now, rep)
         if self.circuits is not None:
@@ -289,9 +296,14 @@ class Ticker:
         budgets = effective_budgets(self.config.profile(row.agent), row)
         st = self.scanner.stats.get(row.id)
         top = st.top_tool() if st else None
-        f = facts(row, top, st.last_error.get(top[0]) if (st and top) else None, now)
+        last_error = st.last_error.get(top[0]) if (st and top) else None
+        if self.config.store.record_errors == "class":
+            last_error = None  # the operator asked for no message text anywhere the daemon writes
+        f = facts(row, top, last_error, now)
         if row.status == lc.STOPPING:
             rep.stopping += 1
+            if row.id not in self._acked:
+                self._acknowledge(row, f, budgets, now, batch)
             gone = row.signal_stage in (None, *WAITING_STAGES) and self._gone(row, live, now)
             if not gone and not ladder_due(row, now, self.config.daemon, self.killer.host):
                 return  # nothing to do yet: no transaction (on SQLite, no write lock)
@@ -300,15 +312,15 @@ class Ticker:
                 if gone:
                     # It ended without saying so: after the cooperative stop (no need to wait for the
                     # grace), or after a signal that was refused / not allowed / did not work.
-                    exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets)
+                    exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets, sealer=self.sealer)
                     return
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
-                        now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1)
+                        now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer)
             return
         if self._gone(row, live, now):
             with batch.run() as conn:
                 if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
-                             now=now, by=self.by, budgets=budgets, run_facts=f):
+                             now=now, by=self.by, budgets=budgets, run_facts=f, sealer=self.sealer):
                     rep.lost.append(row.id)
             return
         snap = self.scanner.snapshot(row, now)
@@ -320,7 +332,7 @@ class Ticker:
                 f = dataclasses.replace(f, forecast=self.money.forecast_lines(row, budgets, now))
             with batch.run() as conn:
                 if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=self.by, budgets=budgets,
-                                run_facts=f):
+                                run_facts=f, sealer=self.sealer):
                     rep.stops.append((row.id, v.reason))
                     if period is not None and v.reason == period.reason:
                         self._period_stops.append((row.id, v.reason, period.scope.key))
@@ -345,8 +357,27 @@ class Ticker:
                          tool=snap.top_tool_last_min[0] if snap.top_tool_last_min else None,
                          reason=lc.TOOL_RATE, detail=alarm.detail, outcome="alert only")
             if enqueue_alert(conn, f"rate:{row.id}:{window}", title, body, now=now, run_id=row.id,
-                             intervention_id=iid):
+                             intervention_id=iid, sealer=self.sealer):
                 rep.alarms.append(row.id)
+
+    def _acknowledge(self, row, f, budgets, now, batch):
+        """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
+        any store writer): record it if nobody did and alert it, worded by the daemon from
+        the store's numbers. Once per run: remembered, and its alert key is unique."""
+        with batch.run() as conn:
+            if not queued(conn, f"stop:{row.id}"):
+                reason = row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"
+                iid = conn.execute(select(interventions.c.id).where(and_(
+                    interventions.c.run_id == row.id, interventions.c.action == "stop_requested"))).scalar()
+                if iid is None:
+                    iid = record(conn, at=now, action="stop_requested", by=self.by, run_id=row.id, reason=reason,
+                                 outcome="stop requested in the store, not by this daemon; acknowledged")
+                plan = stop_plan(row.kill_mode)
+                title, body = requested_stop_alert(f, budgets, reason, plan)
+                enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                              sealer=self.sealer)
+                log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
+        self._acked.add(row.id)
 
     def _read_snapshot(self):
         """One snapshot for the active runs and their new events: a run started between the
