@@ -92,9 +92,16 @@ def _start_chain(depth: int, folder: Path, ignore: bool) -> list[int]:
 def runaway(spec: dict) -> int:
     """One run: `steps` steps, `tools` tool calls, then `then`:
     hang (stop writing and sleep), loop (a step every `interval` s until stopped),
-    exit (die without ending the run). Options: ignore_sigterm, block_sigterm,
-    children (a chain of that depth: a child, a grandchild...), children_ignore_sigterm."""
+    exit (die without ending the run), attest_then_hang (heartbeat every `interval` s
+    until the daemon has attested the run, then hang). Options: ignore_sigterm,
+    block_sigterm, children (a chain of that depth: a child, a grandchild...),
+    children_ignore_sigterm, attest_retry_s (how often an unattested run asks again)."""
     from watchdog import RunKilled, Watchdog
+
+    if spec.get("attest_retry_s"):
+        import watchdog.sdk.attest as attest
+
+        attest.RETRY_S = spec["attest_retry_s"]
 
     if spec.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -112,8 +119,14 @@ def runaway(spec: dict) -> int:
                 run.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec.get("step_cost", 0.0))
             for name, args, ok in spec.get("tools", []):
                 run.record_tool(name, args, ok=ok, error=None if ok else "timeout")
-            write_json(spec["ready"], {"run_id": run.id, "pid": os.getpid(), "children": children})
+            write_json(spec["ready"], {"run_id": run.id, "pid": os.getpid(), "children": children,
+                                       "attested": run.attested})
             then = spec.get("then", "hang")
+            if then == "attest_then_hang":
+                while not run.attested:
+                    run.heartbeat("waiting for the daemon")
+                    time.sleep(spec.get("interval", 0.05))
+                then = "hang"
             if then == "exit":
                 os._exit(0)  # gone without ending the run: the daemon must call it lost
             while then == "hang":
@@ -441,7 +454,9 @@ class AgentProcs:
         self.agents: list[Agent] = []
         self._known: list[tuple[int, float]] = []  # (pid, create time) of everything started
 
-    def start(self, scenario: str, url: str, *, new_session: bool = True, **spec) -> Agent:
+    def start(self, scenario: str, url: str, *, new_session: bool = True, user: str | None = None,
+              **spec) -> Agent:
+        """`user`: run the agent as that local user (the folder must be writable by it)."""
         import psutil
 
         n = len(self.agents)
@@ -450,10 +465,16 @@ class AgentProcs:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
         env.pop("AGENT_WATCHDOG_CONFIG", None)
+        exe = sys.executable
+        if user is not None:
+            from attest_support import foreign_python
+
+            exe, foreign = foreign_python()
+            env.update(PYTHONPATH=foreign["PYTHONPATH"], PYTHONNOUSERSITE="1", HOME="/tmp")
         with open(log, "w") as log_f:
-            proc = subprocess.Popen([sys.executable, "-m", "agent_procs", scenario, json.dumps(spec)], env=env,
+            proc = subprocess.Popen([exe, "-m", "agent_procs", scenario, json.dumps(spec)], env=env,
                                     stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=new_session)
+                                    start_new_session=new_session, user=user, cwd="/tmp" if user else None)
         agent = Agent(proc, ready, result, log)
         self.agents.append(agent)
         try:

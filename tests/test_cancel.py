@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent_procs import wait_until
-from daemon_support import alerts_of, config, run_row
+from daemon_support import ME, SEALER, alerts_of, config, run_row
 from watchdog import RunKilled, ToolTimeout, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
@@ -54,7 +54,7 @@ def test_a_stop_reaches_a_tool_that_polls_run_cancelled_within_a_tick_and_a_seco
     t0 = time.time()
     res = cli(db_url, "kill", rid[:8], "--reason", "operator wants it back")
     assert res.exit_code == 0, res.output
-    Ticker(engine, config(), Killer()).tick(utcnow())  # the daemon's next tick: nothing to add for a cooperative run
+    Ticker(engine, config(), Killer(allowed_users=[ME]), sealer=SEALER).tick(utcnow())  # the daemon's next tick: nothing to add for a cooperative run
     assert agent.wait() == 0
     out = agent.result()
     assert out["cancelled"] is True and out["reason"] == lc.MANUAL
@@ -109,7 +109,7 @@ def test_partial_is_in_the_stop_alert_and_in_show(engine, db_url, wd):
             run.partial({"answer": "refund approved", "confidence": 0.7})
             for _ in range(13):
                 run.step()
-            assert Ticker(engine, config(), Killer()).tick(utcnow()).stops == [(run.id, lc.MAX_STEPS)]
+            assert Ticker(engine, config(), Killer(allowed_users=[ME]), sealer=SEALER).tick(utcnow()).stops == [(run.id, lc.MAX_STEPS)]
             run.step()
     (alert,) = alerts_of(engine, run.id)
     assert 'stopped at max_steps with a partial answer: {"answer": "refund approved", "confidence": 0.7}' in alert.body

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent_procs import wait_until
-from daemon_support import actions, alerts_of, config, interventions_of, run_row
+from daemon_support import ME, SEALER, actions, alerts_of, config, interventions_of, run_row
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
@@ -27,7 +27,7 @@ def wd(db_url):
 
 
 def ticker(engine, cfg=None) -> Ticker:
-    return Ticker(engine, cfg or config(), Killer())
+    return Ticker(engine, cfg or config(), Killer(allowed_users=[ME]), sealer=SEALER)
 
 
 def test_a_looping_child_is_stopped_alone_and_the_parent_pays_for_both_children(engine, db_url, procs):

@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import create_engine, insert, text
 
 from alertsinks import closed_port
+from daemon_support import daemon_toml
 from conftest import PG_ADMIN_URL
 from watchdog import ToolUnavailable, Watchdog
 from watchdog.cli import main
@@ -97,8 +98,11 @@ def empty_pg_database():
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("args", [["runs"], ["show", "abcd1234"], ["kill", "abcd1234"], ["run", "--once"]], ids=" ".join)
-def test_an_unmigrated_postgresql_store_says_run_db_upgrade_first(empty_pg_database, args):
+def test_an_unmigrated_postgresql_store_says_run_db_upgrade_first(empty_pg_database, args, tmp_path):
     url = empty_pg_database
+    if args[0] == "run":  # a daemon run as root must name its allowed users first (tests run as root)
+        (tmp_path / "c.toml").write_text(daemon_toml())
+        args = ["--config", str(tmp_path / "c.toml"), *args]
     assert one_error_line(cli("--db", url, *args)) == (
         f"the store at {url} has no tables: run `agent-watchdog db upgrade --db {url}` first")
 
@@ -113,7 +117,8 @@ def test_a_store_older_than_the_code_says_run_db_upgrade_first(tmp_path):
     engine.dispose()
     head = migrate.head()
     assert head != "0001"
-    assert one_error_line(cli("--db", url, "run", "--once")) == (
+    (tmp_path / "c.toml").write_text(daemon_toml())
+    assert one_error_line(cli("--db", url, "--config", str(tmp_path / "c.toml"), "run", "--once")) == (
         f"the store is at revision 0001, this agent-watchdog needs {head}: "
         f"run `agent-watchdog db upgrade --db {url}` first")
     msg = one_error_line(cli("--db", url, "show", "abababab"))  # reads the events' new column
@@ -181,7 +186,7 @@ def test_an_unknown_user_in_allowed_users_is_a_config_error(tmp_path, sqlite_url
     (["show"], "Missing argument 'RUN_ID' (see `agent-watchdog show --help`)"),
     (["runs", "--limit", "0"], "Invalid value for '--limit': 0 is not in the range 1<=x<=100000 "
                                "(see `agent-watchdog runs --help`)"),
-    (["test-alert"], "no alert URLs: set [alerts] urls in the config (--config or $AGENT_WATCHDOG_CONFIG)"),
+    (["test-alert"], "no alert URLs: set [alerts] urls or urls_file in the config (--config or $AGENT_WATCHDOG_CONFIG)"),
 ])
 def test_every_error_has_the_same_style(args, expected):
     res = cli(*args)
@@ -298,7 +303,7 @@ def test_test_alert_says_why_a_delivery_failed_and_shows_the_url_as_written(tmp_
 
 def test_run_verbose_is_about_the_watchdog_not_urllib3(tmp_path, sqlite_url, http):
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[defaults]\nmax_steps = 1\n[alerts]\nurls = ["{http.url()}"]\n')
+    cfg.write_text(daemon_toml() + f'[defaults]\nmax_steps = 1\n[alerts]\nurls = ["{http.url()}"]\n')
     wd = Watchdog(sqlite_url)
     run = wd.run(agent="runaway", guards=False)
     run.start()
@@ -322,7 +327,7 @@ def test_a_skipped_job_is_logged_once(tmp_path, sqlite_url):
     silent.listen(8)  # accepts the handshake, never answers: each delivery waits for its timeout
     try:
         cfg = tmp_path / "c.toml"
-        cfg.write_text(f'[daemon]\ntick_s = 0.2\n[defaults]\nmax_steps = 1\n'
+        cfg.write_text(daemon_toml(tick_s=0.2) + '[defaults]\nmax_steps = 1\n'
                        f'[alerts]\nurls = ["json://127.0.0.1:{silent.getsockname()[1]}/hook"]\n')
         wd = Watchdog(sqlite_url)
         run = wd.run(agent="runaway", guards=False)

@@ -185,10 +185,20 @@ def test_kill_without_a_config_judges_by_the_published_profile_on_its_own_connec
     assert result.exit_code == 0, result.output
     assert f"stop requested for support-bot run {going.id[:8]}" in result.output
     with engine.connect() as conn:
-        body = conn.execute(select(alerts.c.body).where(alerts.c.run_id == going.id)).scalar_one()
+        assert conn.execute(select(alerts.c.id)).all() == []  # only the daemon composes alerts
         status = conn.execute(select(runs.c.status, runs.c.stop_reason).where(runs.c.id == going.id)).one()
-    assert "steps 3/6" in body and "steps 3/12" not in body
     assert tuple(status) == ("stopping", "manual")
+    # The daemon alerts the stop it did not request, against the profile it publishes.
+    from daemon_support import SEALER
+    from watchdog.daemon.killer import Killer
+    from watchdog.daemon.ticker import Ticker
+
+    monkeypatch.setattr(engine_mod, "SQLITE_BUSY_TIMEOUT_MS", 30_000)
+    daemon_cfg = parse(tomllib.loads("[agents.support-bot]\nmax_steps = 6\n"))
+    Ticker(engine, daemon_cfg, Killer(), sealer=SEALER).tick(utcnow())
+    with engine.connect() as conn:
+        body = conn.execute(select(alerts.c.body).where(alerts.c.run_id == going.id)).scalar_one()
+    assert "steps 3/6" in body and "steps 3/12" not in body
     wd.close()
     engine.dispose()
 

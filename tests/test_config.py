@@ -147,7 +147,7 @@ def test_config_is_frozen(tmp_path):
         cfg.store = StoreConfig()
 
 
-def test_published_settings_carry_prices_profiles_and_record_args():
+def test_published_settings_carry_prices_and_profiles_never_what_agents_record():
     cfg = parse(tomllib.loads(_without_alerts(FULL)))  # alert URLs need apprise: not under test here
     pub = cfg.published()
     json.dumps(pub)  # it is stored as JSON
@@ -155,7 +155,9 @@ def test_published_settings_carry_prices_profiles_and_record_args():
     assert pub["agents"]["support-bot"]["max_steps"] == 8
     assert pub["agents"]["support-bot"]["max_tool_calls"] == 30  # merged with defaults
     assert pub["defaults"]["on_rate"] == "stop"
-    assert pub["record_args"] is True
+    # record_args / record_errors are each agent's own choice: a settings row must not carry them.
+    assert cfg.store.record_args is True
+    assert "record_args" not in pub and "record_errors" not in pub and "store" not in pub
 
 
 def _without_alerts(text: str) -> str:
@@ -223,6 +225,10 @@ BAD = [
     ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = -1\noutput_eur_per_mtok = 1\n", "input_eur_per_mtok"),
     ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 1\ncached = 1\n", "cached"),
     ("[metrics]\nlisten = \"nowhere\"\n", "metrics.listen"),
+    ("[store]\nrecord_errors = \"full\"\n", "store.record_errors"),
+    ("[daemon]\nsocket = \"attest.sock\"\n", "daemon.socket"),
+    ("[daemon]\nkey_file = 3\n", "daemon.key_file"),
+    ("[alerts]\nurls_file = \"\"\n", "alerts.urls_file"),
     ("[pricing]\neur_per_usd = 0\n", "pricing.eur_per_usd"),
     ("[pricing]\nbudget_tz = \"Mars/Olympus\"\n", "pricing.budget_tz"),
     ("[pricing]\nrate = 1\n", "pricing.rate"),
@@ -392,6 +398,38 @@ def test_check_config_console_script(tmp_path):
     missing = subprocess.run([console_script(), "check-config", str(tmp_path / "nope.toml")], capture_output=True,
                              text=True, timeout=60, cwd="/", env=env)
     assert missing.returncode == 2 and "nope.toml" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_alert_urls_file_is_read_from_the_credentials_directory_when_alerts_are_sent(tmp_path, monkeypatch):
+    from watchdog.core.config import alert_urls
+
+    cfg_path = tmp_path / "etc" / "config.toml"
+    cfg_path.parent.mkdir()
+    cfg_path.write_text('[alerts]\nurls = ["json://a.example.org/x"]\nurls_file = "alert-urls"\n')
+    cfg = load(cfg_path)  # loading reads no secret: an operator without the credential can still load it
+    assert cfg.alert_urls == ("json://a.example.org/x",) and cfg.alert_urls_file == "alert-urls"
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    with pytest.raises(ConfigError, match=r"alerts.urls_file: cannot read .*/etc/alert-urls \(No such file"):
+        alert_urls(cfg)
+    (tmp_path / "etc" / "alert-urls").write_text("# next to the config\njson://b.example.org/y\n")
+    assert alert_urls(cfg) == ("json://a.example.org/x", "json://b.example.org/y")
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "alert-urls").write_text("mailtos://u:secret@mail.example.org?to=o@example.org\n\n# comment\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))  # under systemd's LoadCredential=
+    assert alert_urls(cfg) == ("json://a.example.org/x", "mailtos://u:secret@mail.example.org?to=o@example.org")
+    (creds / "alert-urls").write_text("no scheme here secret\n")
+    with pytest.raises(ConfigError, match="line 1: expected an apprise URL") as bad:
+        alert_urls(cfg)
+    assert "secret" not in str(bad.value)
+
+
+def test_daemon_socket_and_key_file_default_to_the_units_directories(tmp_path):
+    cfg = parse({})
+    assert (cfg.daemon.socket, cfg.daemon.key_file) == ("/run/agent-watchdog/attest.sock",
+                                                        "/var/lib/agent-watchdog/attest.key")
+    cfg = parse({"daemon": {"socket": "/tmp/x/s.sock", "key_file": "/tmp/x/k"}, "store": {"record_errors": "class"}})
+    assert (cfg.daemon.socket, cfg.daemon.key_file, cfg.store.record_errors) == ("/tmp/x/s.sock", "/tmp/x/k", "class")
 
 
 @pytest.mark.parametrize("body,key,meant", [

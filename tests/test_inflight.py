@@ -9,6 +9,7 @@ import time
 from sqlalchemy import select
 
 from watchdog import Watchdog
+from daemon_support import SEALER
 from watchdog.core.config import parse
 from watchdog.daemon.killer import Killer
 from watchdog.store.schema import alerts, runs
@@ -54,7 +55,7 @@ def test_a_hanging_tool_is_named_and_the_run_still_looks_hung(engine, db_url):
 
         # The daemon stops it for silence, and its alert says where it hangs.
         later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=5)
-        rep = Ticker(engine, parse({}), Killer()).tick(later)
+        rep = Ticker(engine, parse({}), Killer(), sealer=SEALER).tick(later)
         assert rep.stops == [(run.id, "heartbeat_timeout")]
         with engine.connect() as conn:
             body = conn.execute(select(alerts.c.body).where(alerts.c.run_id == run.id)).scalar()

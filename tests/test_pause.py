@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from agent_procs import wait_until
-from daemon_support import actions, alerts_of, config, interventions_of, later, run_row
+from daemon_support import ME, SEALER, actions, alerts_of, config, interventions_of, later, run_row
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
@@ -29,7 +29,7 @@ PAUSE = {"on_breach": "pause"}
 
 
 def ticker(engine, cfg) -> Ticker:
-    return Ticker(engine, cfg, Killer())
+    return Ticker(engine, cfg, Killer(allowed_users=[ME]), sealer=SEALER)
 
 
 def cli(db_url, *args):
@@ -63,7 +63,7 @@ def _held(engine, run_id, seconds: float = 2.5):
 def test_a_paused_run_is_held_alive_and_resume_lets_it_complete(engine, db_url, procs, tmp_path):
     cfg = config(agents={"bot": {**PAUSE, "heartbeat_timeout_s": 4.0}})
     agent = _pauser(procs, db_url, tmp_path, {"name": "migrate", "budgets": {"max_steps": 3}, "before": 4,
-                                              "after": 3, "kill_mode": "process"})
+                                              "after": 3, "kill_mode": "process", "interval": 0.5})
     rid = agent.info["run_ids"]["migrate"]
     tk = ticker(engine, cfg)
     now = utcnow()
@@ -90,6 +90,7 @@ def test_a_paused_run_is_held_alive_and_resume_lets_it_complete(engine, db_url, 
     res = cli(db_url, "resume", rid[:8], "--add-steps", "5")
     assert res.exit_code == 0, res.output
     assert "max_steps 3 → 8" in res.output
+    tk.tick(later(now, 2))  # the daemon alerts the resume (the CLI writes no alert)
     assert agent.wait() == 0
     assert agent.result()["migrate"] == {"status": lc.COMPLETED, "reason": None, "records": 7}
     row = run_row(engine, rid)

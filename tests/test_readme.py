@@ -378,11 +378,19 @@ def test_the_units_install_comment_is_the_readmes_steps():
 
 
 AGENT_RECORDS = r'''
-# An agent of user `agents` records a run in the daemon's SQLite store (group agent-watchdog).
+# An agent of user `agents` records a run in the daemon's SQLite store (group agent-watchdog-store),
+# and its run that owns its process is attested over the daemon's socket; it cannot read the config.
 setpriv --reuid=agents --regid=agents --init-groups env -i PATH=/usr/bin:/bin HOME=/ \
     /opt/agent-watchdog/venv/bin/python - <<'PY'
 from watchdog import Watchdog
-wd = Watchdog("sqlite:////var/lib/agent-watchdog/runs.db")
+try:
+    open("/etc/agent-watchdog/config.toml")
+    raise SystemExit("an agent can read the daemon's config")
+except PermissionError:
+    pass
+wd = Watchdog("sqlite:////var/lib/agent-watchdog/store/runs.db")
+with wd.run(agent="support-bot", kill_mode="process") as owned:
+    assert owned.attested, "not attested"
 with wd.run(agent="support-bot") as run:
     run.step(model="gpt-x", tokens_in=100, tokens_out=10)
 print("agent run", run.id)
@@ -423,14 +431,19 @@ def test_the_systemd_steps_run_in_a_scratch_root(http):
         assert '"agent": "support-bot"' in listed and '"status": "completed"' in listed, out[-3000:]
         assert "Active: inactive (dead) (exit status 0)" in out, out[-3000:]
 
-        # What the steps left: the users, and the store's files as the agents need them.
+        # What the steps left: the users, two groups (the config's holds no agent), the daemon's
+        # state directory with its sealing key, and the store's files as the agents need them.
         passwd = root.path("/etc/passwd").read_text()
         assert re.search(r"^agent-watchdog:x:\d+:\d+::/var/lib/agent-watchdog:/usr/sbin/nologin$", passwd, re.M)
         group = root.path("/etc/group").read_text()
-        assert re.search(r"^agent-watchdog:x:\d+:agents$", group, re.M), group[-500:]
+        assert re.search(r"^agent-watchdog:x:\d+:$", group, re.M), group[-500:]
+        assert re.search(r"^agent-watchdog-store:x:\d+:agents$", group, re.M), group[-500:]
         state = root.path("/var/lib/agent-watchdog")
-        assert oct(state.stat().st_mode & 0o7777) == "0o2770"
-        db = state / "runs.db"
+        assert oct(state.stat().st_mode & 0o7777) == "0o711"
+        key = state / "attest.key"
+        assert oct(key.stat().st_mode & 0o777) == "0o600" and key.stat().st_uid == state.stat().st_uid
+        assert oct((state / "store").stat().st_mode & 0o7777) == "0o2770"
+        db = state / "store" / "runs.db"
         assert oct(db.stat().st_mode & 0o777) == "0o660"
         with sqlite3.connect(db) as conn:
             assert conn.execute("SELECT version_num FROM alembic_version").fetchone() is not None

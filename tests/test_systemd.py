@@ -193,14 +193,22 @@ def test_unit_keeps_what_the_job_needs():
     for forbidden in ("ProtectProc", "ProcSubset", "PrivateUsers", "DynamicUser", "PrivateNetwork"):
         assert forbidden not in svc, f"{forbidden}= would break the daemon (see the unit's comments)"
     assert svc["StateDirectory"] == ["agent-watchdog"]
+    # The state directory is the daemon's (its sealing key); agents only traverse it to store/.
+    assert svc["StateDirectoryMode"] == ["0711"]
+    # Two groups: the daemon's own reads the config, the store's is shared with the agents.
+    assert svc["SupplementaryGroups"] == ["agent-watchdog-store"]
+    # The alert URLs reach the daemon as a credential, never through a file an agent can read.
+    assert svc["LoadCredential"] == ["alert-urls:/etc/agent-watchdog/alert-urls"]
+    # The attestation socket's directory.
+    assert (svc["RuntimeDirectory"], svc["RuntimeDirectoryMode"]) == (["agent-watchdog"], ["0755"])
     assert svc["SystemCallFilter"][0] == "@system-service"
 
 
 # --- (c) example config ---------------------------------------------------------
 
 PUBLIC_KEYS = {
-    "store": {"url", "record_args"},
-    "daemon": {"tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s"},
+    "store": {"url", "record_args", "record_errors"},
+    "daemon": {"tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s", "socket", "key_file"},
     "defaults": {
         "max_wall_s",
         "max_steps",
@@ -220,7 +228,7 @@ PUBLIC_KEYS = {
         "warn_at",
     },
     "circuit": {"errors", "window_s", "open_s", "max_calls_per_min"},
-    "alerts": {"urls"},
+    "alerts": {"urls", "urls_file"},
     "metrics": {"listen"},
     "pricing": {"eur_per_usd", "budget_tz"},
     "drift": {"window_s", "baseline_days", "factor", "min_runs"},
@@ -287,14 +295,18 @@ def test_example_names_every_public_key():
 
 def test_example_documented_values():
     raw = _example()
-    assert raw["store"] == {"url": "sqlite:////var/lib/agent-watchdog/runs.db", "record_args": False}
+    assert raw["store"] == {"url": "sqlite:////var/lib/agent-watchdog/store/runs.db", "record_args": False,
+                            "record_errors": "scrubbed"}
     assert raw["daemon"] == {
         "tick_s": 5,
         "cancel_grace_s": 10,
         "term_grace_s": 5,
         "allowed_users": ["agents"],
         "alert_retry_s": 30,
+        "socket": "/run/agent-watchdog/attest.sock",
+        "key_file": "/var/lib/agent-watchdog/attest.key",
     }
+    assert raw["alerts"] == {"urls": [], "urls_file": "alert-urls"}
     assert raw["defaults"] == {
         "max_wall_s": 300,
         "max_steps": 12,
@@ -350,6 +362,9 @@ def test_example_accepted_by_the_daemon_parser():
     assert parsed.defaults == config.Budgets()
     assert parsed.circuit.default == config.CircuitPolicy()
     assert parsed.store == config.StoreConfig(url=parsed.store.url, record_args=False)
+    assert (parsed.daemon.socket, parsed.daemon.key_file) == (d_socket := config.DEFAULT_SOCKET, config.DEFAULT_KEY_FILE)
+    # The shipped credential template (systemd/alert-urls) is read next to the config, and holds no URL.
+    assert config.alert_urls(parsed) == () and d_socket.startswith("/run/agent-watchdog/")
     d = config.DaemonConfig()
     assert (parsed.daemon.tick_s, parsed.daemon.cancel_grace_s, parsed.daemon.term_grace_s, parsed.daemon.alert_retry_s) == (
         d.tick_s,

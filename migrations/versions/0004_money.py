@@ -1,7 +1,7 @@
 """money: cached / reasoning / unpriced tokens, the max_tokens budget, the period ledger and rollups
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-12-01
 
 - runs: cached_tokens_in, reasoning_tokens, cost_unpriced_tokens (counters), max_tokens
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 # Self-contained: a migration never imports the application (whose code moves on).
 
 revision = '0004'
-down_revision = '0002'
+down_revision = '0003'
 branch_labels = None
 depends_on = None
 

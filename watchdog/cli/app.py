@@ -12,6 +12,7 @@ import sys
 import click
 
 from watchdog.core.config import ENV_CONFIG, Config, load, resolve_db_url
+from watchdog.core.scrub import scrub
 from watchdog.errors import ConfigError, StoreError
 
 EXIT_ERROR = 1
@@ -116,6 +117,7 @@ def _die(app, exc, code):
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if not isinstance(exc, (ConfigError, StoreError, ValueError)):
             msg = f"{type(exc).__name__}: {msg}"
+    msg = scrub(msg)  # an error may quote a URL with its password, or a token
     click.echo(f"agent-watchdog: error: {msg}", err=True)
     sys.exit(code)
 

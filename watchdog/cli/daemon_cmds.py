@@ -33,16 +33,17 @@ def _logging(verbose: bool):
 @fail_cleanly
 def run_cmd(app, once, verbose):
     """Run the watchdog daemon in the foreground (SIGTERM/SIGINT: finish the tick and exit 0)."""
-    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.service import Daemon, check_allowed_users
     from watchdog.daemon.metrics import start_metrics
 
     from watchdog.daemon.preflight import check
 
     _logging(verbose)
     check(app.config)  # what the config needs (extras, users) is there: loud at start, not mid-run
-    metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     # SQLite: checked here, read-only (a store that is down is PostgreSQL's case: _acquire waits for it).
     store = app.open_store(must_exist=True, tables=app.db_url.startswith("sqlite"))
+    check_allowed_users(app.config)  # before anything listens or a key is made
+    metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(store, app.config, metrics=metrics)
     _acquire(daemon, app.db_url, retry=not once)
     try:
@@ -177,12 +178,13 @@ def circuits_close(app, tool):
 @fail_cleanly
 def test_alert(app):
     """Send a test alert to every configured URL; one line per URL; exit 1 if any failed."""
-    from watchdog.daemon.notify import Notifier
+    from watchdog.core.config import alert_urls
+    from watchdog.daemon.notify import Notifier, url_error
 
-    urls = app.config.alert_urls
+    urls = alert_urls(app.config, url_error=url_error)
     if not urls:
         where = app.config.path or "the config (--config or $AGENT_WATCHDOG_CONFIG)"
-        raise click.ClickException(f"no alert URLs: set [alerts] urls in {where}")
+        raise click.ClickException(f"no alert URLs: set [alerts] urls or urls_file in {where}")
     _logging(False)
     results = Notifier(urls).send(
         "agent-watchdog: test alert",

@@ -20,6 +20,7 @@ from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profil
 from watchdog.core.drift import DriftConfig
 from watchdog.core.periods import LabelBudget, WARN_AT, zone
 from watchdog.core.pricing import PRICE_KEYS, REQUIRED_PRICE_KEYS, Price, PricingConfig
+from watchdog.core.records import RECORD_ERRORS_CHOICES
 from watchdog.core.text import url_scheme_only
 from watchdog.errors import ConfigError
 
@@ -30,10 +31,17 @@ UrlCheck = Callable[[str], "str | None"]
 
 ENV_CONFIG = "AGENT_WATCHDOG_CONFIG"
 ENV_DB = "AGENT_WATCHDOG_DB"
+# Where systemd's LoadCredential= puts the unit's credentials (a relative urls_file is read there).
+ENV_CREDENTIALS = "CREDENTIALS_DIRECTORY"
+DEFAULT_SOCKET = "/run/agent-watchdog/attest.sock"  # RuntimeDirectory= of the unit
+DEFAULT_KEY_FILE = "/var/lib/agent-watchdog/attest.key"  # StateDirectory= of the unit
 @dataclass(frozen=True)
 class StoreConfig:
     url: str | None = None
+    # Both are read by whoever reads THIS file (an agent's own config, or the daemon
+    # for what it copies into alerts and circuits); never published, never read from the store.
     record_args: bool = False
+    record_errors: str = "scrubbed"  # or "class": no message text at all
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,11 @@ class DaemonConfig:
     tick_s: float = 5.0
     cancel_grace_s: float = 10.0
     term_grace_s: float = 5.0
-    allowed_users: tuple[str, ...] = ()  # empty = the daemon's own user
+    # empty = the daemon's own user, unless that is root (refused at start) or a system account (nobody)
+    allowed_users: tuple[str, ...] = ()
     alert_retry_s: float = 30.0
+    socket: str = DEFAULT_SOCKET  # where agents attest their process identity
+    key_file: str = DEFAULT_KEY_FILE  # the sealing key, 0600, created at the first start
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class Config:
     agents: Mapping[str, Budgets] = field(default_factory=dict)
     circuit: CircuitConfig = CircuitConfig()
     alert_urls: tuple[str, ...] = ()
+    alert_urls_file: str | None = None  # read by alert_urls(), when alerts are sent
     prices: Mapping[str, Price] = field(default_factory=dict)
     metrics_listen: str = ""
     pricing: PricingConfig = PricingConfig()
@@ -86,7 +98,8 @@ class Config:
             "defaults": self.defaults.to_json(),
             "agents": {k: v.to_json() for k, v in self.agents.items()},
             "prices": {k: v.to_json() for k, v in self.prices.items()},
-            "record_args": self.store.record_args,
+            # Not record_args nor record_errors: what an agent records is its own choice,
+            # and a row anyone can write must not be able to turn it up.
             "tick_s": self.daemon.tick_s,
             "pricing": dataclasses.asdict(self.pricing),
             "budgets": [{"labels": dict(b.labels), "max_cost_eur_per_day": b.max_cost_eur_per_day,
@@ -110,13 +123,12 @@ class Config:
         daemon = self.daemon
         if isinstance(tick_s, (int, float)) and not isinstance(tick_s, bool) and 0 < tick_s < math.inf:
             daemon = dataclasses.replace(daemon, tick_s=float(tick_s))
-        store = dataclasses.replace(self.store, record_args=value.get("record_args") is True)
         pricing = _published_pricing(value.get("pricing")) or self.pricing
         budgets = self.budgets
         if isinstance(value.get("budgets"), list):
             budgets = tuple(b for raw in value["budgets"] if (b := _published_label_budget(raw)) is not None)
         return dataclasses.replace(self, defaults=defaults, agents=agents, prices=prices or self.prices,
-                                   daemon=daemon, store=store, pricing=pricing, budgets=budgets)
+                                   daemon=daemon, pricing=pricing, budgets=budgets)
 
 
 def _published_pricing(raw) -> PricingConfig | None:
@@ -223,14 +235,19 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
                                "pricing", "budgets", "drift"))
 
     store_t = _table(ctx, raw, "store")
-    _check_keys(ctx, "store", store_t, ("url", "record_args"))
+    _check_keys(ctx, "store", store_t, ("url", "record_args", "record_errors"))
     url = store_t.get("url")
     if url is not None and (not isinstance(url, str) or not url):
         raise ctx.fail("store.url", "a SQLAlchemy URL string such as sqlite:///runs.db", url)
-    store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)))
+    record_errors = store_t.get("record_errors", "scrubbed")
+    if record_errors not in RECORD_ERRORS_CHOICES:
+        raise ctx.fail("store.record_errors", 'one of "scrubbed", "class"', record_errors)
+    store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)),
+                        record_errors=record_errors)
 
     daemon_t = _table(ctx, raw, "daemon")
-    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s"))
+    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",
+                                          "socket", "key_file"))
     d = {}
     for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s"):
         if k in daemon_t:
@@ -240,6 +257,12 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
             raise ctx.fail("daemon.allowed_users", "a list of user names", users)
         d["allowed_users"] = tuple(users)
+    for k in ("socket", "key_file"):
+        if k in daemon_t:
+            value = daemon_t[k]
+            if not isinstance(value, str) or not os.path.isabs(value):
+                raise ctx.fail(f"daemon.{k}", "an absolute path", value)
+            d[k] = value
     daemon = DaemonConfig(**d)
 
     defaults = _budgets(ctx, "defaults", _table(ctx, raw, "defaults"), Budgets())
@@ -262,10 +285,14 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     circuit = CircuitConfig(default=default_policy, tools=tools)
 
     alerts_t = _table(ctx, raw, "alerts")
-    _check_keys(ctx, "alerts", alerts_t, ("urls",))
+    _check_keys(ctx, "alerts", alerts_t, ("urls", "urls_file"))
     urls = alerts_t.get("urls", [])
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
         raise ctx.fail("alerts.urls", "a list of apprise URL strings", urls)
+    urls_file = alerts_t.get("urls_file")
+    if urls_file is not None and (not isinstance(urls_file, str) or not urls_file):
+        raise ctx.fail("alerts.urls_file", "a file name (relative: in $CREDENTIALS_DIRECTORY) or an absolute path",
+                       urls_file)
     for i, u in enumerate(urls):
         reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
         if reason:
@@ -302,6 +329,7 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         agents=agents,
         circuit=circuit,
         alert_urls=tuple(urls),
+        alert_urls_file=urls_file,
         prices=prices,
         metrics_listen=listen,
         pricing=pricing,
@@ -309,6 +337,34 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         drift=drift,
     )
 
+
+def alert_urls(config: "Config", *, url_error: UrlCheck | None = None) -> tuple[str, ...]:
+    """Every alert URL: `[alerts] urls`, then those of `[alerts] urls_file` (one per line, '#'
+    comments), read here, when they are needed (the daemon, test-alert), not at every load.
+
+    The file is what keeps secrets out of the config: under systemd it is a credential
+    (LoadCredential=alert-urls:/etc/agent-watchdog/alert-urls) that only the service can read,
+    named relative to $CREDENTIALS_DIRECTORY; without that variable (an operator's shell) a
+    relative name is read next to the config file."""
+    if not config.alert_urls_file:
+        return config.alert_urls
+    key, value = "alerts.urls_file", config.alert_urls_file
+    if not os.path.isabs(value):
+        base = os.environ.get(ENV_CREDENTIALS) or os.path.dirname(os.path.abspath(config.path or "."))
+        value = os.path.join(base, value)
+    where = config.path or "<config>"
+    try:
+        text = Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{where}: {key}: cannot read {value} ({why})") from None
+    urls = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for i, u in enumerate(urls):
+        reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
+        if reason:
+            raise ConfigError(f"{where}: {key}: {value} line {i + 1}: expected an apprise URL ({reason}), "
+                              f"got {url_scheme_only(u)!r}")
+    return config.alert_urls + tuple(urls)
 
 def _pricing(ctx: _Ctx, table: Mapping) -> PricingConfig:
     _check_keys(ctx, "pricing", table, ("eur_per_usd", "budget_tz"))

@@ -109,3 +109,20 @@ def cooperative_alert(f: RunFacts, b: Budgets, reason: str, grace_s: float, shar
     lines = [f"reason {reason}",
              f"action none more: did not stop {grace_s:g} s after the cooperative stop and {why}; not signalled"]
     return title, _body(f, b, lines)
+
+
+def requested_stop_alert(f: RunFacts, b: Budgets, reason: str, plan: str) -> tuple[str, str]:
+    """A stop this daemon did not decide (the run's own guard, `agent-watchdog kill`, any store
+    writer). Worded from the store's numbers only: the requester's free text is not quoted, so
+    whoever can write a row cannot put words in front of the on-call human."""
+    title = f"agent-watchdog: stopped {f.agent} run {f.id[:8]} — {reason}"
+    return title, _body(f, b, [f"reason {reason} (requested in the store: the run's own guard, "
+                               "agent-watchdog kill or another store writer; not decided by the daemon)",
+                               f"action {plan}"])
+
+
+def forged_alert(f: RunFacts, b: Budgets, what: str) -> tuple[str, str]:
+    """Rows the daemon did not write, that would have named processes to signal."""
+    title = f"agent-watchdog: forged rows ignored for {f.agent} run {f.id[:8]}"
+    return title, _body(f, b, [f"forged {what}",
+                               "action nothing was signalled on their word; someone who can write the store wrote them"])

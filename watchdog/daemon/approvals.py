@@ -14,7 +14,7 @@ import logging
 from watchdog.core import approvals as ap
 from watchdog.core.policies import evaluate
 from watchdog.store.actions import mark_lost, request_stop
-from watchdog.store.approvals import acknowledge, pause_key, request_pause
+from watchdog.store.approvals import acknowledge, acknowledge_resume, pause_key, request_pause
 
 log = logging.getLogger("watchdog.tick")
 
@@ -25,7 +25,7 @@ def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep) -> tuple
     action, v = ap.decide(verdicts, budgets)
     if action == "pause":
         done = request_pause(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                             run_facts=facts)
+                             run_facts=facts, sealer=tk.sealer)
         if done:
             rep.pauses.append((row.id, v.reason))
             tk._pause_seen.add(pause_key(row, now))
@@ -33,7 +33,7 @@ def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep) -> tuple
                         v.reason, v.detail)
         return action, v, done
     done = request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                        run_facts=facts)
+                        run_facts=facts, sealer=tk.sealer)
     if done:
         rep.stops.append((row.id, v.reason))
         log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
@@ -46,21 +46,21 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
         with batch.run() as conn:
             if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run "
                                             f"(it was paused for {row.stop_reason})",
-                         now=now, by=tk.by, budgets=budgets, run_facts=facts):
+                         now=now, by=tk.by, budgets=budgets, run_facts=facts, sealer=tk.sealer):
                 rep.lost.append(row.id)
         return
     rep.paused += 1
     key = pause_key(row, row.paused_at) if row.paused_at is not None else None
     if key is not None and key not in tk._pause_seen:
         with batch.run() as conn:  # paused by the run's own guard: say so once
-            acknowledge(conn, row, now=now, by=tk.by, budgets=budgets, run_facts=facts)
+            acknowledge(conn, row, now=now, by=tk.by, budgets=budgets, run_facts=facts, sealer=tk.sealer)
         tk._pause_seen.add(key)
     stops = ap.stops_while_paused(evaluate(tk.scanner.snapshot(row, now), budgets, now))
     if stops:
         v = stops[0]
         with batch.run() as conn:
             if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                            run_facts=facts, why=f"stopped while paused for {row.stop_reason}"):
+                            run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer):
                 rep.stops.append((row.id, v.reason))
         return
     waited_s = (now - row.paused_at).total_seconds() if row.paused_at is not None else None
@@ -72,6 +72,13 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
                else "paused without a pause time or reason")
         with batch.run() as conn:
             if request_stop(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
-                            run_facts=facts, why=why):
+                            run_facts=facts, why=why, sealer=tk.sealer):
                 rep.stops.append((row.id, reason))
                 log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
+
+
+def announce_resume(tk, row, *, budgets, facts, now, batch) -> None:
+    """A run a human resumed (`agent-watchdog resume`, which queues no alert): say so, once."""
+    with batch.run() as conn:
+        acknowledge_resume(conn, row, now=now, budgets=budgets, run_facts=facts, sealer=tk.sealer)
+    tk._resume_seen.add((row.id, row.resumes))

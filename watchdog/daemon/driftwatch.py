@@ -27,9 +27,10 @@ MAX_REMEMBERED = 10_000
 
 
 class DriftWatch:
-    def __init__(self, cfg: drift.DriftConfig, by: str):
+    def __init__(self, cfg: drift.DriftConfig, by: str, sealer=None):
         self.cfg = cfg
         self.by = by
+        self.sealer = sealer  # the daemon's key: seals the alerts queued here
         self._last: dt.datetime | None = None
         self._baseline: tuple[dt.datetime, dict] | None = None  # (window start, totals per agent)
         self._alerted: set[str] = set()
@@ -81,7 +82,7 @@ class DriftWatch:
                     continue
                 iid = record(conn, at=now, action="drift_alarm", by=self.by, tool=top[0] if top else None,
                              detail=body.splitlines()[0], outcome="alert only")
-                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid)
+                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid, sealer=self.sealer)
             self._remember(key)
             lines.append(body.splitlines()[0])
             log.warning("drift %s", body.splitlines()[0])

@@ -45,13 +45,14 @@ MAX_REMEMBERED = 10_000
 
 
 class Money:
-    def __init__(self, config, by: str):
+    def __init__(self, config, by: str, sealer=None):
         self.config = config
         self.by = by
+        self.sealer = sealer  # the daemon's key: seals the alerts queued here
         self.tz = zone(config.pricing.budget_tz)
         self.prices = PriceBook(config.prices, config.pricing.eur_per_usd)
         self.backfill = Backfill(self.prices)
-        self.drift = DriftWatch(config.drift, by)
+        self.drift = DriftWatch(config.drift, by, sealer=sealer)
         self.label_budgets = tuple(config.budgets)
         self.rates = forecast.RateTracker()
         self.run_scopes: dict[str, tuple[str, ...]] = {}  # active run id -> the label budgets covering it
@@ -225,7 +226,7 @@ class Money:
                 iid = record(conn, at=now, action=f"budget_{kind}", by=self.by, reason=s.reason if kind == "closed"
                              else None, detail=body.splitlines()[0], outcome=f"{len(stopped)} running run(s) stopped"
                              if kind == "closed" else "alert only")
-                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid)
+                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid, sealer=self.sealer)
                 log.warning("%s", title)
         self._remember(key)
 
@@ -242,7 +243,7 @@ class Money:
             title, body = unpriced_alert(model, sorted(u.agents), u.tokens, u.steps, model == NO_MODEL)
             with engine.begin() as conn:
                 if not queued(conn, key):
-                    enqueue_alert(conn, key, title, body, now=now)
+                    enqueue_alert(conn, key, title, body, now=now, sealer=self.sealer)
                     log.warning("%s", title)
             self._remember(key)
 

@@ -1,13 +1,17 @@
-"""The daemon process: a lease, the published settings, APScheduler jobs, signals, sd_notify.
+"""The daemon process: a lease, the published settings, the attestation socket, APScheduler
+jobs, signals, sd_notify.
 
 The work itself is `Ticker.tick(now)` and `outbox.deliver_due(now)`; this module
 only schedules them and keeps the process alive through bad data, database blips
-and unreachable alert targets.
+and unreachable alert targets. What it refuses at start, with one line naming the
+key: a daemon running as root with no `[daemon] allowed_users` (it would signal
+root's processes on the store's word), an unusable sealing key or socket path.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import signal
@@ -16,10 +20,13 @@ import time
 
 from sqlalchemy import delete, insert, select, update
 
-from watchdog.daemon import outbox, sdnotify
+from watchdog.core.scrub import scrub
+from watchdog.core.seal import Sealer
+from watchdog.daemon import keyfile, outbox, sdnotify
+from watchdog.daemon.attest import AttestServer
 from watchdog.store.actions import actor
 from watchdog.core.config import Config
-from watchdog.errors import StoreError
+from watchdog.errors import ConfigError, StoreError
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.notify import Notifier
 from watchdog.core.procid import current_create_time
@@ -38,15 +45,28 @@ class AlreadyRunning(StoreError):
 class Daemon:
     def __init__(self, engine, config: Config, *, killer: Killer | None = None, notifier: Notifier | None = None,
                  metrics=None):
+        check_allowed_users(config)
         self.engine = engine
         self.config = config
         self.killer = killer or Killer(config.daemon.allowed_users or None)
-        self.notifier = notifier or Notifier(config.alert_urls)
+        if not self.killer.allowed_users:
+            log.warning("[daemon] allowed_users is empty and the daemon's own user is a system account: no process "
+                        "will be signalled (cooperative stops and alerts only); set allowed_users = [\"USER\", ...]")
+        self.sealer = Sealer(keyfile.load_or_create(config.daemon.key_file), self.killer.host)
+        if notifier is None:
+            from watchdog.core.config import alert_urls
+            from watchdog.daemon.notify import url_error
+
+            notifier = Notifier(alert_urls(config, url_error=url_error))  # the credential file: read at start
+        self.notifier = notifier
         self.metrics = metrics
+        self.attest_server: AttestServer | None = None
         from watchdog.daemon.circuits import CircuitBreakers
 
-        self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config), by=actor())
+        self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config, sealer=self.sealer),
+                             by=actor(), sealer=self.sealer)
         self._published_at = 0.0
+        self._published_value: dict | None = None
         self._stop = threading.Event()
         self.last_report = None
 
@@ -69,7 +89,20 @@ class Daemon:
             else:
                 conn.execute(update(daemons).where(daemons.c.host == me.host).values(**values))
 
+    def start_attesting(self) -> AttestServer:
+        """Listen on `[daemon] socket` for agents naming their runs (a thread of this process)."""
+        if self.attest_server is None:
+            self.attest_server = AttestServer(self.engine, self.sealer, self.config.daemon.socket,
+                                              self.killer.host).start()
+        return self.attest_server
+
+    def stop_attesting(self) -> None:
+        if self.attest_server is not None:
+            self.attest_server.stop()
+            self.attest_server = None
+
     def release(self) -> None:
+        self.stop_attesting()
         try:
             with self.engine.begin() as conn:
                 conn.execute(delete(daemons).where(daemons.c.host == self.killer.host, daemons.c.pid == os.getpid()))
@@ -79,9 +112,14 @@ class Daemon:
     # -- the jobs ---------------------------------------------------------------
 
     def publish(self, force: bool = False) -> None:
-        """Publish prices and profiles so the SDK and the CLI price and validate as the daemon does."""
+        """Publish prices and profiles so the SDK and the CLI price and validate as the daemon does.
+
+        Only the daemon composes the settings: a row someone else changed (any store writer
+        can, on SQLite) is put back within a tick, and said so in the log."""
         if not force and time.monotonic() - self._published_at < PUBLISH_EVERY_S:
-            return
+            if self._published_value is None or self._settings_intact():
+                return
+            log.warning("the published settings were changed by someone else in the store; restored")
         now = utcnow()
         value = self.config.published()
         if self.ticker.money is not None:  # the models genai-prices priced for it so far, overrides winning
@@ -91,6 +129,13 @@ class Daemon:
             if done.rowcount == 0:
                 conn.execute(insert(settings).values(key="config", value=value, updated_at=now))
         self._published_at = time.monotonic()
+        self._published_value = json.loads(json.dumps(value))  # as it reads back (lists, not tuples)
+
+    def _settings_intact(self) -> bool:
+        """One small read per tick: the settings row still holds what this daemon wrote."""
+        with self.engine.connect() as conn:
+            stored = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
+        return stored == self._published_value
 
     def tick_job(self, now: dt.datetime | None = None):
         """One tick; a database blip or bad row is logged, never fatal."""
@@ -117,7 +162,7 @@ class Daemon:
 
     def deliver_job(self, now: dt.datetime | None = None):
         try:
-            return outbox.deliver_due(self.engine, self.notifier, now or utcnow(),
+            return outbox.deliver_due(self.engine, self.notifier, now or utcnow(), sealer=self.sealer,
                                       retry_s=self.config.daemon.alert_retry_s,
                                       on_result=self.metrics.alert_result if self.metrics else None)
         except Exception as exc:  # noqa: BLE001
@@ -164,6 +209,7 @@ class Daemon:
             log.error("could not publish the settings yet: %s", _one_line(exc))
         if self._stop.is_set():
             return 0
+        self.start_attesting()
         sched.start()
         sdnotify.notify("READY=1", "STATUS=watching")
         log.info("agent-watchdog watching %s every %g s (host %s, pid %d)",
@@ -175,9 +221,19 @@ class Daemon:
             sdnotify.notify("STOPPING=1")
             sched.shutdown(wait=True)  # the running tick completes; no new one starts
             self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
+            self.stop_attesting()
         return 0
+
+
+def check_allowed_users(config: Config) -> None:
+    """Root with no allowed_users would default to signalling root's own processes: refuse."""
+    if os.geteuid() == 0 and not config.daemon.allowed_users:
+        where = f" in {config.path}" if config.path else ""
+        raise ConfigError(f"[daemon] allowed_users is not set{where} and the daemon runs as root: set "
+                          "allowed_users = [\"USER\", ...] to the users whose agent processes it may signal "
+                          "(root and system accounts only if named), or run it as its own user (see the unit)")
 
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+    return scrub(f"{type(exc).__name__}: {text[0][:300] if text else ''}")

@@ -14,24 +14,24 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import update
+from sqlalchemy import and_, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record
+from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, stop_plan
 from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective, effective_budgets
 from watchdog.core.config import Config
-from watchdog.daemon.approvals import act_on_breach, judge_paused
+from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
-from watchdog.core.messages import rate_alert
+from watchdog.core.messages import rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
-from watchdog.store.schema import daemons
+from watchdog.store.schema import daemons, interventions
 
 log = logging.getLogger("watchdog.tick")
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
@@ -108,18 +108,23 @@ class TickReport:
 
 class Ticker:
     def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
-                 money: bool = True):
+                 money: bool = True, sealer=None):
         self.engine = engine
         self.config = config
         self.killer = killer
         self.circuits = circuits  # watchdog.circuits.CircuitBreakers, optional
         self.by = by or actor()
+        # The daemon's key (watchdog.core.seal): seals alerts and SIGTERM targets, verifies
+        # attestations. Without one nothing is signalled and no alert is queued.
+        self.sealer = sealer
+        self._acked: set[str] = set()  # stopping runs whose stop this daemon recorded or acknowledged
         self.scanner = Scanner()
         # Prices, the spend ledger, period budgets, drift (watchdog.daemon.money); None = run budgets only.
-        self.money = Money(config, self.by) if money else None
+        self.money = Money(config, self.by, sealer=sealer) if money else None
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
         self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.approvals)
+        self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
 
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
@@ -162,6 +167,9 @@ class Ticker:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
+        if self._acked:
+            active = {r[L["id"]] for r in light}
+            self._acked &= active
         if money is not None:
             self._money_after(money, now, rep)
         if self.circuits is not None:
@@ -235,7 +243,7 @@ class Ticker:
         my_host = self.killer.host
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
-        i_cost = L["cost_eur"]
+        i_cost, i_resumes = L["cost_eur"], L["resumes"]
         per_agent = spend.per_agent if spend is not None else None
         covered = spend.covered if spend is not None else None
         if spend is not None:
@@ -254,8 +262,8 @@ class Ticker:
                     elif scopes:
                         for scope in scopes:
                             labelled[scope] += cost
-            if r[i_status] != lc.RUNNING:
-                due.append(rid)
+            if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in self._resume_seen):
+                due.append(rid)  # not running, or resumed and its resume not alerted yet
                 continue
             _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self._limits_of(r)
             seen_s = r[i_seen]
@@ -293,9 +301,14 @@ class Ticker:
         budgets = effective_budgets(self.config.profile(row.agent), row)
         st = self.scanner.stats.get(row.id)
         top = st.top_tool() if st else None
-        f = facts(row, top, st.last_error.get(top[0]) if (st and top) else None, now)
+        last_error = st.last_error.get(top[0]) if (st and top) else None
+        if self.config.store.record_errors == "class":
+            last_error = None  # the operator asked for no message text anywhere the daemon writes
+        f = facts(row, top, last_error, now)
         if row.status == lc.STOPPING:
             rep.stopping += 1
+            if row.id not in self._acked:
+                self._acknowledge(row, f, budgets, now, batch)
             gone = row.signal_stage in (None, *WAITING_STAGES) and self._gone(row, live, now)
             if not gone and not ladder_due(row, now, self.config.daemon, self.killer.host):
                 return  # nothing to do yet: no transaction (on SQLite, no write lock)
@@ -304,20 +317,23 @@ class Ticker:
                 if gone:
                     # It ended without saying so: after the cooperative stop (no need to wait for the
                     # grace), or after a signal that was refused / not allowed / did not work.
-                    exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets)
+                    exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets, sealer=self.sealer)
                     return
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
-                        now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1)
+                        now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer)
             return
         if row.status == lc.PAUSED:
             if len(self._pause_seen) > 10_000:
                 self._pause_seen.clear()
+                self._resume_seen.clear()
             judge_paused(self, row, budgets=budgets, facts=f, now=now, rep=rep, live=live, batch=batch)
             return
+        if row.resumes and (row.id, row.resumes) not in self._resume_seen:
+            announce_resume(self, row, budgets=budgets, facts=f, now=now, batch=batch)
         if self._gone(row, live, now):
             with batch.run() as conn:
                 if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
-                             now=now, by=self.by, budgets=budgets, run_facts=f):
+                             now=now, by=self.by, budgets=budgets, run_facts=f, sealer=self.sealer):
                     rep.lost.append(row.id)
             return
         snap = self.scanner.snapshot(row, now)
@@ -351,8 +367,27 @@ class Ticker:
                          tool=snap.top_tool_last_min[0] if snap.top_tool_last_min else None,
                          reason=lc.TOOL_RATE, detail=alarm.detail, outcome="alert only")
             if enqueue_alert(conn, f"rate:{row.id}:{window}", title, body, now=now, run_id=row.id,
-                             intervention_id=iid):
+                             intervention_id=iid, sealer=self.sealer):
                 rep.alarms.append(row.id)
+
+    def _acknowledge(self, row, f, budgets, now, batch):
+        """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
+        any store writer): record it if nobody did and alert it, worded by the daemon from
+        the store's numbers. Once per run: remembered, and its alert key is unique."""
+        with batch.run() as conn:
+            if not queued(conn, f"stop:{row.id}"):
+                reason = row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"
+                iid = conn.execute(select(interventions.c.id).where(and_(
+                    interventions.c.run_id == row.id, interventions.c.action == "stop_requested"))).scalar()
+                if iid is None:
+                    iid = record(conn, at=now, action="stop_requested", by=self.by, run_id=row.id, reason=reason,
+                                 outcome="stop requested in the store, not by this daemon; acknowledged")
+                plan = stop_plan(row.kill_mode)
+                title, body = requested_stop_alert(f, budgets, reason, plan)
+                enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                              sealer=self.sealer)
+                log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
+        self._acked.add(row.id)
 
     def _read_snapshot(self):
         """One snapshot for the active runs and their new events: a run started between the

@@ -2,18 +2,27 @@
 
 The daemon opens and closes circuits (rows of `tool_circuits`); the SDK only
 reads them and, once an open circuit's time is up, competes for the single
-half-open probe with one conditional UPDATE, so across every process exactly
-one call gets through. The state is cached for at most `cache_s` (one daemon
+half-open probe with one conditional INSERT into `circuit_probes` (keyed by the
+tool and the open period), so across every process exactly one call gets
+through, and an agent never writes `tool_circuits` itself (on PostgreSQL the
+agents' role cannot). The state is cached for at most `cache_s` (one daemon
 tick by default); `refresh(force=True)` reloads it at once.
 
 Decisions, per call of a tool whose row is not 'closed':
 
 - open, open_until in the future (or NULL)   → fail fast;
 - open, open_until passed, or half_open with no probe yet → claim the probe:
-  the one caller whose UPDATE changed the row runs the tool (one attempt);
+  the one caller whose INSERT claimed it runs the tool (one attempt);
   everybody else fails fast;
-- half_open with a probe already claimed (by anyone, this run included) → fail fast
-  until the daemon closes or re-opens the circuit from the probe's outcome.
+- a probe already claimed (by anyone, this run included) → fail fast until the
+  daemon closes or re-opens the circuit from the probe's outcome;
+- a probe that succeeded (marked on its claim by the run that made it) → the
+  circuit counts as closed at once, for every process, before the daemon's tick
+  closes its row and alerts.
+
+What a refused call is told names the tool, the error class and the count:
+never the text of another run's error (it may carry that run's secrets, or
+words written to steer whichever model reads them).
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ class CircuitState:
     open_until: dt.datetime | None
     errors: int
     window_s: float | None
-    last_error: str | None
+    error_class: str | None  # the most common error's class: all another run is told
     probe_run_id: str | None = None
 
 
@@ -92,8 +101,9 @@ class CircuitView:
 
         Returns PROBE when this call won, ALLOW when the circuit closed (or its
         row vanished) meanwhile, None when the call must fail fast (someone else
-        probes, or the daemon re-opened it). The UPDATE is conditional, so of any
-        number of concurrent callers in any number of processes one wins.
+        probes, or the daemon re-opened it). The claim is an INSERT keyed by the
+        circuit's open period, so of any number of concurrent callers in any number
+        of processes one wins, once per open period.
         """
         try:
             won, state = probes.claim_probe(self.writer.engine, tool, run_id, utcnow())
@@ -105,14 +115,12 @@ class CircuitView:
         return ALLOW if state in (None, Circuit.CLOSED) else None
 
     def probe_succeeded(self, tool: str, run_id: str) -> bool:
-        """Close `tool`'s circuit at once after this run's probe succeeded.
-
-        Conditional on the circuit being half-open with *this* run's probe, so of two
-        callers at most one closes it, and a circuit the daemon re-opened meanwhile stays
-        open. The probe's id is kept on the closed row: the daemon audits the close and
-        alerts from it (the SDK writes no audit or alert text)."""
+        """Mark this run's claimed probe of `tool` as succeeded: the circuit counts as
+        closed at once (for every process, on its next refresh), and the daemon closes
+        its row, audits and alerts on its next tick (the SDK writes no circuit state,
+        audit or alert text). Conditional on this run's own unjudged claim."""
         try:
-            done = probes.close_after_probe(self.writer.engine, tool, run_id, utcnow())
+            done = probes.mark_probe_ok(self.writer.engine, tool, run_id)
         except Exception:  # noqa: BLE001 — store down: the daemon closes it from the probe's event
             return False
         self.refresh(force=True)
@@ -131,7 +139,7 @@ class CircuitGate:
         st = self.st
         if st.state == Circuit.OPEN and (st.open_until is None or utcnow() < st.open_until):
             return None
-        if st.state == Circuit.HALF_OPEN and st.probe_run_id is not None:
+        if st.probe_run_id is not None:  # claimed (maybe by this run): until the daemon judges it
             return None
         verdict = self.view.claim_probe(st.tool, run_id)
         if verdict is None:
@@ -144,8 +152,8 @@ class CircuitGate:
         st = self.st
         tool = tool or st.tool
         why = f"{st.errors} errors in {st.window_s:g} s" if st.window_s else f"{st.errors} errors"
-        if st.last_error:
-            why += f": {st.last_error}"
+        if st.error_class:
+            why += f", {st.error_class}"
         if st.state == Circuit.HALF_OPEN or (st.open_until is not None and st.open_until <= utcnow()):
             return f"ToolUnavailable: {tool} is being probed after failures ({why}); do not retry it now"
         until = st.open_until.astimezone().strftime("%H:%M:%S") if st.open_until else "further notice"

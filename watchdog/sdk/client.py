@@ -22,8 +22,9 @@ from watchdog.core import lifecycle as lc
 from watchdog.core import periods
 from watchdog.core.config import ENV_CONFIG, ENV_DB, Config
 from watchdog.core.config import load as load_config
-from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name
+from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name, validate_record_errors
 from watchdog.errors import ConfigError, RunKilled, StoreError, ToolUnavailable
+from watchdog.sdk.attest import socket_path
 from watchdog.sdk.circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
 from watchdog.sdk.inflight import InflightTools
 from watchdog.store.engine import make_engine, normalise_url
@@ -36,6 +37,10 @@ BUFFER_MAX_EVENTS = 10_000
 SETTINGS_TTL_S = 5.0
 # An unreachable PostgreSQL host must cost a record seconds, not the OS's TCP timeout.
 PG_CONNECT_TIMEOUT_S = 5
+# What this agent records is its own choice, never the store's: constructor, else these, else its config file.
+ENV_RECORD_ARGS = "AGENT_WATCHDOG_RECORD_ARGS"
+ENV_RECORD_ERRORS = "AGENT_WATCHDOG_RECORD_ERRORS"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 __all__ = ["Watchdog", "RunKilled", "ToolUnavailable"]
 
@@ -44,9 +49,20 @@ class Watchdog:
     """A handle on the shared store for one agent process. Thread-safe."""
 
     def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS,
-                 circuit_cache_s: float | None = None):
+                 circuit_cache_s: float | None = None, record_args: bool | None = None,
+                 record_errors: str | None = None, attest_socket: str | None = None):
         """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached
-        (default: one daemon tick as published in the store, at most 5 s)."""
+        (default: one daemon tick as published in the store, at most 5 s).
+
+        What this process records is decided here, never by the store (anyone who can
+        write the store could turn it up): `record_args` (store tools' raw arguments;
+        default $AGENT_WATCHDOG_RECORD_ARGS, else `[store] record_args` of the config this
+        process reads, else False) and `record_errors` ("scrubbed", the default: error
+        messages with secrets removed; "class": the exception class only; default
+        $AGENT_WATCHDOG_RECORD_ERRORS, else `[store] record_errors`).
+        `attest_socket`: the daemon's attestation socket (default $AGENT_WATCHDOG_SOCKET,
+        else /run/agent-watchdog/attest.sock; "" = never attest: runs are then stopped
+        cooperatively only, never signalled)."""
         url = url or os.environ.get(ENV_DB)
         if not url:
             raise ValueError(f"Watchdog(url): no store URL given and ${ENV_DB} is not set")
@@ -74,6 +90,9 @@ class Watchdog:
         self._config: Config | None = None
         self._config_src: dict | None = None
         self._local = _local_config()
+        self.record_args = _record_args(record_args, self._local)
+        self.record_errors = _record_errors(record_errors, self._local)
+        self.attest_socket = socket_path(attest_socket)
         self.inflight = InflightTools(self)
         # Records buffered during an outage get one last chance when the agent exits.
         atexit.register(_flush_at_exit, weakref.ref(self))
@@ -298,6 +317,33 @@ def _local_config() -> Config:
         raise
     except OSError as exc:  # pragma: no cover — load() turns these into ConfigError
         raise ConfigError(str(exc)) from None
+
+
+def _record_args(explicit, local: Config) -> bool:
+    if explicit is not None:
+        if not isinstance(explicit, bool):
+            raise ValueError(f"record_args: expected True or False, got {explicit!r}")
+        return explicit
+    env = os.environ.get(ENV_RECORD_ARGS)
+    if env is not None:
+        if env.strip().lower() in _TRUE:
+            return True
+        if env.strip().lower() in _FALSE:
+            return False
+        raise ValueError(f"${ENV_RECORD_ARGS}: expected 1 or 0 (true / false), got {env!r}")
+    return local.store.record_args
+
+
+def _record_errors(explicit, local: Config) -> str:
+    if explicit is not None:
+        return validate_record_errors(explicit)
+    env = os.environ.get(ENV_RECORD_ERRORS)
+    if env is not None:
+        try:
+            return validate_record_errors(env.strip())
+        except ValueError as exc:
+            raise ValueError(f"${ENV_RECORD_ERRORS}: {exc}") from None
+    return local.store.record_errors
 
 
 def _flush_at_exit(ref):

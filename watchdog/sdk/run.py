@@ -56,6 +56,7 @@ class Run:
         self.status = None
         self.dedupe_cache: dict = {}  # (tool, args hash) -> (stored at, result) of read-only calls
         self.guard = Guard(self.budgets.to_json()) if guards else None
+        self._attester = None  # set while a run that may be signalled is not attested yet
         # Set (within a second, while a tool is in flight) when the run is asked to stop:
         # a long tool polls it (`if run.cancelled.is_set(): return what_i_have`).
         self.cancelled = threading.Event()
@@ -98,14 +99,33 @@ class Run:
         except Exception:  # only a duplicate id gets here: events would land in the other run
             raise ValueError(f"run_id: a run {self.id!r} already exists in the store; give each run its own id") from None
         self.status = lc.RUNNING
+        if self.kill_mode != lc.COOPERATIVE:  # a shared process is never signalled: nothing to attest
+            from watchdog.sdk.attest import Attester
+
+            self._attester = Attester(self.wd.attest_socket, self.id, self.kill_mode)
+            self._attest()
         return self
+
+    @property
+    def attested(self) -> bool:
+        """The daemon of this host attested this run's process identity: it may signal it
+        (kill_mode process/tree) if the run does not stop by itself. Unattested runs are
+        still watched and stopped cooperatively."""
+        return self.kill_mode != lc.COOPERATIVE and self._attester is None
+
+    def _attest(self):
+        """One socket round trip; while the daemon is away, retried at most every RETRY_S
+        seconds from _record (a time check per record until it succeeds)."""
+        att = self._attester
+        if att is not None and att.due() and att.attempt():
+            self._attester = None
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and issubclass(exc_type, RunKilled):
             self.end(lc.KILLED, exc.reason, exc.detail)
         elif exc_type is not None:
-            cls, msg = error_fields(exc)
-            self.end(lc.FAILED, None, f"{cls}: {msg}")
+            cls, msg = error_fields(exc, self.wd.record_errors)
+            self.end(lc.FAILED, None, f"{cls}: {msg}" if msg else cls)
         elif self._stop is not None:  # the agent caught the stop and left quietly: still a kill
             self.end(lc.KILLED, self._stop.reason, self._stop.detail)
         else:
@@ -273,9 +293,9 @@ class Run:
         args = {} if args is None else args
         args_hash = hash_args(args, tool=name)
         ok = bool(ok) and not error
-        cls, msg = error_fields(error) if not ok else (None, None)
+        cls, msg = error_fields(error, self.wd.record_errors) if not ok else (None, None)
         if not ok and cls is None:
-            cls, msg = "Error", "tool reported failure"
+            cls, msg = "Error", None if self.wd.record_errors == "class" else "tool reported failure"
         self._check_recorded()
         self._record(lc.EV_TOOL, tool=name, args_hash=args_hash, args=args, ok=ok,
                      error_class=cls, error_msg=msg, duration_s=duration_s, attempt=attempt if attempt > 1 else None)
@@ -336,8 +356,8 @@ class Run:
         """Say at once, in the store, that an in-process guard stopped this run.
 
         The run goes to `stopping` like a daemon stop, so an agent that swallows the
-        RunKilled and lingers is still taken down by the daemon's ladder; the audit
-        row and the alert are queued in the same transaction (the daemon delivers it).
+        RunKilled and lingers is still taken down by the daemon's ladder. Only the
+        stop request is written: the daemon records it and composes the alert.
         """
         from watchdog.sdk.guardstop import statements
 
@@ -349,7 +369,7 @@ class Run:
     def _record(self, kind: str, **f):
         d = self.wd.writer.dialect
         at = d.ts(utcnow())  # the event's time and the run's last_seen_at: one clock reading
-        record_args = self.wd.config().store.record_args
+        record_args = self.wd.record_args  # this process's own choice, never the store's
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -384,6 +404,8 @@ class Run:
         elif not d.returning:
             statements.append((d.select_status, (self.id,)))
         row = self.wd.write(statements)
+        if self._attester is not None:
+            self._attest()
         if row is not None:
             self._obey(row)
 

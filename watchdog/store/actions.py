@@ -15,6 +15,7 @@ from sqlalchemy import and_, insert, select, update
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
 from watchdog.core.messages import RunFacts
+from watchdog.core.scrub import scrub
 from watchdog.store.schema import alerts, interventions, runs
 
 
@@ -37,31 +38,48 @@ def queued(conn, key: str) -> bool:
 
 
 def enqueue_alert(conn, key: str, title: str, body: str, *, now: dt.datetime, run_id=None,
-                  intervention_id=None) -> bool:
-    """Put an alert in the outbox once per key, ever; False if that key was already queued."""
+                  intervention_id=None, sealer=None) -> bool:
+    """Put an alert in the outbox once per key, ever; False if that key was already queued.
+
+    Sealed with the daemon's key (`sealer`): the outbox delivers nothing it cannot verify,
+    so only a daemon composes what reaches a human. Without a sealer (a caller that is not
+    the daemon) nothing is queued."""
+    if sealer is None:
+        return False
+    key, title = key[:255], title[:500]
     if queued(conn, key):
         return False
     conn.execute(insert(alerts).values(
-        dedupe_key=key[:255], title=title[:500], body=body, created_at=now, run_id=run_id,
-        intervention_id=intervention_id, attempts=0, next_attempt_at=now, delivered_targets=[]))
+        dedupe_key=key, title=title, body=body, created_at=now, run_id=run_id,
+        intervention_id=intervention_id, attempts=0, next_attempt_at=now, delivered_targets=[],
+        sealed_by=sealer.host, mac=sealer.alert(key, title, body)))
     return True
 
 
 def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -> RunFacts:
+    """What an alert may say about a run; its free texts (an error, a heartbeat) are agents'
+    words: scrubbed again here (an agent in another language may have stored them raw)."""
     end = row.ended_at or now or row.last_seen_at
     return RunFacts(
         id=row.id, agent=row.agent, host=row.host, pid=row.pid, kill_mode=row.kill_mode, steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
-        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error,
-        progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
-        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0, partial=getattr(row, "partial", None))
+        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=scrub(last_error),
+        progress=scrub(row.progress), tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
+        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0, partial=scrub(getattr(row, "partial", None)))
+
+
+def stop_plan(kill_mode: str) -> str:
+    if kill_mode == lc.COOPERATIVE:
+        return "cooperative stop requested (the run shares its process: it will not be signalled)"
+    return "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
-                 run_facts: RunFacts, why: str | None = None) -> bool:
-    """running (or paused) → stopping, with its intervention and alert, and the same for the run's
-    active child runs; False if someone else got there first. `why`: said before the plan
-    (a paused run nobody answered)."""
+                 run_facts: RunFacts, sealer=None, why: str | None = None) -> bool:
+    """running (or paused) → stopping, with its intervention and (from the daemon, `sealer` given)
+    its alert, and the same for the run's active child runs; False if someone else got there
+    first. Without a sealer (the CLI) the daemon composes the alerts when it sees the stops.
+    `why`: said before the plan (a paused run nobody answered, or killed while paused)."""
     from watchdog.core.messages import stop_alert
     from watchdog.store.children import stop_descendants, with_top_child
 
@@ -72,23 +90,20 @@ def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: s
     )
     if res.rowcount != 1:
         return False
-    plan = _plan(row.kill_mode)
+    plan = stop_plan(row.kill_mode)
     iid = record(conn, at=now, action="stop_requested", by=by, run_id=row.id, reason=reason, detail=detail,
                  outcome=f"{why}; {plan}" if why else plan)
-    title, body = stop_alert(with_top_child(conn, row, run_facts), budgets, reason, detail,
-                             f"{why}; {plan}" if why else plan)
-    enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+    if sealer is not None:
+        title, body = stop_alert(with_top_child(conn, row, run_facts), budgets, reason, detail,
+                                 f"{why}; {plan}" if why else plan)
+        enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                      sealer=sealer)
     for child, child_detail in stop_descendants(conn, row, reason=reason, detail=detail, now=now, by=by):
-        title, body = stop_alert(facts(child, now=now), budgets_of_child(child, budgets), reason, child_detail,
-                                 _plan(child.kill_mode))
-        enqueue_alert(conn, f"stop:{child.id}", title, body, now=now, run_id=child.id)
+        if sealer is not None:
+            title, body = stop_alert(facts(child, now=now), budgets_of_child(child, budgets), reason, child_detail,
+                                     stop_plan(child.kill_mode))
+            enqueue_alert(conn, f"stop:{child.id}", title, body, now=now, run_id=child.id, sealer=sealer)
     return True
-
-
-def _plan(kill_mode: str) -> str:
-    if kill_mode == lc.COOPERATIVE:
-        return "cooperative stop requested (the run shares its process: it will not be signalled)"
-    return "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
 
 
 def budgets_of_child(child, parent_budgets: Budgets) -> Budgets:
@@ -99,7 +114,8 @@ def budgets_of_child(child, parent_budgets: Budgets) -> Budgets:
     return for_run(parent_budgets, child)
 
 
-def mark_lost(conn, row, *, detail: str, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts) -> bool:
+def mark_lost(conn, row, *, detail: str, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts,
+              sealer=None) -> bool:
     from watchdog.core.messages import lost_alert
 
     res = conn.execute(
@@ -112,5 +128,5 @@ def mark_lost(conn, row, *, detail: str, now: dt.datetime, by: str, budgets: Bud
     iid = record(conn, at=now, action="lost", by=by, run_id=row.id, reason=lc.PROCESS_GONE, detail=detail,
                  outcome="marked lost")
     title, body = lost_alert(run_facts, budgets, detail)
-    enqueue_alert(conn, f"lost:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+    enqueue_alert(conn, f"lost:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
     return True

@@ -8,14 +8,13 @@ the status: the daemon records and alerts what it did not request, `acknowledge`
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import math
 import os
 import pwd
 import socket
 
-from sqlalchemy import and_, update
+from sqlalchemy import and_, desc, select, update
 
 from watchdog.core import approvals as ap
 from watchdog.core import lifecycle as lc
@@ -23,7 +22,7 @@ from watchdog.core.budgets import Budgets, Totals
 from watchdog.core.messages import RunFacts
 from watchdog.store.actions import enqueue_alert, queued, record
 from watchdog.store.children import with_top_child
-from watchdog.store.schema import runs
+from watchdog.store.schema import interventions, runs
 
 
 def operator() -> str:
@@ -45,18 +44,19 @@ def pause_key(row, paused_at: dt.datetime) -> str:
 
 
 def request_pause(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
-                  run_facts: RunFacts) -> bool:
+                  run_facts: RunFacts, sealer=None) -> bool:
     """running → paused, with its intervention and its alert (what to answer); False if the run
     is no longer running."""
     res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.RUNNING))
                        .values(status=lc.PAUSED, stop_reason=reason, stop_detail=detail, paused_at=now))
     if res.rowcount != 1:
         return False
-    _announce(conn, row, reason, detail, now, by, budgets, run_facts, by_guard=False)
+    _announce(conn, row, reason, detail, now, by, budgets, run_facts, by_guard=False, sealer=sealer)
     return True
 
 
-def acknowledge(conn, row, *, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts) -> bool:
+def acknowledge(conn, row, *, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts,
+                sealer=None) -> bool:
     """A paused run whose pause this daemon did not write (its in-process guard paused it):
     record and alert it once. True when it did."""
     if row.paused_at is None or queued(conn, pause_key(row, row.paused_at)):
@@ -65,18 +65,18 @@ def acknowledge(conn, row, *, now: dt.datetime, by: str, budgets: Budgets, run_f
     if reason is None:
         return False  # not a pause anyone can answer with more budget: the tick stops it
     _announce(conn, row, reason, row.stop_detail or "", row.paused_at, by, budgets, run_facts, by_guard=True,
-              at=now)
+              at=now, sealer=sealer)
     return True
 
 
-def _announce(conn, row, reason, detail, paused_at, by, budgets, f, *, by_guard: bool, at=None):
+def _announce(conn, row, reason, detail, paused_at, by, budgets, f, *, by_guard: bool, at=None, sealer=None):
     held = "in-process guard paused the run" if by_guard else "paused: held at its next record"
     iid = record(conn, at=at or paused_at, action="paused", by=f"sdk (acknowledged by {by})" if by_guard else by,
                  run_id=row.id, reason=reason, detail=detail,
                  outcome=f"{held}; waiting up to {budgets.approval_timeout_s:g} s for resume or kill")
     title, body = ap.pause_alert(with_top_child(conn, row, f), budgets, reason, detail, by_guard)
     enqueue_alert(conn, pause_key(row, paused_at), title, body, now=at or paused_at, run_id=row.id,
-                  intervention_id=iid)
+                  intervention_id=iid, sealer=sealer)
 
 
 def resume(conn, row, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Budgets,
@@ -103,8 +103,25 @@ def resume(conn, row, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Bu
     granted = grant.describe(budgets, columns)
     if paused_s >= 1:
         granted += f" (the {math.ceil(paused_s)} s it was paused do not count against max_wall_s)"
-    iid = record(conn, at=now, action="resumed", by=by, run_id=row.id, reason=row.stop_reason, detail=granted,
-                 outcome=f"resumed after {paused_s:.0f} s paused")
-    title, body = ap.resume_alert(run_facts, dataclasses.replace(budgets, **columns), row.stop_reason, granted, by)
-    enqueue_alert(conn, f"resume:{row.id}:{iid}", title, body, now=now, run_id=row.id, intervention_id=iid)
-    return granted
+    record(conn, at=now, action="resumed", by=by, run_id=row.id, reason=row.stop_reason, detail=granted,
+           outcome=f"resumed after {paused_s:.0f} s paused")
+    return granted  # the daemon alerts it (acknowledge_resume): only the daemon speaks to humans
+
+
+def resume_key(row) -> str:
+    return f"resume:{row.id}:{row.resumes}"
+
+
+def acknowledge_resume(conn, row, *, now: dt.datetime, budgets: Budgets, run_facts: RunFacts, sealer=None) -> bool:
+    """Alert a resume once (the run's `resumes`-th), worded by the daemon from the audit row
+    `resume` wrote: who resumed it and with what."""
+    key = resume_key(row)
+    if not row.resumes or queued(conn, key):
+        return False
+    iv = conn.execute(select(interventions).where(and_(interventions.c.run_id == row.id,
+                                                       interventions.c.action == "resumed"))
+                      .order_by(desc(interventions.c.id)).limit(1)).first()
+    if iv is None:
+        return False
+    title, body = ap.resume_alert(run_facts, budgets, iv.reason, iv.detail or "", iv.actor or "?")
+    return enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iv.id, sealer=sealer)

@@ -97,6 +97,9 @@ def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, 
     SQLite opens the file read-only (`mode=ro`), so a read can never create or change it.
     """
     url = normalise_url(url)
+    # A failed statement's message never carries its values (error texts, arguments, labels):
+    # exceptions are logged, and what they would quote is exactly what must stay in the store.
+    kw.setdefault("hide_parameters", True)
     if not url.startswith("sqlite"):
         _require_driver(url)
         kw.setdefault("pool_pre_ping", True)

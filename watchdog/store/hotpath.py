@@ -74,9 +74,12 @@ class Dialect:
         # A note for humans on a run whose tool has not answered yet (watchdog.sdk.inflight).
         self.set_progress = f"UPDATE runs SET progress = {ph} WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
         # The SDK's cached view of the circuits the daemon opened (watchdog.sdk.circuitview).
+        # A circuit whose probe claim is marked ok counts as closed; never the error's text, only its class.
         self.select_circuits = (
-            "SELECT tool, state, open_until, errors_in_window, window_s, last_error, probe_run_id "
-            f"FROM tool_circuits WHERE state <> '{Circuit.CLOSED}'"
+            "SELECT c.tool, c.state, c.open_until, c.errors_in_window, c.window_s, c.last_error_class, "
+            "COALESCE(c.probe_run_id, p.run_id) FROM tool_circuits c LEFT JOIN circuit_probes p "
+            "ON p.tool = c.tool AND p.opened_at = c.opened_at "
+            f"WHERE c.state <> '{Circuit.CLOSED}' AND (p.ok IS NULL OR NOT p.ok)"
         )
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
         self.sqlite = sqlite

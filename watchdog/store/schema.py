@@ -197,6 +197,10 @@ alerts = Table(
     Column("delivered_targets", JSON),  # ids of the URLs that already got it
     Column("delivered_at", UTCDateTime),
     Column("last_error", Text),
+    # HMAC of (dedupe_key, title, body) under the key of the daemon of `sealed_by`:
+    # the outbox delivers only what a daemon composed, never a row someone inserted.
+    Column("sealed_by", String(255)),
+    Column("mac", String(64)),
     Index(None, "delivered_at", "next_attempt_at"),
 )
 
@@ -209,7 +213,8 @@ tool_circuits = Table(
     Column("open_until", UTCDateTime),
     Column("errors_in_window", Integer, nullable=False, server_default="0"),
     Column("window_s", Float),
-    Column("last_error", String(500)),
+    Column("last_error", String(500)),  # scrubbed; for operators (`circuits`), never shown to a model
+    Column("last_error_class", String(128)),  # what other runs' models are told: the class, never the text
     Column("probe_run_id", String(32)),
     Column("probe_at", UTCDateTime),
     Column("updated_at", UTCDateTime, nullable=False),
@@ -237,6 +242,35 @@ daemons = Table(
     Column("last_event_id", BigInteger),
 )
 
+# The half-open probe of an open circuit, claimed by the SDK with one INSERT: the first
+# run to insert (tool, opened_at) is the probe. Agents may insert here; they may not
+# write tool_circuits, whose state only the daemon changes.
+circuit_probes = Table(
+    "circuit_probes",
+    metadata,
+    Column("tool", String(128), primary_key=True),
+    Column("opened_at", UTCDateTime, primary_key=True),  # the open period this probe is for
+    Column("run_id", String(32), nullable=False),
+    Column("claimed_at", UTCDateTime, nullable=False),
+    # Set by the probing run when its call succeeded: the SDK then treats the circuit as
+    # closed at once; the daemon closes the row (and audits, and alerts) on its next tick.
+    Column("ok", Boolean),
+)
+
+# Process identities the daemon of `host` attested over its Unix socket (SO_PEERCRED),
+# sealed with its key: the only identities it will ever signal. Written by the daemon only.
+attestations = Table(
+    "attestations",
+    metadata,
+    Column("run_id", String(32), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("pid_create_time", Float, nullable=False),
+    Column("uid", Integer, nullable=False),
+    Column("kill_mode", String(16), nullable=False),
+    Column("attested_at", UTCDateTime, nullable=False),
+    Column("mac", String(64), nullable=False),
+)
 
 # The spend ledger: per scope ("agent:NAME" or "labels:{json}") and calendar period
 # ("day" "2025-01-31", "month" "2025-01" in [pricing] budget_tz), the ended runs' cost.
