@@ -127,24 +127,18 @@ class Ticker:
         self._period_stops: list = []
         live = self._live_pids()
         money = self.money
-        if money is not None:  # first: the costs it backfills are judged in this same tick
-            bf = money.before_snapshot(self.engine, now, self.scanner.high_water)
-            rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
-            rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
         with self._read_snapshot() as conn:
             light = self.scanner.load_active(conn)
             new = self.scanner.fold(conn, [r[L["id"]] for r in light])
             spend = money.live_spend() if money is not None else None
             due = self._due(light, now, live, spend)
             if money is not None:
-                money.read(conn, now)
-                rep.periods = money.judge(conn, spend, now)
-                if money.closed:  # the running runs a spent period budget covers are due too
-                    due = self._closing(light, due, money)
+                money.read(conn, now, self.scanner.high_water)
+                money.learn_labels(conn, spend)
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, due)
         if money is not None:
-            self._safely(money.publish_closed, now)  # before the stops: see Money.publish_closed
+            rows = self._money_before(money, light, due, rows, spend, now, rep)
         rep.new_events = len(new)
         rep.events = new
         rep.active = len(light)
@@ -172,6 +166,24 @@ class Ticker:
         self._touch_lease(now)
         rep.duration_s = time.perf_counter() - t0
         return rep
+
+    def _money_before(self, money, light, due, rows, spend, now, rep) -> list:
+        """Price what the SDK could not, judge the period budgets, publish the spent ones; return
+        the rows to evaluate: the repriced runs (read again: their cost changed) and those a
+        spent budget covers are added to them."""
+        bf = money.price(self.engine, now)
+        rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
+        rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
+        rep.periods = money.judge(spend, now)
+        again = {r.run_id for r, _cost in bf.deltas if r.status in lc.ACTIVE_STATUSES}
+        if money.closed:  # the running runs a spent period budget covers are due too
+            again.update(set(self._closing(light, due, money)) - set(due))
+        if again:
+            with self._read_snapshot() as conn:
+                fresh = self.scanner.load_rows(conn, sorted(again))
+            rows = [r for r in rows if r.id not in again] + fresh
+        self._safely(money.publish_closed, now)  # before the stops: see Money.publish_closed
+        return rows
 
     def _safely(self, fn, now):
         try:
