@@ -29,13 +29,19 @@ def _logging(verbose: bool):
 @fail_cleanly
 def run_cmd(app, once, verbose):
     """Run the watchdog daemon in the foreground (SIGTERM/SIGINT: finish the tick and exit 0)."""
-    from watchdog.daemon.service import Daemon
     from watchdog.daemon.metrics import start_metrics
+    from watchdog.daemon.service import AlreadyRunning, Daemon
 
     _logging(verbose)
     metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(app.engine, app.config, metrics=metrics)
-    _acquire(daemon, retry=not once)
+    try:
+        _acquire(daemon, retry=not once)
+    except AlreadyRunning as exc:
+        # Not a failure: this host is watched. Exit 0 so that systemd (Restart=on-failure)
+        # and a second start by hand both leave the running daemon alone.
+        click.echo(f"agent-watchdog: {exc}", err=True)
+        sys.exit(0)
     try:
         if once:
             rep = daemon.once()
@@ -51,7 +57,7 @@ def run_cmd(app, once, verbose):
 
 def _acquire(daemon, retry: bool):
     """Take the lease; a store that is down at start-up is waited for, not fatal (systemd
-    would only restart us into the same outage). Another live daemon is fatal."""
+    would only restart us into the same outage). Another live daemon: AlreadyRunning."""
     import time
 
     from sqlalchemy.exc import OperationalError

@@ -30,6 +30,7 @@ ENV_DB = "AGENT_WATCHDOG_DB"
 class StoreConfig:
     url: str | None = None
     record_args: bool = False
+    keep_days: float = 30.0  # ended runs older than this are pruned by the leader; 0 = keep forever
 
 
 @dataclass(frozen=True)
@@ -173,11 +174,15 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics"))
 
     store_t = _table(ctx, raw, "store")
-    _check_keys(ctx, "store", store_t, ("url", "record_args"))
+    _check_keys(ctx, "store", store_t, ("url", "record_args", "keep_days"))
     url = store_t.get("url")
     if url is not None and (not isinstance(url, str) or not url):
         raise ctx.fail("store.url", "a SQLAlchemy URL string such as sqlite:///runs.db", url)
-    store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)))
+    keep_days = StoreConfig.keep_days
+    if "keep_days" in store_t:
+        keep_days = _number(ctx, "store.keep_days", store_t["keep_days"], allow_zero=True)
+    store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)),
+                        keep_days=keep_days)
 
     daemon_t = _table(ctx, raw, "daemon")
     _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s"))

@@ -14,16 +14,16 @@ import signal
 import threading
 import time
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import insert, update
 
 from watchdog.daemon import outbox, sdnotify
+from watchdog.daemon.cluster import Membership
+from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
 from watchdog.store.actions import actor
 from watchdog.core.config import Config
-from watchdog.errors import StoreError
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.notify import Notifier
-from watchdog.core.procid import current_create_time
-from watchdog.store.schema import daemons, settings, utcnow
+from watchdog.store.schema import settings, utcnow
 from watchdog.daemon.ticker import Ticker
 
 log = logging.getLogger("watchdog.daemon")
@@ -31,8 +31,7 @@ log = logging.getLogger("watchdog.daemon")
 PUBLISH_EVERY_S = 60.0
 
 
-class AlreadyRunning(StoreError):
-    pass
+__all__ = ["AlreadyRunning", "Daemon", "LeaseLost"]
 
 
 class Daemon:
@@ -45,35 +44,38 @@ class Daemon:
         self.metrics = metrics
         from watchdog.daemon.circuits import CircuitBreakers
 
-        self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config), by=actor())
+        self.membership = Membership(engine, self.killer.host)
+        self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config), by=actor(),
+                             membership=self.membership)
         self._published_at = 0.0
         self._stop = threading.Event()
         self.last_report = None
+        self.lost_lease: str | None = None
 
-    # -- lease: one daemon per store and host ---------------------------------
+    # -- the lease: one daemon per store and host, one leader per store -------
 
     def acquire(self) -> None:
-        me = ProcessIdentity(self.killer.host, os.getpid(), current_create_time() or 0.0)
-        now = utcnow()
-        with self.engine.begin() as conn:
-            row = conn.execute(select(daemons).where(daemons.c.host == me.host)).first()
-            if row is not None and row.pid != me.pid:
-                other = ProcessIdentity(me.host, row.pid, row.pid_create_time)
-                if self.killer.alive([other]):
-                    raise AlreadyRunning(
-                        f"another agent-watchdog daemon (pid {row.pid}, started {row.started_at:%Y-%m-%d %H:%M:%S} UTC) "
-                        f"is already watching this store on {me.host}; stop it first")
-            values = dict(pid=me.pid, pid_create_time=me.create_time, started_at=now, last_tick_at=None)
-            if row is None:
-                conn.execute(insert(daemons).values(host=me.host, **values))
-            else:
-                conn.execute(update(daemons).where(daemons.c.host == me.host).values(**values))
+        """Take this host's lease, atomically; AlreadyRunning if another live daemon holds it."""
+        def alive(holder) -> bool:  # SQLite: is the row's holder running on this host?
+            return self.killer.alive([ProcessIdentity(self.killer.host, holder.pid, holder.pid_create_time)])
+
+        lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s, alive=alive)
+        lease.acquire()
+        self.membership.lease = lease
+
+    @property
+    def is_leader(self) -> bool:
+        """Leads the cluster duties; a daemon without a lease (tests, a bare tick) is its store's sole daemon."""
+        lease = self.membership.lease
+        return lease is None or lease.leader
 
     def release(self) -> None:
+        lease, self.membership.lease = self.membership.lease, None
+        if lease is None:
+            return
         try:
-            with self.engine.begin() as conn:
-                conn.execute(delete(daemons).where(daemons.c.host == self.killer.host, daemons.c.pid == os.getpid()))
-        except Exception:  # noqa: BLE001 — the next daemon checks liveness anyway
+            lease.release()
+        except Exception:  # noqa: BLE001 — the lease expires by itself; the lock goes with the session
             log.warning("could not release the daemon lease", exc_info=True)
 
     # -- the jobs ---------------------------------------------------------------
@@ -95,6 +97,12 @@ class Daemon:
         try:
             self.publish()
             rep = self.ticker.tick(now or utcnow())
+        except LeaseLost as exc:
+            log.error("%s", exc)
+            self.lost_lease = str(exc)
+            self.membership.lease = None
+            self._stop.set()  # never act on a host another daemon holds
+            return None
         except Exception as exc:  # noqa: BLE001
             log.error("tick failed, retrying next tick: %s", _one_line(exc))
             log.debug("tick failure", exc_info=True)
@@ -106,10 +114,14 @@ class Daemon:
             self.metrics.observe_tick(rep)
         # Pinged from the tick itself: a hung tick stops the pings and systemd restarts us.
         sdnotify.notify("WATCHDOG=1", f"STATUS=active runs {rep.active}, stopping {rep.stopping}, "
-                                      f"last tick {rep.duration_s * 1000:.0f} ms")
+                                      f"last tick {rep.duration_s * 1000:.0f} ms{', leader' if rep.leader else ''}")
         return rep
 
     def deliver_job(self, now: dt.datetime | None = None):
+        # One deliverer per store, the leader: N daemons reading the same outbox would send
+        # each alert N times.
+        if not self.is_leader or self.lost_lease:
+            return None
         try:
             return outbox.deliver_due(self.engine, self.notifier, now or utcnow(),
                                       retry_s=self.config.daemon.alert_retry_s,
@@ -169,7 +181,7 @@ class Daemon:
             sdnotify.notify("STOPPING=1")
             sched.shutdown(wait=True)  # the running tick completes; no new one starts
             self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
-        return 0
+        return 1 if self.lost_lease else 0
 
 
 def _one_line(exc: BaseException) -> str:

@@ -13,7 +13,6 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -26,9 +25,10 @@ from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.messages import rate_alert
 from watchdog.core.policies import evaluate, rate_alarm
+from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
+from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
-from watchdog.store.schema import daemons
 
 log = logging.getLogger("watchdog.tick")
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
@@ -94,26 +94,37 @@ class TickReport:
     alarms: list = field(default_factory=list)
     events: list = field(default_factory=list)  # the tool events folded this tick
     duration_s: float = 0.0
+    leader: bool = True  # this daemon did the cluster duties this tick
+    adopted: tuple = ()  # hosts without a live daemon whose runs it judged too
 
 
 class Ticker:
-    def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None):
+    def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
+                 membership: Membership | None = None):
         self.engine = engine
         self.config = config
         self.killer = killer
         self.circuits = circuits  # watchdog.circuits.CircuitBreakers, optional
         self.by = by or actor()
         self.scanner = Scanner()
+        # Whose runs this daemon judges and whether it leads (no lease: the store's sole daemon).
+        self.membership = membership or Membership(engine, killer.host)
+        self.duties = ClusterDuties(engine, config, circuits=circuits, by=self.by)
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
 
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
         rep = TickReport(at=now)
+        role = self.membership.refresh()
+        rep.leader, rep.adopted = role.leader, tuple(sorted(role.adopted))
+        if role.grew:  # newly adopted hosts: rebuild the caches from their active runs' history too
+            self.scanner = Scanner()
         live = self._live_pids()
         with self._read_snapshot() as conn:
-            light = self.scanner.load_active(conn)
-            new = self.scanner.fold(conn, [r[L["id"]] for r in light])
+            light = self.scanner.load_active(conn, role.hosts)
+            # The leader reads every host's tool events (circuits, the all-runs rate); the others their own.
+            new = self.scanner.fold(conn, [r[L["id"]] for r in light], hosts=None if role.leader else role.hosts)
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, self._due(light, now, live))
         rep.new_events = len(new)
@@ -133,8 +144,8 @@ class Ticker:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
-        if self.circuits is not None:
-            self.circuits.update(self.engine, new, now, self.scanner)
+        if role.leader:  # the cluster duties: exactly one daemon of the store does them
+            self.duties.run(DutyTick(now, role, new, self.scanner))
         self._touch_lease(now)
         rep.duration_s = time.perf_counter() - t0
         return rep
@@ -290,8 +301,8 @@ class Ticker:
 
     def _touch_lease(self, now):
         try:
-            with self.engine.begin() as conn:
-                conn.execute(update(daemons).where(daemons.c.host == self.killer.host)
-                             .values(last_tick_at=now, last_event_id=self.scanner.high_water))
-        except Exception:  # noqa: BLE001 — bookkeeping only
-            log.debug("could not update the daemon lease", exc_info=True)
+            self.membership.touch(now, self.scanner.high_water)
+        except LeaseLost:
+            raise  # another daemon holds this host now: the daemon must stop
+        except Exception:  # noqa: BLE001 — retried next tick; the lease outlives a few missed ones
+            log.debug("could not extend the daemon lease", exc_info=True)
