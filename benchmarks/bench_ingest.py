@@ -460,9 +460,10 @@ def profile(backend: str, records: int, top: int):
         if backend == "postgresql":
             # Take the WAL fsync (~ms, and noisy) out of every layer alike: what is left is the
             # client's CPU and one round trip per statement, where the SDK's overhead would show.
-            for c in (raw_conn, wd.writer._conn()):
-                c.cursor().execute("SET synchronous_commit TO off")
-                c.commit()
+            with wd.writer.connection() as sdk_conn:  # the pool's one connection (one thread)
+                for c in (raw_conn, sdk_conn):
+                    c.cursor().execute("SET synchronous_commit TO off")
+                    c.commit()
             print("(PostgreSQL layers measured with synchronous_commit=off on both connections)\n")
         seq = [10**6]
         zeros = "0" * 64

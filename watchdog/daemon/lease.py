@@ -209,6 +209,7 @@ class PgLease(Lease):
             else:
                 self.leader = sql.try_lock(self._conn, sql.LEADER_KEY)
                 if self.leader:
+                    sql.renew(self._conn, **self._mine(), lease_s=self.lease_s, leader=True)
                     log.info("leader of the store: this daemon now does the cluster duties")
         except LeaseLost:
             raise

@@ -85,6 +85,10 @@ def make_engine(url: str, **kw) -> Engine:
         event.listen(engine, "begin", _sqlite_begin)
     else:
         kw.setdefault("pool_pre_ping", True)
+        # No server-side prepared statements (psycopg prepares a query after 5 runs): behind
+        # PgBouncer in transaction pooling mode the next transaction may land on a server
+        # connection that never saw the PREPARE.
+        kw.setdefault("connect_args", {}).setdefault("prepare_threshold", None)
         engine = create_engine(url, **kw)
     return engine
 

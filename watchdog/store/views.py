@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import and_, desc, func, select
+from sqlalchemy import and_, desc, func, or_, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGETS, effective_budgets
@@ -113,13 +113,29 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime) -> 
     }
 
 
-def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200) -> list[dict]:
-    q = select(runs).order_by(desc(runs.c.started_at)).limit(limit)
+def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
+              before: str | None = None) -> list[dict]:
+    """Newest first, one page read from the (started_at, id) index; `before`: the last run id
+    of the previous page. Ended runs carry their sealed top tool: only the others' events
+    (active runs, runs ended since the leader's last tick) are aggregated."""
+    q = select(runs).order_by(desc(runs.c.started_at), desc(runs.c.id)).limit(limit)
     if not all_runs:
         q = q.where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    if before is not None:
+        at = conn.execute(select(runs.c.started_at).where(runs.c.id == before)).scalar()
+        if at is None:
+            raise StoreError(f"run id {before!r}: no such run")
+        q = q.where(or_(runs.c.started_at < at, and_(runs.c.started_at == at, runs.c.id < before)))
     rows = conn.execute(q).all()
-    stats = tool_stats(conn, [r.id for r in rows])
-    return [run_record(r, stats[r.id], config, now) for r in rows]
+    stats = tool_stats(conn, [r.id for r in rows if r.top_tool_calls is None])
+    return [run_record(r, stats[r.id] if r.top_tool_calls is None else sealed_tools(r), config, now) for r in rows]
+
+
+def sealed_tools(row) -> list[ToolStat]:
+    """The top tool sealed on an ended run's row (watchdog.store.rollup)."""
+    if not row.top_tool:
+        return []
+    return [ToolStat(row.top_tool, int(row.top_tool_calls), int(row.top_tool_errors or 0))]
 
 
 def load_run(conn, run_id: str):
