@@ -4,7 +4,6 @@ PgBouncer in transaction pooling mode, more of them than the server lets connect
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -14,10 +13,9 @@ import uuid
 
 import psycopg
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from agent_procs import wait_until
 from pgbouncer_proc import PgBouncer
 from watchdog import Watchdog
 from watchdog.core import lifecycle as lc

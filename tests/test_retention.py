@@ -8,6 +8,7 @@ through `Ticker.tick`, the command through the real click group.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 
 import pytest
@@ -225,8 +226,6 @@ def test_runs_pages_follow_each_other_without_gaps_or_repeats(db_url, engine):
         args = ["runs", "--all", "--limit", "2", "--json", "--db", db_url] + (["--before", before] if before else [])
         out = CliRunner().invoke(main, args)
         assert out.exit_code == 0, out.output
-        import json
-
         page = json.loads(out.output)
         if not page:
             break

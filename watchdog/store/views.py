@@ -81,9 +81,9 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.timezone.utc).isoformat() if value else None
 
 
-def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime) -> dict:
+def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, budgets=None) -> dict:
     """The public JSON record of a run (`runs --json`, `show --json`)."""
-    budgets = effective_budgets(config.profile(row.agent), row)
+    budgets = budgets or effective_budgets(config.profile(row.agent), row)
     end = row.ended_at or now
     top = tools[0] if tools else None
     return {
@@ -128,7 +128,17 @@ def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False,
         q = q.where(or_(runs.c.started_at < at, and_(runs.c.started_at == at, runs.c.id < before)))
     rows = conn.execute(q).all()
     stats = tool_stats(conn, [r.id for r in rows if r.top_tool_calls is None])
-    return [run_record(r, stats[r.id] if r.top_tool_calls is None else sealed_tools(r), config, now) for r in rows]
+    memo: dict = {}  # few distinct (agent, own budgets) among many runs
+
+    def budgets_of(r):
+        key = (r.agent, *(r._mapping[b.key] for b in RUN_BUDGETS))
+        b = memo.get(key)
+        if b is None:
+            b = memo[key] = effective_budgets(config.profile(r.agent), r)
+        return b
+
+    return [run_record(r, stats[r.id] if r.top_tool_calls is None else sealed_tools(r), config, now, budgets_of(r))
+            for r in rows]
 
 
 def sealed_tools(row) -> list[ToolStat]:
