@@ -50,7 +50,8 @@ def free_port() -> int:
 # --- the agent worker (runs inside a host's namespace) -------------------------------------------
 
 
-def worker(url: str, n_runs: int, n_open: int, seed: int) -> int:
+def worker(url: str, n_runs: int, n_open: int, seed: int, pause_s: float = 0.01) -> int:
+    """Plays n_runs runs, n_open at a time, one record every pause_s (an agent's pace, not a flood)."""
     import warnings
 
     warnings.simplefilter("ignore", RuntimeWarning)
@@ -93,7 +94,7 @@ def worker(url: str, n_runs: int, n_open: int, seed: int) -> int:
         except RunKilled as stop:
             live.remove(item)
             run.__exit__(type(stop), stop, None)
-        time.sleep(0.002)
+        time.sleep(pause_s)
     wd.close()
     return 0
 
@@ -111,6 +112,13 @@ def scrape(port: int) -> tuple[float, float]:
         elif line.startswith("agent_watchdog_tick_seconds_count"):
             count = float(line.split()[-1])
     return total, count
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -174,7 +182,7 @@ def main(argv=None) -> int:
                     break
                 except OSError:
                     time.sleep(0.1)
-        per_worker = args.runs // (len(HOSTS) * args.workers)
+        per_worker = -(-args.runs // (len(HOSTS) * args.workers))
         seed = 0
         for h in HOSTS:
             for _ in range(args.workers):
@@ -185,6 +193,7 @@ def main(argv=None) -> int:
         total = per_worker * len(HOSTS) * args.workers
         samples = []
         last = {h: scrape(port) for h, (_, port) in daemons.items()}
+        last_cpu = {h: cpu_s(proc.pid) for h, (proc, _) in daemons.items()}
         t0 = time.monotonic()
         mark = args.every
         while mark <= total:
@@ -205,10 +214,16 @@ def main(argv=None) -> int:
                 row[f"{h}_rss"] = rss_mb(proc.pid)
                 row[f"{h}_tick_ms"] = (s - ps) / (n - pn) * 1000 if n > pn else float("nan")
                 row[f"{h}_ticks"] = n - pn
+                c_now = cpu_s(proc.pid)
+                # The daemon's own CPU per tick: unlike wall time, not inflated by the other
+                # processes of a busy machine (it includes alert delivery and the metrics server).
+                row[f"{h}_cpu_ms"] = (c_now - last_cpu[h]) / (n - pn) * 1000 if n > pn else float("nan")
+                last_cpu[h] = c_now
                 last[h] = (s, n)
             samples.append(row)
             print(f"  {ended:>6,} ended at {row['t']:6.0f} s, {row['active']:4} active, leader {row['leader']}: "
-                  + ", ".join(f"{h} {row[f'{h}_rss']:.1f} MB {row[f'{h}_tick_ms']:.1f} ms/tick" for h in HOSTS),
+                  + ", ".join(f"{h} {row[f'{h}_rss']:.1f} MB {row[f'{h}_tick_ms']:.1f} ms/tick "
+                              f"({row[f'{h}_cpu_ms']:.1f} CPU)" for h in HOSTS),
                   flush=True)
             mark += args.every
         for w in workers:
@@ -237,17 +252,19 @@ def main(argv=None) -> int:
             c.execute(text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
         admin.dispose()
     print()
-    head = ["runs ended", "s", "active"] + [f"{h} RSS MB" for h in HOSTS] + [f"{h} tick ms" for h in HOSTS] + ["leader"]
+    head = (["runs ended", "s", "active"] + [f"{h} RSS MB" for h in HOSTS] + [f"{h} tick ms" for h in HOSTS]
+            + [f"{h} CPU ms/tick" for h in HOSTS] + ["leader"])
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---:" for _ in head) + "|")
     for r in samples:
         cells = [f"{r['ended']:,}", f"{r['t']:.0f}", str(r["active"])]
         cells += [f"{r[f'{h}_rss']:.1f}" for h in HOSTS] + [f"{r[f'{h}_tick_ms']:.1f}" for h in HOSTS]
+        cells += [f"{r[f'{h}_cpu_ms']:.1f}" for h in HOSTS]
         print("| " + " | ".join(cells + [str(r["leader"])]) + " |")
     first, lastrow = samples[0], samples[-1]
-    print("\nlast / first thousand: " + ", ".join(
-        f"{h} RSS {lastrow[f'{h}_rss'] / first[f'{h}_rss']:.2f}x, tick {lastrow[f'{h}_tick_ms'] / first[f'{h}_tick_ms']:.2f}x"
-        for h in HOSTS))
+    print("\nlast / first thousand: " + "; ".join(
+        f"{h} RSS {lastrow[f'{h}_rss'] / first[f'{h}_rss']:.2f}x, tick {lastrow[f'{h}_tick_ms'] / first[f'{h}_tick_ms']:.2f}x, "
+        f"CPU/tick {lastrow[f'{h}_cpu_ms'] / first[f'{h}_cpu_ms']:.2f}x" for h in HOSTS))
     print(f"runs by status: {json.dumps(by_status)}; stops requested {stops} (by another host's daemon: {foreign}); "
           f"circuit openings {circuits}; load average {os.getloadavg()[0]:.1f} at the end")
     return 0 if foreign == 0 else 1

@@ -219,6 +219,9 @@ def test_a_follower_judges_only_its_own_hosts_runs_and_reads_only_their_events(d
         _tool_event(engine, on_a, i + 1)
     assert ta.tick(utcnow()).new_events == 3  # the leader reads every host's events (circuits)
     assert tb.tick(utcnow()).new_events == 0  # the follower none of another host's
+    _tool_event(engine, on_b, 1)
+    assert tb.tick(utcnow()).new_events == 1  # its own host's, yes...
+    assert not tb.scanner.all_recent  # ...but no all-runs rate window: the leader's (soak: RSS stays flat)
     la.release()
     lb.release()
 

@@ -193,8 +193,14 @@ class Scanner:
             self._seen.update(e.id for e in fresh)
         active = set(active_ids)
         stats = self.stats
+        # The all-runs tool rate is the leader's (it reads every host's events and trims the
+        # window each tick); a daemon reading only its host's events keeps none of it.
+        every_host = hosts is None
+        if not every_host:
+            self.all_recent.clear()
         for e in new:
-            self.all_recent.append((e.at, e.tool))
+            if every_host:
+                self.all_recent.append((e.at, e.tool))
             if e.run_id in active:
                 st = stats.get(e.run_id)
                 if st is None:  # not setdefault(id, RunStats()): that builds 3 Counters and a deque per event
