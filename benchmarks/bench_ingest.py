@@ -193,6 +193,9 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
         conn.commit()
 
     insert_event, update_run = d.insert_event, d.update_run
+    from watchdog.store.hotpath import EVENT_COLUMNS
+
+    pad = (None,) * (len(EVENT_COLUMNS) - 16)  # columns added since (events.attempt): NULL, as the SDK writes
     args_hash = "0" * 64
     utc = dt.timezone.utc
     now_fn = dt.datetime.now
@@ -204,7 +207,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
             try:
                 cur.execute("BEGIN IMMEDIATE")
                 cur.execute(insert_event, (run_id, seq, at, "tool", "search", args_hash, None, True, None, None,
-                                           None, None, None, None, None, None, None))
+                                           None, None, None, None, None, None, *pad))
                 cur.execute(update_run, (0, 1, 0, 0, 0, 0.0, seq, at, None, run_id))
                 row = cur.fetchone()
                 cur.execute("COMMIT")
@@ -219,7 +222,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
             at = now_fn(utc)
             try:
                 cur.execute(insert_event, (run_id, seq, at, "tool", "search", args_hash, None, True, None, None,
-                                           None, None, None, None, None, None, None))
+                                           None, None, None, None, None, None, *pad))
                 cur.execute(update_run, (0, 1, 0, 0, 0, 0.0, seq, at, None, run_id))
                 row = cur.fetchone()
                 conn.commit()

@@ -39,7 +39,12 @@ with wd.run(agent=name) as run:
 
 
 def main() -> int:
-    tmp = Path(tempfile.mkdtemp(prefix="aw-circuit-"))
+    # Everything lives in one temporary folder, removed on the way out (even on Ctrl-C).
+    with tempfile.TemporaryDirectory(prefix="aw-circuit-") as folder:
+        return _run(Path(folder))
+
+
+def _run(tmp: Path) -> int:
     db = f"sqlite:///{tmp / 'runs.db'}"
     flag = tmp / "upstream-down"
     flag.touch()
@@ -50,18 +55,25 @@ def main() -> int:
     cli = [sys.executable, "-m", "watchdog.cli", "--db", db, "--config", str(tmp / "wd.toml")]
     subprocess.run([*cli, "db", "upgrade"], check=True, stdout=subprocess.DEVNULL)
     daemon = subprocess.Popen([*cli, "run"], stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)
-    agents = [subprocess.Popen([sys.executable, str(tmp / "agent.py"), db, str(flag), f"agent-{n}", "12"],
-                               text=True) for n in range(3)]
-    time.sleep(5.0)
-    print("--- operator: the upstream is fixed ---", flush=True)
-    flag.unlink()
-    for a in agents:
-        a.wait(timeout=60)
-    time.sleep(6.0)  # the probe, then the daemon's next tick closes the circuit
-    later = subprocess.run([sys.executable, str(tmp / "agent.py"), db, str(flag), "agent-late", "2"])
-    daemon.terminate()
-    _, err = daemon.communicate(timeout=30)
+    agents: list[subprocess.Popen] = []
+    try:
+        time.sleep(1.0)
+        agents = [subprocess.Popen([sys.executable, str(tmp / "agent.py"), db, str(flag), f"agent-{n}", "12"],
+                                   text=True) for n in range(3)]
+        time.sleep(5.0)
+        print("--- operator: the upstream is fixed ---", flush=True)
+        flag.unlink()
+        for a in agents:
+            a.wait(timeout=60)
+        time.sleep(6.0)  # the probe, then the daemon's next tick closes the circuit
+        later = subprocess.run([sys.executable, str(tmp / "agent.py"), db, str(flag), "agent-late", "2"])
+        daemon.terminate()
+        _, err = daemon.communicate(timeout=30)
+    finally:
+        for proc in (*agents, daemon):  # nothing outlives the folder it runs from
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     print(subprocess.run([*cli, "circuits"], capture_output=True, text=True).stdout)
     print("daemon log (circuit lines):")
     for line in err.splitlines():
@@ -75,7 +87,6 @@ with e.connect() as c:
         print("  ", *r)
 """])
     return later.returncode
-
 
 if __name__ == "__main__":
     sys.exit(main())

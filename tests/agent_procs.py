@@ -92,9 +92,16 @@ def _start_chain(depth: int, folder: Path, ignore: bool) -> list[int]:
 def runaway(spec: dict) -> int:
     """One run: `steps` steps, `tools` tool calls, then `then`:
     hang (stop writing and sleep), loop (a step every `interval` s until stopped),
-    exit (die without ending the run). Options: ignore_sigterm, block_sigterm,
-    children (a chain of that depth: a child, a grandchild...), children_ignore_sigterm."""
+    exit (die without ending the run), attest_then_hang (heartbeat every `interval` s
+    until the daemon has attested the run, then hang). Options: ignore_sigterm,
+    block_sigterm, children (a chain of that depth: a child, a grandchild...),
+    children_ignore_sigterm, attest_retry_s (how often an unattested run asks again)."""
     from watchdog import RunKilled, Watchdog
+
+    if spec.get("attest_retry_s"):
+        import watchdog.sdk.attest as attest
+
+        attest.RETRY_S = spec["attest_retry_s"]
 
     if spec.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -112,8 +119,14 @@ def runaway(spec: dict) -> int:
                 run.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec.get("step_cost", 0.0))
             for name, args, ok in spec.get("tools", []):
                 run.record_tool(name, args, ok=ok, error=None if ok else "timeout")
-            write_json(spec["ready"], {"run_id": run.id, "pid": os.getpid(), "children": children})
+            write_json(spec["ready"], {"run_id": run.id, "pid": os.getpid(), "children": children,
+                                       "attested": run.attested})
             then = spec.get("then", "hang")
+            if then == "attest_then_hang":
+                while not run.attested:
+                    run.heartbeat("waiting for the daemon")
+                    time.sleep(spec.get("interval", 0.05))
+                then = "hang"
             if then == "exit":
                 os._exit(0)  # gone without ending the run: the daemon must call it lost
             while then == "hang":
@@ -213,7 +226,40 @@ def steady(spec: dict) -> int:
     return 0
 
 
-SCENARIOS = {"runaway": runaway, "shared": shared, "steady": steady}
+def spender(spec: dict) -> int:
+    """One cooperative run spending `step_cost` EUR every `interval` s (from when the `go` file
+    exists) until it is stopped; then, once the `next` file exists, it asks for a new run and
+    records whether it was refused."""
+    from watchdog import RunKilled, Watchdog
+
+    wd = Watchdog(spec["url"])
+    result: dict = {}
+    try:
+        with wd.run(agent=spec.get("agent", "spend-bot"), kill_mode="cooperative", labels=spec.get("labels"),
+                    guards=False) as run:
+            run.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=0.0)
+            write_json(spec["ready"], {"run_id": run.id, "pid": os.getpid(), "children": []})
+            wait_until(Path(spec["go"]).exists, timeout_s=120)
+            while True:
+                time.sleep(spec.get("interval", 0.05))
+                run.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec["step_cost"])
+    except RunKilled as stop:
+        result.update(killed=stop.reason, detail=stop.detail)
+    if not wait_until(Path(spec["next"]).exists, timeout_s=120):
+        result["next"] = "no next file"
+    else:
+        try:
+            with wd.run(agent=spec.get("agent", "spend-bot"), labels=spec.get("labels"), guards=False) as run:
+                run.step(model="gpt-x", tokens_in=1, tokens_out=1, cost_eur=0.0)  # a model call: must never happen
+            result["next"] = "ran"
+        except RunKilled as stop:
+            result["next"] = stop.reason
+    wd.close()
+    write_json(spec["result"], result)
+    return 0
+
+
+SCENARIOS = {"runaway": runaway, "shared": shared, "spender": spender, "steady": steady}
 
 
 # --- the test side -------------------------------------------------------------------
@@ -270,10 +316,11 @@ class AgentProcs:
         self.agents: list[Agent] = []
         self._known: list[tuple[int, float]] = []  # (pid, create time) of everything started
 
-    def start(self, scenario: str, url: str, *, new_session: bool = True, wait: bool = True,
-              host: str | None = None, env: dict | None = None, **spec) -> Agent:
-        """`host`: run the agent in a UTS namespace of its own with that hostname (root only):
-        a simulated host. `wait=False`: return at once (then `ready()` the agent)."""
+    def start(self, scenario: str, url: str, *, new_session: bool = True, user: str | None = None,
+              wait: bool = True, host: str | None = None, env: dict | None = None, **spec) -> Agent:
+        """`user`: run the agent as that local user (the folder must be writable by it).
+        `host`: run it in a UTS namespace of its own with that hostname (root only): a
+        simulated host. `wait=False`: return at once (then `ready()` the agent)."""
         import psutil
 
         n = len(self.agents)
@@ -282,14 +329,20 @@ class AgentProcs:
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), full_env.get("PYTHONPATH")]))
         full_env.pop("AGENT_WATCHDOG_CONFIG", None)
+        exe = sys.executable
+        if user is not None:
+            from attest_support import foreign_python
+
+            exe, foreign = foreign_python()
+            full_env.update(PYTHONPATH=foreign["PYTHONPATH"], PYTHONNOUSERSITE="1", HOME="/tmp")
         full_env.update(env or {})
-        argv = [sys.executable, "-m", "agent_procs", scenario, json.dumps(spec)]
+        argv = [exe, "-m", "agent_procs", scenario, json.dumps(spec)]
         if host is not None:
             argv = as_host(host, argv)
         with open(log, "w") as log_f:
             proc = subprocess.Popen(argv, env=full_env,
                                     stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=new_session)
+                                    start_new_session=new_session, user=user, cwd="/tmp" if user else None)
         agent = Agent(proc, ready, result, log)
         self.agents.append(agent)
         try:

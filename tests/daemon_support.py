@@ -4,22 +4,40 @@ read-only views of what the daemon wrote."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import pwd
 
 from sqlalchemy import select
 
+from attest_support import short_dir
 from watchdog.core.config import parse
+from watchdog.core.seal import Sealer
+from watchdog.daemon.killer import Killer
 from watchdog.store.schema import alerts, interventions, runs
 
 CANCEL_GRACE_S = 0.5
 TERM_GRACE_S = 0.5
+# The test process's user, named explicitly: root (CI) is never a default of allowed_users.
+ME = pwd.getpwuid(os.geteuid()).pw_name
+# A sealing key for tests that drive a Ticker and the outbox without attested processes.
+SEALER = Sealer(os.urandom(32), Killer().host)
 
 
 def config(**sections):
-    """A Config from a TOML-like dict, with tiny graces unless told otherwise."""
-    raw = {k: dict(v) for k, v in sections.items()}
+    """A Config from a TOML-like dict, with tiny graces unless told otherwise, this user as
+    the allowed one, and the daemon's key and socket in a fresh short directory."""
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in sections.items()}
     daemon = raw.setdefault("daemon", {})
     daemon.setdefault("cancel_grace_s", CANCEL_GRACE_S)
     daemon.setdefault("term_grace_s", TERM_GRACE_S)
+    daemon.setdefault("allowed_users", [ME])
+    if "key_file" not in daemon or "socket" not in daemon:
+        folder = short_dir()
+        daemon.setdefault("key_file", str(folder / "attest.key"))
+        daemon.setdefault("socket", str(folder / "attest.sock"))
+    # The model the test runs record: priced (at nothing), so that the daemon's "model has no
+    # price" alert does not join the alerts a test counts. tests/test_money.py tests that alert.
+    raw.setdefault("prices", {"gpt-x": {"input_eur_per_mtok": 0.0, "output_eur_per_mtok": 0.0}})
     return parse(raw)
 
 
@@ -50,3 +68,13 @@ def alerts_of(engine, run_id=None) -> list:
         q = q.where(alerts.c.run_id == run_id)
     with engine.connect() as conn:
         return conn.execute(q).all()
+
+
+def daemon_toml(**keys) -> str:
+    """A [daemon] table for a config file: this user allowed, key and socket in a fresh short directory."""
+    import json
+
+    folder = short_dir()
+    values = {"allowed_users": [ME], "key_file": str(folder / "attest.key"), "socket": str(folder / "attest.sock"),
+              **keys}
+    return "[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())

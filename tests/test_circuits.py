@@ -36,8 +36,8 @@ def config():
 
 
 @pytest.fixture
-def ticker(engine, config):
-    return Ticker(engine, config, Killer(), circuits=CircuitBreakers(config))
+def ticker(engine, config, sealer):
+    return Ticker(engine, config, Killer(), circuits=CircuitBreakers(config, sealer=sealer), sealer=sealer)
 
 
 @pytest.fixture
@@ -77,7 +77,9 @@ def test_errors_from_three_runs_open_the_circuit_and_a_fourth_run_fails_fast(eng
     _errors(runs[0], 2)
     _errors(runs[1], 2)
     _errors(runs[2], 1)
-    ticker.tick(utcnow())
+    # The tick's clock 30 s ahead: the errors are still inside the 60 s window, and the circuit
+    # stays open for the SDK's real clock however slow this machine is (open_s is 0.6 s here).
+    ticker.tick(utcnow() + dt.timedelta(seconds=30))
     row = _circuit(engine)
     assert row.state == "open" and row.errors_in_window == 5
     assert row.last_error == "500 Internal Server Error"
@@ -89,7 +91,9 @@ def test_errors_from_three_runs_open_the_circuit_and_a_fourth_run_fails_fast(eng
     assert called == []  # failed fast: the tool never ran
     msg = str(exc.value)
     assert msg.startswith("ToolUnavailable: verify_iban is unavailable until ")
-    assert msg.endswith("(5 errors in 60 s: 500 Internal Server Error); do not retry it")
+    # The tool, the count and the error's class: other runs' message text never reaches this run's model.
+    assert msg.endswith("(5 errors in 60 s, RuntimeError); do not retry it")
+    assert "500" not in msg and row.last_error_class == "RuntimeError"
     # Another tool is untouched: one tool, never everything.
     assert fourth.tool_call("get_order", {"id": 1}, lambda id: "order") == "order"
 
@@ -150,11 +154,15 @@ def test_half_open_lets_exactly_one_probe_through_and_its_success_closes(engine,
     assert results.count("valid") == 1
     assert sum("being probed" in r for r in results) == 3
 
-    assert _circuit(engine).state == "closed"  # at once, by the probe: no tick in between
+    # Closed at once for every process, by the probe's mark on its claim (no tick in between);
+    # the circuit's row is the daemon's to change.
+    assert _circuit(engine).state == "half_open"
     run = wd.run(agent="after").start()
     wd.circuits.refresh(force=True)
+    assert wd.circuit_for("verify_iban") is None
     assert run.tool_call("verify_iban", {"iban": "ok"}, ok) == "valid"
-    ticker.tick(utcnow())  # the daemon audits and alerts the close, once
+    ticker.tick(utcnow())  # the daemon closes the row, audits and alerts, once
+    assert _circuit(engine).state == "closed"
     ticker.tick(utcnow())
     assert _actions(engine) == ["circuit_open", "circuit_half_open", "circuit_closed"]
 
@@ -185,10 +193,10 @@ def test_circuits_command_lists_and_closes_by_hand(db_url, engine, wd, ticker):
     assert again.exit_code == 1
 
 
-def test_many_runs_hammering_one_tool_raise_the_all_runs_rate_alarm(engine, wd):
+def test_many_runs_hammering_one_tool_raise_the_all_runs_rate_alarm(engine, wd, sealer):
     config = parse({"circuit": {"max_calls_per_min": 10}, "defaults": {"max_tool_calls_per_min": 100,
                                                                        "max_identical_calls": 100}})
-    ticker = Ticker(engine, config, Killer(), circuits=CircuitBreakers(config))
+    ticker = Ticker(engine, config, Killer(), circuits=CircuitBreakers(config, sealer=sealer), sealer=sealer)
     for i in range(4):
         run = wd.run(agent=f"r{i}").start()
         for j in range(3):  # 3 calls each: no single run is over its own rate

@@ -158,6 +158,51 @@ def test_without_a_config_budgets_are_the_ones_the_daemon_published(runs3, engin
     assert own["budgets"]["max_steps"] == 9
 
 
+def test_kill_without_a_config_judges_by_the_published_profile_on_its_own_connection(sqlite_url, monkeypatch):
+    """`kill` writes in one transaction: reading the published profiles through a second
+    connection would wait for the lock its own command holds (30 s of busy timeout, then
+    the built-in defaults). With a 50 ms busy timeout such a second connection fails at
+    once, and the alert would show the defaults' 12 steps instead of the published 6."""
+    import tomllib
+
+    from sqlalchemy import insert, select
+
+    import watchdog.store.engine as engine_mod
+    from watchdog.core.config import parse
+    from watchdog.store.engine import make_engine
+    from watchdog.store.schema import alerts, runs, settings, utcnow
+
+    published = parse(tomllib.loads("[agents.support-bot]\nmax_steps = 6\n")).published()
+    engine = make_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(insert(settings).values(key="config", value=published, updated_at=utcnow()))
+    wd = Watchdog(sqlite_url)
+    going = wd.run(agent="support-bot", guards=False).start()
+    for _ in range(3):
+        going.step(cost_eur=0.01)
+    monkeypatch.setattr(engine_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    result = invoke("--db", sqlite_url, "kill", going.id[:8])
+    assert result.exit_code == 0, result.output
+    assert f"stop requested for support-bot run {going.id[:8]}" in result.output
+    with engine.connect() as conn:
+        assert conn.execute(select(alerts.c.id)).all() == []  # only the daemon composes alerts
+        status = conn.execute(select(runs.c.status, runs.c.stop_reason).where(runs.c.id == going.id)).one()
+    assert tuple(status) == ("stopping", "manual")
+    # The daemon alerts the stop it did not request, against the profile it publishes.
+    from daemon_support import SEALER
+    from watchdog.daemon.killer import Killer
+    from watchdog.daemon.ticker import Ticker
+
+    monkeypatch.setattr(engine_mod, "SQLITE_BUSY_TIMEOUT_MS", 30_000)
+    daemon_cfg = parse(tomllib.loads("[agents.support-bot]\nmax_steps = 6\n"))
+    Ticker(engine, daemon_cfg, Killer(), sealer=SEALER).tick(utcnow())
+    with engine.connect() as conn:
+        body = conn.execute(select(alerts.c.body).where(alerts.c.run_id == going.id)).scalar_one()
+    assert "steps 3/6" in body and "steps 3/12" not in body
+    wd.close()
+    engine.dispose()
+
+
 def test_unknown_or_ambiguous_run_id_is_one_line_and_non_zero(runs3):
     result = invoke("--db", runs3["url"], "show", "deadbeef")
     assert result.exit_code != 0
@@ -222,13 +267,20 @@ def test_no_store_configured_is_one_line_error():
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("url", ["mysql://u@h/db", "not a url", "postgresql+psycopg://postgres@127.0.0.1:1/none"])
-def test_bad_or_unreachable_store_is_one_line_error(url):
-    for args in (["--db", url, "runs"], ["--db", url, "db", "upgrade"]):
+@pytest.mark.parametrize("url,message", [
+    ("mysql://u@h/db", "store URL 'mysql://u@h/db': only sqlite and postgresql are supported"),
+    ("not a url", "store URL '(unparsable URL)': expected a SQLAlchemy URL such as sqlite:///runs.db "
+                  "or postgresql+psycopg://user@host/db"),
+    ("postgresql+psycopg://postgres@127.0.0.1:1/none",
+     'the store at postgresql+psycopg://postgres@127.0.0.1:1/none: connection failed: connection to server at '
+     '"127.0.0.1", port 1 failed: Connection refused'),
+])
+def test_bad_or_unreachable_store_is_one_line_error(url, message):
+    for args in (["--db", url, "runs"], ["--db", url, "db", "upgrade"], ["--db", url, "kill", "abcd1234"]):
         result = invoke(*args)
-        assert result.exit_code != 0, result.output
-        assert result.stderr.count("\n") == 1, result.stderr
-        assert "Traceback" not in result.output
+        assert result.exit_code == 1, result.output
+        assert result.stderr == f"agent-watchdog: error: {message}\n"
+        assert result.stdout == ""
 
 
 @pytest.mark.postgres

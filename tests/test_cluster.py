@@ -9,6 +9,7 @@ sleeps for a guessed duration, nothing asserts on timing.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from agent_procs import as_host, wait_until
+from daemon_support import daemon_toml
 from watchdog.core import lifecycle as lc
 from watchdog.store.leases import db_now
 from watchdog.store.schema import alerts, daemons, interventions, runs, tool_circuits
@@ -34,20 +36,24 @@ NO_DAEMON = "agent-watchdog: host {} has no live daemon: its runs cannot be sign
 RUNAWAY = dict(kill_mode="process", budgets={"max_steps": 3}, steps=4, ignore_sigterm=True)
 
 
-def _config(path: Path, url: str, alert_url: str) -> Path:
+def _config(path: Path, url: str, alert_url: str) -> tuple[Path, str]:
+    """A host's config: its own key and attestation socket (hosts share this machine's /tmp)."""
+    daemon = daemon_toml(tick_s=TICK_S, cancel_grace_s=1, term_grace_s=1, alert_retry_s=1)
+    socket = re.search(r'^socket = "(.*)"$', daemon, re.M).group(1)
     path.write_text(
-        f'[store]\nurl = "{url}"\n\n'
-        f"[daemon]\ntick_s = {TICK_S}\ncancel_grace_s = 1\nterm_grace_s = 1\nalert_retry_s = 1\n\n"
+        f'[store]\nurl = "{url}"\n\n{daemon}\n'
         "[circuit]\nerrors = 3\nwindow_s = 60\nopen_s = 600\n\n"
+        '[prices."gpt-x"]\ninput_eur_per_mtok = 0.0\noutput_eur_per_mtok = 0.0\n\n'
         f'[alerts]\nurls = ["{alert_url}"]\n')
-    return path
+    return path, socket
 
 
 class HostDaemon:
     """`agent-watchdog run` as the daemon of host `host` (a UTS namespace of its own)."""
 
-    def __init__(self, tmp: Path, host: str, cfg: Path, name: str | None = None):
+    def __init__(self, tmp: Path, host: str, cfg: Path, socket: str, name: str | None = None):
         self.host = host
+        self.socket = socket  # where this host's agents attest their processes
         self.log_path = tmp / f"daemon-{name or host}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
         with open(self.log_path, "w") as log:
@@ -70,10 +76,13 @@ class HostDaemon:
 @pytest.fixture
 def hosts(tmp_path, db_url, http):
     started: list[HostDaemon] = []
-    cfg = _config(tmp_path / "wd.toml", db_url, http.url())
+    configs: dict[str, tuple[Path, str]] = {}
 
     def start(host, name=None):
-        d = HostDaemon(tmp_path, host, cfg, name)
+        if host not in configs:  # one config (key, socket) per host, as each machine has its own
+            configs[host] = _config(tmp_path / f"{host}.toml", db_url, http.url())
+        cfg, socket = configs[host]
+        d = HostDaemon(tmp_path, host, cfg, socket, name)
         started.append(d)
         return d
 
@@ -122,10 +131,15 @@ def _circuit_open(engine, tool) -> bool:
         return conn.execute(select(tool_circuits.c.state).where(tool_circuits.c.tool == tool)).scalar() == "open"
 
 
-def _fail_tool(procs, url, host, tool):
-    """An agent on `host` whose three calls of `tool` fail (then it completes its run)."""
-    return procs.start("runaway", url, host=host, kill_mode="cooperative",
-                       tools=[[tool, {"i": i}, False] for i in range(3)], then="exit")
+def _agent(procs, url, d: HostDaemon, **spec):
+    """An agent process on d's host, attesting to d (as that machine's agents would)."""
+    return procs.start("runaway", url, host=d.host, env={"AGENT_WATCHDOG_SOCKET": d.socket}, **spec)
+
+
+def _fail_tool(procs, url, d: HostDaemon, tool):
+    """An agent on d's host whose three calls of `tool` fail (then it leaves without ending its run)."""
+    return _agent(procs, url, d, kill_mode="cooperative", tools=[[tool, {"i": i}, False] for i in range(3)],
+                  then="exit")
 
 
 def test_three_hosts_each_daemon_kills_its_own_leader_failover_and_a_host_without_daemon(
@@ -136,7 +150,7 @@ def test_three_hosts_each_daemon_kills_its_own_leader_failover_and_a_host_withou
     assert wait_until(lambda: _leader(engine, ds) is not None, DEADLINE_S)
 
     # -- each host's SIGTERM-ignoring runaway is killed by its own daemon only -------------------
-    runaways = {d.host: procs.start("runaway", db_url, host=d.host, then="hang", **RUNAWAY) for d in ds}
+    runaways = {d.host: _agent(procs, db_url, d, then="hang", **RUNAWAY) for d in ds}
     for d in ds:
         agent = runaways[d.host]
         assert agent.wait(timeout_s=DEADLINE_S) == -signal.SIGKILL, d.log()
@@ -150,18 +164,24 @@ def test_three_hosts_each_daemon_kills_its_own_leader_failover_and_a_host_withou
     # -- the leader's circuits and alerts; kill it; they go on under the next one -----------------
     leader = _leader(engine, ds)
     others = [d for d in ds if d is not leader]
-    _fail_tool(procs, db_url, others[0].host, "flaky_a")
+    _fail_tool(procs, db_url, others[0], "flaky_a")
     assert wait_until(lambda: _circuit_open(engine, "flaky_a"), DEADLINE_S), leader.log()
     (opened,) = _ivs(engine, action="circuit_open", tool="flaky_a")
     assert opened.actor == leader.actor  # a cluster duty: the leader's, whoever's run failed
     assert wait_until(lambda: _titles(http)["agent-watchdog: circuit OPEN for flaky_a — 3 errors in 60 s"] == 1,
                       DEADLINE_S)
 
+    def marked_delivered(title_):  # received AND recorded: the kill below must not fall in between
+        with engine.connect() as conn:
+            return conn.execute(select(alerts.c.delivered_at).where(alerts.c.title == title_)).scalar() is not None
+
+    assert wait_until(lambda: marked_delivered("agent-watchdog: circuit OPEN for flaky_a — 3 errors in 60 s"),
+                      DEADLINE_S)
     leader.proc.kill()  # dies without releasing anything
     leader.proc.wait()
     assert wait_until(lambda: _leader(engine, others) is not None, DEADLINE_S), [d.log() for d in others]
     successor = _leader(engine, others)
-    _fail_tool(procs, db_url, successor.host, "flaky_b")
+    _fail_tool(procs, db_url, successor, "flaky_b")
     assert wait_until(lambda: _circuit_open(engine, "flaky_b"), DEADLINE_S), successor.log()
     (opened,) = _ivs(engine, action="circuit_open", tool="flaky_b")
     assert opened.actor == successor.actor
@@ -171,7 +191,7 @@ def test_three_hosts_each_daemon_kills_its_own_leader_failover_and_a_host_withou
     # -- stop one host's daemon: its runaway is stopped cooperatively by another, alerted once --------
     (follower,) = [d for d in others if d is not successor]
     assert follower.stop() == 0, follower.log()
-    orphan = procs.start("runaway", db_url, host=follower.host, then="loop", interval=0.1, **RUNAWAY)
+    orphan = _agent(procs, db_url, follower, then="loop", interval=0.1, **RUNAWAY)
     assert orphan.wait(timeout_s=DEADLINE_S) == 0, orphan.log()  # it saw the stop and left: no signal
     assert orphan.result()["killed"] == lc.MAX_STEPS
     acts = _ivs(engine, run_id=orphan.run_id)
@@ -183,17 +203,21 @@ def test_three_hosts_each_daemon_kills_its_own_leader_failover_and_a_host_withou
     assert adopted.detail == f"host {follower.host}" and adopted.actor == successor.actor
 
     # -- every alert the store queued reached the receiver exactly once ----------------------------
-    def all_delivered():
+    # (each daemon delivers the alerts it sealed: the killed leader's undelivered ones, if any,
+    # wait for its host's next daemon; the stopped follower delivered its own on the way out)
+    def delivered_by(host):
         with engine.connect() as conn:
-            return conn.execute(select(alerts).where(alerts.c.delivered_at.is_(None))).first() is None
+            return conn.execute(select(alerts).where(alerts.c.sealed_by == host,
+                                                     alerts.c.delivered_at.is_(None))).first() is None
 
-    assert wait_until(all_delivered, DEADLINE_S)
+    assert wait_until(lambda: delivered_by(successor.host) and delivered_by(follower.host), DEADLINE_S)
     for _ in range(6):  # a few more ticks of the leader: nothing is sent again
         assert wait_until(lambda: _ticked_since(engine, successor), DEADLINE_S)
     with engine.connect() as conn:
-        queued = Counter(r.title for r in conn.execute(select(alerts.c.title)))
-    assert _titles(http) == queued
-    assert queued[title] == 1
+        delivered = Counter(r.title for r in conn.execute(
+            select(alerts.c.title).where(alerts.c.delivered_at.is_not(None))))
+    assert _titles(http) == delivered  # every delivered alert received once, nothing else received
+    assert delivered[title] == 1
     assert successor.stop() == 0, successor.log()
     for d in (follower, successor):
         assert "Traceback" not in d.log(), d.log()

@@ -147,7 +147,7 @@ def test_config_is_frozen(tmp_path):
         cfg.store = StoreConfig()
 
 
-def test_published_settings_carry_prices_profiles_and_record_args():
+def test_published_settings_carry_prices_and_profiles_never_what_agents_record():
     cfg = parse(tomllib.loads(_without_alerts(FULL)))  # alert URLs need apprise: not under test here
     pub = cfg.published()
     json.dumps(pub)  # it is stored as JSON
@@ -155,7 +155,9 @@ def test_published_settings_carry_prices_profiles_and_record_args():
     assert pub["agents"]["support-bot"]["max_steps"] == 8
     assert pub["agents"]["support-bot"]["max_tool_calls"] == 30  # merged with defaults
     assert pub["defaults"]["on_rate"] == "stop"
-    assert pub["record_args"] is True
+    # record_args / record_errors are each agent's own choice: a settings row must not carry them.
+    assert cfg.store.record_args is True
+    assert "record_args" not in pub and "record_errors" not in pub and "store" not in pub
 
 
 def _without_alerts(text: str) -> str:
@@ -203,7 +205,9 @@ BAD = [
     ("[defaults]\non_rate = \"kill\"\n", "defaults.on_rate"),
     ("[defaults]\nruns_may_raise = \"yes\"\n", "defaults.runs_may_raise"),
     ("[agents.support-bot]\nmax_tool_calls = 0\n", "agents.support-bot.max_tool_calls"),
-    ("[agents.support-bot]\nmax_tokens = 10\n", "agents.support-bot.max_tokens"),
+    ("[agents.support-bot]\nmax_tokenz = 10\n", "agents.support-bot.max_tokenz"),
+    ("[defaults]\nmax_tokens = 0\n", "defaults.max_tokens"),
+    ("[defaults]\nmax_tokens = 1.5\n", "defaults.max_tokens"),
     ("[agents.support-bot]\non_rate = 1\n", "agents.support-bot.on_rate"),
     ("agents = 3\n", "agents"),
     ("[daemon]\ntick_s = 0\n", "daemon.tick_s"),
@@ -221,6 +225,25 @@ BAD = [
     ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = -1\noutput_eur_per_mtok = 1\n", "input_eur_per_mtok"),
     ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 1\ncached = 1\n", "cached"),
     ("[metrics]\nlisten = \"nowhere\"\n", "metrics.listen"),
+    ("[store]\nrecord_errors = \"full\"\n", "store.record_errors"),
+    ("[daemon]\nsocket = \"attest.sock\"\n", "daemon.socket"),
+    ("[daemon]\nkey_file = 3\n", "daemon.key_file"),
+    ("[alerts]\nurls_file = \"\"\n", "alerts.urls_file"),
+    ("[pricing]\neur_per_usd = 0\n", "pricing.eur_per_usd"),
+    ("[pricing]\nbudget_tz = \"Mars/Olympus\"\n", "pricing.budget_tz"),
+    ("[pricing]\nrate = 1\n", "pricing.rate"),
+    ("[drift]\nwindow_s = 60\n", "drift.window_s"),
+    ("[drift]\nmin_runs = 0\n", "drift.min_runs"),
+    ("[drift]\nfactor = -1\n", "drift.factor"),
+    ("[[budgets]]\nmax_cost_eur_per_day = 1.0\n", "budgets[0].labels"),
+    ("[[budgets]]\nlabels = { tenant = \"a\" }\n", "budgets[0]"),
+    ("[[budgets]]\nlabels = { tenant = 3 }\nmax_cost_eur_per_day = 1.0\n", "budgets[0].labels"),
+    ("[[budgets]]\nlabels = { tenant = \"a\" }\nmax_cost_eur_per_day = 1.0\nwarn_at = 2\n", "budgets[0].warn_at"),
+    ("budgets = 3\n", "[[budgets]]"),
+    ("[defaults]\nwarn_at = 1.5\n", "defaults.warn_at"),
+    ("[defaults]\nmax_cost_eur_per_day = -1\n", "defaults.max_cost_eur_per_day"),
+    ("[prices.\"m\"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 1\ncached_input_eur_per_mtok = -1\n",
+     'prices."m".cached_input_eur_per_mtok'),
 ]
 
 
@@ -229,7 +252,7 @@ def _assert_one_line_naming(err: ConfigError, path: Path, key: str):
     assert "\n" not in msg, msg
     assert msg.startswith(str(path)), msg
     assert key in msg, msg
-    assert "expected" in msg, msg
+    assert "expected" in msg or "did you mean" in msg, msg
 
 
 @pytest.mark.parametrize("body,key", BAD, ids=[k + f"-{i}" for i, (_, k) in enumerate(BAD)])
@@ -375,3 +398,79 @@ def test_check_config_console_script(tmp_path):
     missing = subprocess.run([console_script(), "check-config", str(tmp_path / "nope.toml")], capture_output=True,
                              text=True, timeout=60, cwd="/", env=env)
     assert missing.returncode == 2 and "nope.toml" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_alert_urls_file_is_read_from_the_credentials_directory_when_alerts_are_sent(tmp_path, monkeypatch):
+    from watchdog.core.config import alert_urls
+
+    cfg_path = tmp_path / "etc" / "config.toml"
+    cfg_path.parent.mkdir()
+    cfg_path.write_text('[alerts]\nurls = ["json://a.example.org/x"]\nurls_file = "alert-urls"\n')
+    cfg = load(cfg_path)  # loading reads no secret: an operator without the credential can still load it
+    assert cfg.alert_urls == ("json://a.example.org/x",) and cfg.alert_urls_file == "alert-urls"
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    with pytest.raises(ConfigError, match=r"alerts.urls_file: cannot read .*/etc/alert-urls \(No such file"):
+        alert_urls(cfg)
+    (tmp_path / "etc" / "alert-urls").write_text("# next to the config\njson://b.example.org/y\n")
+    assert alert_urls(cfg) == ("json://a.example.org/x", "json://b.example.org/y")
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "alert-urls").write_text("mailtos://u:secret@mail.example.org?to=o@example.org\n\n# comment\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))  # under systemd's LoadCredential=
+    assert alert_urls(cfg) == ("json://a.example.org/x", "mailtos://u:secret@mail.example.org?to=o@example.org")
+    (creds / "alert-urls").write_text("no scheme here secret\n")
+    with pytest.raises(ConfigError, match="line 1: expected an apprise URL") as bad:
+        alert_urls(cfg)
+    assert "secret" not in str(bad.value)
+
+
+def test_daemon_socket_and_key_file_default_to_the_units_directories(tmp_path):
+    cfg = parse({})
+    assert (cfg.daemon.socket, cfg.daemon.key_file) == ("/run/agent-watchdog/attest.sock",
+                                                        "/var/lib/agent-watchdog/attest.key")
+    cfg = parse({"daemon": {"socket": "/tmp/x/s.sock", "key_file": "/tmp/x/k"}, "store": {"record_errors": "class"}})
+    assert (cfg.daemon.socket, cfg.daemon.key_file, cfg.store.record_errors) == ("/tmp/x/s.sock", "/tmp/x/k", "class")
+
+
+@pytest.mark.parametrize("body,key,meant", [
+    ("[defaults]\nmax_step = 3\n", "defaults.max_step", "max_steps"),
+    ("[daemon]\ntick = 1\n", "daemon.tick", "tick_s"),
+    ("[stor]\nurl = \"sqlite:///x.db\"\n", "stor", "store"),
+    ("[agents.support-bot]\nmax_tool_call = 3\n", "agents.support-bot.max_tool_call", "max_tool_calls"),
+    ("[circuit]\nerror = 3\n", "circuit.error", "errors"),
+])
+def test_a_typo_names_the_key_that_was_meant(tmp_path, body, key, meant):
+    path = write(tmp_path, body)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert str(err.value) == f"{path}: {key}: unknown key; did you mean {meant!r}?"
+
+
+def test_a_key_like_no_other_lists_the_known_ones(tmp_path):
+    path = write(tmp_path, "[daemon]\nzzz = 1\n")
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert "expected one of the known keys (alert_retry_s, allowed_users, cancel_grace_s" in str(err.value)
+
+
+def test_money_keys_parse_and_publish(tmp_path):
+    from watchdog.core.periods import LabelBudget
+
+    path = write(tmp_path, '[pricing]\neur_per_usd = 0.9\nbudget_tz = "Europe/Paris"\n\n'
+                           '[defaults]\nmax_cost_eur_per_day = 10.0\nwarn_at = 0.5\n\n'
+                           '[agents.free]\nmax_cost_eur_per_day = 0\n\n'
+                           '[[budgets]]\nlabels = { tenant = "acme" }\nmax_cost_eur_per_month = 100.0\n\n'
+                           '[drift]\nwindow_s = 1800\nfactor = 0\n\n'
+                           '[prices."m"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 4\ncached_input_eur_per_mtok = 0.1\n')
+    cfg = load(path)
+    assert (cfg.pricing.eur_per_usd, cfg.pricing.budget_tz) == (0.9, "Europe/Paris")
+    assert (cfg.profile("x").max_cost_eur_per_day, cfg.profile("x").warn_at) == (10.0, 0.5)
+    assert cfg.profile("free").max_cost_eur_per_day == 0  # 0 = no daily budget
+    assert cfg.budgets == (LabelBudget({"tenant": "acme"}, max_cost_eur_per_month=100.0),)
+    assert (cfg.drift.window_s, cfg.drift.factor, cfg.drift.min_runs) == (1800, 0, 10)
+    assert cfg.prices["m"].cost_eur(1_000_000, 0, 500_000) == pytest.approx(0.55)
+    # What the daemon publishes, read back as the SDK and the CLI read it.
+    back = load(None).with_published(cfg.published())
+    assert back.pricing == cfg.pricing and back.budgets == cfg.budgets and back.prices == cfg.prices
+    assert back.profile("free").max_cost_eur_per_day == 0
+

@@ -23,7 +23,8 @@ from sqlalchemy import create_engine, event, select, text
 
 from agent_procs import wait_until
 from conftest import PG_ADMIN_URL
-from daemon_support import actions, alerts_of, config, later, run_row
+from attest_support import short_dir
+from daemon_support import ME, SEALER, actions, alerts_of, config, later, run_row
 from watchdog import RunKilled, Watchdog
 from watchdog.store import migrate
 from watchdog.core import lifecycle as lc
@@ -47,7 +48,7 @@ def wd(db_url):
 
 
 def ticker(engine, cfg=None) -> Ticker:
-    return Ticker(engine, cfg or config(), Killer())
+    return Ticker(engine, cfg or config(), Killer(allowed_users=[ME]), sealer=SEALER)
 
 
 # -- each policy stops its run, and only its run ---------------------------------------------------
@@ -227,7 +228,7 @@ def test_alert_names_the_top_tool_and_the_budgets_and_arrives_by_mail_and_json(e
             assert ticker(engine).tick(now).stops == [(run.id, lc.MAX_STEPS)]
 
             notifier = Notifier([smtp.url(), http.url()])
-            rep = deliver_due(engine, notifier, now)
+            rep = deliver_due(engine, notifier, now, sealer=SEALER)
             assert (rep.delivered, rep.failed) == (1, 0)
             run.heartbeat()
     id8 = run.id[:8]
@@ -255,7 +256,7 @@ def test_alert_names_the_top_tool_and_the_budgets_and_arrives_by_mail_and_json(e
     (row,) = alerts_of(engine, run.id)
     assert row.delivered_at == now and row.attempts == 1 and len(row.delivered_targets) == 2
     # Delivered is delivered: a later pass (or a restarted daemon's notifier) sends nothing.
-    assert deliver_due(engine, Notifier([smtp.url(), http.url()]), later(now, 3600)).delivered == 0
+    assert deliver_due(engine, Notifier([smtp.url(), http.url()]), later(now, 3600), sealer=SEALER).delivered == 0
     assert len(smtp.messages) == 1 and len(http.received) == 1
 
 
@@ -269,7 +270,7 @@ def test_an_alert_target_that_fails_then_recovers_gets_the_alert_once(engine, wd
         smtp_id = next(t.id for t in notifier.targets if t.privacy_url.startswith("mailto"))
 
         http.fail_next(1)
-        rep = deliver_due(engine, notifier, now, retry_s=30)
+        rep = deliver_due(engine, notifier, now, retry_s=30, sealer=SEALER)
         assert (rep.delivered, rep.failed) == (0, 1)
         assert http.rejected == 1 and smtp.wait_for(1)
         (alert,) = alerts_of(engine, run.id)
@@ -279,19 +280,19 @@ def test_an_alert_target_that_fails_then_recovers_gets_the_alert_once(engine, wd
         assert "json://" in alert.last_error
 
         # Not due before its backoff: nothing is sent.
-        assert deliver_due(engine, notifier, later(now, 29), retry_s=30).delivered == 0
+        assert deliver_due(engine, notifier, later(now, 29), retry_s=30, sealer=SEALER).delivered == 0
         assert http.rejected == 1 and http.received == []
 
         # A restarted daemon (new notifier, same URLs) retries at the backoff: the webhook gets it,
         # the mail server, which already has it, does not get it again.
-        rep = deliver_due(engine, Notifier([smtp.url(), http.url()]), later(now, 30), retry_s=30)
+        rep = deliver_due(engine, Notifier([smtp.url(), http.url()]), later(now, 30), retry_s=30, sealer=SEALER)
         assert (rep.delivered, rep.failed) == (1, 0)
         assert http.wait_for(1)
         (alert,) = alerts_of(engine, run.id)
         assert alert.delivered_at == later(now, 30) and alert.attempts == 2
         assert sorted(alert.delivered_targets) == sorted([smtp_id, http_id]) and alert.last_error is None
 
-        assert deliver_due(engine, notifier, later(now, 3600), retry_s=30).delivered == 0
+        assert deliver_due(engine, notifier, later(now, 3600), retry_s=30, sealer=SEALER).delivered == 0
         assert len(smtp.messages) == 1 and len(http.received) == 1
         assert smtp.messages[0]["Subject"] == http.received[0]["title"] == alert.title
 
@@ -419,12 +420,19 @@ def test_sqlite_locked_during_a_tick_is_survived(sqlite_url, caplog):
 
 
 def _toml(path: Path, db_url: str, alert_urls=(), tick_s=0.2) -> Path:
+    """The daemon's config; its attestation socket is at SOCKET_OF[path]."""
     urls = ", ".join(f'"{u}"' for u in alert_urls)
+    folder = short_dir()
+    SOCKET_OF[path] = str(folder / "attest.sock")
     path.write_text(
         f'[store]\nurl = "{db_url}"\n\n'
-        f"[daemon]\ntick_s = {tick_s}\ncancel_grace_s = 0.5\nterm_grace_s = 0.5\nalert_retry_s = 1\n\n"
+        f"[daemon]\ntick_s = {tick_s}\ncancel_grace_s = 0.5\nterm_grace_s = 0.5\nalert_retry_s = 1\n"
+        f'allowed_users = ["{ME}"]\nkey_file = "{folder / "attest.key"}"\nsocket = "{SOCKET_OF[path]}"\n\n'
         f"[alerts]\nurls = [{urls}]\n")
     return path
+
+
+SOCKET_OF: dict[Path, str] = {}
 
 
 class DaemonProc:
@@ -475,11 +483,15 @@ def _holds_lease(engine, pid) -> bool:
 
 
 def test_agent_watchdog_run_stops_a_runaway_process_and_exits_0_on_sigterm(tmp_path, db_url, engine, procs, http,
-                                                                       daemon_procs):
+                                                                       daemon_procs, monkeypatch):
     # A runaway that ignores SIGTERM and has stopped writing: the whole ladder, in real time.
+    # The daemon runs first, as under systemd: the agent attests its process over its socket.
+    cfg = _toml(tmp_path / "wd.toml", db_url, [http.url()])
+    daemon = daemon_procs(cfg)
+    assert wait_until(lambda: os.path.exists(SOCKET_OF[cfg]), 60), daemon.log()
+    monkeypatch.setenv("AGENT_WATCHDOG_SOCKET", SOCKET_OF[cfg])
     agent = procs.start("runaway", db_url, kill_mode="process", budgets={"max_steps": 3}, steps=4,
                         ignore_sigterm=True, then="hang")
-    daemon = daemon_procs(_toml(tmp_path / "wd.toml", db_url, [http.url()]))
 
     assert agent.wait(timeout_s=60) == -signal.SIGKILL, daemon.log()
     assert wait_until(lambda: run_row(engine, agent.run_id).status == lc.KILLED, 60), daemon.log()
@@ -519,3 +531,49 @@ def test_a_second_daemon_on_the_same_store_and_host_refuses_to_start(tmp_path, d
                           timeout=CLI_TIMEOUT_S)
     assert once.returncode == 0, once.stderr
     assert once.stdout.startswith("tick: 0 active, 0 stopping, 0 stop(s) requested")
+
+
+def test_an_in_process_guard_stop_is_recorded_and_alerted_by_the_daemon(db_url, engine, wd):
+    """The SDK only asks for the stop on its own row; the daemon records it and words the alert."""
+    run = wd.run(agent="bot", max_steps=2).start()
+    run.step(cost_eur=0.0)
+    run.step(cost_eur=0.0)
+    with pytest.raises(RunKilled):
+        run.step(cost_eur=0.0)
+    assert actions(engine, run.id) == [] and alerts_of(engine, run.id) == []  # nothing from the SDK but the row
+    row = run_row(engine, run.id)
+    assert (row.status, row.stop_reason) == (lc.STOPPING, lc.MAX_STEPS)
+    tk = ticker(engine)
+    tk.tick(utcnow())
+    tk.tick(later(utcnow(), 0.1))  # once, however many ticks see it
+    (iv,) = [i for i in _interventions(engine, run.id)]
+    assert (iv.action, iv.reason) == ("stop_requested", lc.MAX_STEPS) and iv.actor.startswith("daemon@")
+    (alert,) = alerts_of(engine, run.id)
+    assert alert.title == f"agent-watchdog: stopped bot run {run.id[:8]} — max_steps"
+    assert "requested in the store" in alert.body and "in-process guard" not in alert.body
+    assert alert.mac is not None
+
+
+def _interventions(engine, run_id):
+    from daemon_support import interventions_of
+
+    return interventions_of(engine, run_id)
+
+
+def test_the_published_settings_are_put_back_when_someone_else_changes_them(engine, caplog):
+    from watchdog.store.schema import settings
+
+    daemon = Daemon(engine, config(agents={"support-bot": {"max_steps": 8}}), notifier=Notifier([]))
+    daemon.publish(force=True)
+    with engine.connect() as conn:
+        mine = conn.execute(select(settings.c.value)).scalar()
+    caplog.set_level(logging.WARNING)
+    daemon.tick_job(utcnow())
+    assert "changed by someone else" not in caplog.text  # an untouched row costs one read, nothing more
+    with engine.begin() as conn:
+        conn.execute(settings.update().values(value={**mine, "prices": {"gpt-x": {"input_eur_per_mtok": 0,
+                                                                                  "output_eur_per_mtok": 0}}}))
+    daemon.tick_job(utcnow())
+    with engine.connect() as conn:
+        assert conn.execute(select(settings.c.value)).scalar() == mine
+    assert "the published settings were changed by someone else in the store; restored" in caplog.text

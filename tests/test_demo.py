@@ -62,6 +62,17 @@ def test_demo_exits_0_and_names_every_agent(demo):
 
 
 @pytest.mark.slow
+def test_the_closing_table_fits_100_columns_and_names_every_agent(demo):
+    proc, _, _, _ = demo
+    out = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("AGENT "))
+    end = next(i for i, line in enumerate(out) if line.startswith("OK: every agent"))
+    table = out[start:end + 2]
+    assert max(len(line) for line in table) <= 100, "\n".join(line for line in table if len(line) > 100)
+    assert {line.split()[0] for line in out[start + 2:start + 2 + len(AGENTS)]} == set(AGENTS)
+
+
+@pytest.mark.slow
 def test_healthy_runs_complete_and_runaways_are_killed_by_the_right_defense(demo):
     _, rows, acts, _ = demo
     assert set(rows) == set(AGENTS)
@@ -111,3 +122,17 @@ def test_scripted_model_is_a_function_of_the_transcript(tmp_path):
     assert [c.name for c in model.complete(told, tools).tool_calls] == ["list_files"]
     assert model.complete(untold, tools).content == "I could not read the file, so I do not know."
     assert model.complete(told, tools).tokens_in > first.tokens_in  # every turn re-sends the transcript
+
+
+@pytest.mark.slow
+def test_demo_without_keep_deletes_its_store_and_points_at_keep(tmp_path):
+    # TMPDIR: the demo's temporary folder is made here, so the test can see it is gone.
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENT_WATCHDOG_DB", "AGENT_WATCHDOG_CONFIG")}
+    env["TMPDIR"] = str(tmp_path)
+    exe = Path(sys.executable).with_name("agent-watchdog")
+    proc = subprocess.run([str(exe), "demo"], capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert list(tmp_path.iterdir()) == [], "the temporary store was left behind"
+    closing = proc.stdout.rstrip().splitlines()[-1]
+    assert "deleted now" in closing and "agent-watchdog demo --keep DIR" in closing
+    assert "agent-watchdog --db" not in proc.stdout  # no command on a store that no longer exists

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import insert, select, text, update
 
 from agent_procs import wait_until
-from daemon_support import actions, alerts_of, config, later
+from daemon_support import SEALER, actions, alerts_of, config, later
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.cluster import Membership
 from watchdog.daemon.killer import Killer
@@ -47,7 +47,8 @@ def _tool_event(engine, rid, seq, tool="search", ok=True):
 
 
 def _ticker(engine, host, lease=None, cfg=None):
-    return Ticker(engine, cfg or config(), Killer(host=host), membership=Membership(engine, host, lease))
+    return Ticker(engine, cfg or config(), Killer(host=host), membership=Membership(engine, host, lease),
+                  sealer=SEALER)
 
 
 _HELD: list = []

@@ -9,6 +9,7 @@ import time
 from sqlalchemy import select
 
 from watchdog import Watchdog
+from daemon_support import SEALER
 from watchdog.core.config import parse
 from watchdog.daemon.killer import Killer
 from watchdog.store.schema import alerts, runs
@@ -54,7 +55,7 @@ def test_a_hanging_tool_is_named_and_the_run_still_looks_hung(engine, db_url):
 
         # The daemon stops it for silence, and its alert says where it hangs.
         later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=5)
-        rep = Ticker(engine, parse({}), Killer()).tick(later)
+        rep = Ticker(engine, parse({}), Killer(), sealer=SEALER).tick(later)
         assert rep.stops == [(run.id, "heartbeat_timeout")]
         with engine.connect() as conn:
             body = conn.execute(select(alerts.c.body).where(alerts.c.run_id == run.id)).scalar()
@@ -69,10 +70,24 @@ def test_a_hanging_tool_is_named_and_the_run_still_looks_hung(engine, db_url):
 
 
 def test_a_quick_tool_writes_no_progress(engine, db_url):
+    """Tools that answer in time leave `progress` alone while the announcer is watching; the same
+    announcer, in the same run, names the call that does not answer (so it was not just asleep)."""
     wd = Watchdog(db_url)
-    with wd.run(agent="a") as run:
-        for i in range(5):
-            run.tool_call("search", {"q": i}, lambda q: q)
-    time.sleep(1.5)  # the announcer would have written by now (it polls every second)
-    assert _row(engine, run.id).progress is None
+    wd.inflight.announce_after_s = 3.0  # 15x the quick calls below: a loaded box does not blur it
+    with wd.run(agent="a", kill_mode="cooperative") as run:
+        quick_started = time.monotonic()
+        for i in range(7):  # 1.4 s of 0.2 s calls: the announcer (every 1 s) sees calls in flight
+            run.tool_call("search", {"q": i}, lambda q: time.sleep(0.2) or q)
+        assert time.monotonic() - quick_started >= 1.4
+        assert _row(engine, run.id).progress is None  # the run is still going: nothing was announced
+
+        release = threading.Event()
+        worker = threading.Thread(target=lambda: run.tool_call("slow_report", {}, lambda: release.wait(60)))
+        worker.start()
+        try:
+            assert _wait_for(lambda: _row(engine, run.id).progress is not None, timeout_s=30)
+            assert _row(engine, run.id).progress.startswith("in slow_report since ")  # not search
+        finally:
+            release.set()
+            worker.join(timeout=60)
     wd.close()

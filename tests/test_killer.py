@@ -8,6 +8,7 @@ before returning, so reading the pending mask right after the call is exact.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -17,11 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from watchdog.daemon.killer import Killer, ProcessIdentity, SignalOutcome
+from watchdog.daemon.killer import Killer, ProcessIdentity, SignalOutcome, default_allowed_users, uid_min
 
 WAIT_S = 10.0  # generous: a loaded 2-core box can be slow to start Pythons
 POLL_S = 0.02
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
+ME = pwd.getpwuid(os.geteuid()).pw_name  # named explicitly: root is never a default
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="starting a child as user nobody needs root")
 
 # A process that announces itself (depth and pid) in a file once its signal
@@ -139,7 +141,7 @@ def spawn(tmp_path):
 
 @pytest.fixture
 def killer():
-    return Killer()
+    return Killer(allowed_users=[ME])
 
 
 def ident(k: Killer, pid: int) -> ProcessIdentity:
@@ -327,11 +329,42 @@ def test_other_users_process_is_refused_unless_allowed(spawn):
 
 
 @needs_root
-def test_default_allowed_user_is_our_own(spawn):
-    p = spawn.popen(["sleep", "600"], user="nobody")
-    assert wait_until(lambda: psutil.Process(p.pid).name() == "sleep")
+def test_root_is_signalled_only_when_named(spawn):
+    # No allowed_users, the daemon running as root: nobody, root least of all.
+    assert default_allowed_users() == frozenset()
     k = Killer()
-    assert k.refusal(ident(k, p.pid)) == "user 'nobody' not in allowed_users ['root']"
+    mine = spawn.sleeper(block_term=True)
+    assert k.refusal(ident(k, mine.pid)) == "user 'root' not in allowed_users []"
+    assert k.terminate(ident(k, mine.pid), "process").targets == ()
+    assert not sigterm_pending(mine.pid)
+    nobodys = spawn.popen(["sleep", "600"], user="nobody")
+    assert wait_until(lambda: psutil.Process(nobodys.pid).name() == "sleep")
+    assert k.refusal(ident(k, nobodys.pid)) == "user 'nobody' not in allowed_users []"
+    # Named explicitly, root is allowed; nobody (a system account, uid < UID_MIN) still is not.
+    named = Killer(allowed_users=["root"])
+    assert named.refusal(ident(named, mine.pid)) is None
+    assert named.refusal(ident(named, nobodys.pid)) == "user 'nobody' not in allowed_users ['root']"
+
+
+def test_uid_min_comes_from_login_defs(tmp_path):
+    defs = tmp_path / "login.defs"
+    defs.write_text("# comment\nUID_MIN\t\t 2000\nUID_MAX 60000\n")
+    assert uid_min(str(defs)) == 2000
+    defs.write_text("UID_MAX 60000\n")
+    assert uid_min(str(defs)) == 1000
+    assert uid_min(str(tmp_path / "missing")) == 1000
+
+
+def test_an_attested_uid_that_no_longer_matches_is_refused(killer, spawn):
+    p = spawn.sleeper(block_term=True)
+    real = ident(killer, p.pid)
+    me = os.geteuid()
+    assert killer.refusal(ProcessIdentity(real.host, real.pid, real.create_time, uid=me)) is None
+    other = ProcessIdentity(real.host, real.pid, real.create_time, uid=me + 4242)
+    assert killer.refusal(other) == f"runs as uid {me} (effective {me}), attested as uid {me + 4242}"
+    assert killer.terminate(other, "process").targets == ()
+    assert not sigterm_pending(p.pid)
+    assert killer.alive([other]) == [other]  # it still runs: refused, not gone
 
 
 @needs_root
@@ -401,7 +434,7 @@ def test_recycled_pid_is_not_signalled(killer, spawn):
 
 def test_pid_recycled_between_check_and_pidfd_open_is_caught(spawn):
     _require_ns_last_pid()
-    k = Killer()
+    k = Killer(allowed_users=[ME])
     old = spawn.sleeper()
     old_ident = ident(k, old.pid)
     newcomer: list[subprocess.Popen] = []
@@ -421,7 +454,7 @@ def test_pid_recycled_between_check_and_pidfd_open_is_caught(spawn):
 
 
 def test_os_kill_fallback_keeps_the_checks(spawn):
-    k = Killer()
+    k = Killer(allowed_users=[ME])
 
     def no_pidfd(pid):
         raise OSError(38, "Function not implemented")  # ENOSYS on old kernels

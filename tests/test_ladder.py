@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import update
 
 from agent_procs import process_gone, wait_until
-from daemon_support import actions, alerts_of, config, interventions_of, later, run_row
+from daemon_support import ME, actions, alerts_of, config, interventions_of, later, run_row
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.service import Daemon
 from watchdog.daemon.killer import Killer
@@ -35,8 +35,19 @@ NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 
-def ticker(engine, cfg=None) -> Ticker:
-    return Ticker(engine, cfg or config(), Killer())
+@pytest.fixture
+def attestor(attest, db_or_sqlite_url):
+    """This host's daemon socket on the test's store: the agents attest to it, the ticker verifies."""
+    return attest(db_or_sqlite_url)
+
+
+@pytest.fixture
+def db_or_sqlite_url(request):
+    return request.getfixturevalue("db_url" if "db_url" in request.fixturenames else "sqlite_url")
+
+
+def ticker(engine, attestor, cfg=None, killer=None) -> Ticker:
+    return Ticker(engine, cfg or config(), killer or Killer(allowed_users=[ME]), sealer=attestor.sealer)
 
 
 def sigterm_pending(pid: int) -> bool:
@@ -59,9 +70,9 @@ RUNAWAY = dict(kill_mode="process", budgets={"max_steps": 3}, steps=4)
 # -- the cooperative path ---------------------------------------------------------------------------
 
 
-def test_the_agent_sees_the_stop_on_its_next_write_and_the_run_ends_killed(db_url, engine, procs):
+def test_the_agent_sees_the_stop_on_its_next_write_and_the_run_ends_killed(db_url, engine, procs, attestor):
     agent = procs.start("runaway", db_url, **RUNAWAY, then="loop")
-    tk = ticker(engine)
+    tk = ticker(engine, attestor)
     t = utcnow()
     assert tk.tick(t).stops == [(agent.run_id, lc.MAX_STEPS)]
 
@@ -82,9 +93,9 @@ def test_the_agent_sees_the_stop_on_its_next_write_and_the_run_ends_killed(db_ur
 # -- SIGTERM, then SIGKILL ------------------------------------------------------------------------------
 
 
-def test_a_sigterm_ignoring_agent_gets_sigterm_then_sigkill(db_url, engine, procs):
+def test_a_sigterm_ignoring_agent_gets_sigterm_then_sigkill(db_url, engine, procs, attestor):
     agent = procs.start("runaway", db_url, **RUNAWAY, ignore_sigterm=True, then="hang")
-    tk = ticker(engine)
+    tk = ticker(engine, attestor)
     t = utcnow()
     assert tk.tick(t).stops == [(agent.run_id, lc.MAX_STEPS)]
 
@@ -122,7 +133,7 @@ def test_a_sigterm_ignoring_agent_gets_sigterm_then_sigkill(db_url, engine, proc
     assert len(alerts_of(engine, agent.run_id)) == 2
 
 
-def test_kill_mode_tree_kills_the_agent_its_child_and_its_grandchild(sqlite_url, procs):
+def test_kill_mode_tree_kills_the_agent_its_child_and_its_grandchild(sqlite_url, procs, attestor):
     from watchdog.store.engine import make_engine
 
     engine = make_engine(sqlite_url)
@@ -132,7 +143,7 @@ def test_kill_mode_tree_kills_the_agent_its_child_and_its_grandchild(sqlite_url,
     assert len(agent.children) == 2
     idents = {pid: psutil.Process(pid).create_time() for pid in agent.children}
     assert os.getpgid(agent.children[0]) == os.getpgid(agent.children[1]) == agent.pid  # its process group
-    tk = ticker(engine)
+    tk = ticker(engine, attestor)
     t = utcnow()
     tk.tick(t)
     tk.tick(later(t, 0.6))
@@ -152,35 +163,72 @@ def test_kill_mode_tree_kills_the_agent_its_child_and_its_grandchild(sqlite_url,
     engine.dispose()
 
 
+def test_a_run_started_before_its_daemon_is_attested_on_a_later_write(db_url, engine, procs, monkeypatch):
+    from attest_support import Attestor, short_dir
+
+    folder = short_dir()
+    monkeypatch.setenv("AGENT_WATCHDOG_SOCKET", str(folder / "attest.sock"))  # nobody listens there yet
+    agent = procs.start("runaway", db_url, **RUNAWAY, ignore_sigterm=True, then="attest_then_hang",
+                        attest_retry_s=0.2)
+    assert agent.info["attested"] is False
+    late = Attestor(db_url, socket=str(folder / "attest.sock")).start()  # the daemon comes up
+    try:
+        assert wait_until(lambda: attestation_of(engine, agent.run_id) is not None), agent.log()
+        assert attestation_of(engine, agent.run_id).pid == agent.pid
+        tk = ticker(engine, late)
+        t = utcnow()
+        assert tk.tick(t).stops == [(agent.run_id, lc.MAX_STEPS)]
+        tk.tick(later(t, 0.6))
+        tk.tick(later(t, 1.2))
+        assert actions(engine, agent.run_id) == ["stop_requested", "sigterm", "sigkill"]
+        assert agent.wait() == -signal.SIGKILL
+    finally:
+        late.close()
+
+
+def attestation_of(engine, run_id):
+    from sqlalchemy import select
+
+    from watchdog.store.schema import attestations
+
+    with engine.connect() as conn:
+        return conn.execute(select(attestations).where(attestations.c.run_id == run_id)).first()
+
+
 # -- identity before every signal ----------------------------------------------------------------------
 
 
-def test_a_process_whose_create_time_does_not_match_is_not_signalled(db_url, engine, procs):
+def test_a_process_whose_create_time_does_not_match_is_not_signalled(db_url, engine, procs, attestor):
     agent = procs.start("runaway", db_url, **RUNAWAY, block_sigterm=True, then="hang")
-    tk = ticker(engine)
+    tk = ticker(engine, attestor)
     t = utcnow()
     tk.tick(t)
     with engine.begin() as conn:
         conn.execute(update(runs).where(runs.c.id == agent.run_id)
                      .values(pid_create_time=runs.c.pid_create_time - 3600))
 
-    # The registered identity names no running process (the pid is someone else's now): nothing
-    # is signalled, and the run is over, said so in the audit.
+    # The row no longer names the process that attested (nor any running one): nothing is
+    # signalled on either's word, and that is said in the audit and the alert.
     for dt_s in (0.6, 1.2, 5):
         tk.tick(later(t, dt_s))
         assert not sigterm_pending(agent.pid) and agent.alive()
-    assert actions(engine, agent.run_id) == ["stop_requested", "ended"]
-    assert outcome_of(engine, agent.run_id, "ended") == (
-        "process exited after the cooperative stop (create time differs (pid recycled))")
+    assert actions(engine, agent.run_id) == ["stop_requested", "signal_refused"]
+    assert outcome_of(engine, agent.run_id, "signal_refused") == (
+        "not signalled: identity not attested (the run row no longer matches what was attested)")
+    # Once the daemon re-reads /proc (the row's identity names no live process), the run is over.
+    tk.tick(later(t, 11))
+    assert not sigterm_pending(agent.pid) and agent.alive()
+    assert actions(engine, agent.run_id) == ["stop_requested", "signal_refused", "ended"]
     row = run_row(engine, agent.run_id)
     assert (row.status, row.stop_reason, row.signal_stage) == (lc.KILLED, lc.MAX_STEPS, "done")
-    assert [a.dedupe_key for a in alerts_of(engine, agent.run_id)] == [f"stop:{agent.run_id}"]
+    assert [a.dedupe_key for a in alerts_of(engine, agent.run_id)] == [f"stop:{agent.run_id}",
+                                                                      f"escalate:{agent.run_id}"]
 
 
-def test_a_refused_signal_is_recorded_and_alerted_and_the_run_ends_with_its_process(db_url, engine, procs):
+def test_a_refused_signal_is_recorded_and_alerted_and_the_run_ends_with_its_process(db_url, engine, procs, attestor):
     me = pwd.getpwuid(os.geteuid()).pw_name
     agent = procs.start("runaway", db_url, **RUNAWAY, block_sigterm=True, then="hang")
-    tk = Ticker(engine, config(), Killer(allowed_users=["nobody"]))  # the agent's user is not allowed
+    tk = ticker(engine, attestor, killer=Killer(allowed_users=["nobody"]))  # the agent's user is not allowed
     t = utcnow()
     tk.tick(t)
     tk.tick(later(t, 0.6))
@@ -223,7 +271,7 @@ def _spawn_with_pid(pid: int, attempts: int = 200) -> subprocess.Popen | None:
     return None
 
 
-def test_a_recycled_pid_is_never_signalled(sqlite_url, procs):
+def test_a_recycled_pid_is_never_signalled(sqlite_url, procs, attestor):
     try:
         NS_LAST_PID.write_text(NS_LAST_PID.read_text().strip())
     except OSError as exc:
@@ -232,7 +280,7 @@ def test_a_recycled_pid_is_never_signalled(sqlite_url, procs):
 
     engine = make_engine(sqlite_url)
     agent = procs.start("runaway", sqlite_url, **RUNAWAY, then="hang")
-    tk = ticker(engine)
+    tk = ticker(engine, attestor)
     t = utcnow()
     tk.tick(t)
     agent.proc.kill()  # the agent dies (not by the daemon)...
@@ -256,13 +304,16 @@ def test_a_recycled_pid_is_never_signalled(sqlite_url, procs):
 # -- restarts ----------------------------------------------------------------------------------------------
 
 
-def test_a_daemon_restarted_between_sigterm_and_sigkill_finishes_the_ladder_once(db_url, engine, procs, http):
-    agent = procs.start("runaway", db_url, **RUNAWAY, ignore_sigterm=True, then="hang")
+def test_a_daemon_restarted_between_sigterm_and_sigkill_finishes_the_ladder_once(db_url, engine, procs, http,
+                                                                                   monkeypatch):
     cfg = config()
-    t = utcnow()
-
     first = Daemon(engine, cfg, notifier=Notifier([http.url()]))
     first.acquire()
+    first.start_attesting()  # the daemon's own socket: the agent attests to it, as in production
+    monkeypatch.setenv("AGENT_WATCHDOG_SOCKET", cfg.daemon.socket)
+    agent = procs.start("runaway", db_url, **RUNAWAY, ignore_sigterm=True, then="hang")
+    t = utcnow()
+
     assert first.once(t).stops == [(agent.run_id, lc.MAX_STEPS)]
     first.once(later(t, 0.6))
     assert actions(engine, agent.run_id) == ["stop_requested", "sigterm"]
@@ -293,11 +344,11 @@ def test_a_daemon_restarted_between_sigterm_and_sigkill_finishes_the_ladder_once
 # -- cooperative: several runs in one process ----------------------------------------------------------
 
 
-def test_in_a_shared_process_only_the_looping_run_stops(tmp_path, db_url, engine, procs):
+def test_in_a_shared_process_only_the_looping_run_stops(tmp_path, db_url, engine, procs, attestor):
     finish = tmp_path / "finish"
     agent = procs.start("shared", db_url, finish=str(finish))
     ids = agent.info["run_ids"]
-    tk = ticker(engine)
+    tk = ticker(engine, attestor)
     t = utcnow()
     assert tk.tick(t).stops == [(ids["looper"], lc.LOOP_DETECTED)]
     assert wait_until(lambda: run_row(engine, ids["looper"]).status == lc.KILLED), agent.log()
@@ -318,11 +369,11 @@ def test_in_a_shared_process_only_the_looping_run_stops(tmp_path, db_url, engine
     assert len(alerts_of(engine)) == 1
 
 
-def test_in_a_shared_process_a_run_that_ignores_the_stop_is_alerted_not_signalled(tmp_path, db_url, engine, procs):
+def test_in_a_shared_process_a_run_that_ignores_the_stop_is_alerted_not_signalled(tmp_path, db_url, engine, procs, attestor):
     finish = tmp_path / "finish"
     agent = procs.start("shared", db_url, finish=str(finish), ignore_stop=True)
     ids = agent.info["run_ids"]
-    tk = ticker(engine)
+    tk = ticker(engine, attestor)
     t = utcnow()
     assert tk.tick(t).stops == [(ids["looper"], lc.LOOP_DETECTED)]
     caught = Path(str(agent.ready_path) + ".caught")
@@ -351,10 +402,10 @@ def test_in_a_shared_process_a_run_that_ignores_the_stop_is_alerted_not_signalle
         assert run_row(engine, ids[name]).status == lc.COMPLETED
 
 
-def test_a_shared_process_that_dies_after_an_ignored_stop_ends_all_its_runs(tmp_path, db_url, engine, procs):
+def test_a_shared_process_that_dies_after_an_ignored_stop_ends_all_its_runs(tmp_path, db_url, engine, procs, attestor):
     agent = procs.start("shared", db_url, finish=str(tmp_path / "finish"), ignore_stop=True)
     ids = agent.info["run_ids"]
-    tk = ticker(engine)
+    tk = ticker(engine, attestor)
     t = utcnow()
     tk.tick(t)
     assert wait_until(Path(str(agent.ready_path) + ".caught").exists), agent.log()
@@ -376,7 +427,7 @@ def test_a_shared_process_that_dies_after_an_ignored_stop_ends_all_its_runs(tmp_
 # -- agent-watchdog kill -----------------------------------------------------------------------------------
 
 
-def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, engine, procs):
+def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, engine, procs, attestor):
     cfg_path = tmp_path / "wd.toml"
     cfg_path.write_text("[daemon]\ncancel_grace_s = 0.5\nterm_grace_s = 0.5\n")
     agent = procs.start("runaway", db_url, kill_mode="process", steps=1, then="hang")
@@ -392,11 +443,15 @@ def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, 
     (iv,) = interventions_of(engine, agent.run_id)
     assert (iv.action, iv.reason, iv.detail) == ("stop_requested", lc.MANUAL, "x")
     assert iv.actor.startswith("cli@")
+    assert alerts_of(engine, agent.run_id) == []  # only the daemon composes alerts
+
+    tk = ticker(engine, attestor)
+    t = row.stop_requested_at
+    tk.tick(later(t, 0.1))  # the daemon sees a stop it did not request: it alerts it, worded from the store
     (alert,) = alerts_of(engine, agent.run_id)
     assert alert.title == f"agent-watchdog: stopped bot run {agent.run_id[:8]} — manual"
-
-    tk = ticker(engine)
-    t = row.stop_requested_at
+    assert alert.mac is not None and "x" not in alert.body.split("\n")[2]
+    assert actions(engine, agent.run_id) == ["stop_requested"]  # the CLI's own record, not a second one
     tk.tick(later(t, 0.6))
     assert actions(engine, agent.run_id) == ["stop_requested", "sigterm"]
     assert agent.wait() == -signal.SIGTERM

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import time
 
 import pytest
 
@@ -63,13 +64,18 @@ def test_failing_target_reports_reason_and_others_still_get_it(http, smtp):
     assert http.rejected == 1 and http.received == []
 
 
-def test_smtp_refusal_is_a_result_not_an_exception(smtp):
+def test_smtp_refusal_is_a_result_that_quotes_the_server(smtp):
     smtp.fail_next(1, code=550)
 
-    (result,) = Notifier([smtp.url()]).send(TITLE, BODY)
+    (result,) = Notifier([smtp.url()]).send(TITLE, BODY)  # returns: an exception would fail the test here
 
-    assert result.ok is False and result.error
+    assert result.ok is False
+    assert result.error == ('Sending email to "oncall@example.org" failed '
+                            "(server said 550 sink told to refuse this message)")
     assert smtp.messages == []
+    # The refusal was for that message only: the next one is delivered.
+    (again,) = Notifier([smtp.url()]).send(TITLE, BODY)
+    assert again.ok is True and smtp.wait_for(1)
 
 
 def test_skip_does_not_resend_to_a_target_that_already_got_it(http, smtp):
@@ -113,12 +119,20 @@ def test_target_ids_are_stable_hashes_not_urls(http):
     assert url not in target.id
 
 
-@pytest.mark.parametrize("garbage", ["not a url", "slack://", "", "nosuchservice://x"])
-def test_url_error_gives_one_line_reason(garbage):
-    reason = url_error(garbage)
+@pytest.mark.parametrize("garbage,reason", [
+    ("not a url", "not an apprise URL (expected schema://...)"),
+    ("slack://", "An invalid Slack (first) Token () was specified."),
+    ("", "empty URL"),
+    ("nosuchservice://x", "Unparseable URL nosuchservice://x"),
+    ("slack://T0SECRETA/B0SECRETB/", None),  # checked below: the reason never quotes the token
+])
+def test_url_error_gives_the_reason_in_one_line(garbage, reason):
+    got = url_error(garbage)
 
-    assert isinstance(reason, str) and reason.strip()
-    assert "\n" not in reason
+    if reason is not None:
+        assert got == reason
+    assert isinstance(got, str) and got.strip() and "\n" not in got
+    assert "SECRET" not in got
 
 
 def test_url_error_accepts_valid_urls(http, smtp):
@@ -180,6 +194,12 @@ def test_silent_target_fails_within_timeout_instead_of_hanging():
         port = silent.getsockname()[1]
         notifier = Notifier([f"json://127.0.0.1:{port}/hook"], timeout_s=1)
 
+        started = time.monotonic()
         (result,) = notifier.send(TITLE, BODY)
+        elapsed_s = time.monotonic() - started
 
-    assert result.ok is False and result.error
+    assert result.ok is False
+    assert result.error == "A Connection error occurred sending JSON notification to 127.0.0.1 (Read timed out)"
+    # It waited for its 1 s timeout, not for ever: generous upper bound for a loaded box, and a lower
+    # bound showing it was the timeout (not a refusal) that ended the wait.
+    assert 0.9 <= elapsed_s < 30, elapsed_s

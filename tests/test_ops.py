@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +17,8 @@ import pytest
 
 from alertsinks import HttpSink, closed_port
 from watchdog import Watchdog
+from daemon_support import config as daemon_config
+from daemon_support import daemon_toml
 from watchdog.core.config import parse
 from watchdog.daemon.service import Daemon
 from watchdog.daemon.metrics import start_metrics
@@ -51,7 +54,7 @@ def test_metrics_endpoint_counts_the_stop(db_url):
     listen = f"127.0.0.1:{_free_port()}"
     metrics = start_metrics(listen)
     run_id = _runaway(db_url)
-    config = parse({"metrics": {"listen": listen}})
+    config = daemon_config(metrics={"listen": listen})
     daemon = Daemon(make_engine(db_url), config, metrics=metrics)
     rep = daemon.once()
     assert rep.stops == [(run_id, "max_steps")]
@@ -70,7 +73,7 @@ def test_tick_pings_systemd_watchdog(sqlite_url, tmp_path, monkeypatch):
     try:
         monkeypatch.setenv("NOTIFY_SOCKET", path)
         _runaway(sqlite_url)
-        _stop_it(sqlite_url, parse({}))
+        _stop_it(sqlite_url, daemon_config())
         sock.settimeout(5)
         msg = sock.recv(4096).decode()
         assert "WATCHDOG=1" in msg.splitlines()
@@ -92,7 +95,7 @@ def test_top_once_fits_80_columns(sqlite_url):
 
 def test_postmortem_of_a_run_the_daemon_stopped(sqlite_url, tmp_path):
     run_id = _runaway(sqlite_url)
-    _stop_it(sqlite_url, parse({}))
+    _stop_it(sqlite_url, daemon_config())
     out_file = tmp_path / "pm.md"
     res = subprocess.run([CLI, "--db", sqlite_url, "postmortem", run_id[:8], "--output", str(out_file)],
                          capture_output=True, text=True, timeout=60)
@@ -134,17 +137,22 @@ def test_unknown_run_is_one_line(sqlite_url, args):
 
 
 def test_run_refuses_an_unmigrated_store_in_one_line(tmp_path):
-    url = f"sqlite:///{tmp_path / 'empty.db'}"
-    res = subprocess.run([CLI, "--db", url, "run", "--once"], capture_output=True, text=True, timeout=60)
+    db = tmp_path / "empty.db"
+    sqlite3.connect(db).close()  # a SQLite file without tables
+    url = f"sqlite:///{db}"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(daemon_toml())
+    res = subprocess.run([CLI, "--db", url, "--config", str(cfg), "run", "--once"], capture_output=True, text=True,
+                         timeout=60)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
-        "agent-watchdog: error: the store has no tables yet: run `agent-watchdog db upgrade` first")
+        f"agent-watchdog: error: the store at {url} has no tables: run `agent-watchdog db upgrade --db {url}` first")
 
 
 def test_run_waits_for_a_store_that_is_down_at_start_up(tmp_path):
     _held, port = closed_port()
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[daemon]\ntick_s = 1\n")
+    cfg.write_text(daemon_toml(tick_s=1))
     proc = subprocess.Popen([CLI, "--config", str(cfg), "--db", f"postgresql://postgres@127.0.0.1:{port}/x", "run"],
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -35,7 +35,7 @@ def wheel(tmp_path_factory) -> Path:
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(REPO), "-w", str(out)],
                            capture_output=True, text=True, timeout=180, env=clean_env())
     assert build.returncode == 0, build.stderr[-2000:]
-    (found,) = out.glob("agent_watchdog-*.whl")
+    (found,) = out.glob("agent_watchdog_daemon-*.whl")
     return found
 
 
@@ -64,9 +64,10 @@ def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
     assert not any(n.endswith(".pyc") or "__pycache__" in n for n in names)
     assert not any(n.startswith(("tests/", "migrations/")) for n in names)
     assert "agent-watchdog = watchdog.cli:main" in entry_points
-    assert "Name: agent-watchdog" in metadata
+    # Our own name: `agent-watchdog` on PyPI is an unrelated project.
+    assert "\nName: agent-watchdog-daemon\n" in metadata
     assert "Requires-Python: >=3.11" in metadata
-    for dep in ("psutil", "sqlalchemy", "alembic", "apscheduler", "click", "apprise"):
+    for dep in ("psutil", "sqlalchemy", "alembic", "apscheduler", "click", "apprise", "genai-prices"):
         assert f"requires-dist: {dep}" in metadata.lower(), dep
     assert "extra == 'postgres'" in metadata and "extra == 'test'" in metadata
 
@@ -93,7 +94,8 @@ def test_installed_package_uses_its_own_migrations_and_a_light_sdk(venv):
         "import sys, watchdog, watchdog.client, watchdog.store.migrate as m\n"
         "print(watchdog.__file__)\n"
         "print(m.migrations_dir())\n"
-        "print(','.join(sorted(x for x in sys.modules if x.split('.')[0] in ('psutil', 'apprise', 'apscheduler'))))\n"
+        "print(','.join(sorted(x for x in sys.modules if x.split('.')[0] in ('psutil', 'apprise', 'apscheduler',\n"
+        "                                                                   'genai_prices', 'pydantic'))))\n"
     )
     result = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120,
                             cwd="/", env=clean_env())
@@ -102,3 +104,49 @@ def test_installed_package_uses_its_own_migrations_and_a_light_sdk(venv):
     assert package_file.startswith(str(venv)), package_file
     assert migrations.startswith(str(venv)) and migrations.endswith("_migrations"), migrations
     assert heavy == ""
+
+
+def test_installed_version_comes_from_the_distribution(venv):
+    # click reads the version from the distribution's metadata: a stale package_name fails here.
+    result = subprocess.run([str(venv / "bin" / "agent-watchdog"), "--version"], capture_output=True, text=True,
+                            timeout=60, cwd="/", env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "agent-watchdog, version 0.1.0"
+
+
+def test_without_an_extra_every_message_names_it(venv, tmp_path):
+    """The installed wheel has no extras: what needs psycopg or prometheus_client says which extra to add."""
+    py, cli = str(venv / "bin" / "python"), str(venv / "bin" / "agent-watchdog")
+    probe = subprocess.run([py, "-c", "import importlib.util as u; print(u.find_spec('psycopg'), "
+                                      "u.find_spec('prometheus_client'))"], capture_output=True, text=True, timeout=60,
+                           env=clean_env(), cwd="/")
+    assert probe.stdout.split() == ["None", "None"], probe.stdout + probe.stderr
+    pg = "postgresql://postgres@127.0.0.1:5432/whatever"
+    postgres_hint = ("needs the `postgres` extra (psycopg 3): pip install 'agent-watchdog-daemon[postgres]', "
+                     "or '.[postgres]' from a checkout")
+
+    def run(*args):
+        return subprocess.run(args, capture_output=True, text=True, timeout=120, env=clean_env(), cwd=tmp_path)
+
+    res = run(cli, "--db", pg, "runs")
+    assert res.returncode == 1 and res.stderr.strip() == (
+        f"agent-watchdog: error: store URL 'postgresql+psycopg://postgres@127.0.0.1:5432/whatever' {postgres_hint}")
+    sdk = run(py, "-c", f"from watchdog import Watchdog; Watchdog({pg!r})")
+    assert sdk.returncode == 1 and sdk.stderr.strip().splitlines()[-1].endswith(postgres_hint), sdk.stderr
+    assert "ModuleNotFoundError" not in sdk.stderr
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "{pg}"\n[metrics]\nlisten = "127.0.0.1:9464"\n')
+    check = run(cli, "check-config", str(cfg))
+    assert check.returncode == 2
+    msg = check.stderr.strip()
+    assert msg.startswith(f"agent-watchdog: error: {cfg}: store.url is a PostgreSQL URL: it {postgres_hint}; ")
+    assert msg.endswith(f"{cfg}: metrics.listen needs the `metrics` extra (prometheus_client): "
+                        "pip install 'agent-watchdog-daemon[metrics]', or '.[metrics]' from a checkout")
+
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    assert run(cli, "--db", db, "db", "upgrade").returncode == 0
+    cfg.write_text('[metrics]\nlisten = "127.0.0.1:9464"\n')
+    daemon = run(cli, "--config", str(cfg), "--db", db, "run", "--once")
+    assert daemon.returncode == 2 and "metrics.listen needs the `metrics` extra" in daemon.stderr, daemon.stderr
+    assert "Traceback" not in daemon.stderr and daemon.stderr.count("\n") == 1

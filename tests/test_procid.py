@@ -58,11 +58,51 @@ def test_awkward_process_name_is_parsed_like_psutil(tmp_path):
         child.wait(timeout=10)
 
 
+GONE = """
+import subprocess, sys
+from watchdog.core import procid
+child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+alive = procid.create_time(child.pid)
+child.kill(); child.wait()
+print(alive is not None, procid.create_time(child.pid))
+"""
+
+
 def test_gone_pid_gives_none():
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait(timeout=10)
-    assert procid.create_time(child.pid) is None or psutil.pid_exists(child.pid)
+    # In a pid namespace of its own nothing else forks, so the reaped child's pid cannot be taken
+    # by another process before the check: the answer is deterministic, None and only None.
+    res = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", GONE], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "None"]
 
 
-def test_hostname():
-    assert procid.hostname() == socket.gethostname()
+@pytest.mark.parametrize("pid", [-1, 0, "nosuchpid", "1/../self", 2**22 + 1])
+def test_a_pid_that_cannot_exist_gives_none(pid):
+    # 2**22 + 1 is above the largest pid_max Linux allows (4194304).
+    assert procid.create_time(pid) is None
+
+
+HOST = """
+from watchdog import Watchdog
+from watchdog.core import procid
+wd = Watchdog(sys_argv_db)
+with wd.run(agent="where") as run:
+    run.step(cost_eur=0.0)
+print(procid.hostname(), run.id)
+"""
+
+
+def test_hostname_is_the_uts_name_the_run_is_registered_under(sqlite_url):
+    # A host of its own (UTS namespace): the name the kernel gives this process, not a cached
+    # or resolved one, and the name the SDK writes in the run's row for the daemon to match.
+    code = HOST.replace("sys_argv_db", repr(sqlite_url))
+    res = subprocess.run(["unshare", "--uts", "sh", "-c", f'hostname agent-host-7 && exec "$0" -c "$1"',
+                          sys.executable, code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    name, run_id = res.stdout.split()
+    assert name == "agent-host-7" != socket.gethostname()
+    import sqlite3
+
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
+        assert conn.execute("SELECT host FROM runs WHERE id = ?", (run_id,)).fetchone() == ("agent-host-7",)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, insert, select
 
-from daemon_support import config
+from daemon_support import SEALER, config
 from watchdog.cli import main
 from watchdog.cli.store_cmds import parse_age
 from watchdog.core import lifecycle as lc
@@ -153,7 +153,7 @@ def test_ages_and_keep_days_are_parsed_strictly():
 
 def _ticker(engine, host, lease=None, keep_days=30):
     return Ticker(engine, config(store={"keep_days": keep_days}), Killer(host=host),
-                  membership=Membership(engine, host, lease))
+                  membership=Membership(engine, host, lease), sealer=SEALER)
 
 
 def test_the_leader_prunes_on_its_ticks_and_a_follower_never_does(engine, aged):

@@ -307,9 +307,8 @@ def test_args_hash_is_sha256_of_canonical_json_and_args_are_not_stored(db_url, e
         assert conn.execute(text("SELECT COUNT(*) FROM events WHERE args IS NOT NULL")).scalar() == 0
 
 
-def test_raw_args_are_stored_when_the_published_settings_say_record_args(db_url, engine, make_wd):
-    publish(engine, parse_config({"store": {"record_args": True}}).published())
-    wd = make_wd(db_url)
+def test_raw_args_are_stored_only_when_this_agent_says_record_args(db_url, engine, make_wd, monkeypatch):
+    wd = make_wd(db_url, record_args=True)
     with wd.run(agent="a") as run:
         run.tool_call("search", {"q": "refund", "n": 3}, lambda q, n: None)
         run.record_tool("fetch", {"url": "https://x"}, ok=False, error="boom")
@@ -317,6 +316,39 @@ def test_raw_args_are_stored_when_the_published_settings_say_record_args(db_url,
     evs = event_rows(engine, run.id)
     assert [e.args for e in evs] == [{"n": 3, "q": "refund"}, {"url": "https://x"}, None]
     assert evs[0].args_hash == canonical_sha256({"q": "refund", "n": 3})
+    # The environment says so too; the constructor wins over it.
+    monkeypatch.setenv("AGENT_WATCHDOG_RECORD_ARGS", "1")
+    assert make_wd(db_url).record_args is True and make_wd(db_url, record_args=False).record_args is False
+    monkeypatch.setenv("AGENT_WATCHDOG_RECORD_ARGS", "maybe")
+    with pytest.raises(ValueError, match="AGENT_WATCHDOG_RECORD_ARGS"):
+        make_wd(db_url)
+
+
+def test_the_store_cannot_turn_record_args_on(db_url, engine, make_wd):
+    """Anyone who can write the store can write `settings`: what agents record must not follow it."""
+    publish(engine, {**parse_config({}).published(), "record_args": True, "store": {"record_args": True}})
+    wd = make_wd(db_url)
+    with wd.run(agent="a") as run:
+        run.tool_call("charge", {"api_key": "sk-live-VICTIM", "card": "4111111111111111"}, lambda **kw: None)
+    (ev,) = event_rows(engine, run.id)
+    assert ev.args is None and ev.args_hash == canonical_sha256({"api_key": "sk-live-VICTIM",
+                                                                 "card": "4111111111111111"})
+    assert wd.record_args is False
+
+
+def test_record_errors_class_keeps_no_message(db_url, engine, make_wd, monkeypatch):
+    monkeypatch.setenv("AGENT_WATCHDOG_RECORD_ERRORS", "class")
+    wd = make_wd(db_url)
+    with pytest.raises(ValueError):
+        with wd.run(agent="a", guards=False) as run:
+            run.record_tool("fetch", {}, ok=False, error=ConnectionError("api_key=sk-live-X refused"))
+            raise ValueError("token=abc in the agent's own error")
+    (ev,) = event_rows(engine, run.id)
+    assert (ev.error_class, ev.error_msg) == ("ConnectionError", None)
+    row = run_row(engine, run.id)
+    assert (row.status, row.stop_detail) == ("failed", "ValueError")
+    with pytest.raises(ValueError, match="record_errors"):
+        make_wd(db_url, record_errors="everything")
 
 
 def test_tool_exception_is_re_raised_and_recorded_with_class_and_short_message(db_url, engine, make_wd):
@@ -360,9 +392,15 @@ def test_cost_comes_from_the_published_price_table_unless_given(db_url, engine, 
         run.step(model="gpt-x", tokens_in=1000, tokens_out=500, cost_eur=0.5)  # explicit wins
         run.step(model="unpriced-model", tokens_in=1000, tokens_out=1000)
         run.step(tokens_in=7)
+        run.step(model="unpriced-model")  # no tokens: nothing to price, free whatever the model
     evs = event_rows(engine, run.id)
-    assert [e.cost_eur for e in evs] == pytest.approx([0.008, 0.5, 0.0, 0.0])
-    assert run_row(engine, run.id).cost_eur == pytest.approx(0.508)
+    # Never a silent zero: a step no published price covers is recorded with no cost (NULL),
+    # its tokens counted as unpriced on the run, for the daemon to price or report.
+    assert [e.cost_eur for e in evs[:2]] == pytest.approx([0.008, 0.5])
+    assert [e.cost_eur for e in evs[2:]] == [None, None, 0.0]
+    row = run_row(engine, run.id)
+    assert row.cost_eur == pytest.approx(0.508) and row.cost_unpriced_tokens == 2007
+    assert run.cost_unpriced_tokens == 2007
 
 
 # --- stops ----------------------------------------------------------------------------

@@ -14,10 +14,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
 import pytest
+
+import scratch_root
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[1] / "systemd"
 UNIT = SYSTEMD_DIR / "agent-watchdog.service"
@@ -190,14 +193,22 @@ def test_unit_keeps_what_the_job_needs():
     for forbidden in ("ProtectProc", "ProcSubset", "PrivateUsers", "DynamicUser", "PrivateNetwork"):
         assert forbidden not in svc, f"{forbidden}= would break the daemon (see the unit's comments)"
     assert svc["StateDirectory"] == ["agent-watchdog"]
+    # The state directory is the daemon's (its sealing key); agents only traverse it to store/.
+    assert svc["StateDirectoryMode"] == ["0711"]
+    # Two groups: the daemon's own reads the config, the store's is shared with the agents.
+    assert svc["SupplementaryGroups"] == ["agent-watchdog-store"]
+    # The alert URLs reach the daemon as a credential, never through a file an agent can read.
+    assert svc["LoadCredential"] == ["alert-urls:/etc/agent-watchdog/alert-urls"]
+    # The attestation socket's directory.
+    assert (svc["RuntimeDirectory"], svc["RuntimeDirectoryMode"]) == (["agent-watchdog"], ["0755"])
     assert svc["SystemCallFilter"][0] == "@system-service"
 
 
 # --- (c) example config ---------------------------------------------------------
 
 PUBLIC_KEYS = {
-    "store": {"url", "record_args", "keep_days"},
-    "daemon": {"tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s"},
+    "store": {"url", "record_args", "record_errors", "keep_days"},
+    "daemon": {"tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s", "socket", "key_file"},
     "defaults": {
         "max_wall_s",
         "max_steps",
@@ -209,10 +220,16 @@ PUBLIC_KEYS = {
         "on_rate",
         "dedupe_window_s",
         "runs_may_raise",
+        "max_tokens",
+        "max_cost_eur_per_day",
+        "max_cost_eur_per_month",
+        "warn_at",
     },
     "circuit": {"errors", "window_s", "open_s", "max_calls_per_min"},
-    "alerts": {"urls"},
+    "alerts": {"urls", "urls_file"},
     "metrics": {"listen"},
+    "pricing": {"eur_per_usd", "budget_tz"},
+    "drift": {"window_s", "baseline_days", "factor", "min_runs"},
 }
 PRICE_KEYS = {"input_eur_per_mtok", "output_eur_per_mtok"}
 
@@ -222,13 +239,37 @@ def _example() -> dict:
         return tomllib.load(f)
 
 
-def test_example_is_valid_toml():
-    assert isinstance(_example(), dict)
+def test_example_passes_check_config_where_its_users_exist():
+    """The real `check-config` (TOML, keys, values, alert URLs, and what the file needs from the
+    host) refuses the example on a host without the user its allowed_users names, and accepts
+    it once that user exists: in a scratch root (tests/scratch_root.py), where useradd writes a
+    copy of /etc."""
+    why = scratch_root.available()
+    if why:
+        pytest.skip(f"a scratch root {why}")
+    cli = Path(sys.executable).with_name("agent-watchdog")
+    base = Path(tempfile.mkdtemp(prefix="aw-example-root-", dir="/tmp"))
+    try:
+        script = ("set +e\nuserdel agents >/dev/null 2>&1\n"  # in the copy of /etc: whatever this host has
+                  f'"{cli}" check-config "{EXAMPLE}"; echo "exit=$?"\n'
+                  "useradd --system --shell /usr/sbin/nologin agents\n"
+                  f'"{cli}" check-config "{EXAMPLE}"; echo "exit=$?"\n')
+        done = scratch_root.ScratchRoot(base).run(base, [script], timeout_s=120)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"agent-watchdog: error: {EXAMPLE}: daemon.allowed_users: no user 'agents' on this host "
+        "(create it, or name the user the agents run as)"]
+    exits = [line for line in done.stdout.splitlines() if line.startswith("exit=")]
+    assert exits == ["exit=2", "exit=0"], done.stdout
+    assert f"config {EXAMPLE}: OK" in done.stdout
+    assert "allowed users ['agents']" in done.stdout
 
 
 def test_example_names_every_public_key():
     raw = _example()
-    assert set(raw) == set(PUBLIC_KEYS) | {"agents", "prices"}
+    assert set(raw) == set(PUBLIC_KEYS) | {"agents", "prices", "budgets"}
     for section, keys in PUBLIC_KEYS.items():
         have = {k for k, v in raw[section].items() if not isinstance(v, dict)}
         assert have == keys, f"[{section}]: missing {keys - have}, unknown {have - keys}"
@@ -245,18 +286,25 @@ def test_example_names_every_public_key():
     assert raw["prices"], 'no example [prices."MODEL"]'
     for model, price in raw["prices"].items():
         assert set(price) == PRICE_KEYS, model
+    # [[budgets]]: label-scoped period budgets.
+    assert raw["budgets"] and all(set(b) <= {"labels", "max_cost_eur_per_day", "max_cost_eur_per_month", "warn_at"}
+                                  and b["labels"] for b in raw["budgets"])
 
 
 def test_example_documented_values():
     raw = _example()
-    assert raw["store"] == {"url": "sqlite:////var/lib/agent-watchdog/runs.db", "record_args": False, "keep_days": 30}
+    assert raw["store"] == {"url": "sqlite:////var/lib/agent-watchdog/store/runs.db", "record_args": False,
+                            "record_errors": "scrubbed", "keep_days": 30}
     assert raw["daemon"] == {
         "tick_s": 5,
         "cancel_grace_s": 10,
         "term_grace_s": 5,
         "allowed_users": ["agents"],
         "alert_retry_s": 30,
+        "socket": "/run/agent-watchdog/attest.sock",
+        "key_file": "/var/lib/agent-watchdog/attest.key",
     }
+    assert raw["alerts"] == {"urls": [], "urls_file": "alert-urls"}
     assert raw["defaults"] == {
         "max_wall_s": 300,
         "max_steps": 12,
@@ -268,7 +316,13 @@ def test_example_documented_values():
         "on_rate": "alert",
         "dedupe_window_s": 0,
         "runs_may_raise": False,
+        "max_tokens": 2_000_000,
+        "max_cost_eur_per_day": 50.0,
+        "max_cost_eur_per_month": 500.0,
+        "warn_at": 0.8,
     }
+    assert raw["pricing"] == {"eur_per_usd": 0.86, "budget_tz": "UTC"}
+    assert raw["drift"] == {"window_s": 3600, "baseline_days": 7, "factor": 3.0, "min_runs": 10}
     assert {k: raw["circuit"][k] for k in PUBLIC_KEYS["circuit"]} == {"errors": 5, "window_s": 60, "open_s": 120, "max_calls_per_min": 120}
     assert raw["metrics"] == {"listen": ""}
 
@@ -304,6 +358,9 @@ def test_example_accepted_by_the_daemon_parser():
     assert parsed.defaults == config.Budgets()
     assert parsed.circuit.default == config.CircuitPolicy()
     assert parsed.store == config.StoreConfig(url=parsed.store.url, record_args=False)
+    assert (parsed.daemon.socket, parsed.daemon.key_file) == (d_socket := config.DEFAULT_SOCKET, config.DEFAULT_KEY_FILE)
+    # The shipped credential template (systemd/alert-urls) is read next to the config, and holds no URL.
+    assert config.alert_urls(parsed) == () and d_socket.startswith("/run/agent-watchdog/")
     d = config.DaemonConfig()
     assert (parsed.daemon.tick_s, parsed.daemon.cancel_grace_s, parsed.daemon.term_grace_s, parsed.daemon.alert_retry_s) == (
         d.tick_s,
@@ -312,3 +369,4 @@ def test_example_accepted_by_the_daemon_parser():
         d.alert_retry_s,
     )
     assert parsed.metrics_listen == ""
+    assert parsed.pricing == config.PricingConfig() and parsed.drift == config.DriftConfig()

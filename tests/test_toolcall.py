@@ -16,8 +16,9 @@ from sqlalchemy import insert, select
 
 from watchdog import RunKilled, ToolUnavailable, Watchdog
 from watchdog.core import lifecycle as lc
+from watchdog.errors import ConfigError
 from watchdog.sdk import toolcall
-from watchdog.store.schema import events, runs, settings, tool_circuits, utcnow
+from watchdog.store.schema import circuit_probes, events, runs, settings, tool_circuits, utcnow
 
 UNTIL_FMT = "%H:%M:%S"
 
@@ -48,13 +49,14 @@ def publish(engine, **defaults):
 
 
 def write_circuit(engine, tool="verify_iban", *, state="open", open_until=None, errors=5, window_s=60.0,
-                  last_error="500 Internal Server Error", probe_run_id=None):
+                  last_error="500 Internal Server Error", last_error_class="ConnectionError", probe_run_id=None):
     """What the daemon writes when it opens a circuit."""
     now = utcnow()
     with engine.begin() as conn:
         conn.execute(insert(tool_circuits).values(
             tool=tool, state=state, opened_at=now, open_until=open_until, errors_in_window=errors,
-            window_s=window_s, last_error=last_error, probe_run_id=probe_run_id, updated_at=now))
+            window_s=window_s, last_error=last_error, last_error_class=last_error_class, probe_run_id=probe_run_id,
+            updated_at=now))
 
 
 class Tool:
@@ -403,8 +405,8 @@ def test_open_circuit_fails_fast_without_calling_the_tool(wd, engine):
             run.tool_call("verify_iban", {"iban": "DE00"}, tool, retries=3, backoff_s=0)
         assert run.tool_call("search", {"q": 1}, tool) == "ok"  # one tool, never everything
     expected = (f"ToolUnavailable: verify_iban is unavailable until {until.astimezone().strftime(UNTIL_FMT)} "
-                "(5 errors in 60 s: 500 Internal Server Error); do not retry it")
-    assert str(info.value) == expected
+                "(5 errors in 60 s, ConnectionError); do not retry it")
+    assert str(info.value) == expected  # the class and the count: never another run's message
     assert info.value.tool == "verify_iban"
     assert tool.calls == [{"q": 1}]
     evs = tool_events(engine, run.id)
@@ -515,9 +517,11 @@ def test_half_open_lets_exactly_one_probe_through_across_processes(db_url, engin
     assert all("do not retry it" in str(e) for e in refused)
     with engine.connect() as conn:
         row = conn.execute(select(tool_circuits).where(tool_circuits.c.tool == "verify_iban")).one()
-    # Closed at once by the successful probe; its id stays for the daemon to audit the close.
-    assert (row.state, row.probe_run_id) == ("closed", winners[0])
-    assert row.probe_at is not None
+        (claim,) = conn.execute(select(circuit_probes)).all()
+    # One claim, marked ok by the winner: calls go through at once; the circuit's row is the
+    # daemon's to close (agents never write tool_circuits).
+    assert (claim.tool, claim.run_id, claim.ok, claim.opened_at) == ("verify_iban", winners[0], True, row.opened_at)
+    assert (row.state, row.probe_run_id) == ("open", None)
 
 
 def test_the_probe_is_one_call_even_for_the_probing_run(wd, engine):
@@ -542,7 +546,9 @@ def test_half_open_row_without_a_probe_is_claimable(wd, engine):
     assert len(tool.calls) == 2
     with engine.connect() as conn:
         row = conn.execute(select(tool_circuits)).one()
-    assert (row.state, row.probe_run_id) == ("closed", run.id)
+        claim = conn.execute(select(circuit_probes)).one()
+    assert (claim.run_id, claim.ok) == (run.id, True)
+    assert (row.state, row.probe_run_id) == ("half_open", None)  # the daemon closes it on its tick
 
 
 def test_half_open_row_with_a_probe_elsewhere_fails_fast(wd, engine):
@@ -553,3 +559,53 @@ def test_half_open_row_with_a_probe_elsewhere_fails_fast(wd, engine):
         with pytest.raises(ToolUnavailable):
             run.tool_call("verify_iban", {}, tool)
     assert tool.calls == []
+
+
+# --- guards before any daemon ran -----------------------------------------------------------
+
+
+def test_on_a_fresh_store_with_no_daemon_a_loop_of_identical_calls_is_stopped(db_url, engine, monkeypatch, caplog):
+    monkeypatch.delenv("AGENT_WATCHDOG_CONFIG", raising=False)
+    with engine.connect() as conn:
+        assert conn.execute(select(settings)).first() is None  # nothing was ever published here
+    tool = Tool()
+    w = Watchdog(db_url, circuit_cache_s=0)
+    try:
+        with caplog.at_level("INFO", logger="watchdog.client"):
+            with pytest.raises(RunKilled) as info:
+                with w.run("bot") as run:
+                    for _ in range(60):
+                        run.tool_call("search", {"q": "refund"}, tool)
+    finally:
+        w.close()
+    assert info.value.reason == lc.LOOP_DETECTED
+    assert len(tool.calls) == 2  # the documented default: the 3rd identical call is refused
+    assert_killed(engine, run, lc.LOOP_DETECTED)
+    said = [r.getMessage() for r in caplog.records if "judged by" in r.getMessage()]
+    assert len(said) == 1 and "built-in default budgets" in said[0]  # says once which it used
+
+
+def test_on_a_fresh_store_the_guard_judges_by_the_config_it_can_read(db_url, engine, monkeypatch, tmp_path):
+    cfg = tmp_path / "agents.toml"
+    cfg.write_text("[agents.bot]\nmax_steps = 3\n")
+    monkeypatch.setenv("AGENT_WATCHDOG_CONFIG", str(cfg))
+    w = Watchdog(db_url, circuit_cache_s=0)
+    try:
+        with pytest.raises(RunKilled) as info:
+            with w.run("bot") as run:
+                for _ in range(60):
+                    run.check_budget(0.0)
+                    run.step(tokens_in=10)
+    finally:
+        w.close()
+    assert info.value.reason == lc.MAX_STEPS
+    assert run_row(engine, run.id).steps == 3
+    assert_killed(engine, run, lc.MAX_STEPS)
+
+
+def test_a_broken_agent_config_is_loud_at_once(db_url, monkeypatch, tmp_path):
+    cfg = tmp_path / "agents.toml"
+    cfg.write_text("[agents.bot]\nmax_stepz = 3\n")
+    monkeypatch.setenv("AGENT_WATCHDOG_CONFIG", str(cfg))
+    with pytest.raises(ConfigError, match="max_stepz"):
+        Watchdog(db_url)

@@ -2,7 +2,7 @@
 retention and listing indexes, the sealed top tool of ended runs
 
 Revision ID: 0006
-Revises: 0002
+Revises: 0004
 Create Date: 2026-12-08
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 # Self-contained: a migration never imports the application.
 
 revision = '0006'
-down_revision = '0002'
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 

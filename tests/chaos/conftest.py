@@ -75,6 +75,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from attest_support import short_dir
+from daemon_support import ME
 from watchdog.core.config import RUN_BUDGET_KEYS
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import daemons, events, interventions, runs, settings, tool_circuits
@@ -246,6 +248,11 @@ def watchdog_daemon(request, tmp_path):
     cfg = copy.deepcopy(CHAOS_CONFIG)
     for marker in reversed(list(request.node.iter_markers("watchdog_config"))):  # closest marker wins
         cfg = _merge(cfg, marker.args[0])
+    # The daemon's key and attestation socket (a short path), and this user named as the
+    # allowed one (root is never a default): the agents attest to it like under systemd.
+    sock_dir = short_dir()
+    cfg = _merge({"daemon": {"allowed_users": [ME], "key_file": str(sock_dir / "attest.key"),
+                             "socket": str(sock_dir / "attest.sock")}}, cfg)
     cfg = _merge(cfg, {"store": {"url": url}})
     folder = tmp_path / "daemon"
     folder.mkdir()
@@ -556,6 +563,7 @@ class AgentFactory:
         for k, v in budgets.items():
             argv += ["--budget", f"{k}={v!r}"]
         env = {k: v for k, v in os.environ.items() if k not in ("AGENT_WATCHDOG_DB", "AGENT_WATCHDOG_CONFIG")}
+        env["AGENT_WATCHDOG_SOCKET"] = self.daemon.config["daemon"]["socket"]
         with open(stdout, "wb") as out, open(stderr, "wb") as err:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
         handle = AgentRun(self, proc, agent=agent, scenario=scenario, tool=tool, guards=guards, pace_s=pace_s,

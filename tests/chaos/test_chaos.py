@@ -13,6 +13,8 @@ import signal
 
 import pytest
 
+from .conftest import CHAOS_CONFIG
+
 pytestmark = pytest.mark.slow
 
 BUDGET_REASONS = {"loop_detected", "max_steps", "max_tool_calls", "max_cost", "wall_clock"}
@@ -176,7 +178,17 @@ def test_no_run_exceeds_its_budgets_and_innocent_runs_are_untouched(watchdog_dae
 
 
 def test_runaway_down_is_stopped(watchdog_daemon, agent_process):
-    # The shape `agent-watchdog postmortem` suggests for a run stopped on a tool that was down.
+    # The shape `agent-watchdog postmortem` suggests for a run stopped on a tool that was down, held
+    # to the suite's own budgets (not a production profile's 12 steps / 300 s / 2.00 EUR).
+    b = CHAOS_CONFIG["defaults"]
     run = agent_process(agent='runaway', scenario='always_500', tool='verify_iban', guards=False)
-    assert run.ended_within(steps=12, seconds=300, eur=2.00)
-    assert run.status == 'killed' and run.innocent_runs_untouched()
+    assert run.ended_within(steps=b["max_steps"], seconds=b["max_wall_s"], eur=b["max_cost_eur"],
+                            tool_calls=b["max_identical_calls"])  # the loop is caught at its 3rd identical call
+    row = run.row()
+    assert (row.status, row.stop_reason) == ("killed", "loop_detected"), run.diagnostics()
+    assert run.daemon_actions() == ["stop_requested"]  # guards off: the daemon stopped it, cooperatively
+    errors = _tool_errors(run)  # the tool's own 500s; a call after the circuit opened fails fast instead
+    assert errors and all(e.error_msg == "500 Internal Server Error" or e.error_class == "ToolUnavailable"
+                          for e in errors)
+    assert sum(e.error_msg == "500 Internal Server Error" for e in errors) >= b["max_identical_calls"]
+    assert run.wait_exit() == 2 and run.innocent_runs_untouched()

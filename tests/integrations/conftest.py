@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from .integration_support import DAEMON_CONFIG, DAEMON_READY_S, daemon_command, daemon_ticking
+from .integration_support import DAEMON_READY_S, daemon_command, daemon_config, daemon_ticking
 
 
 @pytest.fixture
 def daemon(sqlite_url, tmp_path):
     """The real `agent-watchdog run --config FILE --db URL`, up and ticking; stopped afterwards."""
     config = tmp_path / "watchdog.toml"
-    config.write_text(DAEMON_CONFIG)
+    config.write_text(daemon_config())
     log_path = tmp_path / "daemon.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
     with open(log_path, "wb") as log:

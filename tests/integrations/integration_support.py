@@ -17,17 +17,20 @@ from sqlalchemy import select
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import daemons, events, runs, settings
 
-DAEMON_CONFIG = """\
-[daemon]
-tick_s = 0.2
-cancel_grace_s = 5
-
+DAEMON_DEFAULTS = """\
 [defaults]
 max_tool_calls = 6
 max_steps = 1000
 max_identical_calls = 1000
 """
 DAEMON_READY_S = 30.0
+
+
+def daemon_config() -> str:
+    """The daemon's TOML: this user allowed, its own key and socket, a fast tick, small budgets."""
+    from daemon_support import daemon_toml
+
+    return daemon_toml(tick_s=0.2, cancel_grace_s=5) + "\n" + DAEMON_DEFAULTS
 
 
 def run_row(url: str, run_id: str) -> dict:

@@ -12,6 +12,7 @@ import sys
 import click
 
 from watchdog.core.config import ENV_CONFIG, Config, load, resolve_db_url
+from watchdog.core.scrub import scrub
 from watchdog.errors import ConfigError, StoreError
 
 EXIT_ERROR = 1
@@ -27,6 +28,7 @@ class App:
         self.debug = debug
         self._config: Config | None = None
         self._engine = None
+        self._read_engine = None
 
     @property
     def config(self) -> Config:
@@ -41,27 +43,51 @@ class App:
             raise StoreError(f"no store: pass --db URL, set AGENT_WATCHDOG_DB, or set [store] url in the config (${ENV_CONFIG})")
         return url
 
-    @property
-    def profiles(self) -> Config:
-        """The budgets runs are judged against: the config file if one is given, else
-        what the daemon published in the store (so `show` agrees with the daemon)."""
+    def judge_by(self, conn) -> Config:
+        """The budgets runs are judged against: the config file if one is given, else what
+        the daemon published in the store (so `show` agrees with the daemon).
+
+        The one profile resolver of the CLI. It reads on the connection the command already
+        holds: a second connection opened inside a write transaction (as `kill` once did)
+        waits out SQLite's busy timeout for the lock its own command holds."""
         if self.config_path:
             return self.config
         from watchdog.store.views import published_profiles
 
-        try:
-            with self.engine.connect() as conn:
-                return published_profiles(conn, self.config)
-        except Exception:  # noqa: BLE001 — an old or empty store: the built-in defaults
-            return self.config
+        return published_profiles(conn, self.config)
 
     @property
     def engine(self):
+        """The store for a command that writes: it must exist and have its tables."""
         if self._engine is None:
-            from watchdog.store.engine import make_engine
-
-            self._engine = make_engine(self.db_url)
+            self._engine = self.open_store(must_exist=True, tables=True)
         return self._engine
+
+    def reader(self):
+        """A read connection (one snapshot) for a command that only reads. SQLite is opened
+        read-only: a mistyped path is an error naming the fix, never a new empty file."""
+        from watchdog.store.engine import read_connection
+
+        if self._read_engine is None:
+            self._read_engine = self.open_store(read_only=True, tables=True)
+        return read_connection(self._read_engine)
+
+    def open_store(self, *, must_exist: bool = False, read_only: bool = False, tables: bool = False):
+        """An engine on the store. `tables`: it must have been migrated (`db upgrade`)."""
+        from watchdog.store.engine import make_engine, require_tables
+
+        engine = make_engine(self.db_url, must_exist=must_exist, read_only=read_only)
+        if tables:
+            if engine.dialect.name == "sqlite" and not read_only:
+                # Probe read-only: a writer's first connection would turn the file into a WAL database.
+                probe = make_engine(self.db_url, read_only=True)
+                try:
+                    require_tables(probe, self.db_url)
+                finally:
+                    probe.dispose()
+            else:
+                require_tables(engine, self.db_url)
+        return engine
 
 
 def fail_cleanly(fn):
@@ -86,19 +112,66 @@ def fail_cleanly(fn):
 def _die(app, exc, code):
     if app is not None and app.debug:
         raise exc
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if not isinstance(exc, (ConfigError, StoreError, ValueError)):
-        msg = f"{type(exc).__name__}: {msg}"
+    msg = _database_error(app, exc)
+    if msg is None:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if not isinstance(exc, (ConfigError, StoreError, ValueError)):
+            msg = f"{type(exc).__name__}: {msg}"
+    msg = scrub(msg)  # an error may quote a URL with its password, or a token
     click.echo(f"agent-watchdog: error: {msg}", err=True)
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _database_error(app, exc) -> str | None:
+    """A driver error as one line naming the store (never the SQL or its parameters), with the
+    fix when a table or column is missing: the store is older than this agent-watchdog."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return None
+    from watchdog.core.text import url_without_password
+    from watchdog.store.engine import is_missing_schema, upgrade_hint
+
+    try:
+        url = app.db_url
+    except Exception:  # noqa: BLE001 — the error is about the store, whatever its URL
+        url = "(unknown URL)"
+    first = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0] if exc.orig is not None else str(exc)
+    if is_missing_schema(exc):
+        return f"the store at {url_without_password(url)} lacks tables or columns this agent-watchdog needs " \
+               f"({first}): {upgrade_hint(url)}"
+    return f"the store at {url_without_password(url)}: {first}"
+
+
+class _Group(click.Group):
+    """click's own errors (a bad option, a ClickException) in the CLI's one error style:
+    `agent-watchdog: error: ...`, one line on stderr, instead of click's `Error: ...`."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("agent-watchdog: error: aborted", err=True)
+            sys.exit(1)
+        except click.ClickException as exc:
+            msg = " ".join(exc.format_message().split()).rstrip(".")
+            if isinstance(exc, click.UsageError) and exc.ctx is not None:
+                msg += f" (see `{exc.ctx.command_path} --help`)"
+            click.echo(f"agent-watchdog: error: {msg}", err=True)
+            sys.exit(exc.exit_code)
+        sys.exit(0)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--db", envvar="AGENT_WATCHDOG_DB", help="Store URL (else $AGENT_WATCHDOG_DB, else [store] url).")
 @click.option("--config", "config_path", envvar=ENV_CONFIG, type=click.Path(dir_okay=False),
               help="Config file (else $AGENT_WATCHDOG_CONFIG).")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
-@click.version_option(package_name="agent-watchdog")
+@click.version_option(package_name="agent-watchdog-daemon")
 @click.pass_context
 def main(ctx, db, config_path, debug):
     """agent-watchdog: stop runaway LLM agent runs — one run, one tool, never the platform."""

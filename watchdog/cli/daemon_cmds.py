@@ -8,35 +8,45 @@ import sys
 import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
-from watchdog.store.engine import read_connection
 from watchdog.store.schema import utcnow
 
 
 def _logging(verbose: bool):
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    # apprise logs full URLs on some failures: only our own privacy-form lines reach the log.
+    # apprise logs full URLs on some failures: only our own privacy-form lines reach the log
+    # (watchdog.daemon.notify still reads each delivery's own warnings and cause).
     logging.getLogger("apprise").setLevel(logging.CRITICAL)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # APScheduler's "skipped: maximum number of running instances" repeats our own
+    # "<job> job skipped" line (service.py): one line per skip is enough.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # -v is about the watchdog: urllib3 (under apprise) would log every HTTP connection.
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
 
 
 @main.command("run")
 @click.option("--once", is_flag=True, help="Run one tick (and one alert delivery) and exit.")
-@click.option("-v", "--verbose", is_flag=True)
+@click.option("-v", "--verbose", is_flag=True, help="Log at debug level (the watchdog's own loggers).")
 @shared_options
 @pass_app
 @fail_cleanly
 def run_cmd(app, once, verbose):
     """Run the watchdog daemon in the foreground (SIGTERM/SIGINT: finish the tick and exit 0)."""
     from watchdog.daemon.metrics import start_metrics
-    from watchdog.daemon.service import AlreadyRunning, Daemon
+    from watchdog.daemon.service import AlreadyRunning, Daemon, check_allowed_users
+
+    from watchdog.daemon.preflight import check
 
     _logging(verbose)
+    check(app.config)  # what the config needs (extras, users) is there: loud at start, not mid-run
+    # SQLite: checked here, read-only (a store that is down is PostgreSQL's case: _acquire waits for it).
+    store = app.open_store(must_exist=True, tables=app.db_url.startswith("sqlite"))
+    check_allowed_users(app.config)  # before anything listens or a key is made
     metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
-    daemon = Daemon(app.engine, app.config, metrics=metrics)
+    daemon = Daemon(store, app.config, metrics=metrics)
     try:
-        _acquire(daemon, retry=not once)
+        _acquire(daemon, app.db_url, retry=not once)
     except AlreadyRunning as exc:
         # Not a failure: this host is watched. Exit 0 so that systemd (Restart=on-failure)
         # and a second start by hand both leave the running daemon alone.
@@ -55,21 +65,27 @@ def run_cmd(app, once, verbose):
         daemon.release()
 
 
-def _acquire(daemon, retry: bool):
+def _acquire(daemon, url: str, retry: bool):
     """Take the lease; a store that is down at start-up is waited for, not fatal (systemd
-    would only restart us into the same outage). Another live daemon: AlreadyRunning."""
+    would only restart us into the same outage). Another live daemon: AlreadyRunning (the
+    caller exits 0). A store without this version's tables is fatal: the daemon never
+    migrates one by itself."""
     import time
 
     from sqlalchemy.exc import OperationalError
 
-    from watchdog.store import migrate
     from watchdog.errors import StoreError
+    from watchdog.store import migrate
+    from watchdog.store.engine import require_tables, upgrade_hint
 
     delay_s = 1.0
     while True:
         try:
-            if migrate.current(daemon.engine) is None:
-                raise StoreError("the store has no tables yet: run `agent-watchdog db upgrade` first")
+            require_tables(daemon.engine, url)
+            current, head = migrate.current(daemon.engine), migrate.head()
+            if current != head and migrate.is_older(current):
+                raise StoreError(f"the store is at revision {current}, this agent-watchdog needs {head}: "
+                                 f"{upgrade_hint(url)}")
             return daemon.acquire()
         except OperationalError as exc:
             if not retry:
@@ -105,7 +121,7 @@ def kill_cmd(app, run_id, reason):
             raise StoreError(f"run {rid[:8]} already ended: {row.status}")
         stats = tool_stats(conn, [rid])[rid]
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
-        budgets = effective_budgets(app.profiles.profile(row.agent), row)
+        budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
         ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=actor("cli"), budgets=budgets,
                           run_facts=facts(row, top, None, now))
     if not ok:
@@ -116,7 +132,7 @@ def kill_cmd(app, run_id, reason):
 
 
 @main.group("circuits", invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
 @shared_options
 @pass_app
 @click.pass_context
@@ -127,9 +143,10 @@ def circuits_cmd(ctx, app, as_json):
         return
     from sqlalchemy import select
 
+    from watchdog.cli import render
     from watchdog.store.schema import tool_circuits
 
-    with read_connection(app.engine) as conn:
+    with app.reader() as conn:
         rows = conn.execute(select(tool_circuits).order_by(tool_circuits.c.tool)).all()
     records = [{"tool": r.tool, "state": r.state, "open_until": r.open_until.isoformat() if r.open_until else None,
                 "errors_in_window": r.errors_in_window, "window_s": r.window_s, "last_error": r.last_error,
@@ -139,9 +156,9 @@ def circuits_cmd(ctx, app, as_json):
         return
     if not records:
         click.echo("no circuits: every tool is closed")
-    for r in records:
-        until = f" until {r['open_until'][11:19]} UTC" if r["state"] == "open" and r["open_until"] else ""
-        click.echo(f"{r['tool'][:30]:30} {r['state']:9}{until}  {r['errors_in_window']} errors  {r['last_error'] or ''}"[:120])
+    now = utcnow()
+    for row, r in zip(rows, records):
+        click.echo(render.circuit_line(r, row.open_until, now))
 
 
 @circuits_cmd.command("close")
@@ -166,11 +183,13 @@ def circuits_close(app, tool):
 @fail_cleanly
 def test_alert(app):
     """Send a test alert to every configured URL; one line per URL; exit 1 if any failed."""
-    from watchdog.daemon.notify import Notifier
+    from watchdog.core.config import alert_urls
+    from watchdog.daemon.notify import Notifier, url_error
 
-    urls = app.config.alert_urls
+    urls = alert_urls(app.config, url_error=url_error)
     if not urls:
-        raise click.ClickException("no alert URLs: set [alerts] urls in the config")
+        where = app.config.path or "the config (--config or $AGENT_WATCHDOG_CONFIG)"
+        raise click.ClickException(f"no alert URLs: set [alerts] urls or urls_file in {where}")
     _logging(False)
     results = Notifier(urls).send(
         "agent-watchdog: test alert",

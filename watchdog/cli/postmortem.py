@@ -36,6 +36,10 @@ CAUSES = {
              "timeouts on every tool and model call; heartbeats from long work"),
     "crash": ("the process died without ending the run", "find the crash in the agent's own logs; supervise it"),
     "manual": ("stopped by hand", "write down why the human had to step in, and which automatic defense should have"),
+    # No row of the signature table matched: say so rather than name a cause the table denies.
+    "unclassified": ("no loop signature of the table below: the run used up a budget in a way it does not describe",
+                     "read the run's events (`agent-watchdog show RUN_ID --events 50`), then fit the budget to the "
+                     "agent or add a guard for the pattern you find"),
 }
 
 
@@ -66,10 +70,10 @@ def _cause(row, sig: dict[str, bool]) -> str:
         return "crash"
     if row.stop_reason == lc.HEARTBEAT_TIMEOUT:
         return "hung"
-    for cause in ("schema", "down", "stuck"):  # the most specific signature names the cause
+    for cause in ("schema", "down", "stuck", "insist"):  # the most specific signature names the cause
         if sig[cause]:
             return cause
-    return "insist"
+    return "unclassified"
 
 
 def _first_repeat(evs):

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 from watchdog.core.budgets import BUDGETS, PROFILE_KEYS, Totals
 from watchdog.core.config import Config
+from watchdog.core.text import duration, url_without_password
 
 
 def short(run_id: str) -> str:
     return run_id[:8]
-
-
-def _dur(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def top_tool_text(top: dict | None) -> str:
@@ -28,15 +18,22 @@ def top_tool_text(top: dict | None) -> str:
     return f"{top['name']}×{top['calls']}{err}"
 
 
+def cut(text: str, width: int) -> str:
+    """`text` in at most `width` characters; a cut one ends in "…", so it never reads as whole."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def runs_table(records: list[dict]) -> str:
     if not records:
         return "no runs"
-    lines = [f"{'RUN':8} {'AGENT':14} {'STATUS':9} {'REASON':13} {'STEP':>4} {'CALL':>4} {'EUR':>6} {'AGE':>6} TOP TOOL"]
+    reason_w = max(6, min(17, max(len(r["stop_reason"] or "-") for r in records)))
+    lines = [f"{'RUN':8} {'AGENT':14} {'STATUS':9} {'REASON':{reason_w}} {'STEP':>4} {'CALL':>4} {'EUR':>6} "
+             f"{'AGE':>6} TOP TOOL"]
     for r in records:
         lines.append(
-            f"{short(r['id']):8} {r['agent'][:14]:14} {r['status']:9} {(r['stop_reason'] or '-')[:13]:13} "
-            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {_dur(r['duration_s']):>6} "
-            f"{top_tool_text(r['top_tool'])[:18]}"
+            f"{short(r['id']):8} {cut(r['agent'], 14):14} {r['status']:9} {cut(r['stop_reason'] or '-', reason_w):{reason_w}} "
+            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>6} "
+            f"{cut(top_tool_text(r['top_tool']), 18)}"
         )
     return "\n".join(lines)
 
@@ -60,6 +57,8 @@ def run_detail(r: dict) -> str:
             line += f"  ({r['tool_errors']} errors)"
         elif budget.measure == "cost_eur":
             line += f"  (tokens {r['tokens_in']} in / {r['tokens_out']} out)"
+            if r.get("cost_unpriced_tokens"):
+                line += f"  + {r['cost_unpriced_tokens']} tokens UNPRICED (not in the cost)"
         lines.append(line)
     if r.get("progress"):
         lines.append(f"  progress    {r['progress']}")
@@ -82,35 +81,51 @@ def run_detail(r: dict) -> str:
 def event_line(e: dict) -> str:
     t = e["at"][11:19]
     if e["kind"] == "tool":
-        status = "ok" if e["ok"] else f"ERR {e['error_class']}: {e['error_msg']}"
+        status = "ok" if e["ok"] else f"ERR {error_text(e['error_class'], e['error_msg'])}"
         return f"#{e['seq']:<4} {t} tool {e['tool']} [{(e['args_hash'] or '')[:8]}] {status}"[:110]
     if e["kind"] == "step":
-        return f"#{e['seq']:<4} {t} step {e['model'] or '-'} {e['tokens_in']}→{e['tokens_out']} tok {e['cost_eur'] or 0:.4f} EUR"
+        cost = "unpriced" if e["cost_eur"] is None else f"{e['cost_eur']:.4f} EUR"
+        return f"#{e['seq']:<4} {t} step {e['model'] or '-'} {e['tokens_in']}→{e['tokens_out']} tok {cost}"
     return f"#{e['seq']:<4} {t} heartbeat {e['progress'] or ''}"[:110]
 
 
-def _masked_url(url: str | None) -> str | None:
-    """A store URL fit for a terminal or a log: the password is replaced by ***."""
-    if not url:
-        return url
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+def error_text(error_class: str | None, error_msg: str | None) -> str:
+    """`Class: message`, once: a message that already starts with its class (ToolUnavailable's
+    does, it is worded for the model) is not prefixed again."""
+    msg = error_msg or ""
+    if not error_class or msg.startswith(f"{error_class}:") or msg == error_class:
+        return msg or (error_class or "error")
+    return f"{error_class}: {msg}" if msg else error_class
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(unparsable URL)"
+
+def circuit_line(r: dict, open_until, now) -> str:
+    """One line of `circuits`: an open circuit whose time is up says so (the next call is its
+    probe) instead of "open until" a time already past."""
+    state = r["state"]
+    if state == "open" and open_until is not None:
+        if open_until > now:
+            state = f"open until {open_until.strftime('%H:%M:%S')} UTC"
+        else:
+            state = f"open, expired {open_until.strftime('%H:%M:%S')} UTC (the next call is the probe)"
+    line = f"{cut(r['tool'], 30):30} {state}  {r['errors_in_window']} errors"
+    return cut(line + (f"  {r['last_error']}" if r["last_error"] else ""), 120)
 
 
 def config_summary(config: Config) -> str:
     keys = PROFILE_KEYS
     lines = [f"config {config.path or '(built-in defaults)'}: OK",
-             f"  store {_masked_url(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
+             f"  store {url_without_password(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
              f"  daemon tick {config.daemon.tick_s:g}s, cancel grace {config.daemon.cancel_grace_s:g}s, "
              f"term grace {config.daemon.term_grace_s:g}s, allowed users {list(config.daemon.allowed_users) or '(own user)'}",
-             f"  alerts {len(config.alert_urls)} URL(s), prices for {len(config.prices)} model(s)"]
+             f"  alerts {len(config.alert_urls)} URL(s), price overrides for {len(config.prices)} model(s), "
+             f"genai-prices at {config.pricing.eur_per_usd:g} EUR/USD, budget_tz {config.pricing.budget_tz}",
+             f"  drift window {config.drift.window_s:g}s vs {config.drift.baseline_days:g} days, factor "
+             f"{config.drift.factor:g}, min runs {config.drift.min_runs}; {len(config.budgets)} label budget(s)"]
     profiles = {"[defaults]": config.defaults, **{f"[agents.{k}]": v for k, v in config.agents.items()}}
     for name, b in profiles.items():
         lines.append(f"  {name}")
         lines.append("    " + ", ".join(f"{k}={getattr(b, k)}" for k in keys))
+    for lb in config.budgets:
+        lines.append(f"  [[budgets]] labels {lb.name}: per day {lb.max_cost_eur_per_day:g}, "
+                     f"per month {lb.max_cost_eur_per_month:g} EUR, warn_at {lb.warn_at:g}")
     return "\n".join(lines)

@@ -7,7 +7,6 @@ import time
 import click
 
 from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
-from watchdog.store.engine import read_connection
 from watchdog.store.schema import utcnow
 
 
@@ -21,13 +20,18 @@ from watchdog.store.schema import utcnow
 def top_cmd(app, once, interval_s):
     """Live view of the active runs, closest to a budget first (80 columns)."""
     from watchdog.cli import top
+    from watchdog.cli.budgets_cmd import published_state
+    from watchdog.core.periods import zone
+    from watchdog.store.ledger import period_report
 
     interval_s = interval_s or app.config.daemon.tick_s
-    profiles = app.profiles
     while True:
         now = utcnow()
-        with read_connection(app.engine) as conn:
-            text = top.frame(top.rows(conn, profiles, now), now)
+        with app.reader() as conn:
+            profiles = app.judge_by(conn)
+            periods = period_report(conn, profiles, now, published_state(conn, now))
+            text = top.frame(top.rows(conn, profiles, now), now, periods=periods,
+                             tz=zone(profiles.pricing.budget_tz))
         if once:
             click.echo(text)
             return
@@ -50,8 +54,8 @@ def postmortem_cmd(app, run_id, output):
     from watchdog.cli import postmortem
     from watchdog.store.views import resolve_run_id
 
-    with read_connection(app.engine) as conn:
-        text = postmortem.render(conn, resolve_run_id(conn, run_id), app.profiles, utcnow())
+    with app.reader() as conn:
+        text = postmortem.render(conn, resolve_run_id(conn, run_id), app.judge_by(conn), utcnow())
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
-from watchdog.store.engine import read_connection
 from watchdog.store.schema import utcnow
 
 
@@ -15,7 +14,7 @@ def db():
 
 
 @db.command("upgrade")
-@click.option("--revision", default="head", show_default=True)
+@click.option("--revision", default="head", show_default=True, help="Alembic revision to migrate to.")
 @shared_options
 @pass_app
 @fail_cleanly
@@ -23,8 +22,9 @@ def db_upgrade(app, revision):
     """Create or migrate the store's tables."""
     from watchdog.store import migrate
 
-    migrate.upgrade(app.engine, revision)
-    click.echo(f"store at revision {migrate.current(app.engine)}: {app.engine.url.render_as_string(hide_password=True)}")
+    engine = app.open_store()  # the one command that may create the SQLite file
+    migrate.upgrade(engine, revision)
+    click.echo(f"store at revision {migrate.current(engine)}: {engine.url.render_as_string(hide_password=True)}")
 
 
 @db.command("downgrade")
@@ -36,8 +36,9 @@ def db_downgrade(app, revision):
     """Migrate the store down to REVISION (`base` drops every table)."""
     from watchdog.store import migrate
 
-    migrate.downgrade(app.engine, revision)
-    click.echo(f"store at revision {migrate.current(app.engine)}")
+    engine = app.open_store(must_exist=True)
+    migrate.downgrade(engine, revision)
+    click.echo(f"store at revision {migrate.current(engine) or 'base (no tables)'}")
 
 
 _AGE_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -73,6 +74,7 @@ def db_prune(app, older_than, dry_run):
 
     from watchdog.errors import StoreError
     from watchdog.store import leases, retention
+    from watchdog.store.engine import read_connection
 
     if older_than is not None:
         age_s = parse_age(older_than)
@@ -80,22 +82,17 @@ def db_prune(app, older_than, dry_run):
         age_s = app.config.store.keep_days * 86400
     else:
         raise StoreError("retention is off ([store] keep_days = 0): give --older-than AGE, e.g. --older-than 30d")
-    with read_connection(app.engine) as conn:
+    engine = app.engine
+    with read_connection(engine) as conn:
         cutoff = leases.db_now(conn) - dt.timedelta(seconds=age_s)
-    rep = retention.count(app.engine, cutoff) if dry_run else retention.prune(app.engine, cutoff)
+    rep = retention.count(engine, cutoff) if dry_run else retention.prune(engine, cutoff)
     click.echo(rep.summary())
-
-
-def _judge_by(app, conn):
-    """The budgets runs are shown against: the config file's, else the ones the daemon published."""
-    from watchdog.store import views
-
-    return app.config if app.config_path else views.published_profiles(conn, app.config)
 
 
 @main.command("runs")
 @click.option("--all", "all_runs", is_flag=True, help="Include ended runs (newest first).")
-@click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000),
+              help="At most this many runs, newest first.")
 @click.option("--before", metavar="RUN_ID", help="The next page: runs started before this one (the last id shown).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
 @shared_options
@@ -106,20 +103,27 @@ def runs_cmd(app, all_runs, limit, before, as_json):
     from watchdog.cli import render
     from watchdog.store import views
 
-    with read_connection(app.engine) as conn:
+    with app.reader() as conn:
         if before is not None:
             before = views.resolve_run_id(conn, before)
-        records = views.list_runs(conn, _judge_by(app, conn), utcnow(), all_runs=all_runs, limit=limit,
-                                  before=before)
+        records = views.list_runs(conn, app.judge_by(conn), utcnow(), all_runs=all_runs, limit=limit,
+                                  before=before, on_bad_row=_warn_bad_row)
     if as_json:
         emit_json(records)
     else:
         click.echo(render.runs_table(records))
 
 
+def _warn_bad_row(run_id: str, error: Exception) -> None:
+    # stderr: --json output stays valid; the other runs are listed all the same.
+    reason = " ".join(str(error).split())[:200]
+    click.echo(f"agent-watchdog: warning: run {run_id[:8]}: unreadable row, left out ({reason})", err=True)
+
+
 @main.command("show")
 @click.argument("run_id")
-@click.option("--events", "last_events", default=15, show_default=True, type=click.IntRange(0, 10_000))
+@click.option("--events", "last_events", default=15, show_default=True, type=click.IntRange(0, 10_000),
+              help="How many of the run's last events to print.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable object.")
 @shared_options
 @pass_app
@@ -129,9 +133,9 @@ def show_cmd(app, run_id, last_events, as_json):
     from watchdog.cli import render
     from watchdog.store import views
 
-    with read_connection(app.engine) as conn:
+    with app.reader() as conn:
         rid = views.resolve_run_id(conn, run_id)
-        record = views.run_detail(conn, rid, _judge_by(app, conn), utcnow(), last_events=last_events)
+        record = views.run_detail(conn, rid, app.judge_by(conn), utcnow(), last_events=last_events)
     if as_json:
         emit_json(record)
     else:
@@ -140,18 +144,23 @@ def show_cmd(app, run_id, last_events, as_json):
 
 @main.command("check-config")
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the effective profiles as JSON.")
 @shared_options
 @pass_app
 @fail_cleanly
 def check_config(app, file, as_json):
-    """Validate a config and print every agent's effective profile (exit 2 on error)."""
+    """Validate a config and print every agent's effective profile (exit 2 on error).
+
+    Also checks what the config needs from this host: the extras its keys need
+    (postgres, metrics) are installed and the users of allowed_users exist."""
     from watchdog.cli import render
     from watchdog.core.config import load
+    from watchdog.daemon.preflight import check
 
     if file:
         app.config_path = file
     config = load(app.config_path)
+    check(config)
     if as_json:
         emit_json({"path": config.path, "defaults": config.defaults.to_json(),
                    "agents": {k: v.to_json() for k, v in config.agents.items()}})

@@ -6,9 +6,11 @@ import datetime as dt
 
 from sqlalchemy import and_, func, select
 
+from watchdog.core import forecast
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.cli.render import short
+from watchdog.core.text import duration
 from watchdog.store.schema import events, runs
 from watchdog.core.budgets import BUDGETS, Totals, effective_budgets
 from watchdog.store.views import tool_stats
@@ -17,11 +19,6 @@ from watchdog.store.views import tool_stats
 _RUNNING_TOTALS = ("steps", "tool_calls", "cost_eur", "tokens", "age_s", "silent_s")
 
 WIDTH = 80
-
-
-def _age(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}"
 
 
 def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
@@ -46,12 +43,18 @@ def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
         top = stats[r.id][0] if stats[r.id] else None
         out.append(dict(id=r.id, agent=r.agent, status=r.status, age_s=age_s, steps=r.steps, max_steps=b.max_steps,
                         calls=r.tool_calls, max_calls=b.max_tool_calls, cost=r.cost_eur, max_cost=b.max_cost_eur,
-                        per_min=per_min.get(r.id, 0), top=top, closeness=closeness))
+                        per_min=per_min.get(r.id, 0), top=top, closeness=closeness,
+                        eur_per_min=forecast.per_min(r.cost_eur, age_s),
+                        burn=forecast.run_line(r.cost_eur, b.max_cost_eur, age_s)))
     out.sort(key=lambda d: (d["status"] != lc.STOPPING, -d["closeness"]))
     return out
 
 
-def frame(records: list[dict], now: dt.datetime, title: str = "") -> str:
+BURN_LINES = 3  # the fastest-burning runs shown under the table
+PERIOD_LINES = 5  # the period budgets closest to running out
+
+
+def frame(records: list[dict], now: dt.datetime, title: str = "", periods=(), tz=dt.timezone.utc) -> str:
     head = f"agent-watchdog top — {len(records)} active — {now.astimezone():%H:%M:%S}"
     if title:
         head += f" — {title}"
@@ -60,10 +63,19 @@ def frame(records: list[dict], now: dt.datetime, title: str = "") -> str:
     for d in records:
         top = f"{d['top'].name[:9]}×{d['top'].calls}" if d["top"] else "-"
         eur = f"{d['cost']:.2f}/{d['max_cost']:.2f}"
-        line = (f"{short(d['id']):8} {d['agent'][:10]:10} {_age(d['age_s']):>5} "
+        line = (f"{short(d['id']):8} {d['agent'][:10]:10} {duration(d['age_s']):>5} "
                 f"{d['steps']:>3}/{d['max_steps']:<2} {d['calls']:>3}/{d['max_calls']:<2} {eur:>9} "
                 f"{d['per_min']:>5} {top[:14]:14} {'STOP' if d['status'] == lc.STOPPING else 'run'}")
         lines.append(line[:WIDTH])
     if not records:
         lines.append("no active runs")
+    burning = sorted((d for d in records if d.get("burn")), key=lambda d: -(d["eur_per_min"] or 0))[:BURN_LINES]
+    if burning:
+        lines.append("")
+        lines += [f"{short(d['id'])} {d['burn'].replace('this run ', '')}"[:WIDTH] for d in burning]
+    shown = sorted((s for s in periods if s.budget_eur > 0),
+                   key=lambda s: (not s.closed, s.runs_out_at is None, -s.spent_eur / s.budget_eur))[:PERIOD_LINES]
+    if shown:
+        lines.append("")
+        lines += [forecast.period_line(s, now, tz)[:WIDTH] for s in shown]
     return "\n".join(lines)

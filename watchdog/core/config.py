@@ -8,6 +8,7 @@ annotates each of them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import tomllib
@@ -16,7 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profile_from_json, validate_profile_value
-from watchdog.core.pricing import Price
+from watchdog.core.drift import DriftConfig
+from watchdog.core.periods import LabelBudget, WARN_AT, zone
+from watchdog.core.pricing import PRICE_KEYS, REQUIRED_PRICE_KEYS, Price, PricingConfig
+from watchdog.core.records import RECORD_ERRORS_CHOICES
+from watchdog.core.text import url_scheme_only
 from watchdog.errors import ConfigError
 
 __all__ = ["Budgets", "RUN_BUDGET_KEYS", "Config", "load", "parse", "resolve_db_url"]
@@ -26,10 +31,17 @@ UrlCheck = Callable[[str], "str | None"]
 
 ENV_CONFIG = "AGENT_WATCHDOG_CONFIG"
 ENV_DB = "AGENT_WATCHDOG_DB"
+# Where systemd's LoadCredential= puts the unit's credentials (a relative urls_file is read there).
+ENV_CREDENTIALS = "CREDENTIALS_DIRECTORY"
+DEFAULT_SOCKET = "/run/agent-watchdog/attest.sock"  # RuntimeDirectory= of the unit
+DEFAULT_KEY_FILE = "/var/lib/agent-watchdog/attest.key"  # StateDirectory= of the unit
 @dataclass(frozen=True)
 class StoreConfig:
     url: str | None = None
+    # Both are read by whoever reads THIS file (an agent's own config, or the daemon
+    # for what it copies into alerts and circuits); never published, never read from the store.
     record_args: bool = False
+    record_errors: str = "scrubbed"  # or "class": no message text at all
     keep_days: float = 30.0  # ended runs older than this are pruned by the leader; 0 = keep forever
 
 
@@ -38,8 +50,11 @@ class DaemonConfig:
     tick_s: float = 5.0
     cancel_grace_s: float = 10.0
     term_grace_s: float = 5.0
-    allowed_users: tuple[str, ...] = ()  # empty = the daemon's own user
+    # empty = the daemon's own user, unless that is root (refused at start) or a system account (nobody)
+    allowed_users: tuple[str, ...] = ()
     alert_retry_s: float = 30.0
+    socket: str = DEFAULT_SOCKET  # where agents attest their process identity
+    key_file: str = DEFAULT_KEY_FILE  # the sealing key, 0600, created at the first start
 
 
 @dataclass(frozen=True)
@@ -68,8 +83,12 @@ class Config:
     agents: Mapping[str, Budgets] = field(default_factory=dict)
     circuit: CircuitConfig = CircuitConfig()
     alert_urls: tuple[str, ...] = ()
+    alert_urls_file: str | None = None  # read by alert_urls(), when alerts are sent
     prices: Mapping[str, Price] = field(default_factory=dict)
     metrics_listen: str = ""
+    pricing: PricingConfig = PricingConfig()
+    budgets: tuple[LabelBudget, ...] = ()  # [[budgets]]: label-scoped period budgets
+    drift: DriftConfig = DriftConfig()
 
     def profile(self, agent: str) -> Budgets:
         return self.agents.get(agent, self.defaults)
@@ -79,9 +98,14 @@ class Config:
         return {
             "defaults": self.defaults.to_json(),
             "agents": {k: v.to_json() for k, v in self.agents.items()},
-            "prices": {k: dataclasses.asdict(v) for k, v in self.prices.items()},
-            "record_args": self.store.record_args,
+            "prices": {k: v.to_json() for k, v in self.prices.items()},
+            # Not record_args nor record_errors: what an agent records is its own choice,
+            # and a row anyone can write must not be able to turn it up.
             "tick_s": self.daemon.tick_s,
+            "pricing": dataclasses.asdict(self.pricing),
+            "budgets": [{"labels": dict(b.labels), "max_cost_eur_per_day": b.max_cost_eur_per_day,
+                         "max_cost_eur_per_month": b.max_cost_eur_per_month, "warn_at": b.warn_at}
+                        for b in self.budgets],
         }
 
     def with_published(self, value: Any) -> "Config":
@@ -100,9 +124,42 @@ class Config:
         daemon = self.daemon
         if isinstance(tick_s, (int, float)) and not isinstance(tick_s, bool) and 0 < tick_s < math.inf:
             daemon = dataclasses.replace(daemon, tick_s=float(tick_s))
-        store = dataclasses.replace(self.store, record_args=value.get("record_args") is True)
+        pricing = _published_pricing(value.get("pricing")) or self.pricing
+        budgets = self.budgets
+        if isinstance(value.get("budgets"), list):
+            budgets = tuple(b for raw in value["budgets"] if (b := _published_label_budget(raw)) is not None)
         return dataclasses.replace(self, defaults=defaults, agents=agents, prices=prices or self.prices,
-                                   daemon=daemon, store=store)
+                                   daemon=daemon, pricing=pricing, budgets=budgets)
+
+
+def _published_pricing(raw) -> PricingConfig | None:
+    if not isinstance(raw, dict):
+        return None
+    rate, tz = raw.get("eur_per_usd"), raw.get("budget_tz")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (0 < rate < math.inf):
+        return None
+    try:
+        zone(tz) if isinstance(tz, str) else None
+    except ValueError:
+        return None
+    return PricingConfig(float(rate), tz) if isinstance(tz, str) else None
+
+
+def _published_label_budget(raw) -> LabelBudget | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("labels"), dict) or not raw["labels"]:
+        return None
+    labels = raw["labels"]
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        return None
+    values = {}
+    for key in ("max_cost_eur_per_day", "max_cost_eur_per_month", "warn_at"):
+        v = raw.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
+            return None
+        values[key] = float(v)
+    if not 0 < values["warn_at"] <= 1:
+        return None
+    return LabelBudget(dict(labels), **values)
 
 
 # --- parsing ------------------------------------------------------------------
@@ -120,8 +177,12 @@ class _Ctx:
 def _check_keys(ctx: _Ctx, section: str, table: Mapping, allowed) -> None:
     for key in table:
         if key not in allowed:
+            name = f"{section}.{key}" if section else key
+            near = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+            if near:  # a typo: name the key that was meant
+                raise ConfigError(f"{ctx.path}: {name}: unknown key; did you mean {near[0]!r}?")
             known = ", ".join(sorted(allowed))
-            raise ctx.fail(f"{section}.{key}" if section else key, f"one of the known keys ({known})", "unknown key")
+            raise ctx.fail(name, f"one of the known keys ({known})", "unknown key")
 
 
 def _table(ctx: _Ctx, raw: Mapping, key: str) -> Mapping:
@@ -171,21 +232,26 @@ def _circuit_policy(ctx: _Ctx, section: str, table: Mapping, base: CircuitPolicy
 
 def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = None) -> Config:
     ctx = _Ctx(path)
-    _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics"))
+    _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics",
+                               "pricing", "budgets", "drift"))
 
     store_t = _table(ctx, raw, "store")
-    _check_keys(ctx, "store", store_t, ("url", "record_args", "keep_days"))
+    _check_keys(ctx, "store", store_t, ("url", "record_args", "record_errors", "keep_days"))
     url = store_t.get("url")
     if url is not None and (not isinstance(url, str) or not url):
         raise ctx.fail("store.url", "a SQLAlchemy URL string such as sqlite:///runs.db", url)
+    record_errors = store_t.get("record_errors", "scrubbed")
+    if record_errors not in RECORD_ERRORS_CHOICES:
+        raise ctx.fail("store.record_errors", 'one of "scrubbed", "class"', record_errors)
     keep_days = StoreConfig.keep_days
     if "keep_days" in store_t:
         keep_days = _number(ctx, "store.keep_days", store_t["keep_days"], allow_zero=True)
     store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)),
-                        keep_days=keep_days)
+                        record_errors=record_errors, keep_days=keep_days)
 
     daemon_t = _table(ctx, raw, "daemon")
-    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s"))
+    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",
+                                          "socket", "key_file"))
     d = {}
     for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s"):
         if k in daemon_t:
@@ -195,6 +261,12 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
             raise ctx.fail("daemon.allowed_users", "a list of user names", users)
         d["allowed_users"] = tuple(users)
+    for k in ("socket", "key_file"):
+        if k in daemon_t:
+            value = daemon_t[k]
+            if not isinstance(value, str) or not os.path.isabs(value):
+                raise ctx.fail(f"daemon.{k}", "an absolute path", value)
+            d[k] = value
     daemon = DaemonConfig(**d)
 
     defaults = _budgets(ctx, "defaults", _table(ctx, raw, "defaults"), Budgets())
@@ -217,27 +289,35 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     circuit = CircuitConfig(default=default_policy, tools=tools)
 
     alerts_t = _table(ctx, raw, "alerts")
-    _check_keys(ctx, "alerts", alerts_t, ("urls",))
+    _check_keys(ctx, "alerts", alerts_t, ("urls", "urls_file"))
     urls = alerts_t.get("urls", [])
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
         raise ctx.fail("alerts.urls", "a list of apprise URL strings", urls)
+    urls_file = alerts_t.get("urls_file")
+    if urls_file is not None and (not isinstance(urls_file, str) or not urls_file):
+        raise ctx.fail("alerts.urls_file", "a file name (relative: in $CREDENTIALS_DIRECTORY) or an absolute path",
+                       urls_file)
     for i, u in enumerate(urls):
         reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
         if reason:
-            raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", _mask(u))
+            raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", url_scheme_only(u))
 
     prices = {}
     for model, table in _table(ctx, raw, "prices").items():
         section = f'prices."{model}"'
         if not isinstance(table, dict):
             raise ctx.fail(section, "a table with input_eur_per_mtok and output_eur_per_mtok", table)
-        _check_keys(ctx, section, table, ("input_eur_per_mtok", "output_eur_per_mtok"))
-        for k in ("input_eur_per_mtok", "output_eur_per_mtok"):
+        if len(model) > 128:
+            raise ctx.fail(section, "a model name of at most 128 characters (the events.model column)", model[:20] + "…")
+        _check_keys(ctx, section, table, PRICE_KEYS)
+        for k in REQUIRED_PRICE_KEYS:
             if k not in table:
                 raise ctx.fail(f"{section}.{k}", "a number >= 0 (EUR per million tokens)", "missing")
-        prices[model] = Price(
-            *(_number(ctx, f"{section}.{k}", table[k], allow_zero=True) for k in ("input_eur_per_mtok", "output_eur_per_mtok"))
-        )
+        prices[model] = Price(**{k: _number(ctx, f"{section}.{k}", v, allow_zero=True) for k, v in table.items()})
+
+    pricing = _pricing(ctx, _table(ctx, raw, "pricing"))
+    label_budgets = _label_budgets(ctx, raw.get("budgets", []))
+    drift = _drift(ctx, _table(ctx, raw, "drift"))
 
     metrics_t = _table(ctx, raw, "metrics")
     _check_keys(ctx, "metrics", metrics_t, ("listen",))
@@ -253,20 +333,101 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         agents=agents,
         circuit=circuit,
         alert_urls=tuple(urls),
+        alert_urls_file=urls_file,
         prices=prices,
         metrics_listen=listen,
+        pricing=pricing,
+        budgets=label_budgets,
+        drift=drift,
     )
+
+
+def alert_urls(config: "Config", *, url_error: UrlCheck | None = None) -> tuple[str, ...]:
+    """Every alert URL: `[alerts] urls`, then those of `[alerts] urls_file` (one per line, '#'
+    comments), read here, when they are needed (the daemon, test-alert), not at every load.
+
+    The file is what keeps secrets out of the config: under systemd it is a credential
+    (LoadCredential=alert-urls:/etc/agent-watchdog/alert-urls) that only the service can read,
+    named relative to $CREDENTIALS_DIRECTORY; without that variable (an operator's shell) a
+    relative name is read next to the config file."""
+    if not config.alert_urls_file:
+        return config.alert_urls
+    key, value = "alerts.urls_file", config.alert_urls_file
+    if not os.path.isabs(value):
+        base = os.environ.get(ENV_CREDENTIALS) or os.path.dirname(os.path.abspath(config.path or "."))
+        value = os.path.join(base, value)
+    where = config.path or "<config>"
+    try:
+        text = Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{where}: {key}: cannot read {value} ({why})") from None
+    urls = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for i, u in enumerate(urls):
+        reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
+        if reason:
+            raise ConfigError(f"{where}: {key}: {value} line {i + 1}: expected an apprise URL ({reason}), "
+                              f"got {url_scheme_only(u)!r}")
+    return config.alert_urls + tuple(urls)
+
+def _pricing(ctx: _Ctx, table: Mapping) -> PricingConfig:
+    _check_keys(ctx, "pricing", table, ("eur_per_usd", "budget_tz"))
+    rate = _number(ctx, "pricing.eur_per_usd", table.get("eur_per_usd", PricingConfig.eur_per_usd))
+    tz = table.get("budget_tz", PricingConfig.budget_tz)
+    if not isinstance(tz, str) or not tz:
+        raise ctx.fail("pricing.budget_tz", 'an IANA time zone name such as "UTC" or "Europe/Paris"', tz)
+    try:
+        zone(tz)
+    except ValueError:
+        raise ctx.fail("pricing.budget_tz", 'an IANA time zone name such as "UTC" or "Europe/Paris"', tz) from None
+    return PricingConfig(eur_per_usd=rate, budget_tz=tz)
+
+
+def _label_budgets(ctx: _Ctx, raw) -> tuple[LabelBudget, ...]:
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise ctx.fail("[[budgets]]", "an array of tables ([[budgets]] sections with labels = { ... })", raw)
+    out, seen = [], set()
+    for i, table in enumerate(raw):
+        section = f"budgets[{i}]"
+        _check_keys(ctx, section, table, ("labels", "max_cost_eur_per_day", "max_cost_eur_per_month", "warn_at"))
+        labels = table.get("labels")
+        if (not isinstance(labels, dict) or not labels
+                or not all(isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items())):
+            raise ctx.fail(f"{section}.labels", 'a table of label = "value" strings, such as { tenant = "acme" }',
+                           labels)
+        values = {k: _number(ctx, f"{section}.{k}", table[k], allow_zero=True)
+                  for k in ("max_cost_eur_per_day", "max_cost_eur_per_month") if k in table}
+        if not values:
+            raise ctx.fail(section, "max_cost_eur_per_day and/or max_cost_eur_per_month", "neither")
+        warn_at = _number(ctx, f"{section}.warn_at", table.get("warn_at", WARN_AT))
+        if warn_at > 1:
+            raise ctx.fail(f"{section}.warn_at", "a number in (0, 1]", warn_at)
+        budget = LabelBudget(dict(labels), warn_at=warn_at, **values)
+        if len(budget.scope) > 255:
+            raise ctx.fail(f"{section}.labels", "labels of at most 255 characters in all", "longer")
+        if budget.scope in seen:
+            raise ctx.fail(f"{section}.labels", "labels no other [[budgets]] entry has", labels)
+        seen.add(budget.scope)
+        out.append(budget)
+    return tuple(out)
+
+
+def _drift(ctx: _Ctx, table: Mapping) -> DriftConfig:
+    _check_keys(ctx, "drift", table, ("window_s", "baseline_days", "factor", "min_runs"))
+    d = DriftConfig()
+    window_s = _number(ctx, "drift.window_s", table.get("window_s", d.window_s))
+    if window_s < 300:  # the rollups are 5-minute buckets
+        raise ctx.fail("drift.window_s", "a number of seconds >= 300", window_s)
+    return DriftConfig(
+        window_s=window_s,
+        baseline_days=_number(ctx, "drift.baseline_days", table.get("baseline_days", d.baseline_days)),
+        factor=_number(ctx, "drift.factor", table.get("factor", d.factor), allow_zero=True),
+        min_runs=_number(ctx, "drift.min_runs", table.get("min_runs", d.min_runs), integer=True))
 
 
 def _valid_listen(listen: str) -> bool:
     host, sep, port = listen.rpartition(":")
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
-
-
-def _mask(url: str) -> str:
-    # Never echo a secret back: keep the scheme only.
-    scheme, sep, _ = url.partition("://")
-    return f"{scheme}://…" if sep else "…"
 
 
 def load(path: str | os.PathLike | None = None, *, url_error: UrlCheck | None = None) -> Config:

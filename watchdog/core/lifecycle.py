@@ -91,7 +91,8 @@ STATUS_MOVES: dict[Status, frozenset[Status]] = {
 # None is the stage of a run whose cooperative stop was just requested.
 STAGE_MOVES: dict[Stage | None, frozenset[Stage]] = {
     None: frozenset({Stage.TERM, Stage.REFUSED, Stage.NOT_SIGNALLED, Stage.DONE}),
-    Stage.TERM: frozenset({Stage.KILL, Stage.DONE}),
+    # TERM -> FAILED: the attestation stopped verifying after the SIGTERM: no SIGKILL on its word.
+    Stage.TERM: frozenset({Stage.KILL, Stage.FAILED, Stage.DONE}),
     Stage.KILL: frozenset({Stage.FAILED, Stage.DONE}),
     Stage.REFUSED: frozenset({Stage.DONE}),
     Stage.NOT_SIGNALLED: frozenset({Stage.DONE}),

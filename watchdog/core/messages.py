@@ -28,6 +28,8 @@ class RunFacts:
     last_error: str | None = None
     progress: str | None = None  # the last heartbeat's text: for a hung run, where it hangs
     tokens: int = 0  # in + out
+    unpriced_tokens: int = 0  # tokens of steps no price table priced: their cost is not in cost_eur
+    forecast: tuple[str, ...] = ()  # burn-rate lines (watchdog.core.forecast): the run's, its period budgets'
 
 
 def top_tool_line(f: RunFacts) -> str:
@@ -53,6 +55,9 @@ def counters(f: RunFacts, b: Budgets) -> list[str]:
 def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:
     head = [f"agent {f.agent}   run {f.id}", f"host {f.host}   pid {f.pid if f.pid else '-'}   kill_mode {f.kill_mode}"]
     tail = ["", *counters(f, b), top_tool_line(f)]
+    if f.unpriced_tokens:
+        tail.append(f"unpriced: {f.unpriced_tokens} tokens of models no price table knows (not in the cost)")
+    tail += list(f.forecast)
     if f.progress:
         tail.append(f"last progress: {f.progress[:200]}")
     tail += ["", f"agent-watchdog show {f.id[:8]}"]
@@ -107,3 +112,18 @@ def no_daemon_alert(host: str, active_runs: int, last_pid: int | None, last_tick
         f"start agent-watchdog on {host} (systemctl start agent-watchdog) to signal them again",
     ]
     return title, "\n".join(lines)
+def requested_stop_alert(f: RunFacts, b: Budgets, reason: str, plan: str) -> tuple[str, str]:
+    """A stop this daemon did not decide (the run's own guard, `agent-watchdog kill`, any store
+    writer). Worded from the store's numbers only: the requester's free text is not quoted, so
+    whoever can write a row cannot put words in front of the on-call human."""
+    title = f"agent-watchdog: stopped {f.agent} run {f.id[:8]} — {reason}"
+    return title, _body(f, b, [f"reason {reason} (requested in the store: the run's own guard, "
+                               "agent-watchdog kill or another store writer; not decided by the daemon)",
+                               f"action {plan}"])
+
+
+def forged_alert(f: RunFacts, b: Budgets, what: str) -> tuple[str, str]:
+    """Rows the daemon did not write, that would have named processes to signal."""
+    title = f"agent-watchdog: forged rows ignored for {f.agent} run {f.id[:8]}"
+    return title, _body(f, b, [f"forged {what}",
+                               "action nothing was signalled on their word; someone who can write the store wrote them"])

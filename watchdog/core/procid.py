@@ -42,6 +42,9 @@ def create_time(pid: int | str = "self") -> float | None:
     psutil.Process(pid).create_time() on Linux; None elsewhere or if gone."""
     if not sys.platform.startswith("linux"):
         return None
+    # Only a positive pid or "self" names a /proc entry: "1/../self" would read another one.
+    if isinstance(pid, bool) or not (pid == "self" or (str(pid).isdigit() and int(pid) > 0)):
+        return None
     try:
         ticks_per_s = os.sysconf("SC_CLK_TCK")
         # Same operations as psutil: (float(ticks) / CLK_TCK) + float(btime),

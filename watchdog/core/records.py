@@ -6,7 +6,13 @@ import hashlib
 import json
 import math
 
+from watchdog.core.scrub import scrub
+
 ERROR_MSG_MAX_CHARS = 200
+SCRUB_MAX_CHARS = 20_000  # of a raw message, what is scrubbed (then cut to ERROR_MSG_MAX_CHARS)
+# What of a tool's error is recorded (`record_errors`, the agent's own choice):
+# the message with its secrets scrubbed out, or the exception's class alone.
+RECORD_ERRORS_CHOICES = ("scrubbed", "class")
 # Column widths of the table contract (watchdog.store): longer values are refused
 # up front with a ValueError, never sent to a store that would reject the record.
 AGENT_MAX_CHARS = 128
@@ -34,18 +40,38 @@ def hash_args(args, *, tool: str = "?") -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def error_fields(error) -> tuple[str | None, str | None]:
-    """(error class, short one-line message) from an exception or a string."""
+def error_fields(error, record_errors: str = "scrubbed") -> tuple[str | None, str | None]:
+    """(error class, short one-line message) from an exception or a string.
+
+    The one place an error is shaped for the store: the message is scrubbed of
+    secrets (URL credentials and queries, tokens, keys, card numbers) before it
+    is cut, so nothing after this sees the raw text; with record_errors =
+    "class" there is no message at all."""
     if error is None or error is False:
         return None, None
     if isinstance(error, BaseException):
         cls, msg = type(error).__name__[:ERROR_CLASS_MAX_CHARS], str(error)
     else:
         cls, msg = "Error", str(error)
-    msg = " ".join(msg.split())
+    if record_errors == "class":
+        return cls, None
+    # Scrubbed, then cut: a cut first could leave half a token the scrubber no longer recognises.
+    # A huge message is first bounded at a word boundary (the scrub is linear, but not free).
+    msg = " ".join(msg[:SCRUB_MAX_CHARS * 2].split())
+    if len(msg) > SCRUB_MAX_CHARS:
+        head, _, tail = msg[:SCRUB_MAX_CHARS].rpartition(" ")
+        # A short word cut in two may be half a key the scrubber no longer recognises: drop it.
+        msg = head if head and len(tail) < 256 else msg[:SCRUB_MAX_CHARS]
+    msg = scrub(msg)
     if len(msg) > ERROR_MSG_MAX_CHARS:
         msg = msg[: ERROR_MSG_MAX_CHARS - 1] + "…"
     return cls, msg
+
+
+def validate_record_errors(value) -> str:
+    if value not in RECORD_ERRORS_CHOICES:
+        raise ValueError(f"record_errors: expected one of {', '.join(map(repr, RECORD_ERRORS_CHOICES))}, got {value!r}")
+    return value
 
 
 def validate_name(name: str, value, max_chars: int) -> str:

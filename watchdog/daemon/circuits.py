@@ -5,31 +5,48 @@ the count: a tool failing 5 times in a minute among successes is still broken).
 closed → open (errors over the threshold) → half_open (after open_s: one probe,
 claimed by the SDK) → closed (probe ok) or open again (probe failed). Every
 transition is an intervention and an alert.
+
+The probe is claimed by the SDK in `circuit_probes` (agents may insert there,
+never change `tool_circuits`); this module judges it and mirrors the claim on
+the circuit's row. Error texts copied from events are scrubbed again here (an
+agent in another language may have stored them raw), and only the error's
+class, checked to look like one, is what other runs' models are told.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, update
 
 from watchdog.core.lifecycle import Circuit
+from watchdog.core.scrub import scrub
 from watchdog.store.actions import actor, enqueue_alert, record
 from watchdog.core.config import Config
-from watchdog.store.schema import events, tool_circuits
+from watchdog.store.schema import circuit_probes, events, tool_circuits
 
 log = logging.getLogger("watchdog.circuits")
 
 # Fail-fast refusals are written as failed tool events: they are not the tool's errors.
 REFUSAL_CLASS = "ToolUnavailable"
 TOOL_RATE_WINDOW_S = 60.0
+_CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
+
+
+def error_class_name(value) -> str | None:
+    """An exception class name as another run's model may read it; anything else is 'Error'."""
+    if not value:
+        return None
+    return value if isinstance(value, str) and _CLASS_NAME.fullmatch(value) else "Error"
 
 
 class CircuitBreakers:
-    def __init__(self, config: Config, by: str | None = None):
+    def __init__(self, config: Config, by: str | None = None, sealer=None):
         self.config = config
         self.by = by or actor()
+        self.sealer = sealer
         self._rate_alarmed: dict[str, dt.datetime] = {}
 
     def update(self, engine, new_events, now: dt.datetime, scanner=None) -> list[tuple[str, str]]:
@@ -48,8 +65,6 @@ class CircuitBreakers:
                 state = self._follow(engine, row, now)
                 if state:
                     changes.append((tool, state))
-            elif row.probe_run_id is not None and self._audit_probe_close(engine, row, now):
-                changes.append((tool, Circuit.CLOSED))
         if scanner is not None:
             self._tool_rate(engine, scanner, now)
         return changes
@@ -59,9 +74,14 @@ class CircuitBreakers:
                     func.coalesce(events.c.error_class, "") != REFUSAL_CLASS)
         errors, runs = conn.execute(select(func.count(), func.count(func.distinct(events.c.run_id))).where(cond)).one()
         common = conn.execute(
-            select(events.c.error_msg, func.count().label("n")).where(cond)
-            .group_by(events.c.error_msg).order_by(func.count().desc()).limit(1)).first()
-        return errors, runs, (common[0] if common else None)
+            select(events.c.error_class, events.c.error_msg, func.count().label("n")).where(cond)
+            .group_by(events.c.error_class, events.c.error_msg).order_by(func.count().desc()).limit(1)).first()
+        if common is None:
+            return errors, runs, None, None
+        cls = error_class_name(common.error_class)
+        if self.config.store.record_errors == "class":  # no message text anywhere the daemon writes
+            return errors, runs, cls, cls
+        return errors, runs, scrub(common.error_msg), cls
 
     def _maybe_open(self, engine, tool, row, now) -> bool:
         pol = self.config.circuit.for_tool(tool)
@@ -69,13 +89,13 @@ class CircuitBreakers:
         if row is not None and row.updated_at and row.updated_at > since:
             since = row.updated_at  # errors from before the last close were already paid for
         with engine.begin() as conn:
-            errors, runs, common = self._window_errors(conn, tool, since)
+            errors, runs, common, cls = self._window_errors(conn, tool, since)
             if errors < pol.errors:
                 return False
             until = now + dt.timedelta(seconds=pol.open_s)
             values = dict(state=Circuit.OPEN, opened_at=now, open_until=until, errors_in_window=errors,
-                          window_s=pol.window_s, last_error=(common or "")[:500] or None, probe_run_id=None,
-                          probe_at=None, updated_at=now)
+                          window_s=pol.window_s, last_error=(common or "")[:500] or None, last_error_class=cls,
+                          probe_run_id=None, probe_at=None, updated_at=now)
             if row is None:
                 conn.execute(insert(tool_circuits).values(tool=tool, **values))
             else:
@@ -93,31 +113,53 @@ class CircuitBreakers:
             log.warning("circuit open: %s (%s)", tool, detail)
             return True
 
+    def _claimed_probe(self, conn, row, now):
+        """(run id, claimed at) of this open period's probe: the circuit's own record of
+        it, else the SDK's claim in circuit_probes, mirrored onto the circuit's row."""
+        if row.probe_run_id and row.probe_at:
+            return row.probe_run_id, row.probe_at
+        claimable = row.state == Circuit.HALF_OPEN or (row.open_until is not None and row.open_until <= now)
+        if row.opened_at is None or not claimable:  # a claim inserted early by hand is not one
+            return None, None
+        claim = conn.execute(select(circuit_probes.c.run_id, circuit_probes.c.claimed_at).where(and_(
+            circuit_probes.c.tool == row.tool, circuit_probes.c.opened_at == row.opened_at))).first()
+        if claim is None:
+            return None, None
+        conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
+            state=Circuit.HALF_OPEN, probe_run_id=claim.run_id, probe_at=claim.claimed_at, updated_at=now))
+        return claim.run_id, claim.claimed_at
+
     def _follow(self, engine, row, now) -> str | None:
         pol = self.config.circuit.for_tool(row.tool)
         with engine.begin() as conn:
-            if row.probe_run_id and row.probe_at:
+            probe_run_id, probe_at = self._claimed_probe(conn, row, now)
+            if probe_run_id and probe_at:
                 probe = conn.execute(
-                    select(events.c.ok, events.c.error_msg).where(and_(
-                        events.c.tool == row.tool, events.c.run_id == row.probe_run_id, events.c.at >= row.probe_at,
+                    select(events.c.ok, events.c.error_class, events.c.error_msg).where(and_(
+                        events.c.tool == row.tool, events.c.run_id == probe_run_id, events.c.at >= probe_at,
                         func.coalesce(events.c.error_class, "") != REFUSAL_CLASS))
                     .order_by(events.c.id).limit(1)).first()
                 if probe is None:
-                    if (now - row.probe_at).total_seconds() > pol.open_s:  # the probe never reported: free the slot
+                    if (now - probe_at).total_seconds() > pol.open_s:  # the probe never reported: free the slot
                         conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool)
                                      .values(probe_run_id=None, probe_at=None, updated_at=now))
+                        self._forget_probes(conn, row.tool)
                     return None
                 if probe.ok:
-                    self._close(conn, row.tool, now, "probe call succeeded")
+                    self._close(conn, row.tool, now, f"probe call succeeded (run {probe_run_id[:8]})")
                     return Circuit.CLOSED
                 until = now + dt.timedelta(seconds=pol.open_s)
+                msg = (error_class_name(probe.error_class) if self.config.store.record_errors == "class"
+                       else scrub(probe.error_msg))
                 conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
                     state=Circuit.OPEN, opened_at=now, open_until=until, probe_run_id=None, probe_at=None,
-                    last_error=(probe.error_msg or row.last_error), updated_at=now))
-                self._transition(conn, row.tool, "circuit_open", f"probe failed: {probe.error_msg}",
+                    last_error=((msg or row.last_error or "")[:500] or None),
+                    last_error_class=error_class_name(probe.error_class) or row.last_error_class, updated_at=now))
+                self._forget_probes(conn, row.tool)
+                self._transition(conn, row.tool, "circuit_open", f"probe failed: {msg}",
                                  f"open again until {until:%H:%M:%S} UTC", now,
                                  f"agent-watchdog: circuit OPEN again for {row.tool} — the probe failed",
-                                 [f"tool {row.tool}", f"probe error: {probe.error_msg or '-'}",
+                                 [f"tool {row.tool}", f"probe error: {msg or '-'}",
                                   f"calls fail fast until {until:%H:%M:%S} UTC"])
                 return Circuit.OPEN
             if row.state == Circuit.OPEN and row.open_until and now >= row.open_until:
@@ -130,26 +172,13 @@ class CircuitBreakers:
                     return Circuit.HALF_OPEN
         return None
 
-    def _audit_probe_close(self, engine, row, now) -> bool:
-        """The SDK closed the circuit the moment its probe succeeded (so the next call goes
-        through at once) and left the probe's id on the row: record and alert the close here,
-        once (the conditional update clears the id), from the store's own probe event."""
-        with engine.begin() as conn:
-            done = conn.execute(update(tool_circuits).where(and_(
-                tool_circuits.c.tool == row.tool, tool_circuits.c.state == Circuit.CLOSED,
-                tool_circuits.c.probe_run_id == row.probe_run_id)).values(probe_run_id=None, probe_at=None))
-            if done.rowcount != 1:
-                return False
-            why = f"probe call succeeded (run {row.probe_run_id[:8]})"
-            self._transition(conn, row.tool, "circuit_closed", why, "closed", now,
-                             f"agent-watchdog: circuit closed for {row.tool} — {why}",
-                             [f"tool {row.tool}", f"closed: {why}"])
-            log.warning("circuit closed: %s (%s)", row.tool, why)
-            return True
+    def _forget_probes(self, conn, tool):
+        conn.execute(delete(circuit_probes).where(circuit_probes.c.tool == tool))
 
     def _close(self, conn, tool, now, why):
         conn.execute(update(tool_circuits).where(tool_circuits.c.tool == tool).values(
             state=Circuit.CLOSED, open_until=None, probe_run_id=None, probe_at=None, errors_in_window=0, updated_at=now))
+        self._forget_probes(conn, tool)
         self._transition(conn, tool, "circuit_closed", why, "closed", now,
                          f"agent-watchdog: circuit closed for {tool} — {why}", [f"tool {tool}", f"closed: {why}"])
 
@@ -166,7 +195,7 @@ class CircuitBreakers:
     def _transition(self, conn, tool, action, detail, outcome, now, title, lines):
         iid = record(conn, at=now, action=action, by=self.by, tool=tool, detail=detail, outcome=outcome)
         enqueue_alert(conn, f"{action}:{tool}:{now.isoformat()}", title, "\n".join(lines), now=now,
-                      intervention_id=iid)
+                      intervention_id=iid, sealer=self.sealer)
 
     def _tool_rate(self, engine, scanner, now):
         """Many runs hammering one tool: the per-run rate figure, aggregated over all runs."""
@@ -185,4 +214,4 @@ class CircuitBreakers:
                 enqueue_alert(conn, f"toolrate:{tool}:{window}",
                               f"agent-watchdog: LOOP? tool {tool}: {calls} calls/min over all runs",
                               f"tool {tool}\n{calls} calls/min over all runs > max_calls_per_min {limit}",
-                              now=now, intervention_id=iid)
+                              now=now, intervention_id=iid, sealer=self.sealer)

@@ -95,11 +95,12 @@ class DutyTick:
 class ClusterDuties:
     """What exactly one daemon of the store does each tick: the leader."""
 
-    def __init__(self, engine, config: Config, *, circuits=None, by: str):
+    def __init__(self, engine, config: Config, *, circuits=None, by: str, sealer=None):
         self.engine = engine
         self.config = config
         self.circuits = circuits
         self.by = by
+        self.sealer = sealer  # the daemon's key: its alerts are sealed (no key: none is queued)
         self._alerted: set[str] = set()
         self._next_prune_at: dt.datetime | None = None
         self.last_prune: retention.PruneReport | None = None
@@ -135,7 +136,7 @@ class ClusterDuties:
                 if not queued(conn, key):
                     iid = record(conn, at=t.now, action="no_daemon", by=self.by, detail=f"host {host}",
                                  outcome="runs adopted: cooperative stops only, no signal")
-                    enqueue_alert(conn, key, title, body, now=t.now, intervention_id=iid)
+                    enqueue_alert(conn, key, title, body, now=t.now, intervention_id=iid, sealer=self.sealer)
                     log.warning("host %s has no live daemon: adopting its %d active runs (cooperative stops only)",
                                 host, t.role.active.get(host, 0))
             self._alerted.add(key)

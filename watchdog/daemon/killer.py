@@ -1,10 +1,14 @@
 """The killer: the only code in agent-watchdog that sends signals.
 
-Every process is named by a full identity (host, pid, create time), never by
-a bare pid, and is re-verified while a pidfd pins it, so a recycled pid, a
-process of another user, the watchdog itself or init are never signalled.
-Ordinary races (the process exited, was reaped, became a zombie) are
-reported in the outcome, never raised.
+Every process is named by a full identity (host, pid, create time, and for an
+attested leader its uid), never by a bare pid, and is re-verified while a
+pidfd pins it, so a recycled pid, a process of a user outside allowed_users
+(root and system accounts only when named there), the watchdog itself or init
+are never signalled. Ordinary races (the process exited, was reaped, became a
+zombie) are reported in the outcome, never raised.
+
+Which identities it is handed is decided elsewhere: the ladder passes only a
+leader the daemon attested (watchdog.daemon.attest) and the targets it sealed.
 """
 from __future__ import annotations
 
@@ -31,18 +35,30 @@ RECYCLED = "create time differs (pid recycled)"
 GONE_REASONS = frozenset({GONE, ZOMBIE, RECYCLED})
 
 
+LOGIN_DEFS = "/etc/login.defs"
+DEFAULT_UID_MIN = 1000
+
+
 @dataclass(frozen=True)
 class ProcessIdentity:
     host: str
     pid: int
     create_time: float
+    # The uid the daemon attested (SO_PEERCRED) for a run's own process; None for
+    # processes the killer found itself (children), which are held to allowed_users only.
+    uid: int | None = None
 
     def to_json(self) -> dict:
-        return {"host": self.host, "pid": self.pid, "create_time": self.create_time}
+        d = {"host": self.host, "pid": self.pid, "create_time": self.create_time}
+        if self.uid is not None:
+            d["uid"] = self.uid
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "ProcessIdentity":
-        return cls(host=str(d["host"]), pid=int(d["pid"]), create_time=float(d["create_time"]))
+        uid = d.get("uid")
+        return cls(host=str(d["host"]), pid=int(d["pid"]), create_time=float(d["create_time"]),
+                   uid=None if uid is None else int(uid))
 
 
 @dataclass(frozen=True)
@@ -76,18 +92,40 @@ class SignalOutcome:
         return text
 
 
-def _current_user() -> str:
-    euid = os.geteuid()
+def _user_name(uid: int) -> str:
     try:
-        return pwd.getpwuid(euid).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return str(euid)  # psutil's username() falls back the same way
+        return str(uid)  # psutil's username() falls back the same way
+
+
+def uid_min(path: str = LOGIN_DEFS) -> int:
+    """The first uid of a regular user (login.defs UID_MIN; 1000 when unset)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] == "UID_MIN" and parts[1].isdigit():
+                    return int(parts[1])
+    except OSError:
+        pass
+    return DEFAULT_UID_MIN
+
+
+def default_allowed_users() -> frozenset[str]:
+    """With no allowed_users: the daemon's own user, unless it is root or a system
+    account (those are signalled only when named explicitly): then nobody."""
+    euid = os.geteuid()
+    if euid == 0 or euid < uid_min():
+        return frozenset()
+    return frozenset({_user_name(euid)})
 
 
 class Killer:
     def __init__(self, allowed_users: Iterable[str] | None = None, host: str | None = None):
         users = frozenset(u for u in (allowed_users or ()) if u)
-        self.allowed_users = users or frozenset({_current_user()})
+        # Named users are taken as named (root included, if the operator wrote it).
+        self.allowed_users = users or default_allowed_users()
         self.host = host or procid.hostname()
         # None where Python/the OS lacks pidfds; os.kill is the fallback.
         self._pidfd_open = getattr(os, "pidfd_open", None)
@@ -99,8 +137,8 @@ class Killer:
         except (psutil.NoSuchProcess, ValueError):
             return None
 
-    def _inspect(self, ident: ProcessIdentity) -> tuple[str | None, str | None]:
-        """(why ident does not name a running local process, its username)."""
+    def _inspect(self, ident: ProcessIdentity) -> tuple[str | None, tuple[int, int] | None]:
+        """(why ident does not name a running local process, its real and effective uids)."""
         if ident.host != self.host:
             return f"on another host ({ident.host})", None
         if ident.pid <= 0:
@@ -113,7 +151,8 @@ class Killer:
                     return RECYCLED, None
                 if proc.status() == psutil.STATUS_ZOMBIE:
                     return ZOMBIE, None
-                return None, proc.username()
+                uids = proc.uids()
+                return None, (uids.real, uids.effective)
         except psutil.ZombieProcess:  # subclass of NoSuchProcess: test first
             return ZOMBIE, None
         except psutil.NoSuchProcess:
@@ -130,11 +169,15 @@ class Killer:
             return "is the watchdog itself"
         if ident.pid == os.getppid():
             return "is the watchdog's parent"
-        reason, user = self._inspect(ident)
+        reason, uids = self._inspect(ident)
         if reason is not None:
             return reason
-        if user not in self.allowed_users:
-            return f"user {user!r} not in allowed_users {sorted(self.allowed_users)!r}"
+        if ident.uid is not None and uids != (ident.uid, ident.uid):
+            return f"runs as uid {uids[0]} (effective {uids[1]}), attested as uid {ident.uid}"
+        # Real and effective user both: a setuid program an agent started is not the agent's.
+        for user in dict.fromkeys(_user_name(u) for u in uids):
+            if user not in self.allowed_users:
+                return f"user {user!r} not in allowed_users {sorted(self.allowed_users)!r}"
         return None
 
     def alive(self, idents: Iterable[ProcessIdentity]) -> list[ProcessIdentity]:

@@ -1,9 +1,15 @@
 """The stop ladder for runs in `stopping`: cooperative stop → SIGTERM → SIGKILL.
 
 Its state lives on the run row (`signal_stage`, `signalled_at`) and in the
-interventions (the SIGTERM row keeps the identities signalled), so a daemon
-restarted at any moment continues exactly where the last one was, once.
+interventions (the SIGTERM row keeps the identities signalled, sealed), so a
+daemon restarted at any moment continues exactly where the last one was, once.
 The killer decides nothing: this module decides, the killer checks and sends.
+
+Whom it may signal is never read from a writable row on its word: the leader is
+the identity this host's daemon attested (`attest.verified_leader`, MAC
+checked), the rest are what the killer enumerates from that leader, plus the
+SIGTERM's targets only when their seal verifies. A run without a valid
+attestation is stopped cooperatively and alerted, never signalled.
 """
 
 from __future__ import annotations
@@ -14,11 +20,16 @@ import json
 from sqlalchemy import and_, desc, select, update
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import enqueue_alert, record
-from watchdog.core.config import Budgets, DaemonConfig
+from watchdog.core.seal import Sealer
+from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.core.budgets import Budgets
+from watchdog.core.config import DaemonConfig
+from watchdog.daemon.attest import verified_leader
 from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
-from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert
+from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
 from watchdog.store.schema import interventions, runs
+
+NOT_ATTESTED = "not signalled: identity not attested"
 
 KILL_CONFIRM_S = 10.0  # a process still there this long after SIGKILL is stuck (D state): say so
 
@@ -28,61 +39,106 @@ def _since(t: dt.datetime | None, now: dt.datetime) -> float:
 
 
 def _set_stage(conn, row, expected: str | None, stage: str, now: dt.datetime, **extra) -> bool:
+    if not lc.can_move(lc.STAGE_MOVES, expected, stage):
+        raise AssertionError(f"stop ladder: {expected} -> {stage} is not a transition of lifecycle.STAGE_MOVES")
     cond = runs.c.signal_stage.is_(None) if expected is None else runs.c.signal_stage == expected
     res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.STOPPING, cond))
                        .values(signal_stage=stage, **extra))
     return res.rowcount == 1
 
 
-def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: bool):
-    if not _set_stage(conn, row, stage_from, "done", now, status=lc.KILLED, ended_at=now):
+def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: bool, sealer=None):
+    if not _set_stage(conn, row, stage_from, lc.Stage.DONE, now, status=lc.KILLED, ended_at=now):
         return
     iid = record(conn, at=now, action="ended", by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
     if escalated:  # one more alert only when the ladder went past the cooperative stop
         title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=False)
-        enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+        enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                      sealer=sealer)
 
 
 # Stages where the ladder has nothing more to send but the run is still `stopping`:
 # the tick ends such a run once its process is gone, so it never stays active forever.
-WAITING_STAGES = ("refused", "not_signalled", "failed")
+WAITING_STAGES = lc.WAITING_STAGES
 _EXITED = {
     None: "process exited after the cooperative stop",
-    "refused": "process gone; it was never signalled (the signal was refused)",
-    "not_signalled": "process gone; it was never signalled (shared process)",
-    "failed": "process gone at last after SIGKILL",
+    lc.Stage.REFUSED: "process gone; it was never signalled (the signal was refused)",
+    lc.Stage.NOT_SIGNALLED: "process gone; it was never signalled (shared process)",
+    lc.Stage.FAILED: "process gone at last after SIGKILL",
 }
 
 
-def exited(conn, row, *, now, by, facts, budgets):
+def exited(conn, row, *, now, by, facts, budgets, sealer=None):
     """The process ended without ending its run (after the cooperative stop, or after a
     refused / impossible / failed signal): the run is killed."""
-    _finish(conn, row, row.signal_stage, _EXITED[row.signal_stage], now, by, facts, budgets, escalated=False)
+    _finish(conn, row, row.signal_stage, _EXITED[row.signal_stage], now, by, facts, budgets, escalated=False,
+            sealer=sealer)
 
 
-def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budgets):
+def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budgets, sealer=None):
     if not _set_stage(conn, row, stage_from, stage_to, now, signalled_at=now):
         return
     iid = record(conn, at=now, action=action, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
     title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=True)
-    enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+    enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                  sealer=sealer)
 
 
-def _signalled_targets(conn, run_id: str) -> list[ProcessIdentity]:
-    detail = conn.execute(
-        select(interventions.c.detail)
-        .where(and_(interventions.c.run_id == run_id, interventions.c.action == "sigterm"))
-        .order_by(desc(interventions.c.id)).limit(1)
-    ).scalar()
-    if not detail:
-        return []
-    return [ProcessIdentity.from_json(t) for t in json.loads(detail).get("targets", [])]
+def _sealable(targets) -> list[tuple]:
+    return [(t.host, t.pid, t.create_time, -1 if t.uid is None else t.uid) for t in targets]
+
+
+def _sealed_detail(sealer: Sealer, run_id: str, targets, **extra) -> dict:
+    return {"targets": [t.to_json() for t in targets], **extra, "mac": sealer.targets(run_id, _sealable(targets))}
+
+
+def _parse_targets(detail) -> tuple[list[ProcessIdentity], object] | None:
+    try:
+        d = json.loads(detail)
+        return [ProcessIdentity.from_json(t) for t in d["targets"]], d.get("mac")
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+
+
+def _signalled_targets(conn, row, *, sealer: Sealer, now, by, facts, budgets) -> list[ProcessIdentity]:
+    """What the SIGTERM reached, from the newest `sigterm` row whose seal verifies.
+
+    Rows that do not verify (inserted by anyone who can write the store, to name
+    victims for the SIGKILL) are ignored, and reported once per run."""
+    found: list[ProcessIdentity] = []
+    forged = 0
+    for (detail,) in conn.execute(
+            select(interventions.c.detail)
+            .where(and_(interventions.c.run_id == row.id, interventions.c.action == "sigterm"))
+            .order_by(desc(interventions.c.id))):
+        parsed = _parse_targets(detail)
+        if parsed is not None:
+            targets, mac = parsed
+            if sealer.targets_ok(mac, row.id, _sealable(targets)):
+                found = targets
+                break
+        forged += 1
+    if forged:
+        _report_forged(conn, row, "sigterm", f"{forged} sigterm intervention row{'s' if forged != 1 else ''} whose "
+                       "seal does not verify (not written by this daemon): their targets were ignored",
+                       now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
+    return found
+
+
+def _report_forged(conn, row, kind: str, what: str, *, now, by, facts, budgets, sealer):
+    """One intervention and one alert per run and kind of forgery, however often it is seen."""
+    key = f"forged:{row.id}:{kind}"
+    if queued(conn, key):
+        return
+    iid = record(conn, at=now, action="forged_row", by=by, run_id=row.id, reason=row.stop_reason, outcome=what[:255])
+    title, body = forged_alert(facts, budgets, what)
+    enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
 
 
 def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
     """Whether advance() could do anything for this stopping run now (pure: no store, no OS).
-    Keep in step with advance()'s early returns."""
-    if row.signal_stage in ("done", "refused", "failed", "not_signalled"):
+    advance() starts by asking this, so the two cannot disagree."""
+    if row.signal_stage not in lc.ACTING_STAGES:  # done, or waiting for a process it will not signal
         return False
     if _since(row.stop_requested_at, now) < daemon.cancel_grace_s:
         return False
@@ -90,74 +146,78 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 
 
 def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
-            now: dt.datetime, by: str, sharing: int) -> None:
+            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come."""
+    if not due(row, now, daemon, killer.host):
+        return
     stage = row.signal_stage
-    if stage in ("done", "refused", "failed", "not_signalled"):
-        return
-    if _since(row.stop_requested_at, now) < daemon.cancel_grace_s:
-        return
     grace = f"{daemon.cancel_grace_s:g} s"
+    common = dict(now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
 
     if row.kill_mode == lc.COOPERATIVE:
-        if _set_stage(conn, row, None, "not_signalled", now, signalled_at=now):
+        if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now, signalled_at=now):
             outcome = f"did not stop {grace} after the cooperative stop; shares its process with {sharing} other runs"
             iid = record(conn, at=now, action="not_signalled", by=by, run_id=row.id, reason=row.stop_reason,
                          outcome=outcome)
             title, body = cooperative_alert(facts, budgets, row.stop_reason, daemon.cancel_grace_s, sharing)
-            enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+            enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                          sealer=sealer)
         return
 
-    if row.host != killer.host:
-        return  # the daemon on the run's own host signals it
     if row.pid is None or row.pid_create_time is None:
-        _fail(conn, row, None, "refused", "signal_refused", "not signalled: the run registered no process identity",
-              now, by, facts, budgets)
+        _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", "not signalled: the run registered no process identity",
+              **common)
         return
-    leader = ProcessIdentity(row.host, row.pid, row.pid_create_time)
+    # The identity the daemon attested, never the row's own word; the row only says which run.
+    leader, why = verified_leader(conn, row, sealer)
+    if leader is None:
+        if stage is None:
+            _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"{NOT_ATTESTED} ({why})", **common)
+        else:  # signalled once, and its attestation is not valid any more: changed since
+            _fail(conn, row, stage, lc.Stage.FAILED, "signal_refused", f"{NOT_ATTESTED} any more ({why})", **common)
+        return
 
     if stage is None:
         refusal = killer.refusal(leader)
         if refusal in GONE_REASONS:
             _finish(conn, row, None, f"process exited after the cooperative stop ({refusal})", now, by, facts,
-                    budgets, escalated=False)
+                    budgets, escalated=False, sealer=sealer)
             return
         if refusal:
-            _fail(conn, row, None, "refused", "signal_refused", f"not signalled: {refusal}", now, by, facts, budgets)
+            _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {refusal}", **common)
             return
         out = killer.terminate(leader, row.kill_mode)
         if out.refused in GONE_REASONS:  # it exited between the check and the signal
             _finish(conn, row, None, f"process exited after the cooperative stop ({out.refused})", now, by, facts,
-                    budgets, escalated=False)
+                    budgets, escalated=False, sealer=sealer)
             return
         if out.refused:
-            _fail(conn, row, None, "refused", "signal_refused", f"not signalled: {out.refused}", now, by, facts,
-                  budgets)
+            _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {out.refused}", **common)
             return
-        if _set_stage(conn, row, None, "term", now, signalled_at=now):
-            detail = {"targets": [t.to_json() for t in out.targets], "skipped": list(out.skipped)}
+        if _set_stage(conn, row, None, lc.Stage.TERM, now, signalled_at=now):
+            detail = _sealed_detail(sealer, row.id, out.targets, skipped=list(out.skipped))
             record(conn, at=now, action="sigterm", by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
                    outcome=out.summary())
         return
 
-    targets = _signalled_targets(conn, row.id) or [leader]
+    targets = _signalled_targets(conn, row, **common) or [leader]
     alive = killer.alive(targets)
     waited_s = _since(row.signalled_at, now)
-    if stage == "term":
+    if stage == lc.Stage.TERM:
         if not alive:
-            _finish(conn, row, "term", f"SIGTERM after {grace}; exited within {waited_s:.1f} s", now, by, facts,
-                    budgets, escalated=True)
+            _finish(conn, row, lc.Stage.TERM, f"SIGTERM after {grace}; exited within {waited_s:.1f} s", now, by, facts,
+                    budgets, escalated=True, sealer=sealer)
         elif waited_s >= daemon.term_grace_s:
             out = killer.kill(leader, row.kill_mode, targets)
-            if _set_stage(conn, row, "term", "kill", now, signalled_at=now):
+            if _set_stage(conn, row, lc.Stage.TERM, lc.Stage.KILL, now, signalled_at=now):
                 record(conn, at=now, action="sigkill", by=by, run_id=row.id, reason=row.stop_reason,
-                       detail={"targets": [t.to_json() for t in out.targets]}, outcome=out.summary())
-    elif stage == "kill":
+                       detail=_sealed_detail(sealer, row.id, out.targets), outcome=out.summary())
+    elif stage == lc.Stage.KILL:
         if not alive:
-            _finish(conn, row, "kill",
+            _finish(conn, row, lc.Stage.KILL,
                     f"ignored SIGTERM for {daemon.term_grace_s:g} s; SIGKILL; gone within {waited_s:.1f} s",
-                    now, by, facts, budgets, escalated=True)
+                    now, by, facts, budgets, escalated=True, sealer=sealer)
         elif waited_s >= KILL_CONFIRM_S:
             pids = ", ".join(str(t.pid) for t in alive)
-            _fail(conn, row, "kill", "failed", "stop_failed",
-                  f"still alive {waited_s:.0f} s after SIGKILL (pids {pids}; uninterruptible?)", now, by, facts, budgets)
+            _fail(conn, row, lc.Stage.KILL, lc.Stage.FAILED, "stop_failed",
+                  f"still alive {waited_s:.0f} s after SIGKILL (pids {pids}; uninterruptible?)", **common)

@@ -20,6 +20,8 @@ from urllib.parse import unquote
 
 import apprise
 
+from watchdog.core.text import url_scheme_only
+
 log = logging.getLogger("watchdog.notify")
 _APPRISE_LOG = logging.getLogger(apprise.LOGGER_NAME)
 
@@ -92,8 +94,15 @@ class _AppriseLogFilter(logging.Filter):
         return True
 
 
-# A logger-level filter runs before every handler, apprise's own result capture included.
-_APPRISE_LOG.addFilter(_AppriseLogFilter())
+_FILTER = _AppriseLogFilter()
+
+
+def _guard_apprise_log() -> None:
+    """Install the secret filter on apprise's logger before we first use apprise (not at
+    import: importing a module must not change global logging). A logger-level filter runs
+    before every handler, apprise's own result capture included."""
+    if _FILTER not in _APPRISE_LOG.filters:
+        _APPRISE_LOG.addFilter(_FILTER)
 
 
 class _ThreadWarnings(logging.Handler):
@@ -123,6 +132,7 @@ def _one_line(text: str) -> str:
 
 def _load(url: str):
     """(apprise plugin, None) or (None, one-line secret-free reason)."""
+    _guard_apprise_log()
     if not isinstance(url, str) or not url.strip():
         return None, "empty URL"
     if not re.match(r"[A-Za-z][\w+.-]*://", url):
@@ -151,11 +161,6 @@ def url_error(url: str) -> str | None:
     return _load(url)[1]
 
 
-def _schema_only(url: object) -> str:
-    m = re.match(r"([A-Za-z][\w+.-]*)://", url) if isinstance(url, str) else None
-    return f"{m[1]}://…" if m else "…"
-
-
 class Notifier:
     def __init__(self, urls: Sequence[str], timeout_s: float = 10.0):
         if isinstance(urls, str):
@@ -167,7 +172,7 @@ class Notifier:
         for index, url in enumerate(urls):
             plugin, reason = _load(url)
             if plugin is None:
-                raise ValueError(f"notify URL #{index} ({_schema_only(url)}): {reason}")
+                raise ValueError(f"notify URL #{index} ({url_scheme_only(url)}): {reason}")
             target_id = hashlib.sha256(url.encode()).hexdigest()[:12]
             if any(t.id == target_id for t, _ in self._entries):
                 continue  # the same URL twice would page the same human twice
@@ -176,7 +181,7 @@ class Notifier:
                 current = getattr(plugin, attr, None)
                 if isinstance(current, (int, float)) and current > self._timeout_s:
                     setattr(plugin, attr, self._timeout_s)
-            privacy_url = plugin.url(privacy=True)
+            privacy_url = _without_added_params(plugin.url(privacy=True), url)
             _set_secrets(target_id, _secrets_of(url, privacy_url))
             one = apprise.Apprise()
             one.add(plugin)
@@ -193,7 +198,7 @@ class Notifier:
     def _send_one(self, target: Target, ap: apprise.Apprise, title: str, body: str) -> TargetResult:
         error = None
         try:
-            with ap.notify(
+            with _DeliveryLog() as cause, ap.notify(
                 body=body,
                 title=title,
                 body_format=apprise.NotifyFormat.TEXT,
@@ -202,6 +207,8 @@ class Notifier:
                 # notify() returns an AppriseResult in apprise 2.x (a bool before): coerce.
                 if not bool(outcome):
                     error = _first_warning(outcome) or "delivery failed"
+                    if cause.reason and cause.reason.lower() not in error.lower():
+                        error = f"{error.rstrip('.')} ({cause.reason})"
         except Exception as exc:  # apprise should not raise here, but the outbox loop must survive
             error = f"delivery failed: apprise raised {type(exc).__name__}"
         if error is None:
@@ -220,3 +227,66 @@ def _first_warning(outcome: apprise.AppriseResult) -> str | None:
         if isinstance(level, int) and level >= logging.WARNING:
             return entry.message
     return None
+
+
+# The cause apprise logs only at DEBUG ("Socket Exception: ... [Errno 111] Connection refused"):
+# the warning alone says "A Connection error occurred", which does not tell refused from unknown host.
+_CAUSES = (re.compile(r"\[Errno -?\d+\] ([^\"'()\]\[]+)"), re.compile(r"((?:Read |Connect )?timed out)"),
+           re.compile(r"(CERTIFICATE_VERIFY_FAILED|certificate verify failed[^\"'()]*)"),
+           # smtplib's refusal: (550, b'5.7.1 relaying denied') -> "server said 550 5.7.1 relaying denied"
+           re.compile(r"Socket Exception: \(((?:4|5)\d\d), b?['\"]([^'\"]*)"))
+
+
+class _DeliveryLog(logging.Handler):
+    """While one delivery runs, apprise's records exist down to DEBUG: its result then holds
+    the warning ("A Connection error occurred...") even when the host's logging silences
+    apprise (the CLI sets it to CRITICAL), and this handler keeps the socket-level cause it
+    logs at DEBUG ("[Errno 111] Connection refused"): only the cause's words, never the URL.
+    What the host's logging did not ask for still reaches no handler of the host's."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reason: str | None = None
+        self._restore: tuple[int, bool] | None = None
+        self._threshold = logging.NOTSET
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.reason is None:
+            message = record.getMessage()
+            for pattern in _CAUSES:
+                m = pattern.search(message)
+                if m:
+                    words = " ".join(g for g in m.groups() if g).strip().rstrip(".")
+                    self.reason = f"server said {words}" if len(m.groups()) == 2 else words
+                    break
+        if self._restore is not None and self._restore[1] and record.levelno >= self._threshold:
+            parent = _APPRISE_LOG.parent  # what the host did ask for propagates as before
+            if parent is not None:
+                parent.handle(record)
+
+    def __enter__(self) -> _DeliveryLog:
+        self._threshold = _APPRISE_LOG.getEffectiveLevel()
+        if self._threshold > logging.DEBUG:
+            self._restore = (_APPRISE_LOG.level, _APPRISE_LOG.propagate)
+            _APPRISE_LOG.setLevel(logging.DEBUG)
+            _APPRISE_LOG.propagate = False
+        _APPRISE_LOG.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _APPRISE_LOG.removeHandler(self)
+        if self._restore is not None:
+            _APPRISE_LOG.setLevel(self._restore[0])
+            _APPRISE_LOG.propagate = self._restore[1]
+
+
+def _without_added_params(privacy_url: str, url: str) -> str:
+    """apprise's privacy form without the query parameters apprise added itself (method=POST,
+    overflow=upstream, retry=0, our timeouts...): what is shown is what the user wrote, masked."""
+    base, sep, query = privacy_url.partition("?")
+    if not sep:
+        return privacy_url
+    given = {pair.partition("=")[0].lower() for pair in url.partition("?")[2].split("&") if pair}
+    kept = [pair for pair in query.split("&") if pair and pair.partition("=")[0].lower() in given]
+    base = base.rstrip("/") if not kept and base.endswith("/") and not url.partition("?")[0].endswith("/") else base
+    return base + ("?" + "&".join(kept) if kept else "")

@@ -1,26 +1,34 @@
-"""The daemon process: a lease, the published settings, APScheduler jobs, signals, sd_notify.
+"""The daemon process: a lease, the published settings, the attestation socket, APScheduler
+jobs, signals, sd_notify.
 
 The work itself is `Ticker.tick(now)` and `outbox.deliver_due(now)`; this module
 only schedules them and keeps the process alive through bad data, database blips
-and unreachable alert targets.
+and unreachable alert targets. What it refuses at start, with one line naming the
+key: a daemon running as root with no `[daemon] allowed_users` (it would signal
+root's processes on the store's word), an unusable sealing key or socket path.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import signal
 import threading
 import time
 
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 
-from watchdog.daemon import outbox, sdnotify
+from watchdog.core.scrub import scrub
+from watchdog.core.seal import Sealer
+from watchdog.daemon import keyfile, outbox, sdnotify
+from watchdog.daemon.attest import AttestServer
 from watchdog.daemon.cluster import Membership
 from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
 from watchdog.store.actions import actor
 from watchdog.core.config import Config
+from watchdog.errors import ConfigError
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.notify import Notifier
 from watchdog.store.schema import settings, utcnow
@@ -31,23 +39,35 @@ log = logging.getLogger("watchdog.daemon")
 PUBLISH_EVERY_S = 60.0
 
 
-__all__ = ["AlreadyRunning", "Daemon", "LeaseLost"]
+__all__ = ["AlreadyRunning", "Daemon", "LeaseLost", "check_allowed_users"]
 
 
 class Daemon:
     def __init__(self, engine, config: Config, *, killer: Killer | None = None, notifier: Notifier | None = None,
                  metrics=None):
+        check_allowed_users(config)
         self.engine = engine
         self.config = config
         self.killer = killer or Killer(config.daemon.allowed_users or None)
-        self.notifier = notifier or Notifier(config.alert_urls)
+        if not self.killer.allowed_users:
+            log.warning("[daemon] allowed_users is empty and the daemon's own user is a system account: no process "
+                        "will be signalled (cooperative stops and alerts only); set allowed_users = [\"USER\", ...]")
+        self.sealer = Sealer(keyfile.load_or_create(config.daemon.key_file), self.killer.host)
+        if notifier is None:
+            from watchdog.core.config import alert_urls
+            from watchdog.daemon.notify import url_error
+
+            notifier = Notifier(alert_urls(config, url_error=url_error))  # the credential file: read at start
+        self.notifier = notifier
         self.metrics = metrics
+        self.attest_server: AttestServer | None = None
         from watchdog.daemon.circuits import CircuitBreakers
 
         self.membership = Membership(engine, self.killer.host)
-        self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config), by=actor(),
-                             membership=self.membership)
+        self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config, sealer=self.sealer),
+                             by=actor(), sealer=self.sealer, membership=self.membership)
         self._published_at = 0.0
+        self._published_value: dict | None = None
         self._stop = threading.Event()
         self.last_report = None
         self.lost_lease: str | None = None
@@ -57,7 +77,7 @@ class Daemon:
     def acquire(self) -> None:
         """Take this host's lease, atomically; AlreadyRunning if another live daemon holds it."""
         def alive(holder) -> bool:  # SQLite: is the row's holder running on this host?
-            return self.killer.alive([ProcessIdentity(self.killer.host, holder.pid, holder.pid_create_time)])
+            return bool(self.killer.alive([ProcessIdentity(self.killer.host, holder.pid, holder.pid_create_time)]))
 
         lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s, alive=alive)
         lease.acquire()
@@ -69,7 +89,20 @@ class Daemon:
         lease = self.membership.lease
         return lease is None or lease.leader
 
+    def start_attesting(self) -> AttestServer:
+        """Listen on `[daemon] socket` for agents naming their runs (a thread of this process)."""
+        if self.attest_server is None:
+            self.attest_server = AttestServer(self.engine, self.sealer, self.config.daemon.socket,
+                                              self.killer.host).start()
+        return self.attest_server
+
+    def stop_attesting(self) -> None:
+        if self.attest_server is not None:
+            self.attest_server.stop()
+            self.attest_server = None
+
     def release(self) -> None:
+        self.stop_attesting()
         lease, self.membership.lease = self.membership.lease, None
         if lease is None:
             return
@@ -81,22 +114,38 @@ class Daemon:
     # -- the jobs ---------------------------------------------------------------
 
     def publish(self, force: bool = False) -> None:
-        """Publish prices and profiles so the SDK and the CLI price and validate as the daemon does."""
+        """Publish prices and profiles so the SDK and the CLI price and validate as the daemon does.
+
+        Only the daemon composes the settings: a row someone else changed (any store writer
+        can, on SQLite) is put back within a tick, and said so in the log."""
         if not force and time.monotonic() - self._published_at < PUBLISH_EVERY_S:
-            return
+            if self._published_value is None or self._settings_intact():
+                return
+            log.warning("the published settings were changed by someone else in the store; restored")
         now = utcnow()
         value = self.config.published()
+        if self.ticker.money is not None:  # the models genai-prices priced for it so far, overrides winning
+            value["prices"] = self.ticker.money.prices.published()
         with self.engine.begin() as conn:
             done = conn.execute(update(settings).where(settings.c.key == "config").values(value=value, updated_at=now))
             if done.rowcount == 0:
                 conn.execute(insert(settings).values(key="config", value=value, updated_at=now))
         self._published_at = time.monotonic()
+        self._published_value = json.loads(json.dumps(value))  # as it reads back (lists, not tuples)
+
+    def _settings_intact(self) -> bool:
+        """One small read per tick: the settings row still holds what this daemon wrote."""
+        with self.engine.connect() as conn:
+            stored = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
+        return stored == self._published_value
 
     def tick_job(self, now: dt.datetime | None = None):
         """One tick; a database blip or bad row is logged, never fatal."""
         try:
             self.publish()
             rep = self.ticker.tick(now or utcnow())
+            if rep.learned_prices:  # the SDK prices these models itself from its next settings read
+                self.publish(force=True)
         except LeaseLost as exc:
             log.error("%s", exc)
             self.lost_lease = str(exc)
@@ -110,6 +159,8 @@ class Daemon:
                 self.metrics.tick_failed()
             return None
         self.last_report = rep
+        log.debug("tick: %d active, %d stopping, %d stop(s) requested, %d lost, %.1f ms", rep.active, rep.stopping,
+                  len(rep.stops), len(rep.lost), rep.duration_s * 1000)
         if self.metrics:
             self.metrics.observe_tick(rep)
         # Pinged from the tick itself: a hung tick stops the pings and systemd restarts us.
@@ -118,12 +169,12 @@ class Daemon:
         return rep
 
     def deliver_job(self, now: dt.datetime | None = None):
-        # One deliverer per store, the leader: N daemons reading the same outbox would send
-        # each alert N times.
-        if not self.is_leader or self.lost_lease:
+        # Each daemon delivers the alerts it sealed (watchdog.daemon.outbox): several daemons
+        # on one store never send one alert twice; the leader's duties' alerts are its own.
+        if self.lost_lease:
             return None
         try:
-            return outbox.deliver_due(self.engine, self.notifier, now or utcnow(),
+            return outbox.deliver_due(self.engine, self.notifier, now or utcnow(), sealer=self.sealer,
                                       retry_s=self.config.daemon.alert_retry_s,
                                       on_result=self.metrics.alert_result if self.metrics else None)
         except Exception as exc:  # noqa: BLE001
@@ -170,6 +221,7 @@ class Daemon:
             log.error("could not publish the settings yet: %s", _one_line(exc))
         if self._stop.is_set():
             return 0
+        self.start_attesting()
         sched.start()
         sdnotify.notify("READY=1", "STATUS=watching")
         log.info("agent-watchdog watching %s every %g s (host %s, pid %d)",
@@ -181,9 +233,19 @@ class Daemon:
             sdnotify.notify("STOPPING=1")
             sched.shutdown(wait=True)  # the running tick completes; no new one starts
             self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
+            self.stop_attesting()
         return 1 if self.lost_lease else 0
+
+
+def check_allowed_users(config: Config) -> None:
+    """Root with no allowed_users would default to signalling root's own processes: refuse."""
+    if os.geteuid() == 0 and not config.daemon.allowed_users:
+        where = f" in {config.path}" if config.path else ""
+        raise ConfigError(f"[daemon] allowed_users is not set{where} and the daemon runs as root: set "
+                          "allowed_users = [\"USER\", ...] to the users whose agent processes it may signal "
+                          "(root and system accounts only if named), or run it as its own user (see the unit)")
 
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+    return scrub(f"{type(exc).__name__}: {text[0][:300] if text else ''}")

@@ -6,6 +6,7 @@ written before any alert is delivered, so a slow alert target never delays a sto
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -13,22 +14,25 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from sqlalchemy import and_, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, request_stop
+from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, request_stop, stop_plan
 from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective_budgets
 from watchdog.core.config import Config
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
+from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
-from watchdog.core.messages import rate_alert
-from watchdog.core.policies import evaluate, rate_alarm
+from watchdog.core.messages import rate_alert, requested_stop_alert
+from watchdog.core.policies import evaluate, rate_alarm, with_period
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
 from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
+from watchdog.store.schema import interventions
 
 log = logging.getLogger("watchdog.tick")
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
@@ -94,42 +98,76 @@ class TickReport:
     alarms: list = field(default_factory=list)
     events: list = field(default_factory=list)  # the tool events folded this tick
     duration_s: float = 0.0
+    priced_steps: int = 0  # steps the SDK could not price that the daemon priced this tick
+    learned_prices: list = field(default_factory=list)  # models added to the published price table
+    unpriced: dict = field(default_factory=dict)  # model -> tokens no table prices (first seen this tick)
+    booked: int = 0  # ended runs booked into the spend ledger
+    periods: list = field(default_factory=list)  # every period budget's state (watchdog.core.periods)
     leader: bool = True  # this daemon did the cluster duties this tick
     adopted: tuple = ()  # hosts without a live daemon whose runs it judged too
 
 
 class Ticker:
     def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
-                 membership: Membership | None = None):
+                 money: bool = True, sealer=None, membership: Membership | None = None):
         self.engine = engine
         self.config = config
         self.killer = killer
         self.circuits = circuits  # watchdog.circuits.CircuitBreakers, optional
         self.by = by or actor()
+        # The daemon's key (watchdog.core.seal): seals alerts and SIGTERM targets, verifies
+        # attestations. Without one nothing is signalled and no alert is queued.
+        self.sealer = sealer
+        self._acked: set[str] = set()  # stopping runs whose stop this daemon recorded or acknowledged
         self.scanner = Scanner()
+        # Prices, the spend ledger, period budgets, drift (watchdog.daemon.money); None = run budgets only.
+        # A cluster duty: only the leader runs it (see tick).
+        self.money = Money(config, self.by, sealer=sealer) if money else None
         # Whose runs this daemon judges and whether it leads (no lease: the store's sole daemon).
         self.membership = membership or Membership(engine, killer.host)
-        self.duties = ClusterDuties(engine, config, circuits=circuits, by=self.by)
+        self.duties = ClusterDuties(engine, config, circuits=circuits, by=self.by, sealer=sealer)
+        self._judged: frozenset | None = None  # this tick's hosts (None: every host)
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
 
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
         rep = TickReport(at=now)
+        self._period_stops: list = []
         role = self.membership.refresh()
         rep.leader, rep.adopted = role.leader, tuple(sorted(role.adopted))
         if role.grew:  # newly adopted hosts: rebuild the caches from their active runs' history too
             self.scanner = Scanner()
+        self._judged = role.hosts
         live = self._live_pids()
+        # Money (prices, the ledger, period budgets, drift) is a cluster duty: the leader's. It
+        # sums the live spend of EVERY host's active runs, so the leader reads them all (and
+        # judges only its own and the adopted hosts'); the others read their host's only.
+        money = self.money if role.leader else None
+        if money is not None:  # first: the costs it backfills are judged in this same tick
+            bf = money.before_snapshot(self.engine, now, self.scanner.high_water)
+            rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
+            rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
         with self._read_snapshot() as conn:
-            light = self.scanner.load_active(conn, role.hosts)
+            light = self.scanner.load_active(conn, None if money is not None else role.hosts)
+            i_host = L["host"]
+            mine = light if money is None else [r for r in light if r[i_host] in role.hosts]
             # The leader reads every host's tool events (circuits, the all-runs rate); the others their own.
-            new = self.scanner.fold(conn, [r[L["id"]] for r in light], hosts=None if role.leader else role.hosts)
+            new = self.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else role.hosts)
+            spend = money.live_spend() if money is not None else None
+            due = self._due(light, now, live, spend)
+            if money is not None:
+                money.read(conn, now)
+                rep.periods = money.judge(conn, spend, now)
+                if money.closed:  # the running runs a spent period budget covers are due too
+                    due = self._closing(light, due, money)
             # Only the runs that may need something this tick are read whole and evaluated.
-            rows = self.scanner.load_rows(conn, self._due(light, now, live))
+            rows = self.scanner.load_rows(conn, due)
+        if money is not None:
+            self._safely(money.publish_closed, now)  # before the stops: see Money.publish_closed
         rep.new_events = len(new)
         rep.events = new
-        rep.active = len(light)
+        rep.active = len(mine)
         sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light) if any(r.status == lc.STOPPING for r in rows) else {}
         batch = _Batch(self.engine)
         try:
@@ -144,11 +182,43 @@ class Ticker:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
+        if self._acked:
+            active = {r[L["id"]] for r in light}
+            self._acked &= active
+        if money is not None:
+            self._money_after(money, now, rep)
         if role.leader:  # the cluster duties: exactly one daemon of the store does them
             self.duties.run(DutyTick(now, role, new, self.scanner))
         self._touch_lease(now)
         rep.duration_s = time.perf_counter() - t0
         return rep
+
+    def _safely(self, fn, now):
+        try:
+            fn(self.engine, now)
+        except Exception as exc:  # noqa: BLE001 — retried next tick; never at the expense of the stops
+            if store_unavailable(exc):
+                raise
+            log.exception("%s failed; retried next tick", getattr(fn, "__name__", fn))
+
+    def _money_after(self, money, now, rep):
+        """Book the ended runs, then the alerts and the published state: after the stops, and
+        never at their expense (a failure here is logged; the next tick does it again)."""
+        try:
+            rep.booked = money.book(self.engine, now)
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+            log.exception("booking ended runs failed; retried next tick")
+        stopped: dict[str, list[str]] = {}
+        for rid, reason, scope in self._period_stops:
+            stopped.setdefault(scope, []).append(rid)
+        try:
+            money.after(self.engine, now, stopped)
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+            log.exception("period budgets / drift / unpriced alerts failed this tick")
 
     # -- which runs need a full evaluation ---------------------------------------
 
@@ -172,12 +242,14 @@ class Ticker:
             self._budget_memo[key] = memo
         return memo
 
-    def _due(self, light, now, live) -> list[str]:
+    def _due(self, light, now, live, spend=None) -> list[str]:
         """Ids of the runs `_one` might act on: a superset of them, never fewer.
 
         A healthy running run is skipped without building a row, a snapshot or facts:
         the checks below are the budgets' own comparisons (the clock ones SLACK_S early)
         and `_gone`'s conditions. The policies still decide, on the whole row.
+        `spend` (watchdog.daemon.money.LiveSpend): this same pass over every active run sums
+        their live cost per agent and label budget, for the period budgets.
         """
         now_s = now.timestamp()
         horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
@@ -185,10 +257,29 @@ class Ticker:
         recheck_s = 2 * self.config.daemon.tick_s - SLACK_S
         my_host = self.killer.host
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
-        i_started, i_seen = L["started_s"], L["seen_s"]
+        i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
+        i_cost = L["cost_eur"]
+        judged = self._judged
+        per_agent = spend.per_agent if spend is not None else None
+        covered = spend.covered if spend is not None else None
+        if spend is not None:
+            spend.light, spend.i_id = light, i_id
+            labelled, new = spend.labelled, spend.new
         due = []
         for r in light:
             rid = r[i_id]
+            if per_agent is not None:
+                cost = r[i_cost]  # NOT NULL in the table contract
+                per_agent[r[i_agent]] += cost
+                if covered is not None:
+                    scopes = covered.get(rid)
+                    if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
+                        new.append((rid, cost))
+                    elif scopes:
+                        for scope in scopes:
+                            labelled[scope] += cost
+            if judged is not None and r[i_host] not in judged:
+                continue  # another host's run: its own daemon judges it (only its spend counted here)
             if r[i_status] != lc.RUNNING:
                 due.append(rid)
                 continue
@@ -213,15 +304,29 @@ class Ticker:
                 due.append(rid)
         return due
 
+    @staticmethod
+    def _closing(light, due: list[str], money) -> list[str]:
+        """`due` plus the running runs a spent period budget covers (a second pass, only then)."""
+        seen = set(due)
+        i_id, i_agent, i_status = L["id"], L["agent"], L["status"]
+        extra = [r[i_id] for r in light if r[i_status] == lc.RUNNING and r[i_id] not in seen
+                 and money.closing(r[i_id], r[i_agent]) is not None]
+        return due + extra
+
     # -- one run -------------------------------------------------------------
 
     def _one(self, row, now, rep, live, sharing, batch):
         budgets = effective_budgets(self.config.profile(row.agent), row)
         st = self.scanner.stats.get(row.id)
         top = st.top_tool() if st else None
-        f = facts(row, top, st.last_error.get(top[0]) if (st and top) else None, now)
+        last_error = st.last_error.get(top[0]) if (st and top) else None
+        if self.config.store.record_errors == "class":
+            last_error = None  # the operator asked for no message text anywhere the daemon writes
+        f = facts(row, top, last_error, now)
         if row.status == lc.STOPPING:
             rep.stopping += 1
+            if row.id not in self._acked:
+                self._acknowledge(row, f, budgets, now, batch)
             gone = row.signal_stage in (None, *WAITING_STAGES) and self._gone(row, live, now)
             if not gone and not ladder_due(row, now, self.config.daemon, self.killer.host):
                 return  # nothing to do yet: no transaction (on SQLite, no write lock)
@@ -230,25 +335,35 @@ class Ticker:
                 if gone:
                     # It ended without saying so: after the cooperative stop (no need to wait for the
                     # grace), or after a signal that was refused / not allowed / did not work.
-                    exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets)
+                    exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets, sealer=self.sealer)
                     return
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
-                        now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1)
+                        now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer)
             return
         if self._gone(row, live, now):
             with batch.run() as conn:
                 if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
-                             now=now, by=self.by, budgets=budgets, run_facts=f):
+                             now=now, by=self.by, budgets=budgets, run_facts=f, sealer=self.sealer):
                     rep.lost.append(row.id)
             return
         snap = self.scanner.snapshot(row, now)
-        verdicts = evaluate(snap, budgets, now)
+        period = self.money.closing(row.id, row.agent) if self.money is not None else None
+        if self._judged is not None and row.host not in self._judged:
+            # Due only because a spent period budget covers it (the leader's duty): that stop
+            # alone; its own host's daemon judges everything else about it.
+            verdicts = with_period([], period)
+        else:
+            verdicts = with_period(evaluate(snap, budgets, now), period)
         if verdicts:
             v = verdicts[0]
+            if self.money is not None:
+                f = dataclasses.replace(f, forecast=self.money.forecast_lines(row, budgets, now))
             with batch.run() as conn:
                 if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=self.by, budgets=budgets,
-                                run_facts=f):
+                                run_facts=f, sealer=self.sealer):
                     rep.stops.append((row.id, v.reason))
+                    if period is not None and v.reason == period.reason:
+                        self._period_stops.append((row.id, v.reason, period.scope.key))
                     log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
             return
         alarm = rate_alarm(snap, budgets, now)
@@ -270,8 +385,27 @@ class Ticker:
                          tool=snap.top_tool_last_min[0] if snap.top_tool_last_min else None,
                          reason=lc.TOOL_RATE, detail=alarm.detail, outcome="alert only")
             if enqueue_alert(conn, f"rate:{row.id}:{window}", title, body, now=now, run_id=row.id,
-                             intervention_id=iid):
+                             intervention_id=iid, sealer=self.sealer):
                 rep.alarms.append(row.id)
+
+    def _acknowledge(self, row, f, budgets, now, batch):
+        """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
+        any store writer): record it if nobody did and alert it, worded by the daemon from
+        the store's numbers. Once per run: remembered, and its alert key is unique."""
+        with batch.run() as conn:
+            if not queued(conn, f"stop:{row.id}"):
+                reason = row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"
+                iid = conn.execute(select(interventions.c.id).where(and_(
+                    interventions.c.run_id == row.id, interventions.c.action == "stop_requested"))).scalar()
+                if iid is None:
+                    iid = record(conn, at=now, action="stop_requested", by=self.by, run_id=row.id, reason=reason,
+                                 outcome="stop requested in the store, not by this daemon; acknowledged")
+                plan = stop_plan(row.kill_mode)
+                title, body = requested_stop_alert(f, budgets, reason, plan)
+                enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                              sealer=self.sealer)
+                log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
+        self._acked.add(row.id)
 
     def _read_snapshot(self):
         """One snapshot for the active runs and their new events: a run started between the

@@ -192,26 +192,36 @@ def _to_stop(r: dict) -> str:
     return f"{(dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(since)).total_seconds():.1f}s"
 
 
+# Short names of the defenses for the table (the live feed above it spells them out).
+_SHORT_DEFENSE = {GUARD: "guard", COOPERATIVE: "cooperative", CIRCUIT: "circuit"}
+TABLE_WIDTH = 100
+
+
 def table(results: list[Outcome]) -> str:
-    rows = [("AGENT", "OUTCOME", "STOP REASON", "STEPS", "CALLS", "EUR/BUDGET", "TO STOP",
-             "DEFENSE THAT ACTED", "TOP TOOL")]
+    """The closing table, at most TABLE_WIDTH columns: one row per agent."""
+    budget = next((o.record["budgets"]["max_cost_eur"] for o in results if o.record), None)
+    rows = [("AGENT", "OUTCOME", "STOP REASON", "STEP", "CALL", "EUR", "STOPPED BY", "IN", "TOP TOOL")]
     for o in results:
         r = o.record
         if r is None:
             rows.append((o.agent, "never registered", *("-",) * 7))
             continue
         top = r["top_tool"]
-        top_txt = f"{top['name']} ×{top['calls']}" + (f", {top['errors']} err" if top["errors"] else "") if top else "-"
+        top_txt = f"{top['name']} ×{top['calls']}" + (f" {top['errors']}err" if top["errors"] else "") if top else "-"
         if r["stop_reason"] == lc.HEARTBEAT_TIMEOUT and (r["progress"] or "").startswith("calling "):
             top_txt += f"; hung in {r['progress'][8:]}"  # a call that never returned left no tool event
+        defense = _SHORT_DEFENSE.get(o.defense, o.defense) + ("+circuit" if o.circuit else "")
         rows.append((o.agent, r["status"], r["stop_reason"] or "-", str(r["steps"]), str(r["tool_calls"]),
-                     f"{r['cost_eur']:.3f}/{r['budgets']['max_cost_eur']:.2f}", _to_stop(r),
-                     o.defense + (f" + {CIRCUIT}" if o.circuit else ""), top_txt))
+                     f"{r['cost_eur']:.3f}", defense, _to_stop(r), top_txt))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    right = {3, 4, 5, 6}  # numbers
-    lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+    right = {3, 4, 5, 7}  # numbers
+    tight = {4, 5}  # STEP CALL EUR: numbers side by side need one space
+    lines = ["".join(("" if i == 0 else " " if i in tight else "  ") + (c.rjust(w) if i in right else c.ljust(w))
+                     for i, (c, w) in enumerate(zip(row, widths))).rstrip()
              for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    lines.append("TO STOP: from the stop request (daemon or guard) to the run's end, graces included; "
-                 "no request: from its start")
+    lines = [line if len(line) <= TABLE_WIDTH else line[: TABLE_WIDTH - 1] + "…" for line in lines]
+    lines.insert(1, "-" * min(TABLE_WIDTH, max(len(line) for line in lines)))
+    spent = f"EUR: spent (budget {budget:.2f} per run). " if budget is not None else ""
+    lines.append(f"{spent}IN: from the stop request (daemon or guard) to the end,")
+    lines.append("graces included; no request: from its start. guard: in-process guard; cooperative: daemon's stop")
     return "\n".join(lines)

@@ -45,7 +45,7 @@ BUDGETS = dict(max_wall_s=20, max_steps=8, max_tool_calls=12, max_cost_eur=0.05,
 PRICE = dict(input_eur_per_mtok=3.5, output_eur_per_mtok=10.0)
 
 
-def config_toml(db_url: str, tick_s: float, alert_urls) -> str:
+def config_toml(db_url: str, tick_s: float, alert_urls, key_file: str = "", socket: str = "") -> str:
     def v(x):  # JSON strings and numbers are valid TOML
         return json.dumps(x)
 
@@ -54,7 +54,10 @@ def config_toml(db_url: str, tick_s: float, alert_urls) -> str:
         "[store]", f"url = {v(db_url)}", "",
         "[daemon]", f"tick_s = {tick_s}",
         "cancel_grace_s = 2   # cooperative stop -> SIGTERM", "term_grace_s = 2     # SIGTERM -> SIGKILL",
-        "alert_retry_s = 5", "",
+        "alert_retry_s = 5",
+        "# the demo's agents run as you: named, since root is never signalled unless named",
+        f"allowed_users = [{v(_me())}]",
+        *([f"key_file = {v(key_file)}", f"socket = {v(socket)}"] if key_file else []), "",
         "[defaults]   # every demo agent uses these (a real deployment has one [agents.NAME] per agent)",
         *(f"{k} = {v(x)}" for k, x in BUDGETS.items()),
         "# max_tool_calls_per_min is above what a 12-call budget allows: the demo shows stops, not the rate alarm.",
@@ -65,6 +68,25 @@ def config_toml(db_url: str, tick_s: float, alert_urls) -> str:
     ])
 
 
+def _me() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def _socket_path(folder: Path) -> str:
+    """The demo daemon's attestation socket: in its folder, unless that path is too long for one."""
+    path = folder / "attest.sock"
+    if len(os.fsencode(str(path))) < 100:
+        return str(path)
+    import tempfile
+
+    return str(Path(tempfile.mkdtemp(prefix="aw-demo-")) / "attest.sock")
+
+
 def _die_with_parent():
     # Linux: a child gets SIGKILL if the demo itself is killed, so nothing is left behind.
     with contextlib.suppress(Exception):
@@ -73,8 +95,9 @@ def _die_with_parent():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _spawn(argv, log: Path) -> subprocess.Popen:
+def _spawn(argv, log: Path, **extra_env) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("AGENT_WATCHDOG_DB", "AGENT_WATCHDOG_CONFIG")}
+    env.update(extra_env)
     with open(log, "ab") as out:
         # A new session: the terminal's Ctrl-C reaches the demo only, which then cleans up in order.
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -95,7 +118,9 @@ class Demo:
         self.echo = echo
         self.db_url = f"sqlite:///{folder / 'runs.db'}"
         self.cfg_path = folder / "demo.toml"
-        self.cfg_path.write_text(config_toml(self.db_url, tick_s, alert_urls), encoding="utf-8")
+        self.socket = _socket_path(folder)
+        self.cfg_path.write_text(config_toml(self.db_url, tick_s, alert_urls, str(folder / "attest.key"),
+                                             self.socket), encoding="utf-8")
         self.config = load(self.cfg_path)
         self.engine = make_engine(self.db_url)
         self.daemon: subprocess.Popen | None = None
@@ -133,7 +158,8 @@ class Demo:
             argv = [sys.executable, "-m", "watchdog.demo.agents", name, "--db", self.db_url,
                     "--files", str(self.dir / "files"), "--run-id", rid, "--circuit-cache-s", str(self.tick_s)]
             self.names[rid] = name
-            self.agents[rid] = _spawn(argv, self.dir / f"agent-{name}.log")
+            # The agents attest their processes to the demo's daemon (else it could not signal them).
+            self.agents[rid] = _spawn(argv, self.dir / f"agent-{name}.log", AGENT_WATCHDOG_SOCKET=self.socket)
 
     # -- the show -----------------------------------------------------------------
 
@@ -253,6 +279,10 @@ def _run(folder: Path, keep: bool, tick_s: float, alert_urls) -> int:
         status = verdict(demo, results, finished)
     if keep:
         epilogue(demo, results)
+    else:
+        # The store is deleted on the way out: point at a command that keeps one, not at this one.
+        demo.echo(f"\nThe store and logs were temporary ({demo.dir}, deleted now). To look closer at the runs "
+                  "(runs --all, show, postmortem, top), keep them: agent-watchdog demo --keep DIR")
     return status
 
 
@@ -266,8 +296,8 @@ def verdict(demo: Demo, results, finished: bool) -> int:
     if not finished:
         problems.insert(0, f"not every agent ended within {RUN_DEADLINE_S:g} s")
     if not problems:
-        demo.echo("OK: every agent ended as expected — the healthy runs completed, each runaway was stopped by "
-                  "the right defense, nothing else was touched.")
+        demo.echo("OK: every agent ended as expected — the healthy runs completed, each runaway was\n"
+                  "stopped by the right defense, nothing else was touched.")
         return 0
     demo.echo("FAILED: not every agent ended as expected:")
     for p in problems:

@@ -27,7 +27,8 @@ cannot see (a model API error, MaxTurnsExceeded) are seen when you use the hooks
 a context manager (`with hooks(...) as h: Runner.run(..., hooks=h)`), or when they
 join a run you opened yourself: `WatchdogRunHooks(run=run)` inside `with wd.run(...)`.
 
-Extra: `pip install 'agent-watchdog[openai-agents]'` (openai-agents >= 0.4: `ToolContext.tool_arguments`).
+Extra `openai-agents` (openai-agents >= 0.24): `pip install '.[openai-agents]'` from a checkout, or
+`pip install 'agent-watchdog-daemon[openai-agents]'`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ try:
     from agents import RunHooks
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "watchdog.integrations.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'agent-watchdog[openai-agents]'"
+        "watchdog.integrations.openai_agents needs the OpenAI Agents SDK (the `openai-agents` extra): "
+        "pip install '.[openai-agents]' from a checkout of agent-watchdog, "
+        "or pip install 'agent-watchdog-daemon[openai-agents]'"
     ) from exc
 
 from watchdog.errors import RunKilled
@@ -151,8 +153,12 @@ class WatchdogRunHooks(RunBinding, RunHooks):
 
     def _after_model(self, agent, response):
         usage = getattr(response, "usage", None)
-        self.run.step(model=self._model or _model_name(agent), tokens_in=_int(getattr(usage, "input_tokens", 0)),
-                      tokens_out=_int(getattr(usage, "output_tokens", 0)))
+        tokens_in, tokens_out = _int(getattr(usage, "input_tokens", 0)), _int(getattr(usage, "output_tokens", 0))
+        # The Responses API's details: cached input tokens and reasoning tokens (parts of the totals).
+        cached = _int(getattr(getattr(usage, "input_tokens_details", None), "cached_tokens", 0))
+        reasoning = _int(getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", 0))
+        self.run.step(model=self._model or _model_name(agent), tokens_in=tokens_in, tokens_out=tokens_out,
+                      cached_tokens_in=min(cached, tokens_in), reasoning_tokens=min(reasoning, tokens_out))
 
     async def on_tool_start(self, context, agent, tool) -> None:
         self._obey(self._before_tool, context, tool)

@@ -2,18 +2,27 @@
 
 The daemon opens and closes circuits (rows of `tool_circuits`); the SDK only
 reads them and, once an open circuit's time is up, competes for the single
-half-open probe with one conditional UPDATE, so across every process exactly
-one call gets through. The state is cached for at most `cache_s` (one daemon
+half-open probe with one conditional INSERT into `circuit_probes` (keyed by the
+tool and the open period), so across every process exactly one call gets
+through, and an agent never writes `tool_circuits` itself (on PostgreSQL the
+agents' role cannot). The state is cached for at most `cache_s` (one daemon
 tick by default); `refresh(force=True)` reloads it at once.
 
 Decisions, per call of a tool whose row is not 'closed':
 
 - open, open_until in the future (or NULL)   → fail fast;
 - open, open_until passed, or half_open with no probe yet → claim the probe:
-  the one caller whose UPDATE changed the row runs the tool (one attempt);
+  the one caller whose INSERT claimed it runs the tool (one attempt);
   everybody else fails fast;
-- half_open with a probe already claimed (by anyone, this run included) → fail fast
-  until the daemon closes or re-opens the circuit from the probe's outcome.
+- a probe already claimed (by anyone, this run included) → fail fast until the
+  daemon closes or re-opens the circuit from the probe's outcome;
+- a probe that succeeded (marked on its claim by the run that made it) → the
+  circuit counts as closed at once, for every process, before the daemon's tick
+  closes its row and alerts.
+
+What a refused call is told names the tool, the error class and the count:
+never the text of another run's error (it may carry that run's secrets, or
+words written to steer whichever model reads them).
 """
 
 from __future__ import annotations
@@ -23,10 +32,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import and_, or_, select, update
-
 from watchdog.core.lifecycle import Circuit
-from watchdog.store.schema import tool_circuits, utcnow
+from watchdog.store import probes
+from watchdog.store.schema import utcnow
 
 CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
 
@@ -41,7 +49,7 @@ class CircuitState:
     open_until: dt.datetime | None
     errors: int
     window_s: float | None
-    last_error: str | None
+    error_class: str | None  # the most common error's class: all another run is told
     probe_run_id: str | None = None
 
 
@@ -55,10 +63,7 @@ class CircuitView:
         self._loaded_at = float("-inf")
         self._lock = threading.Lock()
         d = writer.dialect
-        self._select = (
-            "SELECT tool, state, open_until, errors_in_window, window_s, last_error, probe_run_id "
-            "FROM tool_circuits WHERE state <> 'closed'"
-        )
+        self._select = d.select_circuits
         self._parse_ts = d.parse_ts
 
     def refresh(self, force: bool = False):
@@ -96,44 +101,26 @@ class CircuitView:
 
         Returns PROBE when this call won, ALLOW when the circuit closed (or its
         row vanished) meanwhile, None when the call must fail fast (someone else
-        probes, or the daemon re-opened it). The UPDATE is conditional, so of any
-        number of concurrent callers in any number of processes one wins.
+        probes, or the daemon re-opened it). The claim is an INSERT keyed by the
+        circuit's open period, so of any number of concurrent callers in any number
+        of processes one wins, once per open period.
         """
-        now = utcnow()
-        t = tool_circuits
-        claim = (
-            update(t)
-            .where(t.c.tool == tool,
-                   or_(and_(t.c.state == Circuit.OPEN, t.c.open_until <= now),
-                       and_(t.c.state == Circuit.HALF_OPEN, t.c.probe_run_id.is_(None))))
-            .values(state=Circuit.HALF_OPEN, probe_run_id=run_id, probe_at=now, updated_at=now)
-        )
         try:
-            with self.writer.engine.begin() as conn:
-                won = conn.execute(claim).rowcount == 1
-                state = None if won else conn.execute(select(t.c.state).where(t.c.tool == tool)).scalar()
-        except Exception:
-            return None  # store down: an open circuit stays open for us
+            won, state = probes.claim_probe(self.writer.engine, tool, run_id, utcnow())
+        except Exception:  # noqa: BLE001 — store down: an open circuit stays open for us
+            return None
         self.refresh(force=True)
         if won:
             return PROBE
         return ALLOW if state in (None, Circuit.CLOSED) else None
 
-
     def probe_succeeded(self, tool: str, run_id: str) -> bool:
-        """Close `tool`'s circuit at once after this run's probe succeeded.
-
-        Conditional on the circuit being half-open with *this* run's probe, so of two
-        callers at most one closes it, and a circuit the daemon re-opened meanwhile stays
-        open. The probe's id is kept on the closed row: the daemon audits the close and
-        alerts from it (the SDK writes no audit or alert text)."""
-        now = utcnow()
-        t = tool_circuits
+        """Mark this run's claimed probe of `tool` as succeeded: the circuit counts as
+        closed at once (for every process, on its next refresh), and the daemon closes
+        its row, audits and alerts on its next tick (the SDK writes no circuit state,
+        audit or alert text). Conditional on this run's own unjudged claim."""
         try:
-            with self.writer.engine.begin() as conn:
-                done = conn.execute(
-                    update(t).where(t.c.tool == tool, t.c.state == Circuit.HALF_OPEN, t.c.probe_run_id == run_id)
-                    .values(state=Circuit.CLOSED, open_until=None, errors_in_window=0, updated_at=now)).rowcount == 1
+            done = probes.mark_probe_ok(self.writer.engine, tool, run_id)
         except Exception:  # noqa: BLE001 — store down: the daemon closes it from the probe's event
             return False
         self.refresh(force=True)
@@ -152,7 +139,7 @@ class CircuitGate:
         st = self.st
         if st.state == Circuit.OPEN and (st.open_until is None or utcnow() < st.open_until):
             return None
-        if st.state == Circuit.HALF_OPEN and st.probe_run_id is not None:
+        if st.probe_run_id is not None:  # claimed (maybe by this run): until the daemon judges it
             return None
         verdict = self.view.claim_probe(st.tool, run_id)
         if verdict is None:
@@ -165,8 +152,8 @@ class CircuitGate:
         st = self.st
         tool = tool or st.tool
         why = f"{st.errors} errors in {st.window_s:g} s" if st.window_s else f"{st.errors} errors"
-        if st.last_error:
-            why += f": {st.last_error}"
+        if st.error_class:
+            why += f", {st.error_class}"
         if st.state == Circuit.HALF_OPEN or (st.open_until is not None and st.open_until <= utcnow()):
             return f"ToolUnavailable: {tool} is being probed after failures ({why}); do not retry it now"
         until = st.open_until.astimezone().strftime("%H:%M:%S") if st.open_until else "further notice"

@@ -7,6 +7,7 @@ APScheduler. Each record is one short transaction (see `watchdog.hotpath`).
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import math
 import os
@@ -18,14 +19,17 @@ from collections import deque
 
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
+from watchdog.core import periods
 from watchdog.core.config import ENV_CONFIG, ENV_DB, Config
 from watchdog.core.config import load as load_config
-from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name
+from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name, validate_record_errors
 from watchdog.errors import ConfigError, RunKilled, StoreError, ToolUnavailable
+from watchdog.sdk.attest import socket_path
 from watchdog.sdk.circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
 from watchdog.sdk.inflight import InflightTools
 from watchdog.store.engine import make_engine, normalise_url
 from watchdog.store.hotpath import POOL_SIZE, Writer
+from watchdog.store.schema import utcnow
 
 log = logging.getLogger("watchdog.client")
 
@@ -33,6 +37,10 @@ BUFFER_MAX_EVENTS = 10_000
 SETTINGS_TTL_S = 5.0
 # An unreachable PostgreSQL host must cost a record seconds, not the OS's TCP timeout.
 PG_CONNECT_TIMEOUT_S = 5
+# What this agent records is its own choice, never the store's: constructor, else these, else its config file.
+ENV_RECORD_ARGS = "AGENT_WATCHDOG_RECORD_ARGS"
+ENV_RECORD_ERRORS = "AGENT_WATCHDOG_RECORD_ERRORS"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 __all__ = ["Watchdog", "RunKilled", "ToolUnavailable"]
 
@@ -41,9 +49,20 @@ class Watchdog:
     """A handle on the shared store for one agent process. Thread-safe."""
 
     def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS,
-                 circuit_cache_s: float | None = None, pool_size: int = POOL_SIZE):
+                 circuit_cache_s: float | None = None, record_args: bool | None = None,
+                 record_errors: str | None = None, attest_socket: str | None = None, pool_size: int = POOL_SIZE):
         """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached
         (default: one daemon tick as published in the store, at most 5 s).
+
+        What this process records is decided here, never by the store (anyone who can
+        write the store could turn it up): `record_args` (store tools' raw arguments;
+        default $AGENT_WATCHDOG_RECORD_ARGS, else `[store] record_args` of the config this
+        process reads, else False) and `record_errors` ("scrubbed", the default: error
+        messages with secrets removed; "class": the exception class only; default
+        $AGENT_WATCHDOG_RECORD_ERRORS, else `[store] record_errors`).
+        `attest_socket`: the daemon's attestation socket (default $AGENT_WATCHDOG_SOCKET,
+        else /run/agent-watchdog/attest.sock; "" = never attest: runs are then stopped
+        cooperatively only, never signalled).
         `pool_size`: store connections this process's threads share (one more for the
         rare circuit-probe writes); through PgBouncer these are cheap client connections."""
         url = url or os.environ.get(ENV_DB)
@@ -76,6 +95,9 @@ class Watchdog:
         self._config: Config | None = None
         self._config_src: dict | None = None
         self._local = _local_config()
+        self.record_args = _record_args(record_args, self._local)
+        self.record_errors = _record_errors(record_errors, self._local)
+        self.attest_socket = socket_path(attest_socket)
         self.inflight = InflightTools(self)
         # Records buffered during an outage get one last chance when the agent exits.
         atexit.register(_flush_at_exit, weakref.ref(self))
@@ -104,6 +126,9 @@ class Watchdog:
             err = bud.request_error(key, value, profile, agent)
             if err:
                 raise ValueError(err)
+        refused = self.refusal(agent, labels)
+        if refused is not None:  # before the run exists: no model call is ever made for it
+            raise RunKilled(*refused)
         return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id,
                    budgets={k: v for k, v in budgets.items() if v is not None}, profile=profile, guards=guards)
 
@@ -148,26 +173,42 @@ class Watchdog:
 
     def langchain(self, agent: str, **run_kwargs):
         """LangChain callback handler recording and stopping one run: callbacks=[wd.langchain(agent="support-bot")]."""
-        from watchdog.integrations.langchain import handler
-
-        return handler(self, agent=agent, **run_kwargs)
+        return _integration("langchain").handler(self, agent=agent, **run_kwargs)
 
     def openai_agents(self, agent: str, **run_kwargs):
         """OpenAI Agents SDK hooks recording and stopping one run: Runner.run(..., hooks=wd.openai_agents(agent=...))."""
-        from watchdog.integrations.openai_agents import hooks
-
-        return hooks(self, agent=agent, **run_kwargs)
+        return _integration("openai_agents").hooks(self, agent=agent, **run_kwargs)
 
     def circuit_for(self, tool: str):
         """The open or half-open circuit of `tool`, or None when it is closed."""
         return self.circuits.get(tool)
 
-    def price_eur(self, model: str | None, tokens_in: int, tokens_out: int) -> float:
+    def price_eur(self, model: str | None, tokens_in: int, tokens_out: int, cached_tokens_in: int = 0,
+                  reasoning_tokens: int = 0) -> float | None:
+        """The step's cost from the published price table, or None when it holds no price for
+        the model (the step is then recorded unpriced and the daemon prices it). Never a
+        silent 0: only a step of no tokens costs nothing without a price."""
+        if tokens_in + tokens_out == 0:
+            return 0.0
         price = self.config().prices.get(model or "")
         if price is None:
-            return 0.0
-        cost = price.cost_eur(tokens_in, tokens_out)
-        return cost if math.isfinite(cost) and cost >= 0 else 0.0
+            return None
+        cost = price.cost_eur(tokens_in, tokens_out, cached_tokens_in, reasoning_tokens)
+        return cost if cost is not None and math.isfinite(cost) and cost >= 0 else None
+
+    def refusal(self, agent: str, labels: dict | None) -> tuple[str, str] | None:
+        """(reason, detail) when a spent period budget covers a new run of `agent`, else None.
+
+        Read from the store at every run start (one small row, never cached): a budget the
+        daemon closed a moment ago refuses the next run at once, in every process and host.
+        The store down: None (the daemon still stops the run within a tick)."""
+        try:
+            rows = self.writer.query(self.writer.dialect.select_settings, (periods.CLOSED_KEY,))
+            value = self.writer.dialect.parse_json(rows[0][0]) if rows else None
+        except Exception as exc:  # noqa: BLE001 — an unreachable store must not stop the agent
+            self._note_outage(exc)
+            return None
+        return periods.refusal(value, agent, labels, utcnow())
 
     # -- the write path, with the outage buffer ------------------------------
 
@@ -250,6 +291,13 @@ class Watchdog:
         self.engine.dispose()
 
 
+def _integration(name: str):
+    """The integration module `name`, loaded on first use. The integrations are built on the
+    SDK, not the reverse: the SDK names them by string only, so it never imports a framework
+    (nor, statically, the integrations package)."""
+    return importlib.import_module(f"watchdog.integrations.{name}")
+
+
 def _local_config() -> Config:
     """The config file this agent process can read, if any: a broken one is the developer's
     mistake and says so at once (ConfigError); none at all is the defaults."""
@@ -261,6 +309,33 @@ def _local_config() -> Config:
         raise
     except OSError as exc:  # pragma: no cover — load() turns these into ConfigError
         raise ConfigError(str(exc)) from None
+
+
+def _record_args(explicit, local: Config) -> bool:
+    if explicit is not None:
+        if not isinstance(explicit, bool):
+            raise ValueError(f"record_args: expected True or False, got {explicit!r}")
+        return explicit
+    env = os.environ.get(ENV_RECORD_ARGS)
+    if env is not None:
+        if env.strip().lower() in _TRUE:
+            return True
+        if env.strip().lower() in _FALSE:
+            return False
+        raise ValueError(f"${ENV_RECORD_ARGS}: expected 1 or 0 (true / false), got {env!r}")
+    return local.store.record_args
+
+
+def _record_errors(explicit, local: Config) -> str:
+    if explicit is not None:
+        return validate_record_errors(explicit)
+    env = os.environ.get(ENV_RECORD_ERRORS)
+    if env is not None:
+        try:
+            return validate_record_errors(env.strip())
+        except ValueError as exc:
+            raise ValueError(f"${ENV_RECORD_ERRORS}: {exc}") from None
+    return local.store.record_errors
 
 
 def _flush_at_exit(ref):

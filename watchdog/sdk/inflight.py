@@ -63,10 +63,7 @@ class InflightTools:
                 self._write(run, f"in {tool} since {started_at.astimezone():%H:%M:%S}, no answer yet")
 
     def _write(self, run, progress: str) -> None:
-        d = self.wd.writer.dialect
-        ph = "?" if d.sqlite else "%s"
-        sql = f"UPDATE runs SET progress = {ph} WHERE id = {ph} AND status IN ('running', 'stopping')"
         try:
-            self.wd.writer.transaction([(sql, (progress[:500], run.id))])
+            self.wd.writer.transaction([(self.wd.writer.dialect.set_progress, (progress[:500], run.id))])
         except Exception:  # noqa: BLE001 — a note for humans: never worth failing or buffering for
             pass

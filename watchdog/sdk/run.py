@@ -12,7 +12,7 @@ from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.procid import current_create_time, hostname
 from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
-                                   validate_name, validate_tokens)
+                                   validate_count, validate_name, validate_tokens)
 from watchdog.errors import RunKilled
 from watchdog.sdk import toolcall
 from watchdog.sdk.guards import Guard
@@ -39,12 +39,14 @@ class Run:
         self.started_at = None
         self.steps = self.tool_calls = self.tool_errors = 0
         self.tokens_in = self.tokens_out = 0
-        self.cost_eur = 0.0
+        self.cost_eur = 0.0  # what the SDK priced; the daemon adds the steps it prices later
+        self.cost_unpriced_tokens = 0
         self.tool_counts: Counter = Counter()  # per tool, for the alert of an in-process stop
         self.tool_error_counts: Counter = Counter()
         self.status = None
         self.dedupe_cache: dict = {}  # (tool, args hash) -> (stored at, result) of read-only calls
         self.guard = Guard(self.budgets.to_json()) if guards else None
+        self._attester = None  # set while a run that may be signalled is not attested yet
 
     def effective_budgets(self) -> dict:
         """The profile's budgets lowered by the run's own request (what the daemon applies too)."""
@@ -71,14 +73,33 @@ class Run:
         except Exception:  # only a duplicate id gets here: events would land in the other run
             raise ValueError(f"run_id: a run {self.id!r} already exists in the store; give each run its own id") from None
         self.status = lc.RUNNING
+        if self.kill_mode != lc.COOPERATIVE:  # a shared process is never signalled: nothing to attest
+            from watchdog.sdk.attest import Attester
+
+            self._attester = Attester(self.wd.attest_socket, self.id, self.kill_mode)
+            self._attest()
         return self
+
+    @property
+    def attested(self) -> bool:
+        """The daemon of this host attested this run's process identity: it may signal it
+        (kill_mode process/tree) if the run does not stop by itself. Unattested runs are
+        still watched and stopped cooperatively."""
+        return self.kill_mode != lc.COOPERATIVE and self._attester is None
+
+    def _attest(self):
+        """One socket round trip; while the daemon is away, retried at most every RETRY_S
+        seconds from _record (a time check per record until it succeeds)."""
+        att = self._attester
+        if att is not None and att.due() and att.attempt():
+            self._attester = None
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and issubclass(exc_type, RunKilled):
             self.end(lc.KILLED, exc.reason, exc.detail)
         elif exc_type is not None:
-            cls, msg = error_fields(exc)
-            self.end(lc.FAILED, None, f"{cls}: {msg}")
+            cls, msg = error_fields(exc, self.wd.record_errors)
+            self.end(lc.FAILED, None, f"{cls}: {msg}" if msg else cls)
         elif self._stop is not None:  # the agent caught the stop and left quietly: still a kill
             self.end(lc.KILLED, self._stop.reason, self._stop.detail)
         else:
@@ -101,23 +122,40 @@ class Run:
 
     # -- records ---------------------------------------------------------------
 
-    def step(self, model: str | None = None, tokens_in: int = 0, tokens_out: int = 0, cost_eur: float | None = None):
+    def step(self, model: str | None = None, tokens_in: int = 0, tokens_out: int = 0, cost_eur: float | None = None,
+             *, cached_tokens_in: int = 0, reasoning_tokens: int = 0):
         """Record one model call (a step) that happened; its cost is recorded even when over budget.
 
+        `tokens_in` counts every input token (`cached_tokens_in` of them read from the
+        provider's prompt cache), `tokens_out` every output token (`reasoning_tokens` of
+        them reasoning), as OpenAI and LangChain's usage_metadata report them.
+        Without `cost_eur` the step is priced from the table the daemon publishes; a
+        model that table does not hold yet is recorded unpriced (no cost, never 0):
+        the daemon prices it within a tick, or reports the model if no table knows it.
+
         The in-process guard then stops the run if it is over a budget (steps, cost,
-        wall-clock). Call `check_budget` *before* each model call to refuse the call
-        that would exceed it instead.
+        tokens, wall-clock). Call `check_budget` *before* each model call to refuse the
+        call that would exceed it instead.
         """
         if model is not None:
             validate_name("model", model, MODEL_MAX_CHARS)
         tokens_in, tokens_out = validate_tokens(tokens_in, tokens_out)
+        cached = validate_count("cached_tokens_in", cached_tokens_in)
+        reasoning = validate_count("reasoning_tokens", reasoning_tokens)
+        if cached > tokens_in:
+            raise ValueError(f"cached_tokens_in: expected at most tokens_in ({tokens_in}), got {cached}")
+        if reasoning > tokens_out:
+            raise ValueError(f"reasoning_tokens: expected at most tokens_out ({tokens_out}), got {reasoning}")
         if cost_eur is None:
-            cost_eur = self.wd.price_eur(model, tokens_in, tokens_out)
-        cost_eur = validate_amount("cost_eur", cost_eur)
+            cost_eur = self.wd.price_eur(model, tokens_in, tokens_out, cached, reasoning)  # None: unpriced
+        else:
+            cost_eur = validate_amount("cost_eur", cost_eur)
         self.check()
         if self.guard:
-            self.guard.after_step(cost_eur)
-        self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
+            self.guard.after_step(cost_eur or 0.0, tokens_in + tokens_out)
+        self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur,
+                     cached_tokens_in=cached or None, reasoning_tokens=reasoning or None,
+                     unpriced=(tokens_in + tokens_out) if cost_eur is None else 0)
         if self.guard:
             self._guarded(lambda: self.guard.check_totals(self.elapsed_s))
 
@@ -144,9 +182,9 @@ class Run:
         args = {} if args is None else args
         args_hash = hash_args(args, tool=name)
         ok = bool(ok) and not error
-        cls, msg = error_fields(error) if not ok else (None, None)
+        cls, msg = error_fields(error, self.wd.record_errors) if not ok else (None, None)
         if not ok and cls is None:
-            cls, msg = "Error", "tool reported failure"
+            cls, msg = "Error", None if self.wd.record_errors == "class" else "tool reported failure"
         self.check()
         self._record(lc.EV_TOOL, tool=name, args_hash=args_hash, args=args, ok=ok,
                      error_class=cls, error_msg=msg, duration_s=duration_s, attempt=attempt if attempt > 1 else None)
@@ -184,8 +222,8 @@ class Run:
         """Say at once, in the store, that an in-process guard stopped this run.
 
         The run goes to `stopping` like a daemon stop, so an agent that swallows the
-        RunKilled and lingers is still taken down by the daemon's ladder; the audit
-        row and the alert are queued in the same transaction (the daemon delivers it).
+        RunKilled and lingers is still taken down by the daemon's ladder. Only the
+        stop request is written: the daemon records it and composes the alert.
         """
         from watchdog.sdk.guardstop import statements
 
@@ -197,7 +235,7 @@ class Run:
     def _record(self, kind: str, **f):
         d = self.wd.writer.dialect
         at = d.ts(utcnow())  # the event's time and the run's last_seen_at: one clock reading
-        record_args = self.wd.config().store.record_args
+        record_args = self.wd.record_args  # this process's own choice, never the store's
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -212,18 +250,22 @@ class Run:
             self.tokens_in += f.get("tokens_in") or 0
             self.tokens_out += f.get("tokens_out") or 0
             self.cost_eur += f.get("cost_eur") or 0.0
+            self.cost_unpriced_tokens += f.get("unpriced") or 0
+        cached, reasoning = f.get("cached_tokens_in"), f.get("reasoning_tokens")
         event = (
             self.id, seq, at, kind, f.get("tool"), f.get("args_hash"),
             d.json(f.get("args")) if record_args else None, f.get("ok"), f.get("error_class"), f.get("error_msg"),
             f.get("duration_s"), f.get("model"), f.get("tokens_in"), f.get("tokens_out"), f.get("cost_eur"),
-            f.get("progress"), f.get("attempt"),
+            f.get("progress"), f.get("attempt"), cached, reasoning,
         )
         update = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0,
-                  seq, at, f.get("progress"), self.id)
+                  cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)
         statements = [(d.insert_event, event), (d.update_run, update)]
         if not d.returning:
             statements.append((d.select_status, (self.id,)))
         row = self.wd.write(statements)
+        if self._attester is not None:
+            self._attest()
         if row is not None:
             self._obey(row)
 

@@ -15,6 +15,7 @@ from sqlalchemy import and_, insert, select, update
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
 from watchdog.core.messages import RunFacts
+from watchdog.core.scrub import scrub
 from watchdog.store.schema import alerts, interventions, runs
 
 
@@ -37,28 +38,47 @@ def queued(conn, key: str) -> bool:
 
 
 def enqueue_alert(conn, key: str, title: str, body: str, *, now: dt.datetime, run_id=None,
-                  intervention_id=None) -> bool:
-    """Put an alert in the outbox once per key, ever; False if that key was already queued."""
+                  intervention_id=None, sealer=None) -> bool:
+    """Put an alert in the outbox once per key, ever; False if that key was already queued.
+
+    Sealed with the daemon's key (`sealer`): the outbox delivers nothing it cannot verify,
+    so only a daemon composes what reaches a human. Without a sealer (a caller that is not
+    the daemon) nothing is queued."""
+    if sealer is None:
+        return False
+    key, title = key[:255], title[:500]
     if queued(conn, key):
         return False
     conn.execute(insert(alerts).values(
-        dedupe_key=key[:255], title=title[:500], body=body, created_at=now, run_id=run_id,
-        intervention_id=intervention_id, attempts=0, next_attempt_at=now, delivered_targets=[]))
+        dedupe_key=key, title=title, body=body, created_at=now, run_id=run_id,
+        intervention_id=intervention_id, attempts=0, next_attempt_at=now, delivered_targets=[],
+        sealed_by=sealer.host, mac=sealer.alert(key, title, body)))
     return True
 
 
 def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -> RunFacts:
+    """What an alert may say about a run; its free texts (an error, a heartbeat) are agents'
+    words: scrubbed again here (an agent in another language may have stored them raw)."""
     end = row.ended_at or now or row.last_seen_at
     return RunFacts(
         id=row.id, agent=row.agent, host=row.host, pid=row.pid, kill_mode=row.kill_mode, steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
-        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error,
-        progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0))
+        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=scrub(last_error),
+        progress=scrub(row.progress), tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
+        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0)
+
+
+def stop_plan(kill_mode: str) -> str:
+    if kill_mode == lc.COOPERATIVE:
+        return "cooperative stop requested (the run shares its process: it will not be signalled)"
+    return "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
-                 run_facts: RunFacts) -> bool:
-    """running → stopping, with its intervention and alert; False if someone else got there first."""
+                 run_facts: RunFacts, sealer=None) -> bool:
+    """running → stopping, with its intervention and (from the daemon, `sealer` given) its alert;
+    False if someone else got there first. Without a sealer (the CLI) the daemon composes the
+    alert when it sees the stop."""
     from watchdog.core.messages import stop_alert
 
     res = conn.execute(
@@ -68,18 +88,16 @@ def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: s
     )
     if res.rowcount != 1:
         return False
-    if row.kill_mode == lc.COOPERATIVE:
-        plan = "cooperative stop requested (the run shares its process: it will not be signalled)"
-    else:
-        plan = "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
+    plan = stop_plan(row.kill_mode)
     iid = record(conn, at=now, action="stop_requested", by=by, run_id=row.id, reason=reason, detail=detail,
                  outcome=plan)
     title, body = stop_alert(run_facts, budgets, reason, detail, plan)
-    enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+    enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
     return True
 
 
-def mark_lost(conn, row, *, detail: str, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts) -> bool:
+def mark_lost(conn, row, *, detail: str, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts,
+              sealer=None) -> bool:
     from watchdog.core.messages import lost_alert
 
     res = conn.execute(
@@ -92,5 +110,5 @@ def mark_lost(conn, row, *, detail: str, now: dt.datetime, by: str, budgets: Bud
     iid = record(conn, at=now, action="lost", by=by, run_id=row.id, reason=lc.PROCESS_GONE, detail=detail,
                  outcome="marked lost")
     title, body = lost_alert(run_facts, budgets, detail)
-    enqueue_alert(conn, f"lost:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid)
+    enqueue_alert(conn, f"lost:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
     return True

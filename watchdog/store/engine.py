@@ -6,20 +6,26 @@ PostgreSQL (psycopg 3, pre-ping, REPEATABLE READ for readers).
 
 from __future__ import annotations
 
+import functools
+import os
+from urllib.parse import quote
+
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
+from watchdog.core.text import url_without_password
 from watchdog.errors import StoreError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
-def _sqlite_pragmas(dbapi_conn, _record):
+def _sqlite_pragmas(dbapi_conn, _record, read_only: bool = False):
     # Let the driver issue no BEGIN of its own: we emit BEGIN IMMEDIATE ourselves.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    if not read_only:  # setting the journal mode is a write; the file's WAL mode persists anyway
+        cur.execute("PRAGMA journal_mode=WAL")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
@@ -48,14 +54,6 @@ def read_connection(engine: Engine):
     return conn.execution_options(watchdog_read_only=True)
 
 
-def _masked(url: str) -> str:
-    """An unparsable URL may still carry a password: keep the scheme and the host part only."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
-
-
 def normalise_url(url: str) -> str:
     """Accept `postgresql://` as psycopg 3 (the driver we ship), check the URL parses."""
     if not url or not isinstance(url, str):
@@ -64,7 +62,7 @@ def normalise_url(url: str) -> str:
         parsed = make_url(url)
     except ArgumentError:
         raise StoreError(
-            f"store URL {_masked(url)!r}: expected a SQLAlchemy URL such as sqlite:///runs.db "
+            f"store URL {url_without_password(url)!r}: expected a SQLAlchemy URL such as sqlite:///runs.db "
             "or postgresql+psycopg://user@host/db"
         ) from None
     if parsed.drivername in ("postgresql", "postgres"):
@@ -75,23 +73,85 @@ def normalise_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def make_engine(url: str, **kw) -> Engine:
-    """An engine with the store's connection discipline for either database."""
+EXTRA_HINT = "pip install 'agent-watchdog-daemon[{extra}]', or '.[{extra}]' from a checkout"
+
+
+def _require_driver(url: str) -> None:
+    """A PostgreSQL URL without psycopg installed: say which extra brings it (not ModuleNotFoundError)."""
+    import importlib.util
+
+    try:
+        missing = importlib.util.find_spec("psycopg") is None
+    except (ImportError, ValueError):
+        missing = True
+    if missing:
+        raise StoreError(f"store URL {url_without_password(url)!r} needs the `postgres` extra (psycopg 3): "
+                         + EXTRA_HINT.format(extra="postgres"))
+
+
+def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, **kw) -> Engine:
+    """An engine with the store's connection discipline for either database.
+
+    `must_exist`: a SQLite file that is not there is a StoreError naming the fix, instead
+    of an empty file created by the first connection. `read_only` (implies must_exist):
+    SQLite opens the file read-only (`mode=ro`), so a read can never create or change it.
+    """
     url = normalise_url(url)
-    if url.startswith("sqlite"):
-        kw.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
-        engine = create_engine(url, **kw)
-        event.listen(engine, "connect", _sqlite_pragmas)
-        event.listen(engine, "begin", _sqlite_begin)
-    else:
+    # A failed statement's message never carries its values (error texts, arguments, labels):
+    # exceptions are logged, and what they would quote is exactly what must stay in the store.
+    kw.setdefault("hide_parameters", True)
+    if not url.startswith("sqlite"):
+        _require_driver(url)
         kw.setdefault("pool_pre_ping", True)
         # No server-side prepared statements (psycopg prepares a query after 5 runs): behind
         # PgBouncer in transaction pooling mode the next transaction may land on a server
         # connection that never saw the PREPARE.
         kw.setdefault("connect_args", {}).setdefault("prepare_threshold", None)
-        engine = create_engine(url, **kw)
+        return create_engine(url, **kw)
+    path = sqlite_path(url)
+    if (must_exist or read_only) and path is not None and not os.path.exists(path):
+        raise StoreError(f"no store at {path}: create it with `agent-watchdog db upgrade --db {url}`, "
+                         "or check --db / $AGENT_WATCHDOG_DB / [store] url")
+    if read_only and path is not None:
+        url = f"sqlite:///file:{quote(os.path.abspath(path))}?mode=ro&uri=true"
+    kw.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+    engine = create_engine(url, **kw)
+    event.listen(engine, "connect", functools.partial(_sqlite_pragmas, read_only=read_only))
+    event.listen(engine, "begin", _sqlite_begin)
     return engine
 
 
-def is_sqlite(engine: Engine) -> bool:
-    return engine.dialect.name == "sqlite"
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL; None for an in-memory database."""
+    database = make_url(url).database
+    return None if not database or database == ":memory:" or database.startswith("file:") else database
+
+
+def upgrade_hint(url: str) -> str:
+    return f"run `agent-watchdog db upgrade --db {url_without_password(url)}` first"
+
+
+def require_tables(engine: Engine, url: str) -> None:
+    """StoreError naming the fix when the store has no tables yet (never migrated).
+
+    One cheap query (no Alembic import): commands call it before their first read, so
+    "no such table: settings" never reaches a user."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT version_num FROM alembic_version")).first()
+    except DBAPIError as exc:
+        if not is_missing_schema(exc):
+            raise
+        raise StoreError(f"the store at {url_without_password(url)} has no tables: {upgrade_hint(url)}") from None
+
+
+def is_missing_schema(exc: BaseException) -> bool:
+    """A query failed because a table or column is missing: the store is older than this code."""
+    orig = getattr(exc, "orig", exc)
+    text = str(orig).lower()
+    if type(orig).__name__ in ("UndefinedTable", "UndefinedColumn"):  # psycopg
+        return True
+    return "no such table" in text or "no such column" in text

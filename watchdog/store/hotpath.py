@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.core.lifecycle import ACTIVE_STATUSES, Circuit
 from watchdog.store.schema import SQLITE_TS_FORMAT
 
 # Connections per process (per Watchdog): agents' threads share them. Through PgBouncer
@@ -32,9 +33,13 @@ POOL_WAIT_S = 10.0
 # Dialect.ts spells this format with isoformat, which is ~3x faster than strftime.
 assert SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
 
+# The statuses literal in SQL text, from the lifecycle (never spelled out by hand).
+ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
+
 EVENT_COLUMNS = (
     "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
     "error_msg", "duration_s", "model", "tokens_in", "tokens_out", "cost_eur", "progress", "attempt",
+    "cached_tokens_in", "reasoning_tokens",
 )  # fmt: skip
 
 # The run's own budgets follow its identity, in the registry's order (Run.start passes them so).
@@ -63,6 +68,8 @@ class Dialect:
             f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, "
             f"tool_errors = tool_errors + {ph}, tokens_in = tokens_in + {ph}, "
             f"tokens_out = tokens_out + {ph}, cost_eur = cost_eur + {ph}, "
+            f"cached_tokens_in = cached_tokens_in + {ph}, reasoning_tokens = reasoning_tokens + {ph}, "
+            f"cost_unpriced_tokens = cost_unpriced_tokens + {ph}, "
             f"last_seq = {greatest}(last_seq, {ph}), last_seen_at = {greatest}(last_seen_at, {ph}), "
             f"progress = COALESCE({ph}, progress) WHERE id = {ph}"
         )
@@ -72,7 +79,17 @@ class Dialect:
         self.end_run = (
             f"UPDATE runs SET status = {ph}, ended_at = {ph}, "
             f"stop_reason = COALESCE(stop_reason, {ph}), stop_detail = COALESCE(stop_detail, {ph}) "
-            f"WHERE id = {ph} AND status IN ('running', 'stopping')"
+            f"WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
+        )
+        # A note for humans on a run whose tool has not answered yet (watchdog.sdk.inflight).
+        self.set_progress = f"UPDATE runs SET progress = {ph} WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
+        # The SDK's cached view of the circuits the daemon opened (watchdog.sdk.circuitview).
+        # A circuit whose probe claim is marked ok counts as closed; never the error's text, only its class.
+        self.select_circuits = (
+            "SELECT c.tool, c.state, c.open_until, c.errors_in_window, c.window_s, c.last_error_class, "
+            "COALESCE(c.probe_run_id, p.run_id) FROM tool_circuits c LEFT JOIN circuit_probes p "
+            "ON p.tool = c.tool AND p.opened_at = c.opened_at "
+            f"WHERE c.state <> '{Circuit.CLOSED}' AND (p.ok IS NULL OR NOT p.ok)"
         )
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
         self.sqlite = sqlite

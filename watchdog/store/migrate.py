@@ -52,3 +52,21 @@ def head() -> str:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(migrations_dir()))
     return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+def is_older(revision: str | None) -> bool:
+    """The store is at a revision this installation knows and can upgrade (not at head). An
+    unknown revision was written by a newer agent-watchdog: not for this one to judge."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    if revision is None:
+        return True
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    script = ScriptDirectory.from_config(cfg)
+    try:
+        script.get_revision(revision)
+    except CommandError:
+        return False
+    return revision != script.get_current_head()

@@ -105,6 +105,11 @@ runs = Table(
     Column("tokens_in", BigInteger, nullable=False, server_default="0"),
     Column("tokens_out", BigInteger, nullable=False, server_default="0"),
     Column("cost_eur", Float, nullable=False, server_default="0"),
+    # Of tokens_in, those read from the provider's prompt cache; of tokens_out, the reasoning ones.
+    Column("cached_tokens_in", BigInteger, nullable=False, server_default="0"),
+    Column("reasoning_tokens", BigInteger, nullable=False, server_default="0"),
+    # Tokens of steps no price table priced (yet): their cost is not in cost_eur. Never a silent zero.
+    Column("cost_unpriced_tokens", BigInteger, nullable=False, server_default="0"),
     Column("last_seq", Integer, nullable=False, server_default="0"),
     Column("progress", Text),
     Column("started_at", UTCDateTime, nullable=False),
@@ -114,6 +119,9 @@ runs = Table(
     Column("signal_stage", String(16)),  # NULL | term | kill | refused | done
     Column("signalled_at", UTCDateTime),
     Column("ended_at", UTCDateTime),
+    # When the daemon booked the ended run into the spend ledger (NULL: not yet; see store.ledger).
+    Column("booked_at", UTCDateTime),
+    Index(None, "status", "booked_at"),  # the ended runs not booked yet, without a scan
     # The top tool, written once when the run has ended ("sealed" by the daemon's leader), so
     # listing ended runs never aggregates their events. NULL while active or not sealed yet;
     # top_tool_calls = 0 (top_tool NULL) for a run without tool calls.
@@ -151,7 +159,9 @@ events = Table(
     Column("model", String(128)),
     Column("tokens_in", Integer),
     Column("tokens_out", Integer),
-    Column("cost_eur", Float),
+    Column("cached_tokens_in", Integer),  # of tokens_in
+    Column("reasoning_tokens", Integer),  # of tokens_out
+    Column("cost_eur", Float),  # NULL on a step = not priced (yet): the daemon prices it or reports the model
     Column("progress", Text),
     Column("attempt", Integer),  # a tool call's retry number (2, 3, ...); NULL for a first attempt
     UniqueConstraint("run_id", "seq"),
@@ -168,6 +178,7 @@ interventions = Table(
     Column("tool", String(128)),
     # stop_requested | sigterm | sigkill | signal_refused | not_signalled | lost
     # | rate_alarm | circuit_open | circuit_half_open | circuit_closed | ended
+    # | budget_warning | budget_closed | drift_alarm (these three with no run)
     Column("action", String(32), nullable=False),
     Column("reason", String(32)),
     Column("detail", Text),
@@ -193,6 +204,10 @@ alerts = Table(
     Column("delivered_targets", JSON),  # ids of the URLs that already got it
     Column("delivered_at", UTCDateTime),
     Column("last_error", Text),
+    # HMAC of (dedupe_key, title, body) under the key of the daemon of `sealed_by`:
+    # the outbox delivers only what a daemon composed, never a row someone inserted.
+    Column("sealed_by", String(255)),
+    Column("mac", String(64)),
     Index(None, "delivered_at", "next_attempt_at"),
     # Deleting runs and interventions (retention) looks up the alerts that reference them.
     Index(None, "run_id"),
@@ -208,7 +223,8 @@ tool_circuits = Table(
     Column("open_until", UTCDateTime),
     Column("errors_in_window", Integer, nullable=False, server_default="0"),
     Column("window_s", Float),
-    Column("last_error", String(500)),
+    Column("last_error", String(500)),  # scrubbed; for operators (`circuits`), never shown to a model
+    Column("last_error_class", String(128)),  # what other runs' models are told: the class, never the text
     Column("probe_run_id", String(32)),
     Column("probe_at", UTCDateTime),
     Column("updated_at", UTCDateTime, nullable=False),
@@ -240,4 +256,78 @@ daemons = Table(
     Column("last_event_id", BigInteger),
     Column("expires_at", UTCDateTime),
     Column("leader_since", UTCDateTime),
+)
+
+# The half-open probe of an open circuit, claimed by the SDK with one INSERT: the first
+# run to insert (tool, opened_at) is the probe. Agents may insert here; they may not
+# write tool_circuits, whose state only the daemon changes.
+circuit_probes = Table(
+    "circuit_probes",
+    metadata,
+    Column("tool", String(128), primary_key=True),
+    Column("opened_at", UTCDateTime, primary_key=True),  # the open period this probe is for
+    Column("run_id", String(32), nullable=False),
+    Column("claimed_at", UTCDateTime, nullable=False),
+    # Set by the probing run when its call succeeded: the SDK then treats the circuit as
+    # closed at once; the daemon closes the row (and audits, and alerts) on its next tick.
+    Column("ok", Boolean),
+)
+
+# Process identities the daemon of `host` attested over its Unix socket (SO_PEERCRED),
+# sealed with its key: the only identities it will ever signal. Written by the daemon only.
+attestations = Table(
+    "attestations",
+    metadata,
+    Column("run_id", String(32), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("pid_create_time", Float, nullable=False),
+    Column("uid", Integer, nullable=False),
+    Column("kill_mode", String(16), nullable=False),
+    Column("attested_at", UTCDateTime, nullable=False),
+    Column("mac", String(64), nullable=False),
+)
+
+# The spend ledger: per scope ("agent:NAME" or "labels:{json}") and calendar period
+# ("day" "2025-01-31", "month" "2025-01" in [pricing] budget_tz), the ended runs' cost.
+# Written only by the daemon's booking (watchdog.store.ledger); increments, never overwrites.
+spend_ledger = Table(
+    "spend_ledger",
+    metadata,
+    Column("scope", String(255), primary_key=True),
+    Column("period", String(8), primary_key=True),
+    Column("period_key", String(10), primary_key=True),
+    Column("cost_eur", Float, nullable=False, server_default="0"),
+    Column("runs", Integer, nullable=False, server_default="0"),
+    Column("tokens", BigInteger, nullable=False, server_default="0"),
+    Column("unpriced_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+# Per agent and 5-minute bucket (UTC) of the runs' end: their totals, for the drift alarms.
+agent_rollups = Table(
+    "agent_rollups",
+    metadata,
+    Column("agent", String(128), primary_key=True),
+    Column("bucket_at", UTCDateTime, primary_key=True),
+    Column("runs", Integer, nullable=False, server_default="0"),
+    Column("stopped", Integer, nullable=False, server_default="0"),  # killed or lost
+    Column("steps", Integer, nullable=False, server_default="0"),
+    Column("tool_calls", Integer, nullable=False, server_default="0"),
+    Column("tool_errors", Integer, nullable=False, server_default="0"),
+    Column("cost_eur", Float, nullable=False, server_default="0"),
+    Column("tokens", BigInteger, nullable=False, server_default="0"),
+    Column("unpriced_tokens", BigInteger, nullable=False, server_default="0"),
+    Index(None, "bucket_at"),
+)
+
+agent_rollup_tools = Table(
+    "agent_rollup_tools",
+    metadata,
+    Column("agent", String(128), primary_key=True),
+    Column("bucket_at", UTCDateTime, primary_key=True),
+    Column("tool", String(128), primary_key=True),
+    Column("calls", Integer, nullable=False, server_default="0"),
+    Column("errors", Integer, nullable=False, server_default="0"),
+    Index(None, "bucket_at"),
 )

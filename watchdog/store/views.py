@@ -7,6 +7,7 @@ surface shows the same numbers.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import and_, desc, func, or_, select
@@ -98,6 +99,10 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, bud
         "tokens_in": row.tokens_in,
         "tokens_out": row.tokens_out,
         "cost_eur": round(row.cost_eur, 6),
+        # Tokens of steps no price table priced (yet): their cost is not in cost_eur. 0 = all priced.
+        "cost_unpriced_tokens": row.cost_unpriced_tokens,
+        "cached_tokens_in": row.cached_tokens_in,
+        "reasoning_tokens": row.reasoning_tokens,
         "host": row.host,
         "pid": row.pid,
         "kill_mode": row.kill_mode,
@@ -113,11 +118,18 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, bud
     }
 
 
+# What a row written by another program can make our column types or records raise
+# (a timestamp in another format, text where a number belongs).
+UNREADABLE = (ValueError, TypeError, ArithmeticError)
+
+
 def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
-              before: str | None = None) -> list[dict]:
-    """Newest first, one page read from the (started_at, id) index; `before`: the last run id
-    of the previous page. Ended runs carry their sealed top tool: only the others' events
-    (active runs, runs ended since the leader's last tick) are aggregated."""
+              before: str | None = None, on_bad_row: Callable[[str, Exception], None] | None = None) -> list[dict]:
+    """Run records, newest first: one page read from the (started_at, id) index; `before`: the
+    last run id of the previous page. Ended runs carry their sealed top tool: only the others'
+    events (active runs, runs ended since the leader's last tick) are aggregated. A row that
+    cannot be read is passed to `on_bad_row(run_id, error)` and left out: one bad row never
+    hides the others."""
     q = select(runs).order_by(desc(runs.c.started_at), desc(runs.c.id)).limit(limit)
     if not all_runs:
         q = q.where(runs.c.status.in_(lc.ACTIVE_STATUSES))
@@ -126,7 +138,16 @@ def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False,
         if at is None:
             raise StoreError(f"run id {before!r}: no such run")
         q = q.where(or_(runs.c.started_at < at, and_(runs.c.started_at == at, runs.c.id < before)))
-    rows = conn.execute(q).all()
+    try:
+        rows = conn.execute(q).all()
+    except UNREADABLE:  # read again one row at a time, to name the bad ones and keep the rest
+        rows = []
+        for (run_id,) in conn.execute(q.with_only_columns(runs.c.id)).all():
+            try:
+                rows.append(conn.execute(select(runs).where(runs.c.id == run_id)).one())
+            except UNREADABLE as exc:
+                if on_bad_row is not None:
+                    on_bad_row(run_id, exc)
     stats = tool_stats(conn, [r.id for r in rows if r.top_tool_calls is None])
     memo: dict = {}  # few distinct (agent, own budgets) among many runs
 
@@ -137,8 +158,15 @@ def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False,
             b = memo[key] = effective_budgets(config.profile(r.agent), r)
         return b
 
-    return [run_record(r, stats[r.id] if r.top_tool_calls is None else sealed_tools(r), config, now, budgets_of(r))
-            for r in rows]
+    out = []
+    for r in rows:
+        try:
+            tools = stats[r.id] if r.top_tool_calls is None else sealed_tools(r)
+            out.append(run_record(r, tools, config, now, budgets_of(r)))
+        except UNREADABLE as exc:
+            if on_bad_row is not None:
+                on_bad_row(r.id, exc)
+    return out
 
 
 def sealed_tools(row) -> list[ToolStat]:
@@ -149,7 +177,10 @@ def sealed_tools(row) -> list[ToolStat]:
 
 
 def load_run(conn, run_id: str):
-    row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    try:
+        row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    except UNREADABLE as exc:
+        raise StoreError(f"run {run_id[:8]}: unreadable row ({' '.join(str(exc).split())[:200]})") from exc
     if row is None:
         raise StoreError(f"run id {run_id!r}: no such run")
     return row
@@ -158,7 +189,10 @@ def load_run(conn, run_id: str):
 def run_detail(conn, run_id: str, config: Config, now: dt.datetime, *, last_events: int = 15) -> dict:
     row = load_run(conn, run_id)
     stats = tool_stats(conn, [row.id])[row.id]
-    record = run_record(row, stats, config, now)
+    try:
+        record = run_record(row, stats, config, now)
+    except UNREADABLE as exc:
+        raise StoreError(f"run {run_id[:8]}: unreadable row ({' '.join(str(exc).split())[:200]})") from exc
     record["tools"] = [t.to_json() for t in stats]
     evs = conn.execute(
         select(events).where(events.c.run_id == row.id).order_by(desc(events.c.seq)).limit(last_events)
@@ -180,5 +214,6 @@ def event_json(e) -> dict:
         "seq": e.seq, "at": _iso(e.at), "kind": e.kind, "tool": e.tool, "args_hash": e.args_hash,
         "ok": e.ok, "error_class": e.error_class, "error_msg": e.error_msg, "duration_s": e.duration_s,
         "model": e.model, "tokens_in": e.tokens_in, "tokens_out": e.tokens_out, "cost_eur": e.cost_eur,
+        "cached_tokens_in": e.cached_tokens_in, "reasoning_tokens": e.reasoning_tokens,
         "progress": e.progress,
     }  # fmt: skip

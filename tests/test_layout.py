@@ -1,0 +1,36 @@
+"""The dependency rule of the layout (core <- store <- sdk | daemon <- integrations | demo <- cli)
+as import-linter contracts (pyproject.toml [tool.importlinter]), so the light SDK is a rule."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def lint_imports(*args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    return subprocess.run([exe, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_every_import_contract_is_kept():
+    result = lint_imports()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
+
+
+def test_a_forbidden_import_breaks_the_contract(tmp_path):
+    # The contracts can fail: a copy of the package whose SDK imports the daemon is refused.
+    copy = tmp_path / "src"
+    shutil.copytree(REPO / "watchdog", copy / "watchdog", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
+    run_py = copy / "watchdog" / "sdk" / "run.py"
+    run_py.write_text(run_py.read_text() + "\nfrom watchdog.daemon import killer  # noqa\n")
+    exe = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    result = subprocess.run([exe], cwd=copy, capture_output=True, text=True, timeout=300,
+                            env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
+    assert result.returncode != 0
+    assert "watchdog.sdk.run -> watchdog.daemon.killer" in result.stdout

@@ -1,0 +1,97 @@
+"""HMAC seals: what only the daemon can write, checked wherever it is read back.
+
+The store is writable by every agent (on SQLite by anyone in its group), so no
+row is trusted with a privilege on its own word. The daemon seals, with
+HMAC-SHA256 under a key only it can read, the three things that carry one:
+
+- an attested process identity (run id, host, pid, create time, uid, kill mode):
+  the only identities the killer may signal;
+- the targets a SIGTERM reached (run id + their identities): the only processes
+  the SIGKILL that follows may be sent to beyond what it enumerates itself;
+- an alert (dedupe key, title, body): the outbox delivers nothing else.
+
+Pure: bytes and values in, hex out. Every field goes into the message with its
+length, so no two different tuples can spell the same message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Iterable
+
+KEY_MIN_BYTES = 32
+
+
+class Sealer:
+    """`host`: whose daemon holds the key (alerts say which daemon sealed them)."""
+
+    def __init__(self, key: bytes, host: str = ""):
+        if not isinstance(key, bytes) or len(key) < KEY_MIN_BYTES:
+            raise ValueError(f"key: expected at least {KEY_MIN_BYTES} bytes")
+        self._key = key
+        self.host = host
+
+    def __repr__(self) -> str:  # never the key
+        return f"Sealer(host={self.host!r})"
+
+    def _mac(self, kind: str, *fields) -> str:
+        h = hmac.new(self._key, digestmod=hashlib.sha256)
+        for f in (kind, *fields):
+            b = _canon(f).encode("utf-8")
+            h.update(len(b).to_bytes(4, "big"))
+            h.update(b)
+        return h.hexdigest()
+
+    @staticmethod
+    def _ok(expected: str, given) -> bool:
+        return isinstance(given, str) and hmac.compare_digest(expected, given)
+
+    # -- attested identity -------------------------------------------------------
+
+    def identity(self, run_id: str, host: str, pid: int, create_time: float, uid: int, kill_mode: str) -> str:
+        return self._mac("identity/1", run_id, host, int(pid), float(create_time), int(uid), kill_mode)
+
+    def identity_ok(self, mac, run_id, host, pid, create_time, uid, kill_mode) -> bool:
+        try:
+            expected = self.identity(run_id, host, pid, create_time, uid, kill_mode)
+        except (TypeError, ValueError):
+            return False  # a forged row with a non-number where a number belongs
+        return self._ok(expected, mac)
+
+    # -- what a SIGTERM reached ----------------------------------------------------
+
+    def targets(self, run_id: str, targets: Iterable[tuple[str, int, float, int]]) -> str:
+        """(host, pid, create time, uid or -1) of each process."""
+        flat = [x for host, pid, ct, uid in sorted(targets, key=lambda t: (t[0], int(t[1])))
+                for x in (host, int(pid), float(ct), int(uid))]
+        return self._mac("targets/1", run_id, len(flat), *flat)
+
+    def targets_ok(self, mac, run_id, targets) -> bool:
+        try:
+            expected = self.targets(run_id, targets)
+        except (TypeError, ValueError, IndexError):  # a forged row's odd shapes
+            return False
+        return self._ok(expected, mac)
+
+    # -- alerts ----------------------------------------------------------------------
+
+    def alert(self, dedupe_key: str, title: str, body: str) -> str:
+        return self._mac("alert/1", dedupe_key, title, body)
+
+    def alert_ok(self, mac, dedupe_key, title, body) -> bool:
+        try:
+            expected = self.alert(dedupe_key, title, body)
+        except (TypeError, ValueError):
+            return False
+        return self._ok(expected, mac)
+
+
+def _canon(value) -> str:
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"cannot seal {value!r}")
+    if isinstance(value, float):
+        return repr(value)  # the shortest text that round-trips: the same float, the same text
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise TypeError(f"cannot seal a {type(value).__name__}")

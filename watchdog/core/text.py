@@ -1,0 +1,42 @@
+"""Small text rules every surface shares: how a URL is shown without its secret, how a
+duration reads. Pure."""
+
+from __future__ import annotations
+
+import re
+
+_SCHEME = re.compile(r"([A-Za-z][\w+.-]*)://")
+
+
+def url_scheme_only(url: object) -> str:
+    """An alert URL as `slack://…`: everything after an apprise scheme may be a secret."""
+    m = _SCHEME.match(url) if isinstance(url, str) else None
+    return f"{m[1]}://…" if m else "…"
+
+
+def url_without_password(url: str | None) -> str | None:
+    """A store URL fit for a terminal or a log: `scheme://user:***@host/db`, no query string
+    (it may carry a password too). Works on URLs no parser accepts."""
+    if not url:
+        return url
+    m = _SCHEME.match(url)
+    if not m:
+        return "(unparsable URL)"
+    rest = url[m.end():].split("?", 1)[0]
+    auth, at, hostpart = rest.rpartition("@")
+    if at:
+        user = auth.split(":", 1)[0]
+        rest = f"{user}:***@{hostpart}" if ":" in auth else f"{user}@{hostpart}"
+    return f"{m[1]}://{rest}"
+
+
+def duration(seconds: float | None) -> str:
+    """`45s`, `12m05s`, `3h20m`: short enough for a table column."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -1,0 +1,260 @@
+"""Attested process identity: the daemon's Unix socket, and the check the killer relies on.
+
+An agent names its run over `[daemon] socket`; the kernel (SO_PEERCRED) tells
+the daemon which process and user are on the other end, so nothing the peer
+says about itself is believed. The daemon checks that process against the run's
+row (this host, the same pid, the same create time, a process that existed
+before it connected) and writes the identity to `attestations`, sealed with its
+key. The ladder signals only identities whose seal verifies: a row anyone
+writes can name a victim, it cannot make the daemon attest one.
+
+Protocol, one line of JSON each way, bounded and timed out on both sides:
+
+    → {"run": "<run id>", "kill_mode": "process"}
+    ← {"ok": true}  |  {"ok": false, "error": "<why>"}
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+
+import psutil
+from sqlalchemy import select
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.seal import Sealer
+from watchdog.daemon.killer import CREATE_TIME_TOLERANCE_S, ProcessIdentity
+from watchdog.errors import ConfigError
+from watchdog.store import attestations as rows
+from watchdog.store.schema import runs, utcnow
+
+log = logging.getLogger("watchdog.attest")
+
+REQUEST_MAX_BYTES = 512
+IO_TIMEOUT_S = 2.0
+MAX_CONCURRENT = 8  # handler threads; a peer that holds one open costs at most IO_TIMEOUT_S
+SOCKET_KEY = "[daemon] socket"
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class Refused(Exception):
+    """Why a peer's request is not attested (said back to it)."""
+
+
+def verified_leader(conn, row, sealer: Sealer | None) -> tuple[ProcessIdentity | None, str]:
+    """The run's process identity if this daemon attested it and its seal verifies, else (None, why).
+
+    The identity comes from the attestation, never from the run row: a row changed
+    after the attestation (another pid, another kill mode) names nobody.
+    """
+    if sealer is None:
+        return None, "this daemon has no sealing key"
+    a = rows.load(conn, row.id)
+    if a is None:
+        return None, "the run never attested itself to this host's daemon"
+    if not sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode):
+        return None, "its attestation's seal does not verify (forged or from another daemon)"
+    if ((a.host, a.pid, a.kill_mode) != (row.host, row.pid, row.kill_mode)
+            or row.pid_create_time is None or abs(row.pid_create_time - a.pid_create_time) > CREATE_TIME_TOLERANCE_S):
+        return None, "the run row no longer matches what was attested"
+    return ProcessIdentity(a.host, a.pid, a.pid_create_time, a.uid), ""
+
+
+class AttestServer:
+    """Listens on `path` in a thread of the daemon; `attest()` is the whole decision."""
+
+    def __init__(self, engine, sealer: Sealer, path: str, host: str):
+        self.engine = engine
+        self.sealer = sealer
+        self.path = path
+        self.host = host
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> "AttestServer":
+        self._sock = _bind(self.path)
+        self._sock.settimeout(0.5)  # so stop() is seen without a connection
+        self._thread = threading.Thread(target=self._serve, name="attest", daemon=True)
+        self._thread.start()
+        log.info("attesting run identities on %s", self.path)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            try:
+                if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                    os.unlink(self.path)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- serving -------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.1)  # EMFILE and the like: do not spin
+                continue
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # busy: the SDK retries later
+                continue
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            accepted_at = time.time()
+            conn.settimeout(IO_TIMEOUT_S)
+            pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            try:
+                run_id, kill_mode = _parse(_read_line(conn))
+                self.attest(run_id, pid, uid, kill_mode, connected_before=accepted_at)
+                reply = {"ok": True}
+            except Refused as exc:
+                reply = {"ok": False, "error": str(exc)}
+                log.info("attestation refused for pid %d uid %d: %s", pid, uid, exc)
+            except Exception as exc:  # noqa: BLE001 — a store blip: the SDK asks again later
+                reply = {"ok": False, "error": "the daemon could not record it now; try again later"}
+                log.warning("attestation failed for pid %d: %s", pid, type(exc).__name__)
+            conn.sendall(json.dumps(reply).encode() + b"\n")
+        except OSError:
+            pass  # the peer went away or timed out
+        finally:
+            conn.close()
+            self._slots.release()
+
+    # -- the decision -----------------------------------------------------------------
+
+    def attest(self, run_id: str, pid: int, uid: int, kill_mode: str | None, *,
+               connected_before: float | None = None) -> rows.Attestation:
+        """Attest that process `pid` (uid `uid`, as the kernel says) is the one of run `run_id`."""
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                create_time = proc.create_time()
+                uids = proc.uids()
+        except psutil.Error:
+            raise Refused("your process is gone") from None
+        if connected_before is not None and create_time > connected_before + CREATE_TIME_TOLERANCE_S:
+            # The pid was recycled after it connected (a child holding the socket would
+            # otherwise lend its dead parent's pid to a newcomer).
+            raise Refused("the connecting process is gone")
+        if uids.real != uid or uids.effective != uid:
+            raise Refused("the connecting process changed user")
+        with self.engine.begin() as conn:
+            row = conn.execute(select(runs.c.id, runs.c.host, runs.c.pid, runs.c.pid_create_time, runs.c.kill_mode,
+                                      runs.c.status).where(runs.c.id == run_id)).first()
+            if row is None:
+                raise Refused(f"no run {run_id!r} in the store")
+            if row.status not in lc.ACTIVE_STATUSES:
+                raise Refused(f"run {run_id} is {row.status}")
+            if row.host != self.host:
+                raise Refused(f"run {run_id} is registered on host {row.host!r}, this daemon watches {self.host!r}")
+            if row.pid != pid:
+                raise Refused(f"run {run_id} is registered with pid {row.pid}, you are pid {pid}")
+            if row.pid_create_time is None or abs(row.pid_create_time - create_time) > CREATE_TIME_TOLERANCE_S:
+                raise Refused(f"run {run_id} is registered with another create time than your process's")
+            if kill_mode is not None and kill_mode != row.kill_mode:
+                raise Refused(f"run {run_id} is registered with kill_mode {row.kill_mode!r}, you said {kill_mode!r}")
+            mac = self.sealer.identity(run_id, self.host, pid, create_time, uid, row.kill_mode)
+            a = rows.Attestation(run_id, self.host, pid, create_time, uid, row.kill_mode, utcnow(), mac)
+            current = rows.load(conn, run_id)
+            if current is not None and current.mac == mac:
+                return current  # asked twice: nothing to change
+            rows.replace(conn, a)
+        log.info("attested run %s: pid %d uid %d on %s (%s)", run_id[:8], pid, uid, self.host, row.kill_mode)
+        return a
+
+
+def _parse(line: bytes) -> tuple[str, str | None]:
+    try:
+        req = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise Refused("expected one line of JSON: {\"run\": \"<run id>\"}") from None
+    if not isinstance(req, dict):
+        raise Refused("expected a JSON object")
+    run_id, kill_mode = req.get("run"), req.get("kill_mode")
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 32:
+        raise Refused("run: expected a run id")
+    if kill_mode is not None and not isinstance(kill_mode, str):
+        raise Refused("kill_mode: expected a string")
+    return run_id, kill_mode
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = conn.recv(REQUEST_MAX_BYTES + 1 - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > REQUEST_MAX_BYTES:
+            raise Refused(f"request longer than {REQUEST_MAX_BYTES} bytes")
+    return buf.split(b"\n", 1)[0]
+
+
+def _bind(path: str) -> socket.socket:
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{SOCKET_KEY} = {path!r}: directory {parent} does not exist; create it or set "
+                          "socket to a path in the daemon's runtime directory (RuntimeDirectory= in the unit)")
+    if len(os.fsencode(path)) >= 108:
+        raise ConfigError(f"{SOCKET_KEY} = {path!r}: longer than a Unix socket path may be (107 bytes)")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ConfigError(f"{SOCKET_KEY} = {path!r}: exists and is not a socket; remove it or choose another path")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise ConfigError(f"{SOCKET_KEY} = {path!r}: cannot check the existing socket ({exc.strerror})") from None
+            os.unlink(path)  # left behind by a daemon that died
+        else:
+            raise ConfigError(f"{SOCKET_KEY} = {path!r}: another daemon is listening there; stop it or set "
+                              "a different socket")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        # Anyone may attest their OWN process (the kernel says who they are); the
+        # directory's mode decides who can reach the socket at all.
+        os.chmod(path, 0o666)
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{SOCKET_KEY} = {path!r}: cannot listen there ({exc.strerror})") from None
+    return sock

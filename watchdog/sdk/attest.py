@@ -1,0 +1,79 @@
+"""The agent's side of attestation: name our run to the daemon over its Unix socket.
+
+The daemon learns who we are from the kernel (SO_PEERCRED), not from us; we
+only say which run is ours. A run the daemon has not attested is still watched
+and stopped cooperatively, never signalled, so a daemon that is down when the
+run starts costs nothing but that: the run asks again, at most once every
+`RETRY_S`, on its next records. Stdlib only; one short connection per attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+ENV_SOCKET = "AGENT_WATCHDOG_SOCKET"
+DEFAULT_SOCKET = "/run/agent-watchdog/attest.sock"
+TIMEOUT_S = 2.0
+RETRY_S = 30.0
+REPLY_MAX_BYTES = 1024
+
+
+def socket_path(explicit: str | None = None) -> str:
+    """`explicit`, else $AGENT_WATCHDOG_SOCKET, else the packaged default; "" = never attest."""
+    if explicit is not None:
+        return explicit
+    return os.environ.get(ENV_SOCKET, DEFAULT_SOCKET)
+
+
+def request(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S) -> tuple[bool, str]:
+    """Ask the daemon at `path` to attest run `run_id`: (attested, why not)."""
+    if not path:
+        return False, "attestation is off (empty socket path)"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        s.connect(path)
+        s.sendall(json.dumps({"run": run_id, "kill_mode": kill_mode}).encode() + b"\n")
+        buf = b""
+        while b"\n" not in buf and len(buf) < REPLY_MAX_BYTES:
+            chunk = s.recv(REPLY_MAX_BYTES - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+    except OSError as exc:
+        return False, f"no daemon at {path} ({exc.strerror or type(exc).__name__})"
+    finally:
+        s.close()
+    try:
+        reply = json.loads(buf.split(b"\n", 1)[0].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False, "unreadable reply from the daemon"
+    if isinstance(reply, dict) and reply.get("ok") is True:
+        return True, ""
+    return False, str(reply.get("error") if isinstance(reply, dict) else reply)[:200]
+
+
+class Attester:
+    """Per run: attest at start, and again on a later record if that failed (rate-limited)."""
+
+    __slots__ = ("path", "run_id", "kill_mode", "attested", "why", "next_try")
+
+    def __init__(self, path: str, run_id: str, kill_mode: str):
+        self.path = path
+        self.run_id = run_id
+        self.kill_mode = kill_mode
+        self.attested = False
+        self.why = "not asked yet"
+        self.next_try = 0.0
+
+    def due(self) -> bool:
+        """The per-record check: cheap (one comparison) while nothing is due."""
+        return not self.attested and time.monotonic() >= self.next_try
+
+    def attempt(self) -> bool:
+        self.next_try = time.monotonic() + RETRY_S
+        self.attested, self.why = request(self.path, self.run_id, self.kill_mode)
+        return self.attested

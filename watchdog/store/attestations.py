@@ -1,0 +1,42 @@
+"""Rows of `attestations`: the process identities a daemon attested, with their seal.
+
+Only the daemon writes here (on PostgreSQL the agents' role cannot, see
+`sql/roles.sql`); on SQLite anyone in the store's group can, which is why every
+row carries a MAC the daemon checks before it believes a word of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, select
+
+from watchdog.store.schema import attestations
+
+
+@dataclass(frozen=True)
+class Attestation:
+    run_id: str
+    host: str
+    pid: int
+    pid_create_time: float
+    uid: int
+    kill_mode: str
+    attested_at: dt.datetime
+    mac: str
+
+
+def load(conn, run_id: str) -> Attestation | None:
+    r = conn.execute(select(attestations).where(attestations.c.run_id == run_id)).first()
+    if r is None:
+        return None
+    return Attestation(r.run_id, r.host, r.pid, r.pid_create_time, r.uid, r.kill_mode, r.attested_at, r.mac)
+
+
+def replace(conn, a: Attestation) -> None:
+    """Write `a` as the run's one attestation (whatever row was there: it may be forged)."""
+    conn.execute(delete(attestations).where(attestations.c.run_id == a.run_id))
+    conn.execute(insert(attestations).values(
+        run_id=a.run_id, host=a.host, pid=a.pid, pid_create_time=a.pid_create_time, uid=a.uid,
+        kill_mode=a.kill_mode, attested_at=a.attested_at, mac=a.mac))
