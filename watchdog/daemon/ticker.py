@@ -14,7 +14,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -28,9 +28,11 @@ from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.messages import rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
+from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
+from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
-from watchdog.store.schema import daemons, interventions
+from watchdog.store.schema import interventions
 
 log = logging.getLogger("watchdog.tick")
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
@@ -101,11 +103,13 @@ class TickReport:
     unpriced: dict = field(default_factory=dict)  # model -> tokens no table prices (first seen this tick)
     booked: int = 0  # ended runs booked into the spend ledger
     periods: list = field(default_factory=list)  # every period budget's state (watchdog.core.periods)
+    leader: bool = True  # this daemon did the cluster duties this tick
+    adopted: tuple = ()  # hosts without a live daemon whose runs it judged too
 
 
 class Ticker:
     def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
-                 money: bool = True, sealer=None):
+                 money: bool = True, sealer=None, membership: Membership | None = None):
         self.engine = engine
         self.config = config
         self.killer = killer
@@ -117,7 +121,12 @@ class Ticker:
         self._acked: set[str] = set()  # stopping runs whose stop this daemon recorded or acknowledged
         self.scanner = Scanner()
         # Prices, the spend ledger, period budgets, drift (watchdog.daemon.money); None = run budgets only.
+        # A cluster duty: only the leader runs it (see tick).
         self.money = Money(config, self.by, sealer=sealer) if money else None
+        # Whose runs this daemon judges and whether it leads (no lease: the store's sole daemon).
+        self.membership = membership or Membership(engine, killer.host)
+        self.duties = ClusterDuties(engine, config, circuits=circuits, by=self.by, sealer=sealer)
+        self._judged: frozenset | None = None  # this tick's hosts (None: every host)
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
 
@@ -125,11 +134,22 @@ class Ticker:
         t0 = time.perf_counter()
         rep = TickReport(at=now)
         self._period_stops: list = []
+        role = self.membership.refresh()
+        rep.leader, rep.adopted = role.leader, tuple(sorted(role.adopted))
+        if role.grew:  # newly adopted hosts: rebuild the caches from their active runs' history too
+            self.scanner = Scanner()
+        self._judged = role.hosts
         live = self._live_pids()
-        money = self.money
+        # Money (prices, the ledger, period budgets, drift) is a cluster duty: the leader's. It
+        # sums the live spend of EVERY host's active runs, so the leader reads them all (and
+        # judges only its own and the adopted hosts'); the others read their host's only.
+        money = self.money if role.leader else None
         with self._read_snapshot() as conn:
-            light = self.scanner.load_active(conn)
-            new = self.scanner.fold(conn, [r[L["id"]] for r in light])
+            light = self.scanner.load_active(conn, None if money is not None else role.hosts)
+            i_host = L["host"]
+            mine = light if money is None else [r for r in light if r[i_host] in role.hosts]
+            # The leader reads every host's tool events (circuits, the all-runs rate); the others their own.
+            new = self.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else role.hosts)
             spend = money.live_spend() if money is not None else None
             due = self._due(light, now, live, spend)
             if money is not None:
@@ -141,7 +161,7 @@ class Ticker:
             rows = self._money_before(money, light, due, rows, spend, now, rep)
         rep.new_events = len(new)
         rep.events = new
-        rep.active = len(light)
+        rep.active = len(mine)
         sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light) if any(r.status == lc.STOPPING for r in rows) else {}
         batch = _Batch(self.engine)
         try:
@@ -161,8 +181,8 @@ class Ticker:
             self._acked &= active
         if money is not None:
             self._money_after(money, now, rep)
-        if self.circuits is not None:
-            self.circuits.update(self.engine, new, now, self.scanner)
+        if role.leader:  # the cluster duties: exactly one daemon of the store does them
+            self.duties.run(DutyTick(now, role, new, self.scanner))
         self._touch_lease(now)
         rep.duration_s = time.perf_counter() - t0
         return rep
@@ -251,6 +271,7 @@ class Ticker:
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
         i_cost = L["cost_eur"]
+        judged = self._judged
         per_agent = spend.per_agent if spend is not None else None
         covered = spend.covered if spend is not None else None
         if spend is not None:
@@ -269,6 +290,8 @@ class Ticker:
                     elif scopes:
                         for scope in scopes:
                             labelled[scope] += cost
+            if judged is not None and r[i_host] not in judged:
+                continue  # another host's run: its own daemon judges it (only its spend counted here)
             if r[i_status] != lc.RUNNING:
                 due.append(rid)
                 continue
@@ -337,7 +360,12 @@ class Ticker:
             return
         snap = self.scanner.snapshot(row, now)
         period = self.money.closing(row.id, row.agent) if self.money is not None else None
-        verdicts = with_period(evaluate(snap, budgets, now), period)
+        if self._judged is not None and row.host not in self._judged:
+            # Due only because a spent period budget covers it (the leader's duty): that stop
+            # alone; its own host's daemon judges everything else about it.
+            verdicts = with_period([], period)
+        else:
+            verdicts = with_period(evaluate(snap, budgets, now), period)
         if verdicts:
             v = verdicts[0]
             if self.money is not None:
@@ -419,8 +447,8 @@ class Ticker:
 
     def _touch_lease(self, now):
         try:
-            with self.engine.begin() as conn:
-                conn.execute(update(daemons).where(daemons.c.host == self.killer.host)
-                             .values(last_tick_at=now, last_event_id=self.scanner.high_water))
-        except Exception:  # noqa: BLE001 — bookkeeping only
-            log.debug("could not update the daemon lease", exc_info=True)
+            self.membership.touch(now, self.scanner.high_water)
+        except LeaseLost:
+            raise  # another daemon holds this host now: the daemon must stop
+        except Exception:  # noqa: BLE001 — retried next tick; the lease outlives a few missed ones
+            log.debug("could not extend the daemon lease", exc_info=True)
