@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Ingest benchmark: the SDK's write path against a raw-driver baseline.
 
-For 1, 4 and 16 concurrent agent *processes* on SQLite (WAL, a temp file) and
-on PostgreSQL (a fresh database `aw_bench_<pid>`, dropped at the end), each
+For 1, 4 and 16 concurrent agent *processes* on SQLite (WAL, a temp file), on
+PostgreSQL (a fresh database `aw_bench_<pid>`, dropped at the end) and on the same
+PostgreSQL through PgBouncer (`pgbouncer`: a real pgbouncer in transaction pooling
+mode started on a free 127.0.0.1 port, `--bouncer-pool` server connections), each
 process records N tool calls and we report the total records/s and the
 per-record latency (p50/p99), for two implementations:
 
@@ -13,8 +15,10 @@ per-record latency (p50/p99), for two implementations:
        the very SQL text of `watchdog.hotpath.Dialect`) in one transaction on
        a bare driver connection: sqlite3 with BEGIN IMMEDIATE / COMMIT (same
        PRAGMAs and busy timeout as the store), psycopg with one transaction
-       per record. It computes one UTC timestamp per record and nothing else:
-       it is the floor that only the database and the driver cost.
+       per record and the SDK's driver options (no server-side prepared
+       statements: PgBouncer's transaction pooling forbids them). It computes
+       one UTC timestamp per record and nothing else: it is the floor that
+       only the database and the driver cost.
 
 Every process connects, opens its run and records `--warmup` records first
 (connection setup, statement caches and psycopg's prepared statements are then
@@ -31,8 +35,9 @@ store is checked: every record must be there, counters matching events.
 times the layers (raw driver, Writer.transaction, Watchdog.write, Run._record,
 Run.record_tool) interleaved, then the SDK's CPU alone with the database stubbed.
 
-Run:  python benchmarks/bench_ingest.py [--records 2000] [--backends sqlite,postgresql]
-                                       [--writers 1,4,16] [--json FILE] [--profile]
+Run:  python benchmarks/bench_ingest.py [--records 2000] [--backends sqlite,postgresql,pgbouncer]
+                                       [--writers 1,4,16] [--bouncer-pool 20] [--json FILE] [--profile]
+      python benchmarks/bench_ingest.py --backends postgresql,pgbouncer --writers 64 --records 300
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ import os
 import platform
 import queue
 import shutil
+import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,6 +95,18 @@ def pg_conninfo(dbname: str) -> str:
     u = make_url(PG_SERVER)
     parts = [f"host={u.host or '127.0.0.1'}", f"port={u.port or 5432}", f"user={u.username or 'postgres'}",
              f"dbname={dbname}"]
+    if u.password:
+        parts.append(f"password={u.password}")
+    return " ".join(parts)
+
+
+def url_conninfo(url: str) -> str:
+    """libpq conninfo of a SQLAlchemy PostgreSQL URL (direct or through PgBouncer)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    parts = [f"host={u.host or '127.0.0.1'}", f"port={u.port or 5432}", f"user={u.username or 'postgres'}",
+             f"dbname={u.database}"]
     if u.password:
         parts.append(f"password={u.password}")
     return " ".join(parts)
@@ -159,11 +178,11 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
     else:
         import psycopg
 
-        conn = psycopg.connect(pg_conninfo(url.rsplit("/", 1)[1]))
+        conn = psycopg.connect(url_conninfo(url), prepare_threshold=None)  # as the SDK's
         started = now
         labels = None
     cur = conn.cursor()
-    run_params = (run_id, agent, "running", "cooperative", platform.node(), os.getpid(), None, labels,
+    run_params = (run_id, agent, "running", "cooperative", socket.gethostname(), os.getpid(), None, labels,
                   None, None, None, None, None, None, started, started)
     if backend == "sqlite":
         cur.execute("BEGIN IMMEDIATE")
@@ -259,12 +278,13 @@ def writer_main(impl, backend, url, agent, records, warmup, barrier, out_q, inde
 class Store:
     """A fresh, migrated store for one backend; `close()` removes it."""
 
-    def __init__(self, backend: str):
+    def __init__(self, backend: str, bouncer_pool: int = 20, max_clients: int = 2000):
         from watchdog.store.migrate import upgrade
         from watchdog.store.engine import make_engine
 
         self.backend = backend
         self._tmp = None
+        self.bouncer = None
         if backend == "sqlite":
             self._tmp = tempfile.mkdtemp(prefix="aw_bench_")
             self.url = store_url("sqlite", os.path.join(self._tmp, "bench.db"))
@@ -281,6 +301,14 @@ class Store:
             upgrade(engine)
         finally:
             engine.dispose()
+        if backend == "pgbouncer":  # the writers go through it; this script's own checks go direct
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+            from pgbouncer_proc import PgBouncer
+            from sqlalchemy.engine import make_url
+
+            self.bouncer = PgBouncer(users=[make_url(PG_SERVER).username or "postgres"], pool_size=bouncer_pool,
+                                     max_client_conn=max_clients).start()
+            self.url = self.bouncer.url(make_url(PG_SERVER).username or "postgres", self.dbname)
 
     def _connect(self):
         if self.backend == "sqlite":
@@ -321,7 +349,12 @@ class Store:
             if self.backend == "sqlite":
                 return "SQLite " + sqlite3.sqlite_version
             cur.execute("SHOW server_version")
-            return "PostgreSQL " + cur.fetchone()[0].split()[0]
+            version = "PostgreSQL " + cur.fetchone()[0].split()[0]
+            if self.bouncer is not None:
+                out = subprocess.run([self.bouncer.exe, "--version"], capture_output=True, text=True).stdout
+                version += f" through {out.splitlines()[0] if out else 'PgBouncer'} (transaction pooling, " \
+                           f"{self.bouncer.pool_size} server connections)"
+            return version
         finally:
             conn.close()
 
@@ -329,6 +362,8 @@ class Store:
         if self.backend == "sqlite":
             shutil.rmtree(self._tmp, ignore_errors=True)
             return
+        if self.bouncer is not None:
+            self.bouncer.close()
         import psycopg
 
         with psycopg.connect(pg_conninfo(PG_ADMIN_DB), autocommit=True) as admin:
@@ -463,9 +498,10 @@ def profile(backend: str, records: int, top: int):
         if backend == "postgresql":
             # Take the WAL fsync (~ms, and noisy) out of every layer alike: what is left is the
             # client's CPU and one round trip per statement, where the SDK's overhead would show.
-            for c in (raw_conn, wd.writer._conn()):
-                c.cursor().execute("SET synchronous_commit TO off")
-                c.commit()
+            with wd.writer.connection() as sdk_conn:  # the pool's one connection (one thread)
+                for c in (raw_conn, sdk_conn):
+                    c.cursor().execute("SET synchronous_commit TO off")
+                    c.commit()
             print("(PostgreSQL layers measured with synchronous_commit=off on both connections)\n")
         seq = [10**6]
         zeros = "0" * 64
@@ -572,7 +608,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=2000, help="timed records per writer process (default 2000)")
     ap.add_argument("--warmup", type=int, default=100, help="untimed records per process first (default 100)")
-    ap.add_argument("--backends", default="sqlite,postgresql", help="comma list of sqlite, postgresql")
+    ap.add_argument("--backends", default="sqlite,postgresql",
+                    help="comma list of sqlite, postgresql, pgbouncer (PostgreSQL through a pgbouncer started here)")
+    ap.add_argument("--bouncer-pool", type=int, default=20,
+                    help="pgbouncer: server connections to PostgreSQL (default 20)")
     ap.add_argument("--writers", default="1,4,16", help="comma list of concurrent writer processes")
     ap.add_argument("--impls", default="raw,sdk", help="comma list of raw, sdk (default both)")
     ap.add_argument("--no-abba", dest="abba", action="store_false",
@@ -587,7 +626,7 @@ def main(argv=None):
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in backends:
-        if b not in ("sqlite", "postgresql"):
+        if b not in ("sqlite", "postgresql", "pgbouncer"):
             ap.error(f"--backends: unknown backend {b!r}")
     writers = [int(w) for w in args.writers.split(",") if w.strip()]
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
@@ -606,7 +645,7 @@ def main(argv=None):
         print("  (warning: the machine is busy with other work; latencies and rates will be noisy)")
     rows = []
     for backend in backends:
-        store = Store(backend)
+        store = Store(backend, bouncer_pool=args.bouncer_pool)
         try:
             print(f"## {store.version()} ({store.url})", flush=True)
             for w in writers:

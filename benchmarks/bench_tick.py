@@ -525,7 +525,7 @@ class PhaseTimer:
     Phases: load_active (SELECT of the active runs), fold (new events into the caches),
     live_pids (psutil.pids()), per-run (Ticker._one over every row: budgets, facts,
     snapshot, policies, any writes), lease (the daemons row), the money work's steps
-    (m_backfill, m_read, m_judge, m_book, m_after), rest (the pre-filter `_due`, the
+    (m_read, m_labels, m_price, m_judge, m_book, m_after), rest (the pre-filter `_due`, the
     Counter of (host, pid), loop overhead); gc = time in the cyclic garbage collector.
     """
 
@@ -541,8 +541,8 @@ class PhaseTimer:
                    "lease": (ticker, "_touch_lease")}
         if ticker.money is not None:  # the money work, by step (watchdog.daemon.money)
             m = ticker.money
-            wrapped.update({"m_backfill": (m, "before_snapshot"), "m_read": (m, "read"), "m_judge": (m, "judge"),
-                            "m_book": (m, "book"), "m_after": (m, "after")})
+            wrapped.update({"m_read": (m, "read"), "m_labels": (m, "learn_labels"), "m_price": (m, "price"),
+                            "m_judge": (m, "judge"), "m_book": (m, "book"), "m_after": (m, "after")})
         self._undo = []
         for phase, (obj, name) in wrapped.items():
             fn = getattr(obj, name)
@@ -1026,8 +1026,8 @@ def main(argv=None) -> int:
 
     for name, (prof, ptimes, n_active, n_hist, phases) in profiles.items():
         print(f"\n## Profile: warm ticks on {name}, {n_active:,} active, {n_hist:,} history\n")
-        order = ("load_active", "fold", "live_pids", "per_run", "lease", "m_backfill", "m_read", "m_judge", "m_book",
-                 "m_after", "rest", "total", "gc")
+        order = ("load_active", "fold", "live_pids", "per_run", "lease", "m_read", "m_labels", "m_price", "m_judge",
+                 "m_book", "m_after", "rest", "total", "gc")
         print("Phases (median of {} uninstrumented-by-cProfile ticks, ms): ".format(args.profile_ticks)
               + ", ".join(f"{k} {phases[k]:.1f}" for k in order if k in phases)
               + "  (gc overlaps the phases)")

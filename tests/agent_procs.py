@@ -363,6 +363,29 @@ def long_tool(spec: dict) -> int:
     except RunKilled as stop:
         returned.update(reason=stop.reason)
     write_json(spec["result"], returned)
+
+
+def steady(spec: dict) -> int:
+    """One healthy run: `steps` steps and tool calls, then (ready) wait for the `go` file so
+    that every agent of a test holds its connections at once, then as many again; complete.
+    The result says what the SDK could not write (buffered, dropped, rejected)."""
+    from watchdog import Watchdog
+
+    wd = Watchdog(spec["url"], pool_size=spec.get("pool_size", 2))
+    go = Path(spec["go"])
+    n = spec.get("steps", 10)
+    with wd.run(agent=spec.get("agent", "steady"), kill_mode="cooperative", guards=False) as run:
+        for i in range(n):
+            run.step(model="gpt-x", tokens_in=10, tokens_out=5)
+            run.tool_call("lookup", {"i": i}, lambda i: i, read_only=False)
+        write_json(spec["ready"], {"run_id": run.id, "pid": os.getpid(), "children": []})
+        if not wait_until(go.exists, timeout_s=120):
+            raise SystemExit("no go file")
+        for i in range(n):
+            run.step(model="gpt-x", tokens_in=10, tokens_out=5)
+            run.tool_call("lookup", {"i": n + i}, lambda i: i, read_only=False)
+    write_json(spec["result"], {"status": run.status, "buffered": wd.buffered, "dropped": wd.dropped_events,
+                                "rejected": wd.rejected_events, "open_connections": wd.writer.open_connections})
     wd.close()
     return 0
 
@@ -402,11 +425,17 @@ def spender(spec: dict) -> int:
     return 0
 
 
-SCENARIOS = {"runaway": runaway, "shared": shared, "spender": spender, "pauser": pauser, "family": family,
-             "long_tool": long_tool}
+SCENARIOS = {"runaway": runaway, "shared": shared, "spender": spender, "steady": steady, "pauser": pauser,
+             "family": family, "long_tool": long_tool}
 
 
 # --- the test side -------------------------------------------------------------------
+
+
+def as_host(host: str, argv: list[str]) -> list[str]:
+    """argv run as a process of host `host`: a new UTS namespace with that hostname (root only).
+    unshare and sh exec in place, so the pid returned by Popen is the program's own."""
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]
 
 
 class Agent:
@@ -455,24 +484,30 @@ class AgentProcs:
         self._known: list[tuple[int, float]] = []  # (pid, create time) of everything started
 
     def start(self, scenario: str, url: str, *, new_session: bool = True, user: str | None = None,
-              **spec) -> Agent:
-        """`user`: run the agent as that local user (the folder must be writable by it)."""
+              wait: bool = True, host: str | None = None, env: dict | None = None, **spec) -> Agent:
+        """`user`: run the agent as that local user (the folder must be writable by it).
+        `host`: run it in a UTS namespace of its own with that hostname (root only): a
+        simulated host. `wait=False`: return at once (then `ready()` the agent)."""
         import psutil
 
         n = len(self.agents)
         ready, result, log = (self.tmp / f"agent{n}.{ext}" for ext in ("ready", "result", "log"))
         spec = dict(spec, url=url, ready=str(ready), result=str(result))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
-        env.pop("AGENT_WATCHDOG_CONFIG", None)
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), full_env.get("PYTHONPATH")]))
+        full_env.pop("AGENT_WATCHDOG_CONFIG", None)
         exe = sys.executable
         if user is not None:
             from attest_support import foreign_python
 
             exe, foreign = foreign_python()
-            env.update(PYTHONPATH=foreign["PYTHONPATH"], PYTHONNOUSERSITE="1", HOME="/tmp")
+            full_env.update(PYTHONPATH=foreign["PYTHONPATH"], PYTHONNOUSERSITE="1", HOME="/tmp")
+        full_env.update(env or {})
+        argv = [exe, "-m", "agent_procs", scenario, json.dumps(spec)]
+        if host is not None:
+            argv = as_host(host, argv)
         with open(log, "w") as log_f:
-            proc = subprocess.Popen([exe, "-m", "agent_procs", scenario, json.dumps(spec)], env=env,
+            proc = subprocess.Popen(argv, env=full_env,
                                     stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=new_session, user=user, cwd="/tmp" if user else None)
         agent = Agent(proc, ready, result, log)
@@ -481,10 +516,18 @@ class AgentProcs:
             self._known.append((proc.pid, psutil.Process(proc.pid).create_time()))
         except psutil.NoSuchProcess:
             pass
-        if not wait_until(lambda: ready.exists() or proc.poll() is not None):
-            raise AssertionError(f"agent {scenario} not ready after {WAIT_S} s\n{agent.log()}")
+        if wait:
+            self.ready(agent)
+        return agent
+
+    def ready(self, agent: Agent, timeout_s: float = WAIT_S) -> Agent:
+        import psutil
+
+        ready, proc = agent.ready_path, agent.proc
+        if not wait_until(lambda: ready.exists() or proc.poll() is not None, timeout_s):
+            raise AssertionError(f"agent not ready after {timeout_s} s\n{agent.log()}")
         if not ready.exists():
-            raise AssertionError(f"agent {scenario} exited {proc.returncode} before it was ready\n{agent.log()}")
+            raise AssertionError(f"agent exited {proc.returncode} before it was ready\n{agent.log()}")
         agent.info = json.loads(ready.read_text())
         for pid in agent.children:
             try:

@@ -60,8 +60,8 @@ def test_sqlite_pragmas_on_engine_connections(sqlite_url):
 def test_sqlite_pragmas_on_the_sdk_write_connection(sqlite_url):
     wd = Watchdog(sqlite_url)
     try:
-        cur = wd.writer._conn().cursor()
-        assert _pragmas(cur) == EXPECTED_PRAGMAS
+        with wd.writer.connection() as conn:
+            assert _pragmas(conn.cursor()) == EXPECTED_PRAGMAS
     finally:
         wd.close()
 

@@ -207,7 +207,7 @@ def test_unit_keeps_what_the_job_needs():
 # --- (c) example config ---------------------------------------------------------
 
 PUBLIC_KEYS = {
-    "store": {"url", "record_args", "record_errors"},
+    "store": {"url", "record_args", "record_errors", "keep_days"},
     "daemon": {"tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s", "socket", "key_file"},
     "defaults": {
         "max_wall_s",
@@ -296,7 +296,7 @@ def test_example_names_every_public_key():
 def test_example_documented_values():
     raw = _example()
     assert raw["store"] == {"url": "sqlite:////var/lib/agent-watchdog/store/runs.db", "record_args": False,
-                            "record_errors": "scrubbed"}
+                            "record_errors": "scrubbed", "keep_days": 30}
     assert raw["daemon"] == {
         "tick_s": 5,
         "cancel_grace_s": 10,

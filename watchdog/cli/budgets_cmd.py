@@ -31,15 +31,17 @@ def table(states, now: dt.datetime, tz) -> str:
 
     if not states:
         return "no period budgets and no spend yet"
-    lines = [f"{'SCOPE':22} {'PERIOD':6} {'SPENT EUR':>10} {'BUDGET':>8} {'USE':>4} {'EUR/MIN':>8} {'RUNS OUT':>10} STATE"]
+    lines = [f"{'SCOPE':16} {'PERIOD':6} {'SPENT EUR':>9} {'BUDGET':>8} {'USE':>4} {'EUR/MIN':>8} {'RUNS OUT':>15} STATE"]
     for s in states:
         use = f"{100 * s.spent_eur / s.budget_eur:.0f}%" if s.budget_eur else "-"
         rate = f"{s.rate_eur_per_min:.3f}" if s.rate_eur_per_min else "-"
-        out = forecast.when(s.runs_out_at, now, tz) if s.runs_out_at else "-"
-        state = "CLOSED" if s.closed else "WARN" if s.warned else "ok" if s.budget_eur else "no budget"
+        out = "spent" if s.closed else forecast.when(s.runs_out_at, now, tz)[5:] if (
+            s.runs_out_at and s.runs_out_at.astimezone(tz).date() != now.astimezone(tz).date()) else (
+            forecast.when(s.runs_out_at, now, tz) if s.runs_out_at else "-")
+        state = "CLOSED" if s.closed else "WARN" if s.warned else "ok" if s.budget_eur else "-"
         name = s.scope.name if s.scope.kind == "agent" else f"[{s.scope.name}]"
-        lines.append(f"{name[:22]:22} {s.period:6} {s.spent_eur:>10.2f} "
-                     f"{(f'{s.budget_eur:.2f}' if s.budget_eur else '-'):>8} {use:>4} {rate:>8} {out[-10:]:>10} {state}")
+        lines.append(f"{name[:16]:16} {s.period:6} {s.spent_eur:>9.2f} "
+                     f"{(f'{s.budget_eur:.2f}' if s.budget_eur else '-'):>8} {use:>4} {rate:>8} {out:>15} {state}")
     return "\n".join(lines)
 
 

@@ -33,8 +33,8 @@ def _logging(verbose: bool):
 @fail_cleanly
 def run_cmd(app, once, verbose):
     """Run the watchdog daemon in the foreground (SIGTERM/SIGINT: finish the tick and exit 0)."""
-    from watchdog.daemon.service import Daemon, check_allowed_users
     from watchdog.daemon.metrics import start_metrics
+    from watchdog.daemon.service import AlreadyRunning, Daemon, check_allowed_users
 
     from watchdog.daemon.preflight import check
 
@@ -45,7 +45,13 @@ def run_cmd(app, once, verbose):
     check_allowed_users(app.config)  # before anything listens or a key is made
     metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(store, app.config, metrics=metrics)
-    _acquire(daemon, app.db_url, retry=not once)
+    try:
+        _acquire(daemon, app.db_url, retry=not once)
+    except AlreadyRunning as exc:
+        # Not a failure: this host is watched. Exit 0 so that systemd (Restart=on-failure)
+        # and a second start by hand both leave the running daemon alone.
+        click.echo(f"agent-watchdog: {exc}", err=True)
+        sys.exit(0)
     try:
         if once:
             rep = daemon.once()
@@ -61,8 +67,9 @@ def run_cmd(app, once, verbose):
 
 def _acquire(daemon, url: str, retry: bool):
     """Take the lease; a store that is down at start-up is waited for, not fatal (systemd
-    would only restart us into the same outage). Another live daemon is fatal, and so is a
-    store without this version's tables: the daemon never migrates one by itself."""
+    would only restart us into the same outage). Another live daemon: AlreadyRunning (the
+    caller exits 0). A store without this version's tables is fatal: the daemon never
+    migrates one by itself."""
     import time
 
     from sqlalchemy.exc import OperationalError

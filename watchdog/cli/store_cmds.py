@@ -1,4 +1,4 @@
-"""CLI commands that read or migrate the store: db upgrade, runs, show, check-config."""
+"""CLI commands that read, migrate or prune the store: db upgrade/downgrade/prune, runs, show, check-config."""
 
 from __future__ import annotations
 
@@ -41,22 +41,73 @@ def db_downgrade(app, revision):
     click.echo(f"store at revision {migrate.current(engine) or 'base (no tables)'}")
 
 
+_AGE_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """'30d', '12h', '90m', '3600s', '2w' (a bare number is days) -> seconds."""
+    value = (text or "").strip().lower()
+    unit = value[-1:] if value[-1:] in _AGE_UNITS_S else "d"
+    number = value[:-1] if value[-1:] in _AGE_UNITS_S else value
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if not (0 <= amount < float("inf")):
+        raise click.BadParameter(f"expected an age such as 30d, 12h or 90m, got {text!r}", param_hint="--older-than")
+    return amount * _AGE_UNITS_S[unit]
+
+
+@db.command("prune")
+@click.option("--older-than", "older_than", metavar="AGE",
+              help="Prune runs that ended longer ago than AGE (30d, 12h, 90m; default: [store] keep_days).")
+@click.option("--dry-run", is_flag=True, help="Only count what would be pruned.")
+@shared_options
+@pass_app
+@fail_cleanly
+def db_prune(app, older_than, dry_run):
+    """Delete ended runs (with their events, interventions and delivered alerts) by hand.
+
+    In small batches, each its own short transaction: agents keep writing meanwhile.
+    The daemon's leader does the same on its own every few minutes ([store] keep_days)."""
+    import datetime as dt
+
+    from watchdog.errors import StoreError
+    from watchdog.store import leases, retention
+    from watchdog.store.engine import read_connection
+
+    if older_than is not None:
+        age_s = parse_age(older_than)
+    elif app.config.store.keep_days:
+        age_s = app.config.store.keep_days * 86400
+    else:
+        raise StoreError("retention is off ([store] keep_days = 0): give --older-than AGE, e.g. --older-than 30d")
+    engine = app.engine
+    with read_connection(engine) as conn:
+        cutoff = leases.db_now(conn) - dt.timedelta(seconds=age_s)
+    rep = retention.count(engine, cutoff) if dry_run else retention.prune(engine, cutoff)
+    click.echo(rep.summary())
+
+
 @main.command("runs")
 @click.option("--all", "all_runs", is_flag=True, help="Include ended runs (newest first).")
 @click.option("--limit", default=200, show_default=True, type=click.IntRange(1, 100_000),
               help="At most this many runs, newest first.")
+@click.option("--before", metavar="RUN_ID", help="The next page: runs started before this one (the last id shown).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
 @shared_options
 @pass_app
 @fail_cleanly
-def runs_cmd(app, all_runs, limit, as_json):
-    """List the active runs (or every run with --all)."""
+def runs_cmd(app, all_runs, limit, before, as_json):
+    """List the active runs (or every run with --all), newest first, one page of --limit."""
     from watchdog.cli import render
     from watchdog.store import views
 
     with app.reader() as conn:
+        if before is not None:
+            before = views.resolve_run_id(conn, before)
         records = views.list_runs(conn, app.judge_by(conn), utcnow(), all_runs=all_runs, limit=limit,
-                                  on_bad_row=_warn_bad_row)
+                                  before=before, on_bad_row=_warn_bad_row)
     if as_json:
         emit_json(records)
     else:

@@ -42,6 +42,7 @@ class StoreConfig:
     # for what it copies into alerts and circuits); never published, never read from the store.
     record_args: bool = False
     record_errors: str = "scrubbed"  # or "class": no message text at all
+    keep_days: float = 30.0  # ended runs older than this are pruned by the leader; 0 = keep forever
 
 
 @dataclass(frozen=True)
@@ -235,15 +236,18 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
                                "pricing", "budgets", "drift"))
 
     store_t = _table(ctx, raw, "store")
-    _check_keys(ctx, "store", store_t, ("url", "record_args", "record_errors"))
+    _check_keys(ctx, "store", store_t, ("url", "record_args", "record_errors", "keep_days"))
     url = store_t.get("url")
     if url is not None and (not isinstance(url, str) or not url):
         raise ctx.fail("store.url", "a SQLAlchemy URL string such as sqlite:///runs.db", url)
     record_errors = store_t.get("record_errors", "scrubbed")
     if record_errors not in RECORD_ERRORS_CHOICES:
         raise ctx.fail("store.record_errors", 'one of "scrubbed", "class"', record_errors)
+    keep_days = StoreConfig.keep_days
+    if "keep_days" in store_t:
+        keep_days = _number(ctx, "store.keep_days", store_t["keep_days"], allow_zero=True)
     store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)),
-                        record_errors=record_errors)
+                        record_errors=record_errors, keep_days=keep_days)
 
     daemon_t = _table(ctx, raw, "daemon")
     _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",

@@ -111,6 +111,21 @@ def cooperative_alert(f: RunFacts, b: Budgets, reason: str, grace_s: float, shar
     return title, _body(f, b, lines)
 
 
+def no_daemon_alert(host: str, active_runs: int, last_pid: int | None, last_tick: str | None,
+                    by: str) -> tuple[str, str]:
+    """A host whose daemon's lease has expired (or that never had one): its runs are adopted."""
+    title = f"agent-watchdog: host {host} has no live daemon: its runs cannot be signalled"
+    last = (f"last daemon: pid {last_pid}, last tick {last_tick or 'never'}" if last_pid is not None
+            else "no daemon of this store ever ran on it")
+    lines = [
+        f"host {host}   active runs {active_runs}",
+        last,
+        f"adopted by {by}: runs over budget get a cooperative stop (they see it on their next write);",
+        "no process of that host is signalled (only a host's own daemon may), so a run that ignores the stop goes on",
+        "",
+        f"start agent-watchdog on {host} (systemctl start agent-watchdog) to signal them again",
+    ]
+    return title, "\n".join(lines)
 def requested_stop_alert(f: RunFacts, b: Budgets, reason: str, plan: str) -> tuple[str, str]:
     """A stop this daemon did not decide (the run's own guard, `agent-watchdog kill`, any store
     writer). Worded from the store's numbers only: the requester's free text is not quoted, so

@@ -7,9 +7,10 @@ sets the event's cost with a compare-and-set (NULL → cost: two daemons price i
 and moves the cost onto the run, so `max_cost` and the period budgets see it in the
 same tick. What no table prices stays NULL and is reported (once per model and day).
 
-Cost per tick: the events written since the last tick (plus PostgreSQL's late-commit
-overlap, as the scanner reads them); a cold start also reads the unpriced steps of
-the runs not booked yet. Never a scan of history.
+Cost per tick: one query on the tick's own read snapshot, over the events written since
+the last tick (plus PostgreSQL's late-commit overlap, as the scanner reads them); a cold
+start also reads the unpriced steps of the runs not booked yet. A write only when a step
+was priced. Never a scan of history.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.prices import PriceBook
 from watchdog.daemon.scan import ID_OVERLAP
-from watchdog.store.engine import read_connection
 from watchdog.store.schema import events, runs
 
 log = logging.getLogger("watchdog.prices")
 
 CHUNK = 500
+TOP_EVERY = 10
 MAX_PER_TICK = 20_000  # unpriced steps examined per tick at most (a backlog drains over ticks)
 
 
@@ -48,12 +49,14 @@ class BackfillReport:
     priced_steps: int = 0
     cost_eur: float = 0.0
     runs: set = field(default_factory=set)  # runs whose cost changed
+    deltas: list = field(default_factory=list)  # (the found row of the run, cost added): for this tick's sums
     learned: list = field(default_factory=list)  # models newly in the published price table
     unpriced: dict = field(default_factory=dict)  # model -> Unpriced (first seen this tick)
 
 
 _COLS = (events.c.id, events.c.run_id, events.c.at, events.c.model, events.c.tokens_in, events.c.tokens_out,
-         events.c.cached_tokens_in, events.c.reasoning_tokens, runs.c.agent)
+         events.c.cached_tokens_in, events.c.reasoning_tokens, runs.c.agent, runs.c.status, runs.c.labels,
+         runs.c.ended_at, runs.c.last_seen_at)
 
 
 def _unpriced_steps(conn, *conds):
@@ -68,29 +71,33 @@ class Backfill:
         self.book = book
         self.low: int | None = None  # the next tick reads the unpriced steps above this event id
         self._seen: set[int] = set()  # unpriced events already reported (within the overlap)
+        self._reads = 0
 
-    def _read(self, engine, high_water: int | None) -> list:
-        """`high_water`: the largest event id the tick has already seen (the scanner's), if any."""
-        with read_connection(engine) as conn:
-            if self.low is None or high_water is None:
-                top = conn.execute(select(func.max(events.c.id))).scalar() or 0
-            else:
-                top = high_water  # saves a query: later ids are above the next low anyway
-            if self.low is None:
-                # Cold start: the unpriced steps of every run not booked yet (active ones and
-                # those that ended unbooked), found through the runs' own counter.
-                ids = conn.execute(select(runs.c.id).where(and_(
-                    runs.c.status.in_(lc.STATUSES), runs.c.booked_at.is_(None),
-                    runs.c.cost_unpriced_tokens > 0))).scalars().all()
-                rows = {}
-                for i in range(0, len(ids), CHUNK):
-                    for r in _unpriced_steps(conn, events.c.run_id.in_(ids[i : i + CHUNK])):
-                        rows[r.id] = r
-                for r in _unpriced_steps(conn, events.c.id > max(0, top - ID_OVERLAP)):
-                    rows[r.id] = r  # rows written by plain SQL that did not count their tokens
-                found = sorted(rows.values(), key=lambda r: r.id)
-            else:
-                found = _unpriced_steps(conn, events.c.id > self.low)
+    def read(self, conn, high_water: int | None = None) -> list:
+        """The unpriced steps written since the last read, on the tick's own read snapshot (no
+        transaction of its own). `high_water`: the largest event id the tick saw (the scanner's):
+        the next read starts ID_OVERLAP below it; the true top is asked every TOP_EVERY reads, so
+        the range stays bounded when no tool event moves the scanner's mark."""
+        self._reads += 1
+        if self.low is None or high_water is None or self._reads % TOP_EVERY == 0:
+            top = conn.execute(select(func.max(events.c.id))).scalar() or 0
+        else:
+            top = high_water
+        if self.low is None:
+            # Cold start: the unpriced steps of every run not booked yet (active ones and
+            # those that ended unbooked), found through the runs' own counter.
+            ids = conn.execute(select(runs.c.id).where(and_(
+                runs.c.status.in_(lc.STATUSES), runs.c.booked_at.is_(None),
+                runs.c.cost_unpriced_tokens > 0))).scalars().all()
+            rows = {}
+            for i in range(0, len(ids), CHUNK):
+                for r in _unpriced_steps(conn, events.c.run_id.in_(ids[i : i + CHUNK])):
+                    rows[r.id] = r
+            for r in _unpriced_steps(conn, events.c.id > max(0, top - ID_OVERLAP)):
+                rows[r.id] = r  # rows written by plain SQL that did not count their tokens
+            found = sorted(rows.values(), key=lambda r: r.id)
+        else:
+            found = _unpriced_steps(conn, events.c.id > self.low)
         if len(found) >= MAX_PER_TICK:
             self.low = found[-1].id  # a backlog: go on from there next tick
         else:
@@ -98,9 +105,9 @@ class Backfill:
             self.low = max(self.low or 0, top - ID_OVERLAP, 0)
         return found
 
-    def run(self, engine, now: dt.datetime, high_water: int | None = None) -> BackfillReport:
+    def apply(self, engine, found: list, now: dt.datetime) -> BackfillReport:
+        """Price the steps `read` found; write what was priced (its own short transaction)."""
         rep = BackfillReport()
-        found = self._read(engine, high_water)
         low = self.low
         self._seen = {i for i in self._seen if i > low}
         if not found:
@@ -136,6 +143,7 @@ class Backfill:
                 acc = per_run[r.run_id]
                 acc[0] += cost
                 acc[1] += (r.tokens_in or 0) + (r.tokens_out or 0)
+                rep.deltas.append((r, cost))
                 rep.priced_steps += 1
                 rep.cost_eur += cost
             for rid, (cost, tokens) in sorted(per_run.items()):

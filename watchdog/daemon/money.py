@@ -3,14 +3,16 @@ report unpriced models, publish what the SDK checks at run start, and the drift 
 
 Order within a tick (watchdog.daemon.ticker drives it):
 
-1. `before_snapshot`: the backfill prices new unpriced steps (their cost lands on the runs);
-2. `read` then `judge`, inside the tick's read snapshot: the ended runs not booked yet, the
-   ledger's spend for the current day and month, and every period budget's spend = ledger +
-   unbooked + the active runs' live cost — one snapshot, so each run counts once and
-   concurrent first runs are summed, never each compared with an empty ledger;
-3. the ticker stops the running runs of closed scopes (`closing`), like any verdict, and
-   `book`s the ended runs (a compare-and-set each: exactly once over all daemons);
-   `publish_closed` comes first: a new `wd.run()` is refused from then on;
+1. inside the tick's read snapshot, `read` (the unpriced steps written since the last tick,
+   the ended runs not booked yet, the ledger's spend for the current day and month) and
+   `learn_labels`; the ticker's one pass over the active runs sums their live cost (LiveSpend);
+2. after it, `price` prices the unpriced steps (their cost lands on the runs, and in this
+   tick's sums), then `judge`: every period budget's spend = ledger + unbooked + live — one
+   snapshot, so each run counts once and concurrent first runs are summed, never each
+   compared with an empty ledger;
+3. `publish_closed` (a new `wd.run()` is refused from then on), then the ticker stops the
+   running runs of closed scopes (`closing`) like any verdict, and `book`s the ended runs
+   (a compare-and-set each: exactly once over all daemons);
 4. `after`: warn / closed alerts (once per period), unpriced-model alerts (once per model
    and day), the published state (spend, burn rates), drift.
 """
@@ -24,6 +26,7 @@ from collections import defaultdict
 from sqlalchemy import insert, select, update
 
 from watchdog.core import forecast
+from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
 from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, PeriodState, build_states,
                                    closed_entry, period_bounds, period_key, scope_agent, sum_spend, zone)
 from watchdog.core.pricing import NO_MODEL
@@ -70,22 +73,19 @@ class Money:
         self._booked_at: dt.datetime | None = None
         self._warned_bad: set[str] = set()
         self.last_backfill = BackfillReport()
+        self._found: list = []
 
-    # -- 1. before the read snapshot ------------------------------------------------------
+    # -- 1. inside the tick's read snapshot ---------------------------------------------------
 
-    def before_snapshot(self, engine, now: dt.datetime, high_water: int | None = None) -> BackfillReport:
-        self.last_backfill = self.backfill.run(engine, now, high_water)
-        return self.last_backfill
-
-    # -- 2. inside it ---------------------------------------------------------------------
-
-    def read(self, conn, now: dt.datetime) -> None:
-        """The ledger's side of the spend: what it holds for the current periods, and the ended
-        runs it does not hold yet (summed in the database: a few rows whatever their number)."""
+    def read(self, conn, now: dt.datetime, high_water: int | None = None) -> None:
+        """The unpriced steps written since the last tick; the ledger's side of the spend: what
+        it holds for the current periods, and the ended runs it does not hold yet (summed in
+        the database: a few rows whatever their number)."""
+        self._found = self.backfill.read(conn, high_water)
         self._keys = {p: period_key(p, now, self.tz) for p in PERIODS}
         starts = {p: period_bounds(p, now, self.tz)[0] for p in PERIODS}
-        self._unbooked, self._n_unbooked = ledger.read_unbooked_spend(conn, starts[DAY], starts[MONTH])
-        self._spend = ledger.read_spend(conn, self._keys)
+        self._spend, self._unbooked, self._n_unbooked = ledger.read_period_spend(conn, self._keys, starts[DAY],
+                                                                                 starts[MONTH])
 
     # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
@@ -93,20 +93,41 @@ class Money:
         """What the tick's one pass over the active runs fills (Ticker._due), for `judge`."""
         return LiveSpend(self.run_scopes if self.label_budgets else None)
 
-    def judge(self, conn, spend: "LiveSpend", now: dt.datetime) -> list[PeriodState]:
-        """Spend = ledger + unbooked + the active runs' live cost, all from the tick's snapshot
-        (`conn`); `spend`: the live cost the tick summed per agent and known label budget."""
+    def learn_labels(self, conn, spend: "LiveSpend") -> None:
+        """In the snapshot: the label budgets of the runs first seen this tick, and their live cost."""
+        if spend.new:
+            for scope, cost in self._learn_labels(conn, spend.new):
+                spend.labelled[scope] += cost
+        if len(self.run_scopes) > 2 * len(spend.light) + 1000:  # forget the runs that ended
+            active = {r[spend.i_id] for r in spend.light}
+            self.run_scopes = {k: v for k, v in self.run_scopes.items() if k in active}
+
+    # -- 2. after it: price, then judge ------------------------------------------------------
+
+    def price(self, engine, now: dt.datetime) -> BackfillReport:
+        """Price the unpriced steps `read` found (a write only when some were priced)."""
+        self.last_backfill = self.backfill.apply(engine, self._found, now) if self._found else BackfillReport()
+        self._found = []
+        return self.last_backfill
+
+    def judge(self, spend: "LiveSpend", now: dt.datetime) -> list[PeriodState]:
+        """Spend = ledger + unbooked + the active runs' live cost, all from the tick's snapshot,
+        plus what `price` just added to runs of it; `spend`: the live cost the tick summed per
+        agent and label budget."""
         live, labelled = spend.per_agent, spend.labelled
         for sums in (live, labelled):
             for k, v in sums.items():
                 if not 0 <= v < ledger.MAX_COST_EUR:  # a bad row (NaN, negative) poisoned the sum: redo it
                     sums[k] = self._resum(spend, k)
-        if spend.new:
-            for scope, cost in self._learn_labels(conn, spend.new):
-                labelled[scope] += cost
-        if len(self.run_scopes) > 2 * len(spend.light) + 1000:  # forget the runs that ended
-            active = {r[spend.i_id] for r in spend.light}
-            self.run_scopes = {k: v for k, v in self.run_scopes.items() if k in active}
+        for r, cost in self.last_backfill.deltas:  # priced after the snapshot: added where the run counts
+            if r.status in ACTIVE:
+                live[r.agent] += cost
+                for scope in self.run_scopes.get(r.run_id, ()):
+                    labelled[scope] += cost
+            else:
+                end = r.ended_at or r.last_seen_at
+                today, month = (period_key(p, end, self.tz) == self._keys[p] for p in (DAY, MONTH))
+                self._unbooked.append((r.agent, r.labels, cost if today else 0.0, cost if month else 0.0))
         by_scope = {scope_agent(a): c for a, c in live.items()}
         by_scope.update(labelled)
         spent, agents = sum_spend(self._spend, self._unbooked, by_scope, self.label_budgets)

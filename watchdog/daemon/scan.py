@@ -95,6 +95,14 @@ class RunStats:
         return tool, calls, self.tool_errors[tool]
 
 
+def _on_hosts(q, hosts):
+    """Only the events of runs on `hosts` (None: every host's): a join on the run's primary key,
+    cheap for the few events above the high-water mark."""
+    if hosts is None:
+        return q
+    return q.join_from(events, runs, runs.c.id == events.c.run_id).where(runs.c.host.in_(sorted(hosts)))
+
+
 @dataclass
 class NewEvent:
     id: int
@@ -123,14 +131,17 @@ class Scanner:
             self.all_recent.popleft()
         return Counter(tool for at, tool in self.all_recent if at <= now)
 
-    def load_active(self, conn) -> list:
-        """Every active run, light: the LIGHT columns, then started_at and last_seen_at in epoch seconds."""
+    def load_active(self, conn, hosts=None) -> list:
+        """Every active run (of `hosts`, None = all), light: the LIGHT columns, then started_at
+        and last_seen_at in epoch seconds."""
         name = conn.dialect.name
         measures = {"tokens": runs.c.tokens_in + runs.c.tokens_out}
         q = select(*(runs.c[c] for c in (*IDENTITY, *RUN_BUDGET_KEYS)),
                    *(measures.get(m, runs.c[m] if m in runs.c else None) for m in MEASURES),
                    epoch_s(runs.c.started_at, name), epoch_s(runs.c.last_seen_at, name)
                    ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+        if hosts is not None:
+            q = q.where(runs.c.host.in_(sorted(hosts)))
         return conn.execute(q).all()
 
     def load_rows(self, conn, ids: list[str]) -> list:
@@ -141,8 +152,10 @@ class Scanner:
                                                             runs.c.status.in_(lc.ACTIVE_STATUSES)))))
         return out
 
-    def fold(self, conn, active_ids: list[str]) -> list[NewEvent]:
-        """Fold the tool events written since the last tick; return them (the circuits need them too)."""
+    def fold(self, conn, active_ids: list[str], hosts=None) -> list[NewEvent]:
+        """Fold the tool events written since the last tick; return them (the circuits need them too).
+        With `hosts`, only the events of runs on those hosts are read (a daemon that is not the
+        leader needs no other host's events)."""
         cols = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
                 events.c.error_msg, events.c.attempt)
         new: list[NewEvent] = []
@@ -161,14 +174,15 @@ class Scanner:
             # whole rows only for the ids never seen (a late PostgreSQL commit: rare).
             low = max(0, self.high_water - ID_OVERLAP)
             seen = self._seen
-            ids = conn.execute(select(events.c.id).where(and_(
-                events.c.id > low, events.c.id <= self.high_water, events.c.kind == lc.EV_TOOL))).scalars().all()
+            ids = conn.execute(_on_hosts(select(events.c.id).where(and_(
+                events.c.id > low, events.c.id <= self.high_water, events.c.kind == lc.EV_TOOL)), hosts)
+            ).scalars().all()
             late = [i for i in ids if i not in seen]
             fresh = []
             for i in range(0, len(late), CHUNK):
                 q = select(*cols).where(events.c.id.in_(late[i : i + CHUNK]))
                 fresh.extend(NewEvent(*r) for r in conn.execute(q).all())
-            q = select(*cols).where(and_(events.c.id > self.high_water, events.c.kind == lc.EV_TOOL))
+            q = _on_hosts(select(*cols).where(and_(events.c.id > self.high_water, events.c.kind == lc.EV_TOOL)), hosts)
             fresh.extend(NewEvent(*r) for r in conn.execute(q.order_by(events.c.id)).all())
             if late:
                 fresh.sort(key=lambda e: e.id)
@@ -179,8 +193,14 @@ class Scanner:
             self._seen.update(e.id for e in fresh)
         active = set(active_ids)
         stats = self.stats
+        # The all-runs tool rate is the leader's (it reads every host's events and trims the
+        # window each tick); a daemon reading only its host's events keeps none of it.
+        every_host = hosts is None
+        if not every_host:
+            self.all_recent.clear()
         for e in new:
-            self.all_recent.append((e.at, e.tool))
+            if every_host:
+                self.all_recent.append((e.at, e.tool))
             if e.run_id in active:
                 st = stats.get(e.run_id)
                 if st is None:  # not setdefault(id, RunStats()): that builds 3 Counters and a deque per event

@@ -18,19 +18,20 @@ import signal
 import threading
 import time
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import insert, select, update
 
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
 from watchdog.daemon import keyfile, outbox, sdnotify
 from watchdog.daemon.attest import AttestServer
+from watchdog.daemon.cluster import Membership
+from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
 from watchdog.store.actions import actor
 from watchdog.core.config import Config
-from watchdog.errors import ConfigError, StoreError
+from watchdog.errors import ConfigError
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.notify import Notifier
-from watchdog.core.procid import current_create_time
-from watchdog.store.schema import daemons, settings, utcnow
+from watchdog.store.schema import settings, utcnow
 from watchdog.daemon.ticker import Ticker
 
 log = logging.getLogger("watchdog.daemon")
@@ -38,8 +39,7 @@ log = logging.getLogger("watchdog.daemon")
 PUBLISH_EVERY_S = 60.0
 
 
-class AlreadyRunning(StoreError):
-    pass
+__all__ = ["AlreadyRunning", "Daemon", "LeaseLost", "check_allowed_users"]
 
 
 class Daemon:
@@ -63,31 +63,31 @@ class Daemon:
         self.attest_server: AttestServer | None = None
         from watchdog.daemon.circuits import CircuitBreakers
 
+        self.membership = Membership(engine, self.killer.host)
         self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config, sealer=self.sealer),
-                             by=actor(), sealer=self.sealer)
+                             by=actor(), sealer=self.sealer, membership=self.membership)
         self._published_at = 0.0
         self._published_value: dict | None = None
         self._stop = threading.Event()
         self.last_report = None
+        self.lost_lease: str | None = None
 
-    # -- lease: one daemon per store and host ---------------------------------
+    # -- the lease: one daemon per store and host, one leader per store -------
 
     def acquire(self) -> None:
-        me = ProcessIdentity(self.killer.host, os.getpid(), current_create_time() or 0.0)
-        now = utcnow()
-        with self.engine.begin() as conn:
-            row = conn.execute(select(daemons).where(daemons.c.host == me.host)).first()
-            if row is not None and row.pid != me.pid:
-                other = ProcessIdentity(me.host, row.pid, row.pid_create_time)
-                if self.killer.alive([other]):
-                    raise AlreadyRunning(
-                        f"another agent-watchdog daemon (pid {row.pid}, started {row.started_at:%Y-%m-%d %H:%M:%S} UTC) "
-                        f"is already watching this store on {me.host}; stop it first")
-            values = dict(pid=me.pid, pid_create_time=me.create_time, started_at=now, last_tick_at=None)
-            if row is None:
-                conn.execute(insert(daemons).values(host=me.host, **values))
-            else:
-                conn.execute(update(daemons).where(daemons.c.host == me.host).values(**values))
+        """Take this host's lease, atomically; AlreadyRunning if another live daemon holds it."""
+        def alive(holder) -> bool:  # SQLite: is the row's holder running on this host?
+            return bool(self.killer.alive([ProcessIdentity(self.killer.host, holder.pid, holder.pid_create_time)]))
+
+        lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s, alive=alive)
+        lease.acquire()
+        self.membership.lease = lease
+
+    @property
+    def is_leader(self) -> bool:
+        """Leads the cluster duties; a daemon without a lease (tests, a bare tick) is its store's sole daemon."""
+        lease = self.membership.lease
+        return lease is None or lease.leader
 
     def start_attesting(self) -> AttestServer:
         """Listen on `[daemon] socket` for agents naming their runs (a thread of this process)."""
@@ -103,10 +103,12 @@ class Daemon:
 
     def release(self) -> None:
         self.stop_attesting()
+        lease, self.membership.lease = self.membership.lease, None
+        if lease is None:
+            return
         try:
-            with self.engine.begin() as conn:
-                conn.execute(delete(daemons).where(daemons.c.host == self.killer.host, daemons.c.pid == os.getpid()))
-        except Exception:  # noqa: BLE001 — the next daemon checks liveness anyway
+            lease.release()
+        except Exception:  # noqa: BLE001 — the lease expires by itself; the lock goes with the session
             log.warning("could not release the daemon lease", exc_info=True)
 
     # -- the jobs ---------------------------------------------------------------
@@ -144,6 +146,12 @@ class Daemon:
             rep = self.ticker.tick(now or utcnow())
             if rep.learned_prices:  # the SDK prices these models itself from its next settings read
                 self.publish(force=True)
+        except LeaseLost as exc:
+            log.error("%s", exc)
+            self.lost_lease = str(exc)
+            self.membership.lease = None
+            self._stop.set()  # never act on a host another daemon holds
+            return None
         except Exception as exc:  # noqa: BLE001
             log.error("tick failed, retrying next tick: %s", _one_line(exc))
             log.debug("tick failure", exc_info=True)
@@ -157,10 +165,14 @@ class Daemon:
             self.metrics.observe_tick(rep)
         # Pinged from the tick itself: a hung tick stops the pings and systemd restarts us.
         sdnotify.notify("WATCHDOG=1", f"STATUS=active runs {rep.active}, stopping {rep.stopping}, "
-                                      f"last tick {rep.duration_s * 1000:.0f} ms")
+                                      f"last tick {rep.duration_s * 1000:.0f} ms{', leader' if rep.leader else ''}")
         return rep
 
     def deliver_job(self, now: dt.datetime | None = None):
+        # Each daemon delivers the alerts it sealed (watchdog.daemon.outbox): several daemons
+        # on one store never send one alert twice; the leader's duties' alerts are its own.
+        if self.lost_lease:
+            return None
         try:
             return outbox.deliver_due(self.engine, self.notifier, now or utcnow(), sealer=self.sealer,
                                       retry_s=self.config.daemon.alert_retry_s,
@@ -222,7 +234,7 @@ class Daemon:
             sched.shutdown(wait=True)  # the running tick completes; no new one starts
             self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
             self.stop_attesting()
-        return 0
+        return 1 if self.lost_lease else 0
 
 
 def check_allowed_users(config: Config) -> None:

@@ -14,7 +14,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -29,9 +29,11 @@ from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.messages import rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
+from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
+from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
-from watchdog.store.schema import daemons, interventions
+from watchdog.store.schema import interventions
 
 log = logging.getLogger("watchdog.tick")
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
@@ -104,11 +106,13 @@ class TickReport:
     unpriced: dict = field(default_factory=dict)  # model -> tokens no table prices (first seen this tick)
     booked: int = 0  # ended runs booked into the spend ledger
     periods: list = field(default_factory=list)  # every period budget's state (watchdog.core.periods)
+    leader: bool = True  # this daemon did the cluster duties this tick
+    adopted: tuple = ()  # hosts without a live daemon whose runs it judged too
 
 
 class Ticker:
     def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
-                 money: bool = True, sealer=None):
+                 money: bool = True, sealer=None, membership: Membership | None = None):
         self.engine = engine
         self.config = config
         self.killer = killer
@@ -120,7 +124,12 @@ class Ticker:
         self._acked: set[str] = set()  # stopping runs whose stop this daemon recorded or acknowledged
         self.scanner = Scanner()
         # Prices, the spend ledger, period budgets, drift (watchdog.daemon.money); None = run budgets only.
+        # A cluster duty: only the leader runs it (see tick).
         self.money = Money(config, self.by, sealer=sealer) if money else None
+        # Whose runs this daemon judges and whether it leads (no lease: the store's sole daemon).
+        self.membership = membership or Membership(engine, killer.host)
+        self.duties = ClusterDuties(engine, config, circuits=circuits, by=self.by, sealer=sealer)
+        self._judged: frozenset | None = None  # this tick's hosts (None: every host)
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
         self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.approvals)
@@ -130,29 +139,34 @@ class Ticker:
         t0 = time.perf_counter()
         rep = TickReport(at=now)
         self._period_stops: list = []
+        role = self.membership.refresh()
+        rep.leader, rep.adopted = role.leader, tuple(sorted(role.adopted))
+        if role.grew:  # newly adopted hosts: rebuild the caches from their active runs' history too
+            self.scanner = Scanner()
+        self._judged = role.hosts
         live = self._live_pids()
-        money = self.money
-        if money is not None:  # first: the costs it backfills are judged in this same tick
-            bf = money.before_snapshot(self.engine, now, self.scanner.high_water)
-            rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
-            rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
+        # Money (prices, the ledger, period budgets, drift) is a cluster duty: the leader's. It
+        # sums the live spend of EVERY host's active runs, so the leader reads them all (and
+        # judges only its own and the adopted hosts'); the others read their host's only.
+        money = self.money if role.leader else None
         with self._read_snapshot() as conn:
-            light = self.scanner.load_active(conn)
-            new = self.scanner.fold(conn, [r[L["id"]] for r in light])
+            light = self.scanner.load_active(conn, None if money is not None else role.hosts)
+            i_host = L["host"]
+            mine = light if money is None else [r for r in light if r[i_host] in role.hosts]
+            # The leader reads every host's tool events (circuits, the all-runs rate); the others their own.
+            new = self.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else role.hosts)
             spend = money.live_spend() if money is not None else None
             due = self._due(light, now, live, spend)
             if money is not None:
-                money.read(conn, now)
-                rep.periods = money.judge(conn, spend, now)
-                if money.closed:  # the running runs a spent period budget covers are due too
-                    due = self._closing(light, due, money)
+                money.read(conn, now, self.scanner.high_water)
+                money.learn_labels(conn, spend)
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, due)
         if money is not None:
-            self._safely(money.publish_closed, now)  # before the stops: see Money.publish_closed
+            rows = self._money_before(money, light, due, rows, spend, now, rep)
         rep.new_events = len(new)
         rep.events = new
-        rep.active = len(light)
+        rep.active = len(mine)
         sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light) if any(r.status == lc.STOPPING for r in rows) else {}
         batch = _Batch(self.engine)
         try:
@@ -172,11 +186,29 @@ class Ticker:
             self._acked &= active
         if money is not None:
             self._money_after(money, now, rep)
-        if self.circuits is not None:
-            self.circuits.update(self.engine, new, now, self.scanner)
+        if role.leader:  # the cluster duties: exactly one daemon of the store does them
+            self.duties.run(DutyTick(now, role, new, self.scanner))
         self._touch_lease(now)
         rep.duration_s = time.perf_counter() - t0
         return rep
+
+    def _money_before(self, money, light, due, rows, spend, now, rep) -> list:
+        """Price what the SDK could not, judge the period budgets, publish the spent ones; return
+        the rows to evaluate: the repriced runs (read again: their cost changed) and those a
+        spent budget covers are added to them."""
+        bf = money.price(self.engine, now)
+        rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
+        rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
+        rep.periods = money.judge(spend, now)
+        again = {r.run_id for r, _cost in bf.deltas if r.status in lc.ACTIVE_STATUSES}
+        if money.closed:  # the running runs a spent period budget covers are due too
+            again.update(set(self._closing(light, due, money)) - set(due))
+        if again:
+            with self._read_snapshot() as conn:
+                fresh = self.scanner.load_rows(conn, sorted(again))
+            rows = [r for r in rows if r.id not in again] + fresh
+        self._safely(money.publish_closed, now)  # before the stops: see Money.publish_closed
+        return rows
 
     def _safely(self, fn, now):
         try:
@@ -244,6 +276,7 @@ class Ticker:
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
         i_cost, i_resumes = L["cost_eur"], L["resumes"]
+        judged = self._judged
         per_agent = spend.per_agent if spend is not None else None
         covered = spend.covered if spend is not None else None
         if spend is not None:
@@ -262,6 +295,8 @@ class Ticker:
                     elif scopes:
                         for scope in scopes:
                             labelled[scope] += cost
+            if judged is not None and r[i_host] not in judged:
+                continue  # another host's run: its own daemon judges it (only its spend counted here)
             if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in self._resume_seen):
                 due.append(rid)  # not running, or resumed and its resume not alerted yet
                 continue
@@ -338,7 +373,12 @@ class Ticker:
             return
         snap = self.scanner.snapshot(row, now)
         period = self.money.closing(row.id, row.agent) if self.money is not None else None
-        verdicts = with_period(evaluate(snap, budgets, now), period)
+        if self._judged is not None and row.host not in self._judged:
+            # Due only because a spent period budget covers it (the leader's duty): that stop
+            # alone; its own host's daemon judges everything else about it.
+            verdicts = with_period([], period)
+        else:
+            verdicts = with_period(evaluate(snap, budgets, now), period)
         if verdicts:
             if self.money is not None:
                 f = dataclasses.replace(f, forecast=self.money.forecast_lines(row, budgets, now))
@@ -417,8 +457,8 @@ class Ticker:
 
     def _touch_lease(self, now):
         try:
-            with self.engine.begin() as conn:
-                conn.execute(update(daemons).where(daemons.c.host == self.killer.host)
-                             .values(last_tick_at=now, last_event_id=self.scanner.high_water))
-        except Exception:  # noqa: BLE001 — bookkeeping only
-            log.debug("could not update the daemon lease", exc_info=True)
+            self.membership.touch(now, self.scanner.high_water)
+        except LeaseLost:
+            raise  # another daemon holds this host now: the daemon must stop
+        except Exception:  # noqa: BLE001 — retried next tick; the lease outlives a few missed ones
+            log.debug("could not extend the daemon lease", exc_info=True)

@@ -78,13 +78,12 @@ def _me() -> str:
 
 
 def _socket_path(folder: Path) -> str:
-    """The demo daemon's attestation socket: in its folder, unless that path is too long for one."""
+    """The demo daemon's attestation socket: in its folder, unless that path is too long for one
+    (then in a short folder of /tmp that stop_all removes)."""
     path = folder / "attest.sock"
     if len(os.fsencode(str(path))) < 100:
         return str(path)
-    import tempfile
-
-    return str(Path(tempfile.mkdtemp(prefix="aw-demo-")) / "attest.sock")
+    return str(Path(tempfile.mkdtemp(prefix="aw-demo-", dir="/tmp")) / "attest.sock")
 
 
 def _die_with_parent():
@@ -197,6 +196,9 @@ class Demo:
         try:
             return self._stop_all()
         finally:
+            socket_dir = Path(self.socket).parent
+            if socket_dir != self.dir:  # the short folder _socket_path made
+                shutil.rmtree(socket_dir, ignore_errors=True)
             for sig, handler in masked.items():
                 signal.signal(sig, handler)
 

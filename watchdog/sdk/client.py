@@ -28,7 +28,7 @@ from watchdog.sdk.attest import socket_path
 from watchdog.sdk.circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
 from watchdog.sdk.inflight import InflightTools
 from watchdog.store.engine import make_engine, normalise_url
-from watchdog.store.hotpath import Writer
+from watchdog.store.hotpath import POOL_SIZE, Writer
 from watchdog.store.schema import utcnow
 
 log = logging.getLogger("watchdog.client")
@@ -50,7 +50,7 @@ class Watchdog:
 
     def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS,
                  circuit_cache_s: float | None = None, record_args: bool | None = None,
-                 record_errors: str | None = None, attest_socket: str | None = None):
+                 record_errors: str | None = None, attest_socket: str | None = None, pool_size: int = POOL_SIZE):
         """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached
         (default: one daemon tick as published in the store, at most 5 s).
 
@@ -62,20 +62,26 @@ class Watchdog:
         $AGENT_WATCHDOG_RECORD_ERRORS, else `[store] record_errors`).
         `attest_socket`: the daemon's attestation socket (default $AGENT_WATCHDOG_SOCKET,
         else /run/agent-watchdog/attest.sock; "" = never attest: runs are then stopped
-        cooperatively only, never signalled)."""
+        cooperatively only, never signalled).
+        `pool_size`: store connections this process's threads share (one more for the
+        rare circuit-probe writes); through PgBouncer these are cheap client connections."""
         url = url or os.environ.get(ENV_DB)
         if not url:
             raise ValueError(f"Watchdog(url): no store URL given and ${ENV_DB} is not set")
         if isinstance(buffer_max, bool) or not isinstance(buffer_max, int) or buffer_max < 0:
             raise ValueError(f"buffer_max: expected an integer >= 0, got {buffer_max!r}")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ValueError(f"pool_size: expected an integer >= 1, got {pool_size!r}")
         try:
             url = normalise_url(url)
         except StoreError as exc:
             raise ValueError(f"url: {exc}") from None
         kw = {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}} if url.startswith("postgresql") else {}
-        # One connection per thread stays checked out: let the pool grow with the threads.
-        self.engine = make_engine(url, pool_size=1, max_overflow=-1, **kw)
-        self.writer = Writer(self.engine)
+        # The writer keeps its pool_size connections checked out of the engine's pool; the one
+        # overflow connection serves the SQLAlchemy statements (circuit probes): bounded per process.
+        self.engine = make_engine(url, pool_size=pool_size, max_overflow=1, pool_timeout=PG_CONNECT_TIMEOUT_S * 2,
+                                  **kw)
+        self.writer = Writer(self.engine, pool_size)
         self.closed = False
         self._buffer: deque = deque()
         self._buffer_max = buffer_max
@@ -295,7 +301,7 @@ class Watchdog:
     def close(self):
         self.closed = True  # a run still held in a pause gives up (watchdog.sdk.pause)
         self.flush()
-        self.writer.discard()
+        self.writer.close()
         self.engine.dispose()
 
 

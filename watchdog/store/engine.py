@@ -103,6 +103,10 @@ def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, 
     if not url.startswith("sqlite"):
         _require_driver(url)
         kw.setdefault("pool_pre_ping", True)
+        # No server-side prepared statements (psycopg prepares a query after 5 runs): behind
+        # PgBouncer in transaction pooling mode the next transaction may land on a server
+        # connection that never saw the PREPARE.
+        kw.setdefault("connect_args", {}).setdefault("prepare_threshold", None)
         return create_engine(url, **kw)
     path = sqlite_path(url)
     if (must_exist or read_only) and path is not None and not os.path.exists(path):

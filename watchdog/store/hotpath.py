@@ -1,9 +1,10 @@
-"""The SDK's write path: one short transaction per record, on the raw DBAPI connection.
+"""The SDK's write path: one short transaction per record, on a raw DBAPI connection of a small pool.
 
 Why not SQLAlchemy Core or the ORM here: on SQLite the write lock is held for
 as long as the transaction's Python code runs, so every microsecond of
 statement compilation is a microsecond all other agents wait. The SQL below is
-rendered once per dialect and executed on a per-thread DBAPI connection.
+rendered once per dialect and executed on a DBAPI connection taken from the
+process's small pool for that one transaction.
 """
 
 from __future__ import annotations
@@ -13,12 +14,21 @@ import json
 import os
 import sqlite3
 import threading
+import time
+from contextlib import contextmanager
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.lifecycle import ACTIVE_STATUSES, Circuit
 from watchdog.store.schema import SQLITE_TS_FORMAT
+
+# Connections per process (per Watchdog): agents' threads share them. Through PgBouncer
+# (transaction pooling) 1,000 agent processes need only its pool of server connections.
+POOL_SIZE = 2
+# A thread that finds every connection busy this long gives up (the SDK buffers the record).
+POOL_WAIT_S = 10.0
 
 # Dialect.ts spells this format with isoformat, which is ~3x faster than strftime.
 assert SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
@@ -112,37 +122,108 @@ class Dialect:
 
 
 class Writer:
-    """Runs short transactions on one DBAPI connection per thread."""
+    """Runs short transactions on a small pool of DBAPI connections shared by the process's threads.
 
-    def __init__(self, engine: Engine):
+    At most `pool_size` connections, whatever the number of threads: each transaction takes
+    one, the threads beyond wait their turn (a record is one short transaction, so the wait
+    is short). Through PgBouncer in transaction pooling mode nothing here keeps session
+    state: no SET, no advisory lock, no server-side prepared statement (see make_engine).
+    """
+
+    def __init__(self, engine: Engine, pool_size: int = POOL_SIZE):
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ValueError(f"pool_size: expected an integer >= 1, got {pool_size!r}")
         self.engine = engine
         self.dialect = Dialect(engine.dialect.name)
-        self._local = threading.local()
+        self.pool_size = pool_size
+        self._idle: list = []  # LIFO: the warmest connection first; list.pop/append are atomic
+        self._open = 0  # connections this process opened and has not dropped (idle or in use)
+        self._cond = threading.Condition(threading.Lock())
         self._pid = os.getpid()
         self._parents: list = []
 
-    def _conn(self):
+    # -- the pool ---------------------------------------------------------------------
+
+    def _take(self):
         if self._pid != os.getpid():
             self._after_fork()
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self.engine.raw_connection()
-            self._local.conn = conn
-        return conn
+        try:
+            return self._idle.pop()  # the hot path: no lock
+        except IndexError:
+            return self._take_slow()
+
+    def _take_slow(self):
+        deadline = None
+        with self._cond:
+            while True:
+                if self._idle:
+                    return self._idle.pop()
+                if self._open < self.pool_size:
+                    self._open += 1
+                    break
+                now = time.monotonic()
+                deadline = deadline or now + POOL_WAIT_S
+                if now >= deadline:
+                    raise PoolTimeoutError(f"all {self.pool_size} store connections of this process stayed busy "
+                                           f"for {POOL_WAIT_S:g} s")
+                self._cond.wait(min(deadline - now, 0.05))  # also polls: a missed notify costs 50 ms at most
+        try:
+            return self.engine.raw_connection()
+        except BaseException:
+            self._forget()
+            raise
+
+    def _give(self, conn):
+        self._idle.append(conn)
+        if self._open >= self.pool_size:  # someone may be waiting
+            with self._cond:
+                self._cond.notify()
+
+    def _forget(self):
+        with self._cond:
+            self._open -= 1
+            self._cond.notify()
+
+    def _drop(self, conn):
+        """A connection that failed is not reused: the next transaction opens a fresh one."""
+        try:
+            conn.invalidate()
+        except Exception:  # a connection that is already broken cannot be closed cleanly
+            pass
+        self._forget()
 
     def _after_fork(self):
         # A forked child (multiprocessing) inherits the parent's connections: a shared
         # socket or SQLite handle corrupts both processes' transactions. The child opens
         # its own. The parent's are kept referenced, never used nor closed here: closing
         # (or garbage-collecting) them would end the parent's sessions.
-        self._parents.append(self._local)
-        self._local = threading.local()
+        self._parents.append(self._idle)
+        self._idle = []
+        self._open = 0
+        self._cond = threading.Condition(threading.Lock())  # the parent's may have been held at fork
         self.engine.dispose(close=False)
         self._pid = os.getpid()
 
+    @contextmanager
+    def connection(self):
+        """A pooled DBAPI connection for a few statements of one's own (tests, benchmarks)."""
+        conn = self._take()
+        try:
+            yield conn
+        except BaseException:
+            self._drop(conn)
+            raise
+        self._give(conn)
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    # -- statements -------------------------------------------------------------------
+
     def transaction(self, statements):
         """Execute [(sql, params), ...] in one transaction; return the last statement's first row."""
-        conn = self._conn()
+        conn = self._take()
         cur = None
         row = None
         try:
@@ -157,14 +238,15 @@ class Writer:
             else:
                 conn.commit()
             cur.close()
-            return row
         except BaseException:
             self._abort(conn, cur)
             raise
+        self._give(conn)
+        return row
 
     def query(self, sql, params=()):
         """A read outside any write transaction (no write lock taken on SQLite)."""
-        conn = self._conn()
+        conn = self._take()
         cur = None
         try:
             cur = conn.cursor()
@@ -173,10 +255,11 @@ class Writer:
             cur.close()
             if not self.dialect.sqlite:
                 conn.rollback()  # end the implicit read transaction: never sit idle in one
-            return rows
         except BaseException:
             self._abort(conn, cur)
             raise
+        self._give(conn)
+        return rows
 
     def _abort(self, conn, cur):
         # Roll back explicitly before dropping the connection. Closing a sqlite3
@@ -189,7 +272,7 @@ class Writer:
                 step()
             except Exception:  # a broken connection cannot be rolled back: it is discarded below
                 pass
-        self.discard()
+        self._drop(conn)
 
     def is_rejection(self, exc: BaseException) -> bool:
         """True when the store refused this record itself (constraint, bad data),
@@ -206,14 +289,16 @@ class Writer:
         exc = getattr(exc, "orig", None) or exc
         return isinstance(exc, self.engine.dialect.loaded_dbapi.IntegrityError)
 
-    def discard(self):
-        """Drop this thread's connection after an error: the next use reconnects."""
+    def close(self):
+        """Close the idle connections (the process is done with the store)."""
         if self._pid != os.getpid():
-            self._after_fork()  # never close the parent's connection from a child
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
+            self._after_fork()  # never close the parent's connections from a child
+            return
+        while True:
             try:
-                conn.invalidate()
-            except Exception:  # a connection that is already broken cannot be closed cleanly
-                pass
+                conn = self._idle.pop()
+            except IndexError:
+                return
+            self._drop(conn)
+
+    discard = close  # the name before the pool

@@ -22,7 +22,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import Text, and_, case, cast, delete, desc, func, or_, select, update
+from sqlalchemy import Text, and_, case, cast, delete, desc, func, literal, or_, select, union_all, update
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.drift import Totals
@@ -63,23 +63,47 @@ def read_unbooked(conn, limit: int = BOOK_LIMIT) -> list:
     return conn.execute(q).all()
 
 
+def read_period_spend(conn, keys: dict[str, str], day_start: dt.datetime, month_start: dt.datetime
+                      ) -> tuple[dict, list, int]:
+    """read_spend and read_unbooked_spend in one statement (one round trip per tick):
+    (ledger spend, unbooked sums, unbooked runs)."""
+    ledger_q = select(literal("L"), spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur,
+                      literal(0.0), literal(0)).where(_current(keys))
+    rows = conn.execute(union_all(ledger_q, _unbooked_query(day_start, month_start, literal("U")))).all()
+    spend, unbooked, n = {}, [], 0
+    for kind, a, b, c, d, count in rows:
+        if kind == "L":
+            spend[(a, b)] = float(c or 0.0)
+        else:
+            unbooked.append((a, _labels(b), float(c or 0.0), float(d or 0.0)))
+            n += int(count)
+    return spend, unbooked, n
+
+
+def _current(keys: dict[str, str]):
+    return or_(*(and_(spend_ledger.c.period == p, spend_ledger.c.period_key == k) for p, k in keys.items()))
+
+
 def read_unbooked_spend(conn, day_start: dt.datetime, month_start: dt.datetime) -> tuple[list, int]:
     """The ended runs not booked yet, summed in the database per (agent, labels): a few rows
     whatever their number. ([(agent, labels, cost ended today, cost ended this month)], runs)."""
+    out, n = [], 0
+    for agent, text, day_cost, month_cost, count in conn.execute(_unbooked_query(day_start, month_start)):
+        out.append((agent, _labels(text), float(day_cost or 0.0), float(month_cost or 0.0)))
+        n += int(count)
+    return out, n
+
+
+def _unbooked_query(day_start: dt.datetime, month_start: dt.datetime, *tag):
     end = func.coalesce(runs.c.ended_at, runs.c.last_seen_at)
     labels = cast(runs.c.labels, Text)  # PostgreSQL cannot group by json; the text groups alike
     # A cost written by hand that is negative, infinite or NaN (PostgreSQL orders NaN above all)
     # counts as 0: it must neither poison nor lower the sums.
     cost = case((and_(runs.c.cost_eur >= 0, runs.c.cost_eur < MAX_COST_EUR), runs.c.cost_eur), else_=0.0)
-    q = (select(runs.c.agent, labels, func.sum(case((end >= day_start, cost), else_=0.0)),
-                func.sum(case((end >= month_start, cost), else_=0.0)), func.count())
-         .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
-         .group_by(runs.c.agent, labels))
-    out, n = [], 0
-    for agent, text, day_cost, month_cost, count in conn.execute(q):
-        out.append((agent, _labels(text), float(day_cost or 0.0), float(month_cost or 0.0)))
-        n += int(count)
-    return out, n
+    return (select(*tag, runs.c.agent, labels, func.sum(case((end >= day_start, cost), else_=0.0)),
+                   func.sum(case((end >= month_start, cost), else_=0.0)), func.count())
+            .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
+            .group_by(runs.c.agent, labels))
 
 
 def _labels(text):
@@ -94,8 +118,7 @@ def _labels(text):
 
 def read_spend(conn, keys: dict[str, str]) -> dict[tuple[str, str], float]:
     """The ledger's cost per (scope, period) for the current period keys ({"day": "2025-01-31", ...})."""
-    cond = or_(*(and_(spend_ledger.c.period == p, spend_ledger.c.period_key == k) for p, k in keys.items()))
-    q = select(spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur).where(cond)
+    q = select(spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur).where(_current(keys))
     return {(scope, period): float(cost or 0.0) for scope, period, cost in conn.execute(q)}
 
 

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 
 from watchdog.core.budgets import RUN_BUDGETS
@@ -128,9 +129,24 @@ runs = Table(
     Column("paused_at", UTCDateTime),
     Column("resumes", Integer, nullable=False, server_default="0"),
     Column("partial", Text),  # run.partial(): a short partial result, kept across a stop
-    Index(None, "status"),
-    Index(None, "agent", "started_at"),
     Index(None, "status", "booked_at"),  # the ended runs not booked yet, without a scan
+    # The top tool, written once when the run has ended ("sealed" by the daemon's leader), so
+    # listing ended runs never aggregates their events. NULL while active or not sealed yet;
+    # top_tool_calls = 0 (top_tool NULL) for a run without tool calls.
+    Column("top_tool", String(128)),
+    Column("top_tool_calls", Integer),
+    Column("top_tool_errors", Integer),
+    # Each daemon scans the active runs of its own host (and the leader those of hosts
+    # without a live daemon): status first, so status-only queries use it too.
+    Index(None, "status", "host"),
+    Index(None, "agent", "started_at"),
+    # Listing pages newest first, from an index (`runs --all --before ID`).
+    Index(None, "started_at", "id"),
+    # Retention: ended runs older than keep_days.
+    Index(None, "ended_at"),
+    # Ended runs whose top tool is not sealed yet: a partial index stays as small as the backlog.
+    Index("ix_runs_unsealed", "ended_at", postgresql_where=text("ended_at IS NOT NULL AND top_tool_calls IS NULL"),
+          sqlite_where=text("ended_at IS NOT NULL AND top_tool_calls IS NULL")),
     Index(None, "parent_id"),
 )
 
@@ -202,6 +218,9 @@ alerts = Table(
     Column("sealed_by", String(255)),
     Column("mac", String(64)),
     Index(None, "delivered_at", "next_attempt_at"),
+    # Deleting runs and interventions (retention) looks up the alerts that reference them.
+    Index(None, "run_id"),
+    Index(None, "intervention_id"),
 )
 
 tool_circuits = Table(
@@ -230,7 +249,11 @@ settings = Table(
     Column("updated_at", UTCDateTime, nullable=False),
 )
 
-# One live daemon per (store, host): a lease checked against the process table.
+# One live daemon per (store, host). The row names the last holder of the host's lease; the
+# lease itself is a PostgreSQL advisory lock held by the daemon's session (SQLite: this row,
+# written under the database's write lock). Other daemons read `expires_at` (the database's
+# clock) to tell a host whose daemon is gone; `leader_since` marks the daemon doing the
+# cluster duties.
 daemons = Table(
     "daemons",
     metadata,
@@ -240,6 +263,8 @@ daemons = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("last_tick_at", UTCDateTime),
     Column("last_event_id", BigInteger),
+    Column("expires_at", UTCDateTime),
+    Column("leader_since", UTCDateTime),
 )
 
 # The half-open probe of an open circuit, claimed by the SDK with one INSERT: the first

@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, desc, func, select
+from sqlalchemy import and_, desc, func, or_, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGETS, effective_budgets
@@ -82,9 +82,9 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.timezone.utc).isoformat() if value else None
 
 
-def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime) -> dict:
+def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, budgets=None) -> dict:
     """The public JSON record of a run (`runs --json`, `show --json`)."""
-    budgets = effective_budgets(config.profile(row.agent), row)
+    budgets = budgets or effective_budgets(config.profile(row.agent), row)
     end = row.ended_at or now
     top = tools[0] if tools else None
     return {
@@ -128,12 +128,20 @@ UNREADABLE = (ValueError, TypeError, ArithmeticError)
 
 
 def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
-              on_bad_row: Callable[[str, Exception], None] | None = None) -> list[dict]:
-    """Run records, newest first. A row that cannot be read is passed to `on_bad_row(run_id,
-    error)` and left out: one bad row never hides the others."""
-    q = select(runs).order_by(desc(runs.c.started_at)).limit(limit)
+              before: str | None = None, on_bad_row: Callable[[str, Exception], None] | None = None) -> list[dict]:
+    """Run records, newest first: one page read from the (started_at, id) index; `before`: the
+    last run id of the previous page. Ended runs carry their sealed top tool: only the others'
+    events (active runs, runs ended since the leader's last tick) are aggregated. A row that
+    cannot be read is passed to `on_bad_row(run_id, error)` and left out: one bad row never
+    hides the others."""
+    q = select(runs).order_by(desc(runs.c.started_at), desc(runs.c.id)).limit(limit)
     if not all_runs:
         q = q.where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    if before is not None:
+        at = conn.execute(select(runs.c.started_at).where(runs.c.id == before)).scalar()
+        if at is None:
+            raise StoreError(f"run id {before!r}: no such run")
+        q = q.where(or_(runs.c.started_at < at, and_(runs.c.started_at == at, runs.c.id < before)))
     try:
         rows = conn.execute(q).all()
     except UNREADABLE:  # read again one row at a time, to name the bad ones and keep the rest
@@ -144,15 +152,32 @@ def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False,
             except UNREADABLE as exc:
                 if on_bad_row is not None:
                     on_bad_row(run_id, exc)
-    stats = tool_stats(conn, [r.id for r in rows])
+    stats = tool_stats(conn, [r.id for r in rows if r.top_tool_calls is None])
+    memo: dict = {}  # few distinct (agent, own budgets) among many runs
+
+    def budgets_of(r):
+        key = (r.agent, *(r._mapping[b.key] for b in RUN_BUDGETS))
+        b = memo.get(key)
+        if b is None:
+            b = memo[key] = effective_budgets(config.profile(r.agent), r)
+        return b
+
     out = []
     for r in rows:
         try:
-            out.append(run_record(r, stats[r.id], config, now))
+            tools = stats[r.id] if r.top_tool_calls is None else sealed_tools(r)
+            out.append(run_record(r, tools, config, now, budgets_of(r)))
         except UNREADABLE as exc:
             if on_bad_row is not None:
                 on_bad_row(r.id, exc)
     return out
+
+
+def sealed_tools(row) -> list[ToolStat]:
+    """The top tool sealed on an ended run's row (watchdog.store.rollup)."""
+    if not row.top_tool:
+        return []
+    return [ToolStat(row.top_tool, int(row.top_tool_calls), int(row.top_tool_errors or 0))]
 
 
 def load_run(conn, run_id: str):

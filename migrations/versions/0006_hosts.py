@@ -1,0 +1,57 @@
+"""several hosts on one store: lease expiry and leader on daemons, per-host scan index,
+retention and listing indexes, the sealed top tool of ended runs
+
+Revision ID: 0006
+Revises: 0004
+Create Date: 2026-12-08
+"""
+
+from alembic import op
+import sqlalchemy as sa
+
+# Self-contained: a migration never imports the application.
+
+revision = '0006'
+down_revision = '0004'
+branch_labels = None
+depends_on = None
+
+UNSEALED = "ended_at IS NOT NULL AND top_tool_calls IS NULL"
+
+
+def upgrade():
+    # Adding nullable columns and indexes: no table is rebuilt, on SQLite either.
+    with op.batch_alter_table('daemons') as batch_op:
+        batch_op.add_column(sa.Column('expires_at', sa.DateTime(timezone=True), nullable=True))
+        batch_op.add_column(sa.Column('leader_since', sa.DateTime(timezone=True), nullable=True))
+    with op.batch_alter_table('runs') as batch_op:
+        batch_op.add_column(sa.Column('top_tool', sa.String(length=128), nullable=True))
+        batch_op.add_column(sa.Column('top_tool_calls', sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column('top_tool_errors', sa.Integer(), nullable=True))
+        batch_op.drop_index('ix_runs_status')
+        batch_op.create_index('ix_runs_status_host', ['status', 'host'], unique=False)
+        batch_op.create_index('ix_runs_started_at_id', ['started_at', 'id'], unique=False)
+        batch_op.create_index('ix_runs_ended_at', ['ended_at'], unique=False)
+        batch_op.create_index('ix_runs_unsealed', ['ended_at'], unique=False,
+                              postgresql_where=sa.text(UNSEALED), sqlite_where=sa.text(UNSEALED))
+    with op.batch_alter_table('alerts') as batch_op:
+        batch_op.create_index('ix_alerts_run_id', ['run_id'], unique=False)
+        batch_op.create_index('ix_alerts_intervention_id', ['intervention_id'], unique=False)
+
+
+def downgrade():
+    with op.batch_alter_table('alerts') as batch_op:
+        batch_op.drop_index('ix_alerts_intervention_id')
+        batch_op.drop_index('ix_alerts_run_id')
+    with op.batch_alter_table('runs') as batch_op:
+        batch_op.drop_index('ix_runs_unsealed')
+        batch_op.drop_index('ix_runs_ended_at')
+        batch_op.drop_index('ix_runs_started_at_id')
+        batch_op.drop_index('ix_runs_status_host')
+        batch_op.create_index('ix_runs_status', ['status'], unique=False)
+        batch_op.drop_column('top_tool_errors')
+        batch_op.drop_column('top_tool_calls')
+        batch_op.drop_column('top_tool')
+    with op.batch_alter_table('daemons') as batch_op:
+        batch_op.drop_column('leader_since')
+        batch_op.drop_column('expires_at')

@@ -1,0 +1,162 @@
+"""Several daemons on one store: whose runs each one judges, and the cluster duties.
+
+Per-run policies are per host: each daemon judges the active runs of its own
+host (only it may signal them). The leader (`watchdog.daemon.lease`) also judges
+the runs of every host that has active runs but no live daemon (no lease row,
+an expired lease, or on PostgreSQL a host lock no session holds): it *adopts*
+them, requests cooperative stops for those over budget, and alerts once per
+host and lost daemon "host h2 has no live daemon: its runs cannot be signalled".
+The killer still never signals a process of another host.
+
+The cluster duties run on the leader only, each failing alone: the list in
+`ClusterDuties.jobs` is the one place to add one (period budgets, drift...).
+Without a lease (a Ticker driven by tests or `run --once` on a fresh store),
+the daemon is its store's sole daemon: leader, judging its host and adopting
+the hosts without a daemon.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from sqlalchemy import update
+
+from watchdog.core.config import Config
+from watchdog.core.messages import no_daemon_alert
+from watchdog.store import leases, retention, rollup
+from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.engine import read_connection
+from watchdog.store.leases import Holder
+from watchdog.store.schema import daemons
+
+log = logging.getLogger("watchdog.cluster")
+
+PRUNE_EVERY_S = 300.0  # after a prune that finished; one that ran out of time goes on next tick
+PRUNE_BUDGET_MAX_S = 2.0
+PRUNE_BUDGET_SHARE = 0.2  # of tick_s: the prune never makes a tick late
+
+
+@dataclass(frozen=True)
+class Role:
+    """This daemon's part in the store for one tick."""
+
+    leader: bool
+    hosts: frozenset  # whose active runs it judges: its own, and (leader) the adopted ones
+    adopted: Mapping[str, Holder | None] = field(default_factory=dict)  # host -> its last daemon (None: never had one)
+    active: Mapping[str, int] = field(default_factory=dict)  # active runs per adopted host
+    grew: bool = False  # hosts were added since the last tick: their runs' history is not folded yet
+
+
+class Membership:
+    """Leadership and the judged hosts, refreshed at the start of each tick."""
+
+    def __init__(self, engine, host: str, lease=None):
+        self.engine = engine
+        self.host = host
+        self.lease = lease
+        self._hosts: frozenset | None = None
+
+    def refresh(self) -> Role:
+        leader = self.lease.refresh() if self.lease is not None else True
+        adopted: dict = {}
+        active: dict = {}
+        if leader:
+            with read_connection(self.engine) as conn:
+                active = leases.active_hosts(conn, exclude=self.host)
+                adopted = leases.orphans(conn, active)
+        hosts = frozenset({self.host, *adopted})
+        grew = self._hosts is not None and not hosts <= self._hosts
+        if grew:
+            log.warning("adopting the runs of %s (no live daemon there)", ", ".join(sorted(hosts - self._hosts)))
+        self._hosts = hosts
+        return Role(leader=leader, hosts=hosts, adopted=adopted, active={h: active[h] for h in adopted}, grew=grew)
+
+    def touch(self, now: dt.datetime, last_event_id) -> None:
+        """After a tick: extend the lease (it expires LEASE_TICKS ticks after the last good one)."""
+        if self.lease is not None:
+            self.lease.touch(now, last_event_id)
+            return
+        with self.engine.begin() as conn:  # no lease (tests, --once): keep the row's bookkeeping if any
+            conn.execute(update(daemons).where(daemons.c.host == self.host)
+                         .values(last_tick_at=now, last_event_id=last_event_id))
+
+
+@dataclass
+class DutyTick:
+    now: dt.datetime
+    role: Role
+    new_events: list  # the tool events this tick folded (all hosts' on the leader)
+    scanner: object  # the ticker's Scanner (the all-runs tool rate)
+
+
+class ClusterDuties:
+    """What exactly one daemon of the store does each tick: the leader."""
+
+    def __init__(self, engine, config: Config, *, circuits=None, by: str, sealer=None):
+        self.engine = engine
+        self.config = config
+        self.circuits = circuits
+        self.by = by
+        self.sealer = sealer  # the daemon's key: its alerts are sealed (no key: none is queued)
+        self._alerted: set[str] = set()
+        self._next_prune_at: dt.datetime | None = None
+        self.last_prune: retention.PruneReport | None = None
+        self.jobs: list[tuple[str, Callable[[DutyTick], None]]] = [
+            ("adopted hosts", self.alert_adopted),
+            ("tool circuits", self.update_circuits),
+            ("sealing ended runs", self.seal),
+            ("retention", self.prune),
+        ]
+
+    def run(self, t: DutyTick) -> None:
+        from watchdog.daemon.ticker import store_unavailable
+
+        for name, job in self.jobs:
+            try:
+                job(t)
+            except Exception as exc:
+                if store_unavailable(exc):
+                    raise  # the store is down: the whole tick is retried
+                log.exception("cluster duty %s failed; retried next tick", name)
+
+    # -- the jobs -------------------------------------------------------------------------
+
+    def alert_adopted(self, t: DutyTick) -> None:
+        for host, last in sorted(t.role.adopted.items()):
+            key = f"nodaemon:{host}:" + (f"{last.pid}:{last.started_at.timestamp():.0f}" if last else "never")
+            if key in self._alerted:
+                continue
+            last_tick = f"{last.last_tick_at:%Y-%m-%d %H:%M:%S} UTC" if last and last.last_tick_at else None
+            title, body = no_daemon_alert(host, t.role.active.get(host, 0), last.pid if last else None, last_tick,
+                                          self.by)
+            with self.engine.begin() as conn:
+                if not queued(conn, key):
+                    iid = record(conn, at=t.now, action="no_daemon", by=self.by, detail=f"host {host}",
+                                 outcome="runs adopted: cooperative stops only, no signal")
+                    enqueue_alert(conn, key, title, body, now=t.now, intervention_id=iid, sealer=self.sealer)
+                    log.warning("host %s has no live daemon: adopting its %d active runs (cooperative stops only)",
+                                host, t.role.active.get(host, 0))
+            self._alerted.add(key)
+
+    def update_circuits(self, t: DutyTick) -> None:
+        if self.circuits is not None:
+            self.circuits.update(self.engine, t.new_events, t.now, t.scanner)
+
+    def seal(self, t: DutyTick) -> None:
+        rollup.seal_ended(self.engine)
+
+    def prune(self, t: DutyTick) -> None:
+        keep_days = self.config.store.keep_days
+        if not keep_days or (self._next_prune_at is not None and t.now < self._next_prune_at):
+            return
+        with read_connection(self.engine) as conn:
+            cutoff = retention.cutoff_for(leases.db_now(conn), keep_days)
+        budget_s = min(PRUNE_BUDGET_MAX_S, PRUNE_BUDGET_SHARE * self.config.daemon.tick_s)
+        rep = retention.prune(self.engine, cutoff, budget_s=budget_s)
+        self.last_prune = rep
+        if rep.runs or rep.events or rep.interventions or rep.alerts:
+            log.info("retention: %s", rep.summary())
+        self._next_prune_at = None if not rep.complete else t.now + dt.timedelta(seconds=PRUNE_EVERY_S)

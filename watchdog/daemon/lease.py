@@ -1,0 +1,265 @@
+"""The daemon's leases: one daemon per (store, host), one leader per store.
+
+Per host, because only a host's own daemon may signal its processes: a second
+daemon on the same host would race the first through the stop ladder. Per
+store, one leader, because the cluster duties (tool circuits, the all-runs rate
+alarm, adopting hosts without a daemon, sealing ended runs, retention) must run
+exactly once whatever the number of hosts.
+
+PostgreSQL: advisory locks held by a connection this process keeps (see
+`watchdog.store.leases`). A crashed daemon's session ends and frees its locks at
+once; the server's TCP keepalives on that session free a vanished host's within
+a few ticks. The leader lock is tried at the start of every tick by every other
+daemon, so a dead leader is replaced at the next tick of any survivor.
+
+SQLite: one host, one daemon, which is also the leader.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from sqlalchemy.exc import DBAPIError
+
+from watchdog.core.procid import current_create_time
+from watchdog.errors import StoreError
+from watchdog.store import leases as sql
+from watchdog.store.leases import Holder
+
+log = logging.getLogger("watchdog.lease")
+
+# A lease lives this many ticks past the daemon's last completed tick (and never less than
+# LEASE_MIN_S): a tick that is slow once does not make the other daemons adopt the host.
+LEASE_TICKS = 3
+LEASE_MIN_S = 15.0
+# A daemon refused the host lock waits this long for the holder's row to name it.
+HOLDER_WAIT_S = 5.0
+
+
+def lease_s_for(tick_s: float) -> float:
+    return max(LEASE_MIN_S, LEASE_TICKS * tick_s)
+
+
+class AlreadyRunning(StoreError):
+    """Another live daemon holds this host's lease: this one must not run (and exits 0)."""
+
+    def __init__(self, host: str, holder: Holder | None):
+        self.host = host
+        self.holder = holder
+        if holder is None:
+            who = "another agent-watchdog daemon"
+        else:
+            who = (f"another agent-watchdog daemon (pid {holder.pid}, started "
+                   f"{holder.started_at:%Y-%m-%d %H:%M:%S} UTC)")
+        super().__init__(f"{who} is already watching this store on {host}; this one exits")
+
+
+class LeaseLost(StoreError):
+    """This daemon's lease was taken over: it must stop acting at once."""
+
+
+class Lease:
+    """The host lease and the leadership of one daemon process."""
+
+    def __init__(self, engine, host: str, *, tick_s: float, alive=None):
+        self.engine = engine
+        self.host = host
+        self.pid = os.getpid()
+        self.create_time = current_create_time() or 0.0
+        self.lease_s = lease_s_for(tick_s)
+        self.tick_s = tick_s
+        self._alive = alive  # (Holder) -> bool: is this same-host holder's process running (SQLite)
+        self.held = False
+        self.leader = False
+
+    # -- what the daemon calls ---------------------------------------------------------
+
+    def acquire(self) -> None:
+        raise NotImplementedError
+
+    def refresh(self) -> bool:
+        """At the start of a tick: still ours? Leader now? -> leader. Raises LeaseLost."""
+        raise NotImplementedError
+
+    def touch(self, now, last_event_id) -> None:
+        """After a tick: extend the lease (and record the tick). Raises LeaseLost."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def _mine(self) -> dict:
+        return dict(host=self.host, pid=self.pid, create_time=self.create_time)
+
+
+def lease_for(engine, host: str, *, tick_s: float, alive=None) -> Lease:
+    if engine.dialect.name == "postgresql":
+        return PgLease(engine, host, tick_s=tick_s)
+    return SqliteLease(engine, host, tick_s=tick_s, alive=alive)
+
+
+class SqliteLease(Lease):
+    """The row, read and written in one BEGIN IMMEDIATE transaction (SQLite: one writer)."""
+
+    def acquire(self) -> None:
+        with self.engine.begin() as conn:
+            row = sql.holder(conn, self.host)
+            if row is not None and (row.pid, row.pid_create_time) != (self.pid, self.create_time):
+                if self._alive is not None and self._alive(row):
+                    raise AlreadyRunning(self.host, row)
+            sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
+        self.held = True
+
+    def refresh(self) -> bool:
+        if not self.leader:
+            with self.engine.begin() as conn:  # write-locked: two daemons never both decide to lead
+                if sql.other_live_leader(conn, self.host) is None:
+                    if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True):
+                        raise LeaseLost(self._lost_message(conn))
+                    self.leader = True
+        return self.leader
+
+    def touch(self, now, last_event_id) -> None:
+        from sqlalchemy import and_, update
+
+        from watchdog.store.schema import daemons
+
+        with self.engine.begin() as conn:
+            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=self.leader):
+                raise LeaseLost(self._lost_message(conn))
+            conn.execute(update(daemons).where(and_(daemons.c.host == self.host, daemons.c.pid == self.pid))
+                         .values(last_tick_at=now, last_event_id=last_event_id))
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        with self.engine.begin() as conn:
+            sql.release(conn, host=self.host, pid=self.pid)
+        self.held = self.leader = False
+
+    def _lost_message(self, conn) -> str:
+        row = sql.holder(conn, self.host)
+        who = f"pid {row.pid}" if row is not None else "nobody"
+        self.held = self.leader = False
+        return f"this daemon's lease on {self.host} is now held by {who}: stopping"
+
+
+class PgLease(Lease):
+    """Advisory locks on a connection of our own, in autocommit (never an open transaction)."""
+
+    def __init__(self, engine, host: str, *, tick_s: float):
+        super().__init__(engine, host, tick_s=tick_s)
+        self._conn = None
+        self._key = sql.host_key(host)
+
+    def _connect(self):
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            sql.session_keepalives(conn, max(1, int(min(self.tick_s, 30))))
+        except DBAPIError:
+            log.debug("could not set the lease session's keepalives", exc_info=True)
+        return conn
+
+    def _drop(self) -> None:
+        """After any error on the lease connection: its locks may be gone with it. Ending
+        it (never letting it reconnect silently) makes the next tick take them afresh."""
+        conn, self._conn = self._conn, None
+        self.leader = False
+        _end_session(conn)
+
+    def acquire(self) -> None:
+        conn = self._connect()
+        try:
+            if not sql.try_lock(conn, self._key):
+                raise AlreadyRunning(self.host, self._wait_for_holder(conn))
+            sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
+        except BaseException:
+            _end_session(conn)  # frees whatever it took
+            raise
+        self._conn = conn
+        self.held = True
+
+    def _wait_for_holder(self, conn) -> Holder | None:
+        """The row of the session holding the lock: it writes it right after locking."""
+        deadline = time.monotonic() + HOLDER_WAIT_S
+        while True:
+            row = sql.holder(conn, self.host)
+            if row is not None and row.expires_at is not None and row.expires_at > sql.db_now(conn):
+                return row
+            if time.monotonic() > deadline:
+                return row
+            time.sleep(0.1)
+
+    def refresh(self) -> bool:
+        try:
+            if self._conn is None:  # the session was lost (a database blip): take the locks again
+                conn = self._connect()
+                if not sql.try_lock(conn, self._key):
+                    row = sql.holder(conn, self.host)
+                    _end_session(conn)
+                    self.held = False
+                    raise LeaseLost(f"this daemon's lease on {self.host} is now held by "
+                                    f"{'pid %d' % row.pid if row else 'another daemon'}: stopping")
+                self._conn = conn
+                log.info("lease on %s taken again after the store came back", self.host)
+            if self.leader:
+                self._conn.exec_driver_sql("SELECT 1")  # our session lives: its locks are ours
+            else:
+                self.leader = sql.try_lock(self._conn, sql.LEADER_KEY)
+                if self.leader:
+                    sql.renew(self._conn, **self._mine(), lease_s=self.lease_s, leader=True)
+                    log.info("leader of the store: this daemon now does the cluster duties")
+        except LeaseLost:
+            raise
+        except Exception:
+            self._drop()
+            raise
+        return self.leader
+
+    def touch(self, now, last_event_id) -> None:
+        from sqlalchemy import and_, update
+
+        from watchdog.store.schema import daemons
+
+        if self._conn is None:
+            return
+        try:
+            if not sql.renew(self._conn, **self._mine(), lease_s=self.lease_s, leader=self.leader):
+                # We hold the lock, so nobody else could take the row: it was deleted or
+                # edited by hand. Write it again.
+                sql.write_holder(self._conn, **self._mine(), lease_s=self.lease_s)
+            self._conn.execute(update(daemons).where(and_(daemons.c.host == self.host, daemons.c.pid == self.pid))
+                               .values(last_tick_at=now, last_event_id=last_event_id))
+        except Exception:
+            self._drop()
+            raise
+
+    def release(self) -> None:
+        if self._conn is None:
+            self.held = False
+            return
+        try:
+            sql.release(self._conn, host=self.host, pid=self.pid)
+        except Exception:  # noqa: BLE001 — closing the session frees the locks anyway
+            log.warning("could not mark the lease released", exc_info=True)
+        finally:
+            conn, self._conn = self._conn, None
+            self.held = self.leader = False
+            _end_session(conn)  # both locks are freed with the session
+
+
+def _end_session(conn) -> None:
+    """Close the DBAPI connection itself: returned to the pool, the session (and the
+    advisory locks it holds) would live on."""
+    if conn is None:
+        return
+    try:
+        conn.invalidate()
+    except Exception:  # noqa: BLE001 — already broken
+        pass
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001
+        pass

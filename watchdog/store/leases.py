@@ -1,0 +1,186 @@
+"""The SQL of the daemons' leases: one daemon per host, one leader per store.
+
+PostgreSQL: session-level advisory locks, taken with pg_try_advisory_lock on a
+connection the daemon keeps for its lifetime. The database grants each lock to
+one session at a time and frees it when the session ends (the daemon exited or
+died), so two daemons started at once cannot both hold it. The `daemons` row
+only names the holder and carries its expiry, read by the other daemons.
+
+SQLite (one host): the row itself, read and written in one BEGIN IMMEDIATE
+transaction: SQLite runs one writer at a time, so the check and the update are
+one atomic step.
+
+Times of a lease (`expires_at`) come from the database's clock on PostgreSQL, so
+the hosts' clocks never have to agree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass
+
+from sqlalchemy import and_, func, insert, select, text, update
+
+from watchdog.core import lifecycle as lc
+from watchdog.store.schema import daemons, runs, utcnow
+
+# Key space of our advisory locks: 64-bit keys derived from a name, so another
+# application's advisory locks in the same database never collide with ours.
+_LOCK_PREFIX = b"agent-watchdog:"
+
+
+def lock_key(name: str) -> int:
+    """A signed 64-bit advisory lock key for `name` (pg_try_advisory_lock(bigint))."""
+    digest = hashlib.blake2b(_LOCK_PREFIX + name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def host_key(host: str) -> int:
+    return lock_key(f"host:{host}")
+
+
+LEADER_KEY = lock_key("leader")
+
+
+@dataclass(frozen=True)
+class Holder:
+    host: str
+    pid: int
+    pid_create_time: float
+    started_at: dt.datetime
+    last_tick_at: dt.datetime | None
+    expires_at: dt.datetime | None
+    leader_since: dt.datetime | None
+
+    @classmethod
+    def of(cls, row) -> "Holder":
+        return cls(row.host, row.pid, row.pid_create_time, row.started_at, row.last_tick_at, row.expires_at,
+                   row.leader_since)
+
+
+def holder(conn, host: str) -> Holder | None:
+    row = conn.execute(select(daemons).where(daemons.c.host == host)).first()
+    return Holder.of(row) if row is not None else None
+
+
+def db_now(conn) -> dt.datetime:
+    """The database's clock (PostgreSQL); this host's clock on SQLite (one host)."""
+    if conn.dialect.name == "postgresql":
+        return conn.execute(select(func.clock_timestamp())).scalar_one().astimezone(dt.timezone.utc)
+    return utcnow()
+
+
+def _expiry(conn, lease_s: float):
+    if conn.dialect.name == "postgresql":
+        return text("clock_timestamp() + make_interval(secs => :lease_s)").bindparams(lease_s=float(lease_s))
+    return utcnow() + dt.timedelta(seconds=lease_s)
+
+
+# --- PostgreSQL advisory locks (on the lease's own connection) --------------------------
+
+
+def try_lock(conn, key: int) -> bool:
+    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
+
+
+def unlock(conn, key: int) -> None:
+    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+
+
+def held_keys(conn) -> set[int]:
+    """The advisory lock keys (bigint form) some session of this database holds now."""
+    rows = conn.execute(text(
+        "SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+        "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"))
+    keys = set()
+    for hi, lo in rows:
+        unsigned = (int(hi) << 32) | int(lo)
+        keys.add(unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned)
+    return keys
+
+
+def session_keepalives(conn, idle_s: int) -> None:
+    """Let the SERVER notice a vanished host within a few ticks (its TCP keepalives; the
+    default is the OS's two hours), so the locks of a dead host's daemon are freed."""
+    idle_s = max(1, int(idle_s))
+    for name, value in (("tcp_keepalives_idle", idle_s), ("tcp_keepalives_interval", max(1, idle_s // 3)),
+                        ("tcp_keepalives_count", 3)):
+        conn.execute(text(f"SET {name} = {int(value)}"))
+
+
+# --- the row --------------------------------------------------------------------------
+
+
+def write_holder(conn, *, host: str, pid: int, create_time: float, lease_s: float) -> None:
+    """Make this process the named holder of `host`'s row (the caller holds the lease)."""
+    values = dict(pid=pid, pid_create_time=create_time, started_at=utcnow(), last_tick_at=None,
+                  expires_at=_expiry(conn, lease_s), leader_since=None)
+    done = conn.execute(update(daemons).where(daemons.c.host == host).values(**values))
+    if done.rowcount == 0:
+        conn.execute(insert(daemons).values(host=host, **values))
+
+
+def renew(conn, *, host: str, pid: int, create_time: float, lease_s: float, leader: bool) -> bool:
+    """Extend the lease row if it still names this process; False if another took it."""
+    mine = and_(daemons.c.host == host, daemons.c.pid == pid, daemons.c.pid_create_time == create_time)
+    values = {"expires_at": _expiry(conn, lease_s)}
+    if not leader:
+        values["leader_since"] = None
+    done = conn.execute(update(daemons).where(mine).values(**values))
+    if done.rowcount != 1:
+        return False
+    if leader:
+        conn.execute(update(daemons).where(and_(mine, daemons.c.leader_since.is_(None)))
+                     .values(leader_since=utcnow()))
+    return True
+
+
+def release(conn, *, host: str, pid: int) -> None:
+    """The lease ends now; the row stays, naming the last holder (for the no-daemon alert)."""
+    conn.execute(update(daemons).where(and_(daemons.c.host == host, daemons.c.pid == pid))
+                 .values(expires_at=utcnow() if conn.dialect.name == "sqlite" else func.clock_timestamp(),
+                         leader_since=None))
+
+
+def other_live_leader(conn, host: str) -> str | None:
+    """SQLite: the host of another daemon whose lease is live and that leads, if any."""
+    now = db_now(conn)
+    return conn.execute(select(daemons.c.host).where(and_(
+        daemons.c.host != host, daemons.c.leader_since.is_not(None), daemons.c.expires_at > now))).scalar()
+
+
+# --- hosts without a live daemon ---------------------------------------------------------
+
+
+def active_hosts(conn, exclude: str) -> dict[str, int]:
+    """Hosts with active runs (but `exclude`), with how many (an index-only scan)."""
+    q = (select(runs.c.host, func.count()).where(and_(runs.c.status.in_(lc.ACTIVE_STATUSES), runs.c.host != exclude))
+         .group_by(runs.c.host))
+    return {h: int(n) for h, n in conn.execute(q)}
+
+
+def orphans(conn, hosts) -> dict[str, Holder | None]:
+    """Of `hosts`, those without a live daemon: no row, a lease past its expiry, or (PostgreSQL)
+    a host lock no session holds any more (its daemon died moments ago). -> {host: last holder}."""
+    hosts = list(hosts)
+    if not hosts:
+        return {}
+    now = db_now(conn)
+    rows = {r.host: r for r in conn.execute(select(daemons).where(daemons.c.host.in_(hosts)))}
+    held = held_keys(conn) if conn.dialect.name == "postgresql" else None
+    out = {}
+    for h in hosts:
+        row = rows.get(h)
+        live = row is not None and row.expires_at is not None and row.expires_at > now
+        if live and held is not None and host_key(h) not in held:
+            live = False
+        if not live:
+            out[h] = Holder.of(row) if row is not None else None
+    return out
+
+
+def live_daemons(conn) -> list[Holder]:
+    now = db_now(conn)
+    q = select(daemons).where(daemons.c.expires_at > now).order_by(daemons.c.host)
+    return [Holder.of(r) for r in conn.execute(q)]

@@ -1,0 +1,167 @@
+"""Retention: ended runs older than `[store] keep_days` go, with their events,
+interventions and (delivered) alerts; so do old run-less interventions and
+delivered alerts (circuit changes, all-runs alarms) and the lease rows of hosts
+gone for as long.
+
+In small batches, each its own short transaction, with a pause after each: a
+prune never holds a lock long enough to stall the agents' writes (on SQLite a
+write transaction blocks every other writer, so the pause is as long as the
+batch was: agents get the lock at least half the time). A run with an alert
+still waiting for delivery is kept until the alert is delivered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import and_, delete, exists, func, select
+
+from watchdog.core import lifecycle as lc
+from watchdog.store.engine import read_connection
+from watchdog.store.schema import alerts, daemons, events, interventions, runs
+
+RUNS_PER_BATCH = 200
+# Rows per delete. SQLite: every writer waits while a batch runs, so a batch stays a few
+# tens of ms. PostgreSQL locks only the rows it deletes (no agent writes an ended run's rows):
+# larger batches, shorter pauses, just enough to leave the disk to the agents.
+ROWS_PER_BATCH = {"sqlite": 2000, "postgresql": 10000}
+# After each batch, sleep (batch duration x this).
+PAUSE_RATIO = {"sqlite": 1.0, "postgresql": 0.1}
+MIN_PAUSE_S = 0.002
+
+
+@dataclass
+class PruneReport:
+    cutoff: dt.datetime
+    runs: int = 0
+    events: int = 0
+    interventions: int = 0
+    alerts: int = 0
+    hosts: int = 0
+    complete: bool = True  # False when the time budget ran out first (the rest goes next time)
+    batches: int = 0
+    seconds: float = 0.0
+    dry_run: bool = False
+    longest_batch_s: float = 0.0
+    by_table: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        verb = "would prune" if self.dry_run else "pruned"
+        text = (f"{verb} {self.runs} ended runs with {self.events} events, {self.interventions} interventions "
+                f"and {self.alerts} delivered alerts ended before {self.cutoff:%Y-%m-%d %H:%M:%S} UTC")
+        if self.hosts:
+            text += f", and {self.hosts} hosts' old lease rows"
+        if not self.dry_run:
+            text += f" in {self.seconds:.1f} s ({self.batches} batches, longest {self.longest_batch_s * 1000:.0f} ms)"
+        if not self.complete:
+            text += "; more left for the next round"
+        return text
+
+
+def _prunable(cutoff):
+    """Ended before the cutoff, and no alert of theirs still waiting for delivery."""
+    waiting = exists(select(alerts.c.id).where(and_(alerts.c.run_id == runs.c.id, alerts.c.delivered_at.is_(None))))
+    # NOT IN the active statuses rather than IN the ended ones: the planner then walks the
+    # ended_at index (no scan of every ended run's status), and a status added later is covered.
+    return and_(runs.c.ended_at < cutoff, runs.c.status.not_in(lc.ACTIVE_STATUSES), ~waiting)
+
+
+def _loose_interventions(cutoff):
+    return and_(interventions.c.run_id.is_(None), interventions.c.at < cutoff)
+
+
+def _loose_alerts(cutoff):
+    return and_(alerts.c.run_id.is_(None), alerts.c.delivered_at.is_not(None), alerts.c.delivered_at < cutoff)
+
+
+def count(engine, cutoff: dt.datetime) -> PruneReport:
+    """What a prune at `cutoff` would delete (`db prune --dry-run`)."""
+    rep = PruneReport(cutoff=cutoff, dry_run=True)
+    with read_connection(engine) as conn:
+        ids = select(runs.c.id).where(_prunable(cutoff))
+        rep.runs = conn.execute(select(func.count()).select_from(ids.subquery())).scalar_one()
+        rep.events = conn.execute(select(func.count()).where(events.c.run_id.in_(ids))).scalar_one()
+        rep.interventions = conn.execute(select(func.count()).where(
+            (interventions.c.run_id.in_(ids)) | _loose_interventions(cutoff))).scalar_one()
+        rep.alerts = conn.execute(select(func.count()).where(
+            (alerts.c.run_id.in_(ids)) | _loose_alerts(cutoff))).scalar_one()
+        rep.hosts = conn.execute(select(func.count()).where(daemons.c.expires_at < cutoff)).scalar_one()
+    return rep
+
+
+class _Batches:
+    """Runs each delete in its own transaction, then pauses; stops at the time budget."""
+
+    def __init__(self, engine, rep: PruneReport, budget_s: float | None, sleep=time.sleep):
+        self.engine = engine
+        self.rep = rep
+        self.deadline = None if budget_s is None else time.monotonic() + budget_s
+        self.ratio = PAUSE_RATIO.get(engine.dialect.name, 0.5)
+        self.sleep = sleep
+
+    def out_of_time(self) -> bool:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.rep.complete = False
+            return True
+        return False
+
+    def run(self, *statements) -> list[int]:
+        t0 = time.perf_counter()
+        with self.engine.begin() as conn:
+            counts = [conn.execute(s).rowcount for s in statements]
+        took = time.perf_counter() - t0
+        self.rep.batches += 1
+        self.rep.longest_batch_s = max(self.rep.longest_batch_s, took)
+        self.sleep(max(MIN_PAUSE_S, took * self.ratio))
+        return counts
+
+
+def prune(engine, cutoff: dt.datetime, *, budget_s: float | None = None, runs_per_batch: int = RUNS_PER_BATCH,
+          rows_per_batch: int | None = None) -> PruneReport:
+    """Delete what `count` counts, batch by batch; with `budget_s`, stop after about that long."""
+    rows_per_batch = rows_per_batch or ROWS_PER_BATCH.get(engine.dialect.name, 2000)
+    rep = PruneReport(cutoff=cutoff)
+    t0 = time.perf_counter()
+    b = _Batches(engine, rep, budget_s)
+    try:
+        while not b.out_of_time():
+            with read_connection(engine) as conn:
+                ids = conn.execute(select(runs.c.id).where(_prunable(cutoff)).order_by(runs.c.ended_at)
+                                   .limit(runs_per_batch)).scalars().all()
+            if not ids:
+                break
+            while not b.out_of_time():
+                some = select(events.c.id).where(events.c.run_id.in_(ids)).limit(rows_per_batch)
+                (n,) = b.run(delete(events).where(events.c.id.in_(some)))
+                rep.events += n
+                if n < rows_per_batch:
+                    break
+            if not rep.complete:
+                break
+            # The runs last: their alerts, interventions and any event written meanwhile go with them.
+            n_alerts, n_iv, n_runs = b.run(
+                delete(alerts).where(alerts.c.run_id.in_(ids)),
+                delete(interventions).where(interventions.c.run_id.in_(ids)),
+                delete(runs).where(and_(runs.c.id.in_(ids), _prunable(cutoff))))
+            rep.alerts += n_alerts
+            rep.interventions += n_iv
+            rep.runs += n_runs
+        for table, cond, attr in ((alerts, _loose_alerts(cutoff), "alerts"),
+                                  (interventions, _loose_interventions(cutoff), "interventions")):
+            while not b.out_of_time():
+                some = select(table.c.id).where(cond).limit(rows_per_batch)
+                (n,) = b.run(delete(table).where(table.c.id.in_(some)))
+                setattr(rep, attr, getattr(rep, attr) + n)
+                if n < rows_per_batch:
+                    break
+        if rep.complete and not b.out_of_time():
+            (rep.hosts,) = b.run(delete(daemons).where(daemons.c.expires_at < cutoff))
+    finally:
+        rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+def cutoff_for(now: dt.datetime, keep_days: float) -> dt.datetime:
+    return now - dt.timedelta(days=keep_days)
