@@ -546,7 +546,9 @@ def test_an_in_process_guard_stop_is_recorded_and_alerted_by_the_daemon(db_url, 
     tk = ticker(engine)
     tk.tick(utcnow())
     tk.tick(later(utcnow(), 0.1))  # once, however many ticks see it
-    (iv,) = [i for i in _interventions(engine, run.id)]
+    # The stop is recorded once, however many ticks see it (the cooperative ladder may take its
+    # own next step meanwhile on a slow machine: that is another action).
+    (iv,) = [i for i in _interventions(engine, run.id) if i.action == "stop_requested"]
     assert (iv.action, iv.reason) == ("stop_requested", lc.MAX_STEPS) and iv.actor.startswith("daemon@")
     (alert,) = alerts_of(engine, run.id)
     assert alert.title == f"agent-watchdog: stopped bot run {run.id[:8]} — max_steps"
