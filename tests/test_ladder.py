@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sqlalchemy import text
 from sqlalchemy import update
 
 from agent_procs import process_gone, wait_until
@@ -428,8 +429,10 @@ def test_a_shared_process_that_dies_after_an_ignored_stop_ends_all_its_runs(tmp_
 
 
 def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, engine, procs, attestor):
+    # The operator runs kill as the daemon's user (here: the key's owner): the stop is sealed
+    # with the daemon's key, so the daemon may signal for it.
     cfg_path = tmp_path / "wd.toml"
-    cfg_path.write_text("[daemon]\ncancel_grace_s = 0.5\nterm_grace_s = 0.5\n")
+    cfg_path.write_text(f"[daemon]\ncancel_grace_s = 0.5\nterm_grace_s = 0.5\nkey_file = {attestor.key_file!r}\n")
     agent = procs.start("runaway", db_url, kill_mode="process", steps=1, then="hang")
     bystander = procs.start("runaway", db_url, kill_mode="process", steps=1, then="hang")
     argv = [AGENT_WATCHDOG, "kill", agent.run_id[:8], "--reason", "x", "--db", db_url, "--config", str(cfg_path)]
@@ -443,14 +446,14 @@ def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, 
     (iv,) = interventions_of(engine, agent.run_id)
     assert (iv.action, iv.reason, iv.detail) == ("stop_requested", lc.MANUAL, "x")
     assert iv.actor.startswith("cli@")
-    assert alerts_of(engine, agent.run_id) == []  # only the daemon composes alerts
+    (alert,) = alerts_of(engine, agent.run_id)  # sealed by the key's holder
+    assert alert.title == f"agent-watchdog: stopped bot run {agent.run_id[:8]} — manual"
+    assert attestor.sealer.alert_ok(alert.mac, alert.dedupe_key, alert.title, alert.body)
 
     tk = ticker(engine, attestor)
     t = row.stop_requested_at
-    tk.tick(later(t, 0.1))  # the daemon sees a stop it did not request: it alerts it, worded from the store
-    (alert,) = alerts_of(engine, agent.run_id)
-    assert alert.title == f"agent-watchdog: stopped bot run {agent.run_id[:8]} — manual"
-    assert alert.mac is not None and "x" not in alert.body.split("\n")[2]
+    tk.tick(later(t, 0.1))
+    assert len(alerts_of(engine, agent.run_id)) == 1
     assert actions(engine, agent.run_id) == ["stop_requested"]  # the CLI's own record, not a second one
     tk.tick(later(t, 0.6))
     assert actions(engine, agent.run_id) == ["stop_requested", "sigterm"]
@@ -467,3 +470,23 @@ def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, 
     again = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert again.returncode == 1
     assert again.stderr.strip() == f"agent-watchdog: error: run {agent.run_id[:8]} already ended: killed"
+
+
+def test_a_stop_only_written_into_the_store_never_signals_another_run(tmp_path, db_url, engine, procs, attestor):
+    """Any store writer can set any run to stopping: without the daemon's decision (its own
+    budgets) or a stop sealed with its key, the run is stopped cooperatively and never signalled."""
+    victim = procs.start("runaway", db_url, kill_mode="process", steps=1, then="hang")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET status = 'stopping', stop_reason = 'manual', stop_requested_at = "
+                          "last_seen_at WHERE id = :id"), {"id": victim.run_id})
+    tk = ticker(engine, attestor)
+    t = run_row(engine, victim.run_id).stop_requested_at
+    for dt_s in (0.1, 11.0, 12.0, 30.0):
+        tk.tick(later(t, dt_s))
+    assert victim.proc.poll() is None  # alive: never signalled
+    assert "sigterm" not in actions(engine, victim.run_id)
+    assert "signal_refused" in actions(engine, victim.run_id)
+    row = run_row(engine, victim.run_id)
+    assert row.signal_stage == "refused"
+    bodies = " ".join(a.body for a in alerts_of(engine, victim.run_id))
+    assert "do not confirm it" in bodies

@@ -185,7 +185,7 @@ def test_0007_lets_an_existing_status_check_allow_paused(fresh_url):
     insert = ("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at) "
               "VALUES (:id, 'a', :status, 'cooperative', 'h', '2026-12-01 00:00:00', '2026-12-01 00:00:00')")
     try:
-        migrate.upgrade(engine, "0006")
+        migrate.upgrade(engine, "0005")
         with engine.begin() as conn:
             ops = Operations(MigrationContext.configure(conn))
             with ops.batch_alter_table("runs", recreate="always" if conn.dialect.name == "sqlite" else "auto") as b:
@@ -197,7 +197,7 @@ def test_0007_lets_an_existing_status_check_allow_paused(fresh_url):
             conn.execute(text(insert), {"id": "p1", "status": "paused"})
         with pytest.raises(Exception), engine.begin() as conn:
             conn.execute(text(insert), {"id": "p2", "status": "nonsense"})
-        migrate.downgrade(engine, "0006")
+        migrate.downgrade(engine, "0005")
         with engine.connect() as conn:  # the paused run went back to running with the revision
             assert conn.execute(text("SELECT status FROM runs WHERE id = 'p1'")).scalar() == "running"
         with pytest.raises(Exception), engine.begin() as conn:

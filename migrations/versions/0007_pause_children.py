@@ -1,7 +1,7 @@
 """runs: parent_id (child runs), paused_at and resumes (pause and approve), partial (a stopped run's partial result)
 
 Revision ID: 0007
-Revises: 0006
+Revises: 0005
 Create Date: 2026-12-01
 
 The new status `paused` needs no column. Where the store already checks the status
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 # Self-contained: a migration never imports the application.
 
 revision = '0007'
-down_revision = '0006'
+down_revision = '0005'
 branch_labels = None
 depends_on = None
 

@@ -124,13 +124,31 @@ def kill_cmd(app, run_id, reason):
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
         budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
         ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=operator(), budgets=budgets,
-                          run_facts=facts(row, top, None, now),
+                          run_facts=facts(row, top, None, now), sealer=_operator_sealer(app),
                           why=f"killed while paused for {row.stop_reason}" if row.status == lc.PAUSED else None)
     if not ok:
         raise StoreError(f"run {rid[:8]} ended or was stopped meanwhile")
-    tail = "" if row.kill_mode == lc.COOPERATIVE else f", then SIGTERM after {app.config.daemon.cancel_grace_s:g} s"
+    if row.kill_mode == lc.COOPERATIVE:
+        tail = ""
+    elif _operator_sealer(app) is not None:
+        tail = f", then SIGTERM after {app.config.daemon.cancel_grace_s:g} s"
+    else:
+        tail = (" (cooperative only: this user cannot read the daemon's key, so the daemon will not signal its "
+                "process; run kill as the daemon's user to allow SIGTERM)")
     click.echo(f"stop requested for {row.agent} run {rid[:8]}: it sees the stop on its next write{tail} "
                "(the daemon carries out the ladder)")
+
+
+def _operator_sealer(app):
+    """A sealer with the daemon's own key, when this user can read it (root, or the daemon's
+    user): a stop sealed so is the operator's, and the daemon may signal for it. Anyone else's
+    `kill` is a stop written into the store: cooperative only (any store writer could write it)."""
+    from watchdog.core.seal import Sealer
+    from watchdog.core.procid import hostname
+    from watchdog.daemon import keyfile
+
+    key = keyfile.load_existing(app.config.daemon.key_file)
+    return Sealer(key, hostname()) if key else None
 
 
 @main.group("circuits", invoke_without_command=True)

@@ -126,12 +126,16 @@ def no_daemon_alert(host: str, active_runs: int, last_pid: int | None, last_tick
         f"start agent-watchdog on {host} (systemctl start agent-watchdog) to signal them again",
     ]
     return title, "\n".join(lines)
+# How an acknowledged store request reads: a sealed alert with these words was not a decision.
+ACK_MARK = "(requested in the store:"
+
+
 def requested_stop_alert(f: RunFacts, b: Budgets, reason: str, plan: str) -> tuple[str, str]:
     """A stop this daemon did not decide (the run's own guard, `agent-watchdog kill`, any store
     writer). Worded from the store's numbers only: the requester's free text is not quoted, so
     whoever can write a row cannot put words in front of the on-call human."""
     title = f"agent-watchdog: stopped {f.agent} run {f.id[:8]} — {reason}"
-    return title, _body(f, b, [f"reason {reason} (requested in the store: the run's own guard, "
+    return title, _body(f, b, [f"reason {reason} {ACK_MARK} the run's own guard, "
                                "agent-watchdog kill or another store writer; not decided by the daemon)",
                                f"action {plan}"])
 

@@ -58,6 +58,7 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
     stops = ap.stops_while_paused(evaluate(tk.scanner.snapshot(row, now), budgets, now))
     if stops:
         v = stops[0]
+        tk._decided.add(row.id)  # this daemon's own decision: it may signal for it
         with batch.run() as conn:
             if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
                             run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer):
@@ -70,6 +71,7 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
         detail = row.stop_detail or "paused without a reason"
         why = (ap.timeout_plan(budgets, "stopped with the reason it paused for") if waited_s is not None
                else "paused without a pause time or reason")
+        tk._decided.add(row.id)
         with batch.run() as conn:
             if request_stop(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
                             run_facts=facts, why=why, sealer=tk.sealer):

@@ -45,6 +45,15 @@ def load_or_create(path: str) -> bytes:
     return bytes.fromhex(key)
 
 
+def load_existing(path: str) -> bytes | None:
+    """The daemon's key for someone acting as the daemon (`sudo -u agent-watchdog agent-watchdog
+    kill`): None when this user cannot read it (then nothing it writes is sealed). Never creates."""
+    try:
+        return _read(path)
+    except (FileNotFoundError, ConfigError):
+        return None
+
+
 def _read(path: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)

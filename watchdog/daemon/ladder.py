@@ -75,6 +75,15 @@ def exited(conn, row, *, now, by, facts, budgets, sealer=None):
             sealer=sealer)
 
 
+def refuse_unconfirmed(conn, row, *, now, by, facts, budgets, sealer=None) -> None:
+    """A stop someone wrote into the store (a guard, the CLI, any store writer) that the
+    daemon's own budgets do not confirm: the run is stopped cooperatively only, never
+    signalled, so a row cannot lend anyone the daemon's CAP_KILL over another run."""
+    _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused",
+          "not signalled: the stop was requested in the store and the daemon's own budgets do not confirm it",
+          now, by, facts, budgets, sealer)
+
+
 def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budgets, sealer=None):
     if not _set_stage(conn, row, stage_from, stage_to, now, signalled_at=now):
         return

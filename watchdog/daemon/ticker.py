@@ -24,16 +24,16 @@ from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective, 
 from watchdog.core.config import Config
 from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.killer import Killer, ProcessIdentity
-from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
+from watchdog.daemon.ladder import WAITING_STAGES, advance, exited, refuse_unconfirmed
 from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
-from watchdog.core.messages import rate_alert, requested_stop_alert
+from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
 from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
-from watchdog.store.schema import interventions
+from watchdog.store.schema import alerts, interventions
 
 log = logging.getLogger("watchdog.tick")
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
@@ -122,6 +122,7 @@ class Ticker:
         # attestations. Without one nothing is signalled and no alert is queued.
         self.sealer = sealer
         self._acked: set[str] = set()  # stopping runs whose stop this daemon recorded or acknowledged
+        self._decided: set[str] = set()  # runs whose stop this daemon decided itself (they may be signalled)
         self.scanner = Scanner()
         # Prices, the spend ledger, period budgets, drift (watchdog.daemon.money); None = run budgets only.
         # A cluster duty: only the leader runs it (see tick).
@@ -181,9 +182,10 @@ class Ticker:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
-        if self._acked:
+        if self._acked or self._decided:
             active = {r[L["id"]] for r in light}
             self._acked &= active
+            self._decided &= active
         if money is not None:
             self._money_after(money, now, rep)
         if role.leader:  # the cluster duties: exactly one daemon of the store does them
@@ -354,6 +356,9 @@ class Ticker:
                     # grace), or after a signal that was refused / not allowed / did not work.
                     exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets, sealer=self.sealer)
                     return
+                if row.signal_stage is None and row.kill_mode != lc.COOPERATIVE and not self._confirms(conn, row, budgets, now):
+                    refuse_unconfirmed(conn, row, now=now, by=self.by, facts=f, budgets=budgets, sealer=self.sealer)
+                    return
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
                         now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer)
             return
@@ -383,6 +388,7 @@ class Ticker:
             if self.money is not None:
                 f = dataclasses.replace(f, forecast=self.money.forecast_lines(row, budgets, now))
             with batch.run() as conn:  # stop, or pause with on_breach = "pause"
+                self._decided.add(row.id)
                 action, v, done = act_on_breach(self, conn, row, verdicts, budgets=budgets, facts=f, now=now,
                                                 rep=rep)
                 if done and action == "stop" and period is not None and v.reason == period.reason:
@@ -409,6 +415,28 @@ class Ticker:
             if enqueue_alert(conn, f"rate:{row.id}:{window}", title, body, now=now, run_id=row.id,
                              intervention_id=iid, sealer=self.sealer):
                 rep.alarms.append(row.id)
+
+    def _confirms(self, conn, row, budgets, now) -> bool:
+        """Before the first signal: did this daemon decide the stop, or do its own budgets say
+        the run is over one now? A stop only written into the store (any store writer can
+        write one for any run) never leads to a signal by itself."""
+        if row.id in self._decided or self._sealed_stop(conn, row):
+            return True
+        period = self.money.closing(row.id, row.agent) if self.money is not None else None
+        return bool(with_period(evaluate(self.scanner.snapshot(row, now), budgets, now), period))
+
+    def _sealed_stop(self, conn, row) -> bool:
+        """The stop's alert was sealed with this daemon's key by someone who is not acknowledging
+        a store request: this daemon in an earlier life, or an operator running `kill` as the
+        daemon's user. Only the key's holders can write such a row."""
+        if self.sealer is None:
+            return False
+        # On the caller's connection: a second one would wait for the write lock the caller holds.
+        a = conn.execute(select(alerts.c.dedupe_key, alerts.c.title, alerts.c.body, alerts.c.mac)
+                         .where(alerts.c.dedupe_key == f"stop:{row.id}")).first()
+        if a is None or not isinstance(a.body, str) or ACK_MARK in a.body:
+            return False
+        return self.sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body)
 
     def _acknowledge(self, row, f, budgets, now, batch):
         """A stopping run whose stop this daemon did not request (the run's guard, the CLI,

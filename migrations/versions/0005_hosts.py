@@ -1,7 +1,7 @@
 """several hosts on one store: lease expiry and leader on daemons, per-host scan index,
 retention and listing indexes, the sealed top tool of ended runs
 
-Revision ID: 0006
+Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-08
 """
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 # Self-contained: a migration never imports the application.
 
-revision = '0006'
+revision = '0005'
 down_revision = '0004'
 branch_labels = None
 depends_on = None
