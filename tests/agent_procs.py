@@ -188,7 +188,40 @@ def shared(spec: dict) -> int:
     return 0
 
 
-SCENARIOS = {"runaway": runaway, "shared": shared}
+def spender(spec: dict) -> int:
+    """One cooperative run spending `step_cost` EUR every `interval` s (from when the `go` file
+    exists) until it is stopped; then, once the `next` file exists, it asks for a new run and
+    records whether it was refused."""
+    from watchdog import RunKilled, Watchdog
+
+    wd = Watchdog(spec["url"])
+    result: dict = {}
+    try:
+        with wd.run(agent=spec.get("agent", "spend-bot"), kill_mode="cooperative", labels=spec.get("labels"),
+                    guards=False) as run:
+            run.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=0.0)
+            write_json(spec["ready"], {"run_id": run.id, "pid": os.getpid(), "children": []})
+            wait_until(Path(spec["go"]).exists, timeout_s=120)
+            while True:
+                time.sleep(spec.get("interval", 0.05))
+                run.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec["step_cost"])
+    except RunKilled as stop:
+        result.update(killed=stop.reason, detail=stop.detail)
+    if not wait_until(Path(spec["next"]).exists, timeout_s=120):
+        result["next"] = "no next file"
+    else:
+        try:
+            with wd.run(agent=spec.get("agent", "spend-bot"), labels=spec.get("labels"), guards=False) as run:
+                run.step(model="gpt-x", tokens_in=1, tokens_out=1, cost_eur=0.0)  # a model call: must never happen
+            result["next"] = "ran"
+        except RunKilled as stop:
+            result["next"] = stop.reason
+    wd.close()
+    write_json(spec["result"], result)
+    return 0
+
+
+SCENARIOS = {"runaway": runaway, "shared": shared, "spender": spender}
 
 
 # --- the test side -------------------------------------------------------------------

@@ -203,7 +203,9 @@ BAD = [
     ("[defaults]\non_rate = \"kill\"\n", "defaults.on_rate"),
     ("[defaults]\nruns_may_raise = \"yes\"\n", "defaults.runs_may_raise"),
     ("[agents.support-bot]\nmax_tool_calls = 0\n", "agents.support-bot.max_tool_calls"),
-    ("[agents.support-bot]\nmax_tokens = 10\n", "agents.support-bot.max_tokens"),
+    ("[agents.support-bot]\nmax_tokenz = 10\n", "agents.support-bot.max_tokenz"),
+    ("[defaults]\nmax_tokens = 0\n", "defaults.max_tokens"),
+    ("[defaults]\nmax_tokens = 1.5\n", "defaults.max_tokens"),
     ("[agents.support-bot]\non_rate = 1\n", "agents.support-bot.on_rate"),
     ("agents = 3\n", "agents"),
     ("[daemon]\ntick_s = 0\n", "daemon.tick_s"),
@@ -221,6 +223,21 @@ BAD = [
     ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = -1\noutput_eur_per_mtok = 1\n", "input_eur_per_mtok"),
     ("[prices.\"gpt-x\"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 1\ncached = 1\n", "cached"),
     ("[metrics]\nlisten = \"nowhere\"\n", "metrics.listen"),
+    ("[pricing]\neur_per_usd = 0\n", "pricing.eur_per_usd"),
+    ("[pricing]\nbudget_tz = \"Mars/Olympus\"\n", "pricing.budget_tz"),
+    ("[pricing]\nrate = 1\n", "pricing.rate"),
+    ("[drift]\nwindow_s = 60\n", "drift.window_s"),
+    ("[drift]\nmin_runs = 0\n", "drift.min_runs"),
+    ("[drift]\nfactor = -1\n", "drift.factor"),
+    ("[[budgets]]\nmax_cost_eur_per_day = 1.0\n", "budgets[0].labels"),
+    ("[[budgets]]\nlabels = { tenant = \"a\" }\n", "budgets[0]"),
+    ("[[budgets]]\nlabels = { tenant = 3 }\nmax_cost_eur_per_day = 1.0\n", "budgets[0].labels"),
+    ("[[budgets]]\nlabels = { tenant = \"a\" }\nmax_cost_eur_per_day = 1.0\nwarn_at = 2\n", "budgets[0].warn_at"),
+    ("budgets = 3\n", "[[budgets]]"),
+    ("[defaults]\nwarn_at = 1.5\n", "defaults.warn_at"),
+    ("[defaults]\nmax_cost_eur_per_day = -1\n", "defaults.max_cost_eur_per_day"),
+    ("[prices.\"m\"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 1\ncached_input_eur_per_mtok = -1\n",
+     'prices."m".cached_input_eur_per_mtok'),
 ]
 
 
@@ -396,3 +413,26 @@ def test_a_key_like_no_other_lists_the_known_ones(tmp_path):
     with pytest.raises(ConfigError) as err:
         load(path)
     assert "expected one of the known keys (alert_retry_s, allowed_users, cancel_grace_s" in str(err.value)
+
+
+def test_money_keys_parse_and_publish(tmp_path):
+    from watchdog.core.periods import LabelBudget
+
+    path = write(tmp_path, '[pricing]\neur_per_usd = 0.9\nbudget_tz = "Europe/Paris"\n\n'
+                           '[defaults]\nmax_cost_eur_per_day = 10.0\nwarn_at = 0.5\n\n'
+                           '[agents.free]\nmax_cost_eur_per_day = 0\n\n'
+                           '[[budgets]]\nlabels = { tenant = "acme" }\nmax_cost_eur_per_month = 100.0\n\n'
+                           '[drift]\nwindow_s = 1800\nfactor = 0\n\n'
+                           '[prices."m"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 4\ncached_input_eur_per_mtok = 0.1\n')
+    cfg = load(path)
+    assert (cfg.pricing.eur_per_usd, cfg.pricing.budget_tz) == (0.9, "Europe/Paris")
+    assert (cfg.profile("x").max_cost_eur_per_day, cfg.profile("x").warn_at) == (10.0, 0.5)
+    assert cfg.profile("free").max_cost_eur_per_day == 0  # 0 = no daily budget
+    assert cfg.budgets == (LabelBudget({"tenant": "acme"}, max_cost_eur_per_month=100.0),)
+    assert (cfg.drift.window_s, cfg.drift.factor, cfg.drift.min_runs) == (1800, 0, 10)
+    assert cfg.prices["m"].cost_eur(1_000_000, 0, 500_000) == pytest.approx(0.55)
+    # What the daemon publishes, read back as the SDK and the CLI read it.
+    back = load(None).with_published(cfg.published())
+    assert back.pricing == cfg.pricing and back.budgets == cfg.budgets and back.prices == cfg.prices
+    assert back.profile("free").max_cost_eur_per_day == 0
+

@@ -67,7 +67,7 @@ def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
     # Our own name: `agent-watchdog` on PyPI is an unrelated project.
     assert "\nName: agent-watchdog-daemon\n" in metadata
     assert "Requires-Python: >=3.11" in metadata
-    for dep in ("psutil", "sqlalchemy", "alembic", "apscheduler", "click", "apprise"):
+    for dep in ("psutil", "sqlalchemy", "alembic", "apscheduler", "click", "apprise", "genai-prices"):
         assert f"requires-dist: {dep}" in metadata.lower(), dep
     assert "extra == 'postgres'" in metadata and "extra == 'test'" in metadata
 
@@ -94,7 +94,8 @@ def test_installed_package_uses_its_own_migrations_and_a_light_sdk(venv):
         "import sys, watchdog, watchdog.client, watchdog.store.migrate as m\n"
         "print(watchdog.__file__)\n"
         "print(m.migrations_dir())\n"
-        "print(','.join(sorted(x for x in sys.modules if x.split('.')[0] in ('psutil', 'apprise', 'apscheduler'))))\n"
+        "print(','.join(sorted(x for x in sys.modules if x.split('.')[0] in ('psutil', 'apprise', 'apscheduler',\n"
+        "                                                                   'genai_prices', 'pydantic'))))\n"
     )
     result = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=120,
                             cwd="/", env=clean_env())

@@ -360,9 +360,15 @@ def test_cost_comes_from_the_published_price_table_unless_given(db_url, engine, 
         run.step(model="gpt-x", tokens_in=1000, tokens_out=500, cost_eur=0.5)  # explicit wins
         run.step(model="unpriced-model", tokens_in=1000, tokens_out=1000)
         run.step(tokens_in=7)
+        run.step(model="unpriced-model")  # no tokens: nothing to price, free whatever the model
     evs = event_rows(engine, run.id)
-    assert [e.cost_eur for e in evs] == pytest.approx([0.008, 0.5, 0.0, 0.0])
-    assert run_row(engine, run.id).cost_eur == pytest.approx(0.508)
+    # Never a silent zero: a step no published price covers is recorded with no cost (NULL),
+    # its tokens counted as unpriced on the run, for the daemon to price or report.
+    assert [e.cost_eur for e in evs[:2]] == pytest.approx([0.008, 0.5])
+    assert [e.cost_eur for e in evs[2:]] == [None, None, 0.0]
+    row = run_row(engine, run.id)
+    assert row.cost_eur == pytest.approx(0.508) and row.cost_unpriced_tokens == 2007
+    assert run.cost_unpriced_tokens == 2007
 
 
 # --- stops ----------------------------------------------------------------------------

@@ -212,10 +212,16 @@ PUBLIC_KEYS = {
         "on_rate",
         "dedupe_window_s",
         "runs_may_raise",
+        "max_tokens",
+        "max_cost_eur_per_day",
+        "max_cost_eur_per_month",
+        "warn_at",
     },
     "circuit": {"errors", "window_s", "open_s", "max_calls_per_min"},
     "alerts": {"urls"},
     "metrics": {"listen"},
+    "pricing": {"eur_per_usd", "budget_tz"},
+    "drift": {"window_s", "baseline_days", "factor", "min_runs"},
 }
 PRICE_KEYS = {"input_eur_per_mtok", "output_eur_per_mtok"}
 
@@ -255,7 +261,7 @@ def test_example_passes_check_config_where_its_users_exist():
 
 def test_example_names_every_public_key():
     raw = _example()
-    assert set(raw) == set(PUBLIC_KEYS) | {"agents", "prices"}
+    assert set(raw) == set(PUBLIC_KEYS) | {"agents", "prices", "budgets"}
     for section, keys in PUBLIC_KEYS.items():
         have = {k for k, v in raw[section].items() if not isinstance(v, dict)}
         assert have == keys, f"[{section}]: missing {keys - have}, unknown {have - keys}"
@@ -272,6 +278,9 @@ def test_example_names_every_public_key():
     assert raw["prices"], 'no example [prices."MODEL"]'
     for model, price in raw["prices"].items():
         assert set(price) == PRICE_KEYS, model
+    # [[budgets]]: label-scoped period budgets.
+    assert raw["budgets"] and all(set(b) <= {"labels", "max_cost_eur_per_day", "max_cost_eur_per_month", "warn_at"}
+                                  and b["labels"] for b in raw["budgets"])
 
 
 def test_example_documented_values():
@@ -295,7 +304,13 @@ def test_example_documented_values():
         "on_rate": "alert",
         "dedupe_window_s": 0,
         "runs_may_raise": False,
+        "max_tokens": 2_000_000,
+        "max_cost_eur_per_day": 50.0,
+        "max_cost_eur_per_month": 500.0,
+        "warn_at": 0.8,
     }
+    assert raw["pricing"] == {"eur_per_usd": 0.86, "budget_tz": "UTC"}
+    assert raw["drift"] == {"window_s": 3600, "baseline_days": 7, "factor": 3.0, "min_runs": 10}
     assert {k: raw["circuit"][k] for k in PUBLIC_KEYS["circuit"]} == {"errors": 5, "window_s": 60, "open_s": 120, "max_calls_per_min": 120}
     assert raw["metrics"] == {"listen": ""}
 
@@ -339,3 +354,4 @@ def test_example_accepted_by_the_daemon_parser():
         d.alert_retry_s,
     )
     assert parsed.metrics_listen == ""
+    assert parsed.pricing == config.PricingConfig() and parsed.drift == config.DriftConfig()

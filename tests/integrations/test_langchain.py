@@ -363,3 +363,28 @@ def test_importing_watchdog_does_not_import_langchain():
     code = ("import sys, watchdog, watchdog.integrations; "
             "assert 'langchain_core' not in sys.modules, 'langchain_core imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cached_and_reasoning_tokens_pass_through_from_usage_metadata(sqlite_url, wd):
+    """usage_metadata's input_token_details.cache_read and output_token_details.reasoning (or the
+    OpenAI-style token_usage details) reach the step, so prices apply the cached / reasoning rates."""
+    reply = ai(content="done", tokens=(1000, 300))
+    reply.usage_metadata["input_token_details"] = {"cache_read": 600}
+    reply.usage_metadata["output_token_details"] = {"reasoning": 200}
+    cb = handler(wd, agent="support-bot")
+    assert make_agent([reply]).invoke("hi", config={"callbacks": [cb]}) == "done"
+    run = run_row(sqlite_url, cb.run.id)
+    assert (run["tokens_in"], run["tokens_out"], run["cached_tokens_in"], run["reasoning_tokens"]) == (1000, 300, 600, 200)
+    (ev,) = event_rows(sqlite_url, cb.run.id)
+    assert (ev["cached_tokens_in"], ev["reasoning_tokens"]) == (600, 200)
+
+
+def test_token_usage_details_of_an_llm_output_pass_through():
+    from langchain_core.outputs import Generation, LLMResult
+
+    from watchdog.integrations.langchain import _usage
+
+    result = LLMResult(generations=[[Generation(text="x")]], llm_output={"model_name": "o3", "token_usage": {
+        "prompt_tokens": 500, "completion_tokens": 90, "prompt_tokens_details": {"cached_tokens": 128},
+        "completion_tokens_details": {"reasoning_tokens": 64}}})
+    assert _usage(result) == ("o3", 500, 90, 128, 64)

@@ -335,3 +335,19 @@ def test_importing_watchdog_does_not_import_the_agents_sdk():
     code = ("import sys, watchdog, watchdog.integrations; "
             "assert 'agents' not in sys.modules and 'openai' not in sys.modules, 'agents SDK imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cached_and_reasoning_tokens_pass_through_from_response_usage(sqlite_url, wd):
+    from agents.usage import InputTokensDetails, OutputTokensDetails
+
+    extra = {"cache_write_tokens": 0} if "cache_write_tokens" in InputTokensDetails.model_fields else {}
+    usage = Usage(requests=1, input_tokens=1000, output_tokens=300, total_tokens=1300,
+                  input_tokens_details=InputTokensDetails(cached_tokens=600, **extra),
+                  output_tokens_details=OutputTokensDetails(reasoning_tokens=200))
+    model = ScriptedModel([ModelStep(output=[assistant_message("done")], usage=usage)])
+    h = hooks(wd, agent="support-bot")
+    Runner.run_sync(support_agent(), "hi", hooks=h, run_config=config_for(model))
+    run = run_row(sqlite_url, h.run.id)
+    assert (run["tokens_in"], run["tokens_out"], run["cached_tokens_in"], run["reasoning_tokens"]) == (1000, 300, 600, 200)
+    (ev,) = event_rows(sqlite_url, h.run.id)
+    assert (ev["cached_tokens_in"], ev["reasoning_tokens"]) == (600, 200)

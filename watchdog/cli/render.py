@@ -57,6 +57,8 @@ def run_detail(r: dict) -> str:
             line += f"  ({r['tool_errors']} errors)"
         elif budget.measure == "cost_eur":
             line += f"  (tokens {r['tokens_in']} in / {r['tokens_out']} out)"
+            if r.get("cost_unpriced_tokens"):
+                line += f"  + {r['cost_unpriced_tokens']} tokens UNPRICED (not in the cost)"
         lines.append(line)
     if r.get("progress"):
         lines.append(f"  progress    {r['progress']}")
@@ -82,7 +84,8 @@ def event_line(e: dict) -> str:
         status = "ok" if e["ok"] else f"ERR {error_text(e['error_class'], e['error_msg'])}"
         return f"#{e['seq']:<4} {t} tool {e['tool']} [{(e['args_hash'] or '')[:8]}] {status}"[:110]
     if e["kind"] == "step":
-        return f"#{e['seq']:<4} {t} step {e['model'] or '-'} {e['tokens_in']}→{e['tokens_out']} tok {e['cost_eur'] or 0:.4f} EUR"
+        cost = "unpriced" if e["cost_eur"] is None else f"{e['cost_eur']:.4f} EUR"
+        return f"#{e['seq']:<4} {t} step {e['model'] or '-'} {e['tokens_in']}→{e['tokens_out']} tok {cost}"
     return f"#{e['seq']:<4} {t} heartbeat {e['progress'] or ''}"[:110]
 
 
@@ -114,9 +117,15 @@ def config_summary(config: Config) -> str:
              f"  store {url_without_password(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
              f"  daemon tick {config.daemon.tick_s:g}s, cancel grace {config.daemon.cancel_grace_s:g}s, "
              f"term grace {config.daemon.term_grace_s:g}s, allowed users {list(config.daemon.allowed_users) or '(own user)'}",
-             f"  alerts {len(config.alert_urls)} URL(s), prices for {len(config.prices)} model(s)"]
+             f"  alerts {len(config.alert_urls)} URL(s), price overrides for {len(config.prices)} model(s), "
+             f"genai-prices at {config.pricing.eur_per_usd:g} EUR/USD, budget_tz {config.pricing.budget_tz}",
+             f"  drift window {config.drift.window_s:g}s vs {config.drift.baseline_days:g} days, factor "
+             f"{config.drift.factor:g}, min runs {config.drift.min_runs}; {len(config.budgets)} label budget(s)"]
     profiles = {"[defaults]": config.defaults, **{f"[agents.{k}]": v for k, v in config.agents.items()}}
     for name, b in profiles.items():
         lines.append(f"  {name}")
         lines.append("    " + ", ".join(f"{k}={getattr(b, k)}" for k in keys))
+    for lb in config.budgets:
+        lines.append(f"  [[budgets]] labels {lb.name}: per day {lb.max_cost_eur_per_day:g}, "
+                     f"per month {lb.max_cost_eur_per_month:g} EUR, warn_at {lb.warn_at:g}")
     return "\n".join(lines)

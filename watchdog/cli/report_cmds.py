@@ -20,12 +20,18 @@ from watchdog.store.schema import utcnow
 def top_cmd(app, once, interval_s):
     """Live view of the active runs, closest to a budget first (80 columns)."""
     from watchdog.cli import top
+    from watchdog.cli.budgets_cmd import published_state
+    from watchdog.core.periods import zone
+    from watchdog.store.ledger import period_report
 
     interval_s = interval_s or app.config.daemon.tick_s
     while True:
         now = utcnow()
         with app.reader() as conn:
-            text = top.frame(top.rows(conn, app.judge_by(conn), now), now)
+            profiles = app.judge_by(conn)
+            periods = period_report(conn, profiles, now, published_state(conn, now))
+            text = top.frame(top.rows(conn, profiles, now), now, periods=periods,
+                             tz=zone(profiles.pricing.budget_tz))
         if once:
             click.echo(text)
             return

@@ -6,6 +6,7 @@ import datetime as dt
 
 from sqlalchemy import and_, func, select
 
+from watchdog.core import forecast
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.cli.render import short
@@ -42,12 +43,18 @@ def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
         top = stats[r.id][0] if stats[r.id] else None
         out.append(dict(id=r.id, agent=r.agent, status=r.status, age_s=age_s, steps=r.steps, max_steps=b.max_steps,
                         calls=r.tool_calls, max_calls=b.max_tool_calls, cost=r.cost_eur, max_cost=b.max_cost_eur,
-                        per_min=per_min.get(r.id, 0), top=top, closeness=closeness))
+                        per_min=per_min.get(r.id, 0), top=top, closeness=closeness,
+                        eur_per_min=forecast.per_min(r.cost_eur, age_s),
+                        burn=forecast.run_line(r.cost_eur, b.max_cost_eur, age_s)))
     out.sort(key=lambda d: (d["status"] != lc.STOPPING, -d["closeness"]))
     return out
 
 
-def frame(records: list[dict], now: dt.datetime, title: str = "") -> str:
+BURN_LINES = 3  # the fastest-burning runs shown under the table
+PERIOD_LINES = 5  # the period budgets closest to running out
+
+
+def frame(records: list[dict], now: dt.datetime, title: str = "", periods=(), tz=dt.timezone.utc) -> str:
     head = f"agent-watchdog top — {len(records)} active — {now.astimezone():%H:%M:%S}"
     if title:
         head += f" — {title}"
@@ -62,4 +69,13 @@ def frame(records: list[dict], now: dt.datetime, title: str = "") -> str:
         lines.append(line[:WIDTH])
     if not records:
         lines.append("no active runs")
+    burning = sorted((d for d in records if d.get("burn")), key=lambda d: -(d["eur_per_min"] or 0))[:BURN_LINES]
+    if burning:
+        lines.append("")
+        lines += [f"{short(d['id'])} {d['burn'].replace('this run ', '')}"[:WIDTH] for d in burning]
+    shown = sorted((s for s in periods if s.budget_eur > 0),
+                   key=lambda s: (not s.closed, s.runs_out_at is None, -s.spent_eur / s.budget_eur))[:PERIOD_LINES]
+    if shown:
+        lines.append("")
+        lines += [forecast.period_line(s, now, tz)[:WIDTH] for s in shown]
     return "\n".join(lines)

@@ -98,6 +98,8 @@ BUDGETS: tuple[Budget, ...] = (
     Budget("max_tool_calls", StopReason.MAX_TOOL_CALLS, "tool_calls", "tool calls", "", True, 40,
            counted_on="tool"),
     Budget("max_cost_eur", StopReason.MAX_COST, "cost_eur", "cost", "EUR", False, 2.0, counted_on="step"),
+    # The price-independent backstop: a model no table prices still cannot run away.
+    Budget("max_tokens", StopReason.MAX_TOKENS, "tokens", "tokens", "", True, 2_000_000, counted_on="step"),
     Budget("max_wall_s", StopReason.WALL_CLOCK, "age_s", "duration", "s", False, 300.0, clock=True),
     Budget("max_identical_calls", StopReason.LOOP_DETECTED, "identical_calls", "identical calls", "", True, 3,
            at_limit=True),
@@ -123,10 +125,15 @@ class Setting:
 
     key: str
     default: Any
-    kind: str  # "choice" | "bool" | "seconds>=0"
+    kind: str  # "choice" | "bool" | "seconds>=0" | "eur>=0" | "fraction"
     choices: tuple[str, ...] = ()
 
     def validate(self, value: Any) -> Any:
+        if self.kind == "fraction":
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or not 0 < value <= 1):
+                raise ValueError(f"expected a number in (0, 1], got {value!r}")
+            return float(value)
         if self.kind == "choice":
             if value not in self.choices:
                 raise ValueError(f"expected one of {', '.join(repr(c) for c in self.choices)}, got {value!r}")
@@ -144,7 +151,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("on_rate", "alert", "choice", ON_RATE_CHOICES),
     Setting("dedupe_window_s", 0.0, "seconds>=0"),  # 0 = the whole run
     Setting("runs_may_raise", False, "bool"),
+    # Period budgets: shared by every run of the agent over a calendar day / month in
+    # [pricing] budget_tz (watchdog.core.periods judges them; 0 = no budget for that period).
+    Setting("max_cost_eur_per_day", 50.0, "eur>=0"),
+    Setting("max_cost_eur_per_month", 500.0, "eur>=0"),
+    Setting("warn_at", 0.8, "fraction"),  # the warning alert, once per period, at this share of it
 )
+PERIOD_BUDGET_KEYS = ("max_cost_eur_per_day", "max_cost_eur_per_month")
 PROFILE_KEYS: tuple[str, ...] = tuple(b.key for b in BUDGETS) + tuple(s.key for s in SETTINGS)
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profile_from_json, validate_profile_value
-from watchdog.core.pricing import Price
+from watchdog.core.drift import DriftConfig
+from watchdog.core.periods import LabelBudget, WARN_AT, zone
+from watchdog.core.pricing import PRICE_KEYS, REQUIRED_PRICE_KEYS, Price, PricingConfig
 from watchdog.core.text import url_scheme_only
 from watchdog.errors import ConfigError
 
@@ -71,6 +73,9 @@ class Config:
     alert_urls: tuple[str, ...] = ()
     prices: Mapping[str, Price] = field(default_factory=dict)
     metrics_listen: str = ""
+    pricing: PricingConfig = PricingConfig()
+    budgets: tuple[LabelBudget, ...] = ()  # [[budgets]]: label-scoped period budgets
+    drift: DriftConfig = DriftConfig()
 
     def profile(self, agent: str) -> Budgets:
         return self.agents.get(agent, self.defaults)
@@ -80,9 +85,13 @@ class Config:
         return {
             "defaults": self.defaults.to_json(),
             "agents": {k: v.to_json() for k, v in self.agents.items()},
-            "prices": {k: dataclasses.asdict(v) for k, v in self.prices.items()},
+            "prices": {k: v.to_json() for k, v in self.prices.items()},
             "record_args": self.store.record_args,
             "tick_s": self.daemon.tick_s,
+            "pricing": dataclasses.asdict(self.pricing),
+            "budgets": [{"labels": dict(b.labels), "max_cost_eur_per_day": b.max_cost_eur_per_day,
+                         "max_cost_eur_per_month": b.max_cost_eur_per_month, "warn_at": b.warn_at}
+                        for b in self.budgets],
         }
 
     def with_published(self, value: Any) -> "Config":
@@ -102,8 +111,42 @@ class Config:
         if isinstance(tick_s, (int, float)) and not isinstance(tick_s, bool) and 0 < tick_s < math.inf:
             daemon = dataclasses.replace(daemon, tick_s=float(tick_s))
         store = dataclasses.replace(self.store, record_args=value.get("record_args") is True)
+        pricing = _published_pricing(value.get("pricing")) or self.pricing
+        budgets = self.budgets
+        if isinstance(value.get("budgets"), list):
+            budgets = tuple(b for raw in value["budgets"] if (b := _published_label_budget(raw)) is not None)
         return dataclasses.replace(self, defaults=defaults, agents=agents, prices=prices or self.prices,
-                                   daemon=daemon, store=store)
+                                   daemon=daemon, store=store, pricing=pricing, budgets=budgets)
+
+
+def _published_pricing(raw) -> PricingConfig | None:
+    if not isinstance(raw, dict):
+        return None
+    rate, tz = raw.get("eur_per_usd"), raw.get("budget_tz")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (0 < rate < math.inf):
+        return None
+    try:
+        zone(tz) if isinstance(tz, str) else None
+    except ValueError:
+        return None
+    return PricingConfig(float(rate), tz) if isinstance(tz, str) else None
+
+
+def _published_label_budget(raw) -> LabelBudget | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("labels"), dict) or not raw["labels"]:
+        return None
+    labels = raw["labels"]
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        return None
+    values = {}
+    for key in ("max_cost_eur_per_day", "max_cost_eur_per_month", "warn_at"):
+        v = raw.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
+            return None
+        values[key] = float(v)
+    if not 0 < values["warn_at"] <= 1:
+        return None
+    return LabelBudget(dict(labels), **values)
 
 
 # --- parsing ------------------------------------------------------------------
@@ -176,7 +219,8 @@ def _circuit_policy(ctx: _Ctx, section: str, table: Mapping, base: CircuitPolicy
 
 def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = None) -> Config:
     ctx = _Ctx(path)
-    _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics"))
+    _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics",
+                               "pricing", "budgets", "drift"))
 
     store_t = _table(ctx, raw, "store")
     _check_keys(ctx, "store", store_t, ("url", "record_args"))
@@ -232,13 +276,17 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         section = f'prices."{model}"'
         if not isinstance(table, dict):
             raise ctx.fail(section, "a table with input_eur_per_mtok and output_eur_per_mtok", table)
-        _check_keys(ctx, section, table, ("input_eur_per_mtok", "output_eur_per_mtok"))
-        for k in ("input_eur_per_mtok", "output_eur_per_mtok"):
+        if len(model) > 128:
+            raise ctx.fail(section, "a model name of at most 128 characters (the events.model column)", model[:20] + "…")
+        _check_keys(ctx, section, table, PRICE_KEYS)
+        for k in REQUIRED_PRICE_KEYS:
             if k not in table:
                 raise ctx.fail(f"{section}.{k}", "a number >= 0 (EUR per million tokens)", "missing")
-        prices[model] = Price(
-            *(_number(ctx, f"{section}.{k}", table[k], allow_zero=True) for k in ("input_eur_per_mtok", "output_eur_per_mtok"))
-        )
+        prices[model] = Price(**{k: _number(ctx, f"{section}.{k}", v, allow_zero=True) for k, v in table.items()})
+
+    pricing = _pricing(ctx, _table(ctx, raw, "pricing"))
+    label_budgets = _label_budgets(ctx, raw.get("budgets", []))
+    drift = _drift(ctx, _table(ctx, raw, "drift"))
 
     metrics_t = _table(ctx, raw, "metrics")
     _check_keys(ctx, "metrics", metrics_t, ("listen",))
@@ -256,7 +304,65 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         alert_urls=tuple(urls),
         prices=prices,
         metrics_listen=listen,
+        pricing=pricing,
+        budgets=label_budgets,
+        drift=drift,
     )
+
+
+def _pricing(ctx: _Ctx, table: Mapping) -> PricingConfig:
+    _check_keys(ctx, "pricing", table, ("eur_per_usd", "budget_tz"))
+    rate = _number(ctx, "pricing.eur_per_usd", table.get("eur_per_usd", PricingConfig.eur_per_usd))
+    tz = table.get("budget_tz", PricingConfig.budget_tz)
+    if not isinstance(tz, str) or not tz:
+        raise ctx.fail("pricing.budget_tz", 'an IANA time zone name such as "UTC" or "Europe/Paris"', tz)
+    try:
+        zone(tz)
+    except ValueError:
+        raise ctx.fail("pricing.budget_tz", 'an IANA time zone name such as "UTC" or "Europe/Paris"', tz) from None
+    return PricingConfig(eur_per_usd=rate, budget_tz=tz)
+
+
+def _label_budgets(ctx: _Ctx, raw) -> tuple[LabelBudget, ...]:
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise ctx.fail("[[budgets]]", "an array of tables ([[budgets]] sections with labels = { ... })", raw)
+    out, seen = [], set()
+    for i, table in enumerate(raw):
+        section = f"budgets[{i}]"
+        _check_keys(ctx, section, table, ("labels", "max_cost_eur_per_day", "max_cost_eur_per_month", "warn_at"))
+        labels = table.get("labels")
+        if (not isinstance(labels, dict) or not labels
+                or not all(isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items())):
+            raise ctx.fail(f"{section}.labels", 'a table of label = "value" strings, such as { tenant = "acme" }',
+                           labels)
+        values = {k: _number(ctx, f"{section}.{k}", table[k], allow_zero=True)
+                  for k in ("max_cost_eur_per_day", "max_cost_eur_per_month") if k in table}
+        if not values:
+            raise ctx.fail(section, "max_cost_eur_per_day and/or max_cost_eur_per_month", "neither")
+        warn_at = _number(ctx, f"{section}.warn_at", table.get("warn_at", WARN_AT))
+        if warn_at > 1:
+            raise ctx.fail(f"{section}.warn_at", "a number in (0, 1]", warn_at)
+        budget = LabelBudget(dict(labels), warn_at=warn_at, **values)
+        if len(budget.scope) > 255:
+            raise ctx.fail(f"{section}.labels", "labels of at most 255 characters in all", "longer")
+        if budget.scope in seen:
+            raise ctx.fail(f"{section}.labels", "labels no other [[budgets]] entry has", labels)
+        seen.add(budget.scope)
+        out.append(budget)
+    return tuple(out)
+
+
+def _drift(ctx: _Ctx, table: Mapping) -> DriftConfig:
+    _check_keys(ctx, "drift", table, ("window_s", "baseline_days", "factor", "min_runs"))
+    d = DriftConfig()
+    window_s = _number(ctx, "drift.window_s", table.get("window_s", d.window_s))
+    if window_s < 300:  # the rollups are 5-minute buckets
+        raise ctx.fail("drift.window_s", "a number of seconds >= 300", window_s)
+    return DriftConfig(
+        window_s=window_s,
+        baseline_days=_number(ctx, "drift.baseline_days", table.get("baseline_days", d.baseline_days)),
+        factor=_number(ctx, "drift.factor", table.get("factor", d.factor), allow_zero=True),
+        min_runs=_number(ctx, "drift.min_runs", table.get("min_runs", d.min_runs), integer=True))
 
 
 def _valid_listen(listen: str) -> bool:

@@ -28,6 +28,8 @@ class RunFacts:
     last_error: str | None = None
     progress: str | None = None  # the last heartbeat's text: for a hung run, where it hangs
     tokens: int = 0  # in + out
+    unpriced_tokens: int = 0  # tokens of steps no price table priced: their cost is not in cost_eur
+    forecast: tuple[str, ...] = ()  # burn-rate lines (watchdog.core.forecast): the run's, its period budgets'
 
 
 def top_tool_line(f: RunFacts) -> str:
@@ -53,6 +55,9 @@ def counters(f: RunFacts, b: Budgets) -> list[str]:
 def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:
     head = [f"agent {f.agent}   run {f.id}", f"host {f.host}   pid {f.pid if f.pid else '-'}   kill_mode {f.kill_mode}"]
     tail = ["", *counters(f, b), top_tool_line(f)]
+    if f.unpriced_tokens:
+        tail.append(f"unpriced: {f.unpriced_tokens} tokens of models no price table knows (not in the cost)")
+    tail += list(f.forecast)
     if f.progress:
         tail.append(f"last progress: {f.progress[:200]}")
     tail += ["", f"agent-watchdog show {f.id[:8]}"]

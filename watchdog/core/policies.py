@@ -48,6 +48,8 @@ PRIORITY = (
     lc.MAX_TOKENS,
     lc.MAX_TOOL_CALLS,
     lc.MAX_STEPS,
+    lc.DAILY_BUDGET,
+    lc.MONTHLY_BUDGET,
     lc.TOOL_RATE,
     lc.WALL_CLOCK,
     lc.HEARTBEAT_TIMEOUT,
@@ -106,6 +108,21 @@ def evaluate(s: RunSnapshot, b: Budgets, now: dt.datetime, *, skip_clock: bool =
         if (v := check(budget, s, b, now, used)) is not None:
             verdicts.append(v)
     return sorted(verdicts, key=lambda v: PRIORITY.index(v.reason) if v.reason in PRIORITY else len(PRIORITY))
+
+
+def period_budget(state) -> Verdict:
+    """A spent period budget (watchdog.core.periods.PeriodState) stops every running run it covers:
+    the run may be well within its own budgets, the agent's (or tenant's) day is not."""
+    return Verdict(state.reason, state.spent_eur, state.budget_eur,
+                   f"{state.label} is spent: {state.spent_eur:.2f}/{state.budget_eur:.2f} EUR ({state.key})")
+
+
+def with_period(verdicts: list[Verdict], state) -> list[Verdict]:
+    """`evaluate`'s verdicts plus the period budget's, the most specific still first."""
+    if state is None:
+        return verdicts
+    return sorted([*verdicts, period_budget(state)], key=lambda v: PRIORITY.index(v.reason)
+                  if v.reason in PRIORITY else len(PRIORITY))
 
 
 def rate_alarm(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:

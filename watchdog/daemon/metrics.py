@@ -31,13 +31,20 @@ class Metrics:
         self.failed = PCounter("agent_watchdog_ticks_failed", "Ticks that failed (database down...)", registry=r)
         self.tool_calls = PCounter("agent_watchdog_tool_calls", "Tool calls seen, by tool", ["tool"], registry=r)
         self.tool_errors = PCounter("agent_watchdog_tool_errors", "Tool errors seen, by tool", ["tool"], registry=r)
+        self.unpriced = PCounter("agent_watchdog_unpriced_tokens", "Tokens of steps no price table prices, by model",
+                                 ["model"], registry=r)
+        self.backfilled = PCounter("agent_watchdog_steps_priced_by_daemon",
+                                   "Steps the SDK could not price that the daemon priced", registry=r)
+        self.period_spend = Gauge("agent_watchdog_period_spend_eur", "Spend of each period budget's scope",
+                                  ["scope", "period"], registry=r)
+        self.period_budget = Gauge("agent_watchdog_period_budget_eur", "Each period budget (0 = none)",
+                                   ["scope", "period"], registry=r)
         self._tools: set[str] = set()
+        self._models: set[str] = set()
+        self._scopes: set[str] = set()
 
     def _tool(self, name: str) -> str:
-        if name in self._tools or len(self._tools) < MAX_TOOL_LABELS:
-            self._tools.add(name)
-            return name
-        return "other"
+        return self._bounded(self._tools, name)
 
     def observe_tick(self, rep) -> None:
         self.tick.observe(rep.duration_s)
@@ -56,6 +63,21 @@ class Metrics:
             self.tool_calls.labels(tool).inc(n)
         for tool, n in errors.items():
             self.tool_errors.labels(tool).inc(n)
+        for model, tokens in getattr(rep, "unpriced", {}).items():
+            self.unpriced.labels(self._bounded(self._models, model)).inc(tokens)
+        if getattr(rep, "priced_steps", 0):
+            self.backfilled.inc(rep.priced_steps)
+        for st in getattr(rep, "periods", ()):
+            name = self._bounded(self._scopes, f"{st.scope.kind}:{st.scope.name}")
+            self.period_spend.labels(name, st.period).set(st.spent_eur)
+            self.period_budget.labels(name, st.period).set(st.budget_eur)
+
+    @staticmethod
+    def _bounded(seen: set, name: str) -> str:
+        if name in seen or len(seen) < MAX_TOOL_LABELS:
+            seen.add(name)
+            return name
+        return "other"
 
     def tick_skipped(self) -> None:
         self.skipped.inc()

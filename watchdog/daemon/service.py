@@ -84,6 +84,8 @@ class Daemon:
             return
         now = utcnow()
         value = self.config.published()
+        if self.ticker.money is not None:  # the models genai-prices priced for it so far, overrides winning
+            value["prices"] = self.ticker.money.prices.published()
         with self.engine.begin() as conn:
             done = conn.execute(update(settings).where(settings.c.key == "config").values(value=value, updated_at=now))
             if done.rowcount == 0:
@@ -95,6 +97,8 @@ class Daemon:
         try:
             self.publish()
             rep = self.ticker.tick(now or utcnow())
+            if rep.learned_prices:  # the SDK prices these models itself from its next settings read
+                self.publish(force=True)
         except Exception as exc:  # noqa: BLE001
             log.error("tick failed, retrying next tick: %s", _one_line(exc))
             log.debug("tick failure", exc_info=True)

@@ -6,6 +6,7 @@ written before any alert is delivered, so a slow alert target never delays a sto
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -23,9 +24,10 @@ from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective_b
 from watchdog.core.config import Config
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
+from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.messages import rate_alert
-from watchdog.core.policies import evaluate, rate_alarm
+from watchdog.core.policies import evaluate, rate_alarm, with_period
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import daemons
@@ -94,28 +96,51 @@ class TickReport:
     alarms: list = field(default_factory=list)
     events: list = field(default_factory=list)  # the tool events folded this tick
     duration_s: float = 0.0
+    priced_steps: int = 0  # steps the SDK could not price that the daemon priced this tick
+    learned_prices: list = field(default_factory=list)  # models added to the published price table
+    unpriced: dict = field(default_factory=dict)  # model -> tokens no table prices (first seen this tick)
+    booked: int = 0  # ended runs booked into the spend ledger
+    periods: list = field(default_factory=list)  # every period budget's state (watchdog.core.periods)
 
 
 class Ticker:
-    def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None):
+    def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
+                 money: bool = True):
         self.engine = engine
         self.config = config
         self.killer = killer
         self.circuits = circuits  # watchdog.circuits.CircuitBreakers, optional
         self.by = by or actor()
         self.scanner = Scanner()
+        # Prices, the spend ledger, period budgets, drift (watchdog.daemon.money); None = run budgets only.
+        self.money = Money(config, self.by) if money else None
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
 
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
         rep = TickReport(at=now)
+        self._period_stops: list = []
         live = self._live_pids()
+        money = self.money
+        if money is not None:  # first: the costs it backfills are judged in this same tick
+            bf = money.before_snapshot(self.engine, now, self.scanner.high_water)
+            rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
+            rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
         with self._read_snapshot() as conn:
             light = self.scanner.load_active(conn)
             new = self.scanner.fold(conn, [r[L["id"]] for r in light])
+            spend = money.live_spend() if money is not None else None
+            due = self._due(light, now, live, spend)
+            if money is not None:
+                money.read(conn, now)
+                rep.periods = money.judge(conn, spend, now)
+                if money.closed:  # the running runs a spent period budget covers are due too
+                    due = self._closing(light, due, money)
             # Only the runs that may need something this tick are read whole and evaluated.
-            rows = self.scanner.load_rows(conn, self._due(light, now, live))
+            rows = self.scanner.load_rows(conn, due)
+        if money is not None:
+            self._safely(money.publish_closed, now)  # before the stops: see Money.publish_closed
         rep.new_events = len(new)
         rep.events = new
         rep.active = len(light)
@@ -133,11 +158,40 @@ class Ticker:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
+        if money is not None:
+            self._money_after(money, now, rep)
         if self.circuits is not None:
             self.circuits.update(self.engine, new, now, self.scanner)
         self._touch_lease(now)
         rep.duration_s = time.perf_counter() - t0
         return rep
+
+    def _safely(self, fn, now):
+        try:
+            fn(self.engine, now)
+        except Exception as exc:  # noqa: BLE001 — retried next tick; never at the expense of the stops
+            if store_unavailable(exc):
+                raise
+            log.exception("%s failed; retried next tick", getattr(fn, "__name__", fn))
+
+    def _money_after(self, money, now, rep):
+        """Book the ended runs, then the alerts and the published state: after the stops, and
+        never at their expense (a failure here is logged; the next tick does it again)."""
+        try:
+            rep.booked = money.book(self.engine, now)
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+            log.exception("booking ended runs failed; retried next tick")
+        stopped: dict[str, list[str]] = {}
+        for rid, reason, scope in self._period_stops:
+            stopped.setdefault(scope, []).append(rid)
+        try:
+            money.after(self.engine, now, stopped)
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+            log.exception("period budgets / drift / unpriced alerts failed this tick")
 
     # -- which runs need a full evaluation ---------------------------------------
 
@@ -161,12 +215,14 @@ class Ticker:
             self._budget_memo[key] = memo
         return memo
 
-    def _due(self, light, now, live) -> list[str]:
+    def _due(self, light, now, live, spend=None) -> list[str]:
         """Ids of the runs `_one` might act on: a superset of them, never fewer.
 
         A healthy running run is skipped without building a row, a snapshot or facts:
         the checks below are the budgets' own comparisons (the clock ones SLACK_S early)
         and `_gone`'s conditions. The policies still decide, on the whole row.
+        `spend` (watchdog.daemon.money.LiveSpend): this same pass over every active run sums
+        their live cost per agent and label budget, for the period budgets.
         """
         now_s = now.timestamp()
         horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
@@ -174,10 +230,26 @@ class Ticker:
         recheck_s = 2 * self.config.daemon.tick_s - SLACK_S
         my_host = self.killer.host
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
-        i_started, i_seen = L["started_s"], L["seen_s"]
+        i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
+        i_cost = L["cost_eur"]
+        per_agent = spend.per_agent if spend is not None else None
+        covered = spend.covered if spend is not None else None
+        if spend is not None:
+            spend.light, spend.i_id = light, i_id
+            labelled, new = spend.labelled, spend.new
         due = []
         for r in light:
             rid = r[i_id]
+            if per_agent is not None:
+                cost = r[i_cost]  # NOT NULL in the table contract
+                per_agent[r[i_agent]] += cost
+                if covered is not None:
+                    scopes = covered.get(rid)
+                    if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
+                        new.append((rid, cost))
+                    elif scopes:
+                        for scope in scopes:
+                            labelled[scope] += cost
             if r[i_status] != lc.RUNNING:
                 due.append(rid)
                 continue
@@ -201,6 +273,15 @@ class Ticker:
                     and (pid not in live or now_s - seen_s >= recheck_s)):
                 due.append(rid)
         return due
+
+    @staticmethod
+    def _closing(light, due: list[str], money) -> list[str]:
+        """`due` plus the running runs a spent period budget covers (a second pass, only then)."""
+        seen = set(due)
+        i_id, i_agent, i_status = L["id"], L["agent"], L["status"]
+        extra = [r[i_id] for r in light if r[i_status] == lc.RUNNING and r[i_id] not in seen
+                 and money.closing(r[i_id], r[i_agent]) is not None]
+        return due + extra
 
     # -- one run -------------------------------------------------------------
 
@@ -231,13 +312,18 @@ class Ticker:
                     rep.lost.append(row.id)
             return
         snap = self.scanner.snapshot(row, now)
-        verdicts = evaluate(snap, budgets, now)
+        period = self.money.closing(row.id, row.agent) if self.money is not None else None
+        verdicts = with_period(evaluate(snap, budgets, now), period)
         if verdicts:
             v = verdicts[0]
+            if self.money is not None:
+                f = dataclasses.replace(f, forecast=self.money.forecast_lines(row, budgets, now))
             with batch.run() as conn:
                 if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=self.by, budgets=budgets,
                                 run_facts=f):
                     rep.stops.append((row.id, v.reason))
+                    if period is not None and v.reason == period.reason:
+                        self._period_stops.append((row.id, v.reason, period.scope.key))
                     log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
             return
         alarm = rate_alarm(snap, budgets, now)

@@ -160,8 +160,9 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
 
     def _after_model(self, run_id: UUID, response):
         requested = self._models.pop(run_id, None)
-        served, tokens_in, tokens_out = _usage(response)
-        self.run.step(model=requested or served, tokens_in=tokens_in, tokens_out=tokens_out)
+        served, tokens_in, tokens_out, cached, reasoning = _usage(response)
+        self.run.step(model=requested or served, tokens_in=tokens_in, tokens_out=tokens_out,
+                      cached_tokens_in=min(cached, tokens_in), reasoning_tokens=min(reasoning, tokens_out))
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
                      **kwargs: Any):
@@ -206,10 +207,12 @@ def _requested_model(kwargs: dict) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _usage(response) -> tuple[str | None, int, int]:
-    """(model name served, input tokens, output tokens) of one LLMResult."""
+def _usage(response) -> tuple[str | None, int, int, int, int]:
+    """(model name served, input tokens, output tokens, cached input tokens, reasoning tokens)
+    of one LLMResult: usage_metadata's input_token_details.cache_read and
+    output_token_details.reasoning, else the OpenAI-style token_usage details."""
     model = None
-    tokens_in = tokens_out = 0
+    tokens_in = tokens_out = cached = reasoning = 0
     found = False
     try:
         generation = response.generations[0][0]
@@ -220,6 +223,8 @@ def _usage(response) -> tuple[str | None, int, int]:
         usage = getattr(message, "usage_metadata", None)
         if usage:
             tokens_in, tokens_out, found = _int(usage.get("input_tokens")), _int(usage.get("output_tokens")), True
+            cached = _int(_get(usage.get("input_token_details"), "cache_read"))
+            reasoning = _int(_get(usage.get("output_token_details"), "reasoning"))
         meta = getattr(message, "response_metadata", None) or {}
         model = meta.get("model_name") or meta.get("model")
     llm_output = getattr(response, "llm_output", None) or {}
@@ -228,8 +233,14 @@ def _usage(response) -> tuple[str | None, int, int]:
         if isinstance(usage, dict):
             tokens_in = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
             tokens_out = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+            cached = _int(_get(usage.get("prompt_tokens_details"), "cached_tokens"))
+            reasoning = _int(_get(usage.get("completion_tokens_details"), "reasoning_tokens"))
     model = model or llm_output.get("model_name") or llm_output.get("model")
-    return (model if isinstance(model, str) and model else None), tokens_in, tokens_out
+    return (model if isinstance(model, str) and model else None), tokens_in, tokens_out, cached, reasoning
+
+
+def _get(details, key):
+    return details.get(key) if isinstance(details, dict) else None
 
 
 def _int(value) -> int:

@@ -153,8 +153,12 @@ class WatchdogRunHooks(RunBinding, RunHooks):
 
     def _after_model(self, agent, response):
         usage = getattr(response, "usage", None)
-        self.run.step(model=self._model or _model_name(agent), tokens_in=_int(getattr(usage, "input_tokens", 0)),
-                      tokens_out=_int(getattr(usage, "output_tokens", 0)))
+        tokens_in, tokens_out = _int(getattr(usage, "input_tokens", 0)), _int(getattr(usage, "output_tokens", 0))
+        # The Responses API's details: cached input tokens and reasoning tokens (parts of the totals).
+        cached = _int(getattr(getattr(usage, "input_tokens_details", None), "cached_tokens", 0))
+        reasoning = _int(getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", 0))
+        self.run.step(model=self._model or _model_name(agent), tokens_in=tokens_in, tokens_out=tokens_out,
+                      cached_tokens_in=min(cached, tokens_in), reasoning_tokens=min(reasoning, tokens_out))
 
     async def on_tool_start(self, context, agent, tool) -> None:
         self._obey(self._before_tool, context, tool)

@@ -19,6 +19,7 @@ from collections import deque
 
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
+from watchdog.core import periods
 from watchdog.core.config import ENV_CONFIG, ENV_DB, Config
 from watchdog.core.config import load as load_config
 from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name
@@ -28,6 +29,7 @@ from watchdog.sdk.inflight import InflightTools
 from watchdog.core.text import url_without_password
 from watchdog.store.engine import is_missing_schema, make_engine, normalise_url, upgrade_hint
 from watchdog.store.hotpath import Writer
+from watchdog.store.schema import utcnow
 
 log = logging.getLogger("watchdog.client")
 
@@ -100,6 +102,9 @@ class Watchdog:
             err = bud.request_error(key, value, profile, agent)
             if err:
                 raise ValueError(err)
+        refused = self.refusal(agent, labels)
+        if refused is not None:  # before the run exists: no model call is ever made for it
+            raise RunKilled(*refused)
         return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id,
                    budgets={k: v for k, v in budgets.items() if v is not None}, profile=profile, guards=guards)
 
@@ -154,12 +159,32 @@ class Watchdog:
         """The open or half-open circuit of `tool`, or None when it is closed."""
         return self.circuits.get(tool)
 
-    def price_eur(self, model: str | None, tokens_in: int, tokens_out: int) -> float:
+    def price_eur(self, model: str | None, tokens_in: int, tokens_out: int, cached_tokens_in: int = 0,
+                  reasoning_tokens: int = 0) -> float | None:
+        """The step's cost from the published price table, or None when it holds no price for
+        the model (the step is then recorded unpriced and the daemon prices it). Never a
+        silent 0: only a step of no tokens costs nothing without a price."""
+        if tokens_in + tokens_out == 0:
+            return 0.0
         price = self.config().prices.get(model or "")
         if price is None:
-            return 0.0
-        cost = price.cost_eur(tokens_in, tokens_out)
-        return cost if math.isfinite(cost) and cost >= 0 else 0.0
+            return None
+        cost = price.cost_eur(tokens_in, tokens_out, cached_tokens_in, reasoning_tokens)
+        return cost if cost is not None and math.isfinite(cost) and cost >= 0 else None
+
+    def refusal(self, agent: str, labels: dict | None) -> tuple[str, str] | None:
+        """(reason, detail) when a spent period budget covers a new run of `agent`, else None.
+
+        Read from the store at every run start (one small row, never cached): a budget the
+        daemon closed a moment ago refuses the next run at once, in every process and host.
+        The store down: None (the daemon still stops the run within a tick)."""
+        try:
+            rows = self.writer.query(self.writer.dialect.select_settings, (periods.CLOSED_KEY,))
+            value = self.writer.dialect.parse_json(rows[0][0]) if rows else None
+        except Exception as exc:  # noqa: BLE001 — an unreachable store must not stop the agent
+            self._note_outage(exc)
+            return None
+        return periods.refusal(value, agent, labels, utcnow())
 
     # -- the write path, with the outage buffer ------------------------------
 

@@ -12,7 +12,7 @@ from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.procid import current_create_time, hostname
 from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
-                                   validate_name, validate_tokens)
+                                   validate_count, validate_name, validate_tokens)
 from watchdog.errors import RunKilled
 from watchdog.sdk import toolcall
 from watchdog.sdk.guards import Guard
@@ -39,7 +39,8 @@ class Run:
         self.started_at = None
         self.steps = self.tool_calls = self.tool_errors = 0
         self.tokens_in = self.tokens_out = 0
-        self.cost_eur = 0.0
+        self.cost_eur = 0.0  # what the SDK priced; the daemon adds the steps it prices later
+        self.cost_unpriced_tokens = 0
         self.tool_counts: Counter = Counter()  # per tool, for the alert of an in-process stop
         self.tool_error_counts: Counter = Counter()
         self.status = None
@@ -101,23 +102,40 @@ class Run:
 
     # -- records ---------------------------------------------------------------
 
-    def step(self, model: str | None = None, tokens_in: int = 0, tokens_out: int = 0, cost_eur: float | None = None):
+    def step(self, model: str | None = None, tokens_in: int = 0, tokens_out: int = 0, cost_eur: float | None = None,
+             *, cached_tokens_in: int = 0, reasoning_tokens: int = 0):
         """Record one model call (a step) that happened; its cost is recorded even when over budget.
 
+        `tokens_in` counts every input token (`cached_tokens_in` of them read from the
+        provider's prompt cache), `tokens_out` every output token (`reasoning_tokens` of
+        them reasoning), as OpenAI and LangChain's usage_metadata report them.
+        Without `cost_eur` the step is priced from the table the daemon publishes; a
+        model that table does not hold yet is recorded unpriced (no cost, never 0):
+        the daemon prices it within a tick, or reports the model if no table knows it.
+
         The in-process guard then stops the run if it is over a budget (steps, cost,
-        wall-clock). Call `check_budget` *before* each model call to refuse the call
-        that would exceed it instead.
+        tokens, wall-clock). Call `check_budget` *before* each model call to refuse the
+        call that would exceed it instead.
         """
         if model is not None:
             validate_name("model", model, MODEL_MAX_CHARS)
         tokens_in, tokens_out = validate_tokens(tokens_in, tokens_out)
+        cached = validate_count("cached_tokens_in", cached_tokens_in)
+        reasoning = validate_count("reasoning_tokens", reasoning_tokens)
+        if cached > tokens_in:
+            raise ValueError(f"cached_tokens_in: expected at most tokens_in ({tokens_in}), got {cached}")
+        if reasoning > tokens_out:
+            raise ValueError(f"reasoning_tokens: expected at most tokens_out ({tokens_out}), got {reasoning}")
         if cost_eur is None:
-            cost_eur = self.wd.price_eur(model, tokens_in, tokens_out)
-        cost_eur = validate_amount("cost_eur", cost_eur)
+            cost_eur = self.wd.price_eur(model, tokens_in, tokens_out, cached, reasoning)  # None: unpriced
+        else:
+            cost_eur = validate_amount("cost_eur", cost_eur)
         self.check()
         if self.guard:
-            self.guard.after_step(cost_eur)
-        self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
+            self.guard.after_step(cost_eur or 0.0, tokens_in + tokens_out)
+        self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur,
+                     cached_tokens_in=cached or None, reasoning_tokens=reasoning or None,
+                     unpriced=(tokens_in + tokens_out) if cost_eur is None else 0)
         if self.guard:
             self._guarded(lambda: self.guard.check_totals(self.elapsed_s))
 
@@ -212,14 +230,16 @@ class Run:
             self.tokens_in += f.get("tokens_in") or 0
             self.tokens_out += f.get("tokens_out") or 0
             self.cost_eur += f.get("cost_eur") or 0.0
+            self.cost_unpriced_tokens += f.get("unpriced") or 0
+        cached, reasoning = f.get("cached_tokens_in"), f.get("reasoning_tokens")
         event = (
             self.id, seq, at, kind, f.get("tool"), f.get("args_hash"),
             d.json(f.get("args")) if record_args else None, f.get("ok"), f.get("error_class"), f.get("error_msg"),
             f.get("duration_s"), f.get("model"), f.get("tokens_in"), f.get("tokens_out"), f.get("cost_eur"),
-            f.get("progress"), f.get("attempt"),
+            f.get("progress"), f.get("attempt"), cached, reasoning,
         )
         update = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0,
-                  seq, at, f.get("progress"), self.id)
+                  cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)
         statements = [(d.insert_event, event), (d.update_run, update)]
         if not d.returning:
             statements.append((d.select_status, (self.id,)))

@@ -53,7 +53,8 @@ def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -
         id=row.id, agent=row.agent, host=row.host, pid=row.pid, kill_mode=row.kill_mode, steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
         duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=last_error,
-        progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0))
+        progress=row.progress, tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
+        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0)
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,

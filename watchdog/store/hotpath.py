@@ -29,6 +29,7 @@ ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
 EVENT_COLUMNS = (
     "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
     "error_msg", "duration_s", "model", "tokens_in", "tokens_out", "cost_eur", "progress", "attempt",
+    "cached_tokens_in", "reasoning_tokens",
 )  # fmt: skip
 
 # The run's own budgets follow its identity, in the registry's order (Run.start passes them so).
@@ -57,6 +58,8 @@ class Dialect:
             f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, "
             f"tool_errors = tool_errors + {ph}, tokens_in = tokens_in + {ph}, "
             f"tokens_out = tokens_out + {ph}, cost_eur = cost_eur + {ph}, "
+            f"cached_tokens_in = cached_tokens_in + {ph}, reasoning_tokens = reasoning_tokens + {ph}, "
+            f"cost_unpriced_tokens = cost_unpriced_tokens + {ph}, "
             f"last_seq = {greatest}(last_seq, {ph}), last_seen_at = {greatest}(last_seen_at, {ph}), "
             f"progress = COALESCE({ph}, progress) WHERE id = {ph}"
         )

@@ -104,6 +104,11 @@ runs = Table(
     Column("tokens_in", BigInteger, nullable=False, server_default="0"),
     Column("tokens_out", BigInteger, nullable=False, server_default="0"),
     Column("cost_eur", Float, nullable=False, server_default="0"),
+    # Of tokens_in, those read from the provider's prompt cache; of tokens_out, the reasoning ones.
+    Column("cached_tokens_in", BigInteger, nullable=False, server_default="0"),
+    Column("reasoning_tokens", BigInteger, nullable=False, server_default="0"),
+    # Tokens of steps no price table priced (yet): their cost is not in cost_eur. Never a silent zero.
+    Column("cost_unpriced_tokens", BigInteger, nullable=False, server_default="0"),
     Column("last_seq", Integer, nullable=False, server_default="0"),
     Column("progress", Text),
     Column("started_at", UTCDateTime, nullable=False),
@@ -113,8 +118,11 @@ runs = Table(
     Column("signal_stage", String(16)),  # NULL | term | kill | refused | done
     Column("signalled_at", UTCDateTime),
     Column("ended_at", UTCDateTime),
+    # When the daemon booked the ended run into the spend ledger (NULL: not yet; see store.ledger).
+    Column("booked_at", UTCDateTime),
     Index(None, "status"),
     Index(None, "agent", "started_at"),
+    Index(None, "status", "booked_at"),  # the ended runs not booked yet, without a scan
 )
 
 events = Table(
@@ -135,7 +143,9 @@ events = Table(
     Column("model", String(128)),
     Column("tokens_in", Integer),
     Column("tokens_out", Integer),
-    Column("cost_eur", Float),
+    Column("cached_tokens_in", Integer),  # of tokens_in
+    Column("reasoning_tokens", Integer),  # of tokens_out
+    Column("cost_eur", Float),  # NULL on a step = not priced (yet): the daemon prices it or reports the model
     Column("progress", Text),
     Column("attempt", Integer),  # a tool call's retry number (2, 3, ...); NULL for a first attempt
     UniqueConstraint("run_id", "seq"),
@@ -152,6 +162,7 @@ interventions = Table(
     Column("tool", String(128)),
     # stop_requested | sigterm | sigkill | signal_refused | not_signalled | lost
     # | rate_alarm | circuit_open | circuit_half_open | circuit_closed | ended
+    # | budget_warning | budget_closed | drift_alarm (these three with no run)
     Column("action", String(32), nullable=False),
     Column("reason", String(32)),
     Column("detail", Text),
@@ -215,4 +226,49 @@ daemons = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("last_tick_at", UTCDateTime),
     Column("last_event_id", BigInteger),
+)
+
+
+# The spend ledger: per scope ("agent:NAME" or "labels:{json}") and calendar period
+# ("day" "2025-01-31", "month" "2025-01" in [pricing] budget_tz), the ended runs' cost.
+# Written only by the daemon's booking (watchdog.store.ledger); increments, never overwrites.
+spend_ledger = Table(
+    "spend_ledger",
+    metadata,
+    Column("scope", String(255), primary_key=True),
+    Column("period", String(8), primary_key=True),
+    Column("period_key", String(10), primary_key=True),
+    Column("cost_eur", Float, nullable=False, server_default="0"),
+    Column("runs", Integer, nullable=False, server_default="0"),
+    Column("tokens", BigInteger, nullable=False, server_default="0"),
+    Column("unpriced_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+# Per agent and 5-minute bucket (UTC) of the runs' end: their totals, for the drift alarms.
+agent_rollups = Table(
+    "agent_rollups",
+    metadata,
+    Column("agent", String(128), primary_key=True),
+    Column("bucket_at", UTCDateTime, primary_key=True),
+    Column("runs", Integer, nullable=False, server_default="0"),
+    Column("stopped", Integer, nullable=False, server_default="0"),  # killed or lost
+    Column("steps", Integer, nullable=False, server_default="0"),
+    Column("tool_calls", Integer, nullable=False, server_default="0"),
+    Column("tool_errors", Integer, nullable=False, server_default="0"),
+    Column("cost_eur", Float, nullable=False, server_default="0"),
+    Column("tokens", BigInteger, nullable=False, server_default="0"),
+    Column("unpriced_tokens", BigInteger, nullable=False, server_default="0"),
+    Index(None, "bucket_at"),
+)
+
+agent_rollup_tools = Table(
+    "agent_rollup_tools",
+    metadata,
+    Column("agent", String(128), primary_key=True),
+    Column("bucket_at", UTCDateTime, primary_key=True),
+    Column("tool", String(128), primary_key=True),
+    Column("calls", Integer, nullable=False, server_default="0"),
+    Column("errors", Integer, nullable=False, server_default="0"),
+    Index(None, "bucket_at"),
 )

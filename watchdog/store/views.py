@@ -99,6 +99,10 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime) -> 
         "tokens_in": row.tokens_in,
         "tokens_out": row.tokens_out,
         "cost_eur": round(row.cost_eur, 6),
+        # Tokens of steps no price table priced (yet): their cost is not in cost_eur. 0 = all priced.
+        "cost_unpriced_tokens": row.cost_unpriced_tokens,
+        "cached_tokens_in": row.cached_tokens_in,
+        "reasoning_tokens": row.reasoning_tokens,
         "host": row.host,
         "pid": row.pid,
         "kill_mode": row.kill_mode,
@@ -185,5 +189,6 @@ def event_json(e) -> dict:
         "seq": e.seq, "at": _iso(e.at), "kind": e.kind, "tool": e.tool, "args_hash": e.args_hash,
         "ok": e.ok, "error_class": e.error_class, "error_msg": e.error_msg, "duration_s": e.duration_s,
         "model": e.model, "tokens_in": e.tokens_in, "tokens_out": e.tokens_out, "cost_eur": e.cost_eur,
+        "cached_tokens_in": e.cached_tokens_in, "reasoning_tokens": e.reasoning_tokens,
         "progress": e.progress,
     }  # fmt: skip

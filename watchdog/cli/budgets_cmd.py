@@ -1,0 +1,63 @@
+"""`agent-watchdog budgets`: each agent's and label set's period spend against its budgets."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import click
+
+from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
+from watchdog.store.engine import read_connection
+from watchdog.store.schema import utcnow
+
+STALE_S = 120.0  # an older published state (a stopped daemon) gives no burn rates
+
+
+def published_state(conn, now: dt.datetime) -> dict | None:
+    """The daemon's last published period state (its burn rates), unless stale."""
+    from sqlalchemy import select
+
+    from watchdog.core.periods import STATE_KEY
+    from watchdog.store.schema import settings
+
+    row = conn.execute(select(settings.c.value, settings.c.updated_at).where(settings.c.key == STATE_KEY)).first()
+    if row is None or not isinstance(row.value, dict) or row.updated_at is None:
+        return None
+    return row.value if 0 <= (now - row.updated_at).total_seconds() < STALE_S else None
+
+
+def table(states, now: dt.datetime, tz) -> str:
+    from watchdog.core import forecast
+
+    if not states:
+        return "no period budgets and no spend yet"
+    lines = [f"{'SCOPE':22} {'PERIOD':6} {'SPENT EUR':>10} {'BUDGET':>8} {'USE':>4} {'EUR/MIN':>8} {'RUNS OUT':>10} STATE"]
+    for s in states:
+        use = f"{100 * s.spent_eur / s.budget_eur:.0f}%" if s.budget_eur else "-"
+        rate = f"{s.rate_eur_per_min:.3f}" if s.rate_eur_per_min else "-"
+        out = forecast.when(s.runs_out_at, now, tz) if s.runs_out_at else "-"
+        state = "CLOSED" if s.closed else "WARN" if s.warned else "ok" if s.budget_eur else "no budget"
+        name = s.scope.name if s.scope.kind == "agent" else f"[{s.scope.name}]"
+        lines.append(f"{name[:22]:22} {s.period:6} {s.spent_eur:>10.2f} "
+                     f"{(f'{s.budget_eur:.2f}' if s.budget_eur else '-'):>8} {use:>4} {rate:>8} {out[-10:]:>10} {state}")
+    return "\n".join(lines)
+
+
+@main.command("budgets")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@shared_options
+@pass_app
+@fail_cleanly
+def budgets_cmd(app, as_json):
+    """Each agent's and label budget's spend today and this month, against its budgets."""
+    from watchdog.core.periods import zone
+    from watchdog.store.ledger import period_report
+
+    now = utcnow()
+    with read_connection(app.engine) as conn:
+        config = app.judge_by(conn)
+        states = period_report(conn, config, now, published_state(conn, now))
+    if as_json:
+        emit_json([s.to_json() for s in states])
+    else:
+        click.echo(table(states, now, zone(config.pricing.budget_tz)))

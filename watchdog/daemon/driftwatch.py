@@ -1,0 +1,98 @@
+"""Drift alarms on the daemon's side: sums of the rolled-up buckets in, one alert per agent per window out.
+
+At most once a minute (of the tick's clock): the window's totals per agent (the last
+`window_s` of 5-minute buckets) against the baseline's (the `baseline_days` before),
+judged by watchdog.core.drift. The baseline is read again only when the window
+moves to a new bucket or the ledger booked runs into the past (a backlog): a few
+thousand rollup rows at most, never the events.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from sqlalchemy import select
+
+from watchdog.core import drift
+from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.engine import read_connection
+from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
+from watchdog.store.schema import alerts
+
+log = logging.getLogger("watchdog.drift")
+
+EVERY_S = 60.0
+MAX_REMEMBERED = 10_000
+
+
+class DriftWatch:
+    def __init__(self, cfg: drift.DriftConfig, by: str):
+        self.cfg = cfg
+        self.by = by
+        self._last: dt.datetime | None = None
+        self._baseline: tuple[dt.datetime, dict] | None = None  # (window start, totals per agent)
+        self._alerted: set[str] = set()
+
+    def dirty(self, oldest_booked_bucket: dt.datetime | None, now: dt.datetime) -> None:
+        """Runs were booked into a bucket the cached baseline may cover: read it again next time."""
+        if (oldest_booked_bucket is not None and self._baseline is not None
+                and oldest_booked_bucket < self._baseline[0]):
+            self._baseline = None
+
+    def window_start(self, now: dt.datetime) -> dt.datetime:
+        return first_bucket_after(now - dt.timedelta(seconds=self.cfg.window_s))
+
+    def check(self, engine, now: dt.datetime, *, force: bool = False) -> list[str]:
+        """Alert the agents that drifted; return their alert lines (the title of each)."""
+        if self.cfg.factor <= 0:
+            return []
+        if not force and self._last is not None and 0 <= (now - self._last).total_seconds() < EVERY_S:
+            return []
+        self._last = now
+        ws = self.window_start(now)
+        b0 = ws - dt.timedelta(days=self.cfg.baseline_days)
+        with read_connection(engine) as conn:
+            window = rollup_totals(conn, ws)
+            busy = {a: t for a, t in window.items() if t.runs >= self.cfg.min_runs}
+            if not busy:
+                return []
+            if self._baseline is None or self._baseline[0] != ws:
+                self._baseline = (ws, rollup_totals(conn, b0, ws))
+            baseline = self._baseline[1]
+            found = []
+            for agent, w in sorted(busy.items()):
+                verdicts = drift.evaluate(w, baseline.get(agent, drift.Totals()), self.cfg)
+                if verdicts:
+                    found.append((agent, w, verdicts, top_tool(conn, agent, ws)))
+        lines = []
+        window_no = int(now.timestamp() // self.cfg.window_s)
+        for agent, w, verdicts, top in found:
+            key = f"drift:{agent}:{window_no}"
+            if key in self._alerted:
+                continue
+            title, body = drift.alert(agent, verdicts, w, baseline.get(agent, drift.Totals()), self.cfg, top)
+            with engine.begin() as conn:
+                # Sent already (by a daemon before a restart, or on another host), or sent in the
+                # previous window less than a window ago: once per window_s, not per clock hour.
+                if queued(conn, key) or _sent_since(conn, f"drift:{agent}:{window_no - 1}",
+                                                    now - dt.timedelta(seconds=self.cfg.window_s)):
+                    self._remember(key)
+                    continue
+                iid = record(conn, at=now, action="drift_alarm", by=self.by, tool=top[0] if top else None,
+                             detail=body.splitlines()[0], outcome="alert only")
+                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid)
+            self._remember(key)
+            lines.append(body.splitlines()[0])
+            log.warning("drift %s", body.splitlines()[0])
+        return lines
+
+    def _remember(self, key: str) -> None:
+        if len(self._alerted) >= MAX_REMEMBERED:
+            self._alerted.clear()
+        self._alerted.add(key)
+
+
+def _sent_since(conn, key: str, since: dt.datetime) -> bool:
+    at = conn.execute(select(alerts.c.created_at).where(alerts.c.dedupe_key == key[:255])).scalar()
+    return at is not None and at > since

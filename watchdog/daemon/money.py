@@ -1,0 +1,312 @@
+"""The tick's money work: price what the SDK could not, book ended runs, judge period budgets,
+report unpriced models, publish what the SDK checks at run start, and the drift alarms.
+
+Order within a tick (watchdog.daemon.ticker drives it):
+
+1. `before_snapshot`: the backfill prices new unpriced steps (their cost lands on the runs);
+2. `read` then `judge`, inside the tick's read snapshot: the ended runs not booked yet, the
+   ledger's spend for the current day and month, and every period budget's spend = ledger +
+   unbooked + the active runs' live cost — one snapshot, so each run counts once and
+   concurrent first runs are summed, never each compared with an empty ledger;
+3. the ticker stops the running runs of closed scopes (`closing`), like any verdict, and
+   `book`s the ended runs (a compare-and-set each: exactly once over all daemons);
+   `publish_closed` comes first: a new `wd.run()` is refused from then on;
+4. `after`: warn / closed alerts (once per period), unpriced-model alerts (once per model
+   and day), the published state (spend, burn rates), drift.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections import defaultdict
+
+from sqlalchemy import insert, select, update
+
+from watchdog.core import forecast
+from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, PeriodState, build_states,
+                                   closed_entry, period_bounds, period_key, scope_agent, sum_spend, zone)
+from watchdog.core.pricing import NO_MODEL
+from watchdog.daemon.backfill import Backfill, BackfillReport
+from watchdog.daemon.driftwatch import DriftWatch
+from watchdog.daemon.prices import PriceBook
+from watchdog.store import ledger
+from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.schema import runs, settings
+
+log = logging.getLogger("watchdog.money")
+
+STATE_REFRESH_S = 30.0  # the published rates are refreshed this often (closed scopes at once)
+PRUNE_EVERY_S = 3600.0
+BOOK_EVERY_S = 30.0  # ended runs are booked into the ledger and rollups this often...
+BOOK_BACKLOG = 500  # ...or as soon as this many wait
+CHUNK = 500
+MAX_REMEMBERED = 10_000
+
+
+class Money:
+    def __init__(self, config, by: str):
+        self.config = config
+        self.by = by
+        self.tz = zone(config.pricing.budget_tz)
+        self.prices = PriceBook(config.prices, config.pricing.eur_per_usd)
+        self.backfill = Backfill(self.prices)
+        self.drift = DriftWatch(config.drift, by)
+        self.label_budgets = tuple(config.budgets)
+        self.rates = forecast.RateTracker()
+        self.run_scopes: dict[str, tuple[str, ...]] = {}  # active run id -> the label budgets covering it
+        self.states: list[PeriodState] = []
+        self.closed: dict[str, PeriodState] = {}  # scope key -> the closed period (day first)
+        self._unbooked: list = []  # (agent, labels, cost ended today, this month) of the unbooked runs
+        self._n_unbooked = 0
+        self._spend: dict = {}
+        self._keys: dict[str, str] = {}
+        self._alerted: set[str] = set()
+        self._published: tuple | None = None
+        self._published_at: dt.datetime | None = None
+        self._closed_at: dt.datetime | None = None
+        self._pruned_at: dt.datetime | None = None
+        self._booked_at: dt.datetime | None = None
+        self._warned_bad: set[str] = set()
+        self.last_backfill = BackfillReport()
+
+    # -- 1. before the read snapshot ------------------------------------------------------
+
+    def before_snapshot(self, engine, now: dt.datetime, high_water: int | None = None) -> BackfillReport:
+        self.last_backfill = self.backfill.run(engine, now, high_water)
+        return self.last_backfill
+
+    # -- 2. inside it ---------------------------------------------------------------------
+
+    def read(self, conn, now: dt.datetime) -> None:
+        """The ledger's side of the spend: what it holds for the current periods, and the ended
+        runs it does not hold yet (summed in the database: a few rows whatever their number)."""
+        self._keys = {p: period_key(p, now, self.tz) for p in PERIODS}
+        starts = {p: period_bounds(p, now, self.tz)[0] for p in PERIODS}
+        self._unbooked, self._n_unbooked = ledger.read_unbooked_spend(conn, starts[DAY], starts[MONTH])
+        self._spend = ledger.read_spend(conn, self._keys)
+
+    # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
+
+    def live_spend(self) -> "LiveSpend":
+        """What the tick's one pass over the active runs fills (Ticker._due), for `judge`."""
+        return LiveSpend(self.run_scopes if self.label_budgets else None)
+
+    def judge(self, conn, spend: "LiveSpend", now: dt.datetime) -> list[PeriodState]:
+        """Spend = ledger + unbooked + the active runs' live cost, all from the tick's snapshot
+        (`conn`); `spend`: the live cost the tick summed per agent and known label budget."""
+        live, labelled = spend.per_agent, spend.labelled
+        for sums in (live, labelled):
+            for k, v in sums.items():
+                if not 0 <= v < ledger.MAX_COST_EUR:  # a bad row (NaN, negative) poisoned the sum: redo it
+                    sums[k] = self._resum(spend, k)
+        if spend.new:
+            for scope, cost in self._learn_labels(conn, spend.new):
+                labelled[scope] += cost
+        if len(self.run_scopes) > 2 * len(spend.light) + 1000:  # forget the runs that ended
+            active = {r[spend.i_id] for r in spend.light}
+            self.run_scopes = {k: v for k, v in self.run_scopes.items() if k in active}
+        by_scope = {scope_agent(a): c for a, c in live.items()}
+        by_scope.update(labelled)
+        spent, agents = sum_spend(self._spend, self._unbooked, by_scope, self.label_budgets)
+
+        def rate_of(scope, period, key, s, start):
+            return self.rates.rate(scope, period, key, s, now, start)
+
+        states = build_states(spent, agents, self.config.profile, self.label_budgets, now, self.tz, rate_of)
+        self.rates.forget({(s.scope.key, s.period) for s in states})
+        self.states = states
+        self.closed = {}
+        for s in states:
+            if s.closed and s.scope.key not in self.closed:  # the day first: it ends sooner
+                self.closed[s.scope.key] = s
+        return states
+
+    def book(self, engine, now: dt.datetime) -> int:
+        """Book the ended runs the snapshot found unbooked (a compare-and-set each: exactly once).
+
+        Every BOOK_EVERY_S (or at once for a backlog), not every tick: until booked, a run is
+        counted from the unbooked read each tick, so spend is the same either way, and one
+        write transaction per half-minute costs less than one per tick."""
+        if not self._n_unbooked:
+            return 0
+        due = (self._booked_at is None or self._n_unbooked >= BOOK_BACKLOG
+               or not 0 <= (now - self._booked_at).total_seconds() < BOOK_EVERY_S)
+        if not due:
+            return 0
+        with engine.begin() as conn:
+            booking = ledger.book(conn, ledger.read_unbooked(conn), now, self.tz, self.label_budgets)
+        self._booked_at = now
+        self.drift.dirty(booking.oldest_bucket, now)
+        return len(booking.booked)
+
+    def _resum(self, spend: "LiveSpend", key: str) -> float:
+        """One scope's live cost again, each bad cost as 0 (the rare path: a hand-written bad row)."""
+        from watchdog.daemon.scan import L
+
+        i_agent, i_cost = L["agent"], L["cost_eur"]
+        total = 0.0
+        for r in spend.light:
+            if r[i_agent] == key or key in self.run_scopes.get(r[spend.i_id], ()):
+                total += ledger.sane_cost(r[i_cost])
+        if key not in self._warned_bad:
+            self._warned_bad.add(key)
+            log.warning("a run of %s has a bad cost_eur (negative, infinite or NaN): counted as 0", key)
+        return total
+
+    def _learn_labels(self, conn, new: list[tuple[str, float]]):
+        """Read the labels of runs seen for the first time; yield (label scope, cost) of each match."""
+        cost_of = dict(new)
+        ids = list(cost_of)
+        for i in range(0, len(ids), CHUNK):
+            q = select(runs.c.id, runs.c.labels).where(runs.c.id.in_(ids[i : i + CHUNK]))
+            for rid, labels in conn.execute(q):
+                scopes = tuple(b.scope for b in self.label_budgets if b.matches(labels))
+                self.run_scopes[rid] = scopes
+                for scope in scopes:
+                    yield scope, cost_of[rid]
+
+    # -- 4. which running runs a closed budget stops -------------------------------------------
+
+    def closing(self, run_id: str, agent: str) -> PeriodState | None:
+        """The closed period budget covering this run, or None (cheap: called for every active run)."""
+        if not self.closed:
+            return None
+        s = self.closed.get(scope_agent(agent))
+        if s is not None:
+            return s
+        for scope in self.run_scopes.get(run_id, ()):
+            s = self.closed.get(scope)
+            if s is not None:
+                return s
+        return None
+
+    def states_of(self, agent: str, labels=None) -> list[PeriodState]:
+        """The period states that cover a run of `agent` (for the forecast lines of its alerts)."""
+        keys = {scope_agent(agent)} | {b.scope for b in self.label_budgets if b.matches(labels)}
+        return [s for s in self.states if s.scope.key in keys and s.budget_eur > 0]
+
+    def forecast_lines(self, row, budgets, now: dt.datetime) -> tuple[str, ...]:
+        """The burn-rate lines of a run's alerts: the run against its max_cost_eur, then every
+        period budget covering it ("support-bot's daily budget runs out at 16:40 UTC")."""
+        lines = []
+        run = forecast.run_line(row.cost_eur or 0.0, budgets.max_cost_eur,
+                                max(0.0, (now - row.started_at).total_seconds()))
+        if run:
+            lines.append(run)
+        labels = row.labels if self.label_budgets else None  # (the whole row: its labels are at hand)
+        lines += [forecast.period_line(s, now, self.tz) for s in self.states_of(row.agent, labels)]
+        return tuple(lines)
+
+    # -- 5. alerts and what the SDK reads -------------------------------------------------------
+
+    def after(self, engine, now: dt.datetime, stopped: dict[str, list[str]] | None = None) -> None:
+        """`stopped`: scope key -> the run ids the tick stopped for that scope's budget."""
+        stopped = stopped or {}
+        for s in self.states:
+            if s.closed:
+                self._period_alert(engine, s, now, "closed", stopped.get(s.scope.key, []))
+            elif s.warned:
+                self._period_alert(engine, s, now, "warning", [])
+        self._unpriced_alerts(engine, now)
+        self._publish(engine, now)
+        self.drift.check(engine, now)
+        self._prune(engine, now)
+
+    def _period_alert(self, engine, s: PeriodState, now, kind: str, stopped: list[str]) -> None:
+        from watchdog.core.money_alerts import period_alert
+
+        key = f"budget-{kind}:{s.scope.key}:{s.period}:{s.key}"
+        if key in self._alerted:
+            return
+        title, body = period_alert(s, kind, now, self.tz, stopped)
+        with engine.begin() as conn:
+            if not queued(conn, key):
+                iid = record(conn, at=now, action=f"budget_{kind}", by=self.by, reason=s.reason if kind == "closed"
+                             else None, detail=body.splitlines()[0], outcome=f"{len(stopped)} running run(s) stopped"
+                             if kind == "closed" else "alert only")
+                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid)
+                log.warning("%s", title)
+        self._remember(key)
+
+    def _unpriced_alerts(self, engine, now) -> None:
+        from watchdog.core.money_alerts import unpriced_alert
+
+        day = period_key(DAY, now, self.tz)
+        for model, u in sorted(self.last_backfill.unpriced.items()):
+            if self.prices.known(model):
+                continue  # priced meanwhile (an override in a reloaded config)
+            key = f"unpriced:{model}:{day}"
+            if key in self._alerted:
+                continue
+            title, body = unpriced_alert(model, sorted(u.agents), u.tokens, u.steps, model == NO_MODEL)
+            with engine.begin() as conn:
+                if not queued(conn, key):
+                    enqueue_alert(conn, key, title, body, now=now)
+                    log.warning("%s", title)
+            self._remember(key)
+
+    def published_state(self) -> dict:
+        return {"tz": self.config.pricing.budget_tz, "periods": [s.to_json() for s in self.states]}
+
+    def publish_closed(self, engine, now: dt.datetime) -> bool:
+        """The spent budgets, for the SDK's check at run start: written when they change, and
+        before the tick stops the runs they cover — an agent that sees its run stopped for
+        daily_budget and asks for a new one is refused, never let through by a race."""
+        closed = [closed_entry(s) for s in self.closed.values()]
+        ident = tuple(sorted((e["scope"], e["name"], e["reason"], e["until"]) for e in closed))
+        # Rewritten every STATE_REFRESH_S too: a row written by hand is not trusted for long.
+        fresh = (self._closed_at is not None and 0 <= (now - self._closed_at).total_seconds() < STATE_REFRESH_S)
+        if ident == self._published and fresh:
+            return False
+        with engine.begin() as conn:
+            _put(conn, CLOSED_KEY, closed, now)
+        self._published, self._closed_at = ident, now
+        return True
+
+    def _publish(self, engine, now) -> None:
+        """Every period budget's state, with burn rates for `budgets` and `top`, every STATE_REFRESH_S."""
+        changed = self.publish_closed(engine, now)
+        fresh = self._published_at is not None and 0 <= (now - self._published_at).total_seconds() < STATE_REFRESH_S
+        if fresh and not changed:
+            return
+        state = self.published_state()
+        state["at"] = now.isoformat()
+        with engine.begin() as conn:
+            _put(conn, STATE_KEY, state, now)
+        self._published_at = now
+
+    def _prune(self, engine, now) -> None:
+        if self._pruned_at is not None and 0 <= (now - self._pruned_at).total_seconds() < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        keep_s = self.config.drift.baseline_days * 86400 + self.config.drift.window_s + 86400
+        with engine.begin() as conn:
+            ledger.prune(conn, now - dt.timedelta(seconds=keep_s), ledger.month_key_ago(now, self.tz))
+
+    def _remember(self, key: str) -> None:
+        if len(self._alerted) >= MAX_REMEMBERED:
+            self._alerted.clear()
+        self._alerted.add(key)
+
+
+def _put(conn, key: str, value, now: dt.datetime) -> None:
+    done = conn.execute(update(settings).where(settings.c.key == key).values(value=value, updated_at=now))
+    if done.rowcount == 0:
+        conn.execute(insert(settings).values(key=key, value=value, updated_at=now))
+
+
+class LiveSpend:
+    """The active runs' live cost, summed in the tick's one pass over them (Ticker._due): per
+    agent, and per label budget for the runs whose labels are known (a run's labels never
+    change, so they are read once, when it is first seen: `new`)."""
+
+    __slots__ = ("per_agent", "labelled", "covered", "new", "light", "i_id")
+
+    def __init__(self, covered: dict | None):
+        self.per_agent: dict[str, float] = defaultdict(float)
+        self.labelled: dict[str, float] = defaultdict(float)
+        self.covered = covered  # run id -> the label budgets covering it; None: no [[budgets]]
+        self.new: list[tuple[str, float]] = []  # (run id, live cost) of runs first seen
+        self.light: list = []  # the tick's light rows (for forgetting the runs that ended)
+        self.i_id = 0

@@ -1,0 +1,270 @@
+"""The money ledger: ended runs booked once into period spend and per-agent rollups.
+
+A run is booked when it has ended: one compare-and-set on `runs.booked_at` (so two
+daemons sharing a PostgreSQL store, or a daemon restarted mid-tick, book it exactly
+once), and in the same transaction its cost is added to
+
+- `spend_ledger`: per scope (its agent, and every `[[budgets]]` label set it matches)
+  and calendar period (day and month in `[pricing] budget_tz`) of its end;
+- `agent_rollups` / `agent_rollup_tools`: per agent and 5-minute bucket of its end,
+  the run's totals and its tools' calls (what the drift alarms compare).
+
+Period spend = what the ledger holds + the ended runs not booked yet + the active
+runs' live cost, all read in one snapshot by the tick (watchdog.daemon.money), so a
+run is counted exactly once whichever daemon books it. Every read here is bounded
+by the current periods or the rollup window: never a scan of history.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import Text, and_, case, cast, delete, desc, func, or_, select, update
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.drift import Totals
+from watchdog.core.periods import MONTH, PERIODS, LabelBudget, end_of, period_key, scope_agent, scopes_of
+from watchdog.store.schema import agent_rollup_tools, agent_rollups, events, runs, spend_ledger
+
+BUCKET_S = 300  # rollup granularity: an hour's window is exact to within 5 minutes
+BOOK_LIMIT = 5000  # ended runs booked per tick at most (a backlog drains over ticks)
+MAX_COST_EUR = 1e12  # a run's cost above this (or negative, or NaN) is a bad row: counted as 0
+CHUNK = 500
+STOPPED = (lc.KILLED, lc.LOST)
+
+UNBOOKED_COLS = ("id", "agent", "labels", "status", "steps", "tool_calls", "tool_errors", "tokens_in", "tokens_out",
+                 "cost_eur", "cost_unpriced_tokens", "ended_at", "last_seen_at")
+
+
+def bucket_of(at: dt.datetime) -> dt.datetime:
+    s = int(at.timestamp() // BUCKET_S) * BUCKET_S
+    return dt.datetime.fromtimestamp(s, dt.timezone.utc)
+
+
+def first_bucket_after(at: dt.datetime) -> dt.datetime:
+    """The first bucket that starts at or after `at` (whole buckets only in a window)."""
+    b = bucket_of(at)
+    return b if b == at else b + dt.timedelta(seconds=BUCKET_S)
+
+
+def sane_cost(value) -> float:
+    """A run's cost as the sums take it: a bad value written by hand counts as 0."""
+    return float(value) if isinstance(value, (int, float)) and 0 <= value < MAX_COST_EUR else 0.0
+
+
+def read_unbooked(conn, limit: int = BOOK_LIMIT) -> list:
+    """Ended runs the ledger does not hold yet, the latest first (they matter to today's budgets)."""
+    q = (select(*(runs.c[c] for c in UNBOOKED_COLS))
+         .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
+         .order_by(desc(func.coalesce(runs.c.ended_at, runs.c.last_seen_at))).limit(limit))
+    return conn.execute(q).all()
+
+
+def read_unbooked_spend(conn, day_start: dt.datetime, month_start: dt.datetime) -> tuple[list, int]:
+    """The ended runs not booked yet, summed in the database per (agent, labels): a few rows
+    whatever their number. ([(agent, labels, cost ended today, cost ended this month)], runs)."""
+    end = func.coalesce(runs.c.ended_at, runs.c.last_seen_at)
+    labels = cast(runs.c.labels, Text)  # PostgreSQL cannot group by json; the text groups alike
+    # A cost written by hand that is negative, infinite or NaN (PostgreSQL orders NaN above all)
+    # counts as 0: it must neither poison nor lower the sums.
+    cost = case((and_(runs.c.cost_eur >= 0, runs.c.cost_eur < MAX_COST_EUR), runs.c.cost_eur), else_=0.0)
+    q = (select(runs.c.agent, labels, func.sum(case((end >= day_start, cost), else_=0.0)),
+                func.sum(case((end >= month_start, cost), else_=0.0)), func.count())
+         .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
+         .group_by(runs.c.agent, labels))
+    out, n = [], 0
+    for agent, text, day_cost, month_cost, count in conn.execute(q):
+        out.append((agent, _labels(text), float(day_cost or 0.0), float(month_cost or 0.0)))
+        n += int(count)
+    return out, n
+
+
+def _labels(text):
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:  # a row written by hand: no label budget matches it
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_spend(conn, keys: dict[str, str]) -> dict[tuple[str, str], float]:
+    """The ledger's cost per (scope, period) for the current period keys ({"day": "2025-01-31", ...})."""
+    cond = or_(*(and_(spend_ledger.c.period == p, spend_ledger.c.period_key == k) for p, k in keys.items()))
+    q = select(spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur).where(cond)
+    return {(scope, period): float(cost or 0.0) for scope, period, cost in conn.execute(q)}
+
+
+@dataclass
+class Booking:
+    booked: list = field(default_factory=list)  # the rows this daemon booked
+    oldest_bucket: dt.datetime | None = None
+
+
+def _claim(conn, ids: list[str], now: dt.datetime) -> set[str]:
+    """Set booked_at on those of `ids` nobody booked yet; the ids this transaction claimed."""
+    if conn.dialect.update_returning:
+        q = (update(runs).where(and_(runs.c.id.in_(ids), runs.c.booked_at.is_(None)))
+             .values(booked_at=now).returning(runs.c.id))
+        return {r[0] for r in conn.execute(q)}
+    claimed = set()
+    for rid in ids:  # an old SQLite without RETURNING: one compare-and-set per run
+        res = conn.execute(update(runs).where(and_(runs.c.id == rid, runs.c.booked_at.is_(None))).values(booked_at=now))
+        if res.rowcount == 1:
+            claimed.add(rid)
+    return claimed
+
+
+def _tool_counts(conn, ids: list[str]) -> dict[str, list[tuple[str, int, int]]]:
+    bad = func.sum(case((events.c.ok.is_(False), 1), else_=0))
+    out: dict[str, list] = defaultdict(list)
+    q = (select(events.c.run_id, events.c.tool, func.count(), bad)
+         .where(and_(events.c.run_id.in_(ids), events.c.kind == lc.EV_TOOL))
+         .group_by(events.c.run_id, events.c.tool))
+    for rid, tool, calls, errors in conn.execute(q):
+        out[rid].append((tool, int(calls), int(errors or 0)))
+    return out
+
+
+def book(conn, rows: list, now: dt.datetime, tz: dt.tzinfo, label_budgets: tuple[LabelBudget, ...] = ()) -> Booking:
+    """Book ended runs (read by read_unbooked) into the ledger and the rollups, in `conn`'s transaction."""
+    out = Booking()
+    ledger: dict[tuple, list] = defaultdict(lambda: [0.0, 0, 0, 0])
+    rollups: dict[tuple, list] = defaultdict(lambda: [0, 0, 0, 0, 0, 0.0, 0, 0])
+    tools: dict[tuple, list] = defaultdict(lambda: [0, 0])
+    for i in range(0, len(rows), CHUNK):
+        chunk = rows[i : i + CHUNK]
+        claimed = _claim(conn, [r.id for r in chunk], now)
+        mine = [r for r in chunk if r.id in claimed]
+        if not mine:
+            continue
+        counts = _tool_counts(conn, [r.id for r in mine])
+        for r in mine:
+            end = end_of(r)
+            tokens = max(0, (r.tokens_in or 0) + (r.tokens_out or 0))
+            cost = sane_cost(r.cost_eur)
+            for scope in scopes_of(r.agent, r.labels, label_budgets):
+                for period in PERIODS:
+                    acc = ledger[(scope, period, period_key(period, end, tz))]
+                    acc[0] += cost
+                    acc[1] += 1
+                    acc[2] += tokens
+                    acc[3] += r.cost_unpriced_tokens or 0
+            b = bucket_of(end)
+            out.oldest_bucket = b if out.oldest_bucket is None else min(out.oldest_bucket, b)
+            acc = rollups[(r.agent, b)]
+            for j, v in enumerate((1, int(r.status in STOPPED), r.steps, r.tool_calls, r.tool_errors, cost,
+                                   tokens, r.cost_unpriced_tokens)):
+                acc[j] += max(0, v or 0)
+            for tool, calls, errors in counts.get(r.id, ()):
+                t = tools[(r.agent, b, tool)]
+                t[0] += calls
+                t[1] += errors
+        out.booked.extend(mine)
+    if ledger:
+        _upsert(conn, spend_ledger, ("scope", "period", "period_key"),
+                [dict(scope=s, period=p, period_key=k, cost_eur=v[0], runs=v[1], tokens=v[2], unpriced_tokens=v[3],
+                      updated_at=now) for (s, p, k), v in ledger.items()],
+                add=("cost_eur", "runs", "tokens", "unpriced_tokens"), replace=("updated_at",))
+    if rollups:
+        names = ("runs", "stopped", "steps", "tool_calls", "tool_errors", "cost_eur", "tokens", "unpriced_tokens")
+        _upsert(conn, agent_rollups, ("agent", "bucket_at"),
+                [dict(agent=a, bucket_at=b, **dict(zip(names, v))) for (a, b), v in rollups.items()], add=names)
+    if tools:
+        _upsert(conn, agent_rollup_tools, ("agent", "bucket_at", "tool"),
+                [dict(agent=a, bucket_at=b, tool=t, calls=v[0], errors=v[1]) for (a, b, t), v in tools.items()],
+                add=("calls", "errors"))
+    return out
+
+
+def _upsert(conn, table, keys: tuple[str, ...], rows: list[dict], *, add=(), replace=()):
+    """INSERT ... ON CONFLICT DO UPDATE SET col = col + excluded.col: concurrent bookers add, never overwrite."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    stmt = dialect_insert(table)
+    sets = {c: table.c[c] + stmt.excluded[c] for c in add}
+    sets.update({c: stmt.excluded[c] for c in replace})
+    stmt = stmt.on_conflict_do_update(index_elements=[table.c[k] for k in keys], set_=sets)
+    # Sorted: two PostgreSQL daemons upserting the same rows lock them in one order (no deadlock).
+    rows = sorted(rows, key=lambda r: tuple(str(r[k]) for k in keys))
+    for i in range(0, len(rows), CHUNK):
+        conn.execute(stmt, rows[i : i + CHUNK])
+
+
+# -- reads for drift, `budgets` and `top` ------------------------------------------------
+
+
+def rollup_totals(conn, since: dt.datetime, until: dt.datetime | None = None, agent: str | None = None
+                  ) -> dict[str, Totals]:
+    c = agent_rollups.c
+    cond = [c.bucket_at >= since]
+    if until is not None:
+        cond.append(c.bucket_at < until)
+    if agent is not None:
+        cond.append(c.agent == agent)
+    q = (select(c.agent, func.sum(c.runs), func.sum(c.stopped), func.sum(c.steps), func.sum(c.tool_calls),
+                func.sum(c.cost_eur)).where(and_(*cond)).group_by(c.agent))
+    return {a: Totals(int(n or 0), int(s or 0), int(st or 0), int(tc or 0), float(cost or 0.0))
+            for a, n, s, st, tc, cost in conn.execute(q)}
+
+
+def top_tool(conn, agent: str, since: dt.datetime) -> tuple[str, int] | None:
+    c = agent_rollup_tools.c
+    q = (select(c.tool, func.sum(c.calls).label("n")).where(and_(c.agent == agent, c.bucket_at >= since))
+         .group_by(c.tool).order_by(desc("n"), c.tool).limit(1))
+    row = conn.execute(q).first()
+    return (row[0], int(row[1])) if row else None
+
+
+def ledger_rows(conn, keys: dict[str, str]) -> list:
+    cond = or_(*(and_(spend_ledger.c.period == p, spend_ledger.c.period_key == k) for p, k in keys.items()))
+    return conn.execute(select(spend_ledger).where(cond).order_by(spend_ledger.c.scope, spend_ledger.c.period)).all()
+
+
+def prune(conn, rollups_before: dt.datetime, ledger_before_month: str) -> None:
+    """Rollups older than the drift baseline, ledger periods older than a year: they only grow otherwise."""
+    conn.execute(delete(agent_rollups).where(agent_rollups.c.bucket_at < rollups_before))
+    conn.execute(delete(agent_rollup_tools).where(agent_rollup_tools.c.bucket_at < rollups_before))
+    conn.execute(delete(spend_ledger).where(spend_ledger.c.period_key < ledger_before_month))
+
+
+def month_key_ago(now: dt.datetime, tz: dt.tzinfo, months: int = 13) -> str:
+    local = now.astimezone(tz)
+    y, m = divmod(local.year * 12 + local.month - 1 - months, 12)
+    return period_key(MONTH, dt.datetime(y, m + 1, 1, tzinfo=dt.timezone.utc), dt.timezone.utc)
+
+
+def period_report(conn, config, now: dt.datetime, published: dict | None = None) -> list:
+    """Every period budget's state as the daemon computes it, from the store alone (for `budgets`).
+
+    `published`: the daemon's last "budget_state" (its burn rates; omitted when stale)."""
+    from watchdog.core.periods import DAY, build_states, live_by_scope, period_bounds, sum_spend, zone
+
+    tz = zone(config.pricing.budget_tz)
+    keys = {p: period_key(p, now, tz) for p in PERIODS}
+    unbooked, _n = read_unbooked_spend(conn, period_bounds(DAY, now, tz)[0], period_bounds(MONTH, now, tz)[0])
+    label_budgets = tuple(config.budgets)
+    q = select(runs.c.id, runs.c.agent, runs.c.cost_eur, runs.c.labels).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    active = conn.execute(q).all()
+    labels = {r.id: r.labels for r in active}
+    live = live_by_scope([(r.id, r.agent, r.cost_eur) for r in active], label_budgets, labels.get)
+    spent, agents = sum_spend(read_spend(conn, keys), unbooked, live, label_budgets)
+    rates = {}
+    for p in (published or {}).get("periods") or []:
+        if isinstance(p, dict) and p.get("rate_eur_per_min") is not None:
+            rates[(p.get("scope"), p.get("name"), p.get("period"), p.get("key"))] = p["rate_eur_per_min"]
+    by_key = {scope_agent(a): ("agent", a) for a in agents}
+    by_key.update({b.scope: ("labels", b.name) for b in label_budgets})
+
+    def rate_of(scope, period, key, s, start):
+        kind, name = by_key.get(scope, (None, None))
+        r = rates.get((kind, name, period, key))
+        return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else None
+
+    return build_states(spent, agents, config.profile, label_budgets, now, tz, rate_of)
