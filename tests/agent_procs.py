@@ -201,6 +201,170 @@ def shared(spec: dict) -> int:
     return 0
 
 
+def pauser(spec: dict) -> int:
+    """Runs in threads of this one process (`runs`: a list of run specs), each: `before` steps,
+    then (once its `gate` file exists) `after` more steps, one every `interval` s; or, with
+    `beat`, heartbeats until the `finish` file exists. Each counts its records in the
+    result: {name: {"status", "reason", "records"}}. With on_breach = "pause" in the daemon's
+    profile a run over max_steps is held at its next record until resumed or stopped."""
+    from watchdog import RunKilled, Watchdog
+
+    wd = Watchdog(spec["url"])
+    outcome: dict[str, dict] = {}
+    ids: dict[str, str] = {}
+    registered = threading.Barrier(len(spec["runs"]) + 1)
+    finish = Path(spec.get("finish", spec["ready"] + ".finish"))
+
+    def one(r):
+        name = r["name"]
+        records = 0
+        run = wd.run(agent=r.get("agent", "bot"), kill_mode=r.get("kill_mode", "cooperative"), guards=False,
+                     **r.get("budgets", {}))
+        try:
+            with run:
+                ids[name] = run.id
+                for _ in range(r.get("before", 0)):
+                    run.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=r.get("step_cost", 0.0))
+                    records += 1
+                registered.wait()
+                if r.get("beat"):
+                    while not finish.exists():
+                        run.heartbeat("working")
+                        records += 1
+                        time.sleep(r.get("interval", 0.05))
+                else:
+                    wait_until(Path(r["gate"]).exists, timeout_s=120)
+                    for _ in range(r.get("after", 0)):
+                        run.step(model="gpt-x", tokens_in=10, tokens_out=5)
+                        records += 1
+                        time.sleep(r.get("interval", 0.05))
+            outcome[name] = {"status": run.status, "reason": None, "records": records}
+        except RunKilled as stop:
+            outcome[name] = {"status": run.status, "reason": stop.reason, "records": records}
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in spec["runs"]]
+    for t in threads:
+        t.start()
+    registered.wait()
+    write_json(spec["ready"], {"run_ids": ids, "pid": os.getpid(), "children": []})
+    for t in threads:
+        t.join()
+    write_json(spec["result"], outcome)
+    wd.close()
+    return 0
+
+
+def family(spec: dict) -> int:
+    """A parent run with child runs (run.child), all in this process.
+
+    `loop`: child "looper" calls one tool with the same arguments until it is stopped (the
+    parent catches that and goes on), then child "sibling" makes two steps, then the parent
+    one more step and completes. `overspend`: two children opened together each make one
+    step of `child_cost`, then heartbeat until stopped; so does the parent."""
+    from watchdog import RunKilled, Watchdog
+
+    wd = Watchdog(spec["url"])
+    outcome: dict = {}
+    ids: dict = {}
+    mode = spec["mode"]
+    interval = spec.get("interval", 0.05)
+    try:
+        with wd.run(agent="planner", kill_mode=spec.get("kill_mode", "cooperative"), guards=False,
+                    **spec.get("budgets", {})) as parent:
+            ids["parent"] = parent.id
+            parent.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec.get("parent_cost", 0.1))
+            if mode == "loop":
+                try:
+                    with parent.child("researcher", **spec.get("child_budgets", {})) as looper:
+                        ids["looper"] = looper.id
+                        looper.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec.get("child_cost", 0.2))
+                        for _ in range(3):
+                            looper.record_tool("search", {"q": "same"})
+                        write_json(spec["ready"], {"run_ids": ids, "pid": os.getpid(), "children": []})
+                        while True:
+                            looper.record_tool("search", {"q": "same"})
+                            time.sleep(interval)
+                except RunKilled as stop:
+                    outcome["looper"] = {"status": looper.status, "reason": stop.reason}
+                with parent.child("writer") as sibling:
+                    ids["sibling"] = sibling.id
+                    for _ in range(2):
+                        sibling.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec.get("child_cost", 0.2))
+                outcome["sibling"] = {"status": sibling.status, "reason": None}
+                parent.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec.get("parent_cost", 0.1))
+                write_json(spec["ready"] + ".ids", ids)
+            else:  # overspend
+                kids = [parent.child(name, **spec.get("child_budgets", {})) for name in ("a", "b")]
+                for kid in kids:
+                    ids[kid.agent] = kid.id
+                spent = threading.Barrier(len(kids) + 1)
+
+                def spend(kid):
+                    try:
+                        with kid:
+                            kid.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec["child_cost"])
+                            spent.wait()
+                            while True:
+                                kid.heartbeat("researching")
+                                time.sleep(interval)
+                    except RunKilled as stop:
+                        outcome[kid.agent] = {"status": kid.status, "reason": stop.reason, "detail": stop.detail}
+
+                threads = [threading.Thread(target=spend, args=(k,)) for k in kids]
+                for t in threads:
+                    t.start()
+                spent.wait()
+                write_json(spec["ready"], {"run_ids": ids, "pid": os.getpid(), "children": []})
+                for t in threads:
+                    t.join()
+                while True:
+                    parent.heartbeat("waiting for the children")
+                    time.sleep(interval)
+        outcome["parent"] = {"status": parent.status, "reason": None, "cost_eur": parent.cost_eur}
+    except RunKilled as stop:
+        outcome["parent"] = {"status": parent.status, "reason": stop.reason, "cost_eur": parent.cost_eur}
+    write_json(spec["result"], outcome)
+    wd.close()
+    return 0
+
+
+def long_tool(spec: dict) -> int:
+    """One run calls a tool that works for up to 60 s, polling `run.cancelled`; stopped, it stores
+    a partial result and returns early. Writes when the tool returned (time.time()) and how."""
+    from watchdog import RunKilled, Watchdog
+
+    wd = Watchdog(spec["url"])
+    returned = {}
+    try:
+        with wd.run(agent="scanner", kill_mode=spec.get("kill_mode", "cooperative"), guards=False) as run:
+            parent = run
+            if spec.get("child"):
+                child_cm = run.child("reader")
+                run = child_cm.start()
+            run.step(model="gpt-x", tokens_in=10, tokens_out=5)
+
+            def scan(path):
+                for i in range(1200):
+                    if run.cancelled.is_set():
+                        run.partial(f"scanned {i} of 1200 files")
+                        returned.update(at=time.time(), cancelled=True, files=i)
+                        return {"files": i}
+                    time.sleep(0.05)
+                returned.update(at=time.time(), cancelled=False)
+                return {"files": 1200}
+
+            write_json(spec["ready"], {"run_id": parent.id, "child_id": run.id if run is not parent else None,
+                                       "pid": os.getpid(), "children": []})
+            try:
+                run.tool_call("scan_archive", {"path": "/srv/archive"}, scan)
+            finally:
+                if run is not parent:
+                    run.__exit__(*sys.exc_info())
+    except RunKilled as stop:
+        returned.update(reason=stop.reason)
+    write_json(spec["result"], returned)
+
+
 def steady(spec: dict) -> int:
     """One healthy run: `steps` steps and tool calls, then (ready) wait for the `go` file so
     that every agent of a test holds its connections at once, then as many again; complete.
@@ -224,6 +388,8 @@ def steady(spec: dict) -> int:
                                 "rejected": wd.rejected_events, "open_connections": wd.writer.open_connections})
     wd.close()
     return 0
+
+
 
 
 def spender(spec: dict) -> int:
@@ -259,7 +425,8 @@ def spender(spec: dict) -> int:
     return 0
 
 
-SCENARIOS = {"runaway": runaway, "shared": shared, "spender": spender, "steady": steady}
+SCENARIOS = {"runaway": runaway, "shared": shared, "spender": spender, "steady": steady, "pauser": pauser,
+             "family": family, "long_tool": long_tool}
 
 
 # --- the test side -------------------------------------------------------------------

@@ -218,6 +218,8 @@ PUBLIC_KEYS = {
         "heartbeat_timeout_s",
         "max_tool_calls_per_min",
         "on_rate",
+        "on_breach",
+        "approval_timeout_s",
         "dedupe_window_s",
         "runs_may_raise",
         "max_tokens",
@@ -320,6 +322,8 @@ def test_example_documented_values():
         "max_cost_eur_per_day": 50.0,
         "max_cost_eur_per_month": 500.0,
         "warn_at": 0.8,
+        "on_breach": "stop",
+        "approval_timeout_s": 900,
     }
     assert raw["pricing"] == {"eur_per_usd": 0.86, "budget_tz": "UTC"}
     assert raw["drift"] == {"window_s": 3600, "baseline_days": 7, "factor": 3.0, "min_runs": 10}

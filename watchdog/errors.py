@@ -26,6 +26,18 @@ class ToolUnavailable(Exception):
         super().__init__(message)
 
 
+class ToolTimeout(TimeoutError):
+    """A tool called with `run.tool_call(..., timeout_s=N)` did not answer within N seconds.
+
+    An ordinary exception (a TimeoutError): recorded as the tool's error, retried like one.
+    """
+
+    def __init__(self, tool: str, timeout_s: float):
+        self.tool = tool
+        self.timeout_s = timeout_s
+        super().__init__(f"{tool}: no answer within {timeout_s:g} s (timeout_s)")
+
+
 class ConfigError(Exception):
     """Bad configuration: the message is one line naming file, key and what was expected."""
 

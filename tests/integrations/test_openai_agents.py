@@ -351,3 +351,52 @@ def test_cached_and_reasoning_tokens_pass_through_from_response_usage(sqlite_url
     assert (run["tokens_in"], run["tokens_out"], run["cached_tokens_in"], run["reasoning_tokens"]) == (1000, 300, 600, 200)
     (ev,) = event_rows(sqlite_url, h.run.id)
     assert (ev["cached_tokens_in"], ev["reasoning_tokens"]) == (600, 200)
+
+
+# --- nested agents: child runs ----------------------------------------------------------------
+
+
+def test_a_handoff_records_the_agent_handed_to_on_a_child_run(sqlite_url, wd):
+    billing = Agent(name="billing", instructions="Refunds.", model="gpt-x", tools=[get_order])
+    triage = Agent(name="triage", instructions="Route.", model="gpt-x", handoffs=[billing])
+    model = ScriptedModel([
+        step(("transfer_to_billing", {}), tokens=(10, 1)),
+        step(("get_order", {"order_id": 42}), tokens=(20, 2)),
+        step(text="Refunded.", tokens=(30, 3)),
+    ])
+    h = hooks(wd, agent="support-bot", max_steps=8)
+    result = Runner.run_sync(triage, "refund order 42", hooks=h, run_config=config_for(model))
+    assert result.final_output == "Refunded."
+    root = run_row(sqlite_url, h.run.id)
+    (child_id,) = [rid for rid in run_ids(sqlite_url) if rid != h.run.id]
+    child = run_row(sqlite_url, child_id)
+    assert (child["agent"], child["parent_id"], child["status"]) == ("billing", h.run.id, "completed")
+    assert (child["steps"], child["tool_calls"], child["tokens_in"]) == (2, 1, 50)
+    assert child["max_steps"] == 7  # never above what the parent had left (8 - its own 1 step)
+    assert (root["status"], root["steps"], root["tool_calls"], root["tokens_in"]) == ("completed", 3, 1, 60)
+    assert [e["kind"] for e in event_rows(sqlite_url, h.run.id)] == ["step"]  # triage's own call only
+    assert [(e["kind"], e["tool"]) for e in event_rows(sqlite_url, child_id)] == [
+        ("step", None), ("tool", "get_order"), ("step", None)]
+
+
+def test_an_agent_used_as_a_tool_records_on_a_child_run_with_its_own_budget(sqlite_url, wd):
+    model = ScriptedModel([
+        step(("research", {"input": "refund policy"}), tokens=(10, 1)),
+        step(("search", {"q": "refund policy"}), tokens=(20, 2)),
+        step(text="3 articles about refunds", tokens=(30, 3)),
+        step(text="Refunds take 5 days.", tokens=(40, 4)),
+    ])
+    h = hooks(wd, agent="support-bot", max_steps=10)
+    researcher = Agent(name="researcher", instructions="Research.", model="gpt-x", tools=[search])
+    lead = Agent(name="lead", instructions="Answer.", model="gpt-x", tools=[
+        researcher.as_tool("research", "Research a question.", run_config=config_for(model),
+                           hooks=h.child(agent="researcher", max_steps=4))])
+    result = Runner.run_sync(lead, "how long do refunds take?", hooks=h, run_config=config_for(model))
+    assert result.final_output == "Refunds take 5 days."
+    (child_id,) = [rid for rid in run_ids(sqlite_url) if rid != h.run.id]
+    child = run_row(sqlite_url, child_id)
+    assert (child["agent"], child["parent_id"], child["status"], child["max_steps"]) == (
+        "researcher", h.run.id, "completed", 4)
+    assert (child["steps"], child["tool_calls"]) == (2, 1)
+    root = run_row(sqlite_url, h.run.id)
+    assert (root["status"], root["steps"], root["tool_calls"]) == ("completed", 4, 2)  # its own + the child's

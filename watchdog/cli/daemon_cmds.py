@@ -106,7 +106,8 @@ def _acquire(daemon, url: str, retry: bool):
 def kill_cmd(app, run_id, reason):
     """Stop one run through the same ladder as the daemon (stop_reason = manual)."""
     from watchdog.core import lifecycle as lc
-    from watchdog.store.actions import actor, facts, request_stop
+    from watchdog.store.actions import facts, request_stop
+    from watchdog.store.approvals import operator
     from watchdog.errors import StoreError
     from watchdog.core.budgets import effective_budgets
     from watchdog.store.views import load_run, resolve_run_id, tool_stats
@@ -115,15 +116,16 @@ def kill_cmd(app, run_id, reason):
     with app.engine.begin() as conn:
         rid = resolve_run_id(conn, run_id)
         row = load_run(conn, rid)
-        if row.status != lc.RUNNING:
+        if row.status not in lc.STOPPABLE_STATUSES:
             if row.status == lc.STOPPING:
                 raise StoreError(f"run {rid[:8]} is already stopping ({row.stop_reason}); the daemon is on it")
             raise StoreError(f"run {rid[:8]} already ended: {row.status}")
         stats = tool_stats(conn, [rid])[rid]
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
         budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
-        ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=actor("cli"), budgets=budgets,
-                          run_facts=facts(row, top, None, now), sealer=_operator_sealer(app))
+        ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=operator(), budgets=budgets,
+                          run_facts=facts(row, top, None, now), sealer=_operator_sealer(app),
+                          why=f"killed while paused for {row.stop_reason}" if row.status == lc.PAUSED else None)
     if not ok:
         raise StoreError(f"run {rid[:8]} ended or was stopped meanwhile")
     if row.kill_mode == lc.COOPERATIVE:

@@ -46,7 +46,8 @@ def run_detail(r: dict) -> str:
         f"run {r['id']}  agent {r['agent']}",
         f"  status      {r['status']}" + (f"  ({r['stop_reason']}: {r['stop_detail']})" if r["stop_reason"] else
                                          (f"  ({r['stop_detail']})" if r.get("stop_detail") else "")),
-        f"  where       {r['host']} pid {r['pid']}  kill_mode {r['kill_mode']}",
+        f"  where       {r['host']} pid {r['pid']}  kill_mode {r['kill_mode']}"
+        + (f"  parent {short(r['parent_id'])}" if r.get("parent_id") else ""),
         f"  started     {r['started_at']}   ended {r['ended_at'] or '-'}",
     ]
     for budget in BUDGETS:  # each counter against its budget, as the registry renders it
@@ -62,6 +63,18 @@ def run_detail(r: dict) -> str:
         lines.append(line)
     if r.get("progress"):
         lines.append(f"  progress    {r['progress']}")
+    if r["status"] == "paused":
+        lines.append(f"  paused      since {r['paused_at'] or '-'}: agent-watchdog resume {short(r['id'])} "
+                     f"--add-... or agent-watchdog kill {short(r['id'])}")
+    if r.get("partial"):
+        at = f"stopped at {r['stop_reason']} " if r.get("stop_reason") and r["status"] != "completed" else ""
+        lines.append(f"  partial     {at}with a partial answer: {' '.join(r['partial'].split())[:200]}")
+    if r.get("children"):
+        lines.append("  children")
+        for c in r["children"]:
+            outcome = c["status"] + (f" ({c['stop_reason']})" if c["stop_reason"] else "")
+            lines.append(f"    {short(c['id'])} {c['agent'][:16]:16} {outcome:26} {c['steps']:>4} steps "
+                         f"{c['tool_calls']:>4} calls {c['cost_eur']:.4f} EUR")
     if r.get("tools"):
         lines.append("  tools")
         total = sum(t["calls"] for t in r["tools"]) or 1

@@ -125,16 +125,28 @@ def _warn_bad_row(run_id: str, error: Exception) -> None:
 @click.option("--events", "last_events", default=15, show_default=True, type=click.IntRange(0, 10_000),
               help="How many of the run's last events to print.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable object.")
+@click.option("--jsonl", "as_jsonl", is_flag=True,
+              help="The whole trace, one JSON object per line (the run, then its child runs).")
 @shared_options
 @pass_app
 @fail_cleanly
-def show_cmd(app, run_id, last_events, as_json):
-    """One run: counters against budgets, top tools, interventions, last events."""
+def show_cmd(app, run_id, last_events, as_json, as_jsonl):
+    """One run: counters against budgets, top tools, children, interventions, last events."""
     from watchdog.cli import render
     from watchdog.store import views
 
+    if as_json and as_jsonl:
+        raise click.UsageError("--json and --jsonl: give one")
     with app.reader() as conn:
         rid = views.resolve_run_id(conn, run_id)
+        if as_jsonl:
+            import json
+
+            from watchdog.store.trace import run_lines
+
+            for line in run_lines(conn, rid):
+                click.echo(json.dumps(line, sort_keys=False, default=str, ensure_ascii=False))
+            return
         record = views.run_detail(conn, rid, app.judge_by(conn), utcnow(), last_events=last_events)
     if as_json:
         emit_json(record)

@@ -49,6 +49,8 @@ class Budget:
     at_limit: bool = False  # trips when the measure reaches the limit (N identical calls are a loop)
     clock: bool = False  # measured on the wall clock: not judged across a clock jump
     counted_on: str | None = None  # the SDK record kind that adds to it ("step" / "tool"): guarded before it
+    # `agent-watchdog resume RUN --<add_option> N` raises it: a breach of it may pause (on_breach).
+    add_option: str | None = None
 
     def over(self, value: float, limit: float | None) -> bool:
         if limit is None:
@@ -94,13 +96,16 @@ class Budget:
 
 # In the order alerts and `show` list them.
 BUDGETS: tuple[Budget, ...] = (
-    Budget("max_steps", StopReason.MAX_STEPS, "steps", "steps", "", True, 12, counted_on="step"),
+    Budget("max_steps", StopReason.MAX_STEPS, "steps", "steps", "", True, 12, counted_on="step",
+           add_option="add-steps"),
     Budget("max_tool_calls", StopReason.MAX_TOOL_CALLS, "tool_calls", "tool calls", "", True, 40,
-           counted_on="tool"),
-    Budget("max_cost_eur", StopReason.MAX_COST, "cost_eur", "cost", "EUR", False, 2.0, counted_on="step"),
+           counted_on="tool", add_option="add-tool-calls"),
+    Budget("max_cost_eur", StopReason.MAX_COST, "cost_eur", "cost", "EUR", False, 2.0, counted_on="step",
+           add_option="add-eur"),
     # The price-independent backstop: a model no table prices still cannot run away.
     Budget("max_tokens", StopReason.MAX_TOKENS, "tokens", "tokens", "", True, 2_000_000, counted_on="step"),
-    Budget("max_wall_s", StopReason.WALL_CLOCK, "age_s", "duration", "s", False, 300.0, clock=True),
+    Budget("max_wall_s", StopReason.WALL_CLOCK, "age_s", "duration", "s", False, 300.0, clock=True,
+           add_option="add-s"),
     Budget("max_identical_calls", StopReason.LOOP_DETECTED, "identical_calls", "identical calls", "", True, 3,
            at_limit=True),
     Budget("heartbeat_timeout_s", StopReason.HEARTBEAT_TIMEOUT, "silent_s", "silent", "s", False, 120.0,
@@ -117,6 +122,9 @@ STOPPING_BUDGETS: tuple[Budget, ...] = tuple(b for b in BUDGETS if b.reason != S
 RATE = BY_KEY["max_tool_calls_per_min"]
 
 ON_RATE_CHOICES = ("alert", "stop")
+ON_BREACH_CHOICES = ("stop", "pause")
+# The budgets a breach of which may pause the run instead of stopping it (resume can raise them).
+PAUSABLE: tuple[Budget, ...] = tuple(b for b in BUDGETS if b.add_option)
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ class Setting:
 
     key: str
     default: Any
-    kind: str  # "choice" | "bool" | "seconds>=0" | "eur>=0" | "fraction"
+    kind: str  # "choice" | "bool" | "seconds>=0" | "seconds>0" | "eur>=0" | "fraction" | "on_breach"
     choices: tuple[str, ...] = ()
 
     def validate(self, value: Any) -> Any:
@@ -138,13 +146,38 @@ class Setting:
             if value not in self.choices:
                 raise ValueError(f"expected one of {', '.join(repr(c) for c in self.choices)}, got {value!r}")
             return value
+        if self.kind == "on_breach":
+            return _on_breach(value)
         if self.kind == "bool":
             if not isinstance(value, bool):
                 raise ValueError(f"expected true or false, got {value!r}")
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"expected a number >= 0, got {value!r}")
+        if self.kind == "seconds>0" and value == 0:
+            raise ValueError(f"expected a number > 0, got {value!r}")
         return float(value)
+
+
+def _on_breach(value: Any):
+    """`"stop"` / `"pause"` for every pausable budget, or a table naming the budgets that pause
+    (`{ max_steps = "pause", max_cost_eur = "stop" }`; a budget it does not name stops)."""
+    if isinstance(value, str):
+        if value not in ON_BREACH_CHOICES:
+            raise ValueError(f"expected \"stop\", \"pause\" or a table of budget = \"stop\" | \"pause\", got {value!r}")
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected \"stop\", \"pause\" or a table of budget = \"stop\" | \"pause\", got {value!r}")
+    keys = tuple(b.key for b in PAUSABLE)
+    out = {}
+    for key, action in value.items():
+        if key not in keys:
+            raise ValueError(f"{key!r} cannot pause (only {', '.join(keys)} can: loops, silence and a "
+                             "vanished process always stop)")
+        if action not in ON_BREACH_CHOICES:
+            raise ValueError(f"{key}: expected \"stop\" or \"pause\", got {action!r}")
+        out[key] = action
+    return out
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -156,6 +189,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_cost_eur_per_day", 50.0, "eur>=0"),
     Setting("max_cost_eur_per_month", 500.0, "eur>=0"),
     Setting("warn_at", 0.8, "fraction"),  # the warning alert, once per period, at this share of it
+    Setting("on_breach", "stop", "on_breach"),  # "stop" | "pause" | {budget key = "stop" | "pause"}
+    Setting("approval_timeout_s", 900.0, "seconds>0"),  # a paused run nobody answers is stopped then
 )
 PERIOD_BUDGET_KEYS = ("max_cost_eur_per_day", "max_cost_eur_per_month")
 PROFILE_KEYS: tuple[str, ...] = tuple(b.key for b in BUDGETS) + tuple(s.key for s in SETTINGS)
@@ -217,20 +252,22 @@ def asked(row: Any) -> dict[str, float]:
     return {k: v for k in RUN_BUDGET_KEYS if (v := get(k)) is not None}
 
 
-def effective(prof, run_asked: Mapping[str, float]):
+def effective(prof, run_asked: Mapping[str, float], raised: bool = False):
     """The profile lowered (never raised, unless the profile allows it) by the run's own request.
-    What a run is held to, in the SDK and in the daemon alike."""
+    What a run is held to, in the SDK and in the daemon alike. `raised`: an operator resumed the
+    run with more (`resume --add-...`): its own columns hold, above its profile too."""
     changes = {}
     for key, value in run_asked.items():
         if key not in RUN_BUDGET_KEYS or value is None:
             continue
-        changes[key] = value if prof.runs_may_raise else min(getattr(prof, key), value)
+        changes[key] = value if (raised or prof.runs_may_raise) else min(getattr(prof, key), value)
     return dataclasses.replace(prof, **changes) if changes else prof
 
 
 def for_run(prof, row: Any):
-    """`effective` for a run row (or dict) holding its own budget columns."""
-    return effective(prof, asked(row))
+    """`effective` for a run row (or dict) holding its own budget columns (and `resumes`)."""
+    get = row.get if isinstance(row, Mapping) else (lambda k: getattr(row, k, None))
+    return effective(prof, asked(row), raised=bool(get("resumes")))
 
 
 effective_budgets = for_run  # the name the read models and tests have always used

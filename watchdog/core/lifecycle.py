@@ -16,6 +16,7 @@ from enum import StrEnum
 
 class Status(StrEnum):
     RUNNING = "running"
+    PAUSED = "paused"  # on_breach = "pause": held at its next record until resume, kill or approval_timeout_s
     STOPPING = "stopping"  # the daemon (or a guard) asked; the SDK sees it on the run's next write
     COMPLETED = "completed"
     FAILED = "failed"
@@ -69,7 +70,9 @@ class Circuit(StrEnum):
 
 # --- named groups ---------------------------------------------------------------
 
-ACTIVE_STATUSES = (Status.RUNNING, Status.STOPPING)
+ACTIVE_STATUSES = (Status.RUNNING, Status.PAUSED, Status.STOPPING)
+# A stop can be requested of these (a paused run is stopped by `kill` or its approval timeout).
+STOPPABLE_STATUSES = (Status.RUNNING, Status.PAUSED)
 END_STATUSES = (Status.COMPLETED, Status.FAILED, Status.KILLED, Status.LOST)
 STATUSES = tuple(Status)
 STOP_REASONS = tuple(StopReason)
@@ -80,7 +83,12 @@ CIRCUIT_STATES = tuple(Circuit)
 # --- transitions: every move is listed; anything else is a bug -----------------
 
 STATUS_MOVES: dict[Status, frozenset[Status]] = {
-    Status.RUNNING: frozenset({Status.STOPPING, Status.COMPLETED, Status.FAILED, Status.KILLED, Status.LOST}),
+    Status.RUNNING: frozenset({Status.PAUSED, Status.STOPPING, Status.COMPLETED, Status.FAILED, Status.KILLED,
+                               Status.LOST}),
+    # resume → running; kill or approval timeout → stopping; it may also end while held (another
+    # thread of the agent leaves the run, the process dies).
+    Status.PAUSED: frozenset({Status.RUNNING, Status.STOPPING, Status.COMPLETED, Status.FAILED, Status.KILLED,
+                              Status.LOST}),
     Status.STOPPING: frozenset({Status.KILLED, Status.COMPLETED, Status.FAILED, Status.LOST}),
     Status.COMPLETED: frozenset(),
     Status.FAILED: frozenset(),
@@ -120,7 +128,7 @@ def can_move(table: dict, current, new) -> bool:
 
 # --- the names the rest of the code has always used -----------------------------
 
-RUNNING, STOPPING = Status.RUNNING, Status.STOPPING
+RUNNING, PAUSED, STOPPING = Status.RUNNING, Status.PAUSED, Status.STOPPING
 COMPLETED, FAILED, KILLED, LOST = Status.COMPLETED, Status.FAILED, Status.KILLED, Status.LOST
 WALL_CLOCK, MAX_STEPS, MAX_TOOL_CALLS, MAX_COST = (StopReason.WALL_CLOCK, StopReason.MAX_STEPS,
                                                    StopReason.MAX_TOOL_CALLS, StopReason.MAX_COST)

@@ -7,6 +7,7 @@ the command to look closer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from watchdog.core.budgets import Budgets, Totals, counter_lines
@@ -30,6 +31,9 @@ class RunFacts:
     tokens: int = 0  # in + out
     unpriced_tokens: int = 0  # tokens of steps no price table priced: their cost is not in cost_eur
     forecast: tuple[str, ...] = ()  # burn-rate lines (watchdog.core.forecast): the run's, its period budgets'
+    partial: str | None = None  # what the run stored with run.partial(): kept across a stop
+    top_child: str | None = None  # a parent run: its child run that spent most, as one line
+    reason: str | None = None  # why it stopped, for the partial-answer line
 
 
 def top_tool_line(f: RunFacts) -> str:
@@ -55,17 +59,27 @@ def counters(f: RunFacts, b: Budgets) -> list[str]:
 def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:
     head = [f"agent {f.agent}   run {f.id}", f"host {f.host}   pid {f.pid if f.pid else '-'}   kill_mode {f.kill_mode}"]
     tail = ["", *counters(f, b), top_tool_line(f)]
+    if f.top_child:
+        tail.append(f"child that spent most: {f.top_child}")
     if f.unpriced_tokens:
         tail.append(f"unpriced: {f.unpriced_tokens} tokens of models no price table knows (not in the cost)")
     tail += list(f.forecast)
     if f.progress:
         tail.append(f"last progress: {f.progress[:200]}")
+    if f.partial:
+        at = f"stopped at {f.reason} " if f.reason else ""
+        tail.append(f"{at}with a partial answer: {' '.join(f.partial.split())[:300]}")
     tail += ["", f"agent-watchdog show {f.id[:8]}"]
     return "\n".join(head + lines + tail)
 
 
+body = _body  # the layout every alert shares, for alert texts composed elsewhere (approvals)
+
+
 def stop_alert(f: RunFacts, b: Budgets, reason: str, detail: str, action: str) -> tuple[str, str]:
     title = f"agent-watchdog: stopped {f.agent} run {f.id[:8]} — {reason}"
+    if f.partial and not f.reason:
+        f = dataclasses.replace(f, reason=reason)
     return title, _body(f, b, [f"reason {reason}: {detail}", f"action {action}"])
 
 

@@ -28,7 +28,7 @@ CHUNK = 500
 # a full evaluation. The two timestamps come back as epoch seconds computed by the
 # database, so no datetime (and no row of 31 columns) is built for a healthy run.
 # Columns are read by position (a Row's attribute access costs at 10,000 runs): `L` names them.
-IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time")
+IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "resumes")
 # The counters the registry's budgets measure, as the run row holds them ("tokens" is in + out).
 MEASURES = ("steps", "tool_calls", "cost_eur", "tokens")
 LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s")

@@ -19,9 +19,10 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, request_stop, stop_plan
-from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective_budgets
+from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, stop_plan
+from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective, effective_budgets
 from watchdog.core.config import Config
+from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited, refuse_unconfirmed
 from watchdog.daemon.money import Money
@@ -94,6 +95,8 @@ class TickReport:
     stopping: int = 0
     new_events: int = 0
     stops: list = field(default_factory=list)  # (run id, reason)
+    pauses: list = field(default_factory=list)  # (run id, reason): on_breach = "pause"
+    paused: int = 0  # runs waiting for a human
     lost: list = field(default_factory=list)
     alarms: list = field(default_factory=list)
     events: list = field(default_factory=list)  # the tool events folded this tick
@@ -130,6 +133,8 @@ class Ticker:
         self._judged: frozenset | None = None  # this tick's hosts (None: every host)
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self._budget_memo: dict[tuple, tuple] = {}
+        self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.approvals)
+        self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
 
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
@@ -243,10 +248,10 @@ class Ticker:
     def _limits_of(self, r) -> tuple:
         """(budgets, [(light index, limit) of each counter budget], age limit, silence limit,
         identical-calls limit, rate limit), memoised per (agent, own budgets)."""
-        key = (r[L["agent"]], *r[OWN_BUDGETS])
+        key = (r[L["agent"]], bool(r[L["resumes"]]), *r[OWN_BUDGETS])
         memo = self._budget_memo.get(key)
         if memo is None:
-            b = effective_budgets(self.config.profile(key[0]), dict(zip(RUN_BUDGET_KEYS, key[1:])))
+            b = effective(self.config.profile(key[0]), dict(zip(RUN_BUDGET_KEYS, key[2:])), raised=key[1])
             counters = [(L[x.measure], getattr(b, x.key)) for x in BUDGETS if x.measure in MEASURES]
             limit = {x.measure: getattr(b, x.key) for x in BUDGETS}
             memo = (b, counters, limit["age_s"] - SLACK_S, limit["silent_s"] - SLACK_S, limit["identical_calls"],
@@ -272,7 +277,7 @@ class Ticker:
         my_host = self.killer.host
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
-        i_cost = L["cost_eur"]
+        i_cost, i_resumes = L["cost_eur"], L["resumes"]
         judged = self._judged
         per_agent = spend.per_agent if spend is not None else None
         covered = spend.covered if spend is not None else None
@@ -294,8 +299,8 @@ class Ticker:
                             labelled[scope] += cost
             if judged is not None and r[i_host] not in judged:
                 continue  # another host's run: its own daemon judges it (only its spend counted here)
-            if r[i_status] != lc.RUNNING:
-                due.append(rid)
+            if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in self._resume_seen):
+                due.append(rid)  # not running, or resumed and its resume not alerted yet
                 continue
             _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self._limits_of(r)
             seen_s = r[i_seen]
@@ -357,6 +362,14 @@ class Ticker:
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
                         now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer)
             return
+        if row.status == lc.PAUSED:
+            if len(self._pause_seen) > 10_000:
+                self._pause_seen.clear()
+                self._resume_seen.clear()
+            judge_paused(self, row, budgets=budgets, facts=f, now=now, rep=rep, live=live, batch=batch)
+            return
+        if row.resumes and (row.id, row.resumes) not in self._resume_seen:
+            announce_resume(self, row, budgets=budgets, facts=f, now=now, batch=batch)
         if self._gone(row, live, now):
             with batch.run() as conn:
                 if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
@@ -372,17 +385,14 @@ class Ticker:
         else:
             verdicts = with_period(evaluate(snap, budgets, now), period)
         if verdicts:
-            v = verdicts[0]
             if self.money is not None:
                 f = dataclasses.replace(f, forecast=self.money.forecast_lines(row, budgets, now))
-            with batch.run() as conn:
-                self._decided.add(row.id)
-                if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=self.by, budgets=budgets,
-                                run_facts=f, sealer=self.sealer):
-                    rep.stops.append((row.id, v.reason))
-                    if period is not None and v.reason == period.reason:
-                        self._period_stops.append((row.id, v.reason, period.scope.key))
-                    log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
+            with batch.run() as conn:  # stop, or pause with on_breach = "pause"
+                self._decided.add(row.id)  # the daemon's own decision: its ladder may signal for it
+                action, v, done = act_on_breach(self, conn, row, verdicts, budgets=budgets, facts=f, now=now,
+                                                rep=rep)
+                if done and action == "stop" and period is not None and v.reason == period.reason:
+                    self._period_stops.append((row.id, v.reason, period.scope.key))
             return
         alarm = rate_alarm(snap, budgets, now)
         if alarm:

@@ -23,9 +23,17 @@ class RunBinding:
     here: its owner does that. Inside `with handler:` the block bounds the run.
     """
 
-    def _bind(self, wd, agent, run, estimated_cost_eur: float, run_kwargs: dict) -> None:
+    def _bind(self, wd, agent, run, estimated_cost_eur: float, run_kwargs: dict, parent=None) -> None:
         name = type(self).__name__
-        if run is not None:
+        self._parent = parent
+        if parent is not None:
+            # A nested agent (a sub-agent run as a tool): a child run of the parent binding's
+            # current run, opened at the nested agent's first event, ended at its final output.
+            if wd is not None or run is not None or not agent:
+                raise ValueError(f"{name}: a child binding takes parent= and agent= (and the child's budgets)")
+            self._owns = True
+            self.run = None
+        elif run is not None:
             if wd is not None or agent is not None or run_kwargs:
                 raise ValueError(f"{name}: give either run= (join a run) or wd and agent= (open one)")
             self._owns = False
@@ -47,7 +55,10 @@ class RunBinding:
         """The run to record on, started (or re-opened after it ended) if it is ours."""
         with self._lock:
             if self._owns:
-                if self._ended:
+                if self._parent is not None and (self.run is None or self._ended):
+                    self.run = self._parent._open().child(self._agent, **self._run_kwargs)
+                    self._ended = False
+                elif self._ended:
                     self.run = self._wd.run(agent=self._agent, **self._run_kwargs)
                     self._ended = False
                 if self.run.started_at is None:
@@ -60,7 +71,7 @@ class RunBinding:
     def end(self, error: BaseException | None = None):
         """End the run now (completed, or from `error`: failed / killed). Idempotent; no-op on a joined run."""
         with self._lock:
-            if not self._owns or self._ended or self.run.started_at is None:
+            if not self._owns or self._ended or self.run is None or self.run.started_at is None:
                 return
             self._ended = True
             self._forget()

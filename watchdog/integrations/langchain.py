@@ -21,6 +21,17 @@ manager only catches `Exception` around handlers (see
 tools re-raise what they catch after reporting it (`on_chain_error`, `on_llm_error`,
 `on_tool_error`).
 
+A LangGraph **subgraph** (a compiled graph used as a node, or invoked from one) is a
+child run of the handler's run, named after its node: its model and tool calls are
+recorded on it, with its own budgets capped by what the parent has left, its spend
+rolled up into the parent. LangGraph reports it in the callback metadata only: every
+event inside a subgraph carries `langgraph_checkpoint_ns` "node:id|inner:id" (one
+"|"-separated segment per graph level). The child run opens at the first event inside
+it and ends when the node's chain ends; a subgraph inside a subgraph is a grandchild. `subgraph_budgets={"research": {"max_steps": 5}}` gives a node's subgraph
+its own budgets. A stop of a child run raises through the graph like any stop (the
+graph cannot go on past it), so the parent run ends killed with it unless your code
+catches RunKilled around the subgraph.
+
 Extra `langchain` (langchain-core >= 0.3): `pip install '.[langchain]'` from a checkout, or
 `pip install 'agent-watchdog-daemon[langchain]'`.
 """
@@ -80,9 +91,12 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
     run_inline: bool = True  # async runs call us in order, on the event loop's thread
 
     def __init__(self, wd=None, *, agent: str | None = None, run=None, estimated_cost_eur: float = 0.0,
-                 circuits: bool = True, **run_kwargs):
+                 circuits: bool = True, subgraph_budgets: dict | None = None, **run_kwargs):
         super().__init__()
         self._bind(wd, agent, run, estimated_cost_eur, run_kwargs)
+        self._subgraph_budgets = dict(subgraph_budgets or {})
+        self._subgraphs: dict[str, Any] = {}  # LangGraph checkpoint namespace of a subgraph -> its child run
+        self._chain_ns: dict[UUID, str] = {}  # chains in flight inside a graph -> their namespace
         self._circuits = circuits
         self._roots: set[UUID] = set()  # outermost chains in flight
         self._models: dict[UUID, str | None] = {}  # LangChain run id -> requested model name
@@ -92,6 +106,43 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
 
     def _forget(self) -> None:
         self._roots.clear()
+        children, self._subgraphs = list(self._subgraphs.values()), {}
+        self._chain_ns.clear()
+        for child in reversed(children):  # a subgraph's child run ends with its parent's
+            _end_child(child, None)
+
+    # -- LangGraph subgraphs: child runs ------------------------------------------------
+
+    def _run_for(self, kwargs: dict):
+        """The run an event is recorded on: the child run of the innermost subgraph it is in
+        (opened now if this is its first event), else ours."""
+        run = self._open()
+        ns = (kwargs.get("metadata") or {}).get("langgraph_checkpoint_ns")
+        if not isinstance(ns, str) or "|" not in ns:
+            return run
+        parts = ns.split("|")
+        for k in range(1, len(parts)):  # outermost subgraph first: each is its parent's child
+            key = "|".join(parts[:k])
+            child = self._subgraphs.get(key)
+            if child is None:
+                node = parts[k - 1].split(":", 1)[0] or "subgraph"
+                child = run.child(node[:128], **self._subgraph_budgets.get(node, {})).start()
+                with self._lock:
+                    self._subgraphs[key] = child
+            run = child
+        return run
+
+    def _chain_done(self, run_id: UUID, error: BaseException | None) -> None:
+        """A chain inside a graph ended: if it is the node that holds a subgraph, that child run ends
+        (with the subgraphs inside it)."""
+        with self._lock:
+            ns = self._chain_ns.pop(run_id, None)
+            if ns is None or ns not in self._subgraphs:
+                return
+            done = sorted((k for k in self._subgraphs if k == ns or k.startswith(ns + "|")), key=len, reverse=True)
+            children = [self._subgraphs.pop(k) for k in done]
+        for child in children:  # innermost first
+            _end_child(child, error)
 
     def _obey(self, fn, *args, **kwargs):
         """Run a recording step. Only stops (and ToolUnavailable) reach the agent: a stop ends our run
@@ -107,7 +158,7 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
         except ToolUnavailable:
             raise
         except Exception:  # noqa: BLE001 - raise_error is on: a bug of ours must not fail the agent
-            log.warning("agent-watchdog: could not record a LangChain event on run %s", self.run.id, exc_info=True)
+            log.warning("agent-watchdog: could not record a LangChain event on run %s", getattr(self.run, "id", None), exc_info=True)
             return None
 
     # -- chains: the outermost one bounds the run -----------------------------------
@@ -115,6 +166,13 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
     def on_chain_start(self, serialized, inputs, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
         if parent_run_id is None:
             self._obey(self._root_start, run_id)
+            return
+        ns = (kwargs.get("metadata") or {}).get("langgraph_checkpoint_ns")
+        if isinstance(ns, str) and ns and not self._ended:  # a chain inside a LangGraph graph
+            with self._lock:
+                self._chain_ns[run_id] = ns
+            if "|" in ns:  # inside a subgraph: its child run opens with its first node
+                self._obey(self._run_for, kwargs)
 
     def _root_start(self, run_id: UUID):
         self._open()
@@ -122,10 +180,14 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
             self._roots.add(run_id)
 
     def on_chain_end(self, outputs, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
+        if run_id in self._chain_ns:
+            self._chain_done(run_id, None)
         self._root_done(run_id, None)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
                        **kwargs: Any):
+        if run_id in self._chain_ns:
+            self._chain_done(run_id, error)
         self._root_done(run_id, error)
 
     def _root_done(self, run_id: UUID, error: BaseException | None):
@@ -150,8 +212,8 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
         self._obey(self._before_model, run_id, kwargs)
 
     def _before_model(self, run_id: UUID, kwargs: dict):
-        run = self._open()
-        self._models[run_id] = _requested_model(kwargs)
+        run = self._run_for(kwargs)
+        self._models[run_id] = (_requested_model(kwargs), run)
         # Pre-flight: stop requested, wall clock, max_steps, money: refuse the call before it is made.
         run.check_budget(self._estimated)
 
@@ -159,10 +221,10 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
         self._obey(self._after_model, run_id, response)
 
     def _after_model(self, run_id: UUID, response):
-        requested = self._models.pop(run_id, None)
+        requested, run = self._models.pop(run_id, (None, None))
         served, tokens_in, tokens_out, cached, reasoning = _usage(response)
-        self.run.step(model=requested or served, tokens_in=tokens_in, tokens_out=tokens_out,
-                      cached_tokens_in=min(cached, tokens_in), reasoning_tokens=min(reasoning, tokens_out))
+        (run or self.run).step(model=requested or served, tokens_in=tokens_in, tokens_out=tokens_out,
+                               cached_tokens_in=min(cached, tokens_in), reasoning_tokens=min(reasoning, tokens_out))
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
                      **kwargs: Any):
@@ -175,27 +237,39 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
         self._obey(self._before_tool, run_id, serialized, input_str, inputs, kwargs)
 
     def _before_tool(self, run_id: UUID, serialized, input_str, inputs, kwargs):
-        run = self._open()
+        run = self._run_for(kwargs)
         name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
         # Before the tool runs: a refusal raised here means the tool never runs.
         pending = before_tool(run, name, tool_args(inputs if inputs is not None else input_str),
                               circuits=self._circuits)
-        self._tools[run_id] = pending
+        self._tools[run_id] = (run, pending)
 
     def on_tool_end(self, output, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
-        pending = self._tools.pop(run_id, None)
-        if pending is None:
+        entry = self._tools.pop(run_id, None)
+        if entry is None:
             return
+        run, pending = entry
         # A tool with handle_tool_error returns its error as a ToolMessage with status "error".
         failed = getattr(output, "status", None) == "error"
-        self._obey(after_tool, self.run, pending, ok=not failed, error=_message_text(output) if failed else None)
+        self._obey(after_tool, run, pending, ok=not failed, error=_message_text(output) if failed else None)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
                       **kwargs: Any):
-        pending = self._tools.pop(run_id, None)  # on_tool_error carries no tool name: the start had it
-        if pending is None:
+        entry = self._tools.pop(run_id, None)  # on_tool_error carries no tool name: the start had it
+        if entry is None:
             return
-        self._obey(after_tool, self.run, pending, ok=False, error=error)
+        run, pending = entry
+        self._obey(after_tool, run, pending, ok=False, error=error)
+
+
+def _end_child(child, error: BaseException | None) -> None:
+    try:
+        if error is None:
+            child.__exit__(None, None, None)
+        else:
+            child.__exit__(type(error), error, error.__traceback__)
+    except Exception:  # noqa: BLE001 - ending must never replace the agent's own outcome
+        log.exception("agent-watchdog: could not end child run %s", child.id)
 
 
 def _requested_model(kwargs: dict) -> str | None:

@@ -27,6 +27,20 @@ cannot see (a model API error, MaxTurnsExceeded) are seen when you use the hooks
 a context manager (`with hooks(...) as h: Runner.run(..., hooks=h)`), or when they
 join a run you opened yourself: `WatchdogRunHooks(run=run)` inside `with wd.run(...)`.
 
+Nested agents are child runs (`run.child`: own budgets, never above what the parent has
+left; spend rolled up into the parent):
+
+- a **handoff** (the SDK calls `on_handoff` and then reports the new agent on every
+  event): the agent handed to records on a child run of the hooks' run, named after it,
+  ended when it hands off again or the run ends. A stop of that child ends the whole
+  `Runner.run` (RunKilled is not an exception the runner can continue past), and the
+  parent run is recorded as killed with it.
+- an **agent as a tool** (`agent.as_tool(..., hooks=...)` runs a nested `Runner.run`
+  with the hooks it is given, not the outer run's): give it `h.child(agent="researcher",
+  max_steps=5)`; its run is a child of `h`'s, ended at the nested run's final output.
+  The SDK reports no link between the two runs, so without those hooks the nested agent
+  is not recorded at all.
+
 Extra `openai-agents` (openai-agents >= 0.24): `pip install '.[openai-agents]'` from a checkout, or
 `pip install 'agent-watchdog-daemon[openai-agents]'`.
 """
@@ -108,10 +122,48 @@ class WatchdogRunHooks(RunBinding, RunHooks):
     """
 
     def __init__(self, wd=None, *, agent: str | None = None, run=None, estimated_cost_eur: float = 0.0,
-                 model: str | None = None, **run_kwargs):
-        self._bind(wd, agent, run, estimated_cost_eur, run_kwargs)
+                 model: str | None = None, parent: "WatchdogRunHooks | None" = None, **run_kwargs):
+        self._bind(wd, agent, run, estimated_cost_eur, run_kwargs, parent=parent)
         self._model = model
-        self._tools: dict[Any, list[PendingTool]] = {}
+        self._tools: dict[Any, list[tuple[Any, PendingTool]]] = {}
+        self._root_agent: int | None = None  # id() of the agent the run started with
+        self._delegates: dict[int, Any] = {}  # id(agent handed off to) -> its child run
+
+    def child(self, agent: str, **budgets) -> "WatchdogRunHooks":
+        """Hooks for a nested agent run as a tool (`agent.as_tool(..., hooks=h.child(agent="researcher"))`):
+        it records on a child run of this hooks' run, with `budgets` (never above what is left)."""
+        return WatchdogRunHooks(agent=agent, parent=self, estimated_cost_eur=self._estimated, model=self._model,
+                                **budgets)
+
+    def _forget(self) -> None:
+        delegates, self._delegates = list(self._delegates.values()), {}
+        self._root_agent = None
+        for child in delegates:  # a handoff's child run ends with its parent's
+            _end_child(child)
+
+    def _run_for(self, agent):
+        """The run an agent's events are recorded on: its handoff child run, else the hooks' run."""
+        run = self._open()
+        if self._root_agent is None:
+            self._root_agent = id(agent)
+        return self._delegates.get(id(agent), run)
+
+    async def on_handoff(self, context, from_agent, to_agent) -> None:
+        self._obey(self._handoff, from_agent, to_agent)
+
+    def _handoff(self, from_agent, to_agent):
+        run = self._open()
+        if self._root_agent is None:
+            self._root_agent = id(from_agent)
+        with self._lock:
+            left = self._delegates.pop(id(from_agent), None)
+        if left is not None:
+            _end_child(left)
+        if id(to_agent) == self._root_agent or id(to_agent) in self._delegates:
+            return  # back to the agent the run started with: it records on the run itself
+        child = run.child(_agent_name(to_agent)).start()
+        with self._lock:
+            self._delegates[id(to_agent)] = child
 
     # -- the run's lifecycle (open / end / with: RunBinding) ------------------------
 
@@ -131,7 +183,7 @@ class WatchdogRunHooks(RunBinding, RunHooks):
                 self.end(stop)
             raise
         except Exception:  # noqa: BLE001
-            log.warning("agent-watchdog: could not record an Agents SDK event on run %s", self.run.id,
+            log.warning("agent-watchdog: could not record an Agents SDK event on run %s", getattr(self.run, "id", None),
                         exc_info=True)
             return None
 
@@ -146,7 +198,7 @@ class WatchdogRunHooks(RunBinding, RunHooks):
 
     async def on_llm_start(self, context, agent, system_prompt, input_items) -> None:
         # Pre-flight: stop requested, wall clock, max_steps, money: refuse the call before it is made.
-        self._obey(lambda: self._open().check_budget(self._estimated))
+        self._obey(lambda: self._run_for(agent).check_budget(self._estimated))
 
     async def on_llm_end(self, context, agent, response) -> None:
         self._obey(self._after_model, agent, response)
@@ -157,14 +209,14 @@ class WatchdogRunHooks(RunBinding, RunHooks):
         # The Responses API's details: cached input tokens and reasoning tokens (parts of the totals).
         cached = _int(getattr(getattr(usage, "input_tokens_details", None), "cached_tokens", 0))
         reasoning = _int(getattr(getattr(usage, "output_tokens_details", None), "reasoning_tokens", 0))
-        self.run.step(model=self._model or _model_name(agent), tokens_in=tokens_in, tokens_out=tokens_out,
+        self._run_for(agent).step(model=self._model or _model_name(agent), tokens_in=tokens_in, tokens_out=tokens_out,
                       cached_tokens_in=min(cached, tokens_in), reasoning_tokens=min(reasoning, tokens_out))
 
     async def on_tool_start(self, context, agent, tool) -> None:
-        self._obey(self._before_tool, context, tool)
+        self._obey(self._before_tool, context, agent, tool)
 
-    def _before_tool(self, context, tool):
-        run = self._open()
+    def _before_tool(self, context, agent, tool):
+        run = self._run_for(agent)
         name = getattr(context, "tool_name", None) or getattr(tool, "name", None) or type(tool).__name__
         raw = getattr(context, "tool_arguments", None)
         # Local tools other than function tools (shell, computer, ...) show no arguments to hooks:
@@ -173,23 +225,36 @@ class WatchdogRunHooks(RunBinding, RunHooks):
         # Before the tool runs: a refusal raised here means the tool never runs.
         pending = before_tool(run, name, args, circuits=False)
         with self._lock:
-            self._tools.setdefault(_call_key(context, tool), []).append(pending)
+            self._tools.setdefault(_call_key(context, tool), []).append((run, pending))
 
     async def on_tool_end(self, context, agent, tool, result) -> None:
         with self._lock:
             queue = self._tools.get(_call_key(context, tool))
-            pending = queue.pop(0) if queue else None
+            entry = queue.pop(0) if queue else None
             if queue == []:
                 del self._tools[_call_key(context, tool)]
-        if pending is None:
+        if entry is None:
             return
+        run, pending = entry
         error = getattr(context, _ERROR_ATTR, None)
         if error is not None:
             try:
                 delattr(context, _ERROR_ATTR)
             except AttributeError:
                 pass
-        self._obey(after_tool, self.run, pending, ok=error is None, error=error)
+        self._obey(after_tool, run, pending, ok=error is None, error=error)
+
+
+def _end_child(child) -> None:
+    try:
+        child.__exit__(None, None, None)  # completed, or killed if it saw a stop
+    except Exception:  # noqa: BLE001 - ending must never replace the agent's own outcome
+        log.exception("agent-watchdog: could not end child run %s", child.id)
+
+
+def _agent_name(agent) -> str:
+    name = getattr(agent, "name", None)
+    return name[:128] if isinstance(name, str) and name.strip() else type(agent).__name__[:128]
 
 
 def _call_key(context, tool):

@@ -83,6 +83,7 @@ class Watchdog:
         self.engine = make_engine(url, pool_size=pool_size, max_overflow=1, pool_timeout=PG_CONNECT_TIMEOUT_S * 2,
                                   **kw)
         self.writer = Writer(self.engine, pool_size)
+        self.closed = False
         self._buffer: deque = deque()
         self._buffer_max = buffer_max
         self._buffer_lock = threading.RLock()
@@ -109,8 +110,10 @@ class Watchdog:
     # -- runs --------------------------------------------------------------
 
     def run(self, agent: str, *, kill_mode: str = lc.COOPERATIVE, labels: dict | None = None, run_id: str | None = None,
-            guards: bool = True, **budgets) -> "Run":
-        """Open a run; use it as a context manager."""
+            guards: bool = True, parent_id: str | None = None, _parent=None, _left=None, **budgets) -> "Run":
+        """Open a run; use it as a context manager. `parent_id`: the run is a child of that run
+        (a sub-agent in another process; in the same process use `run.child(...)`)."""
+        from watchdog.sdk import children
         from watchdog.sdk.run import Run  # late: Run needs this module's Watchdog type only at call time
 
         validate_name("agent", agent, AGENT_MAX_CHARS)
@@ -130,8 +133,18 @@ class Watchdog:
         refused = self.refusal(agent, labels)
         if refused is not None:  # before the run exists: no model call is ever made for it
             raise RunKilled(*refused)
-        return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id,
-                   budgets={k: v for k, v in budgets.items() if v is not None}, profile=profile, guards=guards)
+        asked = {k: v for k, v in budgets.items() if v is not None}
+        ancestors: tuple[str, ...] = ()
+        if parent_id is not None and _parent is None:
+            validate_name("parent_id", parent_id, RUN_ID_MAX_CHARS)
+            ancestors, _pb, _left = children.from_store(self, parent_id)
+            hit = children.exhausted(_left)
+            if hit is not None:
+                raise ValueError(f"parent_id: run {parent_id[:8]} has no {hit[0].label} left for a child run")
+        if _left:  # a child: its own budgets, never above what its parent has left
+            asked = children.clamp(asked, profile, _left)
+        return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id, budgets=asked,
+                   profile=profile, guards=guards, parent=_parent, ancestors=ancestors)
 
     # -- published settings (prices, profiles) ------------------------------
 
@@ -293,6 +306,7 @@ class Watchdog:
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
     def close(self):
+        self.closed = True  # a run still held in a pause gives up (watchdog.sdk.pause)
         self.flush()
         self.writer.close()
         self.engine.dispose()

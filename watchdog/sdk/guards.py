@@ -148,6 +148,15 @@ class Guard:
         with self._lock:
             self._refuse_next(_ON_TOOL, {"tool_calls": 1})
 
+    def absorb(self, steps: int, tool_calls: int, cost_eur: float, tokens: int = 0):
+        """A child run's records count on its parent's budgets too (never on its loops)."""
+        with self._lock:
+            self.used["steps"] += steps
+            self.used["tool_calls"] += tool_calls
+            self.used["cost_eur"] += cost_eur
+            if "tokens" in self.used:
+                self.used["tokens"] += tokens
+
     def count_tool_call(self):
         """One attempt was made and recorded (ok, error or fail-fast)."""
         with self._lock:

@@ -7,6 +7,11 @@ after `announce_after_s`, the run's `progress` ("in scan_archive since
 14:03:05, no answer yet"). It never touches `last_seen_at`: a hung run still
 looks hung to the daemon, the alert just says where.
 
+The same thread makes a stop reach a tool that is still running: once a second it
+reads the status of the runs with a tool in flight (one SELECT, only while some call
+has been running for a second or more) and sets `run.cancelled` of those asked to stop
+(or whose parent run was), so a long tool can return early.
+
 The hot path pays two dict operations per tool call; the thread wakes once a
 second and writes only for slow calls.
 """
@@ -59,8 +64,31 @@ class InflightTools:
                 due = [c for c in self._calls.values() if not c[4] and now - c[2] >= self.announce_after_s]
                 for c in due:
                     c[4] = True
+                polled = {id(c[0]): c[0] for c in self._calls.values()
+                          if now - c[2] >= POLL_S and not c[0].cancelled.is_set()}
             for run, tool, _t0, started_at, _ in due:
                 self._write(run, f"in {tool} since {started_at.astimezone():%H:%M:%S}, no answer yet")
+            if polled:
+                self._poll(list(polled.values()))
+
+    def _poll(self, in_flight: list) -> None:
+        """Set `cancelled` on the runs (with a tool in flight) whose row, or an ancestor's, says stop."""
+        from watchdog.sdk.children import obeyed_stop
+        from watchdog.store.lineage import poll_sql
+
+        ids = sorted({i for run in in_flight for i in run.lineage.ids})
+        try:
+            rows = self.wd.writer.query(poll_sql(self.wd.writer.dialect, len(ids)), tuple(ids))
+        except Exception:  # noqa: BLE001 — the store is down: the tool's own record will see the stop
+            return
+        by_id = {r[3]: r for r in rows}
+        for run in in_flight:
+            for rid in run.lineage.ids:  # its own row first, then its ancestors'
+                row = by_id.get(rid)
+                stop = obeyed_stop(row, run.id) if row is not None else None
+                if stop is not None:
+                    run._cancel(stop)
+                    break
 
     def _write(self, run, progress: str) -> None:
         try:

@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections import Counter
 import threading
 import time
 import uuid
+import weakref
+from collections import Counter
 
+from watchdog.core import approvals as ap
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.procid import current_create_time, hostname
 from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
                                    validate_count, validate_name, validate_tokens)
 from watchdog.errors import RunKilled
-from watchdog.sdk import toolcall
+from watchdog.sdk import children, toolcall
 from watchdog.sdk.guards import Guard
+from watchdog.sdk.pause import Hold, pause_statements
+from watchdog.store.lineage import Lineage
 from watchdog.store.schema import utcnow
+
+
+PARTIAL_MAX_CHARS = 2000
 
 
 class Run:
     """Created by `Watchdog.run()`. Every record is one transaction that also reads
-    the run's status back: when the daemon asked the run to stop, it raises RunKilled."""
+    the run's status back: when the daemon asked the run to stop, it raises RunKilled;
+    when it paused the run (on_breach = "pause"), the record waits for a human's answer."""
 
-    def __init__(self, wd, *, agent, kill_mode, labels, run_id, budgets, profile, guards):
+    def __init__(self, wd, *, agent, kill_mode, labels, run_id, budgets, profile, guards, parent=None,
+                 ancestors: tuple[str, ...] = ()):
         self.wd = wd
         self.id = run_id or uuid.uuid4().hex
         self.agent = agent
@@ -47,6 +57,19 @@ class Run:
         self.dedupe_cache: dict = {}  # (tool, args hash) -> (stored at, result) of read-only calls
         self.guard = Guard(self.budgets.to_json()) if guards else None
         self._attester = None  # set while a run that may be signalled is not attested yet
+        # Set (within a second, while a tool is in flight) when the run is asked to stop:
+        # a long tool polls it (`if run.cancelled.is_set(): return what_i_have`).
+        self.cancelled = threading.Event()
+        self._stop_raised = False  # the agent has been told (RunKilled raised) of self._stop
+        self._cancel_waiters: set = set()  # Events a stop also sets (a tool waited on with timeout_s)
+        self.partial_result: str | None = None
+        self.parent = parent  # the in-process parent Run of a child run, else None
+        if parent is not None:
+            ancestors = (parent.id, *parent.lineage.ancestors)
+        self.parent_id = ancestors[0] if ancestors else None
+        self._children: weakref.WeakSet = weakref.WeakSet()
+        self.lineage = Lineage(wd.writer.dialect, self.id, ancestors)
+        self._hold = Hold(self)
 
     def effective_budgets(self) -> dict:
         """The profile's budgets lowered by the run's own request (what the daemon applies too)."""
@@ -68,8 +91,11 @@ class Run:
             d.json(self.labels), *(self.requested.get(k) for k in bud.RUN_BUDGET_KEYS),
             d.ts(now), d.ts(now),
         )
+        statements = [(d.insert_run, params)]
+        if self.parent_id is not None:
+            statements.append((self.lineage.parent_sql, (self.parent_id, self.id)))
         try:
-            self.wd.write([(d.insert_run, params)], raise_conflict=True)
+            self.wd.write(statements, raise_conflict=True)
         except Exception:  # only a duplicate id gets here: events would land in the other run
             raise ValueError(f"run_id: a run {self.id!r} already exists in the store; give each run its own id") from None
         self.status = lc.RUNNING
@@ -118,7 +144,92 @@ class Run:
     def check(self):
         """Raise RunKilled if this run was stopped; cheap, no I/O."""
         if self._stop is not None:
+            self._stop_raised = True
             raise self._stop
+
+    def _check_recorded(self):
+        """`check` for a record of something that already happened (a model call, a tool call):
+        a stop seen in the background (the in-flight poll) lets this one record through first,
+        then the record's own status read raises it."""
+        if self._stop is not None and self._stop_raised:
+            raise self._stop
+
+    # -- pause, cancellation, child runs, partial results ----------------------------
+
+    def _cancel(self, stop: RunKilled) -> None:
+        """The run was asked to stop: remember it, set `cancelled`, wake whatever waits on it
+        (a held record, a tool with timeout_s), and cancel this process's child runs too."""
+        if self._stop is None:
+            self._stop = stop
+        self.cancelled.set()
+        for event in list(self._cancel_waiters):
+            event.set()
+        self._hold.wake()
+        for child in list(self._children):
+            if not child.cancelled.is_set():
+                child._cancel(RunKilled(stop.reason, f"its parent run {self.id[:8]} was stopped: {stop.detail}"))
+
+    def _watch_cancel(self, event: threading.Event) -> None:
+        self._cancel_waiters.add(event)
+        if self.cancelled.is_set():
+            event.set()
+
+    def _unwatch_cancel(self, event: threading.Event) -> None:
+        self._cancel_waiters.discard(event)
+
+    def _set_budgets(self, budgets) -> None:
+        """New limits (a human resumed the run with more): the guards hold it to them from now on."""
+        self.budgets = budgets
+        if self.guard is not None:
+            self.guard.budgets.update(budgets.to_json())
+
+    def _absorb(self, steps: int, calls: int, errors: int, tokens_in: int, tokens_out: int, cost_eur: float):
+        """A child run's record: it counts on this run's totals and budgets too (not on its loops)."""
+        with self._lock:
+            self.steps += steps
+            self.tool_calls += calls
+            self.tool_errors += errors
+            self.tokens_in += tokens_in
+            self.tokens_out += tokens_out
+            self.cost_eur += cost_eur
+        if self.guard is not None:
+            self.guard.absorb(steps, calls, cost_eur, tokens_in + tokens_out)
+
+    def child(self, agent: str, *, labels: dict | None = None, run_id: str | None = None,
+              guards: bool | None = None, kill_mode: str = lc.COOPERATIVE, **budgets) -> "Run":
+        """A child run (a sub-agent) with its own budgets, never above what this run has left;
+        its steps, tool calls and spend count on this run too. Use it as a context manager.
+
+        It shares this process: it is stopped cooperatively, never signalled (a sub-agent in its
+        own process opens with `wd.run(..., parent_id=run.id, kill_mode="process")`). When this
+        run has nothing left to give, this run's own breach is raised (or it pauses)."""
+        if kill_mode != lc.COOPERATIVE:
+            raise ValueError("kill_mode: a child run shares its parent's process and is stopped cooperatively; "
+                             "open a sub-agent in its own process with wd.run(..., parent_id=...) to have it signalled")
+        if self.started_at is None:
+            raise ValueError("child(): start the parent run first (inside its `with` block)")
+        self.check()
+        left: dict = {}
+
+        def room():
+            left.clear()
+            left.update(children.left_of(self.budgets, children.spent_in_process(self)))
+            children.no_room(self, left)
+
+        self._guarded(room)
+        child = self.wd.run(agent, kill_mode=lc.COOPERATIVE, labels=labels, run_id=run_id,
+                            guards=self.guards_enabled if guards is None else guards, _parent=self, _left=left,
+                            **budgets)
+        self._children.add(child)
+        return child
+
+    def partial(self, result) -> None:
+        """Keep what the run has produced so far (a string, or JSON data): `show` and the stop
+        alert report it. Allowed after a stop too (that is what it is for)."""
+        text = result if isinstance(result, str) else json.dumps(result, default=str, ensure_ascii=False)
+        text = text[:PARTIAL_MAX_CHARS]
+        self.partial_result = text
+        self.wd.write([(self.lineage.partial_sql, (text, self.id))])
 
     # -- records ---------------------------------------------------------------
 
@@ -150,7 +261,7 @@ class Run:
             cost_eur = self.wd.price_eur(model, tokens_in, tokens_out, cached, reasoning)  # None: unpriced
         else:
             cost_eur = validate_amount("cost_eur", cost_eur)
-        self.check()
+        self._check_recorded()
         if self.guard:
             self.guard.after_step(cost_eur or 0.0, tokens_in + tokens_out)
         self._record(lc.EV_STEP, model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur,
@@ -185,7 +296,7 @@ class Run:
         cls, msg = error_fields(error, self.wd.record_errors) if not ok else (None, None)
         if not ok and cls is None:
             cls, msg = "Error", None if self.wd.record_errors == "class" else "tool reported failure"
-        self.check()
+        self._check_recorded()
         self._record(lc.EV_TOOL, tool=name, args_hash=args_hash, args=args, ok=ok,
                      error_class=cls, error_msg=msg, duration_s=duration_s, attempt=attempt if attempt > 1 else None)
 
@@ -211,12 +322,35 @@ class Run:
         return time.monotonic() - self._t0 if self.started_at else 0.0
 
     def _guarded(self, check):
+        """Run an in-process guard check. A breach stops the run (RunKilled), or, with the
+        profile's on_breach = "pause" for it, pauses it and waits for a human: the check runs
+        again with the budgets the run was resumed with."""
+        while True:
+            try:
+                check()
+                return
+            except RunKilled as stop:
+                if self._stop is None and ap.pauses(self.budgets, stop.reason) and self._pause(stop):
+                    continue  # resumed with more: check again
+                self._cancel(stop)
+                self._stop_raised = True
+                self._publish_stop(stop)
+                raise
+
+    def _pause(self, stop: RunKilled) -> bool:
+        """Pause the run in the store for a guard's breach and hold until a human answers.
+        True when resumed; False when it could not pause (the store is unreachable: a pause
+        nobody can see or answer would be a hang, so the run stops as without pause)."""
         try:
-            check()
-        except RunKilled as stop:
-            self._stop = stop
-            self._publish_stop(stop)
-            raise
+            row = self.wd.writer.transaction(pause_statements(self, stop, utcnow()))
+        except Exception:  # noqa: BLE001
+            return False
+        if row is None:
+            return False
+        if row[0] == lc.RUNNING and (row[3] if len(row) > 3 else self.id) == self.id:
+            return False  # not paused (it was not running): stop
+        self._obey(row)
+        return True
 
     def _publish_stop(self, stop: RunKilled):
         """Say at once, in the store, that an in-process guard stopped this run.
@@ -258,10 +392,16 @@ class Run:
             f.get("duration_s"), f.get("model"), f.get("tokens_in"), f.get("tokens_out"), f.get("cost_eur"),
             f.get("progress"), f.get("attempt"), cached, reasoning,
         )
-        update = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0,
-                  cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)
+        counts = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0)
+        update = (*counts, cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)
         statements = [(d.insert_event, event), (d.update_run, update)]
-        if not d.returning:
+        if self.lineage.ancestors:  # a child: count on its ancestors too, obey theirs as well as its own status
+            statements += self.lineage.record_statements(counts, at)
+            ancestor = self.parent
+            while ancestor is not None:
+                ancestor._absorb(*counts)
+                ancestor = ancestor.parent
+        elif not d.returning:
             statements.append((d.select_status, (self.id,)))
         row = self.wd.write(statements)
         if self._attester is not None:
@@ -270,8 +410,15 @@ class Run:
             self._obey(row)
 
     def _obey(self, row):
-        status, reason, detail = row
-        self.status = status
-        if status == lc.STOPPING or status in (lc.KILLED, lc.LOST):
-            self._stop = RunKilled(reason or lc.MANUAL, detail or "")
-            raise self._stop
+        """Act on the status a record read back: stopped → RunKilled; paused → wait for a human."""
+        if len(row) < 4 or row[3] == self.id:
+            self.status = row[0]
+        stop = children.obeyed_stop(row, self.id)
+        if stop is None and row[0] == lc.PAUSED:
+            self._hold.wait(row)  # returns once resumed (budgets re-read), raises RunKilled when stopped
+            return
+        if stop is not None:
+            self._cancel(stop)
+            self._stop = stop
+            self._stop_raised = True
+            raise stop

@@ -30,6 +30,7 @@ import time
 
 from watchdog.core.records import hash_args, validate_amount
 from watchdog.errors import RunKilled, ToolUnavailable
+from watchdog.sdk import deadline
 from watchdog.sdk.circuitview import PROBE
 
 _clock = time.monotonic  # the dedupe window's clock (tests replace it)
@@ -115,7 +116,7 @@ def after_tool(run, pending: PendingTool, *, ok: bool, error=None, duration_s: f
 
 
 def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retries: int = 0,
-              retry_on=(Exception,), backoff_s: float = 0.5):
+              retry_on=(Exception,), backoff_s: float = 0.5, timeout_s: float | None = None):
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a tool name, got {name!r}")
     if not isinstance(args, dict):
@@ -126,6 +127,8 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
         raise ValueError(f"retries: expected an integer >= 0, got {retries!r}")
     retry_on = _exception_types(retry_on)
     backoff_s = validate_amount("backoff_s", backoff_s)
+    if timeout_s is not None and (validate_amount("timeout_s", timeout_s) <= 0):
+        raise ValueError(f"timeout_s: expected a number > 0, got {timeout_s!r}")
     args_hash = hash_args(args, tool=name)
     run.check()
 
@@ -149,7 +152,10 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
                 raise exc from last_exc
             raise
         try:
-            result = fn(**args)
+            result = fn(**args) if timeout_s is None else deadline.call(run, name, fn, args, timeout_s)
+        except RunKilled as stop:  # stopped while the tool ran (timeout_s, or the tool raised it)
+            after_tool(run, pending, ok=False, error=stop)
+            raise
         except Exception as exc:
             after_tool(run, pending, ok=False, error=exc)
             if pending.probe or attempt > retries or not isinstance(exc, retry_on) or isinstance(exc, ToolUnavailable):

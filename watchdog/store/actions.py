@@ -65,7 +65,7 @@ def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
         duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=scrub(last_error),
         progress=scrub(row.progress), tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
-        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0)
+        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0, partial=scrub(getattr(row, "partial", None)))
 
 
 def stop_plan(kill_mode: str) -> str:
@@ -75,25 +75,43 @@ def stop_plan(kill_mode: str) -> str:
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
-                 run_facts: RunFacts, sealer=None) -> bool:
-    """running → stopping, with its intervention and (from the daemon, `sealer` given) its alert;
-    False if someone else got there first. Without a sealer (the CLI) the daemon composes the
-    alert when it sees the stop."""
+                 run_facts: RunFacts, sealer=None, why: str | None = None) -> bool:
+    """running (or paused) → stopping, with its intervention and (from the daemon, `sealer` given)
+    its alert, and the same for the run's active child runs; False if someone else got there
+    first. Without a sealer (the CLI) the daemon composes the alerts when it sees the stops.
+    `why`: said before the plan (a paused run nobody answered, or killed while paused)."""
     from watchdog.core.messages import stop_alert
+    from watchdog.store.children import stop_descendants, with_top_child
 
     res = conn.execute(
         update(runs)
-        .where(and_(runs.c.id == row.id, runs.c.status == lc.RUNNING))
+        .where(and_(runs.c.id == row.id, runs.c.status.in_(lc.STOPPABLE_STATUSES)))
         .values(status=lc.STOPPING, stop_reason=reason, stop_detail=detail, stop_requested_at=now)
     )
     if res.rowcount != 1:
         return False
     plan = stop_plan(row.kill_mode)
     iid = record(conn, at=now, action="stop_requested", by=by, run_id=row.id, reason=reason, detail=detail,
-                 outcome=plan)
-    title, body = stop_alert(run_facts, budgets, reason, detail, plan)
-    enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+                 outcome=f"{why}; {plan}" if why else plan)
+    if sealer is not None:
+        title, body = stop_alert(with_top_child(conn, row, run_facts), budgets, reason, detail,
+                                 f"{why}; {plan}" if why else plan)
+        enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                      sealer=sealer)
+    for child, child_detail in stop_descendants(conn, row, reason=reason, detail=detail, now=now, by=by):
+        if sealer is not None:
+            title, body = stop_alert(facts(child, now=now), budgets_of_child(child, budgets), reason, child_detail,
+                                     stop_plan(child.kill_mode))
+            enqueue_alert(conn, f"stop:{child.id}", title, body, now=now, run_id=child.id, sealer=sealer)
     return True
+
+
+def budgets_of_child(child, parent_budgets: Budgets) -> Budgets:
+    """What a child run's alert shows it against: its own columns over its parent's profile
+    (the daemon's config is not at hand here; a child never has more than its parent)."""
+    from watchdog.core.budgets import for_run
+
+    return for_run(parent_budgets, child)
 
 
 def mark_lost(conn, row, *, detail: str, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts,

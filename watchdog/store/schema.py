@@ -121,6 +121,14 @@ runs = Table(
     Column("ended_at", UTCDateTime),
     # When the daemon booked the ended run into the spend ledger (NULL: not yet; see store.ledger).
     Column("booked_at", UTCDateTime),
+    # A child run (run.child): its steps, tool calls and spend also count on its parent's row.
+    # No foreign key: a child may outlive its pruned parent; the SDK checks the parent at start.
+    Column("parent_id", String(32)),
+    # on_breach = "pause": since when it is held (NULL unless paused), and how often a human
+    # resumed it (> 0: its own budget columns hold, above its profile too).
+    Column("paused_at", UTCDateTime),
+    Column("resumes", Integer, nullable=False, server_default="0"),
+    Column("partial", Text),  # run.partial(): a short partial result, kept across a stop
     Index(None, "status", "booked_at"),  # the ended runs not booked yet, without a scan
     # The top tool, written once when the run has ended ("sealed" by the daemon's leader), so
     # listing ended runs never aggregates their events. NULL while active or not sealed yet;
@@ -139,6 +147,7 @@ runs = Table(
     # Ended runs whose top tool is not sealed yet: a partial index stays as small as the backlog.
     Index("ix_runs_unsealed", "ended_at", postgresql_where=text("ended_at IS NOT NULL AND top_tool_calls IS NULL"),
           sqlite_where=text("ended_at IS NOT NULL AND top_tool_calls IS NULL")),
+    Index(None, "parent_id"),
 )
 
 events = Table(

@@ -106,6 +106,7 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, bud
         "host": row.host,
         "pid": row.pid,
         "kill_mode": row.kill_mode,
+        "parent_id": getattr(row, "parent_id", None),
         "labels": row.labels,
         "started_at": _iso(row.started_at),
         "last_seen_at": _iso(row.last_seen_at),
@@ -113,6 +114,9 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, bud
         "ended_at": _iso(row.ended_at),
         "duration_s": round((end - row.started_at).total_seconds(), 3),
         "progress": row.progress,
+        "paused_at": _iso(getattr(row, "paused_at", None)),
+        "resumes": getattr(row, "resumes", 0) or 0,
+        "partial": getattr(row, "partial", None),
         "top_tool": top.to_json() if top else None,
         "budgets": {b.key: getattr(budgets, b.key) for b in RUN_BUDGETS},
     }
@@ -201,6 +205,13 @@ def run_detail(conn, run_id: str, config: Config, now: dt.datetime, *, last_even
     ivs = conn.execute(
         select(interventions).where(interventions.c.run_id == row.id).order_by(interventions.c.id)
     ).all()
+    from watchdog.store.children import children_of
+
+    record["children"] = [
+        {"id": c.id, "agent": c.agent, "status": c.status, "stop_reason": c.stop_reason, "steps": c.steps,
+         "tool_calls": c.tool_calls, "cost_eur": round(c.cost_eur, 6), "partial": c.partial}
+        for c in children_of(conn, row.id)
+    ]
     record["interventions"] = [
         {"at": _iso(i.at), "action": i.action, "reason": i.reason, "detail": i.detail, "outcome": i.outcome,
          "actor": i.actor}

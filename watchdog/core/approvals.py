@@ -1,0 +1,164 @@
+"""Pause and approve: which breaches pause, what `resume` grants, and what the alerts say.
+
+With `on_breach = "pause"` a run over a budget that `resume` can raise (steps, tool
+calls, money, wall clock) is held instead of stopped, and a human decides:
+`agent-watchdog resume RUN --add-steps N` or `agent-watchdog kill RUN`. Loops,
+silence and a vanished process never pause: they stop. Nobody answers within
+`approval_timeout_s`: the run is stopped with the reason it paused for.
+
+Pure: numbers in, decisions and texts out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from watchdog.core.budgets import BY_KEY, PAUSABLE, Budget, Totals
+from watchdog.core.messages import RunFacts, body
+
+BY_REASON: dict[str, Budget] = {b.reason: b for b in PAUSABLE}
+# `resume` option → the budget it raises ("add-steps" → max_steps).
+BY_OPTION: dict[str, Budget] = {b.add_option: b for b in PAUSABLE}
+
+
+def pauses(prof, reason: str) -> bool:
+    """A breach of `reason` pauses this profile's run (else it stops)."""
+    budget = BY_REASON.get(reason)
+    if budget is None:
+        return False
+    on = prof.on_breach
+    if isinstance(on, Mapping):
+        return on.get(budget.key) == "pause"
+    return on == "pause"
+
+
+def decide(verdicts: Sequence, prof):
+    """("pause" | "stop", the verdict acted on) for a running run's verdicts (most specific first).
+    A run pauses only when every budget it broke pauses: one that stops (a loop, silence) wins."""
+    for v in verdicts:
+        if not pauses(prof, v.reason):
+            return "stop", v
+    return "pause", verdicts[0]
+
+
+def stops_while_paused(verdicts: Sequence) -> list:
+    """The verdicts that still act on a paused run: those that can never pause (a loop, silence).
+    Budgets that pause are not judged again until a human answers."""
+    return [v for v in verdicts if v.reason not in BY_REASON]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What `resume` adds: budget key → amount (> 0)."""
+
+    adds: Mapping[str, float]
+
+    @classmethod
+    def from_options(cls, **options) -> "Grant":
+        """From `add_steps=5, add_eur=None, ...` (the CLI's option names, "-" as "_")."""
+        adds = {}
+        for name, value in options.items():
+            if value is None:
+                continue
+            budget = BY_OPTION.get(name.replace("_", "-"))
+            if budget is None:
+                raise ValueError(f"--{name.replace('_', '-')}: not a resume option "
+                                 f"(expected one of {', '.join('--' + o for o in BY_OPTION)})")
+            try:
+                adds[budget.key] = budget.validate(value)
+            except ValueError as exc:
+                raise ValueError(f"--{budget.add_option}: {exc}") from None
+        return cls(adds)
+
+    def columns(self, current, paused_s: float) -> dict[str, float]:
+        """The run's new budget columns: every run budget pinned at what it is held to now
+        (a resumed run's own columns hold, above its profile too), plus the grant. Time spent
+        paused does not count against max_wall_s: it is added to it as well."""
+        from watchdog.core.budgets import RUN_BUDGETS
+
+        out = {b.key: getattr(current, b.key) for b in RUN_BUDGETS}
+        for key, amount in self.adds.items():
+            out[key] = out[key] + amount
+        if paused_s >= 1:
+            out["max_wall_s"] = out["max_wall_s"] + math.ceil(paused_s)
+        return {k: (int(v) if BY_KEY[k].integer else float(v)) for k, v in out.items()}
+
+    def describe(self, before, after: Mapping[str, float]) -> str:
+        """ "max_steps 12 → 17, max_wall_s 300 → 912 (paused 612 s)" """
+        parts = []
+        for key in after:
+            old, new = getattr(before, key), after[key]
+            if new != old:
+                parts.append(f"{key} {_num(old)} → {_num(new)}")
+        return ", ".join(parts)
+
+
+def still_over(reason: str | None, used: Totals, limits: Mapping[str, float], grant: Grant) -> str | None:
+    """Why a resume would not help: the budget the run paused for is still broken with the
+    new limits (the run would pause again at once), or None."""
+    budget = BY_REASON.get(reason or "")
+    if budget is None:
+        return None
+    value, limit = getattr(used, budget.measure), limits[budget.key]
+    if not budget.over(value, limit):
+        return None
+    need = value - (limit - grant.adds.get(budget.key, 0))  # what --add-... must be at least
+    need = math.ceil(need) if budget.integer else round(need + 0.005, 2) if budget.unit == "EUR" else math.ceil(need)
+    return (f"the run paused for {reason} ({budget.label} {budget.fmt(value, limit)}); with {budget.key} "
+            f"{_num(limit)} it would pause again at once: give --{budget.add_option} {_num(need)} or more")
+
+
+def suggestion(reason: str, used: Totals, prof) -> str:
+    """The `--add-...` the pause alert suggests: half the budget again, at least enough to un-breach."""
+    budget = BY_REASON[reason]
+    limit = getattr(prof, budget.key)
+    value = getattr(used, budget.measure)
+    need = max(0.0, value - limit)
+    amount = max(limit / 2, need * 1.5)
+    if budget.integer:
+        amount = max(1, math.ceil(amount))
+    elif budget.unit == "EUR":
+        amount = max(0.01, math.ceil(amount * 100) / 100)
+    else:
+        amount = max(1, math.ceil(amount))
+    return f"--{budget.add_option} {_num(amount)}"
+
+
+def _num(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# --- alert texts ---------------------------------------------------------------------
+
+
+def _used(f: RunFacts) -> Totals:
+    return Totals(steps=f.steps, tool_calls=f.tool_calls, cost_eur=f.cost_eur, tokens=f.tokens, age_s=f.duration_s)
+
+
+def what_to_do(f: RunFacts, prof, reason: str) -> list[str]:
+    rid = f.id[:8]
+    others = ", ".join(f"--{b.add_option} {'X' if b.unit == 'EUR' else 'N'}" for b in PAUSABLE if b.reason != reason)
+    return [f"to continue: agent-watchdog resume {rid} {suggestion(reason, _used(f), prof)}   (or {others})",
+            f"to stop:     agent-watchdog kill {rid}"]
+
+
+def pause_alert(f: RunFacts, prof, reason: str, detail: str, by_guard: bool) -> tuple[str, str]:
+    title = f"agent-watchdog: paused {f.agent} run {f.id[:8]} — {reason}: approve or kill"
+    held = ("its in-process guard held it before the call that would exceed the budget" if by_guard else
+            "held at its next record: no model or tool call goes through")
+    lines = [f"reason {reason}: {detail}",
+             f"action paused, waiting for a human ({held}); stopped with {reason} if nobody answers "
+             f"within {_num(prof.approval_timeout_s)} s",
+             "", *what_to_do(f, prof, reason)]
+    return title, body(f, prof, lines)
+
+
+def resume_alert(f: RunFacts, prof, reason: str | None, granted: str, by: str) -> tuple[str, str]:
+    title = f"agent-watchdog: resumed {f.agent} run {f.id[:8]}" + (f" — {reason}" if reason else "")
+    return title, body(f, prof, [f"resumed by {by}: {granted}"])
+
+
+def timeout_plan(prof, plan: str) -> str:
+    return f"nobody answered within approval_timeout_s {_num(prof.approval_timeout_s)} s of the pause; {plan}"

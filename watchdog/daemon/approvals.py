@@ -1,0 +1,84 @@
+"""The tick's part in pause and approve: pause or stop a run over budget, and judge the paused ones.
+
+A breach pauses when the run's profile says `on_breach = "pause"` for every budget it
+broke; anything else stops (watchdog.core.approvals.decide). A paused run is still
+watched: its process dying marks it lost, a loop or silence stops it, and once
+`approval_timeout_s` has passed without `resume` or `kill` it is stopped with the
+reason it paused for.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from watchdog.core import approvals as ap
+from watchdog.core.policies import evaluate
+from watchdog.store.actions import mark_lost, request_stop
+from watchdog.store.approvals import acknowledge, acknowledge_resume, pause_key, request_pause
+
+log = logging.getLogger("watchdog.tick")
+
+
+def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep) -> tuple[str, object, bool]:
+    """Pause or stop a running run over budget (one transaction, the caller's):
+    ("pause" | "stop", the verdict acted on, whether this tick did it)."""
+    action, v = ap.decide(verdicts, budgets)
+    if action == "pause":
+        done = request_pause(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
+                             run_facts=facts, sealer=tk.sealer)
+        if done:
+            rep.pauses.append((row.id, v.reason))
+            tk._pause_seen.add(pause_key(row, now))
+            log.warning("paused: %s run %s — %s (%s); waiting for resume or kill", row.agent, row.id[:8],
+                        v.reason, v.detail)
+        return action, v, done
+    done = request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
+                        run_facts=facts, sealer=tk.sealer)
+    if done:
+        rep.stops.append((row.id, v.reason))
+        log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
+    return action, v, done
+
+
+def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
+    """One paused run: lost, stopped (a loop, silence, no answer in time), or still waiting."""
+    if tk._gone(row, live, now):
+        with batch.run() as conn:
+            if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run "
+                                            f"(it was paused for {row.stop_reason})",
+                         now=now, by=tk.by, budgets=budgets, run_facts=facts, sealer=tk.sealer):
+                rep.lost.append(row.id)
+        return
+    rep.paused += 1
+    key = pause_key(row, row.paused_at) if row.paused_at is not None else None
+    if key is not None and key not in tk._pause_seen:
+        with batch.run() as conn:  # paused by the run's own guard: say so once
+            acknowledge(conn, row, now=now, by=tk.by, budgets=budgets, run_facts=facts, sealer=tk.sealer)
+        tk._pause_seen.add(key)
+    stops = ap.stops_while_paused(evaluate(tk.scanner.snapshot(row, now), budgets, now))
+    if stops:
+        v = stops[0]
+        with batch.run() as conn:
+            if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
+                            run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer):
+                rep.stops.append((row.id, v.reason))
+        return
+    waited_s = (now - row.paused_at).total_seconds() if row.paused_at is not None else None
+    if row.paused_at is None or row.stop_reason not in ap.BY_REASON or waited_s >= budgets.approval_timeout_s:
+        # No answer in time (or a paused row nobody could answer: no pause time, no pausable reason).
+        reason = row.stop_reason if row.stop_reason in ap.BY_REASON else "manual"
+        detail = row.stop_detail or "paused without a reason"
+        why = (ap.timeout_plan(budgets, "stopped with the reason it paused for") if waited_s is not None
+               else "paused without a pause time or reason")
+        with batch.run() as conn:
+            if request_stop(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
+                            run_facts=facts, why=why, sealer=tk.sealer):
+                rep.stops.append((row.id, reason))
+                log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
+
+
+def announce_resume(tk, row, *, budgets, facts, now, batch) -> None:
+    """A run a human resumed (`agent-watchdog resume`, which queues no alert): say so, once."""
+    with batch.run() as conn:
+        acknowledge_resume(conn, row, now=now, budgets=budgets, run_facts=facts, sealer=tk.sealer)
+    tk._resume_seen.add((row.id, row.resumes))

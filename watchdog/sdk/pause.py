@@ -1,0 +1,140 @@
+"""Holding a paused run: the agent's thread waits at its record until a human answers.
+
+The record that finds its run `paused` (the daemon paused it, or its own guard did)
+does not return: its thread waits on a condition, waking once a second to re-read
+the run's status (one short SELECT, no busy loop), and keeps the run's `last_seen_at`
+fresh so the pause is never mistaken for a hang. `resume` → the run's raised budgets
+are read back and the record returns; `kill` or the approval timeout → RunKilled.
+
+No model or tool call goes through while paused: every record of the run (and of its
+child runs, which see their ancestors' status) waits here.
+
+If no daemon answers at all, the SDK stops the run itself a little after
+`approval_timeout_s`, with the reason it paused for: a pause never hangs an agent forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from watchdog.core import budgets as bud
+from watchdog.core import lifecycle as lc
+from watchdog.errors import RunKilled
+from watchdog.sdk.children import obeyed_stop
+from watchdog.store.schema import utcnow
+
+log = logging.getLogger("watchdog.client")
+
+POLL_S = 1.0  # how often a held thread re-reads the run's status
+BEAT_MAX_S = 30.0  # at most this long between keep-alives (a quarter of heartbeat_timeout_s if shorter)
+# Without a daemon the SDK stops a paused run itself this long after approval_timeout_s
+# (in daemon ticks, plus a margin): the daemon, when there is one, always answers first.
+FALLBACK_TICKS = 3
+FALLBACK_MARGIN_S = 5.0
+
+
+class Hold:
+    """The pause gate of one run. Thread-safe: every thread recording on the run may wait here."""
+
+    def __init__(self, run):
+        self.run = run
+        self.cond = threading.Condition()
+        self._beat_at = 0.0
+
+    def wake(self) -> None:
+        """Wake the held threads now (a stop seen in this process)."""
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait(self, row) -> None:
+        """Wait while `row` (the run's status, or its ancestor's) says paused. Returns when the
+        run may go on, with its budgets re-read; raises RunKilled when it was stopped."""
+        run = self.run
+        t0 = time.monotonic()
+        warned = False
+        while True:
+            stop = obeyed_stop(row, run.id) or run._stop  # the latter: seen meanwhile by another thread
+            if stop is not None:
+                run._cancel(stop)
+                run._stop_raised = True
+                raise stop
+            if row[0] != lc.PAUSED:
+                self._reload_budgets()
+                return
+            own = (row[3] if len(row) > 3 else run.id) == run.id
+            with self.cond:
+                self.cond.wait(POLL_S)
+            if run.wd.closed:  # the agent closed its Watchdog: nobody is left to hold for
+                row = (lc.STOPPING, row[1], f"{row[2] or ''} (the Watchdog was closed while the run was paused)")
+                continue
+            self._beat()
+            if time.monotonic() - t0 > self._fallback_s():
+                if own:
+                    self._give_up(row)
+                # Held by a paused ancestor nobody answered: this run stops (the ancestor's own
+                # holder, or the daemon, stops the ancestor).
+                row = (lc.STOPPING, row[1], f"{row[2] or ''} (its parent run {row[3][:8]} stayed paused past "
+                                            f"approval_timeout_s)", row[3])
+                continue
+            try:
+                rows = run.wd.writer.query(run.lineage.status_sql, run.lineage.status_params)
+            except Exception as exc:  # noqa: BLE001 — the store is down: stay held, a pause is a pause
+                if not warned:
+                    log.warning("agent-watchdog: run %s is paused and the store is unreachable (%s); "
+                                "holding until it answers", run.id[:8], type(exc).__name__)
+                    warned = True
+                continue
+            if not rows:  # the row is gone (deleted by hand): nothing holds the run any more
+                return
+            row = rows[0]
+
+    def _beat(self) -> None:
+        every = min(BEAT_MAX_S, self.run.budgets.heartbeat_timeout_s / 4)
+        now = time.monotonic()
+        if now - self._beat_at < every:
+            return
+        self._beat_at = now
+        d = self.run.wd.writer.dialect
+        try:
+            self.run.wd.writer.transaction([(self.run.lineage.beat_sql, (d.ts(utcnow()), *self.run.lineage.ids))])
+        except Exception:  # noqa: BLE001 — a keep-alive: the next one may get through
+            pass
+
+    def _fallback_s(self) -> float:
+        tick_s = self.run.wd.config().daemon.tick_s
+        return self.run.budgets.approval_timeout_s + FALLBACK_TICKS * tick_s + FALLBACK_MARGIN_S
+
+    def _give_up(self, row) -> None:
+        """No daemon answered: stop the run with the reason it paused for."""
+        run = self.run
+        try:
+            run.wd.writer.transaction([(run.lineage.give_up_sql, (run.wd.writer.dialect.ts(utcnow()), run.id))])
+        except Exception:  # noqa: BLE001 — stopping locally is what matters; the end record is buffered
+            pass
+        stop = RunKilled(row[1] or lc.MANUAL, f"{row[2] or ''} (nobody answered the pause within "
+                                               f"approval_timeout_s {run.budgets.approval_timeout_s:g} s)")
+        run._cancel(stop)
+        run._stop_raised = True
+        raise stop
+
+    def _reload_budgets(self) -> None:
+        """A resumed run's raised budgets, read back: the guards hold it to them from now on."""
+        run = self.run
+        try:
+            rows = run.wd.writer.query(run.lineage.budgets_sql, (run.id,))
+        except Exception:  # noqa: BLE001 — keep the old budgets: the daemon judges by the new ones
+            return
+        if not rows:
+            return
+        *values, resumes = rows[0]
+        asked = {k: v for k, v in zip(bud.RUN_BUDGET_KEYS, values) if v is not None}
+        run._set_budgets(bud.effective(run.profile, asked, raised=bool(resumes)))
+
+
+def pause_statements(run, stop: RunKilled, now) -> list:
+    """running → paused, written by the run's own guard: the status only (the daemon records and
+    alerts a pause it did not request), then the status the run must obey."""
+    return [(run.lineage.pause_sql, (stop.reason, stop.detail, run.wd.writer.dialect.ts(now), run.id)),
+            (run.lineage.status_sql, run.lineage.status_params)]

@@ -1,0 +1,127 @@
+"""Pause and approve in the store: running → paused, paused → running with more budget.
+
+Each state change is written with its audit row and its alert in one transaction, like
+every stop (watchdog.store.actions). The decisions are watchdog.core.approvals'; who
+pauses is the daemon (its tick) or the run's own in-process guard (which writes only
+the status: the daemon records and alerts what it did not request, `acknowledge`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import pwd
+import socket
+
+from sqlalchemy import and_, desc, select, update
+
+from watchdog.core import approvals as ap
+from watchdog.core import lifecycle as lc
+from watchdog.core.budgets import Budgets, Totals
+from watchdog.core.messages import RunFacts
+from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.children import with_top_child
+from watchdog.store.schema import interventions, runs
+
+
+def operator() -> str:
+    """Who ran a CLI command: `cli@host:pid (user)`; the user from the process's real uid, never
+    from the environment (plus who used sudo, when it was sudo)."""
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = f"uid {os.getuid()}"
+    sudo = os.environ.get("SUDO_USER")
+    if sudo and os.getuid() == 0:
+        user += f", sudo by {sudo}"
+    return f"cli@{socket.gethostname()}:{os.getpid()} ({user})"
+
+
+def pause_key(row, paused_at: dt.datetime) -> str:
+    """The alert key of one pause: a run paused, resumed and paused again gets two alerts."""
+    return f"pause:{row.id}:{paused_at.timestamp():.6f}"
+
+
+def request_pause(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
+                  run_facts: RunFacts, sealer=None) -> bool:
+    """running → paused, with its intervention and its alert (what to answer); False if the run
+    is no longer running."""
+    res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.RUNNING))
+                       .values(status=lc.PAUSED, stop_reason=reason, stop_detail=detail, paused_at=now))
+    if res.rowcount != 1:
+        return False
+    _announce(conn, row, reason, detail, now, by, budgets, run_facts, by_guard=False, sealer=sealer)
+    return True
+
+
+def acknowledge(conn, row, *, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts,
+                sealer=None) -> bool:
+    """A paused run whose pause this daemon did not write (its in-process guard paused it):
+    record and alert it once. True when it did."""
+    if row.paused_at is None or queued(conn, pause_key(row, row.paused_at)):
+        return False
+    reason = row.stop_reason if row.stop_reason in ap.BY_REASON else None
+    if reason is None:
+        return False  # not a pause anyone can answer with more budget: the tick stops it
+    _announce(conn, row, reason, row.stop_detail or "", row.paused_at, by, budgets, run_facts, by_guard=True,
+              at=now, sealer=sealer)
+    return True
+
+
+def _announce(conn, row, reason, detail, paused_at, by, budgets, f, *, by_guard: bool, at=None, sealer=None):
+    held = "in-process guard paused the run" if by_guard else "paused: held at its next record"
+    iid = record(conn, at=at or paused_at, action="paused", by=f"sdk (acknowledged by {by})" if by_guard else by,
+                 run_id=row.id, reason=reason, detail=detail,
+                 outcome=f"{held}; waiting up to {budgets.approval_timeout_s:g} s for resume or kill")
+    title, body = ap.pause_alert(with_top_child(conn, row, f), budgets, reason, detail, by_guard)
+    enqueue_alert(conn, pause_key(row, paused_at), title, body, now=at or paused_at, run_id=row.id,
+                  intervention_id=iid, sealer=sealer)
+
+
+def resume(conn, row, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Budgets,
+           run_facts: RunFacts) -> str:
+    """paused → running with the run's budgets raised by `grant`: returns what changed.
+    ValueError when the run is not paused or the grant would not lift the pause."""
+    if row.status != lc.PAUSED:
+        raise ValueError(f"run {row.id[:8]} is {row.status}, not paused: only a paused run can be resumed")
+    if not grant.adds:
+        raise ValueError("give at least one of --add-steps, --add-tool-calls, --add-eur, --add-s")
+    paused_s = max(0.0, (now - row.paused_at).total_seconds()) if row.paused_at else 0.0
+    columns = grant.columns(budgets, paused_s)
+    used = Totals(steps=row.steps, tool_calls=row.tool_calls, cost_eur=row.cost_eur,
+                  tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
+                  age_s=max(0.0, (now - row.started_at).total_seconds()))
+    why = ap.still_over(row.stop_reason, used, columns, grant)
+    if why:
+        raise ValueError(why)
+    res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.PAUSED))
+                       .values(status=lc.RUNNING, stop_reason=None, stop_detail=None, paused_at=None,
+                               resumes=runs.c.resumes + 1, **columns))
+    if res.rowcount != 1:
+        raise ValueError(f"run {row.id[:8]} was stopped or resumed meanwhile")
+    granted = grant.describe(budgets, columns)
+    if paused_s >= 1:
+        granted += f" (the {math.ceil(paused_s)} s it was paused do not count against max_wall_s)"
+    record(conn, at=now, action="resumed", by=by, run_id=row.id, reason=row.stop_reason, detail=granted,
+           outcome=f"resumed after {paused_s:.0f} s paused")
+    return granted  # the daemon alerts it (acknowledge_resume): only the daemon speaks to humans
+
+
+def resume_key(row) -> str:
+    return f"resume:{row.id}:{row.resumes}"
+
+
+def acknowledge_resume(conn, row, *, now: dt.datetime, budgets: Budgets, run_facts: RunFacts, sealer=None) -> bool:
+    """Alert a resume once (the run's `resumes`-th), worded by the daemon from the audit row
+    `resume` wrote: who resumed it and with what."""
+    key = resume_key(row)
+    if not row.resumes or queued(conn, key):
+        return False
+    iv = conn.execute(select(interventions).where(and_(interventions.c.run_id == row.id,
+                                                       interventions.c.action == "resumed"))
+                      .order_by(desc(interventions.c.id)).limit(1)).first()
+    if iv is None:
+        return False
+    title, body = ap.resume_alert(run_facts, budgets, iv.reason, iv.detail or "", iv.actor or "?")
+    return enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iv.id, sealer=sealer)
