@@ -172,9 +172,9 @@ def test_sqlite_upgrade_leaves_wal_and_no_open_transaction(sqlite_url, tmp_path)
         conn.close()
 
 
-def test_0007_lets_an_existing_status_check_allow_paused(fresh_url):
+def test_the_pause_migration_lets_an_existing_status_check_allow_paused(fresh_url):
     """A store whose runs.status is checked (ck_runs_status, from the constraints revision) gets
-    that one constraint replaced: `paused` is accepted after 0007, refused again after its downgrade."""
+    that one constraint replaced: `paused` is accepted after 0006, refused again after its downgrade."""
     from alembic.operations import Operations
 
     from watchdog.core import lifecycle as lc
@@ -185,19 +185,19 @@ def test_0007_lets_an_existing_status_check_allow_paused(fresh_url):
     insert = ("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at) "
               "VALUES (:id, 'a', :status, 'cooperative', 'h', '2026-12-01 00:00:00', '2026-12-01 00:00:00')")
     try:
-        migrate.upgrade(engine, "0006")
+        migrate.upgrade(engine, "0005")
         with engine.begin() as conn:
             ops = Operations(MigrationContext.configure(conn))
             with ops.batch_alter_table("runs", recreate="always" if conn.dialect.name == "sqlite" else "auto") as b:
                 b.create_check_constraint("ck_runs_status", check)
         with pytest.raises(Exception), engine.begin() as conn:
             conn.execute(text(insert), {"id": "p0", "status": "paused"})
-        migrate.upgrade(engine, "0007")
+        migrate.upgrade(engine, "0006")
         with engine.begin() as conn:
             conn.execute(text(insert), {"id": "p1", "status": "paused"})
         with pytest.raises(Exception), engine.begin() as conn:
             conn.execute(text(insert), {"id": "p2", "status": "nonsense"})
-        migrate.downgrade(engine, "0006")
+        migrate.downgrade(engine, "0005")
         with engine.connect() as conn:  # the paused run went back to running with the revision
             assert conn.execute(text("SELECT status FROM runs WHERE id = 'p1'")).scalar() == "running"
         with pytest.raises(Exception), engine.begin() as conn:
