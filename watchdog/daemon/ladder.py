@@ -155,7 +155,7 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 
 
 def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
-            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None) -> None:
+            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None, confirmed=None) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come."""
     if not due(row, now, daemon, killer.host):
         return
@@ -194,6 +194,9 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
             return
         if refusal:
             _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {refusal}", **common)
+            return
+        if confirmed is not None and not confirmed():
+            refuse_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
             return
         out = killer.terminate(leader, row.kill_mode)
         if out.refused in GONE_REASONS:  # it exited between the check and the signal
