@@ -41,7 +41,8 @@ GRANT USAGE ON SCHEMA public TO :"agents_role";
 GRANT SELECT, INSERT ON runs TO :"agents_role";
 -- (parent_id: a child run names its parent once, at start; paused_at: its guard pauses it; partial:
 -- run.partial(). Never its budgets or `resumes`: only `agent-watchdog resume` raises those.)
-GRANT UPDATE (steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, last_seq, last_seen_at, progress,
+GRANT UPDATE (steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, cached_tokens_in, reasoning_tokens,
+              cost_unpriced_tokens, last_seq, last_seen_at, progress,
               status, stop_reason, stop_detail, stop_requested_at, ended_at, parent_id, paused_at, partial)
    ON runs TO :"agents_role";
 

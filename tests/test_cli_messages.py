@@ -364,3 +364,19 @@ def test_the_circuit_example_leaves_no_temporary_folder(tmp_path):
                          cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_the_sdk_on_an_unmigrated_store_says_run_db_upgrade_first(tmp_path):
+    db = tmp_path / "new.db"
+    sqlite3.connect(db).close()
+    url = f"sqlite:///{db}"
+    with pytest.warns(RuntimeWarning) as caught:
+        wd = Watchdog(url)  # it reads the published budgets at once: the first failed read says it
+        with wd.run(agent="a") as run:  # the agent goes on: records are buffered, not lost in silence
+            run.step(cost_eur=0.01)
+    (message,) = {str(w.message) for w in caught}
+    assert message == (f"agent-watchdog: the store at {url} has no tables (OperationalError: no such table: "
+                       f"settings): run `agent-watchdog db upgrade --db {url}` first; buffering up to 10000 "
+                       "records in memory, the agent goes on")
+    assert wd.buffered > 0
+    wd.close()

@@ -9,7 +9,7 @@ import datetime as dt
 
 import pytest
 
-from daemon_support import alerts_of, config, run_row
+from daemon_support import SEALER, alerts_of, config, run_row
 from watchdog import RunKilled, Watchdog
 from watchdog.core import lifecycle as lc
 from watchdog.core import policies as p
@@ -66,7 +66,7 @@ def test_the_in_process_guard_stops_a_run_over_its_tokens(engine, db_url):
 
 def test_the_daemon_stops_a_run_over_its_tokens_and_says_so(engine, db_url):
     wd = Watchdog(db_url)
-    tk = Ticker(engine, config(defaults={"max_tokens": 100_000}), Killer())
+    tk = Ticker(engine, config(defaults={"max_tokens": 100_000}), Killer(), sealer=SEALER)
     try:
         with wd.run("bot", guards=False) as ok, wd.run("bot", guards=False, max_tokens=5_000) as runaway:
             ok.step(model="foo-7b", tokens_in=4000, tokens_out=1000)  # 5000: at its own budget? no: 100k

@@ -172,9 +172,9 @@ def test_sqlite_upgrade_leaves_wal_and_no_open_transaction(sqlite_url, tmp_path)
         conn.close()
 
 
-def test_0007_lets_an_existing_status_check_allow_paused(fresh_url):
+def test_the_pause_migration_lets_an_existing_status_check_allow_paused(fresh_url):
     """A store whose runs.status is checked (ck_runs_status, from the constraints revision) gets
-    that one constraint replaced: `paused` is accepted after 0007, refused again after its downgrade."""
+    that one constraint replaced: `paused` is accepted after 0006, refused again after its downgrade."""
     from alembic.operations import Operations
 
     from watchdog.core import lifecycle as lc
@@ -192,7 +192,7 @@ def test_0007_lets_an_existing_status_check_allow_paused(fresh_url):
                 b.create_check_constraint("ck_runs_status", check)
         with pytest.raises(Exception), engine.begin() as conn:
             conn.execute(text(insert), {"id": "p0", "status": "paused"})
-        migrate.upgrade(engine, "0007")
+        migrate.upgrade(engine, "0006")
         with engine.begin() as conn:
             conn.execute(text(insert), {"id": "p1", "status": "paused"})
         with pytest.raises(Exception), engine.begin() as conn:

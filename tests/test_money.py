@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from sqlalchemy import insert, select, text
 
 from agent_procs import wait_until
-from daemon_support import alerts_of, config, later, run_row
+from daemon_support import SEALER, alerts_of, config, later, run_row
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
@@ -37,7 +37,7 @@ def genai_eur(model: str, tokens_in: int, tokens_out: int, rate: float) -> float
 
 
 def ticker(engine, cfg) -> Ticker:
-    return Ticker(engine, cfg, Killer())
+    return Ticker(engine, cfg, Killer(), sealer=SEALER)
 
 
 def money_alerts(engine, prefix: str) -> list:
@@ -408,17 +408,19 @@ def test_migration_books_the_history_and_downgrade_keeps_the_events(tmp_path):
     from watchdog.store import migrate
     from watchdog.store.engine import make_engine
 
+    # Yesterday's run: older history would be pruned by the tick's retention ([store] keep_days).
+    day = (dt.date.today() - dt.timedelta(days=1)).isoformat()
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = make_engine(url)
     try:
         migrate.upgrade(engine, "0002")
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at, "
-                              "ended_at, cost_eur) VALUES ('r1', 'old', 'completed', 'process', 'h', "
-                              "'2025-01-01 00:00:00.000000', '2025-01-01 00:01:00.000000', "
-                              "'2025-01-01 00:01:00.000000', 9.0)"))
+            conn.execute(text(f"INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at, "
+                              f"ended_at, cost_eur) VALUES ('r1', 'old', 'completed', 'process', 'h', "
+                              f"'{day} 00:00:00.000000', '{day} 00:01:00.000000', "
+                              f"'{day} 00:01:00.000000', 9.0)"))
             conn.execute(text("INSERT INTO events (run_id, seq, at, kind) VALUES "
-                              "('r1', 1, '2025-01-01 00:00:30.000000', 'heartbeat')"))
+                              f"('r1', 1, '{day} 00:00:30.000000', 'heartbeat')"))
         migrate.upgrade(engine)
         with engine.connect() as conn:
             assert conn.execute(select(runs.c.booked_at)).scalar() is not None  # history: not re-counted

@@ -43,15 +43,19 @@ def downgrade():
     with op.batch_alter_table('alerts') as batch_op:
         batch_op.drop_index('ix_alerts_intervention_id')
         batch_op.drop_index('ix_alerts_run_id')
-    with op.batch_alter_table('runs') as batch_op:
-        batch_op.drop_index('ix_runs_unsealed')
-        batch_op.drop_index('ix_runs_ended_at')
-        batch_op.drop_index('ix_runs_started_at_id')
-        batch_op.drop_index('ix_runs_status_host')
-        batch_op.create_index('ix_runs_status', ['status'], unique=False)
-        batch_op.drop_column('top_tool_errors')
-        batch_op.drop_column('top_tool_calls')
-        batch_op.drop_column('top_tool')
+    for name in ('ix_runs_unsealed', 'ix_runs_ended_at', 'ix_runs_started_at_id', 'ix_runs_status_host'):
+        op.drop_index(name, table_name='runs')
+    op.create_index('ix_runs_status', 'runs', ['status'], unique=False)
+    columns = ('top_tool_errors', 'top_tool_calls', 'top_tool')
+    bind = op.get_bind()
+    if bind.dialect.name == 'sqlite' and bind.dialect.dbapi.sqlite_version_info >= (3, 35):
+        # In place: a batch recreate would drop `runs`, and with it (ON DELETE CASCADE) every event.
+        for col in columns:
+            op.execute(f"ALTER TABLE runs DROP COLUMN {col}")
+    else:
+        with op.batch_alter_table('runs') as batch_op:
+            for col in columns:
+                batch_op.drop_column(col)
     with op.batch_alter_table('daemons') as batch_op:
         batch_op.drop_column('leader_since')
         batch_op.drop_column('expires_at')

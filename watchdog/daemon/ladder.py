@@ -75,13 +75,21 @@ def exited(conn, row, *, now, by, facts, budgets, sealer=None):
             sealer=sealer)
 
 
-def refuse_unconfirmed(conn, row, *, now, by, facts, budgets, sealer=None) -> None:
+UNCONFIRMED = "not signalled: the stop was requested in the store and the daemon's own budgets do not confirm it"
+
+
+def hold_unconfirmed(conn, row, *, now, by, facts, budgets, sealer=None) -> None:
     """A stop someone wrote into the store (a guard, the CLI, any store writer) that the
-    daemon's own budgets do not confirm: the run is stopped cooperatively only, never
-    signalled, so a row cannot lend anyone the daemon's CAP_KILL over another run."""
-    _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused",
-          "not signalled: the stop was requested in the store and the daemon's own budgets do not confirm it",
-          now, by, facts, budgets, sealer)
+    daemon's own budgets do not confirm: no signal, so a row cannot lend anyone the daemon's
+    CAP_KILL over another run. The stage stays where it is: the ladder asks again each tick,
+    and signals once the daemon's own policies agree (a run that swallowed its stop goes
+    silent and trips heartbeat_timeout). Recorded and alerted once."""
+    key = f"unconfirmed:{row.id}"
+    if queued(conn, key):
+        return
+    iid = record(conn, at=now, action="signal_held", by=by, run_id=row.id, reason=row.stop_reason, outcome=UNCONFIRMED)
+    title, body = escalation_alert(facts, budgets, row.stop_reason, UNCONFIRMED, failed=True)
+    enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
 
 
 def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budgets, sealer=None):
@@ -155,7 +163,7 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 
 
 def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
-            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None) -> None:
+            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None, confirmed=None) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come."""
     if not due(row, now, daemon, killer.host):
         return
@@ -194,6 +202,9 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
             return
         if refusal:
             _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {refusal}", **common)
+            return
+        if confirmed is not None and not confirmed():
+            hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
             return
         out = killer.terminate(leader, row.kill_mode)
         if out.refused in GONE_REASONS:  # it exited between the check and the signal

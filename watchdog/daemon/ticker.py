@@ -24,7 +24,7 @@ from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective, 
 from watchdog.core.config import Config
 from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.killer import Killer, ProcessIdentity
-from watchdog.daemon.ladder import WAITING_STAGES, advance, exited, refuse_unconfirmed
+from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
@@ -356,11 +356,9 @@ class Ticker:
                     # grace), or after a signal that was refused / not allowed / did not work.
                     exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets, sealer=self.sealer)
                     return
-                if row.signal_stage is None and row.kill_mode != lc.COOPERATIVE and not self._confirms(conn, row, budgets, now):
-                    refuse_unconfirmed(conn, row, now=now, by=self.by, facts=f, budgets=budgets, sealer=self.sealer)
-                    return
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
-                        now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer)
+                        now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer,
+                        confirmed=lambda: self._confirms(conn, row, budgets, now))
             return
         if row.status == lc.PAUSED:
             if len(self._pause_seen) > 10_000:
@@ -388,7 +386,7 @@ class Ticker:
             if self.money is not None:
                 f = dataclasses.replace(f, forecast=self.money.forecast_lines(row, budgets, now))
             with batch.run() as conn:  # stop, or pause with on_breach = "pause"
-                self._decided.add(row.id)
+                self._decided.add(row.id)  # the daemon's own decision: its ladder may signal for it
                 action, v, done = act_on_breach(self, conn, row, verdicts, budgets=budgets, facts=f, now=now,
                                                 rep=rep)
                 if done and action == "stop" and period is not None and v.reason == period.reason:

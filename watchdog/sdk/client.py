@@ -27,7 +27,8 @@ from watchdog.errors import ConfigError, RunKilled, StoreError, ToolUnavailable
 from watchdog.sdk.attest import socket_path
 from watchdog.sdk.circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
 from watchdog.sdk.inflight import InflightTools
-from watchdog.store.engine import make_engine, normalise_url
+from watchdog.core.text import url_without_password
+from watchdog.store.engine import is_missing_schema, make_engine, normalise_url, upgrade_hint
 from watchdog.store.hotpath import POOL_SIZE, Writer
 from watchdog.store.schema import utcnow
 
@@ -283,8 +284,14 @@ class Watchdog:
     def _note_outage(self, exc: BaseException):
         if not self._warned_outage:
             self._warned_outage = True
-            msg = (f"agent-watchdog store unreachable ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}); "
-                   f"buffering up to {self._buffer_max} records in memory, the agent goes on")
+            first = f"{type(exc).__name__}: {(str(getattr(exc, 'orig', None) or exc).splitlines() or [''])[0][:200]}"
+            url = url_without_password(self.engine.url.render_as_string(hide_password=False))
+            if is_missing_schema(exc):  # reachable, but never migrated: say the fix, not "unreachable"
+                msg = (f"agent-watchdog: the store at {url} has no tables ({first}): {upgrade_hint(url)}; "
+                       f"buffering up to {self._buffer_max} records in memory, the agent goes on")
+            else:
+                msg = (f"agent-watchdog store unreachable ({first}); "
+                       f"buffering up to {self._buffer_max} records in memory, the agent goes on")
             log.warning(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
 

@@ -1,6 +1,6 @@
 """runs: parent_id (child runs), paused_at and resumes (pause and approve), partial (a stopped run's partial result)
 
-Revision ID: 0007
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-01
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 # Self-contained: a migration never imports the application.
 
-revision = '0007'
+revision = '0006'
 down_revision = '0005'
 branch_labels = None
 depends_on = None
