@@ -8,6 +8,9 @@ $AGENT_WATCHDOG_SOCKET, as in production. Nothing bypasses the check.
 
 from __future__ import annotations
 
+import atexit
+import functools
+import importlib
 import os
 import shutil
 import subprocess
@@ -99,23 +102,72 @@ def _world_runnable(path: str) -> bool:
 
 def foreign_python() -> tuple[str, dict]:
     """An interpreter (same major.minor as ours) and the environment with which another local
-    user runs this checkout's SDK: the test's own interpreter may live under a home directory
-    other users cannot enter (pyenv in /root)."""
+    user runs this checkout's SDK. The test's own interpreter may live under a home directory
+    other users cannot enter (pyenv in /root), and its venv or the checkout under a private
+    directory (CI's `mktemp -d` is 0700): then a system interpreter of the same version runs a
+    world-readable copy of the checkout and of the imported site-packages (made once per process)."""
+    import sys
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for exe in (sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
+        if os.path.exists(exe) and _world_runnable(exe):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
+            env["PYTHONPATH"] = os.pathsep.join(_foreign_paths())  # the checkout first
+            env["PYTHONNOUSERSITE"] = "1"
+            return exe, env
+    raise AssertionError(f"no Python {version} that other users can run (the test's is {sys.executable}); "
+                         f"install python{version} system-wide to run the multi-user tests")
+
+
+@functools.cache
+def _foreign_paths() -> tuple[str, ...]:
     import sys
     import sysconfig
 
     repo = Path(__file__).resolve().parents[1]
     tests = Path(__file__).resolve().parent
-    paths = [str(repo), str(tests), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    for exe in (sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
-        if os.path.exists(exe) and _world_runnable(exe) and all(_world_readable_dir(p) for p in paths):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
-            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # the checkout first
-            env["PYTHONNOUSERSITE"] = "1"
-            return exe, env
-    raise AssertionError(f"no Python {version} that other users can run (the test's is {sys.executable}); "
-                         f"install python{version} system-wide to run the multi-user tests")
+    site = list(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+    paths = [str(repo), str(tests), *site]
+    if all(_world_readable_dir(p) for p in paths):
+        return tuple(dict.fromkeys(paths))
+    shadow = Path(tempfile.mkdtemp(prefix="aw-foreign-", dir="/tmp"))
+    atexit.register(shutil.rmtree, shadow, True)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "scratch_root")
+    shutil.copytree(repo / "watchdog", shadow / "repo" / "watchdog", ignore=skip)
+    shutil.copytree(tests, shadow / "tests", ignore=skip)
+    lib = shadow / "site"
+    lib.mkdir()
+    # Copy only what the agents' processes import (the SDK, SQLAlchemy, the PostgreSQL driver):
+    # import it here first, then copy the top-level packages of every loaded module.
+    for name in ("watchdog.client", "sqlalchemy", "psycopg", "psycopg_binary", "psycopg_pool"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    roots = {Path(os.path.realpath(d)) for d in site}
+    tops: set[Path] = set()
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue
+        real = Path(os.path.realpath(file))
+        for root in roots:
+            if root in real.parents:
+                tops.add(root / real.relative_to(root).parts[0])
+    for root in roots:
+        tops.update(root.glob("*.dist-info"))
+        tops.update(root.glob("*.libs"))  # wheels' vendored shared libraries (psycopg_binary.libs)
+    for top in tops:
+        target = lib / top.name
+        if top.is_dir() and not target.exists():
+            shutil.copytree(top, target, ignore=skip, symlinks=True)
+        elif top.is_file():
+            shutil.copy2(top, target)
+    for d in (shadow, *shadow.rglob("*")):
+        mode = d.stat(follow_symlinks=False).st_mode if not d.is_symlink() else None
+        if mode is not None:
+            d.chmod(mode | (0o755 if d.is_dir() else 0o444))
+    return (str(shadow / "repo"), str(shadow / "tests"), str(lib))
 
 
 def _world_readable_dir(path: str) -> bool:
