@@ -40,3 +40,13 @@ def duration(seconds: float | None) -> str:
     if s < 7200:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069]+")
+
+
+def one_line(text: object, limit: int = 200) -> str:
+    """Text from the store (a name any writer chose) fit for one line of an alert or a log:
+    control and bidi characters become one space, and it is cut at `limit` with a marker."""
+    s = _UNPRINTABLE.sub(" ", text if isinstance(text, str) else repr(text)).strip()
+    return s if len(s) <= limit else s[: max(0, limit - 1)] + "…"

@@ -16,6 +16,7 @@ from sqlalchemy import Float, and_, cast, extract, func, select
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.policies import RunSnapshot
+from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import events, runs
 
 RATE_WINDOW_S = 60.0
@@ -103,6 +104,77 @@ def _on_hosts(q, hosts):
     return q.join_from(events, runs, runs.c.id == events.c.run_id).where(runs.c.host.in_(sorted(hosts)))
 
 
+@dataclass(frozen=True)
+class Defect:
+    """A run or event the tick could not read or judge: it costs only itself (quarantine.py
+    reports it once). `detail` is the daemon's own words (a column and what it holds), never
+    the stored value: any store writer chooses that text."""
+
+    run_id: str | None
+    detail: str
+    event_id: int | None = None
+
+
+def _probe(conn, table, key_col, key, cols) -> str:
+    """Which columns of one row cannot be read (the row already failed as a whole)."""
+    bad = []
+    for c in cols:
+        try:
+            with conn.begin_nested():
+                conn.execute(select(table.c[c]).where(key_col == key)).all()
+        except Exception as exc:  # noqa: BLE001 — any failure names the column
+            if store_unavailable(exc):
+                raise
+            bad.append(c)
+    what = ", ".join(bad) if bad else "the row"
+    return f"{what} cannot be read (not valid for its type)"
+
+
+def read_isolated(conn, query_for, keys: list, *, table, key_col, defects: list, event: bool = False) -> list:
+    """`query_for(chunk of keys)` for every chunk; a chunk that fails to read (one value that
+    does not parse) is read again key by key, and a key that still fails becomes a Defect:
+    one bad row never hides the others. Each read is its own SAVEPOINT, so a failed one
+    leaves the snapshot usable on PostgreSQL."""
+    out = []
+    for i in range(0, len(keys), CHUNK):
+        part = keys[i : i + CHUNK]
+        try:
+            with conn.begin_nested():
+                out.extend(conn.execute(query_for(part)).all())
+            continue
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+        for key in part:
+            try:
+                with conn.begin_nested():
+                    out.extend(conn.execute(query_for([key])).all())
+            except Exception as exc:  # noqa: BLE001
+                if store_unavailable(exc):
+                    raise
+                detail = _probe(conn, table, key_col, key, [c.name for c in table.c])
+                if event:
+                    rid = conn.execute(select(events.c.run_id).where(events.c.id == key)).scalar()
+                    defects.append(Defect(rid if isinstance(rid, str) else None, f"event {key}: {detail}", key))
+                else:
+                    defects.append(Defect(key, detail))
+    return out
+
+
+def event_defect(e: "NewEvent") -> str | None:
+    """What makes a tool event unusable (None: nothing): it must name its run and tool and
+    carry a timestamp the rate window can compare."""
+    if not isinstance(e.run_id, str):
+        return "its run_id is not text"
+    if not isinstance(e.tool, str) or not e.tool:
+        return "its tool is missing (NULL or empty)"
+    if not isinstance(e.at, dt.datetime):
+        return "its timestamp `at` is missing"
+    if e.ok not in (True, False, None, 0, 1):
+        return "its `ok` is not a boolean"
+    return None
+
+
 @dataclass
 class NewEvent:
     id: int
@@ -115,6 +187,10 @@ class NewEvent:
     attempt: int | None = None
 
 
+EVENT_COLS = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
+              events.c.error_msg, events.c.attempt)
+
+
 class Scanner:
     """Loads active runs and folds new tool events into per-run stats."""
 
@@ -123,6 +199,7 @@ class Scanner:
         self.high_water: int | None = None  # largest event id folded in
         self._seen: set[int] = set()
         self.all_recent: deque = deque()  # (at, tool) over all runs: many runs hammering one tool
+        self.defects: list[Defect] = []  # what could not be read since the tick last took them
 
     def tool_rates(self, now: dt.datetime) -> Counter:
         """Tool calls per tool over all runs in the last minute."""
@@ -145,27 +222,55 @@ class Scanner:
         return conn.execute(q).all()
 
     def load_rows(self, conn, ids: list[str]) -> list:
-        """The whole rows of the runs that need an evaluation this tick (if still active)."""
+        """The whole rows of the runs that need an evaluation this tick (if still active); a
+        row that cannot be read (a timestamp that does not parse, labels that are not JSON)
+        becomes a Defect instead."""
+        return read_isolated(conn, lambda part: select(runs).where(and_(
+            runs.c.id.in_(part), runs.c.status.in_(lc.ACTIVE_STATUSES))), ids,
+            table=runs, key_col=runs.c.id, defects=self.defects)
+
+    def _events(self, conn, q_for) -> list["NewEvent"]:
+        """The events of `q_for(columns)`, in id order. The usual case is one query; if it fails
+        (one event whose timestamp does not parse), the ids alone are read (integers always
+        read) and the rows by id, each bad event becoming a Defect: the high-water mark moves
+        past it, it is never read again."""
+        try:
+            with conn.begin_nested():
+                rows = conn.execute(q_for(EVENT_COLS).order_by(events.c.id)).all()
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+            ids = conn.execute(q_for((events.c.id,)).order_by(events.c.id)).scalars().all()
+            rows = read_isolated(conn, lambda part: select(*EVENT_COLS).where(events.c.id.in_(part)), list(ids),
+                                 table=events, key_col=events.c.id, defects=self.defects, event=True)
+            rows.sort(key=lambda r: r[0])
+            # The ids of the bad ones count as read: the high-water mark must pass them.
+            self._unreadable.extend(sorted(set(ids) - {r[0] for r in rows}))
         out = []
-        for i in range(0, len(ids), CHUNK):
-            out.extend(conn.execute(select(runs).where(and_(runs.c.id.in_(ids[i : i + CHUNK]),
-                                                            runs.c.status.in_(lc.ACTIVE_STATUSES)))))
+        for r in rows:
+            e = NewEvent(*r)
+            why = event_defect(e)
+            if why is None:
+                out.append(e)
+            else:
+                self.defects.append(Defect(e.run_id if isinstance(e.run_id, str) else None,
+                                           f"event {e.id}: {why}", e.id))
+                self._unreadable.append(e.id)
         return out
 
     def fold(self, conn, active_ids: list[str], hosts=None) -> list[NewEvent]:
         """Fold the tool events written since the last tick; return them (the circuits need them too).
         With `hosts`, only the events of runs on those hosts are read (a daemon that is not the
-        leader needs no other host's events)."""
-        cols = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
-                events.c.error_msg, events.c.attempt)
+        leader needs no other host's events). Events that cannot be used become Defects."""
         new: list[NewEvent] = []
+        self._unreadable: list[int] = []
         if self.high_water is None:
             # Cold start: the full history of the active runs only, never all history.
             top = conn.execute(select(func.max(events.c.id))).scalar()
             for i in range(0, len(active_ids), CHUNK):
-                q = select(*cols).where(and_(events.c.run_id.in_(active_ids[i : i + CHUNK]),
-                                             events.c.kind == lc.EV_TOOL)).order_by(events.c.id)
-                new.extend(NewEvent(*r) for r in conn.execute(q))
+                part = active_ids[i : i + CHUNK]
+                new.extend(self._events(conn, lambda cols, part=part: select(*cols).where(and_(
+                    events.c.run_id.in_(part), events.c.kind == lc.EV_TOOL))))
             self.high_water = top or 0
             overlap = select(events.c.id).where(events.c.id > self.high_water - ID_OVERLAP)
             self._seen = {r[0] for r in conn.execute(overlap)}
@@ -180,17 +285,19 @@ class Scanner:
             late = [i for i in ids if i not in seen]
             fresh = []
             for i in range(0, len(late), CHUNK):
-                q = select(*cols).where(events.c.id.in_(late[i : i + CHUNK]))
-                fresh.extend(NewEvent(*r) for r in conn.execute(q).all())
-            q = _on_hosts(select(*cols).where(and_(events.c.id > self.high_water, events.c.kind == lc.EV_TOOL)), hosts)
-            fresh.extend(NewEvent(*r) for r in conn.execute(q.order_by(events.c.id)).all())
+                part = late[i : i + CHUNK]
+                fresh.extend(self._events(conn, lambda cols, part=part: select(*cols).where(events.c.id.in_(part))))
+            high = self.high_water
+            fresh.extend(self._events(conn, lambda cols: _on_hosts(select(*cols).where(and_(
+                events.c.id > high, events.c.kind == lc.EV_TOOL)), hosts)))
             if late:
                 fresh.sort(key=lambda e: e.id)
             new.extend(fresh)
-            if fresh:
-                self.high_water = max(self.high_water, max(e.id for e in fresh))
+            read = [e.id for e in fresh] + self._unreadable
+            if read:
+                self.high_water = max(self.high_water, max(read))
             self._seen = {i for i in self._seen if i > self.high_water - ID_OVERLAP}
-            self._seen.update(e.id for e in fresh)
+            self._seen.update(read)
         active = set(active_ids)
         stats = self.stats
         # The all-runs tool rate is the leader's (it reads every host's events and trims the

@@ -15,8 +15,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sqlalchemy import and_, select
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, stop_plan
@@ -27,12 +25,14 @@ from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.money import Money
 from watchdog.daemon.ladder import due as ladder_due
+from watchdog.core.text import one_line
 from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
 from watchdog.daemon.lease import LeaseLost
-from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Scanner
-from watchdog.store.engine import read_connection
+from watchdog.daemon.quarantine import FUTURE_S, MAX_AGE_S, Quarantine, light_defect
+from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Defect, Scanner
+from watchdog.store.engine import read_connection, store_unavailable
 from watchdog.store.schema import alerts, interventions
 
 log = logging.getLogger("watchdog.tick")
@@ -81,13 +81,6 @@ class _Batch:
                 self.conn = self.tx = None
 
 
-def store_unavailable(exc: BaseException) -> bool:
-    """The store is down, unreachable or locked (as opposed to one row being bad)."""
-    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError)):
-        return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
-
-
 @dataclass
 class TickReport:
     at: dt.datetime
@@ -108,6 +101,7 @@ class TickReport:
     periods: list = field(default_factory=list)  # every period budget's state (watchdog.core.periods)
     leader: bool = True  # this daemon did the cluster duties this tick
     adopted: tuple = ()  # hosts without a live daemon whose runs it judged too
+    quarantined: list = field(default_factory=list)  # run ids (None: an event of no run) not judged this tick
 
 
 class Ticker:
@@ -135,6 +129,7 @@ class Ticker:
         self._budget_memo: dict[tuple, tuple] = {}
         self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.approvals)
         self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
+        self.quarantine = Quarantine(self.by, sealer)  # rows that cannot be judged, reported once
 
     def tick(self, now: dt.datetime) -> TickReport:
         t0 = time.perf_counter()
@@ -177,15 +172,21 @@ class Ticker:
                 except Exception as exc:  # one bad row must not stop the scan of the others...
                     if store_unavailable(exc):
                         raise  # ...but a store that is down or locked fails them all: retry the whole tick
-                    log.exception("run %s: evaluation failed; skipped this tick", row.id)
+                    if row.id not in self.quarantine.logged:  # the traceback once: it may be our bug
+                        self.quarantine.logged.add(row.id)
+                        log.exception("run %s: evaluation failed", one_line(row.id, 40))
+                    self.scanner.defects.append(Defect(row.id, f"its evaluation failed ({type(exc).__name__})"))
+            self._report_defects(now, rep, batch)
         except BaseException:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
-        if self._acked or self._decided:
+        if self._acked or self._decided or self._rate_alarmed:  # forget the runs that ended
             active = {r[L["id"]] for r in light}
             self._acked &= active
             self._decided &= active
+            for rid in [k for k in self._rate_alarmed if k not in active]:
+                del self._rate_alarmed[rid]
         if money is not None:
             self._money_after(money, now, rep)
         if role.leader:  # the cluster duties: exactly one daemon of the store does them
@@ -193,6 +194,19 @@ class Ticker:
         self._touch_lease(now)
         rep.duration_s = time.perf_counter() - t0
         return rep
+
+    def _report_defects(self, now, rep, batch) -> None:
+        """Each row or event the tick could not read or judge, reported once (quarantine.py)."""
+        defects, self.scanner.defects = self.scanner.defects, []
+        rep.quarantined = [d.run_id for d in defects]
+        for d in defects:
+            try:
+                with batch.run() as conn:
+                    self.quarantine.report(conn, d, now)
+            except Exception as exc:  # noqa: BLE001 — reported at a later tick; never at the others' expense
+                if store_unavailable(exc):
+                    raise
+                log.warning("could not report a malformed row (%s): %s", one_line(d.run_id, 40), type(exc).__name__)
 
     def _money_before(self, money, light, due, rows, spend, now, rep) -> list:
         """Price what the SDK could not, judge the period budgets, publish the spent ones; return
@@ -284,43 +298,55 @@ class Ticker:
         if spend is not None:
             spend.light, spend.i_id = light, i_id
             labelled, new = spend.labelled, spend.new
+        i_steps, i_calls, i_tokens = L["steps"], L["tool_calls"], L["tokens"]
         due = []
+        defects = self.scanner.defects
         for r in light:
             rid = r[i_id]
-            if per_agent is not None:
-                cost = r[i_cost]  # NOT NULL in the table contract
-                per_agent[r[i_agent]] += cost
-                if covered is not None:
-                    scopes = covered.get(rid)
-                    if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
-                        new.append((rid, cost))
-                    elif scopes:
-                        for scope in scopes:
-                            labelled[scope] += cost
-            if judged is not None and r[i_host] not in judged:
-                continue  # another host's run: its own daemon judges it (only its spend counted here)
-            if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in self._resume_seen):
-                due.append(rid)  # not running, or resumed and its resume not alerted yet
-                continue
-            _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self._limits_of(r)
-            seen_s = r[i_seen]
-            over = now_s - r[i_started] > age_limit or now_s - seen_s > silence_limit
-            for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
-                if over or r[i] > limit:
-                    over = True
-                    break
-            if over:
-                due.append(rid)
-                continue
-            st = stats.get(rid)
-            if st is not None and (st.max_signature >= identical_limit
-                                   or st.recent_upper_bound(horizon) > rate_limit):
-                due.append(rid)
-                continue
-            host, pid, ctime = r[i_host], r[i_pid], r[i_ctime]
-            if (live is not None and host == my_host and pid and ctime is not None
-                    and (pid not in live or now_s - seen_s >= recheck_s)):
-                due.append(rid)
+            try:
+                # What the comparisons below cannot see by themselves: a NaN or negative counter,
+                # a non-finite or absurd timestamp all compare as "under budget" (fail closed).
+                # Text or NULL where a number belongs raises: the except below, for this run only.
+                cost, seen_s = r[i_cost], r[i_seen]
+                age_s, silent_s = now_s - r[i_started], now_s - seen_s
+                if not (cost >= 0 and r[i_steps] >= 0 and r[i_calls] >= 0 and r[i_tokens] >= 0
+                        and -FUTURE_S < age_s < MAX_AGE_S and -FUTURE_S < silent_s < MAX_AGE_S
+                        and rid.__class__ is str and "\ufffd" not in r[i_agent]):  # see store.engine
+                    raise ValueError("malformed")
+                if per_agent is not None:
+                    per_agent[r[i_agent]] += cost
+                    if covered is not None:
+                        scopes = covered.get(rid)
+                        if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
+                            new.append((rid, cost))
+                        elif scopes:
+                            for scope in scopes:
+                                labelled[scope] += cost
+                if judged is not None and r[i_host] not in judged:
+                    continue  # another host's run: its own daemon judges it (only its spend counted here)
+                if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in self._resume_seen):
+                    due.append(rid)  # not running, or resumed and its resume not alerted yet
+                    continue
+                _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self._limits_of(r)
+                over = age_s > age_limit or silent_s > silence_limit
+                for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
+                    if over or r[i] > limit:
+                        over = True
+                        break
+                if over:
+                    due.append(rid)
+                    continue
+                st = stats.get(rid)
+                if st is not None and (st.max_signature >= identical_limit
+                                       or st.recent_upper_bound(horizon) > rate_limit):
+                    due.append(rid)
+                    continue
+                host, pid, ctime = r[i_host], r[i_pid], r[i_ctime]
+                if (live is not None and host == my_host and pid and ctime is not None
+                        and (pid not in live or now_s - seen_s >= recheck_s)):
+                    due.append(rid)
+            except Exception:  # noqa: BLE001 — a malformed row costs only itself (quarantine.py)
+                defects.append(Defect(rid if isinstance(rid, str) else None, light_defect(r, now_s)))
         return due
 
     @staticmethod

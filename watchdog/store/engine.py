@@ -12,7 +12,8 @@ from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core.text import url_without_password
 from watchdog.errors import StoreError
@@ -20,9 +21,18 @@ from watchdog.errors import StoreError
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
 def _sqlite_pragmas(dbapi_conn, _record, read_only: bool = False):
     # Let the driver issue no BEGIN of its own: we emit BEGIN IMMEDIATE ourselves.
     dbapi_conn.isolation_level = None
+    # SQLite stores whatever bytes a writer hands it as TEXT; the driver's own decoding fails
+    # the WHOLE query on one invalid UTF-8 value ("Could not decode to UTF-8 column"), and it
+    # says so as an OperationalError, like a store that is down. One bad row must cost only
+    # itself: decode with replacement characters (the tick reports such a row, see scan.py).
+    dbapi_conn.text_factory = _lenient_text
     cur = dbapi_conn.cursor()
     if not read_only:  # setting the journal mode is a write; the file's WAL mode persists anyway
         cur.execute("PRAGMA journal_mode=WAL")
@@ -40,6 +50,14 @@ def _sqlite_begin(conn):
         conn.exec_driver_sql("BEGIN")
     else:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """The store is down, unreachable or locked (as opposed to one row being bad): the
+    caller retries everything later instead of passing over a row."""
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def read_connection(engine: Engine):

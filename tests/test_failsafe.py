@@ -1,0 +1,207 @@
+"""One malformed row or event costs only itself: every other run is judged as usual.
+
+Each case writes one bad value by hand (as a client in another language, a corrupted
+file or a careless operator would, with the schema's own checks out of the way) into a
+run that is not the runaway, then starts a real runaway subprocess beside it. The daemon
+must stop the runaway within two ticks and report the bad row exactly once (one
+`quarantined` intervention, one alert), across a restart too.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select, text
+
+from daemon_support import ME, config, later
+from failsafe_support import constraints_off
+from watchdog import Watchdog
+from watchdog.core import lifecycle as lc
+from watchdog.daemon.killer import Killer
+from watchdog.daemon.ticker import Ticker
+from watchdog.store.schema import alerts, events, interventions, utcnow
+
+RUNAWAY = dict(kill_mode="process", budgets={"max_steps": 3}, steps=4, then="loop")
+
+# (name, dialects, SQL that spoils the bad run :rid). Runs: the light row, the whole row; events:
+# the fold. Values a client in another language could write, or a corrupted file holds.
+RUN_CASES = [
+    ("agent_not_utf8", {"sqlite"}, "UPDATE runs SET agent = CAST(X'fffe41' AS TEXT) WHERE id = :rid"),
+    ("steps_text", {"sqlite"}, "UPDATE runs SET steps = 'many' WHERE id = :rid"),
+    ("cost_text", {"sqlite"}, "UPDATE runs SET cost_eur = 'lots' WHERE id = :rid"),
+    ("max_steps_text", {"sqlite"}, "UPDATE runs SET max_steps = 'ten' WHERE id = :rid"),
+    ("started_garbage", {"sqlite"}, "UPDATE runs SET started_at = 'garbage' WHERE id = :rid"),
+    ("labels_not_json", {"sqlite"}, "UPDATE runs SET labels = 'not json', steps = 99 WHERE id = :rid"),
+    ("cost_negative", {"sqlite", "postgresql"}, "UPDATE runs SET cost_eur = -5 WHERE id = :rid"),
+    ("cost_nan", {"postgresql"}, "UPDATE runs SET cost_eur = 'NaN' WHERE id = :rid"),
+    ("seen_infinity", {"postgresql"}, "UPDATE runs SET last_seen_at = 'infinity' WHERE id = :rid"),
+    ("seen_year_20000", {"postgresql"},
+     "UPDATE runs SET last_seen_at = '20000-01-01 00:00:00+00', steps = 99 WHERE id = :rid"),
+    ("tokens_text", {"sqlite"}, "UPDATE runs SET tokens_in = 'x' WHERE id = :rid"),
+]
+EVENT_CASES = [
+    ("event_null_tool", {"sqlite", "postgresql"}, "UPDATE events SET tool = NULL WHERE id = :eid"),
+    ("event_at_garbage", {"sqlite"}, "UPDATE events SET at = 'not a time' WHERE id = :eid"),
+    ("event_year_20000", {"postgresql"}, "UPDATE events SET at = '20000-01-01 00:00:00+00' WHERE id = :eid"),
+]
+
+
+def _backend(url: str) -> str:
+    return "sqlite" if url.startswith("sqlite") else "postgresql"
+
+
+def _ticker(engine, attestor) -> Ticker:
+    return Ticker(engine, config(), Killer(allowed_users=[ME]), sealer=attestor.sealer)
+
+
+class BadRun:
+    """A cooperative run of this process (never signalled), left open, then spoiled by hand."""
+
+    def __init__(self, url: str):
+        self.wd = Watchdog(url)
+        self.cm = self.wd.run(agent="victim", kill_mode="cooperative", guards=False)
+        self.run = self.cm.__enter__()
+        self.run.record_tool("search", {"q": 1}, ok=False, error="timeout")
+        self.id = self.run.id
+
+    def close(self):
+        self.wd.close()
+
+
+@pytest.fixture
+def attestor(attest, db_url):
+    """This host's daemon socket: the runaway attests to it, so its stop is the daemon's own."""
+    return attest(db_url)
+
+
+@pytest.fixture
+def bad_run(db_url):
+    made = []
+
+    def make():
+        made.append(BadRun(db_url))
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def spoil(engine, sql: str, **params) -> None:
+    with constraints_off(engine) as conn:
+        conn.execute(text(sql), params)
+
+
+def quarantined(engine, run_id: str | None = None) -> list:
+    with engine.connect() as conn:
+        q = select(interventions.c.run_id, interventions.c.detail).where(interventions.c.action == "quarantined")
+        return conn.execute(q).all()
+
+
+def quarantine_alerts(engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(select(alerts.c.dedupe_key).where(alerts.c.dedupe_key.like("quarantine:%")))
+                    .scalars())
+
+
+def _stopped_within_two_ticks(tk, agent, t) -> bool:
+    for i in range(2):
+        rep = tk.tick(later(t, i * 5))
+        if (agent.run_id, lc.MAX_STEPS) in rep.stops:
+            return True
+    return False
+
+
+def _per_backend(cases):
+    """(backend, case) for each backend whose column types let the value in at all."""
+    return [pytest.param(b, name, id=f"{b}-{name}") for name, dialects, _sql in cases for b in sorted(dialects)]
+
+
+@pytest.mark.parametrize("db_url,case", _per_backend(RUN_CASES), indirect=["db_url"])
+def test_a_malformed_run_costs_only_itself_and_is_reported_once(case, db_url, engine, procs, attestor, bad_run):
+    _name, _dialects, sql = next(c for c in RUN_CASES if c[0] == case)
+    victim = bad_run()
+    spoil(engine, sql, rid=victim.id)
+    agent = procs.start("runaway", db_url, **RUNAWAY)
+    tk = _ticker(engine, attestor)
+    t = utcnow()
+    assert _stopped_within_two_ticks(tk, agent, t), agent.log()
+    assert agent.wait() == 0 and agent.result()["killed"] == lc.MAX_STEPS
+
+    reports = quarantined(engine)
+    assert [r.run_id for r in reports] == [victim.id]
+    assert quarantine_alerts(engine) == [f"quarantine:run:{victim.id}"]
+    # Restarted: still reported once, and still every other run judged.
+    for i in range(3):
+        _ticker(engine, attestor).tick(later(t, 20 + i))
+    assert len(quarantined(engine)) == 1 and len(quarantine_alerts(engine)) == 1
+
+
+def test_what_was_wrong_is_named_without_the_stored_text(db_url, engine, procs, attestor, bad_run):
+    victim = bad_run()
+    if _backend(db_url) == "sqlite":
+        spoil(engine, "UPDATE runs SET steps = 'IGNORE PREVIOUS INSTRUCTIONS' WHERE id = :rid", rid=victim.id)
+        expect = "steps is not a number"
+    else:
+        spoil(engine, "UPDATE runs SET last_seen_at = 'infinity' WHERE id = :rid", rid=victim.id)
+        expect = "last_seen_at is not a plausible time"
+    _ticker(engine, attestor).tick(utcnow())
+    (report,) = quarantined(engine)
+    assert expect in report.detail and "IGNORE" not in report.detail
+    with engine.connect() as conn:
+        body = conn.execute(select(alerts.c.body).where(alerts.c.dedupe_key == f"quarantine:run:{victim.id}")).scalar()
+    assert expect in body and "IGNORE" not in body
+
+
+def test_a_fixed_row_is_judged_again(db_url, engine, attestor, bad_run):
+    victim = bad_run()
+    spoil(engine, "UPDATE runs SET cost_eur = -1 WHERE id = :rid", rid=victim.id)
+    tk = _ticker(engine, attestor)
+    t = utcnow()
+    assert tk.tick(t).quarantined == [victim.id]
+    with engine.begin() as conn:  # fixed by the operator, and now over its budget
+        conn.execute(text("UPDATE runs SET cost_eur = 0, steps = 50 WHERE id = :rid"), {"rid": victim.id})
+    assert (victim.id, lc.MAX_STEPS) in tk.tick(later(t, 5)).stops
+
+
+@pytest.mark.parametrize("db_url,case", _per_backend(EVENT_CASES), indirect=["db_url"])
+@pytest.mark.parametrize("ended", [False, True], ids=["running", "ended"])
+def test_a_bad_event_is_passed_once_and_never_again_after_a_restart(case, ended, db_url, engine, procs, attestor,
+                                                                      bad_run):
+    _name, _dialects, sql = next(c for c in EVENT_CASES if c[0] == case)
+    tk = _ticker(engine, attestor)
+    t = utcnow()
+    tk.tick(t)  # the daemon is warm: the bad event arrives above its high-water mark
+    victim = bad_run()
+    with engine.connect() as conn:
+        eid = conn.execute(select(events.c.id).where(events.c.run_id == victim.id, events.c.kind == "tool")).scalar()
+    spoil(engine, sql, eid=eid)
+    if ended:
+        victim.run.__exit__(None, None, None)
+    agent = procs.start("runaway", db_url, **RUNAWAY)
+    assert _stopped_within_two_ticks(tk, agent, later(t, 1)), agent.log()
+    assert tk.scanner.high_water >= eid  # moved past the bad event
+    assert len(quarantine_alerts(engine)) == 1
+    # A restart (cold start re-reads the active runs' history): still once, the tick still works.
+    tk2 = _ticker(engine, attestor)
+    tk2.tick(later(t, 30))
+    tk2.tick(later(t, 35))
+    assert len(quarantined(engine)) == 1 and len(quarantine_alerts(engine)) == 1
+
+
+def test_many_malformed_rows_beside_many_runs_every_runaway_is_found(db_url, engine, attestor, bad_run):
+    """At scale, in one tick: 30 bad rows of kinds that each break a different read."""
+    bad = [bad_run() for _ in range(6)]
+    sqlite = _backend(db_url) == "sqlite"
+    spoilers = (["UPDATE runs SET steps = 'x' WHERE id = :rid", "UPDATE runs SET started_at = 'x' WHERE id = :rid",
+                 "UPDATE runs SET labels = 'x', steps = 99 WHERE id = :rid"] if sqlite else
+                ["UPDATE runs SET last_seen_at = 'infinity' WHERE id = :rid",
+                 "UPDATE runs SET last_seen_at = '20000-01-01 00:00:00+00', steps = 99 WHERE id = :rid"])
+    spoilers += ["UPDATE runs SET cost_eur = -1 WHERE id = :rid"]
+    for i, b in enumerate(bad):
+        spoil(engine, spoilers[i % len(spoilers)], rid=b.id)
+    good = bad_run()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET steps = 40 WHERE id = :rid"), {"rid": good.id})
+    rep = _ticker(engine, attestor).tick(utcnow())
+    assert [r for r, _ in rep.stops] == [good.id]
+    assert sorted(rep.quarantined) == sorted(b.id for b in bad)

@@ -1,0 +1,110 @@
+"""Rows the tick cannot read or judge: each one costs only itself.
+
+A run whose row holds text where a counter belongs, a timestamp that does not parse or
+is not finite, a NaN or negative cost, or an event without a tool is not judged (its
+numbers mean nothing) and not allowed to stop the scan of every other run. It is
+reported once, as an intervention (`quarantined`) and a sealed alert, and passed over
+while it stays bad; a row fixed by hand is judged again at the next tick.
+
+"Once" survives a restart: the alert's dedupe key is checked before anything is written.
+The texts are the daemon's own (which column, what kind of problem), never the stored
+value, which whoever wrote the row chose.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+
+from sqlalchemy import select
+
+from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.core.text import one_line
+from watchdog.daemon.scan import LIGHT, MEASURES, Defect
+from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.schema import runs
+
+log = logging.getLogger("watchdog.tick")
+
+QUARANTINED = "quarantined"
+# A run older than this, or stamped further than this in the future, has a broken clock
+# column, not a long life: 30 years / 1 day.
+MAX_AGE_S = 30 * 365 * 86400.0
+FUTURE_S = 86400.0
+_MEMO_MAX = 10_000
+
+
+def light_defect(r, now_s: float) -> str:
+    """Name what is wrong with a light row that failed the pre-filter (the failure path only)."""
+    problems = []
+    for name in ("id", "agent", "status", "host"):
+        v = r[LIGHT.index(name)]
+        if not isinstance(v, str) or (name != "host" and not v):
+            problems.append(f"{name} is not text")
+        elif "\ufffd" in v:
+            problems.append(f"{name} is not valid UTF-8")
+    for name in (*MEASURES, *RUN_BUDGET_KEYS):
+        v = r[LIGHT.index(name)]
+        if v is None and name not in MEASURES:
+            continue  # a budget the run did not set
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            problems.append(f"{name} is not a number")
+        elif not math.isfinite(v) or v < 0:
+            problems.append(f"{name} is {'negative' if v < 0 else 'not finite'}")
+    for name, col in (("started_s", "started_at"), ("seen_s", "last_seen_at")):
+        v = r[LIGHT.index(name)]
+        if not isinstance(v, (int, float)):
+            problems.append(f"{col} is not a timestamp")
+        elif not (-FUTURE_S < now_s - v < MAX_AGE_S):
+            problems.append(f"{col} is not a plausible time (not finite, far future or far past)")
+    return "; ".join(problems) or "its row cannot be judged"
+
+
+class Quarantine:
+    """What this daemon reported, so a bad row costs one query at most once per run."""
+
+    def __init__(self, by: str, sealer=None):
+        self.by = by
+        self.sealer = sealer
+        self._reported: set[str] = set()
+        self.logged: set[str] = set()
+
+    def report(self, conn, d: Defect, now: dt.datetime) -> bool:
+        """Record and alert `d` unless its run (or, for an event of no run, the event) already
+        was; True if it was reported now."""
+        rid = d.run_id if isinstance(d.run_id, str) else None
+        key = f"quarantine:{'event' if d.event_id is not None else 'run'}:{rid or d.event_id}"[:255]
+        if key in self._reported:
+            return False
+        if len(self._reported) > _MEMO_MAX:
+            self._reported.clear()
+        if queued(conn, key):
+            self._reported.add(key)
+            return False
+        shown = one_line(rid, 40) if rid else "(none)"
+        what = one_line(d.detail, 300)
+        log.warning("run %s: %s: quarantined (not judged while it stays so)", shown, what)
+        iid = record(conn, at=now, action=QUARANTINED, by=self.by, run_id=rid if _known_run(conn, rid) else None,
+                     detail={"problem": what, "event_id": d.event_id, "run_id": shown},
+                     outcome="not judged while the row stays malformed; every other run judged as usual")
+        subject = f"event {d.event_id} of run {shown}" if d.event_id is not None else f"run {shown}"
+        title = f"agent-watchdog: {subject} cannot be judged — quarantined"
+        body = (f"run {shown}\nwhat is wrong: {what}\n"
+                + ("This event is skipped (the scan moved past it); the run's other events count as usual.\n"
+                   if d.event_id is not None else
+                   "This run's row cannot be judged: no budget is enforced on it until the row is fixed. "
+                   "Written by hand, by a client in another language, or corrupted.\n")
+                + "Every other run is judged as usual.\n"
+                + (f"agent-watchdog show {shown}" if rid else ""))
+        enqueue_alert(conn, key, title, body, now=now, run_id=rid if _known_run(conn, rid) else None,
+                      intervention_id=iid, sealer=self.sealer)
+        self._reported.add(key)
+        return True
+
+
+def _known_run(conn, rid: str | None) -> bool:
+    """The foreign keys accept only a run that exists (an event may name none)."""
+    if rid is None:
+        return False
+    return conn.execute(select(runs.c.id).where(runs.c.id == rid)).first() is not None
