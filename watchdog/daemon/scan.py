@@ -11,7 +11,7 @@ import datetime as dt
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from sqlalchemy import Float, and_, cast, extract, func, select
+from sqlalchemy import Float, and_, case, cast, extract, func, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
@@ -212,7 +212,11 @@ class Scanner:
         """Every active run (of `hosts`, None = all), light: the LIGHT columns, then started_at
         and last_seen_at in epoch seconds."""
         name = conn.dialect.name
-        measures = {"tokens": runs.c.tokens_in + runs.c.tokens_out}
+        tokens = runs.c.tokens_in + runs.c.tokens_out
+        if name == "sqlite":  # SQLite adds text as 0: a text counter would read as "few tokens"
+            tokens = case((and_(func.typeof(runs.c.tokens_in) == "integer",
+                                func.typeof(runs.c.tokens_out) == "integer"), tokens))
+        measures = {"tokens": tokens}
         q = select(*(runs.c[c] for c in (*IDENTITY, *RUN_BUDGET_KEYS)),
                    *(measures.get(m, runs.c[m] if m in runs.c else None) for m in MEASURES),
                    epoch_s(runs.c.started_at, name), epoch_s(runs.c.last_seen_at, name)
