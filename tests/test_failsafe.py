@@ -205,3 +205,60 @@ def test_many_malformed_rows_beside_many_runs_every_runaway_is_found(db_url, eng
     rep = _ticker(engine, attestor).tick(utcnow())
     assert [r for r, _ in rep.stops] == [good.id]
     assert sorted(rep.quarantined) == sorted(b.id for b in bad)
+
+
+# -- the schema refuses malformed rows at the door ------------------------------------------------
+
+
+REFUSED = [
+    ("UPDATE runs SET steps = -1 WHERE id = :rid", "ck_runs_counters"),
+    ("UPDATE runs SET status = 'zombie' WHERE id = :rid", "ck_runs_status"),
+    ("UPDATE runs SET kill_mode = 'nuke' WHERE id = :rid", "ck_runs_kill_mode"),
+    ("UPDATE runs SET cost_eur = -0.5 WHERE id = :rid", "ck_runs_cost"),
+    ("UPDATE runs SET max_steps = -3 WHERE id = :rid", "ck_runs_budgets"),
+    ("UPDATE events SET tool = NULL WHERE run_id = :rid AND kind = 'tool'", "ck_events_tool"),
+]
+REFUSED_SQLITE = [
+    ("UPDATE runs SET steps = 'many' WHERE id = :rid", "ck_runs_counters"),
+    ("UPDATE runs SET started_at = 'garbage' WHERE id = :rid", "ck_runs_times"),
+    ("UPDATE runs SET labels = 'not json' WHERE id = :rid", "ck_runs_labels"),
+    ("UPDATE events SET at = 'not a time' WHERE run_id = :rid", "ck_events_at"),
+]
+REFUSED_PG = [
+    ("UPDATE runs SET cost_eur = 'NaN' WHERE id = :rid", "ck_runs_cost"),
+    ("UPDATE runs SET last_seen_at = 'infinity' WHERE id = :rid", "ck_runs_times"),
+]
+
+
+def test_the_schema_refuses_each_malformed_value_naming_its_check(db_url, engine, bad_run):
+    from sqlalchemy.exc import IntegrityError
+
+    victim = bad_run()
+    cases = REFUSED + (REFUSED_SQLITE if _backend(db_url) == "sqlite" else REFUSED_PG)
+    for sql, check in cases:
+        with pytest.raises(IntegrityError) as err, engine.begin() as conn:
+            conn.execute(text(sql), {"rid": victim.id})
+        assert check in str(err.value), sql
+    # The run itself still records: the checks refuse only what is malformed.
+    victim.run.step(model="gpt-x", tokens_in=3, tokens_out=2, cost_eur=0.01)
+    victim.run.heartbeat("fine")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT steps FROM runs WHERE id = :rid"), {"rid": victim.id}).scalar() == 1
+
+
+def test_the_migrations_checks_name_every_status_kill_mode_event_kind_and_budget():
+    """A new status or budget needs a new revision: this fails until one is written."""
+    import importlib.util
+    from pathlib import Path
+
+    from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS
+
+    path = Path(__file__).resolve().parents[1] / "migrations" / "versions" / "0007_checks.py"
+    spec = importlib.util.spec_from_file_location("checks_0007", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    assert set(m.STATUSES) == {s.value for s in lc.Status}
+    assert set(m.KILL_MODES) == {k.value for k in lc.KillMode}
+    assert set(m.EVENT_KINDS) == {e.value for e in lc.EventKind}
+    integer = {b.key for b in BUDGETS if b.key in RUN_BUDGET_KEYS and b.integer}
+    assert set(m.RUN_BUDGETS_INT) == integer and set(m.RUN_BUDGETS_FLOAT) == set(RUN_BUDGET_KEYS) - integer

@@ -1,0 +1,137 @@
+"""checks: the table contract enforced by the database (counters, statuses, timestamps, lengths)
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-01
+
+The table contract is public: clients in other languages write rows with plain SQL.
+A malformed row (text in a counter, a NaN cost, an unknown status, a timestamp that does
+not parse) is refused at the door with a message naming the check, instead of reaching
+the daemon. The daemon still survives rows written before this revision or by hand with
+the checks off (it quarantines them, see watchdog/daemon/quarantine.py).
+
+PostgreSQL: CHECK constraints, added NOT VALID so existing rows do not fail the upgrade
+(they are checked on every new write). SQLite: ALTER TABLE cannot add a CHECK, and
+recreating `runs` would cascade a delete into its events; triggers do the same checks
+and honour `PRAGMA ignore_check_constraints` as CHECK constraints do.
+"""
+
+from alembic import op
+
+# Self-contained: a migration never imports the application. tests/test_migrations.py
+# checks these lists against watchdog.core.lifecycle and the budget registry: a new status
+# or budget needs a new revision, never an edit of this one.
+STATUSES = ("running", "paused", "stopping", "completed", "failed", "killed", "lost")
+KILL_MODES = ("cooperative", "process", "tree")
+EVENT_KINDS = ("step", "tool", "heartbeat")
+RUN_COUNTERS = ("steps", "tool_calls", "tool_errors", "tokens_in", "tokens_out", "cached_tokens_in",
+                "reasoning_tokens", "cost_unpriced_tokens", "last_seq", "resumes")
+RUN_BUDGETS_INT = ("max_steps", "max_tool_calls", "max_tokens", "max_identical_calls")
+RUN_BUDGETS_FLOAT = ("max_cost_eur", "max_wall_s", "heartbeat_timeout_s")
+RUN_TIMES = ("started_at", "last_seen_at")
+RUN_TIMES_NULLABLE = ("stop_requested_at", "signalled_at", "ended_at", "paused_at")
+EVENT_COUNTERS = ("tokens_in", "tokens_out", "cached_tokens_in", "reasoning_tokens", "attempt")
+AGENT_MAX_CHARS = 128
+MAX_AMOUNT = 1e15  # euros or seconds: also what keeps NaN and infinity out (NaN > any number on PostgreSQL)
+
+revision = '0007'
+down_revision = '0006'
+branch_labels = None
+depends_on = None
+
+
+def _in(col, values) -> str:
+    return f"{col} IN (" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+def _checks(dialect: str) -> dict[str, list[tuple[str, str, str]]]:
+    """table -> [(name, condition on the row (columns bare), what it means)]."""
+    sqlite = dialect == "sqlite"
+
+    def integer(col, nullable=False):
+        cond = f"typeof({col}) = 'integer' AND {col} >= 0" if sqlite else f"{col} >= 0"
+        return f"({col} IS NULL OR ({cond}))" if nullable else cond
+
+    def amount(col, nullable=False):
+        cond = (f"typeof({col}) IN ('integer', 'real') AND {col} >= 0 AND {col} < {MAX_AMOUNT:.0f}" if sqlite
+                else f"{col} >= 0 AND {col} < {MAX_AMOUNT:.0f}")
+        return f"({col} IS NULL OR ({cond}))" if nullable else cond
+
+    def when(col, nullable=False):
+        cond = f"julianday({col}) IS NOT NULL" if sqlite else f"isfinite({col})"
+        return f"({col} IS NULL OR {cond})" if nullable else cond
+
+    runs = [
+        ("ck_runs_status", _in("status", STATUSES), "status must be one of " + ", ".join(STATUSES)),
+        ("ck_runs_kill_mode", _in("kill_mode", KILL_MODES), "kill_mode must be one of " + ", ".join(KILL_MODES)),
+        ("ck_runs_agent", f"length(agent) BETWEEN 1 AND {AGENT_MAX_CHARS}",
+         f"agent must be 1 to {AGENT_MAX_CHARS} characters"),
+        ("ck_runs_counters", " AND ".join(integer(c) for c in RUN_COUNTERS),
+         "counters must be non-negative integers"),
+        ("ck_runs_cost", amount("cost_eur"), "cost_eur must be a finite non-negative number"),
+        ("ck_runs_budgets", " AND ".join([*(integer(c, True) for c in RUN_BUDGETS_INT),
+                                          *(amount(c, True) for c in RUN_BUDGETS_FLOAT)]),
+         "budgets must be NULL or non-negative finite numbers"),
+        ("ck_runs_times", " AND ".join([*(when(c) for c in RUN_TIMES), *(when(c, True) for c in RUN_TIMES_NULLABLE)]),
+         "timestamps must be valid and finite"),
+        ("ck_runs_pid", integer("pid", True), "pid must be NULL or a non-negative integer"),
+    ]
+    if sqlite:  # PostgreSQL's json type already refuses text that is not JSON
+        runs.append(("ck_runs_labels", "(labels IS NULL OR json_valid(labels))", "labels must be JSON"))
+    events = [
+        ("ck_events_kind", _in("kind", EVENT_KINDS), "kind must be one of " + ", ".join(EVENT_KINDS)),
+        ("ck_events_tool", "(kind <> 'tool' OR (tool IS NOT NULL AND length(tool) > 0))",
+         "a tool event must name its tool"),
+        ("ck_events_at", when("at"), "at must be a valid, finite timestamp"),
+        ("ck_events_counters", " AND ".join([integer("seq"), *(integer(c, True) for c in EVENT_COUNTERS)]),
+         "seq and token counts must be non-negative integers"),
+        ("ck_events_amounts", amount("cost_eur", True) + " AND " + amount("duration_s", True),
+         "cost_eur and duration_s must be NULL or finite non-negative numbers"),
+    ]
+    return {"runs": runs, "events": events}
+
+
+def _sqlite_trigger(table: str, op_name: str, checks) -> str:
+    new = lambda cond: _as_new(cond, table)  # noqa: E731
+    body = "\n".join(f"    SELECT RAISE(ABORT, 'CHECK constraint failed: {name} ({what})') WHERE NOT ({new(cond)});"
+                     for name, cond, what in checks)
+    return (f"CREATE TRIGGER ck_{table}_{op_name} BEFORE {op_name.upper()} ON {table} FOR EACH ROW\n"
+            f"WHEN NOT (SELECT ignore_check_constraints FROM pragma_ignore_check_constraints)\n"
+            f"BEGIN\n{body}\nEND")
+
+
+def _as_new(cond: str, table: str) -> str:
+    """The condition on NEW.column: every column of the table named bare is prefixed."""
+    import re
+
+    cols = {"runs": ("status", "kill_mode", "agent", "labels", "pid", *RUN_COUNTERS, "cost_eur", *RUN_BUDGETS_INT,
+                     *RUN_BUDGETS_FLOAT, *RUN_TIMES, *RUN_TIMES_NULLABLE),
+            "events": ("kind", "tool", "at", "seq", *EVENT_COUNTERS, "cost_eur", "duration_s")}[table]
+    pattern = re.compile(r"(?<![\w.'])(" + "|".join(sorted(cols, key=len, reverse=True)) + r")(?![\w'(])")
+    return pattern.sub(r"NEW.\1", cond)
+
+
+def upgrade() -> None:
+    bind = op.get_bind()
+    dialect = bind.dialect.name
+    for table, checks in _checks(dialect).items():
+        if dialect == "sqlite":
+            for op_name in ("insert", "update"):
+                op.execute(_sqlite_trigger(table, op_name, checks))
+        else:
+            if table == "runs":  # an earlier store may carry 0006's status check: ours replaces it
+                op.execute("ALTER TABLE runs DROP CONSTRAINT IF EXISTS ck_runs_status")
+            for name, cond, _what in checks:
+                op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({cond}) NOT VALID")
+
+
+def downgrade() -> None:
+    bind = op.get_bind()
+    dialect = bind.dialect.name
+    for table, checks in _checks(dialect).items():
+        if dialect == "sqlite":
+            for op_name in ("insert", "update"):
+                op.execute(f"DROP TRIGGER IF EXISTS ck_{table}_{op_name}")
+        else:
+            for name, _cond, _what in checks:
+                op.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {name}")
