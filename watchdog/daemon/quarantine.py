@@ -70,11 +70,20 @@ class Quarantine:
         self._reported: set[str] = set()
         self.logged: set[str] = set()
 
+    @staticmethod
+    def key(d: Defect) -> str:
+        rid = d.run_id if isinstance(d.run_id, str) else None
+        return f"quarantine:{'event' if d.event_id is not None else 'run'}:{rid or d.event_id}"[:255]
+
+    def known(self, d: Defect) -> bool:
+        """Already reported by this daemon: nothing to read or write for it this tick."""
+        return self.key(d) in self._reported
+
     def report(self, conn, d: Defect, now: dt.datetime) -> bool:
         """Record and alert `d` unless its run (or, for an event of no run, the event) already
         was; True if it was reported now."""
         rid = d.run_id if isinstance(d.run_id, str) else None
-        key = f"quarantine:{'event' if d.event_id is not None else 'run'}:{rid or d.event_id}"[:255]
+        key = self.key(d)
         if key in self._reported:
             return False
         if len(self._reported) > _MEMO_MAX:

@@ -130,14 +130,41 @@ def _probe(conn, table, key_col, key, cols) -> str:
     return f"{what} cannot be read (not valid for its type)"
 
 
-def read_isolated(conn, query_for, keys: list, *, table, key_col, defects: list, event: bool = False) -> list:
+def read_isolated(conn, query_for, keys: list, *, table, key_col, defects: list, suspects: dict,
+                  event: bool = False) -> list:
     """`query_for(chunk of keys)` for every chunk; a chunk that fails to read (one value that
     does not parse) is read again key by key, and a key that still fails becomes a Defect:
     one bad row never hides the others. Each read is its own SAVEPOINT, so a failed one
-    leaves the snapshot usable on PostgreSQL."""
+    leaves the snapshot usable on PostgreSQL.
+
+    `suspects` (key -> what was wrong), kept by the caller across ticks: the keys that failed
+    last time are read on their own, so a bad row that stays costs one query per tick and
+    never fails (and re-reads) its chunk again; one that was fixed reads normally."""
     out = []
-    for i in range(0, len(keys), CHUNK):
-        part = keys[i : i + CHUNK]
+    alone = [k for k in keys if k in suspects]
+    rest = [k for k in keys if k not in suspects] if alone else keys
+    failed_now: dict = {}
+
+    def one(key) -> None:
+        try:
+            with conn.begin_nested():
+                out.extend(conn.execute(query_for([key])).all())
+            return
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+        detail = suspects.get(key) or _probe(conn, table, key_col, key, [c.name for c in table.c])
+        failed_now[key] = detail
+        if event:
+            rid = conn.execute(select(events.c.run_id).where(events.c.id == key)).scalar()
+            defects.append(Defect(rid if isinstance(rid, str) else None, f"event {key}: {detail}", key))
+        else:
+            defects.append(Defect(key, detail))
+
+    for key in alone:
+        one(key)
+    for i in range(0, len(rest), CHUNK):
+        part = rest[i : i + CHUNK]
         try:
             with conn.begin_nested():
                 out.extend(conn.execute(query_for(part)).all())
@@ -146,18 +173,13 @@ def read_isolated(conn, query_for, keys: list, *, table, key_col, defects: list,
             if store_unavailable(exc):
                 raise
         for key in part:
-            try:
-                with conn.begin_nested():
-                    out.extend(conn.execute(query_for([key])).all())
-            except Exception as exc:  # noqa: BLE001
-                if store_unavailable(exc):
-                    raise
-                detail = _probe(conn, table, key_col, key, [c.name for c in table.c])
-                if event:
-                    rid = conn.execute(select(events.c.run_id).where(events.c.id == key)).scalar()
-                    defects.append(Defect(rid if isinstance(rid, str) else None, f"event {key}: {detail}", key))
-                else:
-                    defects.append(Defect(key, detail))
+            one(key)
+    for key in alone:
+        if key not in failed_now:
+            del suspects[key]  # fixed
+    suspects.update(failed_now)
+    if len(suspects) > 10_000:  # bounded: a flood of bad rows costs chunk re-reads, never memory
+        suspects.clear()
     return out
 
 
@@ -200,6 +222,7 @@ class Scanner:
         self._seen: set[int] = set()
         self.all_recent: deque = deque()  # (at, tool) over all runs: many runs hammering one tool
         self.defects: list[Defect] = []  # what could not be read since the tick last took them
+        self._bad_runs: dict[str, str] = {}  # run id -> why its whole row did not read (read_isolated)
 
     def tool_rates(self, now: dt.datetime) -> Counter:
         """Tool calls per tool over all runs in the last minute."""
@@ -231,7 +254,7 @@ class Scanner:
         becomes a Defect instead."""
         return read_isolated(conn, lambda part: select(runs).where(and_(
             runs.c.id.in_(part), runs.c.status.in_(lc.ACTIVE_STATUSES))), ids,
-            table=runs, key_col=runs.c.id, defects=self.defects)
+            table=runs, key_col=runs.c.id, defects=self.defects, suspects=self._bad_runs)
 
     def _events(self, conn, q_for) -> list["NewEvent"]:
         """The events of `q_for(columns)`, in id order. The usual case is one query; if it fails
@@ -246,7 +269,7 @@ class Scanner:
                 raise
             ids = conn.execute(q_for((events.c.id,)).order_by(events.c.id)).scalars().all()
             rows = read_isolated(conn, lambda part: select(*EVENT_COLS).where(events.c.id.in_(part)), list(ids),
-                                 table=events, key_col=events.c.id, defects=self.defects, event=True)
+                                 table=events, key_col=events.c.id, defects=self.defects, suspects={}, event=True)
             rows.sort(key=lambda r: r[0])
             # The ids of the bad ones count as read: the high-water mark must pass them.
             self._unreadable.extend(sorted(set(ids) - {r[0] for r in rows}))

@@ -200,6 +200,8 @@ class Ticker:
         defects, self.scanner.defects = self.scanner.defects, []
         rep.quarantined = [d.run_id for d in defects]
         for d in defects:
+            if self.quarantine.known(d):
+                continue
             try:
                 with batch.run() as conn:
                     self.quarantine.report(conn, d, now)
