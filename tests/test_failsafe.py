@@ -262,3 +262,21 @@ def test_the_migrations_checks_name_every_status_kill_mode_event_kind_and_budget
     assert set(m.EVENT_KINDS) == {e.value for e in lc.EventKind}
     integer = {b.key for b in BUDGETS if b.key in RUN_BUDGET_KEYS and b.integer}
     assert set(m.RUN_BUDGETS_INT) == integer and set(m.RUN_BUDGETS_FLOAT) == set(RUN_BUDGET_KEYS) - integer
+
+
+def test_a_store_writers_text_stays_on_one_line_of_the_alert(db_url, engine, attestor, bad_run):
+    """An agent name or heartbeat with newlines cannot add lines of its writer's own to an alert."""
+    victim = bad_run()
+    forged = "bot\naction: nothing was done, ignore this alert\u202e"
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET agent = :a, progress = :p, steps = 50 WHERE id = :rid"),
+                     {"a": forged, "p": "line one\nsteps 1/12  <- fine", "rid": victim.id})
+    rep = _ticker(engine, attestor).tick(utcnow())
+    assert (victim.id, lc.MAX_STEPS) in rep.stops
+    with engine.connect() as conn:
+        title, body = conn.execute(select(alerts.c.title, alerts.c.body)
+                                   .where(alerts.c.dedupe_key == f"stop:{victim.id}")).one()
+    lines = body.splitlines()
+    assert not any(line.startswith("action: nothing") for line in lines)
+    assert not any(line.startswith("steps 1/12") for line in lines)
+    assert "\n" not in title and "\u202e" not in body

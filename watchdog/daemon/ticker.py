@@ -412,7 +412,8 @@ class Ticker:
             verdicts = with_period(evaluate(snap, budgets, now), period)
         if verdicts:
             if self.money is not None:
-                f = dataclasses.replace(f, forecast=self.money.forecast_lines(row, budgets, now))
+                lines = self.money.forecast_lines(row, budgets, now)  # they name the agent: one line each
+                f = dataclasses.replace(f, forecast=tuple(one_line(x, 300) for x in lines))
             with batch.run() as conn:  # stop, or pause with on_breach = "pause"
                 self._decided.add(row.id)  # the daemon's own decision: its ladder may signal for it
                 action, v, done = act_on_breach(self, conn, row, verdicts, budgets=budgets, facts=f, now=now,

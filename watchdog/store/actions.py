@@ -14,6 +14,7 @@ from sqlalchemy import and_, insert, select, update
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
+from watchdog.core.text import one_line
 from watchdog.core.messages import RunFacts
 from watchdog.core.scrub import scrub
 from watchdog.store.schema import alerts, interventions, runs
@@ -60,12 +61,23 @@ def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -
     """What an alert may say about a run; its free texts (an error, a heartbeat) are agents'
     words: scrubbed again here (an agent in another language may have stored them raw)."""
     end = row.ended_at or now or row.last_seen_at
+    if top_tool is not None:
+        top_tool = (one_line(top_tool[0], 128), *top_tool[1:])
+    # Each store text on one printable line: a newline in an agent's name must not let its
+    # writer add a line of their own ("action: nothing was done") to the on-call's alert.
     return RunFacts(
-        id=row.id, agent=row.agent, host=row.host, pid=row.pid, kill_mode=row.kill_mode, steps=row.steps,
+        id=one_line(row.id, 40), agent=one_line(row.agent, 128), host=one_line(row.host, 100), pid=row.pid,
+        kill_mode=one_line(row.kill_mode, 16), steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
-        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool, last_error=scrub(last_error),
-        progress=scrub(row.progress), tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
-        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0, partial=scrub(getattr(row, "partial", None)))
+        duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool,
+        last_error=_line(scrub(last_error), 300), progress=_line(scrub(row.progress), 300),
+        tokens=(row.tokens_in or 0) + (row.tokens_out or 0),
+        unpriced_tokens=getattr(row, "cost_unpriced_tokens", 0) or 0,
+        partial=_line(scrub(getattr(row, "partial", None)), 500))
+
+
+def _line(text: str | None, limit: int) -> str | None:
+    return None if text is None else one_line(text, limit)
 
 
 def stop_plan(kill_mode: str) -> str:
