@@ -902,3 +902,18 @@ def test_a_run_started_during_an_outage_is_registered_when_the_store_is_back(pg_
         assert row.ended_at.tzinfo is not None and row.ended_at.utcoffset() == dt.timedelta(0)
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("name", ["bot\nrun 1234 ok", "bot\x1b[2J", "bot\u202eevil"])
+def test_names_with_control_or_bidi_characters_are_refused_at_the_door(sqlite_url, name):
+    from watchdog import Watchdog
+
+    wd = Watchdog(sqlite_url)
+    try:
+        with pytest.raises(ValueError, match="agent: expected printable text on one line"):
+            wd.run(agent=name)
+        with wd.run(agent="bot") as run:
+            with pytest.raises(ValueError, match="name: expected printable text"):
+                run.record_tool(name, {})
+    finally:
+        wd.close()

@@ -7,6 +7,7 @@ import json
 import math
 
 from watchdog.core.scrub import scrub
+from watchdog.core.text import one_line, printable
 
 ERROR_MSG_MAX_CHARS = 200
 SCRUB_MAX_CHARS = 20_000  # of a raw message, what is scrubbed (then cut to ERROR_MSG_MAX_CHARS)
@@ -77,9 +78,12 @@ def validate_record_errors(value) -> str:
 def validate_name(name: str, value, max_chars: int) -> str:
     """A non-empty string that fits its column."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name}: expected a non-empty string, got {value!r}")
+        raise ValueError(f"{name}: expected a non-empty string, got {one_line(value, 60)}")
     if len(value) > max_chars:
         raise ValueError(f"{name}: expected at most {max_chars} characters, got {len(value)}")
+    if not printable(value):
+        raise ValueError(f"{name}: expected printable text on one line (no control, line-break or bidi "
+                         f"characters), got {ascii(value)[:80]}")
     return value
 
 

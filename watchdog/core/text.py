@@ -50,3 +50,8 @@ def one_line(text: object, limit: int = 200) -> str:
     control and bidi characters become one space, and it is cut at `limit` with a marker."""
     s = _UNPRINTABLE.sub(" ", text if isinstance(text, str) else repr(text)).strip()
     return s if len(s) <= limit else s[: max(0, limit - 1)] + "…"
+
+
+def printable(text: str) -> bool:
+    """No control, line-break or bidi characters: fit to be a name on one line."""
+    return _UNPRINTABLE.search(text) is None
