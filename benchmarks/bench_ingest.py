@@ -182,8 +182,11 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
         started = now
         labels = None
     cur = conn.cursor()
+    from watchdog.core.budgets import RUN_BUDGET_KEYS
+
+    # Every run budget NULL (the profile's), however many the registry holds: as the SDK writes.
     run_params = (run_id, agent, "running", "cooperative", socket.gethostname(), os.getpid(), None, labels,
-                  None, None, None, None, None, None, started, started)
+                  *(None,) * len(RUN_BUDGET_KEYS), started, started)
     if backend == "sqlite":
         cur.execute("BEGIN IMMEDIATE")
         cur.execute(d.insert_run, run_params)
@@ -196,6 +199,9 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
     from watchdog.store.hotpath import EVENT_COLUMNS
 
     pad = (None,) * (len(EVENT_COLUMNS) - 16)  # columns added since (events.attempt): NULL, as the SDK writes
+    # steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, cached_tokens_in, reasoning_tokens,
+    # cost_unpriced_tokens, last_seq, last_seen_at, progress, id: as the SDK binds them (hotpath.Dialect).
+    assert update_run.count("?" if backend == "sqlite" else "%s") == 13, "update_run changed: update the raw writer"
     args_hash = "0" * 64
     utc = dt.timezone.utc
     now_fn = dt.datetime.now
@@ -208,7 +214,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
                 cur.execute("BEGIN IMMEDIATE")
                 cur.execute(insert_event, (run_id, seq, at, "tool", "search", args_hash, None, True, None, None,
                                            None, None, None, None, None, None, *pad))
-                cur.execute(update_run, (0, 1, 0, 0, 0, 0.0, seq, at, None, run_id))
+                cur.execute(update_run, (0, 1, 0, 0, 0, 0.0, 0, 0, 0, seq, at, None, run_id))
                 row = cur.fetchone()
                 cur.execute("COMMIT")
                 return row
@@ -223,7 +229,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
             try:
                 cur.execute(insert_event, (run_id, seq, at, "tool", "search", args_hash, None, True, None, None,
                                            None, None, None, None, None, None, *pad))
-                cur.execute(update_run, (0, 1, 0, 0, 0, 0.0, seq, at, None, run_id))
+                cur.execute(update_run, (0, 1, 0, 0, 0, 0.0, 0, 0, 0, seq, at, None, run_id))
                 row = cur.fetchone()
                 conn.commit()
                 return row
