@@ -69,14 +69,14 @@ def backoff_s(attempts: int, first_s: float) -> float:
 
 def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s: float = 30.0,
                 expire_s: float = 86400.0, budget_s: float = 5.0, on_result=None, on_dead=None,
-                _again: bool = True) -> DeliveryReport:
+                batch: int = BATCH, _again: bool = True) -> DeliveryReport:
     """Deliver every alert this daemon sealed that is due, within `budget_s` seconds; never
     raises for a target that is down or a row that is bad (a store that is down raises)."""
     deadline = time.monotonic() + budget_s
     report = DeliveryReport()
     token = rows.claimer(sealer.host)
     ids = rows.claim(engine, token, host=sealer.host, now=now, ttl_s=budget_s + CLAIM_MARGIN_S,
-                     expire_before=now - dt.timedelta(seconds=expire_s), limit=BATCH)
+                     expire_before=now - dt.timedelta(seconds=expire_s), limit=batch)
     if not ids:
         return report
     refused = []
@@ -124,7 +124,7 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
     if refused and _again:  # the daemon's own word on the refused rows goes out now, not a tick later
         more = deliver_due(engine, notifier, now, sealer=sealer, retry_s=retry_s, expire_s=expire_s,
                            budget_s=max(1.0, deadline - time.monotonic()), on_result=on_result, on_dead=on_dead,
-                           _again=False)
+                           batch=batch, _again=False)
         report.delivered += more.delivered
         report.failed += more.failed
         report.refused += more.refused

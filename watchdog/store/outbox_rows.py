@@ -163,3 +163,29 @@ def _kind(value) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value < 0:
         return "negative"
     return type(value).__name__
+
+
+LISTED = ("dedupe_key", "run_id", "created_at", "attempts", "next_attempt_at", "dead_at", "delivered_targets",
+          "last_error", "title")
+
+
+def undelivered(conn, *, dead_only: bool, limit: int) -> tuple[list[dict], int]:
+    """The alerts not delivered (waiting or dead letters), oldest first, as plain values for
+    a listing; a row that cannot be read is listed by its id with what failed. And how many
+    more there are beyond `limit`."""
+    from sqlalchemy import func
+
+    which = alerts.c.dead_at.is_not(None) if dead_only else alerts.c.delivered_at.is_(None)
+    light = conn.execute(select(alerts.c.id, alerts.c.dead_at.is_not(None).label("dead")).where(which)
+                         .order_by(alerts.c.id).limit(limit)).all()
+    total = conn.execute(select(func.count()).select_from(alerts).where(which)).scalar_one()
+    dead = {r.id: bool(r.dead) for r in light}
+    out = []
+    for alert_id, row, unreadable in read(conn, [r.id for r in light], [alerts.c[c] for c in LISTED]):
+        record = {"id": alert_id, "state": "dead" if dead.get(alert_id) else "waiting"}
+        if row is None:
+            record.update({c: None for c in LISTED}, last_error=unreadable)
+        else:
+            record.update({c: getattr(row, c) for c in LISTED})
+        out.append(record)
+    return out, max(0, total - len(out))
