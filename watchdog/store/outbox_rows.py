@@ -6,8 +6,8 @@ the service and a `run --once`) never send one alert twice. PostgreSQL: SELECT .
 UPDATE SKIP LOCKED, then UPDATE, in one transaction; SQLite: the same statements under
 its write lock (the engine begins writers with BEGIN IMMEDIATE). A claim ends when the
 pass records its results; a crashed claimer's claims expire at `claimed_until` and are
-retaken. A claim ending further ahead than any pass could set it is a clock that went
-back: it is expired too, or a clock jump would hold the alerts.
+retaken. A claim ending further ahead than any pass could set it (twice its length) is a
+clock that went back: it is expired too, or a clock jump would hold the alerts.
 
 Reads: rows are written by whoever can write the store, and another language may write
 what this code never would (text in an integer column, an unparsable timestamp, invalid
@@ -36,8 +36,10 @@ def claimer(host: str) -> str:
 
 
 def _unclaimed(now: dt.datetime, ttl_s: float):
+    # Two passes read the clock a moment apart: a claim is from the future (a clock set back)
+    # only beyond twice its length, never because the other pass's `now` was a little later.
     return or_(alerts.c.claimed_until.is_(None), alerts.c.claimed_until < now,
-               alerts.c.claimed_until > now + dt.timedelta(seconds=ttl_s))
+               alerts.c.claimed_until > now + dt.timedelta(seconds=2 * ttl_s))
 
 
 def claim(engine, token: str, *, host: str, now: dt.datetime, ttl_s: float, expire_before: dt.datetime,
