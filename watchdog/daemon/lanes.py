@@ -54,17 +54,18 @@ class Lanes:
         for target, jobs in work.items():
             if not jobs:
                 continue
-            prev = self._last.get(target.id)
-            if prev is not None and prev.thread is not None and prev.thread.is_alive():
-                for key, _, _ in jobs:
-                    out[(key, target.id)] = self._fail(target, BUSY)
-                continue
-            run = _Run(jobs)
-            run.thread = threading.Thread(target=self._work, args=(target, run, deadline), daemon=True,
-                                          name=f"alert-lane-{target.id}")
-            self._last[target.id] = run
+            with self._lock:  # checked and taken at once: two callers never start two threads for one target
+                prev = self._last.get(target.id)
+                if prev is not None and prev.thread is not None and prev.thread.is_alive():
+                    for key, _, _ in jobs:
+                        out[(key, target.id)] = self._fail(target, BUSY)
+                    continue
+                run = _Run(jobs)
+                run.thread = threading.Thread(target=self._work, args=(target, run, deadline), daemon=True,
+                                              name=f"alert-lane-{target.id}")
+                self._last[target.id] = run
+                run.thread.start()
             started[target] = run
-            run.thread.start()
         for run in started.values():
             run.thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
