@@ -188,3 +188,51 @@ def closed_port() -> tuple[socket.socket, int]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((LOCALHOST, 0))
     return sock, sock.getsockname()[1]
+
+
+class HangSink:
+    """A target that hangs: it accepts every connection and never answers a byte, until closed.
+    `connections` counts the connections it accepted (a sender that piles up shows here)."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((LOCALHOST, 0))
+        self._sock.listen(16)
+        self._sock.settimeout(0.2)  # the accept loop sees the stop flag
+        self.port: int = self._sock.getsockname()[1]
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self._conns.append(conn)
+
+    def url(self, read_timeout_s: float | None = None) -> str:
+        # apprise's own read timeout is 4 s: `rto` makes the wait last (the Notifier caps it at its timeout_s).
+        return f"json://{LOCALHOST}:{self.port}/hook" + (f"?rto={read_timeout_s:g}" if read_timeout_s else "")
+
+    def __enter__(self) -> HangSink:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+        with self._lock:  # the senders blocked on these get their EOF now
+            for conn in self._conns:
+                conn.close()

@@ -40,6 +40,7 @@ cancel_grace_s = 0
 term_grace_s = 3.5
 allowed_users = ["agents", "batch"]
 alert_retry_s = 45
+alert_expire_s = 3600
 
 [defaults]
 max_wall_s = 600
@@ -107,7 +108,8 @@ def test_every_section_is_parsed(tmp_path):
     assert cfg.path == str(path)
     assert cfg.store == StoreConfig(url="sqlite:////var/lib/agent-watchdog/runs.db", record_args=True)
     assert cfg.daemon == DaemonConfig(tick_s=2.0, cancel_grace_s=0.0, term_grace_s=3.5,
-                                      allowed_users=("agents", "batch"), alert_retry_s=45.0)
+                                      allowed_users=("agents", "batch"), alert_retry_s=45.0,
+                                      alert_expire_s=3600.0)
     assert cfg.defaults == Budgets(max_wall_s=600.0, max_steps=10, max_tool_calls=30, max_cost_eur=1.5,
                                    max_identical_calls=4, heartbeat_timeout_s=90.0, max_tool_calls_per_min=20,
                                    on_rate="stop", dedupe_window_s=0.0, runs_may_raise=False)
@@ -244,6 +246,10 @@ BAD = [
     ("[defaults]\nmax_cost_eur_per_day = -1\n", "defaults.max_cost_eur_per_day"),
     ("[prices.\"m\"]\ninput_eur_per_mtok = 1\noutput_eur_per_mtok = 1\ncached_input_eur_per_mtok = -1\n",
      'prices."m".cached_input_eur_per_mtok'),
+    ("[daemon]\nalert_expire_s = 0\n", "daemon.alert_expire_s"),
+    ("[daemon]\nalert_expire_s = \"1d\"\n", "daemon.alert_expire_s"),
+    # Expiring before the first retry would dead-letter an alert a target missed once.
+    ("[daemon]\nalert_retry_s = 60\nalert_expire_s = 60\n", "daemon.alert_expire_s"),
 ]
 
 
@@ -450,7 +456,7 @@ def test_a_key_like_no_other_lists_the_known_ones(tmp_path):
     path = write(tmp_path, "[daemon]\nzzz = 1\n")
     with pytest.raises(ConfigError) as err:
         load(path)
-    assert "expected one of the known keys (alert_retry_s, allowed_users, cancel_grace_s" in str(err.value)
+    assert "expected one of the known keys (alert_expire_s, alert_retry_s, allowed_users" in str(err.value)
 
 
 def test_money_keys_parse_and_publish(tmp_path):

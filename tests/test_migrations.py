@@ -204,3 +204,25 @@ def test_the_pause_migration_lets_an_existing_status_check_allow_paused(fresh_ur
             conn.execute(text(insert), {"id": "p3", "status": "paused"})
     finally:
         engine.dispose()
+
+
+def test_the_outbox_migration_closes_dead_letters_on_its_way_down(fresh_url):
+    """0008 down: a dead letter becomes a closed alert (the older outbox would retry it), a
+    waiting one stays waiting, and the claim and dead-letter columns are gone; up again is clean."""
+    engine = make_engine(fresh_url)
+    insert = ("INSERT INTO alerts (dedupe_key, created_at, title, body, attempts, dead_at, last_error) "
+              "VALUES (:k, '2026-12-01 00:00:00', 't', 'b', 3, :dead, 'why')")
+    try:
+        migrate.upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(text(insert), {"k": "dead", "dead": "2026-12-02 00:00:00"})
+            conn.execute(text(insert), {"k": "waiting", "dead": None})
+        migrate.downgrade(engine, "0007")
+        assert {"claimed_by", "claimed_until", "dead_at"}.isdisjoint(c["name"] for c in inspect(engine).get_columns("alerts"))
+        with engine.connect() as conn:
+            closed = dict(conn.execute(text("SELECT dedupe_key, delivered_at FROM alerts")).all())
+        assert closed["dead"] is not None and closed["waiting"] is None
+        migrate.upgrade(engine)
+        assert diffs(engine) == []
+    finally:
+        engine.dispose()

@@ -203,3 +203,27 @@ def test_silent_target_fails_within_timeout_instead_of_hanging():
     # It waited for its 1 s timeout, not for ever: generous upper bound for a loaded box, and a lower
     # bound showing it was the timeout (not a refusal) that ended the wait.
     assert 0.9 <= elapsed_s < 30, elapsed_s
+
+
+def test_concurrent_sends_keep_their_own_causes_and_leave_apprise_logging_as_it_was(dead_port, http):
+    """Targets are sent to at once, each in its own lane: each result keeps its own cause, and
+    the host's setting of apprise's logger (the CLI silences it) is restored after the last one."""
+    import logging
+
+    import apprise
+
+    logger = logging.getLogger(apprise.LOGGER_NAME)
+    before = (logger.level, logger.propagate)
+    logger.setLevel(logging.CRITICAL)
+    try:
+        notifier = Notifier([f"json://127.0.0.1:{dead_port}/a", http.url(), f"json://127.0.0.1:{dead_port}/b"],
+                            timeout_s=5)
+        for _ in range(3):
+            refused_a, ok, refused_b = notifier.send(TITLE, BODY)
+            assert ok.ok and not refused_a.ok and not refused_b.ok
+            assert "Connection refused" in refused_a.error and "Connection refused" in refused_b.error
+        assert (logger.level, logger.propagate) == (logging.CRITICAL, before[1])
+        assert http.wait_for(3) and len(http.received) == 3
+    finally:
+        logger.setLevel(before[0])
+        logger.propagate = before[1]

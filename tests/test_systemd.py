@@ -208,7 +208,8 @@ def test_unit_keeps_what_the_job_needs():
 
 PUBLIC_KEYS = {
     "store": {"url", "record_args", "record_errors", "keep_days"},
-    "daemon": {"tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s", "socket", "key_file"},
+    "daemon": {"tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s", "alert_expire_s", "socket",
+               "key_file"},
     "defaults": {
         "max_wall_s",
         "max_steps",
@@ -303,6 +304,7 @@ def test_example_documented_values():
         "term_grace_s": 5,
         "allowed_users": ["agents"],
         "alert_retry_s": 30,
+        "alert_expire_s": 86400,
         "socket": "/run/agent-watchdog/attest.sock",
         "key_file": "/var/lib/agent-watchdog/attest.key",
     }
@@ -366,11 +368,13 @@ def test_example_accepted_by_the_daemon_parser():
     # The shipped credential template (systemd/alert-urls) is read next to the config, and holds no URL.
     assert config.alert_urls(parsed) == () and d_socket.startswith("/run/agent-watchdog/")
     d = config.DaemonConfig()
-    assert (parsed.daemon.tick_s, parsed.daemon.cancel_grace_s, parsed.daemon.term_grace_s, parsed.daemon.alert_retry_s) == (
+    assert (parsed.daemon.tick_s, parsed.daemon.cancel_grace_s, parsed.daemon.term_grace_s, parsed.daemon.alert_retry_s,
+            parsed.daemon.alert_expire_s) == (
         d.tick_s,
         d.cancel_grace_s,
         d.term_grace_s,
         d.alert_retry_s,
+        d.alert_expire_s,
     )
     assert parsed.metrics_listen == ""
     assert parsed.pricing == config.PricingConfig() and parsed.drift == config.DriftConfig()

@@ -179,7 +179,8 @@ def _worked(row, ivs, circ, sent, budgets) -> list[str]:
     opened = [c for c in circ if c.action == "circuit_open"]
     lines.append(f"- circuit breaker: {'opened for ' + ', '.join(sorted({c.tool for c in opened})) if opened else 'did not open'}")
     for a in sent:
-        state = ("logged only (no alert URLs configured)" if a.delivered_at and a.last_error else
+        state = (f"dead letter since {_ts(a.dead_at)}, never retried ({a.last_error})" if a.dead_at else
+                 "logged only (no alert URLs configured)" if a.delivered_at and a.last_error else
                  f"delivered {_ts(a.delivered_at)}" if a.delivered_at else
                  f"NOT delivered yet ({a.attempts} attempts: {a.last_error or 'pending'})")
         lines.append(f"- alert “{a.title}”: {state}")

@@ -53,6 +53,7 @@ class DaemonConfig:
     # empty = the daemon's own user, unless that is root (refused at start) or a system account (nobody)
     allowed_users: tuple[str, ...] = ()
     alert_retry_s: float = 30.0
+    alert_expire_s: float = 86400.0  # an alert not delivered within this is dead-lettered, never retried
     socket: str = DEFAULT_SOCKET  # where agents attest their process identity
     key_file: str = DEFAULT_KEY_FILE  # the sealing key, 0600, created at the first start
 
@@ -251,9 +252,9 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
 
     daemon_t = _table(ctx, raw, "daemon")
     _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",
-                                          "socket", "key_file"))
+                                          "alert_expire_s", "socket", "key_file"))
     d = {}
-    for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s"):
+    for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s", "alert_expire_s"):
         if k in daemon_t:
             d[k] = _number(ctx, f"daemon.{k}", daemon_t[k], allow_zero=k.endswith("grace_s"))
     if "allowed_users" in daemon_t:
@@ -268,6 +269,9 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
                 raise ctx.fail(f"daemon.{k}", "an absolute path", value)
             d[k] = value
     daemon = DaemonConfig(**d)
+    if daemon.alert_expire_s <= daemon.alert_retry_s:  # an alert must get at least one retry before it expires
+        raise ctx.fail("daemon.alert_expire_s", f"a number of seconds > alert_retry_s ({daemon.alert_retry_s:g})",
+                       daemon.alert_expire_s)
 
     defaults = _budgets(ctx, "defaults", _table(ctx, raw, "defaults"), Budgets())
     agents = {}

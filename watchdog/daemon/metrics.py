@@ -24,6 +24,9 @@ class Metrics:
         self.lost = PCounter("agent_watchdog_runs_lost", "Runs whose process vanished", registry=r)
         self.alerts = PCounter("agent_watchdog_alert_deliveries", "Alert deliveries per target outcome", ["outcome"],
                                registry=r)
+        self.dead_letters = PCounter("agent_watchdog_alerts_dead_lettered",
+                                     "Alerts dead-lettered: never delivered within alert_expire_s, or unusable rows",
+                                     ["reason"], registry=r)
         self.tick = Histogram("agent_watchdog_tick_seconds", "Tick duration",
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         self.skipped = PCounter("agent_watchdog_ticks_skipped", "Ticks skipped because the previous one ran late",
@@ -87,6 +90,9 @@ class Metrics:
 
     def alert_result(self, result) -> None:
         self.alerts.labels("delivered" if result.ok else "failed").inc()
+
+    def alert_dead(self, reason: str) -> None:
+        self.dead_letters.labels(reason).inc()  # reason: outbox.EXPIRED | outbox.UNUSABLE
 
 
 def start_metrics(listen: str) -> Metrics:

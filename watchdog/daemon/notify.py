@@ -5,22 +5,29 @@ at TRACE it dumps every parsed URL verbatim (password included), some plugins
 echo rejected tokens in warnings, and socket errors can quote webhook paths. So
 this module puts one filter on the "apprise" logger that drops TRACE records and
 masks the secret parts of every configured URL; its own logs use privacy_url only.
+
+Concurrency: each target is sent to in a lane of its own (watchdog.daemon.lanes), in our
+own thread, never in apprise's shared pool: apprise abandons a late service but its pool
+worker stays blocked, and a few hanging targets would starve every other delivery.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
 import math
 import re
 import threading
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 import apprise
 
 from watchdog.core.text import url_scheme_only
+from watchdog.daemon.lanes import Job, Lanes
 
 log = logging.getLogger("watchdog.notify")
 _APPRISE_LOG = logging.getLogger(apprise.LOGGER_NAME)
@@ -130,7 +137,7 @@ def _one_line(text: str) -> str:
     return text if len(text) <= _MAX_REASON_CHARS else text[: _MAX_REASON_CHARS - 1] + "…"
 
 
-def _load(url: str):
+def _load(url: str, asset=None):
     """(apprise plugin, None) or (None, one-line secret-free reason)."""
     _guard_apprise_log()
     if not isinstance(url, str) or not url.strip():
@@ -143,7 +150,7 @@ def _load(url: str):
     try:
         with _ThreadWarnings() as captured:
             try:
-                plugin = apprise.Apprise.instantiate(url)
+                plugin = apprise.Apprise.instantiate(url, asset=asset)
             except Exception as exc:  # a plugin bug must read as a bad URL, not crash config checks
                 plugin = None
                 captured.messages.insert(0, f"apprise raised {type(exc).__name__}")
@@ -169,8 +176,12 @@ class Notifier:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self._timeout_s = float(timeout_s)
         self._entries: list[tuple[Target, apprise.Apprise]] = []
+        self._by_id: dict[str, apprise.Apprise] = {}
+        self._lanes = Lanes(self._send_to, lambda target, why: TargetResult(target, False, why))
+        # No apprise deadline: the send runs in the lane's thread, bounded by the socket timeouts below.
+        asset = apprise.AppriseAsset(service_timeout=0)
         for index, url in enumerate(urls):
-            plugin, reason = _load(url)
+            plugin, reason = _load(url, asset)
             if plugin is None:
                 raise ValueError(f"notify URL #{index} ({url_scheme_only(url)}): {reason}")
             target_id = hashlib.sha256(url.encode()).hexdigest()[:12]
@@ -186,14 +197,35 @@ class Notifier:
             one = apprise.Apprise()
             one.add(plugin)
             self._entries.append((Target(target_id, privacy_url), one))
+            self._by_id[target_id] = one
 
     @property
     def targets(self) -> list[Target]:
         return [target for target, _ in self._entries]
 
+    @property
+    def wait_s(self) -> float:
+        """How long one send may take: connecting and reading, each bounded by timeout_s."""
+        return 2 * self._timeout_s + 5.0
+
     def send(self, title: str, body: str, skip: Collection[str] = ()) -> list[TargetResult]:
-        """Deliver to every target not in `skip`; failures are results, never exceptions."""
-        return [self._send_one(t, one, title, body) for t, one in self._entries if t.id not in skip]
+        """Deliver to every target not in `skip`, all at once; failures are results, never exceptions."""
+        targets = [t for t, _ in self._entries if t.id not in skip]
+        results = self.deliver({t: [(0, title, body)] for t in targets}, time.monotonic() + self.wait_s)
+        return [results[(0, t.id)] for t in targets]
+
+    def deliver(self, work: Mapping[Target, Sequence[Job]], deadline: float) -> dict[tuple[Hashable, str], TargetResult]:
+        """Each target's jobs (key, title, body) in its own lane until `deadline` (time.monotonic());
+        a result per (key, target id). A target still busy with an abandoned send gets none of
+        its jobs sent: they fail, and are retried later."""
+        return self._lanes.run(work, deadline)
+
+    def busy(self) -> list[str]:
+        """Targets whose abandoned send has not returned yet."""
+        return self._lanes.busy()
+
+    def _send_to(self, target: Target, title: str, body: str) -> TargetResult:
+        return self._send_one(target, self._by_id[target.id], title, body)
 
     def _send_one(self, target: Target, ap: apprise.Apprise, title: str, body: str) -> TargetResult:
         error = None
@@ -202,7 +234,6 @@ class Notifier:
                 body=body,
                 title=title,
                 body_format=apprise.NotifyFormat.TEXT,
-                timeout=self._timeout_s,
             ) as outcome:
                 # notify() returns an AppriseResult in apprise 2.x (a bool before): coerce.
                 if not bool(outcome):
@@ -237,6 +268,14 @@ _CAUSES = (re.compile(r"\[Errno -?\d+\] ([^\"'()\]\[]+)"), re.compile(r"((?:Read
            re.compile(r"Socket Exception: \(((?:4|5)\d\d), b?['\"]([^'\"]*)"))
 
 
+# Deliveries run in several lanes at once: the handler of a record is the delivery of the
+# context that logged it, and apprise's logger is opened to DEBUG while any delivery runs.
+_delivery: contextvars.ContextVar[_DeliveryLog | None] = contextvars.ContextVar("watchdog_delivery", default=None)
+_open_lock = threading.Lock()
+_open_count = 0
+_host_view: tuple[int, bool, int, bool] | None = None  # (level, propagate, threshold, forced) before the first
+
+
 class _DeliveryLog(logging.Handler):
     """While one delivery runs, apprise's records exist down to DEBUG: its result then holds
     the warning ("A Connection error occurred...") even when the host's logging silences
@@ -247,10 +286,11 @@ class _DeliveryLog(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.reason: str | None = None
-        self._restore: tuple[int, bool] | None = None
-        self._threshold = logging.NOTSET
+        self._token = None
 
     def emit(self, record: logging.LogRecord) -> None:
+        if _delivery.get() is not self:
+            return  # another lane's delivery (or none): not ours to read or forward
         if self.reason is None:
             message = record.getMessage()
             for pattern in _CAUSES:
@@ -259,25 +299,39 @@ class _DeliveryLog(logging.Handler):
                     words = " ".join(g for g in m.groups() if g).strip().rstrip(".")
                     self.reason = f"server said {words}" if len(m.groups()) == 2 else words
                     break
-        if self._restore is not None and self._restore[1] and record.levelno >= self._threshold:
+        view = _host_view
+        if view is not None and view[3] and view[1] and record.levelno >= view[2]:
             parent = _APPRISE_LOG.parent  # what the host did ask for propagates as before
             if parent is not None:
                 parent.handle(record)
 
     def __enter__(self) -> _DeliveryLog:
-        self._threshold = _APPRISE_LOG.getEffectiveLevel()
-        if self._threshold > logging.DEBUG:
-            self._restore = (_APPRISE_LOG.level, _APPRISE_LOG.propagate)
-            _APPRISE_LOG.setLevel(logging.DEBUG)
-            _APPRISE_LOG.propagate = False
+        global _open_count, _host_view
+        self._token = _delivery.set(self)
+        with _open_lock:
+            if _open_count == 0:
+                threshold = _APPRISE_LOG.getEffectiveLevel()
+                forced = threshold > logging.DEBUG
+                _host_view = (_APPRISE_LOG.level, _APPRISE_LOG.propagate, threshold, forced)
+                if forced:
+                    _APPRISE_LOG.setLevel(logging.DEBUG)
+                    _APPRISE_LOG.propagate = False
+            _open_count += 1
         _APPRISE_LOG.addHandler(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        global _open_count, _host_view
         _APPRISE_LOG.removeHandler(self)
-        if self._restore is not None:
-            _APPRISE_LOG.setLevel(self._restore[0])
-            _APPRISE_LOG.propagate = self._restore[1]
+        with _open_lock:
+            _open_count -= 1
+            if _open_count == 0 and _host_view is not None:
+                level, propagate, _threshold, forced = _host_view
+                if forced:
+                    _APPRISE_LOG.setLevel(level)
+                    _APPRISE_LOG.propagate = propagate
+                _host_view = None
+        _delivery.reset(self._token)
 
 
 def _without_added_params(privacy_url: str, url: str) -> str:

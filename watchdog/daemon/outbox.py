@@ -11,17 +11,28 @@ queued it (`sealed_by`, `mac`), and a daemon delivers the ones it sealed. A row
 whose seal does not verify (inserted by whoever can write the store) is never
 delivered: it is closed as refused, and one alert of the daemon's own says how
 many were refused, never what they said.
+
+Nothing jams it. A pass claims its rows first (watchdog.store.outbox_rows: two
+deliverers send each alert once); each row is read and handled under its own
+guard, and one that cannot be (a bad value in any column) is dead-lettered with
+what was wrong, logged once, while the others go out; a pass has a time budget,
+and each target is sent to in its own lane (watchdog.daemon.lanes), so a target
+that hangs delays no other. An alert not delivered within `alert_expire_s` is
+dead-lettered: kept (`agent-watchdog alerts --dead`), counted, never retried.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import update
 
+from watchdog.core.alert_text import alert_body, alert_title
 from watchdog.daemon.notify import Notifier
+from watchdog.store import outbox_rows as rows
 from watchdog.store.actions import enqueue_alert
 from watchdog.store.schema import alerts
 
@@ -32,6 +43,8 @@ NO_TARGETS = "no [alerts] urls configured: logged only"
 REFUSED = "refused: not sealed by this host's daemon (a row written by someone else); never delivered"
 REFUSED_REPORT_S = 3600  # at most one "forged alerts refused" alert per hour
 BATCH = 50
+CLAIM_MARGIN_S = 30.0  # a claim outlives its pass's budget by this: recording the results takes time too
+EXPIRED, UNUSABLE = "expired", "unusable"  # why a row was dead-lettered (the metrics' label)
 
 
 @dataclass
@@ -39,6 +52,15 @@ class DeliveryReport:
     delivered: int = 0
     failed: int = 0  # deliveries (alert × target) that failed this time
     refused: int = 0  # rows whose seal did not verify
+    dead: int = 0  # rows dead-lettered this pass (expired, or unusable)
+
+
+@dataclass
+class _Due:
+    id: int
+    key: str
+    attempts: int
+    done: set
 
 
 def backoff_s(attempts: int, first_s: float) -> float:
@@ -46,67 +68,125 @@ def backoff_s(attempts: int, first_s: float) -> float:
 
 
 def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s: float = 30.0,
-                on_result=None, _again: bool = True) -> DeliveryReport:
-    """Deliver every alert this daemon sealed that is due; never raises for a target that is down."""
+                expire_s: float = 86400.0, budget_s: float = 5.0, on_result=None, on_dead=None,
+                batch: int = BATCH, _again: bool = True) -> DeliveryReport:
+    """Deliver every alert this daemon sealed that is due, within `budget_s` seconds; never
+    raises for a target that is down or a row that is bad (a store that is down raises)."""
+    deadline = time.monotonic() + budget_s
     report = DeliveryReport()
-    with engine.connect() as conn:
-        due = conn.execute(
-            select(alerts)
-            .where(and_(alerts.c.delivered_at.is_(None),
-                        or_(alerts.c.sealed_by == sealer.host, alerts.c.sealed_by.is_(None)),
-                        or_(alerts.c.next_attempt_at.is_(None), alerts.c.next_attempt_at <= now)))
-            .order_by(alerts.c.id).limit(BATCH)
-        ).all()
-    refused = [a for a in due if not sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body)]
-    if refused:
-        _refuse(engine, refused, now, sealer)
-        report.refused = len(refused)
-    refused_ids = {a.id for a in refused}
-    for a in due:
-        if a.id in refused_ids:
-            continue
-        if a.attempts == 0:  # the log is the alert channel of last resort (and the demo's)
-            log.info("ALERT %s\n%s", a.title, a.body)
-        done = set(a.delivered_targets or [])
-        results = notifier.send(a.title, a.body, skip=done) if notifier.targets else []
-        errors = []
-        for r in results:
-            if r.ok:
-                done.add(r.target.id)
-            else:
-                errors.append(f"{r.target.privacy_url}: {r.error}")
-                log.warning("alert %s to %s failed: %s", a.dedupe_key, r.target.privacy_url, r.error)
-            if on_result:
-                on_result(r)
-        all_done = all(t.id in done for t in notifier.targets)
-        attempts = a.attempts + 1
-        values = {"attempts": attempts, "delivered_targets": sorted(done),
-                  "last_error": "; ".join(errors)[:2000] if errors else None}
-        if not notifier.targets:
-            values["last_error"] = NO_TARGETS
-        if all_done:
-            values["delivered_at"] = now
-            report.delivered += 1
-        else:
-            values["next_attempt_at"] = now + dt.timedelta(seconds=backoff_s(attempts, retry_s))
-            report.failed += len(errors)
-        with engine.begin() as conn:
-            conn.execute(update(alerts).where(alerts.c.id == a.id).values(**values))
+    token = rows.claimer(sealer.host)
+    ids = rows.claim(engine, token, host=sealer.host, now=now, ttl_s=budget_s + CLAIM_MARGIN_S,
+                     expire_before=now - dt.timedelta(seconds=expire_s), limit=batch)
+    if not ids:
+        return report
+    refused = []
+    try:
+        due: list[_Due] = []
+        work: dict = {t: [] for t in notifier.targets}
+        for alert_id, row, unreadable in rows.read(engine, ids):
+            try:
+                outcome = unreadable or rows.problem(row)
+                if outcome is not None:
+                    _dead(engine, token, alert_id, now, outcome, UNUSABLE, report, on_dead)
+                elif not sealer.alert_ok(row.mac, row.dedupe_key, row.title, row.body):
+                    refused.append(alert_id)
+                elif row.created_at < now - dt.timedelta(seconds=expire_s):
+                    why = (f"dead letter: not delivered to every target within alert_expire_s ({expire_s:g} s)"
+                           + (f"; last error: {row.last_error}" if isinstance(row.last_error, str) else ""))
+                    _dead(engine, token, alert_id, now, why, EXPIRED, report, on_dead)
+                else:
+                    # The text is bounded again here: rows sealed before the bound, or by another version.
+                    title, body = alert_title(row.title), alert_body(row.body)
+                    if row.attempts == 0:  # the log is the alert channel of last resort (and the demo's)
+                        log.info("ALERT %s\n%s", title, body)
+                    done = set(row.delivered_targets or [])
+                    due.append(_Due(alert_id, row.dedupe_key, row.attempts, done))
+                    for target in notifier.targets:
+                        if target.id not in done:
+                            work[target].append((alert_id, title, body))
+            except Exception as exc:  # noqa: BLE001 — this row only; the pass goes on
+                _unusable(engine, token, alert_id, now, exc, report, on_dead)
+        if refused:
+            _refuse(engine, token, refused, now, sealer)
+            report.refused = len(refused)
+        results = notifier.deliver(work, deadline) if any(work.values()) else {}
+        for a in due:
+            try:
+                _record(engine, token, notifier, a, results, now, retry_s, report, on_result)
+            except Exception as exc:  # noqa: BLE001
+                _unusable(engine, token, a.id, now, exc, report, on_dead)
+    finally:
+        try:
+            rows.release(engine, token)
+        except Exception as exc:  # noqa: BLE001 — the claims expire on their own
+            log.warning("could not release this pass's alert claims (they expire by themselves): %s",
+                        type(exc).__name__)
     if refused and _again:  # the daemon's own word on the refused rows goes out now, not a tick later
-        more = deliver_due(engine, notifier, now, sealer=sealer, retry_s=retry_s, on_result=on_result, _again=False)
+        more = deliver_due(engine, notifier, now, sealer=sealer, retry_s=retry_s, expire_s=expire_s,
+                           budget_s=max(1.0, deadline - time.monotonic()), on_result=on_result, on_dead=on_dead,
+                           batch=batch, _again=False)
         report.delivered += more.delivered
         report.failed += more.failed
         report.refused += more.refused
+        report.dead += more.dead
     return report
 
 
-def _refuse(engine, rows, now: dt.datetime, sealer) -> None:
-    ids = [a.id for a in rows]
+def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_result) -> None:
+    errors = []
+    for target in notifier.targets:
+        r = results.get((a.id, target.id))
+        if r is None:
+            continue
+        if r.ok:
+            a.done.add(target.id)
+        else:
+            errors.append(f"{target.privacy_url}: {r.error}")
+            log.warning("alert %s to %s failed: %s", a.key, target.privacy_url, r.error)
+        if on_result:
+            on_result(r)
+    all_done = all(t.id in a.done for t in notifier.targets)
+    attempts = a.attempts + 1
+    values = {"attempts": attempts, "delivered_targets": sorted(a.done),
+              "last_error": "; ".join(errors)[:2000] if errors else None}
+    if not notifier.targets:
+        values["last_error"] = NO_TARGETS
+    if all_done:
+        values["delivered_at"] = now
+        report.delivered += 1
+    else:
+        values["next_attempt_at"] = now + dt.timedelta(seconds=backoff_s(attempts, retry_s))
+        report.failed += len(errors)
+    with engine.begin() as conn:
+        if not rows.record(conn, token, a.id, values):
+            log.warning("alert %s: this pass's claim expired before its result was recorded; "
+                        "another pass may send it again", a.key)
+
+
+def _dead(engine, token, alert_id, now, reason: str, kind: str, report: DeliveryReport, on_dead) -> None:
+    if rows.dead_letter(engine, token, alert_id, now, reason):
+        log.warning("alert %d dead-lettered (never retried; `agent-watchdog alerts --dead`): %s", alert_id, reason)
+        report.dead += 1
+        if on_dead:
+            on_dead(kind)
+
+
+def _unusable(engine, token, alert_id, now, exc: Exception, report, on_dead) -> None:
+    try:
+        _dead(engine, token, alert_id, now, f"unusable row: handling it raised {type(exc).__name__}", UNUSABLE,
+              report, on_dead)
+    except Exception as again:  # noqa: BLE001 — the store itself fails: the claim expires, the next pass retries
+        log.error("alert %d could not be handled (%s) nor marked (%s)", alert_id, type(exc).__name__,
+                  type(again).__name__)
+
+
+def _refuse(engine, token, ids, now: dt.datetime, sealer) -> None:
     log.warning("refused %d alert row(s) not sealed by this daemon (ids %s): not delivered", len(ids),
                 ", ".join(map(str, ids[:20])))
     with engine.begin() as conn:
         conn.execute(update(alerts).where(alerts.c.id.in_(ids))
-                     .values(delivered_at=now, last_error=REFUSED, attempts=alerts.c.attempts + 1))
+                     .values(delivered_at=now, last_error=REFUSED, attempts=alerts.c.attempts + 1,
+                             claimed_by=None, claimed_until=None))
         window = int(now.timestamp() // REFUSED_REPORT_S)
         shown = ", ".join(map(str, ids[:20])) + (" …" if len(ids) > 20 else "")
         # Their text is never repeated: it is exactly what someone wanted a human to read.

@@ -174,9 +174,13 @@ class Daemon:
         if self.lost_lease:
             return None
         try:
+            d = self.config.daemon
+            # Within one tick's length (a little less: the next pass is not skipped for a hanging target).
             return outbox.deliver_due(self.engine, self.notifier, now or utcnow(), sealer=self.sealer,
-                                      retry_s=self.config.daemon.alert_retry_s,
-                                      on_result=self.metrics.alert_result if self.metrics else None)
+                                      retry_s=d.alert_retry_s, expire_s=d.alert_expire_s,
+                                      budget_s=max(1.0, 0.8 * d.tick_s),
+                                      on_result=self.metrics.alert_result if self.metrics else None,
+                                      on_dead=self.metrics.alert_dead if self.metrics else None)
         except Exception as exc:  # noqa: BLE001
             log.error("alert delivery failed, retrying next tick: %s", _one_line(exc))
             return None

@@ -13,6 +13,7 @@ import socket
 from sqlalchemy import and_, insert, select, update
 
 from watchdog.core import lifecycle as lc
+from watchdog.core.alert_text import alert_body, alert_title
 from watchdog.core.budgets import Budgets
 from watchdog.core.text import one_line
 from watchdog.core.messages import RunFacts
@@ -44,10 +45,11 @@ def enqueue_alert(conn, key: str, title: str, body: str, *, now: dt.datetime, ru
 
     Sealed with the daemon's key (`sealer`): the outbox delivers nothing it cannot verify,
     so only a daemon composes what reaches a human. Without a sealer (a caller that is not
-    the daemon) nothing is queued."""
+    the daemon) nothing is queued. Title and body are bounded before they are sealed: what
+    is stored is what goes out (watchdog.core.alert_text)."""
     if sealer is None:
         return False
-    key, title = key[:255], title[:500]
+    key, title, body = key[:255], alert_title(title), alert_body(body)
     if queued(conn, key):
         return False
     conn.execute(insert(alerts).values(

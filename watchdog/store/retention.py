@@ -16,7 +16,7 @@ import datetime as dt
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, delete, exists, func, select
+from sqlalchemy import and_, delete, exists, func, or_, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.engine import read_connection
@@ -61,8 +61,10 @@ class PruneReport:
 
 
 def _prunable(cutoff):
-    """Ended before the cutoff, and no alert of theirs still waiting for delivery."""
-    waiting = exists(select(alerts.c.id).where(and_(alerts.c.run_id == runs.c.id, alerts.c.delivered_at.is_(None))))
+    """Ended before the cutoff, and no alert of theirs still waiting for delivery (a dead
+    letter waits for nothing: it goes with its run, as a delivered alert does)."""
+    waiting = exists(select(alerts.c.id).where(and_(alerts.c.run_id == runs.c.id, alerts.c.delivered_at.is_(None),
+                                                    alerts.c.dead_at.is_(None))))
     # NOT IN the active statuses rather than IN the ended ones: the planner then walks the
     # ended_at index (no scan of every ended run's status), and a status added later is covered.
     return and_(runs.c.ended_at < cutoff, runs.c.status.not_in(lc.ACTIVE_STATUSES), ~waiting)
@@ -73,7 +75,7 @@ def _loose_interventions(cutoff):
 
 
 def _loose_alerts(cutoff):
-    return and_(alerts.c.run_id.is_(None), alerts.c.delivered_at.is_not(None), alerts.c.delivered_at < cutoff)
+    return and_(alerts.c.run_id.is_(None), or_(alerts.c.delivered_at < cutoff, alerts.c.dead_at < cutoff))
 
 
 def count(engine, cutoff: dt.datetime) -> PruneReport:

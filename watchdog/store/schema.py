@@ -217,7 +217,15 @@ alerts = Table(
     # the outbox delivers only what a daemon composed, never a row someone inserted.
     Column("sealed_by", String(255)),
     Column("mac", String(64)),
+    # A delivery pass claims its rows before sending (watchdog.store.outbox_rows): two
+    # deliverers on one store never send one alert twice; a crashed one's claims expire.
+    Column("claimed_by", String(255)),
+    Column("claimed_until", UTCDateTime),
+    # Dead letter: not delivered within alert_expire_s, or a row that cannot be read or
+    # handled; kept (`agent-watchdog alerts --dead`), never retried.
+    Column("dead_at", UTCDateTime),
     Index(None, "delivered_at", "next_attempt_at"),
+    Index(None, "dead_at"),
     # Deleting runs and interventions (retention) looks up the alerts that reference them.
     Index(None, "run_id"),
     Index(None, "intervention_id"),

@@ -1,0 +1,60 @@
+"""`agent-watchdog alerts`: the alerts that did not go out (waiting for a retry, or dead letters)."""
+
+from __future__ import annotations
+
+import click
+
+from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
+from watchdog.cli.render import cut
+from watchdog.core.alert_text import alert_title
+
+
+def _line(value) -> str:
+    # Store text, shown on a terminal: one printable line (no escape sequence, no forged line).
+    return alert_title(value) if value is not None else "-"
+
+
+def _when(value) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if hasattr(value, "strftime") else _line(value)
+
+
+def table(records: list[dict], more: int, dead_only: bool) -> str:
+    if not records:
+        return "no dead letters" if dead_only else "every alert was delivered"
+    lines = [f"{'ID':>6} {'STATE':7} {'CREATED (UTC)':19} {'TRIES':>5} TITLE"]
+    for r in records:
+        tries = r["attempts"] if isinstance(r["attempts"], int) else "?"
+        lines.append(f"{r['id']:>6} {r['state']:7} {_when(r['created_at']):19} {tries:>5} {cut(_line(r['title']), 38)}")
+        if r["last_error"]:
+            lines.append(f"{'':>6} {cut(_line(r['last_error']), 73)}")
+    if more:
+        lines.append(f"(and {more} more: --limit)")
+    return "\n".join(lines)
+
+
+def _json(r: dict) -> dict:
+    out = dict(r)
+    for k in ("title", "last_error", "dedupe_key"):
+        if out[k] is not None:
+            out[k] = _line(out[k])
+    return out
+
+
+@main.command("alerts")
+@click.option("--dead", "dead_only", is_flag=True, help="Only the dead letters (never retried).")
+@click.option("--limit", type=click.IntRange(1, 100000), default=200, show_default=True, help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@shared_options
+@pass_app
+@fail_cleanly
+def alerts_cmd(app, dead_only, limit, as_json):
+    """The alerts not delivered: waiting for a retry, or dead letters (undeliverable within
+    [daemon] alert_expire_s, or rows that could not be read), oldest first."""
+    from watchdog.store.outbox_rows import undelivered
+
+    with app.reader() as conn:
+        records, more = undelivered(conn, dead_only=dead_only, limit=limit)
+    if as_json:
+        emit_json([_json(r) for r in records])
+    else:
+        click.echo(table(records, more, dead_only))

@@ -1,0 +1,193 @@
+"""The outbox's rows: claimed before they are sent, read so that one bad row cannot fail a pass.
+
+Claims: a delivery pass marks the rows it is about to send (`claimed_by`, `claimed_until`)
+in one short write transaction, so two deliverers on one store (two daemons of one host,
+the service and a `run --once`) never send one alert twice. PostgreSQL: SELECT ... FOR
+UPDATE SKIP LOCKED, then UPDATE, in one transaction; SQLite: the same statements under
+its write lock (the engine begins writers with BEGIN IMMEDIATE). A claim ends when the
+pass records its results; a crashed claimer's claims expire at `claimed_until` and are
+retaken. A claim ending further ahead than any pass could set it (twice its length) is a
+clock that went back: it is expired too, or a clock jump would hold the alerts.
+
+Reads: rows are written by whoever can write the store, and another language may write
+what this code never would (text in an integer column, an unparsable timestamp, invalid
+JSON). The ids are read first (integers), then the rows; if the batch cannot be read,
+each row is read alone, and a row that still cannot be read is reported with the column
+that failed, never its content.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import DBAPIError
+
+from watchdog.store.schema import alerts
+
+_ERROR_CHARS = 2000
+
+
+def claimer(host: str) -> str:
+    """A token naming this pass (host, pid, and a nonce: two passes of one process differ)."""
+    return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[-255:]
+
+
+def _unclaimed(now: dt.datetime, ttl_s: float):
+    # Two passes read the clock a moment apart: a claim is from the future (a clock set back)
+    # only beyond twice its length, never because the other pass's `now` was a little later.
+    return or_(alerts.c.claimed_until.is_(None), alerts.c.claimed_until < now,
+               alerts.c.claimed_until > now + dt.timedelta(seconds=2 * ttl_s))
+
+
+def claim(engine, token: str, *, host: str, now: dt.datetime, ttl_s: float, expire_before: dt.datetime,
+          limit: int) -> list[int]:
+    """Claim up to `limit` open alerts of `host` that are due (or expired: they are to be
+    dead-lettered, whatever their backoff says); the ids this pass now holds."""
+    open_ = and_(alerts.c.delivered_at.is_(None), alerts.c.dead_at.is_(None),
+                 or_(alerts.c.sealed_by == host, alerts.c.sealed_by.is_(None)))
+    due = or_(alerts.c.next_attempt_at.is_(None), alerts.c.next_attempt_at <= now, alerts.c.created_at < expire_before)
+    unclaimed = _unclaimed(now, ttl_s)
+    with engine.begin() as conn:
+        ids = conn.execute(select(alerts.c.id).where(and_(open_, due, unclaimed)).order_by(alerts.c.id).limit(limit)
+                           .with_for_update(skip_locked=True)).scalars().all()
+        if not ids:
+            return []
+        conn.execute(update(alerts).where(and_(alerts.c.id.in_(ids), open_, unclaimed))
+                     .values(claimed_by=token, claimed_until=now + dt.timedelta(seconds=ttl_s)))
+        return list(conn.execute(select(alerts.c.id).where(and_(alerts.c.id.in_(ids), alerts.c.claimed_by == token))
+                                 .order_by(alerts.c.id)).scalars())
+
+
+def release(engine, token: str) -> None:
+    """End this pass's claims that are still held (rows it could not record)."""
+    with engine.begin() as conn:
+        conn.execute(update(alerts).where(alerts.c.claimed_by == token).values(claimed_by=None, claimed_until=None))
+
+
+def record(conn, token: str, alert_id: int, values: dict) -> bool:
+    """Write a pass's result for one row and end its claim; False if the claim was lost
+    (it expired and another pass took the row)."""
+    res = conn.execute(update(alerts).where(and_(alerts.c.id == alert_id, alerts.c.claimed_by == token))
+                       .values(**values, claimed_by=None, claimed_until=None))
+    return res.rowcount == 1
+
+
+def dead_letter(engine, token: str, alert_id: int, now: dt.datetime, reason: str) -> bool:
+    """Kept, marked, never retried; its claim ends. Writes no column it read: a bad value
+    in one of them cannot stop this."""
+    with engine.begin() as conn:
+        return record(conn, token, alert_id, {"dead_at": now, "last_error": reason[:_ERROR_CHARS]})
+
+
+def read(engine_or_conn, ids: list[int], columns=None) -> list[tuple[int, object | None, str | None]]:
+    """(id, row, None) for each row that reads, (id, None, what failed) for each that does not.
+    A store that is down raises: only a row that fails where its neighbours read is bad."""
+    cols = list(columns) if columns is not None else list(alerts.c)
+    if alerts.c.id not in cols:
+        cols.insert(0, alerts.c.id)
+    try:
+        with _conn(engine_or_conn) as conn:
+            rows = conn.execute(select(*cols).where(alerts.c.id.in_(ids)).order_by(alerts.c.id)).all()
+        return [(r.id, r, None) for r in rows]
+    except Exception:  # noqa: BLE001 — one bad row; find it below
+        pass
+    out = []
+    for alert_id in ids:
+        try:
+            with _conn(engine_or_conn) as conn:
+                row = conn.execute(select(*cols).where(alerts.c.id == alert_id)).first()
+        except Exception as exc:  # noqa: BLE001
+            out.append((alert_id, None, _what_failed(engine_or_conn, alert_id, cols, exc)))
+            continue
+        if row is not None:
+            out.append((alert_id, row, None))
+    return out
+
+
+def _what_failed(engine_or_conn, alert_id: int, cols, exc: Exception) -> str:
+    bad = []
+    for col in cols:
+        try:
+            with _conn(engine_or_conn) as conn:
+                conn.execute(select(col).where(alerts.c.id == alert_id)).first()
+        except DBAPIError as col_exc:
+            if col is alerts.c.id:  # even the id does not read: the store is in trouble, not the row
+                raise col_exc from exc
+            bad.append(f"{col.name} ({type(col_exc.orig).__name__})")
+        except Exception as col_exc:  # noqa: BLE001 — the value is the store's, never repeated
+            bad.append(f"{col.name} ({type(col_exc).__name__})")
+    return "unreadable row: " + (", ".join(bad) if bad else type(exc).__name__) + " cannot be read"
+
+
+class _conn:
+    """A connection of its own from an engine (a failed read leaves nothing behind), or the
+    caller's connection as is (the CLI's one read snapshot)."""
+
+    def __init__(self, engine_or_conn):
+        self._src = engine_or_conn
+        self._mine = None
+
+    def __enter__(self):
+        if hasattr(self._src, "connect"):
+            self._mine = self._src.connect()
+            return self._mine
+        return self._src
+
+    def __exit__(self, *exc):
+        if self._mine is not None:
+            self._mine.close()
+
+
+def problem(row) -> str | None:
+    """What makes a readable row unusable, by column and type (never its value), or None."""
+    checks = (
+        ("dedupe_key", lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+        ("title", lambda v: isinstance(v, str), "text"),
+        ("body", lambda v: isinstance(v, str), "text"),
+        ("attempts", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+        ("delivered_targets", lambda v: v is None or (isinstance(v, list) and all(isinstance(t, str) for t in v)),
+         "a JSON list of target ids"),
+        ("created_at", lambda v: isinstance(v, dt.datetime), "a timestamp"),
+        ("next_attempt_at", lambda v: v is None or isinstance(v, dt.datetime), "a timestamp"),
+    )
+    bad = [f"{name} is {_kind(getattr(row, name))}, not {want}" for name, ok, want in checks if not ok(getattr(row, name))]
+    return "unusable row: " + "; ".join(bad) if bad else None
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, list):
+        return "a list with a non-string item"
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        return "negative"
+    return type(value).__name__
+
+
+LISTED = ("dedupe_key", "run_id", "created_at", "attempts", "next_attempt_at", "dead_at", "delivered_targets",
+          "last_error", "title")
+
+
+def undelivered(conn, *, dead_only: bool, limit: int) -> tuple[list[dict], int]:
+    """The alerts not delivered (waiting or dead letters), oldest first, as plain values for
+    a listing; a row that cannot be read is listed by its id with what failed. And how many
+    more there are beyond `limit`."""
+    from sqlalchemy import func
+
+    which = alerts.c.dead_at.is_not(None) if dead_only else alerts.c.delivered_at.is_(None)
+    light = conn.execute(select(alerts.c.id, alerts.c.dead_at.is_not(None).label("dead")).where(which)
+                         .order_by(alerts.c.id).limit(limit)).all()
+    total = conn.execute(select(func.count()).select_from(alerts).where(which)).scalar_one()
+    dead = {r.id: bool(r.dead) for r in light}
+    out = []
+    for alert_id, row, unreadable in read(conn, [r.id for r in light], [alerts.c[c] for c in LISTED]):
+        record = {"id": alert_id, "state": "dead" if dead.get(alert_id) else "waiting"}
+        if row is None:
+            record.update({c: None for c in LISTED}, last_error=unreadable)
+        else:
+            record.update({c: getattr(row, c) for c in LISTED})
+        out.append(record)
+    return out, max(0, total - len(out))
