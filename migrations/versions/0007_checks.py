@@ -10,10 +10,14 @@ not parse) is refused at the door with a message naming the check, instead of re
 the daemon. The daemon still survives rows written before this revision or by hand with
 the checks off (it quarantines them, see watchdog/daemon/quarantine.py).
 
-PostgreSQL: CHECK constraints, added NOT VALID so existing rows do not fail the upgrade
-(they are checked on every new write). SQLite: ALTER TABLE cannot add a CHECK, and
-recreating `runs` would cascade a delete into its events; triggers do the same checks
-and honour `PRAGMA ignore_check_constraints` as CHECK constraints do.
+Both databases check with BEFORE INSERT / UPDATE triggers (a plpgsql function on
+PostgreSQL), each check on an UPDATE only when the update changes one of its columns:
+a CHECK constraint would re-check the whole row on every update, so a malformed row
+from before could never be stopped, ended or booked. (On SQLite, ALTER TABLE cannot add
+a CHECK anyway, and recreating `runs` would cascade a delete into its events.) The
+SQLite triggers honour `PRAGMA ignore_check_constraints`; on PostgreSQL the checks are
+off for a session with `SET session_replication_role = replica` (superuser), as every
+trigger is. Existing rows are never re-checked.
 """
 
 from alembic import op
@@ -91,24 +95,62 @@ def _checks(dialect: str) -> dict[str, list[tuple[str, str, str]]]:
     return {"runs": runs, "events": events}
 
 
+_COLUMNS = {
+    "runs": ("status", "kill_mode", "agent", "labels", "pid", *RUN_COUNTERS, "cost_eur", *RUN_BUDGETS_INT,
+             *RUN_BUDGETS_FLOAT, *RUN_TIMES, *RUN_TIMES_NULLABLE),
+    "events": ("kind", "tool", "at", "seq", *EVENT_COUNTERS, "cost_eur", "duration_s"),
+}
+
+
+def _pattern(table: str):
+    import re
+
+    names = sorted(_COLUMNS[table], key=len, reverse=True)
+    return re.compile(r"(?<![\w.'])(" + "|".join(names) + r")(?![\w'(])")
+
+
+def _on_new(cond: str, table: str) -> str:
+    """The condition on NEW.column: every column of the table named bare is prefixed."""
+    return _pattern(table).sub(r"NEW.\1", cond)
+
+
+def _changed(cond: str, table: str, dialect: str) -> str:
+    """An UPDATE changed one of the columns the condition reads: only then is it checked, so a
+    row written before this revision (or by hand with the checks off) can still be updated in
+    its other columns (the daemon books, stops or ends it) without being fixed first."""
+    cols = sorted(set(_pattern(table).findall(cond)))
+    op = "IS NOT" if dialect == "sqlite" else "IS DISTINCT FROM"
+    return "(" + " OR ".join(f"NEW.{c} {op} OLD.{c}" for c in cols) + ")"
+
+
+def _message(name: str, what: str) -> str:
+    return f"CHECK constraint failed: {name} ({what})"
+
+
 def _sqlite_trigger(table: str, op_name: str, checks) -> str:
-    new = lambda cond: _as_new(cond, table)  # noqa: E731
-    body = "\n".join(f"    SELECT RAISE(ABORT, 'CHECK constraint failed: {name} ({what})') WHERE NOT ({new(cond)});"
-                     for name, cond, what in checks)
+    lines = []
+    for name, cond, what in checks:
+        guard = f"NOT coalesce({_on_new(cond, table)}, 0)"
+        if op_name == "update":
+            guard += " AND " + _changed(cond, table, "sqlite")
+        lines.append(f"    SELECT RAISE(ABORT, '{_message(name, what)}') WHERE {guard};")
+    body = "\n".join(lines)
+    # Honours PRAGMA ignore_check_constraints, as a CHECK constraint would.
     return (f"CREATE TRIGGER ck_{table}_{op_name} BEFORE {op_name.upper()} ON {table} FOR EACH ROW\n"
             f"WHEN NOT (SELECT ignore_check_constraints FROM pragma_ignore_check_constraints)\n"
             f"BEGIN\n{body}\nEND")
 
 
-def _as_new(cond: str, table: str) -> str:
-    """The condition on NEW.column: every column of the table named bare is prefixed."""
-    import re
-
-    cols = {"runs": ("status", "kill_mode", "agent", "labels", "pid", *RUN_COUNTERS, "cost_eur", *RUN_BUDGETS_INT,
-                     *RUN_BUDGETS_FLOAT, *RUN_TIMES, *RUN_TIMES_NULLABLE),
-            "events": ("kind", "tool", "at", "seq", *EVENT_COUNTERS, "cost_eur", "duration_s")}[table]
-    pattern = re.compile(r"(?<![\w.'])(" + "|".join(sorted(cols, key=len, reverse=True)) + r")(?![\w'(])")
-    return pattern.sub(r"NEW.\1", cond)
+def _pg_function(table: str, checks) -> str:
+    lines = []
+    for name, cond, what in checks:
+        lines.append(f"  IF (TG_OP = 'INSERT' OR {_changed(cond, table, 'postgresql')}) "
+                     f"AND NOT coalesce({_on_new(cond, table)}, false) THEN\n"
+                     f"    RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = '{_message(name, what)}';\n"
+                     f"  END IF;")
+    body = "\n".join(lines)
+    return (f"CREATE FUNCTION ck_{table}() RETURNS trigger LANGUAGE plpgsql AS $$\nBEGIN\n{body}\n"
+            f"  RETURN NEW;\nEND\n$$")
 
 
 def upgrade() -> None:
@@ -119,19 +161,20 @@ def upgrade() -> None:
             for op_name in ("insert", "update"):
                 op.execute(_sqlite_trigger(table, op_name, checks))
         else:
-            if table == "runs":  # an earlier store may carry 0006's status check: ours replaces it
-                op.execute("ALTER TABLE runs DROP CONSTRAINT IF EXISTS ck_runs_status")
-            for name, cond, _what in checks:
-                op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({cond}) NOT VALID")
+            # A trigger rather than CHECK constraints: a CHECK re-checks the whole row on every
+            # UPDATE, so one malformed row from before could never be stopped, ended or booked.
+            op.execute(_pg_function(table, checks))
+            op.execute(f"CREATE TRIGGER ck_{table} BEFORE INSERT OR UPDATE ON {table} "
+                       f"FOR EACH ROW EXECUTE FUNCTION ck_{table}()")
 
 
 def downgrade() -> None:
     bind = op.get_bind()
     dialect = bind.dialect.name
-    for table, checks in _checks(dialect).items():
+    for table in _checks(dialect):
         if dialect == "sqlite":
             for op_name in ("insert", "update"):
                 op.execute(f"DROP TRIGGER IF EXISTS ck_{table}_{op_name}")
         else:
-            for name, _cond, _what in checks:
-                op.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {name}")
+            op.execute(f"DROP TRIGGER IF EXISTS ck_{table} ON {table}")
+            op.execute(f"DROP FUNCTION IF EXISTS ck_{table}()")
