@@ -34,11 +34,14 @@ RUN_CASES = [
     ("cost_negative", {"sqlite", "postgresql"}, "UPDATE runs SET cost_eur = -5 WHERE id = :rid"),
     ("cost_nan", {"postgresql"}, "UPDATE runs SET cost_eur = 'NaN' WHERE id = :rid"),
     ("seen_infinity", {"postgresql"}, "UPDATE runs SET last_seen_at = 'infinity' WHERE id = :rid"),
+    ("started_now", {"sqlite"}, "UPDATE runs SET started_at = 'now', steps = 1 WHERE id = :rid"),
     ("seen_year_20000", {"postgresql"},
      "UPDATE runs SET last_seen_at = '20000-01-01 00:00:00+00', steps = 99 WHERE id = :rid"),
     ("tokens_text", {"sqlite"}, "UPDATE runs SET tokens_in = 'x' WHERE id = :rid"),
 ]
 EVENT_CASES = [
+    ("event_error_blob", {"sqlite"}, "UPDATE events SET error_msg = X'41', ok = 0 WHERE id = :eid"),
+    ("event_attempt_text", {"sqlite"}, "UPDATE events SET attempt = 'x' WHERE id = :eid"),
     ("event_null_tool", {"sqlite", "postgresql"}, "UPDATE events SET tool = NULL WHERE id = :eid"),
     ("event_at_garbage", {"sqlite"}, "UPDATE events SET at = 'not a time' WHERE id = :eid"),
     ("event_year_20000", {"postgresql"}, "UPDATE events SET at = '20000-01-01 00:00:00+00' WHERE id = :eid"),
@@ -212,6 +215,8 @@ def test_many_malformed_rows_beside_many_runs_every_runaway_is_found(db_url, eng
 
 REFUSED = [
     ("UPDATE runs SET steps = -1 WHERE id = :rid", "ck_runs_counters"),
+    ("UPDATE runs SET signal_stage = 'zzz' WHERE id = :rid", "ck_runs_signal_stage"),
+    ("UPDATE runs SET labels = :deep WHERE id = :rid", "ck_runs_labels"),
     ("UPDATE runs SET status = 'zombie' WHERE id = :rid", "ck_runs_status"),
     ("UPDATE runs SET kill_mode = 'nuke' WHERE id = :rid", "ck_runs_kill_mode"),
     ("UPDATE runs SET cost_eur = -0.5 WHERE id = :rid", "ck_runs_cost"),
@@ -220,6 +225,8 @@ REFUSED = [
 ]
 REFUSED_SQLITE = [
     ("UPDATE runs SET steps = 'many' WHERE id = :rid", "ck_runs_counters"),
+    ("UPDATE runs SET started_at = 'now' WHERE id = :rid", "ck_runs_times"),  # julianday('now') never grows old
+    ("UPDATE events SET error_msg = X'41' WHERE run_id = :rid", "ck_events_text"),
     ("UPDATE runs SET started_at = 'garbage' WHERE id = :rid", "ck_runs_times"),
     ("UPDATE runs SET labels = 'not json' WHERE id = :rid", "ck_runs_labels"),
     ("UPDATE events SET at = 'not a time' WHERE run_id = :rid", "ck_events_at"),
@@ -237,7 +244,7 @@ def test_the_schema_refuses_each_malformed_value_naming_its_check(db_url, engine
     cases = REFUSED + (REFUSED_SQLITE if _backend(db_url) == "sqlite" else REFUSED_PG)
     for sql, check in cases:
         with pytest.raises(IntegrityError) as err, engine.begin() as conn:
-            conn.execute(text(sql), {"rid": victim.id})
+            conn.execute(text(sql), {"rid": victim.id, "deep": "[" * 3000 + "]" * 3000})
         assert check in str(err.value), sql
     # The run itself still records: the checks refuse only what is malformed.
     victim.run.step(model="gpt-x", tokens_in=3, tokens_out=2, cost_eur=0.01)
@@ -260,6 +267,7 @@ def test_the_migrations_checks_name_every_status_kill_mode_event_kind_and_budget
     assert set(m.STATUSES) == {s.value for s in lc.Status}
     assert set(m.KILL_MODES) == {k.value for k in lc.KillMode}
     assert set(m.EVENT_KINDS) == {e.value for e in lc.EventKind}
+    assert set(m.STAGES) == {s.value for s in lc.Stage}
     integer = {b.key for b in BUDGETS if b.key in RUN_BUDGET_KEYS and b.integer}
     assert set(m.RUN_BUDGETS_INT) == integer and set(m.RUN_BUDGETS_FLOAT) == set(RUN_BUDGET_KEYS) - integer
 

@@ -28,12 +28,16 @@ from alembic import op
 STATUSES = ("running", "paused", "stopping", "completed", "failed", "killed", "lost")
 KILL_MODES = ("cooperative", "process", "tree")
 EVENT_KINDS = ("step", "tool", "heartbeat")
+STAGES = ("term", "kill", "refused", "not_signalled", "failed", "done")  # the stop ladder's
+ISO_GLOB = "[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9][ T][0-2][0-9]:[0-5][0-9]:[0-6][0-9]*"
+LABELS_MAX_CHARS = 4096
 RUN_COUNTERS = ("steps", "tool_calls", "tool_errors", "tokens_in", "tokens_out", "cached_tokens_in",
                 "reasoning_tokens", "cost_unpriced_tokens", "last_seq", "resumes")
 RUN_BUDGETS_INT = ("max_steps", "max_tool_calls", "max_tokens", "max_identical_calls")
 RUN_BUDGETS_FLOAT = ("max_cost_eur", "max_wall_s", "heartbeat_timeout_s")
 RUN_TIMES = ("started_at", "last_seen_at")
 RUN_TIMES_NULLABLE = ("stop_requested_at", "signalled_at", "ended_at", "paused_at")
+EVENT_TEXTS = ("tool", "args_hash", "error_class", "error_msg", "model", "progress")
 EVENT_COUNTERS = ("tokens_in", "tokens_out", "cached_tokens_in", "reasoning_tokens", "attempt")
 AGENT_MAX_CHARS = 128
 MAX_AMOUNT = 1e15  # euros or seconds: also what keeps NaN and infinity out (NaN > any number on PostgreSQL)
@@ -62,7 +66,9 @@ def _checks(dialect: str) -> dict[str, list[tuple[str, str, str]]]:
         return f"({col} IS NULL OR ({cond}))" if nullable else cond
 
     def when(col, nullable=False):
-        cond = f"julianday({col}) IS NOT NULL" if sqlite else f"isfinite({col})"
+        # SQLite: the contract's text (julianday alone accepts 'now', which never grows old).
+        cond = (f"(typeof({col}) = 'text' AND {col} GLOB '{ISO_GLOB}' AND julianday({col}) IS NOT NULL)" if sqlite
+                else f"({col} BETWEEN '1970-01-01 00:00:00+00' AND '9999-12-31 00:00:00+00')")
         return f"({col} IS NULL OR {cond})" if nullable else cond
 
     runs = [
@@ -79,9 +85,15 @@ def _checks(dialect: str) -> dict[str, list[tuple[str, str, str]]]:
         ("ck_runs_times", " AND ".join([*(when(c) for c in RUN_TIMES), *(when(c, True) for c in RUN_TIMES_NULLABLE)]),
          "timestamps must be valid and finite"),
         ("ck_runs_pid", integer("pid", True), "pid must be NULL or a non-negative integer"),
+        ("ck_runs_signal_stage", f"(signal_stage IS NULL OR {_in('signal_stage', STAGES)})",
+         "signal_stage must be NULL or one of " + ", ".join(STAGES)),
     ]
     if sqlite:  # PostgreSQL's json type already refuses text that is not JSON
-        runs.append(("ck_runs_labels", "(labels IS NULL OR json_valid(labels))", "labels must be JSON"))
+        runs.append(("ck_runs_labels", f"(labels IS NULL OR (json_valid(labels) AND length(labels) <= {LABELS_MAX_CHARS}))",
+                     f"labels must be JSON of at most {LABELS_MAX_CHARS} characters"))
+    else:
+        runs.append(("ck_runs_labels", f"(labels IS NULL OR length(labels::text) <= {LABELS_MAX_CHARS})",
+                     f"labels must be at most {LABELS_MAX_CHARS} characters of JSON"))
     events = [
         ("ck_events_kind", _in("kind", EVENT_KINDS), "kind must be one of " + ", ".join(EVENT_KINDS)),
         ("ck_events_tool", "(kind <> 'tool' OR (tool IS NOT NULL AND length(tool) > 0))",
@@ -92,13 +104,16 @@ def _checks(dialect: str) -> dict[str, list[tuple[str, str, str]]]:
         ("ck_events_amounts", amount("cost_eur", True) + " AND " + amount("duration_s", True),
          "cost_eur and duration_s must be NULL or finite non-negative numbers"),
     ]
+    if sqlite:  # PostgreSQL's column types already say it
+        events.append(("ck_events_text", " AND ".join(f"typeof({c}) IN ('text', 'null')" for c in EVENT_TEXTS),
+                       "tool, args_hash, error_class, error_msg, model and progress must be text"))
     return {"runs": runs, "events": events}
 
 
 _COLUMNS = {
-    "runs": ("status", "kill_mode", "agent", "labels", "pid", *RUN_COUNTERS, "cost_eur", *RUN_BUDGETS_INT,
+    "runs": ("status", "kill_mode", "agent", "labels", "pid", "signal_stage", *RUN_COUNTERS, "cost_eur", *RUN_BUDGETS_INT,
              *RUN_BUDGETS_FLOAT, *RUN_TIMES, *RUN_TIMES_NULLABLE),
-    "events": ("kind", "tool", "at", "seq", *EVENT_COUNTERS, "cost_eur", "duration_s"),
+    "events": ("kind", "at", "seq", *EVENT_TEXTS, *EVENT_COUNTERS, "cost_eur", "duration_s"),
 }
 
 
@@ -120,7 +135,8 @@ def _changed(cond: str, table: str, dialect: str) -> str:
     its other columns (the daemon books, stops or ends it) without being fixed first."""
     cols = sorted(set(_pattern(table).findall(cond)))
     op = "IS NOT" if dialect == "sqlite" else "IS DISTINCT FROM"
-    return "(" + " OR ".join(f"NEW.{c} {op} OLD.{c}" for c in cols) + ")"
+    cast = {"labels": "::text"} if dialect != "sqlite" else {}  # PostgreSQL's json has no equality
+    return "(" + " OR ".join(f"NEW.{c}{cast.get(c, '')} {op} OLD.{c}{cast.get(c, '')}" for c in cols) + ")"
 
 
 def _message(name: str, what: str) -> str:

@@ -25,7 +25,8 @@ from sqlalchemy import and_, case, func, select, update
 from watchdog.core import lifecycle as lc
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.prices import PriceBook
-from watchdog.daemon.scan import ID_OVERLAP
+from watchdog.daemon.scan import ID_OVERLAP, read_isolated
+from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import events, runs
 
 log = logging.getLogger("watchdog.prices")
@@ -59,11 +60,25 @@ _COLS = (events.c.id, events.c.run_id, events.c.at, events.c.model, events.c.tok
          runs.c.ended_at, runs.c.last_seen_at)
 
 
-def _unpriced_steps(conn, *conds):
-    q = (select(*_COLS).select_from(events.join(runs, runs.c.id == events.c.run_id))
-         .where(and_(events.c.kind == lc.EV_STEP, events.c.cost_eur.is_(None), runs.c.booked_at.is_(None), *conds))
-         .order_by(events.c.id).limit(MAX_PER_TICK))
-    return conn.execute(q).all()
+def _unpriced_steps(conn, *conds, defects: list | None = None, suspects: dict | None = None):
+    """The unpriced steps matching `conds`, in id order. One step that cannot be read (a timestamp
+    that does not parse, of a step or of its run) costs only itself: it becomes a Defect."""
+    def q_for(cols):
+        return (select(*cols).select_from(events.join(runs, runs.c.id == events.c.run_id))
+                .where(and_(events.c.kind == lc.EV_STEP, events.c.cost_eur.is_(None), runs.c.booked_at.is_(None),
+                            *conds)).order_by(events.c.id).limit(MAX_PER_TICK))
+    try:
+        with conn.begin_nested():
+            return conn.execute(q_for(_COLS)).all()
+    except Exception as exc:  # noqa: BLE001
+        if store_unavailable(exc):
+            raise
+    ids = conn.execute(q_for((events.c.id,))).scalars().all()
+    rows = read_isolated(conn, lambda part: select(*_COLS).select_from(events.join(runs, runs.c.id == events.c.run_id))
+                         .where(events.c.id.in_(part)), list(ids), table=events, key_col=events.c.id,
+                         defects=defects if defects is not None else [], suspects=suspects if suspects is not None else {},
+                         event=True)
+    return sorted(rows, key=lambda r: r.id)
 
 
 class Backfill:
@@ -72,6 +87,8 @@ class Backfill:
         self.low: int | None = None  # the next tick reads the unpriced steps above this event id
         self._seen: set[int] = set()  # unpriced events already reported (within the overlap)
         self._reads = 0
+        self.defects: list = []  # steps that could not be read (the tick reports them: quarantine.py)
+        self._bad: dict[int, str] = {}  # their ids, read alone while they stay bad (scan.read_isolated)
 
     def read(self, conn, high_water: int | None = None) -> list:
         """The unpriced steps written since the last read, on the tick's own read snapshot (no
@@ -91,13 +108,15 @@ class Backfill:
                 runs.c.cost_unpriced_tokens > 0))).scalars().all()
             rows = {}
             for i in range(0, len(ids), CHUNK):
-                for r in _unpriced_steps(conn, events.c.run_id.in_(ids[i : i + CHUNK])):
+                for r in _unpriced_steps(conn, events.c.run_id.in_(ids[i : i + CHUNK]), defects=self.defects,
+                                         suspects=self._bad):
                     rows[r.id] = r
-            for r in _unpriced_steps(conn, events.c.id > max(0, top - ID_OVERLAP)):
+            for r in _unpriced_steps(conn, events.c.id > max(0, top - ID_OVERLAP), defects=self.defects,
+                                         suspects=self._bad):
                 rows[r.id] = r  # rows written by plain SQL that did not count their tokens
             found = sorted(rows.values(), key=lambda r: r.id)
         else:
-            found = _unpriced_steps(conn, events.c.id > self.low)
+            found = _unpriced_steps(conn, events.c.id > self.low, defects=self.defects, suspects=self._bad)
         if len(found) >= MAX_PER_TICK:
             self.low = found[-1].id  # a backlog: go on from there next tick
         else:

@@ -11,7 +11,7 @@ import datetime as dt
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from sqlalchemy import Float, and_, case, cast, extract, func, select
+from sqlalchemy import Float, String, and_, case, cast, extract, func, literal, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
@@ -37,10 +37,16 @@ L = {name: i for i, name in enumerate(LIGHT)}
 OWN_BUDGETS = slice(L[RUN_BUDGET_KEYS[0]], L[RUN_BUDGET_KEYS[-1]] + 1)
 
 
+# `YYYY-MM-DD HH:MM:SS[.ffffff]` (or with a `T`): the table contract's timestamp text on SQLite.
+ISO_GLOB = "[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9][ T][0-2][0-9]:[0-5][0-9]:[0-6][0-9]*"
+
+
 def epoch_s(col, dialect_name: str):
     """A UTCDateTime column as float seconds since the epoch, computed by the database."""
     if dialect_name == "sqlite":  # naive UTC text; julianday() reads the fraction too
-        return (func.julianday(col) - 2440587.5) * 86400.0
+        # Only a timestamp as the table contract spells it: julianday('now') is a valid (and
+        # always fresh) time, which would make a run never old and never silent.
+        return case((col.op("GLOB")(literal(ISO_GLOB, String())), (func.julianday(col) - 2440587.5) * 86400.0))
     return cast(extract("epoch", col), Float)
 
 
@@ -194,6 +200,11 @@ def event_defect(e: "NewEvent") -> str | None:
         return "its timestamp `at` is missing"
     if e.ok not in (True, False, None, 0, 1):
         return "its `ok` is not a boolean"
+    for name in ("args_hash", "error_msg"):
+        if getattr(e, name) is not None and not isinstance(getattr(e, name), str):
+            return f"its {name} is not text"
+    if e.attempt is not None and (isinstance(e.attempt, bool) or not isinstance(e.attempt, int)):
+        return "its attempt is not an integer"
     return None
 
 
@@ -339,7 +350,10 @@ class Scanner:
                 st = stats.get(e.run_id)
                 if st is None:  # not setdefault(id, RunStats()): that builds 3 Counters and a deque per event
                     st = stats[e.run_id] = RunStats()
-                st.add(e.at, e.tool, e.args_hash, e.ok, e.error_msg, bool(e.attempt and e.attempt > 1))
+                try:
+                    st.add(e.at, e.tool, e.args_hash, e.ok, e.error_msg, bool(e.attempt and e.attempt > 1))
+                except Exception:  # noqa: BLE001 — event_defect let through what RunStats cannot fold
+                    self.defects.append(Defect(e.run_id, f"event {e.id}: it cannot be counted", e.id))
         for rid in list(self.stats):
             if rid not in active:
                 del self.stats[rid]

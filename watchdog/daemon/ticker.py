@@ -155,6 +155,8 @@ class Ticker:
             due = self._due(light, now, live, spend)
             if money is not None:
                 money.read(conn, now, self.scanner.high_water)
+                self.scanner.defects.extend(money.backfill.defects)  # unreadable steps: reported with the rest
+                money.backfill.defects.clear()
                 money.learn_labels(conn, spend)
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, due)
