@@ -288,3 +288,31 @@ def test_a_store_writers_text_stays_on_one_line_of_the_alert(db_url, engine, att
     assert not any(line.startswith("action: nothing") for line in lines)
     assert not any(line.startswith("steps 1/12") for line in lines)
     assert "\n" not in title and "\u202e" not in body
+
+
+# -- rows of the other tables the tick reads --------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["lease", "labels", "unpriced_step"])
+def test_a_bad_row_in_what_the_tick_reads_besides_runs_blinds_nothing(where, db_url, engine, procs, attestor,
+                                                                        bad_run):
+    """A lease whose expiry does not parse (or is infinity), labels nested past the JSON parser's
+    recursion limit on an ended run not booked yet, a step not priced yet whose timestamp does
+    not parse: the runaway beside them is still stopped within two ticks."""
+    sqlite = _backend(db_url) == "sqlite"
+    victim = bad_run()
+    if where == "lease":
+        spoil(engine, "UPDATE runs SET host = 'h2' WHERE id = :rid", rid=victim.id)
+        spoil(engine, "INSERT INTO daemons (host, pid, pid_create_time, started_at, expires_at) "
+                      "VALUES ('h2', 1, 1.0, '2026-12-01 00:00:00', :exp)", exp="garbage" if sqlite else "infinity")
+    elif where == "labels":
+        spoil(engine, "UPDATE runs SET labels = :deep WHERE id = :rid", rid=victim.id,
+              deep="[" * 5000 + "]" * 5000)
+        victim.run.__exit__(None, None, None)
+    else:
+        victim.run.step(model="no-such-model-7b", tokens_in=10, tokens_out=10)
+        spoil(engine, "UPDATE events SET at = :at WHERE run_id = :rid AND kind = 'step'", rid=victim.id,
+              at="yesterday" if sqlite else "20000-01-01 00:00:00+00")
+    agent = procs.start("runaway", db_url, **RUNAWAY)
+    tk = _ticker(engine, attestor)
+    assert _stopped_within_two_ticks(tk, agent, utcnow()), agent.log()

@@ -23,7 +23,7 @@ import datetime as dt
 import logging
 from collections import defaultdict
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Text, cast, insert, select, update
 
 from watchdog.core import forecast
 from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
@@ -181,8 +181,10 @@ class Money:
         cost_of = dict(new)
         ids = list(cost_of)
         for i in range(0, len(ids), CHUNK):
-            q = select(runs.c.id, runs.c.labels).where(runs.c.id.in_(ids[i : i + CHUNK]))
-            for rid, labels in conn.execute(q):
+            # As text, parsed here: the JSON type would fail the whole read on one hand-written value.
+            q = select(runs.c.id, cast(runs.c.labels, Text)).where(runs.c.id.in_(ids[i : i + CHUNK]))
+            for rid, raw in conn.execute(q):
+                labels = ledger.parse_labels(raw)
                 scopes = tuple(b.scope for b in self.label_budgets if b.matches(labels))
                 self.run_scopes[rid] = scopes
                 for scope in scopes:

@@ -17,7 +17,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.policies import RunSnapshot
 from watchdog.store.engine import store_unavailable
-from watchdog.store.schema import events, runs
+from watchdog.store.schema import ISO_GLOB, events, runs
 
 RATE_WINDOW_S = 60.0
 # PostgreSQL assigns ids at insert but commits in any order: re-read this many ids
@@ -35,10 +35,6 @@ MEASURES = ("steps", "tool_calls", "cost_eur", "tokens")
 LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s")
 L = {name: i for i, name in enumerate(LIGHT)}
 OWN_BUDGETS = slice(L[RUN_BUDGET_KEYS[0]], L[RUN_BUDGET_KEYS[-1]] + 1)
-
-
-# `YYYY-MM-DD HH:MM:SS[.ffffff]` (or with a `T`): the table contract's timestamp text on SQLite.
-ISO_GLOB = "[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9][ T][0-2][0-9]:[0-5][0-9]:[0-6][0-9]*"
 
 
 def epoch_s(col, dialect_name: str):

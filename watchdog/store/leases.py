@@ -20,10 +20,11 @@ import datetime as dt
 import hashlib
 from dataclasses import dataclass
 
-from sqlalchemy import and_, func, insert, select, text, update
+from sqlalchemy import String, and_, case, func, insert, literal, select, text, update
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.schema import daemons, runs, utcnow
+from watchdog.store.engine import store_unavailable
+from watchdog.store.schema import ISO_GLOB, daemons, runs, utcnow
 
 # Key space of our advisory locks: 64-bit keys derived from a name, so another
 # application's advisory locks in the same database never collide with ours.
@@ -167,17 +168,36 @@ def orphans(conn, hosts) -> dict[str, Holder | None]:
     if not hosts:
         return {}
     now = db_now(conn)
-    rows = {r.host: r for r in conn.execute(select(daemons).where(daemons.c.host.in_(hosts)))}
+    # Liveness is computed by the database and the rows' other columns read only for the hosts
+    # found dead, each on its own: a lease row anyone wrote by hand (an expiry that does not
+    # parse, or 'infinity') must not fail the tick, and it counts as expired, never as live.
+    exp = daemons.c.expires_at
+    if conn.dialect.name == "sqlite":
+        fresh = case((exp.op("GLOB")(literal(ISO_GLOB, String())), exp > now), else_=False)
+    else:
+        fresh = and_(func.isfinite(exp), exp > now)
+    live_of = dict(conn.execute(select(daemons.c.host, fresh).where(daemons.c.host.in_(hosts))).all())
     held = held_keys(conn) if conn.dialect.name == "postgresql" else None
     out = {}
     for h in hosts:
-        row = rows.get(h)
-        live = row is not None and row.expires_at is not None and row.expires_at > now
+        live = bool(live_of.get(h))
         if live and held is not None and host_key(h) not in held:
             live = False
         if not live:
-            out[h] = Holder.of(row) if row is not None else None
+            out[h] = _holder(conn, h) if h in live_of else None
     return out
+
+
+def _holder(conn, host: str) -> Holder | None:
+    """The last holder of a host's lease, if its row reads at all."""
+    try:
+        with conn.begin_nested():
+            row = conn.execute(select(daemons).where(daemons.c.host == host)).first()
+        return Holder.of(row) if row is not None else None
+    except Exception as exc:  # noqa: BLE001 — a hand-written row: its holder is unknown
+        if store_unavailable(exc):
+            raise
+        return None
 
 
 def live_daemons(conn) -> list[Holder]:

@@ -75,7 +75,7 @@ def read_period_spend(conn, keys: dict[str, str], day_start: dt.datetime, month_
         if kind == "L":
             spend[(a, b)] = float(c or 0.0)
         else:
-            unbooked.append((a, _labels(b), float(c or 0.0), float(d or 0.0)))
+            unbooked.append((a, parse_labels(b), float(c or 0.0), float(d or 0.0)))
             n += int(count)
     return spend, unbooked, n
 
@@ -89,7 +89,7 @@ def read_unbooked_spend(conn, day_start: dt.datetime, month_start: dt.datetime) 
     whatever their number. ([(agent, labels, cost ended today, cost ended this month)], runs)."""
     out, n = [], 0
     for agent, text, day_cost, month_cost, count in conn.execute(_unbooked_query(day_start, month_start)):
-        out.append((agent, _labels(text), float(day_cost or 0.0), float(month_cost or 0.0)))
+        out.append((agent, parse_labels(text), float(day_cost or 0.0), float(month_cost or 0.0)))
         n += int(count)
     return out, n
 
@@ -106,12 +106,15 @@ def _unbooked_query(day_start: dt.datetime, month_start: dt.datetime, *tag):
             .group_by(runs.c.agent, labels))
 
 
-def _labels(text):
+def parse_labels(text):
+    """A run's labels from their stored text; None if they are not a JSON table."""
     if text is None:
         return None
+    if isinstance(text, dict):
+        return text
     try:
         value = json.loads(text)
-    except ValueError:  # a row written by hand: no label budget matches it
+    except Exception:  # noqa: BLE001 — a row written by hand (not JSON, or nested past the recursion limit)
         return None
     return value if isinstance(value, dict) else None
 
@@ -273,9 +276,10 @@ def period_report(conn, config, now: dt.datetime, published: dict | None = None)
     keys = {p: period_key(p, now, tz) for p in PERIODS}
     unbooked, _n = read_unbooked_spend(conn, period_bounds(DAY, now, tz)[0], period_bounds(MONTH, now, tz)[0])
     label_budgets = tuple(config.budgets)
-    q = select(runs.c.id, runs.c.agent, runs.c.cost_eur, runs.c.labels).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    q = select(runs.c.id, runs.c.agent, runs.c.cost_eur, cast(runs.c.labels, Text).label("labels")).where(
+        runs.c.status.in_(lc.ACTIVE_STATUSES))
     active = conn.execute(q).all()
-    labels = {r.id: r.labels for r in active}
+    labels = {r.id: parse_labels(r.labels) for r in active}
     live = live_by_scope([(r.id, r.agent, r.cost_eur) for r in active], label_budgets, labels.get)
     spent, agents = sum_spend(read_spend(conn, keys), unbooked, live, label_budgets)
     rates = {}

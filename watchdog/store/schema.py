@@ -47,6 +47,11 @@ BigId = BigInteger().with_variant(Integer, "sqlite")
 SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
 
+# `YYYY-MM-DD HH:MM:SS[.ffffff]` (or with a `T`): how the table contract spells a timestamp on
+# SQLite. Readers that must not trust a hand-written value test it with GLOB first.
+ISO_GLOB = "[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9][ T][0-2][0-9]:[0-5][0-9]:[0-6][0-9]*"
+
+
 class UTCDateTime(TypeDecorator):
     """Timezone-aware UTC in and out, on both databases.
 
