@@ -17,9 +17,6 @@ def _logging(verbose: bool):
     # apprise logs full URLs on some failures: only our own privacy-form lines reach the log
     # (watchdog.daemon.notify still reads each delivery's own warnings and cause).
     logging.getLogger("apprise").setLevel(logging.CRITICAL)
-    # APScheduler's "skipped: maximum number of running instances" repeats our own
-    # "<job> job skipped" line (service.py): one line per skip is enough.
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # -v is about the watchdog: urllib3 (under apprise) would log every HTTP connection.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
