@@ -89,7 +89,7 @@ class Run:
         params = (
             self.id, self.agent, lc.RUNNING, self.kill_mode, hostname(), os.getpid(), current_create_time(),
             d.json(self.labels), *(self.requested.get(k) for k in bud.RUN_BUDGET_KEYS),
-            d.ts(now), d.ts(now),
+            d.seen(now), d.seen(now),  # the store's clock (Dialect.clock_ph)
         )
         statements = [(d.insert_run, params)]
         if self.parent_id is not None:
@@ -134,7 +134,7 @@ class Run:
 
     def end(self, status: str, reason: str | None, detail: str | None):
         d = self.wd.writer.dialect
-        self.wd.write([(d.end_run, (status, d.ts(utcnow()), reason, detail, self.id))])
+        self.wd.write([(d.end_run, (status, d.seen(utcnow()), reason, detail, self.id))])
         self.status = status
 
     @property
@@ -368,7 +368,7 @@ class Run:
 
     def _record(self, kind: str, **f):
         d = self.wd.writer.dialect
-        at = d.ts(utcnow())  # the event's time and the run's last_seen_at: one clock reading
+        at = d.seen(utcnow())  # the event's time and the run's last_seen_at: the store's clock, one reading
         record_args = self.wd.record_args  # this process's own choice, never the store's
         with self._lock:
             self._seq += 1
