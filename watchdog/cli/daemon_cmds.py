@@ -39,6 +39,11 @@ def run_cmd(app, once, verbose):
     check(app.config)  # what the config needs (extras, users) is there: loud at start, not mid-run
     # SQLite: checked here, read-only (a store that is down is PostgreSQL's case: _acquire waits for it).
     store = app.open_store(must_exist=True, tables=app.db_url.startswith("sqlite"))
+    if app.db_url.startswith("sqlite"):
+        from watchdog.store.engine import share_sqlite_files
+
+        with store.connect():  # opening it makes the -wal and -shm files (the daemon's, under its umask)
+            share_sqlite_files(app.db_url)  # the agents' group writes them too: 0660
     check_allowed_users(app.config)  # before anything listens or a key is made
     metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(store, app.config, metrics=metrics)

@@ -16,7 +16,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.procid import current_create_time, hostname
 from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
                                    validate_count, validate_name, validate_tokens)
-from watchdog.errors import RunKilled
+from watchdog.errors import RunKilled, StoreMisconfigured
 from watchdog.sdk import children, toolcall
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.pause import Hold, pause_statements
@@ -96,6 +96,8 @@ class Run:
             statements.append((self.lineage.parent_sql, (self.parent_id, self.id)))
         try:
             self.wd.write(statements, raise_conflict=True)
+        except StoreMisconfigured:
+            raise  # the store cannot be used by this process: its one line names the fix
         except Exception:  # only a duplicate id gets here: events would land in the other run
             raise ValueError(f"run_id: a run {self.id!r} already exists in the store; give each run its own id") from None
         self.status = lc.RUNNING
