@@ -30,6 +30,7 @@ from watchdog.daemon.cluster import Membership
 from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
 from watchdog.store.actions import actor, enqueue_alert
 from watchdog.store.leases import db_now
+from watchdog.store.rebase import rebase_active_runs
 from watchdog.core.config import Config
 from watchdog.errors import ConfigError
 from watchdog.daemon.killer import Killer, ProcessIdentity
@@ -159,25 +160,28 @@ class Daemon:
         return now, jump is not None
 
     def _clock_jumped(self, jump: Jump) -> None:
-        """Logged and alerted once per jump; this tick does not judge durations (see tick_job)."""
+        """Logged and alerted once per jump; the active runs' times are moved onto the new clock
+        (watchdog.store.rebase) and this tick judges no duration (see tick_job)."""
         self.last_jump = jump
-        where = "the database server's clock" if self.engine.dialect.name == "postgresql" else \
-            f"the clock of {self.killer.host}"
-        line = (f"{where} jumped {jump.skew_s:+.0f} s ({jump.describe()}); wall_clock and heartbeat_timeout "
-                "are not judged this tick")
-        log.warning("%s", line)
+        pg = self.engine.dialect.name == "postgresql"
+        where = "the database server's clock" if pg else f"the clock of {self.killer.host}"
         if self.metrics:
             self.metrics.clock_jumped()
-        title = f"agent-watchdog: clock jump of {jump.skew_s:+.0f} s on {self.killer.host}"
-        body = (f"{line}. Durations measured across the jump would be false: a healthy run could look "
-                f"hours old, a runaway young. Check NTP / timedatectl on "
-                f"{'the database server' if self.engine.dialect.name == 'postgresql' else self.killer.host}.")
         try:
             with self.engine.begin() as conn:
+                moved = rebase_active_runs(conn, jump.rebased)
+                line = (f"{where} jumped {jump.skew_s:+.0f} s ({jump.describe()}); the times of {moved} active "
+                        "run(s) moved with it, wall_clock and heartbeat_timeout not judged this tick")
+                log.warning("%s", line)
+                title = f"agent-watchdog: clock jump of {jump.skew_s:+.0f} s on {self.killer.host}"
+                body = (f"{line}. Durations measured across the jump would be false: a healthy run would look "
+                        f"an hour old, a runaway young. Check NTP / timedatectl on "
+                        f"{'the database server' if pg else self.killer.host}.")
                 enqueue_alert(conn, f"clock:{self.killer.host}:{jump.at.timestamp():.0f}", title, body, now=jump.at,
                               sealer=self.sealer)
-        except Exception as exc:  # noqa: BLE001 — the log line stands; the tick goes on
-            log.error("could not queue the clock jump alert: %s", _one_line(exc))
+        except Exception as exc:  # noqa: BLE001 — this tick still judges no duration; the next ones do
+            log.warning("%s jumped %+.0f s (%s); could not move the active runs' times or queue the alert: %s",
+                        where, jump.skew_s, jump.describe(), _one_line(exc))
 
     def tick_job(self, now: dt.datetime | None = None):
         """One tick; a database blip or bad row is logged, never fatal."""
