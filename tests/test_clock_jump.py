@@ -48,13 +48,20 @@ import json, os, sys, threading
 from watchdog import RunKilled, Watchdog
 kind, url, ready, result, go = sys.argv[1:6]
 pause = threading.Event().wait
+
+
+def say(path, data):  # atomic: the test never reads half a file
+    open(path + ".tmp", "w").write(json.dumps(data))
+    os.replace(path + ".tmp", path)
+
+
 wd = Watchdog(url, attest_socket="")
 out = {}
 try:
     if kind == "healthy":  # alive all along (a heartbeat every 0.2 s), done when told
         with wd.run(agent="healthy", guards=False) as run:
             run.step(model="gpt-x", tokens_in=10, tokens_out=5)
-            open(ready, "w").write(json.dumps({"run_id": run.id}))
+            say(ready, {"run_id": run.id})
             while not os.path.exists(go):
                 run.heartbeat("working")
                 pause(0.2)
@@ -63,7 +70,7 @@ try:
     else:  # a step every 0.25 s until stopped
         with wd.run(agent="runaway", guards=False, max_steps=30) as run:
             run.step(model="gpt-x", tokens_in=10, tokens_out=5)
-            open(ready, "w").write(json.dumps({"run_id": run.id}))
+            say(ready, {"run_id": run.id})
             while True:
                 run.step(model="gpt-x", tokens_in=10, tokens_out=5)
                 pause(0.25)
@@ -71,8 +78,7 @@ except RunKilled as stop:
     out = {"killed": stop.reason}
 finally:
     wd.close()
-open(result + ".tmp", "w").write(json.dumps(out))
-os.replace(result + ".tmp", result)
+say(result, out)
 """
 
 
@@ -126,8 +132,9 @@ class DaemonProc:
         self.log_path = folder / "daemon.log"
         cfg = folder / "watchdog.toml"
         # keep_days = 0: no retention pass (its pacing sleeps with time.sleep, see AGENT).
-        cfg.write_text(daemon_toml(tick_s=TICK_S) + "[store]\nkeep_days = 0\n[defaults]\nmax_wall_s = 300\nheartbeat_timeout_s = 120\n"
-                       "max_steps = 40\n[prices.\"gpt-x\"]\ninput_eur_per_mtok = 0.0\noutput_eur_per_mtok = 0.0\n")
+        cfg.write_text(daemon_toml(tick_s=TICK_S) + "[store]\nkeep_days = 0\n"
+                       "[defaults]\nmax_wall_s = 300\nheartbeat_timeout_s = 120\nmax_steps = 40\n"
+                       "[prices.\"gpt-x\"]\ninput_eur_per_mtok = 0.0\noutput_eur_per_mtok = 0.0\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
         env.update(clock.env())
         with open(self.log_path, "w") as log:
