@@ -15,6 +15,7 @@ changes nothing at all: no jump is even seen.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -217,3 +218,44 @@ def test_a_clock_jump_neither_stops_the_healthy_run_nor_spares_the_runaway(db_ur
         assert f"clock jump of {sign}36" in alert.title and alert.mac, alert
     else:  # the database server's clock did not move: nothing to see, nothing to correct
         assert jumps == [] and "jumped" not in log and clock_alerts == [], log[-3000:]
+
+
+RECORDER = r"""
+import sys
+from watchdog import Watchdog
+wd = Watchdog(sys.argv[1], attest_socket="")
+with wd.run(agent="skewed", guards=False) as run:
+    run.step(model="gpt-x", tokens_in=1, tokens_out=1)
+    run.heartbeat("here")
+wd.close()
+print(run.id)
+"""
+
+
+def test_the_sdk_writes_the_stores_clock_whatever_its_hosts_clock_says(db_url):
+    """An agent host whose clock is an hour behind: on PostgreSQL its run's times are the
+    database server's (nothing to skew); on SQLite (one host) they are the host's own."""
+    from watchdog.store.schema import events, runs, utcnow
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
+    env.update(LD_PRELOAD=LIBFAKETIME, FAKETIME="-1h")
+    t0 = utcnow()
+    done = subprocess.run([sys.executable, "-c", RECORDER, db_url], env=env, capture_output=True, text=True,
+                          timeout=WAIT_S)
+    t1 = utcnow()
+    assert done.returncode == 0, done.stderr
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(select(runs).where(runs.c.id == done.stdout.strip())).one()
+            ats = [e.at for e in conn.execute(select(events.c.at).where(events.c.run_id == row.id).order_by(events.c.seq))]
+    finally:
+        engine.dispose()
+    times = [row.started_at, row.last_seen_at, row.ended_at, *ats]
+    assert len(ats) == 2
+    hour = dt.timedelta(hours=1)
+    if db_url.startswith("postgresql"):
+        assert all(t0 <= t <= t1 for t in times), (t0, times, t1)
+    else:
+        assert all(t0 - hour <= t <= t1 - hour for t in times), (t0, times, t1)
+    assert row.started_at <= ats[0] <= ats[1] <= row.last_seen_at <= row.ended_at
