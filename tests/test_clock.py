@@ -141,11 +141,17 @@ def test_after_a_jump_a_healthy_run_is_judged_on_the_new_clock(engine, daemon, d
         before = utcnow()
         jump = jump_of(skew_s, before, gap_s=2.0)
         new_now = jump.at
+        from watchdog.store.actions import enqueue_alert
+
+        with engine.begin() as conn:  # an alert queued before the jump, not delivered yet
+            assert enqueue_alert(conn, "pending", "t", "b", now=before, sealer=daemon.sealer)
         # Unrebased, the run would look an hour old (+) or an hour in the future (-).
         daemon._clock_jumped(jump)
         moved = run_row(engine, run.id)
         assert moved.started_at == row.started_at + dt.timedelta(seconds=skew_s)
         assert moved.last_seen_at == row.last_seen_at + dt.timedelta(seconds=skew_s)
+        (pending,) = [a for a in alerts_of(engine) if a.dedupe_key == "pending"]
+        assert pending.next_attempt_at == before + dt.timedelta(seconds=skew_s)  # -1 h: not an hour late
         (alert,) = [a for a in alerts_of(engine) if a.dedupe_key.startswith("clock:")]
         assert f"{skew_s:+d} s" in alert.title and "1 active run(s)" in alert.body
         rep = daemon.ticker.tick(new_now, skip_clock=True)

@@ -248,7 +248,8 @@ def test_the_sdk_writes_the_stores_clock_whatever_its_hosts_clock_says(db_url):
     try:
         with engine.connect() as conn:
             row = conn.execute(select(runs).where(runs.c.id == done.stdout.strip())).one()
-            ats = [e.at for e in conn.execute(select(events.c.at).where(events.c.run_id == row.id).order_by(events.c.seq))]
+            q = select(events.c.at).where(events.c.run_id == row.id).order_by(events.c.seq)
+            ats = [e.at for e in conn.execute(q)]
     finally:
         engine.dispose()
     times = [row.started_at, row.last_seen_at, row.ended_at, *ats]

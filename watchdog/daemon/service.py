@@ -30,7 +30,7 @@ from watchdog.daemon.cluster import Membership
 from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
 from watchdog.store.actions import actor, enqueue_alert
 from watchdog.store.leases import db_now
-from watchdog.store.rebase import rebase_active_runs
+from watchdog.store.rebase import rebase_active_runs, rebase_pending_alerts
 from watchdog.core.config import Config
 from watchdog.errors import ConfigError
 from watchdog.daemon.killer import Killer, ProcessIdentity
@@ -145,15 +145,18 @@ class Daemon:
             stored = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
         return stored == self._published_value
 
+    def store_now(self) -> dt.datetime:
+        """The store's clock: the database server's on PostgreSQL (one cheap SELECT), this host's on SQLite."""
+        if self.engine.dialect.name == "postgresql":
+            with self.engine.connect() as conn:
+                return db_now(conn)
+        return utcnow()
+
     def clock(self) -> tuple[dt.datetime, bool]:
         """(now, the clock jumped since the last reading). The store's clock: the database
         server's on PostgreSQL (one cheap SELECT; the SDKs of every host write its time too,
         so no two hosts' clocks are compared), this host's on SQLite (one host)."""
-        if self.engine.dialect.name == "postgresql":
-            with self.engine.connect() as conn:
-                now = db_now(conn)
-        else:
-            now = utcnow()
+        now = self.store_now()
         jump = self.jumps.observe(time.monotonic(), now)
         if jump is not None:
             self._clock_jumped(jump)
@@ -170,6 +173,7 @@ class Daemon:
         try:
             with self.engine.begin() as conn:
                 moved = rebase_active_runs(conn, jump.rebased)
+                rebase_pending_alerts(conn, jump.rebased)
                 line = (f"{where} jumped {jump.skew_s:+.0f} s ({jump.describe()}); the times of {moved} active "
                         "run(s) moved with it, wall_clock and heartbeat_timeout not judged this tick")
                 log.warning("%s", line)
@@ -221,7 +225,8 @@ class Daemon:
         if self.lost_lease:
             return None
         try:
-            return outbox.deliver_due(self.engine, self.notifier, now or utcnow(), sealer=self.sealer,
+            # The store's clock, as the tick that queued the alerts (their next attempt is on it).
+            return outbox.deliver_due(self.engine, self.notifier, now or self.store_now(), sealer=self.sealer,
                                       retry_s=self.config.daemon.alert_retry_s,
                                       on_result=self.metrics.alert_result if self.metrics else None)
         except Exception as exc:  # noqa: BLE001

@@ -3,7 +3,8 @@
 A run that started 10 s before the clock was stepped +1 h is 10 s old, not 3,610 s; after
 -1 h, its last_seen_at (kept by GREATEST) would sit an hour in the future and hide its
 silence. Only the columns the daemon measures durations from, only active runs (a few
-rows, once per jump), each row written only if no record changed it meanwhile.
+rows, once per jump), each row written only if no record changed it meanwhile; and the
+next attempt of the alerts not delivered yet (after -1 h it would wait an hour).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from sqlalchemy import and_, select, update
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.schema import runs
+from watchdog.store.schema import alerts, runs
 
 TIME_COLUMNS = ("started_at", "last_seen_at", "paused_at", "stop_requested_at")
 
@@ -40,4 +41,19 @@ def rebase_active_runs(conn, rebased: Callable[[dt.datetime | None], dt.datetime
         same = [runs.c[name] == getattr(row, name) for name in values]
         done = conn.execute(update(runs).where(and_(runs.c.id == row.id, *same)).values(**values))
         changed += done.rowcount
+    return changed
+
+
+def rebase_pending_alerts(conn, rebased: Callable[[dt.datetime | None], dt.datetime | None]) -> int:
+    """The same for the next attempt of the alerts not delivered yet; the rows changed."""
+    changed = 0
+    pending = select(alerts.c.id, alerts.c.next_attempt_at).where(and_(alerts.c.delivered_at.is_(None),
+                                                                        alerts.c.next_attempt_at.is_not(None)))
+    for row in conn.execute(pending).all():
+        old = row.next_attempt_at if row.next_attempt_at.tzinfo else row.next_attempt_at.replace(tzinfo=dt.timezone.utc)
+        new = rebased(old)
+        if new != old:
+            changed += conn.execute(update(alerts).where(and_(alerts.c.id == row.id,
+                                                              alerts.c.next_attempt_at == row.next_attempt_at))
+                                    .values(next_attempt_at=new)).rowcount
     return changed
