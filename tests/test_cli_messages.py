@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import click
@@ -368,16 +369,18 @@ def test_the_circuit_example_leaves_no_temporary_folder(tmp_path):
 
 
 def test_the_sdk_on_an_unmigrated_store_says_run_db_upgrade_first(tmp_path):
+    """A store never migrated is the developer's to fix: the first run raises, quietly until then."""
+    from watchdog.errors import StoreMisconfigured
+
     db = tmp_path / "new.db"
     sqlite3.connect(db).close()
     url = f"sqlite:///{db}"
-    with pytest.warns(RuntimeWarning) as caught:
-        wd = Watchdog(url)  # it reads the published budgets at once: the first failed read says it
-        with wd.run(agent="a") as run:  # the agent goes on: records are buffered, not lost in silence
-            run.step(cost_eur=0.01)
-    (message,) = {str(w.message) for w in caught}
-    assert message == (f"agent-watchdog: the store at {url} has no tables (OperationalError: no such table: "
-                       f"settings): run `agent-watchdog db upgrade --db {url}` first; buffering up to 10000 "
-                       "records in memory, the agent goes on")
-    assert wd.buffered > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "unreachable" warning: it is not an outage
+        wd = Watchdog(url)  # it reads the published budgets at once
+        with pytest.raises(StoreMisconfigured) as caught:
+            wd.run(agent="a")
+    assert str(caught.value) == (f"agent-watchdog: the store at {url} has no tables: "
+                                 f"run `agent-watchdog db upgrade --db {url}` first")
+    assert wd.buffered == 0
     wd.close()

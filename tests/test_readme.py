@@ -442,7 +442,7 @@ def test_the_systemd_steps_run_in_a_scratch_root(http):
         assert oct(state.stat().st_mode & 0o7777) == "0o711"
         key = state / "attest.key"
         assert oct(key.stat().st_mode & 0o777) == "0o600" and key.stat().st_uid == state.stat().st_uid
-        assert oct((state / "store").stat().st_mode & 0o7777) == "0o2770"
+        assert oct((state / "store").stat().st_mode & 0o7777) == "0o3770"  # setgid + sticky
         db = state / "store" / "runs.db"
         assert oct(db.stat().st_mode & 0o777) == "0o660"
         with sqlite3.connect(db) as conn:

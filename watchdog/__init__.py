@@ -4,8 +4,8 @@
 """
 
 from watchdog.sdk.client import Watchdog
-from watchdog.errors import ConfigError, RunKilled, ToolTimeout, ToolUnavailable
+from watchdog.errors import ConfigError, RunKilled, StoreMisconfigured, ToolTimeout, ToolUnavailable
 from watchdog.sdk.run import Run
 
-__all__ = ["Watchdog", "Run", "RunKilled", "ToolUnavailable", "ToolTimeout", "ConfigError"]
+__all__ = ["Watchdog", "Run", "RunKilled", "ToolUnavailable", "ToolTimeout", "ConfigError", "StoreMisconfigured"]
 __version__ = "0.1.0"

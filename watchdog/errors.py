@@ -44,3 +44,9 @@ class ConfigError(Exception):
 
 class StoreError(Exception):
     """A store-level problem with a clear one-line message (bad URL, unknown run id...)."""
+
+
+class StoreMisconfigured(StoreError):
+    """The store answers but this process cannot use it: read-only for it, never migrated, or it
+    refuses the credentials. A configuration error (raised at a run's first contact, with the URL
+    and the fix in one line), never an outage to buffer through."""

@@ -17,9 +17,6 @@ def _logging(verbose: bool):
     # apprise logs full URLs on some failures: only our own privacy-form lines reach the log
     # (watchdog.daemon.notify still reads each delivery's own warnings and cause).
     logging.getLogger("apprise").setLevel(logging.CRITICAL)
-    # APScheduler's "skipped: maximum number of running instances" repeats our own
-    # "<job> job skipped" line (service.py): one line per skip is enough.
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # -v is about the watchdog: urllib3 (under apprise) would log every HTTP connection.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
@@ -42,6 +39,11 @@ def run_cmd(app, once, verbose):
     check(app.config)  # what the config needs (extras, users) is there: loud at start, not mid-run
     # SQLite: checked here, read-only (a store that is down is PostgreSQL's case: _acquire waits for it).
     store = app.open_store(must_exist=True, tables=app.db_url.startswith("sqlite"))
+    if app.db_url.startswith("sqlite"):
+        from watchdog.store.engine import share_sqlite_files
+
+        with store.connect():  # opening it makes the -wal and -shm files (the daemon's, under its umask)
+            share_sqlite_files(app.db_url)  # the agents' group writes them too: 0660
     check_allowed_users(app.config)  # before anything listens or a key is made
     metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(store, app.config, metrics=metrics)

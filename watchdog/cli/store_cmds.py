@@ -21,9 +21,12 @@ def db():
 def db_upgrade(app, revision):
     """Create or migrate the store's tables."""
     from watchdog.store import migrate
+    from watchdog.store.engine import existing_files, share_sqlite_files
 
+    before = existing_files(app.db_url)
     engine = app.open_store()  # the one command that may create the SQLite file
     migrate.upgrade(engine, revision)
+    share_sqlite_files(app.db_url, before)  # the agents' group writes it too (0660, whatever the umask)
     click.echo(f"store at revision {migrate.current(engine)}: {engine.url.render_as_string(hide_password=True)}")
 
 

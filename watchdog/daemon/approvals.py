@@ -55,7 +55,7 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
         with batch.run() as conn:  # paused by the run's own guard: say so once
             acknowledge(conn, row, now=now, by=tk.by, budgets=budgets, run_facts=facts, sealer=tk.sealer)
         tk._pause_seen.add(key)
-    stops = ap.stops_while_paused(evaluate(tk.scanner.snapshot(row, now), budgets, now))
+    stops = ap.stops_while_paused(evaluate(tk.scanner.snapshot(row, now), budgets, now, skip_clock=tk._skip_clock))
     if stops:
         v = stops[0]
         tk._decided.add(row.id)  # this daemon's own decision: it may signal for it

@@ -32,6 +32,8 @@ class Metrics:
         self.skipped = PCounter("agent_watchdog_ticks_skipped", "Ticks skipped because the previous one ran late",
                                 registry=r)
         self.failed = PCounter("agent_watchdog_ticks_failed", "Ticks that failed (database down...)", registry=r)
+        self.clock_jumps = PCounter("agent_watchdog_clock_jumps", "Jumps of the store's clock against the monotonic "
+                                    "clock (durations not judged for that tick)", registry=r)
         self.tool_calls = PCounter("agent_watchdog_tool_calls", "Tool calls seen, by tool", ["tool"], registry=r)
         self.tool_errors = PCounter("agent_watchdog_tool_errors", "Tool errors seen, by tool", ["tool"], registry=r)
         self.unpriced = PCounter("agent_watchdog_unpriced_tokens", "Tokens of steps no price table prices, by model",
@@ -87,6 +89,9 @@ class Metrics:
 
     def tick_failed(self) -> None:
         self.failed.inc()
+
+    def clock_jumped(self) -> None:
+        self.clock_jumps.inc()
 
     def alert_result(self, result) -> None:
         self.alerts.labels("delivered" if result.ok else "failed").inc()

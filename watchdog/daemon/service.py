@@ -1,5 +1,5 @@
-"""The daemon process: a lease, the published settings, the attestation socket, APScheduler
-jobs, signals, sd_notify.
+"""The daemon process: a lease, the published settings, the attestation socket, the jobs on
+the monotonic clock (watchdog.daemon.loop), signals, sd_notify.
 
 The work itself is `Ticker.tick(now)` and `outbox.deliver_due(now)`; this module
 only schedules them and keeps the process alive through bad data, database blips
@@ -23,10 +23,14 @@ from sqlalchemy import insert, select, update
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
 from watchdog.daemon import keyfile, outbox, sdnotify
+from watchdog.daemon.clock import Jump, JumpDetector
+from watchdog.daemon.loop import Periodic
 from watchdog.daemon.attest import AttestServer
 from watchdog.daemon.cluster import Membership
 from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
-from watchdog.store.actions import actor
+from watchdog.store.actions import actor, enqueue_alert
+from watchdog.store.leases import db_now
+from watchdog.store.rebase import rebase_active_runs, rebase_pending_alerts
 from watchdog.core.config import Config
 from watchdog.errors import ConfigError
 from watchdog.daemon.killer import Killer, ProcessIdentity
@@ -69,6 +73,8 @@ class Daemon:
         self._published_at = 0.0
         self._published_value: dict | None = None
         self._stop = threading.Event()
+        self.jumps = JumpDetector(tolerance_s=config.daemon.tick_s)
+        self.last_jump: Jump | None = None
         self.last_report = None
         self.lost_lease: str | None = None
 
@@ -139,11 +145,56 @@ class Daemon:
             stored = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
         return stored == self._published_value
 
+    def store_now(self) -> dt.datetime:
+        """The store's clock: the database server's on PostgreSQL (one cheap SELECT), this host's on SQLite."""
+        if self.engine.dialect.name == "postgresql":
+            with self.engine.connect() as conn:
+                return db_now(conn)
+        return utcnow()
+
+    def clock(self) -> tuple[dt.datetime, bool]:
+        """(now, the clock jumped since the last reading). The store's clock: the database
+        server's on PostgreSQL (one cheap SELECT; the SDKs of every host write its time too,
+        so no two hosts' clocks are compared), this host's on SQLite (one host)."""
+        now = self.store_now()
+        jump = self.jumps.observe(time.monotonic(), now)
+        if jump is not None:
+            self._clock_jumped(jump)
+        return now, jump is not None
+
+    def _clock_jumped(self, jump: Jump) -> None:
+        """Logged and alerted once per jump; the active runs' times are moved onto the new clock
+        (watchdog.store.rebase) and this tick judges no duration (see tick_job)."""
+        self.last_jump = jump
+        pg = self.engine.dialect.name == "postgresql"
+        where = "the database server's clock" if pg else f"the clock of {self.killer.host}"
+        if self.metrics:
+            self.metrics.clock_jumped()
+        try:
+            with self.engine.begin() as conn:
+                moved = rebase_active_runs(conn, jump.rebased)
+                rebase_pending_alerts(conn, jump.rebased)
+                line = (f"{where} jumped {jump.skew_s:+.0f} s ({jump.describe()}); the times of {moved} active "
+                        "run(s) moved with it, wall_clock and heartbeat_timeout not judged this tick")
+                log.warning("%s", line)
+                title = f"agent-watchdog: clock jump of {jump.skew_s:+.0f} s on {self.killer.host}"
+                body = (f"{line}. Durations measured across the jump would be false: a healthy run would look "
+                        f"an hour old, a runaway young. Check NTP / timedatectl on "
+                        f"{'the database server' if pg else self.killer.host}.")
+                enqueue_alert(conn, f"clock:{self.killer.host}:{jump.at.timestamp():.0f}", title, body, now=jump.at,
+                              sealer=self.sealer)
+        except Exception as exc:  # noqa: BLE001 — this tick still judges no duration; the next ones do
+            log.warning("%s jumped %+.0f s (%s); could not move the active runs' times or queue the alert: %s",
+                        where, jump.skew_s, jump.describe(), _one_line(exc))
+
     def tick_job(self, now: dt.datetime | None = None):
         """One tick; a database blip or bad row is logged, never fatal."""
         try:
             self.publish()
-            rep = self.ticker.tick(now or utcnow())
+            skip_clock = False
+            if now is None:
+                now, skip_clock = self.clock()
+            rep = self.ticker.tick(now, skip_clock=skip_clock)
             if rep.learned_prices:  # the SDK prices these models itself from its next settings read
                 self.publish(force=True)
         except LeaseLost as exc:
@@ -175,8 +226,9 @@ class Daemon:
             return None
         try:
             d = self.config.daemon
+            # The store's clock, as the tick that queued the alerts (their next attempt is on it).
             # Within one tick's length (a little less: the next pass is not skipped for a hanging target).
-            return outbox.deliver_due(self.engine, self.notifier, now or utcnow(), sealer=self.sealer,
+            return outbox.deliver_due(self.engine, self.notifier, now or self.store_now(), sealer=self.sealer,
                                       retry_s=d.alert_retry_s, expire_s=d.alert_expire_s,
                                       budget_s=max(1.0, 0.8 * d.tick_s),
                                       on_result=self.metrics.alert_result if self.metrics else None,
@@ -193,25 +245,18 @@ class Daemon:
     # -- the loop -----------------------------------------------------------------
 
     def serve(self) -> int:
-        from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
-        from apscheduler.schedulers.background import BackgroundScheduler
-
-        # The jobs run in the scheduler's threads; the main thread only waits for a
-        # signal, so a SIGTERM at any moment (even during start-up) is honoured.
-        sched = BackgroundScheduler(timezone=dt.timezone.utc)
+        # The jobs run in threads of their own, on the monotonic clock (watchdog.daemon.loop:
+        # why not APScheduler's interval trigger); the main thread only waits for a signal, so
+        # a SIGTERM at any moment (even during start-up) is honoured.
         tick_s = self.config.daemon.tick_s
-        common = dict(trigger="interval", seconds=tick_s, max_instances=1, coalesce=True,
-                      misfire_grace_time=max(1, int(tick_s)), next_run_time=dt.datetime.now(dt.timezone.utc))
-        sched.add_job(self.tick_job, id="tick", **common)
-        sched.add_job(self.deliver_job, id="deliver", **common)
 
-        def skipped(event):
-            kind = "still running" if event.code == EVENT_JOB_MAX_INSTANCES else "missed"
-            log.warning("%s job skipped: the previous one is %s", event.job_id, kind)
-            if self.metrics and event.job_id == "tick":
-                self.metrics.tick_skipped()
-
-        sched.add_listener(skipped, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+        def skipped(job: str):
+            def on_skip(n: int):
+                log.warning("%s job skipped %d time(s): the previous one is still running", job, n)
+                if self.metrics and job == "tick":
+                    for _ in range(n):
+                        self.metrics.tick_skipped()
+            return on_skip
 
         def on_signal(signum, _frame):
             log.info("%s: finishing the current tick and exiting", signal.Signals(signum).name)
@@ -226,7 +271,8 @@ class Daemon:
         if self._stop.is_set():
             return 0
         self.start_attesting()
-        sched.start()
+        jobs = [Periodic(name, fn, tick_s, self._stop, on_skip=skipped(name)).start()
+                for name, fn in (("tick", self.tick_job), ("deliver", self.deliver_job))]
         sdnotify.notify("READY=1", "STATUS=watching")
         log.info("agent-watchdog watching %s every %g s (host %s, pid %d)",
                  self.engine.url.render_as_string(hide_password=True), tick_s, self.killer.host, os.getpid())
@@ -235,7 +281,9 @@ class Daemon:
                 pass
         finally:
             sdnotify.notify("STOPPING=1")
-            sched.shutdown(wait=True)  # the running tick completes; no new one starts
+            self._stop.set()
+            for job in jobs:
+                job.join()  # the running tick completes; no new one starts
             self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
             self.stop_attesting()
         return 1 if self.lost_lease else 0

@@ -130,9 +130,13 @@ class Ticker:
         self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.approvals)
         self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
         self.quarantine = Quarantine(self.by, sealer)  # rows that cannot be judged, reported once
+        self._skip_clock = False  # this tick's (see tick)
 
-    def tick(self, now: dt.datetime) -> TickReport:
+    def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
+        """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
+        (wall_clock, heartbeat_timeout) are not judged this tick."""
         t0 = time.perf_counter()
+        self._skip_clock = skip_clock
         rep = TickReport(at=now)
         self._period_stops: list = []
         role = self.membership.refresh()
@@ -332,7 +336,7 @@ class Ticker:
                     due.append(rid)  # not running, or resumed and its resume not alerted yet
                     continue
                 _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self._limits_of(r)
-                over = age_s > age_limit or silent_s > silence_limit
+                over = not self._skip_clock and (age_s > age_limit or silent_s > silence_limit)
                 for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
                     if over or r[i] > limit:
                         over = True
@@ -411,7 +415,7 @@ class Ticker:
             # alone; its own host's daemon judges everything else about it.
             verdicts = with_period([], period)
         else:
-            verdicts = with_period(evaluate(snap, budgets, now), period)
+            verdicts = with_period(evaluate(snap, budgets, now, skip_clock=self._skip_clock), period)
         if verdicts:
             if self.money is not None:
                 lines = self.money.forecast_lines(row, budgets, now)  # they name the agent: one line each
@@ -452,7 +456,8 @@ class Ticker:
         if row.id in self._decided or self._sealed_stop(conn, row):
             return True
         period = self.money.closing(row.id, row.agent) if self.money is not None else None
-        return bool(with_period(evaluate(self.scanner.snapshot(row, now), budgets, now), period))
+        return bool(with_period(evaluate(self.scanner.snapshot(row, now), budgets, now,
+                                         skip_clock=self._skip_clock), period))
 
     def _sealed_stop(self, conn, row) -> bool:
         """The stop's alert was sealed with this daemon's key by someone who is not acknowledging

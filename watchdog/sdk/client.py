@@ -23,12 +23,11 @@ from watchdog.core import periods
 from watchdog.core.config import ENV_CONFIG, ENV_DB, Config
 from watchdog.core.config import load as load_config
 from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name, validate_record_errors
-from watchdog.errors import ConfigError, RunKilled, StoreError, ToolUnavailable
+from watchdog.errors import ConfigError, RunKilled, StoreError, StoreMisconfigured, ToolUnavailable
 from watchdog.sdk.attest import socket_path
 from watchdog.sdk.circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
 from watchdog.sdk.inflight import InflightTools
-from watchdog.core.text import url_without_password
-from watchdog.store.engine import is_missing_schema, make_engine, normalise_url, upgrade_hint
+from watchdog.store.engine import make_engine, misconfiguration, normalise_url
 from watchdog.store.hotpath import POOL_SIZE, Writer
 from watchdog.store.schema import utcnow
 
@@ -91,6 +90,9 @@ class Watchdog:
         self.rejected_events = 0
         self._warned_outage = False
         self._warned_rejected = False
+        # A write has gone through: from then on a failing store is an outage (buffered), never
+        # a misconfiguration raised at the agent (watchdog.store.engine.misconfiguration).
+        self._written = False
         self._settings: dict | None = None
         self._settings_at = 0.0
         self._judged_by: str | None = None
@@ -157,7 +159,8 @@ class Watchdog:
                 value = self.writer.dialect.parse_json(rows[0][0]) if rows else {}
                 self._settings = value if isinstance(value, dict) else {}
             except Exception as exc:  # an unreachable store must not stop the agent
-                self._note_outage(exc)
+                if self._written or self._misconfigured(exc) is None:  # else the run's start raises it
+                    self._note_outage(exc)
                 self._settings = self._settings or {}
             self._settings_at = now
         return self._settings
@@ -220,6 +223,7 @@ class Watchdog:
             rows = self.writer.query(self.writer.dialect.select_settings, (periods.CLOSED_KEY,))
             value = self.writer.dialect.parse_json(rows[0][0]) if rows else None
         except Exception as exc:  # noqa: BLE001 — an unreachable store must not stop the agent
+            self._raise_if_misconfigured(exc)
             self._note_outage(exc)
             return None
         return periods.refusal(value, agent, labels, utcnow())
@@ -238,8 +242,9 @@ class Watchdog:
                 self._enqueue(statements)
                 return None
         try:
-            return self.writer.transaction(statements)
+            row = self.writer.transaction(statements)
         except Exception as exc:
+            self._raise_if_misconfigured(exc)
             if self.writer.is_rejection(exc):
                 if raise_conflict and self.writer.is_conflict(exc):
                     raise
@@ -249,6 +254,8 @@ class Watchdog:
             with self._buffer_lock:
                 self._enqueue(statements)
             return None
+        self._written = True
+        return row
 
     def _enqueue(self, statements):
         if len(self._buffer) >= self._buffer_max:
@@ -265,6 +272,8 @@ class Watchdog:
                     self._note_outage(exc)
                     return False
                 self._note_rejected(exc)
+            else:
+                self._written = True
             self._buffer.popleft()
         if self._warned_outage:
             log.warning("agent-watchdog store is reachable again; buffered events written, %d dropped",
@@ -281,13 +290,27 @@ class Watchdog:
     def buffered(self) -> int:
         return len(self._buffer)
 
+    def _misconfigured(self, exc: BaseException) -> str | None:
+        return misconfiguration(exc, self.engine.url.render_as_string(hide_password=False))
+
+    def _raise_if_misconfigured(self, exc: BaseException) -> None:
+        """At a run's first contact, a store that answers but cannot be used by this process
+        (read-only, unmigrated, wrong credentials) is the developer's to fix now: raised, one
+        line with the URL (password masked) and the fix. Once a write went through, the same
+        failure is an outage: buffered and warned once, the agent goes on."""
+        if self._written:
+            return
+        msg = self._misconfigured(exc)
+        if msg is not None:
+            raise StoreMisconfigured(f"agent-watchdog: {msg}") from None
+
     def _note_outage(self, exc: BaseException):
         if not self._warned_outage:
             self._warned_outage = True
             first = f"{type(exc).__name__}: {(str(getattr(exc, 'orig', None) or exc).splitlines() or [''])[0][:200]}"
-            url = url_without_password(self.engine.url.render_as_string(hide_password=False))
-            if is_missing_schema(exc):  # reachable, but never migrated: say the fix, not "unreachable"
-                msg = (f"agent-watchdog: the store at {url} has no tables ({first}): {upgrade_hint(url)}; "
+            fix = self._misconfigured(exc)
+            if fix is not None:  # reachable, but unusable: say the fix, not "unreachable"
+                msg = (f"agent-watchdog: {fix} ({first}); "
                        f"buffering up to {self._buffer_max} records in memory, the agent goes on")
             else:
                 msg = (f"agent-watchdog store unreachable ({first}); "

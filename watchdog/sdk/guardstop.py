@@ -16,7 +16,7 @@ def statements(run, stop, now) -> list:
     d = run.wd.writer.dialect
     ph = "?" if d.sqlite else "%s"
     return [
-        (f"UPDATE runs SET status = {ph}, stop_reason = {ph}, stop_detail = {ph}, stop_requested_at = {ph} "
+        (f"UPDATE runs SET status = {ph}, stop_reason = {ph}, stop_detail = {ph}, stop_requested_at = {d.clock_ph} "
          f"WHERE id = {ph} AND status = {ph}",
-         (lc.STOPPING, stop.reason, stop.detail, d.ts(now), run.id, lc.RUNNING)),
+         (lc.STOPPING, stop.reason, stop.detail, d.seen(now), run.id, lc.RUNNING)),
     ]

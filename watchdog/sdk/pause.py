@@ -98,7 +98,7 @@ class Hold:
         self._beat_at = now
         d = self.run.wd.writer.dialect
         try:
-            self.run.wd.writer.transaction([(self.run.lineage.beat_sql, (d.ts(utcnow()), *self.run.lineage.ids))])
+            self.run.wd.writer.transaction([(self.run.lineage.beat_sql, (d.seen(utcnow()), *self.run.lineage.ids))])
         except Exception:  # noqa: BLE001 — a keep-alive: the next one may get through
             pass
 
@@ -110,7 +110,7 @@ class Hold:
         """No daemon answered: stop the run with the reason it paused for."""
         run = self.run
         try:
-            run.wd.writer.transaction([(run.lineage.give_up_sql, (run.wd.writer.dialect.ts(utcnow()), run.id))])
+            run.wd.writer.transaction([(run.lineage.give_up_sql, (run.wd.writer.dialect.seen(utcnow()), run.id))])
         except Exception:  # noqa: BLE001 — stopping locally is what matters; the end record is buffered
             pass
         stop = RunKilled(row[1] or lc.MANUAL, f"{row[2] or ''} (nobody answered the pause within "
@@ -136,5 +136,5 @@ class Hold:
 def pause_statements(run, stop: RunKilled, now) -> list:
     """running → paused, written by the run's own guard: the status only (the daemon records and
     alerts a pause it did not request), then the status the run must obey."""
-    return [(run.lineage.pause_sql, (stop.reason, stop.detail, run.wd.writer.dialect.ts(now), run.id)),
+    return [(run.lineage.pause_sql, (stop.reason, stop.detail, run.wd.writer.dialect.seen(now), run.id)),
             (run.lineage.status_sql, run.lineage.status_params)]

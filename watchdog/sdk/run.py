@@ -16,7 +16,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.procid import current_create_time, hostname
 from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
                                    validate_count, validate_name, validate_tokens)
-from watchdog.errors import RunKilled
+from watchdog.errors import RunKilled, StoreMisconfigured
 from watchdog.sdk import children, toolcall
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.pause import Hold, pause_statements
@@ -89,13 +89,15 @@ class Run:
         params = (
             self.id, self.agent, lc.RUNNING, self.kill_mode, hostname(), os.getpid(), current_create_time(),
             d.json(self.labels), *(self.requested.get(k) for k in bud.RUN_BUDGET_KEYS),
-            d.ts(now), d.ts(now),
+            d.seen(now), d.seen(now),  # the store's clock (Dialect.clock_ph)
         )
         statements = [(d.insert_run, params)]
         if self.parent_id is not None:
             statements.append((self.lineage.parent_sql, (self.parent_id, self.id)))
         try:
             self.wd.write(statements, raise_conflict=True)
+        except StoreMisconfigured:
+            raise  # the store cannot be used by this process: its one line names the fix
         except Exception:  # only a duplicate id gets here: events would land in the other run
             raise ValueError(f"run_id: a run {self.id!r} already exists in the store; give each run its own id") from None
         self.status = lc.RUNNING
@@ -134,7 +136,7 @@ class Run:
 
     def end(self, status: str, reason: str | None, detail: str | None):
         d = self.wd.writer.dialect
-        self.wd.write([(d.end_run, (status, d.ts(utcnow()), reason, detail, self.id))])
+        self.wd.write([(d.end_run, (status, d.seen(utcnow()), reason, detail, self.id))])
         self.status = status
 
     @property
@@ -368,7 +370,7 @@ class Run:
 
     def _record(self, kind: str, **f):
         d = self.wd.writer.dialect
-        at = d.ts(utcnow())  # the event's time and the run's last_seen_at: one clock reading
+        at = d.seen(utcnow())  # the event's time and the run's last_seen_at: the store's clock, one reading
         record_args = self.wd.record_args  # this process's own choice, never the store's
         with self._lock:
             self._seq += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
@@ -145,6 +146,45 @@ def sqlite_path(url: str) -> str | None:
     return None if not database or database == ":memory:" or database.startswith("file:") else database
 
 
+# The SQLite store's files, as the agents' group shares them: read-write for the owner and
+# the group (the agents), nothing for others. SQLite's own creation mode is 0644 minus the
+# umask: under the unit's UMask=0007 that is 0640, and every agent's first write fails.
+SQLITE_SHARED_MODE = 0o660
+
+
+def sqlite_files(path: str) -> tuple[str, str, str]:
+    return path, f"{path}-wal", f"{path}-shm"
+
+
+def existing_files(url: str) -> set[str]:
+    """The store's files that exist now (call before creating the store)."""
+    path = sqlite_path(url) if url.startswith("sqlite") else None
+    return {f for f in sqlite_files(path) if os.path.lexists(f)} if path else set()
+
+
+def share_sqlite_files(url: str, before: set[str] | None = None) -> list[str]:
+    """chmod 0660 the SQLite store's file and its -wal and -shm files: those this process
+    created (absent from `before`) or owns, never a symlink, never another user's file and
+    never wider than 0660. Returns the files changed. No-op for PostgreSQL."""
+    path = sqlite_path(url) if url.startswith("sqlite") else None
+    changed = []
+    for f in sqlite_files(path) if path else ():
+        try:
+            st = os.lstat(f)
+        except FileNotFoundError:
+            continue
+        ours = st.st_uid == os.geteuid()
+        if not stat.S_ISREG(st.st_mode) or not (ours or (before is not None and f not in before)):
+            continue
+        if stat.S_IMODE(st.st_mode) != SQLITE_SHARED_MODE:
+            try:
+                os.chmod(f, SQLITE_SHARED_MODE, follow_symlinks=False)
+            except (PermissionError, NotImplementedError):
+                continue  # not ours to change after all: the agents' first write says so (misconfiguration)
+            changed.append(f)
+    return changed
+
+
 def upgrade_hint(url: str) -> str:
     return f"run `agent-watchdog db upgrade --db {url_without_password(url)}` first"
 
@@ -173,3 +213,49 @@ def is_missing_schema(exc: BaseException) -> bool:
     if type(orig).__name__ in ("UndefinedTable", "UndefinedColumn"):  # psycopg
         return True
     return "no such table" in text or "no such column" in text
+
+
+def misconfiguration(exc: BaseException, url: str) -> str | None:
+    """One line naming the store (password masked) and the fix when `exc` says the store is
+    reachable but unusable by this process: never migrated, read-only for it (SQLite file or
+    directory permissions; a PostgreSQL role without the grant), or refusing the credentials.
+    None for everything else: a store that is down, refuses connections or is locked is an
+    outage (the SDK buffers through it); a record it refuses is dropped (Writer.is_rejection)."""
+    orig = getattr(exc, "orig", None) or exc
+    first = (str(orig).strip().splitlines() or [""])[0]
+    text = first.lower()
+    sqlstate = getattr(orig, "sqlstate", None)
+    shown = url_without_password(url)
+    if is_missing_schema(exc):
+        return f"the store at {shown} has no tables: {upgrade_hint(url)}"
+    if "readonly database" in text or "unable to open database file" in text:
+        who = _whoami()
+        return (f"the store at {shown} cannot be written by this process (user {who}: {first[:80]}): add {who} to "
+                f"the store's group "
+                f"and make the file and its -wal and -shm files group-writable (chmod 0660; `agent-watchdog db "
+                f"upgrade` does) in a setgid directory (README: Operator setup)")
+    if sqlstate == "42501" or "permission denied" in text:
+        return (f"the store at {shown} refuses this role's writes ({first[:160]}): grant it the agents' role "
+                "(sql/postgres-roles.sql, README: Operator setup), after each `agent-watchdog db upgrade`")
+    if (sqlstate in ("28P01", "28000") or "password authentication failed" in text
+            or ("role" in text and "does not exist" in text)):
+        return (f"the store at {shown} refuses the credentials ({_fatal(first)}): fix the user or password in "
+                "the URL ($AGENT_WATCHDOG_DB, or ~/.pgpass)")
+    if "database" in text and "does not exist" in text:
+        return (f"the store at {shown} does not exist ({_fatal(first)}): create the database, then "
+                f"{upgrade_hint(url)}")
+    return None
+
+
+def _fatal(line: str) -> str:
+    """`FATAL:  role "x" does not exist` out of libpq's "connection to server ... failed: FATAL: ..." line."""
+    return line.rsplit("FATAL:", 1)[-1].strip()[:160] if "FATAL:" in line else line[:160]
+
+
+def _whoami() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"

@@ -59,9 +59,17 @@ class Dialect:
         self.begin = "BEGIN IMMEDIATE" if sqlite else None
         greatest = "MAX" if sqlite else "GREATEST"
         json_ph = ph if sqlite else "%s::json"
-        ev_values = ", ".join(json_ph if c == "args" else ph for c in EVENT_COLUMNS)
+        # The times of a record (events.at, runs.started_at / last_seen_at / ended_at): one clock
+        # per store. PostgreSQL: the database server's, so that hosts whose clocks disagree never
+        # look silent, old or out of the rate window to a daemon (whose tick reads that clock too,
+        # watchdog.store.leases.db_now); now() is read once per transaction, so an event and its
+        # run's last_seen_at stay one reading. The SDK passes None there (Dialect.seen); a value
+        # given explicitly (a benchmark, a replay tool) wins. SQLite: this host's (one host).
+        self.clock_ph = ph if sqlite else "COALESCE(%s::timestamptz, now())"
+        ev_values = ", ".join(json_ph if c == "args" else self.clock_ph if c == "at" else ph for c in EVENT_COLUMNS)
         self.insert_event = f"INSERT INTO events ({', '.join(EVENT_COLUMNS)}) VALUES ({ev_values})"
-        run_values = ", ".join(json_ph if c == "labels" else ph for c in RUN_COLUMNS)
+        run_values = ", ".join(json_ph if c == "labels" else self.clock_ph if c in ("started_at", "last_seen_at")
+                               else ph for c in RUN_COLUMNS)
         self.insert_run = f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) VALUES ({run_values})"
         self.returning = not sqlite or sqlite3.sqlite_version_info >= (3, 35)
         self.update_run = (
@@ -70,14 +78,14 @@ class Dialect:
             f"tokens_out = tokens_out + {ph}, cost_eur = cost_eur + {ph}, "
             f"cached_tokens_in = cached_tokens_in + {ph}, reasoning_tokens = reasoning_tokens + {ph}, "
             f"cost_unpriced_tokens = cost_unpriced_tokens + {ph}, "
-            f"last_seq = {greatest}(last_seq, {ph}), last_seen_at = {greatest}(last_seen_at, {ph}), "
+            f"last_seq = {greatest}(last_seq, {ph}), last_seen_at = {greatest}(last_seen_at, {self.clock_ph}), "
             f"progress = COALESCE({ph}, progress) WHERE id = {ph}"
         )
         if self.returning:
             self.update_run += " RETURNING status, stop_reason, stop_detail"
         self.select_status = f"SELECT status, stop_reason, stop_detail FROM runs WHERE id = {ph}"
         self.end_run = (
-            f"UPDATE runs SET status = {ph}, ended_at = {ph}, "
+            f"UPDATE runs SET status = {ph}, ended_at = {self.clock_ph}, "
             f"stop_reason = COALESCE(stop_reason, {ph}), stop_detail = COALESCE(stop_detail, {ph}) "
             f"WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
         )
@@ -104,6 +112,12 @@ class Dialect:
             # SQLITE_TS_FORMAT ("%Y-%m-%d %H:%M:%S.%f") followed by "+00:00".
             return utc.isoformat(" ", "microseconds")[:26]
         return utc.strftime(SQLITE_TS_FORMAT)
+
+    def seen(self, value: dt.datetime):
+        """A time of the store's clock (`clock_ph`): this host's on SQLite, None on PostgreSQL (the
+        server's now() when the transaction runs: a record replayed after an outage is dated by
+        its replay, in order, and GREATEST keeps last_seen_at from ever going back)."""
+        return self.ts(value) if self.sqlite else None
 
     def json(self, value):
         return None if value is None else json.dumps(value, sort_keys=True, default=str)

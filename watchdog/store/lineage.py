@@ -32,26 +32,28 @@ class Lineage:
                            f"ORDER BY {_RANK}, CASE WHEN id = {ph} THEN 0 ELSE 1 END LIMIT 1")
         self.status_params = (*ids, run_id)
         # Keep-alive while held: the run and its ancestors (a parent waits on its paused child).
-        self.beat_sql = (f"UPDATE runs SET last_seen_at = {greatest}(last_seen_at, {ph}) "
+        clock = dialect.clock_ph  # the store's clock (watchdog.store.hotpath.Dialect)
+        self.beat_sql = (f"UPDATE runs SET last_seen_at = {greatest}(last_seen_at, {clock}) "
                          f"WHERE id IN ({in_ids}) AND status IN ({_HELD})")
         if self.ancestors:
             up = ", ".join([ph] * len(self.ancestors))
             self.rollup_sql = (
                 f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, "
                 f"tool_errors = tool_errors + {ph}, tokens_in = tokens_in + {ph}, tokens_out = tokens_out + {ph}, "
-                f"cost_eur = cost_eur + {ph}, last_seen_at = {greatest}(last_seen_at, {ph}) WHERE id IN ({up})")
+                f"cost_eur = cost_eur + {ph}, last_seen_at = {greatest}(last_seen_at, {clock}) WHERE id IN ({up})")
             self.parent_sql = f"UPDATE runs SET parent_id = {ph} WHERE id = {ph}"
         self.budgets_sql = (f"SELECT {', '.join(bud.RUN_BUDGET_KEYS)}, resumes FROM runs WHERE id = {ph}")
         # The guard's pause: running → paused (the daemon records and alerts it); a pause nobody
         # answered, with no daemon to stop it: paused → stopping; a partial result.
         self.pause_sql = (f"UPDATE runs SET status = '{lc.PAUSED}', stop_reason = {ph}, stop_detail = {ph}, "
-                          f"paused_at = {ph} WHERE id = {ph} AND status = '{lc.RUNNING}'")
-        self.give_up_sql = (f"UPDATE runs SET status = '{lc.STOPPING}', stop_requested_at = {ph} "
+                          f"paused_at = {clock} WHERE id = {ph} AND status = '{lc.RUNNING}'")
+        self.give_up_sql = (f"UPDATE runs SET status = '{lc.STOPPING}', stop_requested_at = {clock} "
                             f"WHERE id = {ph} AND status = '{lc.PAUSED}'")
         self.partial_sql = f"UPDATE runs SET partial = {ph} WHERE id = {ph}"
 
     def record_statements(self, counts: tuple, at) -> list:
-        """What a record adds to the ancestors' rows, then the status the run obeys."""
+        """What a record adds to the ancestors' rows, then the status the run obeys (`at`:
+        Dialect.seen, the store's clock)."""
         out = []
         if self.ancestors:
             out.append((self.rollup_sql, (*counts, at, *self.ancestors)))
