@@ -316,3 +316,66 @@ def test_a_bad_row_in_what_the_tick_reads_besides_runs_blinds_nothing(where, db_
     agent = procs.start("runaway", db_url, **RUNAWAY)
     tk = _ticker(engine, attestor)
     assert _stopped_within_two_ticks(tk, agent, utcnow()), agent.log()
+
+
+@pytest.mark.parametrize("sql", ["UPDATE runs SET status = 'stopping', signal_stage = 'zzz' WHERE id = :rid",
+                                 "UPDATE runs SET status = 'stopping', kill_mode = 'nuke' WHERE id = :rid"],
+                         ids=["stage", "kill_mode"])
+def test_a_stopping_run_with_an_unknown_ladder_value_is_reported_not_left_on_no_step(sql, db_url, engine, attestor,
+                                                                                   bad_run):
+    victim = bad_run()
+    spoil(engine, sql, rid=victim.id)
+    tk = _ticker(engine, attestor)
+    t = utcnow()
+    for i in range(3):
+        tk.tick(later(t, i * 5))
+    (report,) = quarantined(engine)
+    assert report.run_id == victim.id
+    assert ("signal_stage" in report.detail) or ("kill_mode" in report.detail)
+
+
+def test_a_flood_of_malformed_rows_is_a_few_alerts_and_every_row_recorded(db_url, engine, attestor, bad_run):
+    from watchdog.daemon.quarantine import ALERTS_PER_HOUR
+
+    bad = [bad_run() for _ in range(ALERTS_PER_HOUR + 10)]
+    for b in bad:
+        spoil(engine, "UPDATE runs SET cost_eur = -1 WHERE id = :rid", rid=b.id)
+    tk = _ticker(engine, attestor)
+    t = utcnow()
+    tk.tick(t)
+    tk.tick(later(t, 5))
+    assert len(quarantined(engine)) == len(bad)  # every row recorded, once
+    keys = quarantine_alerts(engine)
+    assert len([k for k in keys if k.startswith("quarantine:run:")]) == ALERTS_PER_HOUR
+    with engine.connect() as conn:
+        summary = conn.execute(select(alerts.c.title).where(alerts.c.dedupe_key.like("quarantine-many:%"))).scalars().all()
+    assert len(summary) == 1 and "malformed rows" in summary[0]
+    # A restarted daemon reports none of them again.
+    _ticker(engine, attestor).tick(later(t, 10))
+    assert len(quarantined(engine)) == len(bad)
+
+
+def test_an_id_any_writer_chose_is_quoted_in_the_command_an_alert_suggests(db_url, engine, attestor):
+    evil = "$(touch /tmp/x)"
+    wd = Watchdog(db_url)
+    try:
+        with wd.run(agent="victim", run_id=evil, guards=False):
+            spoil(engine, "UPDATE runs SET cost_eur = -1 WHERE id = :rid", rid=evil)
+            _ticker(engine, attestor).tick(utcnow())
+            spoil(engine, "UPDATE runs SET cost_eur = 0 WHERE id = :rid", rid=evil)
+    finally:
+        wd.close()
+    with engine.connect() as conn:
+        body = conn.execute(select(alerts.c.body).where(alerts.c.dedupe_key == f"quarantine:run:{evil}")).scalar()
+    assert "agent-watchdog show '$(touch /tmp/x)'" in body
+
+
+def test_the_sdk_refuses_what_the_store_would_refuse(sqlite_url):
+    victim = BadRun(sqlite_url)
+    try:
+        with pytest.raises(ValueError, match="cost_eur: expected a number from 0 to"):
+            victim.run.step(model="gpt-x", cost_eur=2e15)
+        with pytest.raises(ValueError, match="tokens_in: expected an integer from 0 to"):
+            victim.run.step(model="gpt-x", tokens_in=3_000_000_000)
+    finally:
+        victim.close()

@@ -11,6 +11,8 @@ Pure: numbers in, decisions and texts out.
 
 from __future__ import annotations
 
+import shlex
+
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -138,7 +140,7 @@ def _used(f: RunFacts) -> Totals:
 
 
 def what_to_do(f: RunFacts, prof, reason: str) -> list[str]:
-    rid = f.id[:8]
+    rid = shlex.quote(f.id[:8])  # an id any store writer chose: a command safe to paste
     others = ", ".join(f"--{b.add_option} {'X' if b.unit == 'EUR' else 'N'}" for b in PAUSABLE if b.reason != reason)
     return [f"to continue: agent-watchdog resume {rid} {suggestion(reason, _used(f), prof)}   (or {others})",
             f"to stop:     agent-watchdog kill {rid}"]

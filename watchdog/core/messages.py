@@ -8,6 +8,7 @@ the command to look closer.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import dataclass
 
 from watchdog.core.budgets import Budgets, Totals, counter_lines
@@ -69,7 +70,7 @@ def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:
     if f.partial:
         at = f"stopped at {f.reason} " if f.reason else ""
         tail.append(f"{at}with a partial answer: {' '.join(f.partial.split())[:300]}")
-    tail += ["", f"agent-watchdog show {f.id[:8]}"]
+    tail += ["", f"agent-watchdog show {shlex.quote(f.id[:8])}"]  # an id any writer chose: safe to paste
     return "\n".join(head + lines + tail)
 
 

@@ -87,9 +87,15 @@ def validate_name(name: str, value, max_chars: int) -> str:
     return value
 
 
+# What one record may carry: the store's event columns are 32-bit, and its checks refuse
+# amounts past MAX_AMOUNT (migration 0007). Refused here, with the fix, rather than dropped there.
+MAX_COUNT = 2**31 - 1
+MAX_AMOUNT = 1e15
+
+
 def validate_count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"{name}: expected an integer from 0 to {MAX_COUNT}, got {one_line(value, 40)}")
     return value
 
 
@@ -98,6 +104,7 @@ def validate_tokens(tokens_in, tokens_out) -> tuple[int, int]:
 
 
 def validate_amount(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}: expected a number >= 0, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 <= value < MAX_AMOUNT):
+        raise ValueError(f"{name}: expected a number from 0 to {MAX_AMOUNT:.0e}, got {one_line(value, 40)}")
     return float(value)

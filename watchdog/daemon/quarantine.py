@@ -16,18 +16,24 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import shlex
 
 from sqlalchemy import select
 
+from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.text import one_line
 from watchdog.daemon.scan import LIGHT, MEASURES, Defect
 from watchdog.store.actions import enqueue_alert, queued, record
-from watchdog.store.schema import runs
+from watchdog.store.schema import interventions, runs
 
 log = logging.getLogger("watchdog.tick")
 
 QUARANTINED = "quarantined"
+# One alert per bad row, up to this many an hour; past it, the rows are recorded (interventions)
+# and one summary alert an hour counts them: 10,000 bad rows are not 10,000 pages.
+ALERTS_PER_HOUR = 20
+MALFORMED_ROW, MALFORMED_EVENT = "malformed_row", "malformed_event"  # the intervention's reason
 # A run older than this, or stamped further than this in the future, has a broken clock
 # column, not a long life: 30 years / 1 day.
 MAX_AGE_S = 30 * 365 * 86400.0
@@ -61,6 +67,23 @@ def light_defect(r, now_s: float) -> str:
     return "; ".join(problems) or "its row cannot be judged"
 
 
+class Malformed(ValueError):
+    """A row the daemon cannot act on, with what is wrong in the daemon's own words."""
+
+
+_STAGES = frozenset(s.value for s in lc.Stage)
+
+
+def check_actionable(row) -> None:
+    """What the stop ladder reads and the checks would have refused: an unknown kill mode or
+    ladder stage would leave a stopping run on a step nobody takes (never escalated, never
+    reported)."""
+    if row.kill_mode not in lc.KILL_MODES:
+        raise Malformed("kill_mode is not one of " + ", ".join(lc.KILL_MODES))
+    if row.signal_stage is not None and row.signal_stage not in _STAGES:
+        raise Malformed("signal_stage is not a stage of the stop ladder")
+
+
 class Quarantine:
     """What this daemon reported, so a bad row costs one query at most once per run."""
 
@@ -69,6 +92,9 @@ class Quarantine:
         self.sealer = sealer
         self._reported: set[str] = set()
         self.logged: set[str] = set()
+        self._window: int | None = None  # the hour the alert count is for
+        self._alerts = 0
+        self.suppressed = 0  # rows recorded without an alert of their own this hour
 
     @staticmethod
     def key(d: Defect) -> str:
@@ -88,15 +114,26 @@ class Quarantine:
             return False
         if len(self._reported) > _MEMO_MAX:
             self._reported.clear()
-        if queued(conn, key):
+        known = _known_run(conn, rid)
+        if queued(conn, key) or (known and d.event_id is None and _recorded(conn, rid)):
             self._reported.add(key)
             return False
+        window = int(now.timestamp() // 3600)
+        if window != self._window:
+            self._window, self._alerts, self.suppressed = window, 0, 0
         shown = one_line(rid, 40) if rid else "(none)"
         what = one_line(d.detail, 300)
         log.warning("run %s: %s: quarantined (not judged while it stays so)", shown, what)
-        iid = record(conn, at=now, action=QUARANTINED, by=self.by, run_id=rid if _known_run(conn, rid) else None,
+        iid = record(conn, at=now, action=QUARANTINED, by=self.by, run_id=rid if known else None,
+                     reason=MALFORMED_EVENT if d.event_id is not None else MALFORMED_ROW,
                      detail={"problem": what, "event_id": d.event_id, "run_id": shown},
                      outcome="not judged while the row stays malformed; every other run judged as usual")
+        self._reported.add(key)
+        if self._alerts >= ALERTS_PER_HOUR:
+            self.suppressed += 1
+            self._summary(conn, now, window)
+            return True
+        self._alerts += 1
         subject = f"event {d.event_id} of run {shown}" if d.event_id is not None else f"run {shown}"
         title = f"agent-watchdog: {subject} cannot be judged — quarantined"
         body = (f"run {shown}\nwhat is wrong: {what}\n"
@@ -105,11 +142,26 @@ class Quarantine:
                    "This run's row cannot be judged: no budget is enforced on it until the row is fixed. "
                    "Written by hand, by a client in another language, or corrupted.\n")
                 + "Every other run is judged as usual.\n"
-                + (f"agent-watchdog show {shown}" if rid else ""))
-        enqueue_alert(conn, key, title, body, now=now, run_id=rid if _known_run(conn, rid) else None,
+                + (f"agent-watchdog show {shlex.quote(shown)}" if rid else ""))
+        enqueue_alert(conn, key, title, body, now=now, run_id=rid if known else None,
                       intervention_id=iid, sealer=self.sealer)
-        self._reported.add(key)
         return True
+
+    def _summary(self, conn, now: dt.datetime, window: int) -> None:
+        """One alert an hour for the rows past ALERTS_PER_HOUR (its count is the first moment's)."""
+        enqueue_alert(conn, f"quarantine-many:{self.by}:{window}"[:255],
+                      f"agent-watchdog: more than {ALERTS_PER_HOUR} malformed rows this hour — quarantined",
+                      f"More than {ALERTS_PER_HOUR} rows or events of the store could not be judged this hour; each "
+                      f"is recorded as a `quarantined` intervention (not alerted one by one). Every other run is "
+                      f"judged as usual. Someone or something is writing malformed rows: look at the interventions "
+                      f"(agent-watchdog show RUN) and at the writers of the store.", now=now, sealer=self.sealer)
+
+
+def _recorded(conn, rid: str) -> bool:
+    """This run's quarantine was recorded before (an intervention, with or without its alert)."""
+    return conn.execute(select(interventions.c.id).where(
+        interventions.c.run_id == rid, interventions.c.action == QUARANTINED,
+        interventions.c.reason == MALFORMED_ROW).limit(1)).first() is not None
 
 
 def _known_run(conn, rid: str | None) -> bool:

@@ -30,7 +30,7 @@ from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
 from watchdog.daemon.lease import LeaseLost
-from watchdog.daemon.quarantine import FUTURE_S, MAX_AGE_S, Quarantine, light_defect
+from watchdog.daemon.quarantine import FUTURE_S, MAX_AGE_S, Malformed, Quarantine, check_actionable, light_defect
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Defect, Scanner
 from watchdog.store.engine import read_connection, store_unavailable
 from watchdog.store.schema import alerts, interventions
@@ -178,10 +178,11 @@ class Ticker:
                 except Exception as exc:  # one bad row must not stop the scan of the others...
                     if store_unavailable(exc):
                         raise  # ...but a store that is down or locked fails them all: retry the whole tick
-                    if row.id not in self.quarantine.logged:  # the traceback once: it may be our bug
+                    if not isinstance(exc, Malformed) and row.id not in self.quarantine.logged:  # once: our bug?
                         self.quarantine.logged.add(row.id)
                         log.exception("run %s: evaluation failed", one_line(row.id, 40))
-                    self.scanner.defects.append(Defect(row.id, f"its evaluation failed ({type(exc).__name__})"))
+                    detail = str(exc) if isinstance(exc, Malformed) else f"its evaluation failed ({type(exc).__name__})"
+                    self.scanner.defects.append(Defect(row.id, detail))
             self._report_defects(now, rep, batch)
         except BaseException:
             batch.close()  # rolled back: the next tick finds the same runs over budget
@@ -369,6 +370,7 @@ class Ticker:
     # -- one run -------------------------------------------------------------
 
     def _one(self, row, now, rep, live, sharing, batch):
+        check_actionable(row)
         budgets = effective_budgets(self.config.profile(row.agent), row)
         st = self.scanner.stats.get(row.id)
         top = st.top_tool() if st else None
