@@ -301,3 +301,16 @@ def test_a_claim_from_a_clock_that_went_back_does_not_hold_the_alerts(engine, se
     # The clock is set back an hour: that claim would otherwise hold the alert for an hour.
     report = deliver_due(engine, Notifier([http.url()]), at(-3600), sealer=sealer, budget_s=5.0)
     assert report.delivered == 1 and titles_received(http) == [title]
+
+
+def test_forged_rows_queued_ahead_of_a_real_alert_do_not_hold_it_back(engine, sealer, http):
+    """Refusing is cheap: a pass goes on claiming while its budget lasts, so 300 forged rows
+    (six batches) ahead of a real alert cost it nothing."""
+    with engine.begin() as conn:
+        conn.execute(insert(alerts), [dict(dedupe_key=f"forged:{i}", created_at=T0, title="pay now", body="forged",
+                                           attempts=0, next_attempt_at=T0, delivered_targets=[],
+                                           sealed_by=sealer.host, mac="0" * 64) for i in range(300)])
+    real = queue(engine, sealer, 1, "real")
+    report = deliver_due(engine, Notifier([http.url()]), at(1), sealer=sealer, batch=50)
+    assert report.refused == 300
+    assert set(real) <= set(titles_received(http)) and "pay now" not in titles_received(http)

@@ -69,7 +69,7 @@ def backoff_s(attempts: int, first_s: float) -> float:
 
 def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s: float = 30.0,
                 expire_s: float = 86400.0, budget_s: float = 5.0, on_result=None, on_dead=None,
-                batch: int = BATCH, _again: bool = True) -> DeliveryReport:
+                batch: int = BATCH, _rounds: int = 100) -> DeliveryReport:
     """Deliver every alert this daemon sealed that is due, within `budget_s` seconds; never
     raises for a target that is down or a row that is bad (a store that is down raises)."""
     deadline = time.monotonic() + budget_s
@@ -121,10 +121,14 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
         except Exception as exc:  # noqa: BLE001 — the claims expire on their own
             log.warning("could not release this pass's alert claims (they expire by themselves): %s",
                         type(exc).__name__)
-    if refused and _again:  # the daemon's own word on the refused rows goes out now, not a tick later
+    # Another round while time is left: the daemon's own word on the refused rows goes out now,
+    # not a tick later, and a full batch means more are due (a million forged rows ahead of a real
+    # alert must not hold it back for hours at one batch a tick: refusing is cheap).
+    left_s = deadline - time.monotonic()
+    if _rounds > 1 and (refused or len(ids) >= batch) and (left_s > 0 or (refused and _rounds == 100)):
         more = deliver_due(engine, notifier, now, sealer=sealer, retry_s=retry_s, expire_s=expire_s,
-                           budget_s=max(1.0, deadline - time.monotonic()), on_result=on_result, on_dead=on_dead,
-                           batch=batch, _again=False)
+                           budget_s=max(1.0, left_s), on_result=on_result, on_dead=on_dead,
+                           batch=batch, _rounds=_rounds - 1)
         report.delivered += more.delivered
         report.failed += more.failed
         report.refused += more.refused
