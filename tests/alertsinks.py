@@ -13,6 +13,7 @@ import email.policy
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote
 
@@ -126,11 +127,15 @@ class HttpSink:
 
     def __init__(self) -> None:
         self._inbox = _Inbox()
+        self.delay_s = 0.0  # answer each POST this late (a slow target, not a dead one)
         inbox = self._inbox
+        sink = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if sink.delay_s:
+                    time.sleep(sink.delay_s)
                 code = inbox.take_failure()
                 if code is None:
                     try:

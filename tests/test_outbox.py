@@ -314,3 +314,19 @@ def test_forged_rows_queued_ahead_of_a_real_alert_do_not_hold_it_back(engine, se
     report = deliver_due(engine, Notifier([http.url()]), at(1), sealer=sealer, batch=50)
     assert report.refused == 300
     assert set(real) <= set(titles_received(http)) and "pay now" not in titles_received(http)
+
+
+def test_a_slow_target_that_answers_after_the_pass_gave_up_is_not_sent_the_alert_again(engine, sealer, http):
+    titles = queue(engine, sealer, 1, "slow")
+    http.delay_s = 1.5
+    notifier = Notifier([http.url()], timeout_s=30)
+    first = deliver_due(engine, notifier, at(1), sealer=sealer, budget_s=0.3)
+    assert first.delivered == 0  # the pass stopped waiting...
+    assert http.wait_for(1, 30)  # ...the target got it anyway, late
+    deadline = time.monotonic() + 30
+    while notifier.busy() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    http.delay_s = 0.0
+    second = deliver_due(engine, notifier, at(3600), sealer=sealer, budget_s=5)
+    assert second.delivered == 1
+    assert titles_received(http) == titles  # once

@@ -40,6 +40,9 @@ class Lanes:
         self._fail = fail  # the result of a send that did not happen or did not finish
         self._lock = threading.Lock()
         self._last: dict[str, _Run] = {}  # target id -> its lane's last run
+        # Sends that succeeded after their pass stopped waiting: the next pass counts them instead of
+        # sending again (a target that is merely slow would otherwise get every alert twice).
+        self._late: dict[str, dict[Hashable, Result]] = {}
 
     def busy(self) -> list[str]:
         """Ids of the targets whose abandoned send is still running."""
@@ -52,6 +55,12 @@ class Lanes:
         out: dict[tuple[Hashable, str], Result] = {}
         started: dict[Target, _Run] = {}
         for target, jobs in work.items():
+            with self._lock:
+                late = self._late.pop(target.id, {})
+            for key, _, _ in jobs:
+                if key in late:
+                    out[(key, target.id)] = late.pop(key)
+            jobs = [j for j in jobs if (j[0], target.id) not in out]
             if not jobs:
                 continue
             with self._lock:  # checked and taken at once: two callers never start two threads for one target
@@ -90,5 +99,9 @@ class Lanes:
                 result = self._fail(target, f"delivery failed: {type(exc).__name__}")
             with self._lock:
                 if run.abandoned:
+                    if getattr(result, "ok", False):
+                        late = self._late.setdefault(target.id, {})
+                        if len(late) < 1000:
+                            late[key] = result
                     return
                 run.results[key] = result
