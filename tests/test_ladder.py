@@ -448,7 +448,7 @@ def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, 
     assert iv.actor.startswith("cli@")
     (alert,) = alerts_of(engine, agent.run_id)  # sealed by the key's holder
     assert alert.title == f"agent-watchdog: stopped bot run {agent.run_id[:8]} — manual"
-    assert attestor.sealer.alert_ok(alert.mac, alert.dedupe_key, alert.title, alert.body)
+    assert attestor.sealer.alert_ok(alert.mac, alert.dedupe_key, alert.title, alert.body, alert.created_at)
 
     tk = ticker(engine, attestor)
     t = row.stop_requested_at

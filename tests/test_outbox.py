@@ -330,3 +330,15 @@ def test_a_slow_target_that_answers_after_the_pass_gave_up_is_not_sent_the_alert
     second = deliver_due(engine, notifier, at(3600), sealer=sealer, budget_s=5)
     assert second.delivered == 1
     assert titles_received(http) == titles  # once
+
+
+def test_a_delivered_alert_made_new_again_by_hand_is_refused(engine, sealer, http):
+    titles = queue(engine, sealer, 1, "once")
+    assert deliver_due(engine, Notifier([http.url()]), at(1), sealer=sealer).delivered == 1
+    with engine.begin() as conn:  # a store writer replays it: undelivered, and new
+        conn.execute(text("UPDATE alerts SET delivered_at = NULL, delivered_targets = NULL, attempts = 0, "
+                          "next_attempt_at = NULL, created_at = :t"), {"t": at(7200).replace(tzinfo=None)
+                                                                      if engine.dialect.name == "sqlite" else at(7200)})
+    again = deliver_due(engine, Notifier([http.url()]), at(7201), sealer=sealer)
+    assert again.refused == 1  # (what is delivered is the daemon's own word on the refusal)
+    assert [t for t in titles_received(http) if t in titles] == titles  # once

@@ -99,3 +99,17 @@ def test_a_key_file_owned_by_another_user_is_refused(tmp_path):
     os.chown(path, 65534, -1)
     with pytest.raises(ConfigError, match="owned by uid 65534"):
         keyfile.load_or_create(str(path))
+
+
+def test_an_alert_seal_covers_its_age():
+    import datetime as dt
+
+    s = Sealer(KEY)
+    t = dt.datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=dt.timezone.utc)
+    mac = s.alert("stop:r", "title", "body", t)
+    assert s.alert_ok(mac, "stop:r", "title", "body", t)
+    assert s.alert_ok(mac, "stop:r", "title", "body", t.replace(tzinfo=None))  # SQLite gives it back naive
+    assert not s.alert_ok(mac, "stop:r", "title", "body", t + dt.timedelta(hours=1))  # made new again
+    assert not s.alert_ok(mac, "stop:r", "title", "body")
+    old = s.alert("stop:r", "title", "body")  # a row sealed before the age was: still verifies
+    assert s.alert_ok(old, "stop:r", "title", "body", t)

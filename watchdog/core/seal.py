@@ -76,15 +76,33 @@ class Sealer:
 
     # -- alerts ----------------------------------------------------------------------
 
-    def alert(self, dedupe_key: str, title: str, body: str) -> str:
-        return self._mac("alert/1", dedupe_key, title, body)
+    def alert(self, dedupe_key: str, title: str, body: str, created_at=None) -> str:
+        """The seal of an alert; with `created_at` (every alert the outbox queues) its age is
+        sealed too, so a delivered alert cannot be made new again (and sent again) by hand."""
+        if created_at is None:
+            return self._mac("alert/1", dedupe_key, title, body)
+        return self._mac("alert/2", dedupe_key, title, body, _instant(created_at))
 
-    def alert_ok(self, mac, dedupe_key, title, body) -> bool:
+    def alert_ok(self, mac, dedupe_key, title, body, created_at=None) -> bool:
+        """A row sealed before the age was (alert/1) still verifies: it expires (alert_expire_s)
+        like any other, and retention removes it."""
         try:
-            expected = self.alert(dedupe_key, title, body)
-        except (TypeError, ValueError):
+            if created_at is not None and self._ok(self.alert(dedupe_key, title, body, created_at), mac):
+                return True
+            return self._ok(self.alert(dedupe_key, title, body), mac)
+        except (TypeError, ValueError, AttributeError):
             return False
-        return self._ok(expected, mac)
+
+
+def _instant(t) -> str:
+    """One text per instant, whatever the database gives back (aware UTC, microseconds)."""
+    import datetime as dt
+
+    if not isinstance(t, dt.datetime):
+        raise TypeError(f"cannot seal a {type(t).__name__} as a time")
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
 
 
 def _canon(value) -> str:

@@ -88,7 +88,7 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
                 outcome = unreadable or rows.problem(row)
                 if outcome is not None:
                     _dead(engine, token, alert_id, now, outcome, UNUSABLE, report, on_dead)
-                elif not sealer.alert_ok(row.mac, row.dedupe_key, row.title, row.body):
+                elif not sealer.alert_ok(row.mac, row.dedupe_key, row.title, row.body, row.created_at):
                     refused.append(alert_id)
                 elif row.created_at < now - dt.timedelta(seconds=expire_s):
                     why = (f"dead letter: not delivered to every target within alert_expire_s ({expire_s:g} s)"

@@ -468,11 +468,11 @@ class Ticker:
         if self.sealer is None:
             return False
         # On the caller's connection: a second one would wait for the write lock the caller holds.
-        a = conn.execute(select(alerts.c.dedupe_key, alerts.c.title, alerts.c.body, alerts.c.mac)
+        a = conn.execute(select(alerts.c.dedupe_key, alerts.c.title, alerts.c.body, alerts.c.mac, alerts.c.created_at)
                          .where(alerts.c.dedupe_key == f"stop:{row.id}")).first()
         if a is None or not isinstance(a.body, str) or ACK_MARK in a.body:
             return False
-        return self.sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body)
+        return self.sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at)
 
     def _acknowledge(self, row, f, budgets, now, batch):
         """A stopping run whose stop this daemon did not request (the run's guard, the CLI,

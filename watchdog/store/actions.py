@@ -55,7 +55,7 @@ def enqueue_alert(conn, key: str, title: str, body: str, *, now: dt.datetime, ru
     conn.execute(insert(alerts).values(
         dedupe_key=key, title=title, body=body, created_at=now, run_id=run_id,
         intervention_id=intervention_id, attempts=0, next_attempt_at=now, delivered_targets=[],
-        sealed_by=sealer.host, mac=sealer.alert(key, title, body)))
+        sealed_by=sealer.host, mac=sealer.alert(key, title, body, now)))
     return True
 
 
