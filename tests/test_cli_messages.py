@@ -321,7 +321,9 @@ def test_run_verbose_is_about_the_watchdog_not_urllib3(tmp_path, sqlite_url, htt
 
 @pytest.mark.slow
 def test_a_skipped_job_is_logged_once(tmp_path, sqlite_url):
-    """A delivery slower than the tick: every skip is one line, ours; APScheduler's own is not repeated."""
+    """A delivery slower than the tick: each overrun is one line of ours ("skipped N time(s)"),
+    never a line per missed interval. (The first pass waits out its budget on the silent target;
+    later ones find its lane busy and return at once, so one overrun is what there is to see.)"""
     import socket
 
     silent = socket.socket()
@@ -342,7 +344,7 @@ def test_a_skipped_job_is_logged_once(tmp_path, sqlite_url):
         lines: list[str] = []
         deadline = time.monotonic() + 60
         try:
-            while time.monotonic() < deadline and sum("deliver job skipped" in line for line in lines) < 3:
+            while time.monotonic() < deadline and sum("deliver job skipped" in line for line in lines) < 1:
                 line = proc.stderr.readline()
                 if not line:
                     break
@@ -354,7 +356,8 @@ def test_a_skipped_job_is_logged_once(tmp_path, sqlite_url):
     finally:
         silent.close()
     log = "".join(lines)
-    assert sum("deliver job skipped" in line for line in lines) >= 3, log
+    skips = [line for line in lines if "deliver job skipped" in line]
+    assert skips and all(re.search(r"skipped \d+ time\(s\)", line) for line in skips), log
     assert "maximum number of running instances" not in log and "apscheduler" not in log, log
 
 

@@ -143,7 +143,7 @@ def test_a_hanging_target_delays_no_healthy_one_and_holds_one_thread(engine, sea
         notifier = Notifier([hang.url(read_timeout_s=120), http.url()], timeout_s=120)
         hung, healthy = notifier.targets
 
-        report = deliver_due(engine, notifier, at(1), sealer=sealer, budget_s=10)
+        report = deliver_due(engine, notifier, at(1), sealer=sealer, budget_s=4)
 
         assert titles_received(http) == sorted(titles)  # within the one pass
         assert report.failed == len(titles) and report.delivered == 0
