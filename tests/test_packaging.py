@@ -67,7 +67,7 @@ def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
     # Our own name: `agent-watchdog` on PyPI is an unrelated project.
     assert "\nName: agent-watchdog-daemon\n" in metadata
     assert "Requires-Python: >=3.11" in metadata
-    for dep in ("psutil", "sqlalchemy", "alembic", "apscheduler", "click", "apprise", "genai-prices"):
+    for dep in ("psutil", "sqlalchemy", "alembic", "click", "apprise", "genai-prices"):
         assert f"requires-dist: {dep}" in metadata.lower(), dep
     assert "extra == 'postgres'" in metadata and "extra == 'test'" in metadata
 
