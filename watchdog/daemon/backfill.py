@@ -25,7 +25,8 @@ from sqlalchemy import and_, case, func, select, update
 from watchdog.core import lifecycle as lc
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.prices import PriceBook
-from watchdog.daemon.scan import ID_OVERLAP, read_isolated
+from watchdog.daemon.isolation import read_isolated
+from watchdog.daemon.scan import ID_OVERLAP
 from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import events, runs
 

@@ -112,7 +112,7 @@ class ClusterDuties:
         ]
 
     def run(self, t: DutyTick) -> None:
-        from watchdog.daemon.ticker import store_unavailable
+        from watchdog.store.engine import store_unavailable
 
         for name, job in self.jobs:
             try:

@@ -23,7 +23,8 @@ from sqlalchemy import select
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.text import one_line
-from watchdog.daemon.scan import LIGHT, MEASURES, Defect
+from watchdog.daemon.isolation import Defect
+from watchdog.daemon.scan import LIGHT, MEASURES
 from watchdog.store.actions import enqueue_alert, queued, record
 from watchdog.store.schema import interventions, runs
 

@@ -11,15 +11,15 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sqlalchemy import and_, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, stop_plan
-from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, Budgets, effective, effective_budgets
+from watchdog.core.budgets import effective_budgets
 from watchdog.core.config import Config
+from watchdog.daemon.batch import Batch
 from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
@@ -30,55 +30,14 @@ from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
 from watchdog.daemon.lease import LeaseLost
-from watchdog.daemon.quarantine import FUTURE_S, MAX_AGE_S, Malformed, Quarantine, check_actionable, light_defect
-from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, Defect, Scanner
+from watchdog.daemon.quarantine import Malformed, Quarantine, check_actionable
+from watchdog.daemon.isolation import Defect
+from watchdog.daemon.prefilter import PreFilter
+from watchdog.daemon.scan import L, RATE_WINDOW_S, Scanner
 from watchdog.store.engine import read_connection, store_unavailable
 from watchdog.store.schema import alerts, interventions
 
 log = logging.getLogger("watchdog.tick")
-# The pre-filter's clock checks fire this much early: the database's epoch seconds are
-# floats, the policies compare datetimes; early only costs one full evaluation.
-SLACK_S = 1.0
-
-
-class _Batch:
-    """The tick's writes for running runs (stop requests, lost runs, rate alarms) in ONE
-    transaction, opened at the first write, with a SAVEPOINT per run so a failing run rolls
-    back only its own rows: one commit per tick instead of one per run."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.conn = None
-        self.tx = None
-
-    @contextmanager
-    def run(self):
-        if self.conn is None:
-            self.conn = self.engine.connect()
-            self.tx = self.conn.begin()
-        sp = self.conn.begin_nested()
-        try:
-            yield self.conn
-        except BaseException:
-            sp.rollback()
-            raise
-        sp.commit()
-
-    def commit(self):
-        if self.conn is None:
-            return
-        try:
-            self.tx.commit()
-        finally:
-            self.close()
-
-    def close(self):
-        """Without a commit: what is pending is rolled back."""
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            finally:
-                self.conn = self.tx = None
 
 
 @dataclass
@@ -126,7 +85,7 @@ class Ticker:
         self.duties = ClusterDuties(engine, config, circuits=circuits, by=self.by, sealer=sealer)
         self._judged: frozenset | None = None  # this tick's hosts (None: every host)
         self._rate_alarmed: dict[str, dt.datetime] = {}
-        self._budget_memo: dict[tuple, tuple] = {}
+        self.prefilter = PreFilter(config)  # which runs need a full evaluation this tick
         self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.approvals)
         self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
         self.quarantine = Quarantine(self.by, sealer)  # rows that cannot be judged, reported once
@@ -156,7 +115,9 @@ class Ticker:
             # The leader reads every host's tool events (circuits, the all-runs rate); the others their own.
             new = self.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else role.hosts)
             spend = money.live_spend() if money is not None else None
-            due = self._due(light, now, live, spend)
+            due = self.prefilter.due(light, now, live, spend, stats=self.scanner.stats, host=self.killer.host,
+                                     judged=self._judged, resume_seen=self._resume_seen,
+                                     skip_clock=self._skip_clock, defects=self.scanner.defects)
             if money is not None:
                 money.read(conn, now, self.scanner.high_water)
                 self.scanner.defects.extend(money.backfill.defects)  # unreadable steps: reported with the rest
@@ -170,7 +131,7 @@ class Ticker:
         rep.events = new
         rep.active = len(mine)
         sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light) if any(r.status == lc.STOPPING for r in rows) else {}
-        batch = _Batch(self.engine)
+        batch = Batch(self.engine)
         try:
             for row in rows:
                 try:
@@ -227,7 +188,7 @@ class Ticker:
         rep.periods = money.judge(spend, now)
         again = {r.run_id for r, _cost in bf.deltas if r.status in lc.ACTIVE_STATUSES}
         if money.closed:  # the running runs a spent period budget covers are due too
-            again.update(set(self._closing(light, due, money)) - set(due))
+            again.update(set(PreFilter.closing(light, due, money)) - set(due))
         if again:
             with self._read_snapshot() as conn:
                 fresh = self.scanner.load_rows(conn, sorted(again))
@@ -261,111 +222,6 @@ class Ticker:
             if store_unavailable(exc):
                 raise
             log.exception("period budgets / drift / unpriced alerts failed this tick")
-
-    # -- which runs need a full evaluation ---------------------------------------
-
-    def _budgets_of(self, r) -> Budgets:
-        """The effective budgets of a light row, memoised: few distinct (agent, own budgets) exist."""
-        return self._limits_of(r)[0]
-
-    def _limits_of(self, r) -> tuple:
-        """(budgets, [(light index, limit) of each counter budget], age limit, silence limit,
-        identical-calls limit, rate limit), memoised per (agent, own budgets)."""
-        key = (r[L["agent"]], bool(r[L["resumes"]]), *r[OWN_BUDGETS])
-        memo = self._budget_memo.get(key)
-        if memo is None:
-            b = effective(self.config.profile(key[0]), dict(zip(RUN_BUDGET_KEYS, key[2:])), raised=key[1])
-            counters = [(L[x.measure], getattr(b, x.key)) for x in BUDGETS if x.measure in MEASURES]
-            limit = {x.measure: getattr(b, x.key) for x in BUDGETS}
-            memo = (b, counters, limit["age_s"] - SLACK_S, limit["silent_s"] - SLACK_S, limit["identical_calls"],
-                    limit["calls_last_min"])
-            if len(self._budget_memo) > 10_000:
-                self._budget_memo.clear()
-            self._budget_memo[key] = memo
-        return memo
-
-    def _due(self, light, now, live, spend=None) -> list[str]:
-        """Ids of the runs `_one` might act on: a superset of them, never fewer.
-
-        A healthy running run is skipped without building a row, a snapshot or facts:
-        the checks below are the budgets' own comparisons (the clock ones SLACK_S early)
-        and `_gone`'s conditions. The policies still decide, on the whole row.
-        `spend` (watchdog.daemon.money.LiveSpend): this same pass over every active run sums
-        their live cost per agent and label budget, for the period budgets.
-        """
-        now_s = now.timestamp()
-        horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
-        stats = self.scanner.stats
-        recheck_s = 2 * self.config.daemon.tick_s - SLACK_S
-        my_host = self.killer.host
-        i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
-        i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
-        i_cost, i_resumes = L["cost_eur"], L["resumes"]
-        judged = self._judged
-        per_agent = spend.per_agent if spend is not None else None
-        covered = spend.covered if spend is not None else None
-        if spend is not None:
-            spend.light, spend.i_id = light, i_id
-            labelled, new = spend.labelled, spend.new
-        i_steps, i_calls, i_tokens = L["steps"], L["tool_calls"], L["tokens"]
-        due = []
-        defects = self.scanner.defects
-        for r in light:
-            rid = r[i_id]
-            try:
-                # What the comparisons below cannot see by themselves: a NaN or negative counter,
-                # a non-finite or absurd timestamp all compare as "under budget" (fail closed).
-                # Text or NULL where a number belongs raises: the except below, for this run only.
-                cost, seen_s = r[i_cost], r[i_seen]
-                age_s, silent_s = now_s - r[i_started], now_s - seen_s
-                if not (cost >= 0 and r[i_steps] >= 0 and r[i_calls] >= 0 and r[i_tokens] >= 0
-                        and -FUTURE_S < age_s < MAX_AGE_S and -FUTURE_S < silent_s < MAX_AGE_S
-                        and rid.__class__ is str and "\ufffd" not in r[i_agent]):  # see store.engine
-                    raise ValueError("malformed")
-                if per_agent is not None:
-                    per_agent[r[i_agent]] += cost
-                    if covered is not None:
-                        scopes = covered.get(rid)
-                        if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
-                            new.append((rid, cost))
-                        elif scopes:
-                            for scope in scopes:
-                                labelled[scope] += cost
-                if judged is not None and r[i_host] not in judged:
-                    continue  # another host's run: its own daemon judges it (only its spend counted here)
-                if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in self._resume_seen):
-                    due.append(rid)  # not running, or resumed and its resume not alerted yet
-                    continue
-                _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self._limits_of(r)
-                over = not self._skip_clock and (age_s > age_limit or silent_s > silence_limit)
-                for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
-                    if over or r[i] > limit:
-                        over = True
-                        break
-                if over:
-                    due.append(rid)
-                    continue
-                st = stats.get(rid)
-                if st is not None and (st.max_signature >= identical_limit
-                                       or st.recent_upper_bound(horizon) > rate_limit):
-                    due.append(rid)
-                    continue
-                host, pid, ctime = r[i_host], r[i_pid], r[i_ctime]
-                if (live is not None and host == my_host and pid and ctime is not None
-                        and (pid not in live or now_s - seen_s >= recheck_s)):
-                    due.append(rid)
-            except Exception:  # noqa: BLE001 — a malformed row costs only itself (quarantine.py)
-                defects.append(Defect(rid if isinstance(rid, str) else None, light_defect(r, now_s)))
-        return due
-
-    @staticmethod
-    def _closing(light, due: list[str], money) -> list[str]:
-        """`due` plus the running runs a spent period budget covers (a second pass, only then)."""
-        seen = set(due)
-        i_id, i_agent, i_status = L["id"], L["agent"], L["status"]
-        extra = [r[i_id] for r in light if r[i_status] == lc.RUNNING and r[i_id] not in seen
-                 and money.closing(r[i_id], r[i_agent]) is not None]
-        return due + extra
 
     # -- one run -------------------------------------------------------------
 

@@ -1,0 +1,126 @@
+"""Which active runs may need the tick's full evaluation: the pre-filter over light rows.
+
+At 10,000 active runs most are healthy and must cost almost nothing: this pass reads
+only the light row (watchdog.daemon.scan.LIGHT) and compares it with the run's effective
+budgets, memoised per (agent, own budgets). It returns a superset of the runs the tick
+acts on, never fewer; the policies still decide, on the whole row. A light row that is
+malformed becomes a Defect (this run only; quarantine.py reports it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, effective
+from watchdog.core.config import Config
+from watchdog.daemon.isolation import Defect
+from watchdog.daemon.quarantine import FUTURE_S, MAX_AGE_S, light_defect
+from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S
+
+# The pre-filter's clock checks fire this much early: the database's epoch seconds are
+# floats, the policies compare datetimes; early only costs one full evaluation.
+SLACK_S = 1.0
+
+
+class PreFilter:
+    def __init__(self, config: Config):
+        self.config = config
+        self._budget_memo: dict[tuple, tuple] = {}
+
+    def limits_of(self, r) -> tuple:
+        """(budgets, [(light index, limit) of each counter budget], age limit, silence limit,
+        identical-calls limit, rate limit), memoised per (agent, own budgets)."""
+        key = (r[L["agent"]], bool(r[L["resumes"]]), *r[OWN_BUDGETS])
+        memo = self._budget_memo.get(key)
+        if memo is None:
+            b = effective(self.config.profile(key[0]), dict(zip(RUN_BUDGET_KEYS, key[2:])), raised=key[1])
+            counters = [(L[x.measure], getattr(b, x.key)) for x in BUDGETS if x.measure in MEASURES]
+            limit = {x.measure: getattr(b, x.key) for x in BUDGETS}
+            memo = (b, counters, limit["age_s"] - SLACK_S, limit["silent_s"] - SLACK_S, limit["identical_calls"],
+                    limit["calls_last_min"])
+            if len(self._budget_memo) > 10_000:
+                self._budget_memo.clear()
+            self._budget_memo[key] = memo
+        return memo
+
+    def due(self, light, now, live, spend=None, *, stats, host: str, judged, resume_seen, skip_clock: bool,
+            defects: list) -> list[str]:
+        """Ids of the runs `_one` might act on: a superset of them, never fewer.
+
+        A healthy running run is skipped without building a row, a snapshot or facts:
+        the checks below are the budgets' own comparisons (the clock ones SLACK_S early)
+        and `_gone`'s conditions. The policies still decide, on the whole row.
+        `spend` (watchdog.daemon.money.LiveSpend): this same pass over every active run sums
+        their live cost per agent and label budget, for the period budgets.
+        """
+        now_s = now.timestamp()
+        horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
+        recheck_s = 2 * self.config.daemon.tick_s - SLACK_S
+        my_host = host
+        i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
+        i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
+        i_cost, i_resumes = L["cost_eur"], L["resumes"]
+        per_agent = spend.per_agent if spend is not None else None
+        covered = spend.covered if spend is not None else None
+        if spend is not None:
+            spend.light, spend.i_id = light, i_id
+            labelled, new = spend.labelled, spend.new
+        i_steps, i_calls, i_tokens = L["steps"], L["tool_calls"], L["tokens"]
+        due = []
+        for r in light:
+            rid = r[i_id]
+            try:
+                # What the comparisons below cannot see by themselves: a NaN or negative counter,
+                # a non-finite or absurd timestamp all compare as "under budget" (fail closed).
+                # Text or NULL where a number belongs raises: the except below, for this run only.
+                cost, seen_s = r[i_cost], r[i_seen]
+                age_s, silent_s = now_s - r[i_started], now_s - seen_s
+                if not (cost >= 0 and r[i_steps] >= 0 and r[i_calls] >= 0 and r[i_tokens] >= 0
+                        and -FUTURE_S < age_s < MAX_AGE_S and -FUTURE_S < silent_s < MAX_AGE_S
+                        and rid.__class__ is str and "\ufffd" not in r[i_agent]):  # see store.engine
+                    raise ValueError("malformed")
+                if per_agent is not None:
+                    per_agent[r[i_agent]] += cost
+                    if covered is not None:
+                        scopes = covered.get(rid)
+                        if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
+                            new.append((rid, cost))
+                        elif scopes:
+                            for scope in scopes:
+                                labelled[scope] += cost
+                if judged is not None and r[i_host] not in judged:
+                    continue  # another host's run: its own daemon judges it (only its spend counted here)
+                if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in resume_seen):
+                    due.append(rid)  # not running, or resumed and its resume not alerted yet
+                    continue
+                _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self.limits_of(r)
+                over = not skip_clock and (age_s > age_limit or silent_s > silence_limit)
+                for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
+                    if over or r[i] > limit:
+                        over = True
+                        break
+                if over:
+                    due.append(rid)
+                    continue
+                st = stats.get(rid)
+                if st is not None and (st.max_signature >= identical_limit
+                                       or st.recent_upper_bound(horizon) > rate_limit):
+                    due.append(rid)
+                    continue
+                host, pid, ctime = r[i_host], r[i_pid], r[i_ctime]
+                if (live is not None and host == my_host and pid and ctime is not None
+                        and (pid not in live or now_s - seen_s >= recheck_s)):
+                    due.append(rid)
+            except Exception:  # noqa: BLE001 — a malformed row costs only itself (quarantine.py)
+                defects.append(Defect(rid if isinstance(rid, str) else None, light_defect(r, now_s)))
+        return due
+
+    @staticmethod
+    def closing(light, due: list[str], money) -> list[str]:
+        """`due` plus the running runs a spent period budget covers (a second pass, only then)."""
+        seen = set(due)
+        i_id, i_agent, i_status = L["id"], L["agent"], L["status"]
+        extra = [r[i_id] for r in light if r[i_status] == lc.RUNNING and r[i_id] not in seen
+                 and money.closing(r[i_id], r[i_agent]) is not None]
+        return due + extra
