@@ -525,7 +525,7 @@ class PhaseTimer:
     Phases: load_active (SELECT of the active runs), fold (new events into the caches),
     live_pids (psutil.pids()), per-run (Ticker._one over every row: budgets, facts,
     snapshot, policies, any writes), lease (the daemons row), the money work's steps
-    (m_read, m_labels, m_price, m_judge, m_book, m_after), rest (the pre-filter `_due`, the
+    (m_read, m_labels, m_price, m_judge, m_book, m_after), rest (the pre-filter `PreFilter.due`, the
     Counter of (host, pid), loop overhead); gc = time in the cyclic garbage collector.
     """
 

@@ -379,3 +379,43 @@ def test_the_sdk_refuses_what_the_store_would_refuse(sqlite_url):
             victim.run.step(model="gpt-x", tokens_in=3_000_000_000)
     finally:
         victim.close()
+
+
+def test_an_old_bad_value_never_refuses_the_daemons_writes_to_its_other_columns(db_url, engine, attestor, bad_run):
+    """The checks look only at the columns a write changes: a step whose duration is negative
+    (from before the checks) is still priced beside a healthy one; a run whose tool_errors is
+    negative is still stopped, and so is the parent of a child whose signalled_at is bad."""
+    spoiled, healthy = bad_run(), bad_run()
+    for b in (spoiled, healthy):
+        b.run.step(model="gpt-4o", tokens_in=100_000, tokens_out=20_000)  # unpriced: no table published yet
+    spoil(engine, "UPDATE events SET duration_s = -1 WHERE run_id = :rid AND kind = 'step'", rid=spoiled.id)
+    spoil(engine, "UPDATE runs SET tool_errors = -1 WHERE id = :rid", rid=spoiled.id)
+    child = spoiled.run.child(agent="sub", guards=False)
+    child.__enter__()
+    spoil(engine, "UPDATE runs SET signalled_at = :t WHERE id = :rid", rid=child.id,
+          t="1960-01-01 00:00:00" if _backend(db_url) == "sqlite" else "1960-01-01 00:00:00+00")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET steps = 50 WHERE id = :rid"), {"rid": spoiled.id})
+    tk = _ticker(engine, attestor)
+    t = utcnow()
+    rep = tk.tick(t)
+    rep2 = tk.tick(later(t, 5))
+    assert (spoiled.id, lc.MAX_STEPS) in rep.stops + rep2.stops
+    with engine.connect() as conn:
+        costs = dict(conn.execute(select(events.c.run_id, events.c.cost_eur).where(events.c.kind == "step")).all())
+        status = dict(conn.execute(text("SELECT id, status FROM runs")).all())
+    assert costs[healthy.id] is not None and costs[healthy.id] > 0
+    assert costs[spoiled.id] is not None  # its price is written: duration_s was not touched
+    assert status[child.id] == lc.STOPPING  # the stop reached the child, whose bad column it did not touch
+
+
+def test_a_lease_written_to_last_for_ever_does_not_keep_a_dead_hosts_runs_unjudged(db_url, engine, attestor, bad_run):
+    victim = bad_run()
+    spoil(engine, "UPDATE runs SET host = 'h2', steps = 50 WHERE id = :rid", rid=victim.id)
+    spoil(engine, "INSERT INTO daemons (host, pid, pid_create_time, started_at, expires_at) "
+                  "VALUES ('h2', 1, 1.0, :now, :exp)",
+          now=utcnow().replace(tzinfo=None) if _backend(db_url) == "sqlite" else utcnow(),
+          exp="9999-12-30 00:00:00" if _backend(db_url) == "sqlite" else "9999-12-30 00:00:00+00")
+    rep = _ticker(engine, attestor).tick(utcnow())
+    assert "h2" in rep.adopted
+    assert (victim.id, lc.MAX_STEPS) in rep.stops

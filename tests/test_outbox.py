@@ -342,3 +342,19 @@ def test_a_delivered_alert_made_new_again_by_hand_is_refused(engine, sealer, htt
     again = deliver_due(engine, Notifier([http.url()]), at(7201), sealer=sealer)
     assert again.refused == 1  # (what is delivered is the daemon's own word on the refusal)
     assert [t for t in titles_received(http) if t in titles] == titles  # once
+
+
+def test_a_late_success_waits_for_its_own_alert_while_another_goes_out(engine, sealer, http):
+    first = queue(engine, sealer, 1, "slowA")
+    http.delay_s = 1.5
+    notifier = Notifier([http.url()], timeout_s=30)
+    deliver_due(engine, notifier, at(1), sealer=sealer, budget_s=0.3)  # gives up; the send succeeds later
+    assert http.wait_for(1, 30)
+    deadline = time.monotonic() + 30
+    while notifier.busy() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    http.delay_s = 0.0
+    second = queue(engine, sealer, 1, "nextB")
+    deliver_due(engine, notifier, at(2), sealer=sealer, budget_s=5)  # slowA is in its backoff: only nextB
+    deliver_due(engine, notifier, at(7200), sealer=sealer, budget_s=5)  # slowA due: its late success counts
+    assert sorted(titles_received(http)) == sorted(first + second)  # each once

@@ -53,7 +53,10 @@ def _in(col, values) -> str:
 
 
 def _checks(dialect: str) -> dict[str, list[tuple[str, str, str]]]:
-    """table -> [(name, condition on the row (columns bare), what it means)]."""
+    """table -> [(name, condition on the row (columns bare), what it means)]. One condition per
+    column wherever possible: an UPDATE is checked only in the columns it changes, so a bad
+    value in one column never refuses an update of another (the daemon can still stop, end,
+    book or rebase an old malformed row)."""
     sqlite = dialect == "sqlite"
 
     def integer(col, nullable=False):
@@ -76,14 +79,14 @@ def _checks(dialect: str) -> dict[str, list[tuple[str, str, str]]]:
         ("ck_runs_kill_mode", _in("kill_mode", KILL_MODES), "kill_mode must be one of " + ", ".join(KILL_MODES)),
         ("ck_runs_agent", f"length(agent) BETWEEN 1 AND {AGENT_MAX_CHARS}",
          f"agent must be 1 to {AGENT_MAX_CHARS} characters"),
-        ("ck_runs_counters", " AND ".join(integer(c) for c in RUN_COUNTERS),
-         "counters must be non-negative integers"),
+        *(("ck_runs_counters", integer(c), f"{c}: counters must be non-negative integers") for c in RUN_COUNTERS),
         ("ck_runs_cost", amount("cost_eur"), "cost_eur must be a finite non-negative number"),
-        ("ck_runs_budgets", " AND ".join([*(integer(c, True) for c in RUN_BUDGETS_INT),
-                                          *(amount(c, True) for c in RUN_BUDGETS_FLOAT)]),
-         "budgets must be NULL or non-negative finite numbers"),
-        ("ck_runs_times", " AND ".join([*(when(c) for c in RUN_TIMES), *(when(c, True) for c in RUN_TIMES_NULLABLE)]),
-         "timestamps must be valid and finite"),
+        *(("ck_runs_budgets", integer(c, True), f"{c}: budgets must be NULL or non-negative finite numbers")
+          for c in RUN_BUDGETS_INT),
+        *(("ck_runs_budgets", amount(c, True), f"{c}: budgets must be NULL or non-negative finite numbers")
+          for c in RUN_BUDGETS_FLOAT),
+        *(("ck_runs_times", when(c), f"{c}: timestamps must be valid and finite") for c in RUN_TIMES),
+        *(("ck_runs_times", when(c, True), f"{c}: timestamps must be valid and finite") for c in RUN_TIMES_NULLABLE),
         ("ck_runs_pid", integer("pid", True), "pid must be NULL or a non-negative integer"),
         ("ck_runs_signal_stage", f"(signal_stage IS NULL OR {_in('signal_stage', STAGES)})",
          "signal_stage must be NULL or one of " + ", ".join(STAGES)),
@@ -99,14 +102,15 @@ def _checks(dialect: str) -> dict[str, list[tuple[str, str, str]]]:
         ("ck_events_tool", "(kind <> 'tool' OR (tool IS NOT NULL AND length(tool) > 0))",
          "a tool event must name its tool"),
         ("ck_events_at", when("at"), "at must be a valid, finite timestamp"),
-        ("ck_events_counters", " AND ".join([integer("seq"), *(integer(c, True) for c in EVENT_COUNTERS)]),
-         "seq and token counts must be non-negative integers"),
-        ("ck_events_amounts", amount("cost_eur", True) + " AND " + amount("duration_s", True),
-         "cost_eur and duration_s must be NULL or finite non-negative numbers"),
+        ("ck_events_counters", integer("seq"), "seq: must be a non-negative integer"),
+        *(("ck_events_counters", integer(c, True), f"{c}: token counts must be non-negative integers")
+          for c in EVENT_COUNTERS),
+        *(("ck_events_amounts", amount(c, True), f"{c}: must be NULL or a finite non-negative number")
+          for c in ("cost_eur", "duration_s")),
     ]
     if sqlite:  # PostgreSQL's column types already say it
-        events.append(("ck_events_text", " AND ".join(f"typeof({c}) IN ('text', 'null')" for c in EVENT_TEXTS),
-                       "tool, args_hash, error_class, error_msg, model and progress must be text"))
+        events.extend(("ck_events_text", f"typeof({c}) IN ('text', 'null')", f"{c}: must be text")
+                      for c in EVENT_TEXTS)
     return {"runs": runs, "events": events}
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import and_, case, func, select, update
 from watchdog.core import lifecycle as lc
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.prices import PriceBook
-from watchdog.daemon.isolation import read_isolated
+from watchdog.daemon.isolation import Defect, read_isolated
 from watchdog.daemon.scan import ID_OVERLAP
 from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import events, runs
@@ -156,8 +156,18 @@ class Backfill:
         per_run: dict[str, list] = defaultdict(lambda: [0.0, 0])
         with engine.begin() as conn:
             for r, cost in priced:
-                res = conn.execute(update(events).where(and_(events.c.id == r.id, events.c.cost_eur.is_(None)))
-                                   .values(cost_eur=cost))
+                # Each step and each run in a SAVEPOINT of its own: a row written by hand that the
+                # store's checks refuse to update costs only itself (it stays unpriced, reported).
+                try:
+                    with conn.begin_nested():
+                        res = conn.execute(update(events).where(and_(events.c.id == r.id,
+                                                                     events.c.cost_eur.is_(None)))
+                                           .values(cost_eur=cost))
+                except Exception as exc:  # noqa: BLE001
+                    if store_unavailable(exc):
+                        raise
+                    self.defects.append(Defect(r.run_id, f"event {r.id}: its price cannot be written", r.id))
+                    continue
                 if res.rowcount != 1:
                     continue  # another daemon priced it first
                 acc = per_run[r.run_id]
@@ -168,9 +178,15 @@ class Backfill:
                 rep.cost_eur += cost
             for rid, (cost, tokens) in sorted(per_run.items()):
                 left = runs.c.cost_unpriced_tokens
-                conn.execute(update(runs).where(runs.c.id == rid).values(
-                    cost_eur=runs.c.cost_eur + cost,
-                    cost_unpriced_tokens=case((left > tokens, left - tokens), else_=0)))
+                try:
+                    with conn.begin_nested():
+                        conn.execute(update(runs).where(runs.c.id == rid).values(
+                            cost_eur=runs.c.cost_eur + cost,
+                            cost_unpriced_tokens=case((left > tokens, left - tokens), else_=0)))
+                except Exception as exc:  # noqa: BLE001
+                    if store_unavailable(exc):
+                        raise
+                    self.defects.append(Defect(rid, "its cost cannot be written (a counter the checks refuse)"))
         rep.runs.update(per_run)
         if rep.priced_steps:
             log.info("priced %d step(s) the SDK could not (%.4f EUR) in %d run(s)", rep.priced_steps, rep.cost_eur,

@@ -18,6 +18,11 @@ import datetime as dt
 from dataclasses import dataclass
 
 
+# Smaller disagreements are not worth a tick without clock budgets: no budget is that fine,
+# and a loaded host (or a clock read a moment late) disagrees by a second now and then.
+MIN_JUMP_S = 2.0
+
+
 @dataclass(frozen=True)
 class Jump:
     clock_delta_s: float  # how far the store's clock moved between the two readings

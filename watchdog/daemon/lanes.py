@@ -55,11 +55,13 @@ class Lanes:
         out: dict[tuple[Hashable, str], Result] = {}
         started: dict[Target, _Run] = {}
         for target, jobs in work.items():
-            with self._lock:
-                late = self._late.pop(target.id, {})
-            for key, _, _ in jobs:
-                if key in late:
-                    out[(key, target.id)] = late.pop(key)
+            with self._lock:  # only the keys this pass asks for: the others wait for theirs
+                late = self._late.get(target.id, {})
+                for key, _, _ in jobs:
+                    if key in late:
+                        out[(key, target.id)] = late.pop(key)
+                if not late:
+                    self._late.pop(target.id, None)
             jobs = [j for j in jobs if (j[0], target.id) not in out]
             if not jobs:
                 continue

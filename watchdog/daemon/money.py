@@ -90,7 +90,7 @@ class Money:
     # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
     def live_spend(self) -> "LiveSpend":
-        """What the tick's one pass over the active runs fills (Ticker._due), for `judge`."""
+        """What the tick's one pass over the active runs fills (PreFilter.due), for `judge`."""
         return LiveSpend(self.run_scopes if self.label_budgets else None)
 
     def learn_labels(self, conn, spend: "LiveSpend") -> None:
@@ -321,7 +321,7 @@ def _put(conn, key: str, value, now: dt.datetime) -> None:
 
 
 class LiveSpend:
-    """The active runs' live cost, summed in the tick's one pass over them (Ticker._due): per
+    """The active runs' live cost, summed in the tick's one pass over them (PreFilter.due): per
     agent, and per label budget for the runs whose labels are known (a run's labels never
     change, so they are read once, when it is first seen: `new`)."""
 

@@ -23,7 +23,7 @@ from sqlalchemy import insert, select, update
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
 from watchdog.daemon import keyfile, outbox, sdnotify
-from watchdog.daemon.clock import Jump, JumpDetector
+from watchdog.daemon.clock import MIN_JUMP_S, Jump, JumpDetector
 from watchdog.daemon.loop import Periodic
 from watchdog.daemon.attest import AttestServer
 from watchdog.daemon.cluster import Membership
@@ -73,7 +73,7 @@ class Daemon:
         self._published_at = 0.0
         self._published_value: dict | None = None
         self._stop = threading.Event()
-        self.jumps = JumpDetector(tolerance_s=config.daemon.tick_s)
+        self.jumps = JumpDetector(tolerance_s=max(config.daemon.tick_s, MIN_JUMP_S))
         self.last_jump: Jump | None = None
         self.last_report = None
         self.lost_lease: str | None = None

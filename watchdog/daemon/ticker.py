@@ -19,6 +19,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, stop_plan
 from watchdog.core.budgets import effective_budgets
 from watchdog.core.config import Config
+from watchdog.daemon.backfill import BackfillReport
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.killer import Killer, ProcessIdentity
@@ -182,7 +183,13 @@ class Ticker:
         """Price what the SDK could not, judge the period budgets, publish the spent ones; return
         the rows to evaluate: the repriced runs (read again: their cost changed) and those a
         spent budget covers are added to them."""
-        bf = money.price(self.engine, now)
+        try:
+            bf = money.price(self.engine, now)
+        except Exception as exc:  # noqa: BLE001 — pricing is retried next tick; never at the stops' expense
+            if store_unavailable(exc):
+                raise
+            log.exception("pricing the unpriced steps failed; retried next tick")
+            bf = BackfillReport()
         rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
         rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
         rep.periods = money.judge(spend, now)

@@ -161,6 +161,11 @@ def active_hosts(conn, exclude: str) -> dict[str, int]:
     return {h: int(n) for h, n in conn.execute(q)}
 
 
+# No daemon writes a lease this long (a few ticks): an expiry further out was written by hand,
+# and must not keep a dead host "live" (its runs never adopted) for ever.
+MAX_LEASE_S = 86400.0
+
+
 def orphans(conn, hosts) -> dict[str, Holder | None]:
     """Of `hosts`, those without a live daemon: no row, a lease past its expiry, or (PostgreSQL)
     a host lock no session holds any more (its daemon died moments ago). -> {host: last holder}."""
@@ -173,9 +178,12 @@ def orphans(conn, hosts) -> dict[str, Holder | None]:
     # parse, or 'infinity') must not fail the tick, and it counts as expired, never as live.
     exp = daemons.c.expires_at
     if conn.dialect.name == "sqlite":
-        fresh = case((exp.op("GLOB")(literal(ISO_GLOB, String())), exp > now), else_=False)
+        jnow = func.julianday(literal(now.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"), String()))
+        fresh = case((exp.op("GLOB")(literal(ISO_GLOB, String())),
+                      and_(func.julianday(exp) > jnow, func.julianday(exp) <= jnow + MAX_LEASE_S / 86400.0)),
+                     else_=False)
     else:
-        fresh = and_(func.isfinite(exp), exp > now)
+        fresh = and_(func.isfinite(exp), exp > now, exp <= now + dt.timedelta(seconds=MAX_LEASE_S))
     live_of = dict(conn.execute(select(daemons.c.host, fresh).where(daemons.c.host.in_(hosts))).all())
     held = held_keys(conn) if conn.dialect.name == "postgresql" else None
     out = {}
