@@ -248,3 +248,24 @@ def test_a_store_refused_after_the_first_write_is_an_outage(pg_migrated):
             conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"))
             conn.execute(text(f'DROP ROLE "{name}"'))
         admin.dispose()
+
+
+def test_the_sdk_never_creates_a_sqlite_file_at_a_mistyped_path(tmp_path):
+    """A typo in the store's path is the developer's to fix: wd.run() says so, and no empty
+    file is left behind for the next command to find."""
+    from watchdog import Watchdog
+    from watchdog.errors import StoreMisconfigured
+
+    path = tmp_path / "typo" / "runs.db"
+    path.parent.mkdir()
+    url = f"sqlite:///{path}"
+    wd = Watchdog(url)
+    try:
+        with pytest.raises(StoreMisconfigured) as caught:
+            with wd.run(agent="a") as run:
+                run.step(cost_eur=0.01)
+    finally:
+        wd.close()
+    assert str(caught.value) == (f"agent-watchdog: no store at {path}: create it with "
+                                 f"`agent-watchdog db upgrade --db {url}`, or check the URL")
+    assert list(path.parent.iterdir()) == []

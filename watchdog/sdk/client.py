@@ -79,8 +79,9 @@ class Watchdog:
         kw = {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}} if url.startswith("postgresql") else {}
         # The writer keeps its pool_size connections checked out of the engine's pool; the one
         # overflow connection serves the SQLAlchemy statements (circuit probes): bounded per process.
+        self.url = url  # as given (the engine's may be rewritten: a SQLite file URI that never creates it)
         self.engine = make_engine(url, pool_size=pool_size, max_overflow=1, pool_timeout=PG_CONNECT_TIMEOUT_S * 2,
-                                  **kw)
+                                  create=False, **kw)
         self.writer = Writer(self.engine, pool_size)
         self.closed = False
         self._buffer: deque = deque()
@@ -291,7 +292,7 @@ class Watchdog:
         return len(self._buffer)
 
     def _misconfigured(self, exc: BaseException) -> str | None:
-        return misconfiguration(exc, self.engine.url.render_as_string(hide_password=False))
+        return misconfiguration(exc, self.url)
 
     def _raise_if_misconfigured(self, exc: BaseException) -> None:
         """At a run's first contact, a store that answers but cannot be used by this process

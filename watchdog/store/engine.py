@@ -108,11 +108,13 @@ def _require_driver(url: str) -> None:
                          + EXTRA_HINT.format(extra="postgres"))
 
 
-def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, **kw) -> Engine:
+def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, create: bool = True,
+                **kw) -> Engine:
     """An engine with the store's connection discipline for either database.
 
     `must_exist`: a SQLite file that is not there is a StoreError naming the fix, instead
-    of an empty file created by the first connection. `read_only` (implies must_exist):
+    of an empty file created by the first connection. `create=False` (the SDK): the file is
+    opened read-write but never created, so the first contact fails with the fix instead. `read_only` (implies must_exist):
     SQLite opens the file read-only (`mode=ro`), so a read can never create or change it.
     """
     url = normalise_url(url)
@@ -133,6 +135,10 @@ def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, 
                          "or check --db / $AGENT_WATCHDOG_DB / [store] url")
     if read_only and path is not None:
         url = f"sqlite:///file:{quote(os.path.abspath(path))}?mode=ro&uri=true"
+    elif not create and path is not None:
+        # Opened read-write, never created: a mistyped path must not leave an empty file behind
+        # (the first write says "no store at PATH", see misconfiguration()).
+        url = f"sqlite:///file:{quote(os.path.abspath(path))}?mode=rw&uri=true"
     kw.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
     engine = create_engine(url, **kw)
     event.listen(engine, "connect", functools.partial(_sqlite_pragmas, read_only=read_only))
@@ -226,6 +232,9 @@ def misconfiguration(exc: BaseException, url: str) -> str | None:
     text = first.lower()
     sqlstate = getattr(orig, "sqlstate", None)
     shown = url_without_password(url)
+    path = sqlite_path(url) if url.startswith("sqlite") else None
+    if path is not None and _missing(path):
+        return f"no store at {path}: create it with `agent-watchdog db upgrade --db {url}`, or check the URL"
     if is_missing_schema(exc):
         return f"the store at {shown} has no tables: {upgrade_hint(url)}"
     if "readonly database" in text or "unable to open database file" in text:
@@ -245,6 +254,17 @@ def misconfiguration(exc: BaseException, url: str) -> str | None:
         return (f"the store at {shown} does not exist ({_fatal(first)}): create the database, then "
                 f"{upgrade_hint(url)}")
     return None
+
+
+def _missing(path: str) -> bool:
+    """The file is not there (as opposed to there but out of this user's reach)."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:  # permission denied on the way: it may well exist
+        return False
+    return False
 
 
 def _fatal(line: str) -> str:
