@@ -18,6 +18,7 @@ import subprocess
 import sys
 import uuid
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -137,20 +138,29 @@ def test_a_read_only_sqlite_store_raises_at_the_first_run_with_the_fix(users):
 # --- PostgreSQL -------------------------------------------------------------------------------
 
 
+@contextmanager
+def login_role(pg_migrated: str, prefix: str, options: str = "", password: str | None = None):
+    """(admin engine, role name, URL of the store as that role): a real login role, dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(pg_migrated, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE ROLE "{name}" LOGIN {options}'))
+    base, db = pg_migrated.rsplit("/", 1)
+    auth = f"{name}:{password}" if password else name
+    try:
+        yield admin, name, f"postgresql+psycopg://{auth}@{base.split('@', 1)[1]}/{db}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"))
+            conn.execute(text(f'DROP ROLE "{name}"'))
+        admin.dispose()
+
+
 @pytest.fixture
 def pg_role(pg_migrated):
     """A login role with no grant at all on the store's tables (trust auth: no password)."""
-    name = f"aw_nogrant_{uuid.uuid4().hex[:6]}"
-    admin = create_engine(pg_migrated, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE ROLE "{name}" LOGIN'))
-    base, db = pg_migrated.rsplit("/", 1)
-    host = base.split("@", 1)[1]
-    yield f"postgresql+psycopg://{name}:s3cret-pw@{host}/{db}"
-    with admin.connect() as conn:
-        conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"))
-        conn.execute(text(f'DROP ROLE "{name}"'))
-    admin.dispose()
+    with login_role(pg_migrated, "aw_nogrant", password="s3cret-pw") as (_admin, _name, url):
+        yield url
 
 
 def first_run(url: str) -> StoreMisconfigured:
@@ -221,13 +231,7 @@ def test_an_unreachable_store_at_start_is_an_outage_buffered_not_raised(pg_migra
 
 def test_a_store_refused_after_the_first_write_is_an_outage(pg_migrated):
     """Mid-run the same refusal is an outage: the run goes on, its records are kept."""
-    name = f"aw_gone_{uuid.uuid4().hex[:6]}"
-    admin = create_engine(pg_migrated, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE ROLE "{name}" LOGIN SUPERUSER'))
-    base, db = pg_migrated.rsplit("/", 1)
-    url = f"postgresql+psycopg://{name}@{base.split('@', 1)[1]}/{db}"
-    try:
+    with login_role(pg_migrated, "aw_gone", "SUPERUSER") as (admin, name, url):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             wd = Watchdog(url, attest_socket="")
@@ -243,11 +247,6 @@ def test_a_store_refused_after_the_first_write_is_an_outage(pg_migrated):
         assert len(warned) == 1 and "buffering" in warned[0], warned
         wd._buffer.clear()
         wd.close()
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"))
-            conn.execute(text(f'DROP ROLE "{name}"'))
-        admin.dispose()
 
 
 def test_the_sdk_never_creates_a_sqlite_file_at_a_mistyped_path(tmp_path):
