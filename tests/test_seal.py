@@ -113,3 +113,29 @@ def test_an_alert_seal_covers_its_age():
     assert not s.alert_ok(mac, "stop:r", "title", "body")
     old = s.alert("stop:r", "title", "body")  # a row sealed before the age was: still verifies
     assert s.alert_ok(old, "stop:r", "title", "body", t)
+
+
+def test_daemons_creating_the_key_at_once_agree_on_one_and_never_read_half_of_it(tmp_path):
+    import threading
+
+    from watchdog.daemon import keyfile
+
+    for round_ in range(20):
+        path = str(tmp_path / f"attest{round_}.key")
+        keys, errors = [], []
+        start = threading.Barrier(8)
+
+        def one():
+            start.wait()
+            try:
+                keys.append(keyfile.load_or_create(path))
+            except Exception as exc:  # noqa: BLE001 — the assertion below names it
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(set(keys)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"attest{i}.key" for i in range(20))

@@ -29,19 +29,31 @@ def load_or_create(path: str) -> bytes:
         raise ConfigError(f"{KEY_FILE_KEY} = {path!r}: directory {parent} does not exist; create it (owned by the "
                           "daemon's user, mode 0700) or set key_file to a file in the daemon's state directory")
     key = secrets.token_hex(KEY_BYTES)
+    # Written whole under a private name, then linked into place: link() fails if the key
+    # exists, so two daemons started at once agree on one key, and neither ever reads a key
+    # file the other is still writing (an O_EXCL create of `path` itself would show it empty).
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        return _read(path)  # another daemon won the race: use its key
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise ConfigError(f"{KEY_FILE_KEY} = {path!r}: cannot create the sealing key ({exc.strerror}); "
                           "the daemon's user must own the directory") from None
     try:
-        os.fchmod(fd, 0o600)  # whatever the umask said
-        os.write(fd, (key + "\n").encode("ascii"))
-        os.fsync(fd)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask said
+            os.write(fd, (key + "\n").encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return _read(path)  # another daemon won the race: use its key
     finally:
-        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     return bytes.fromhex(key)
 
 
