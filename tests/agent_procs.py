@@ -64,6 +64,15 @@ def wait_until(pred, timeout_s: float = WAIT_S, poll_s: float = POLL_S) -> bool:
     return bool(pred())
 
 
+def sigterm_pending(pid: int) -> bool:
+    """SIGTERM queued for pid (blocked, so still pending): exact proof that it was sent."""
+    mask = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            mask |= int(line.split()[1], 16)
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
 def process_gone(pid: int, create_time: float | None = None) -> bool:
     """The process is gone: no such pid, a zombie, or the pid names another process."""
     import psutil

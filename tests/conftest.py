@@ -72,6 +72,16 @@ def db_url(request, tmp_path):
 
 
 @pytest.fixture
+def wd(db_url):
+    """The SDK on the test's store (files that need other options define their own)."""
+    from watchdog import Watchdog
+
+    w = Watchdog(db_url)
+    yield w
+    w.close()
+
+
+@pytest.fixture
 def engine(db_url):
     engine = make_engine(db_url)
     yield engine

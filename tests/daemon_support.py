@@ -78,3 +78,10 @@ def daemon_toml(**keys) -> str:
     values = {"allowed_users": [ME], "key_file": str(folder / "attest.key"), "socket": str(folder / "attest.sock"),
               **keys}
     return "[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+
+
+def ticker(engine, cfg=None, killer=None):
+    """A Ticker on the test's store with the test sealer, allowed to signal this user's processes."""
+    from watchdog.daemon.ticker import Ticker
+
+    return Ticker(engine, cfg or config(), killer or Killer(allowed_users=[ME]), sealer=SEALER)

@@ -13,9 +13,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from agent_procs import wait_until
 from daemon_support import ME, SEALER, alerts_of, config, run_row
-from watchdog import RunKilled, ToolTimeout, Watchdog
+from watchdog import RunKilled, ToolTimeout
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.killer import Killer
@@ -23,13 +22,6 @@ from watchdog.daemon.ticker import Ticker
 from watchdog.store.schema import utcnow
 
 TICK_S = config().daemon.tick_s
-
-
-@pytest.fixture
-def wd(db_url):
-    w = Watchdog(db_url)
-    yield w
-    w.close()
 
 
 def cli(db_url, *args):

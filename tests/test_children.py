@@ -9,25 +9,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from agent_procs import wait_until
-from daemon_support import ME, SEALER, actions, alerts_of, config, interventions_of, run_row
+from daemon_support import actions, alerts_of, interventions_of, run_row, ticker
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
 from watchdog.store.schema import utcnow
 
 
-@pytest.fixture
-def wd(db_url):
-    w = Watchdog(db_url)
-    yield w
-    w.close()
-
-
-def ticker(engine, cfg=None) -> Ticker:
-    return Ticker(engine, cfg or config(), Killer(allowed_users=[ME]), sealer=SEALER)
 
 
 def test_a_looping_child_is_stopped_alone_and_the_parent_pays_for_both_children(engine, db_url, procs):

@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, event, select, text
 from agent_procs import wait_until
 from conftest import PG_ADMIN_URL
 from attest_support import short_dir
-from daemon_support import ME, SEALER, actions, alerts_of, config, later, run_row
+from daemon_support import ME, SEALER, actions, alerts_of, config, later, run_row, ticker
 from watchdog import RunKilled, Watchdog
 from watchdog.store import migrate
 from watchdog.core import lifecycle as lc
@@ -34,21 +34,11 @@ from watchdog.daemon.notify import Notifier
 from watchdog.daemon.outbox import deliver_due
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import daemons, runs, utcnow
-from watchdog.daemon.ticker import Ticker
 
 AGENT_WATCHDOG = str(Path(sys.executable).parent / "agent-watchdog")
 CLI_TIMEOUT_S = 60
 
 
-@pytest.fixture
-def wd(db_url):
-    w = Watchdog(db_url)
-    yield w
-    w.close()
-
-
-def ticker(engine, cfg=None) -> Ticker:
-    return Ticker(engine, cfg or config(), Killer(allowed_users=[ME]), sealer=SEALER)
 
 
 # -- each policy stops its run, and only its run ---------------------------------------------------

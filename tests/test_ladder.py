@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy import update
 
-from agent_procs import process_gone, wait_until
+from agent_procs import process_gone, wait_until, sigterm_pending
 from daemon_support import ME, actions, alerts_of, config, interventions_of, later, run_row
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.service import Daemon
@@ -33,7 +33,6 @@ from watchdog.daemon.ticker import Ticker
 
 AGENT_WATCHDOG = str(Path(sys.executable).parent / "agent-watchdog")
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
-SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 
 @pytest.fixture
@@ -51,13 +50,6 @@ def ticker(engine, attestor, cfg=None, killer=None) -> Ticker:
     return Ticker(engine, cfg or config(), killer or Killer(allowed_users=[ME]), sealer=attestor.sealer)
 
 
-def sigterm_pending(pid: int) -> bool:
-    """SIGTERM queued for pid (blocked, so still pending): exact proof that it was sent."""
-    mask = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(("SigPnd:", "ShdPnd:")):
-            mask |= int(line.split()[1], 16)
-    return bool(mask & SIGTERM_BIT)
 
 
 def outcome_of(engine, run_id, action) -> str:

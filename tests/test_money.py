@@ -45,13 +45,6 @@ def money_alerts(engine, prefix: str) -> list:
     return [a for a in alerts_of(engine) if a.dedupe_key.startswith(prefix)]
 
 
-@pytest.fixture
-def wd(db_url):
-    w = Watchdog(db_url)
-    yield w
-    w.close()
-
-
 # -- prices from genai-prices, with no [prices] ------------------------------------------------
 
 

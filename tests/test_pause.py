@@ -10,26 +10,21 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from agent_procs import wait_until
-from daemon_support import ME, SEALER, actions, alerts_of, config, interventions_of, later, run_row
+from daemon_support import actions, alerts_of, config, interventions_of, later, run_row, ticker
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.killer import Killer
 from watchdog.daemon.service import Daemon
-from watchdog.daemon.ticker import Ticker
 from watchdog.store.schema import utcnow
 
 PAUSE = {"on_breach": "pause"}
 
 
-def ticker(engine, cfg) -> Ticker:
-    return Ticker(engine, cfg, Killer(allowed_users=[ME]), sealer=SEALER)
 
 
 def cli(db_url, *args):
@@ -266,13 +261,6 @@ def test_resume_refuses_an_amount_that_would_pause_it_again_at_once(engine, db_u
             assert res.exit_code == 2
             assert cli(db_url, "kill", run.id).exit_code == 0
             run.heartbeat()
-
-
-@pytest.fixture
-def wd(db_url):
-    w = Watchdog(db_url)
-    yield w
-    w.close()
 
 
 def test_without_a_daemon_a_paused_run_stops_itself_after_approval_timeout(engine, db_url):

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from agent_procs import AgentProcs, process_gone, wait_until
+from agent_procs import AgentProcs, process_gone, wait_until, sigterm_pending
 from alertsinks import HttpSink
 from attest_support import Attestor, LocalUsers, foreign_python, shared_sqlite, short_dir
 from conftest import _empty_pg
@@ -39,7 +39,6 @@ from watchdog.store.schema import attestations, events, utcnow
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creating local users needs root (CI runs as root)")
 
 AGENT_WATCHDOG = str(Path(sys.executable).parent / "agent-watchdog")
-SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 # What mallory runs, as herself: plain SQL on the store, with the victim's identity read
 # from the world-readable /proc. One forgery per call: argv = URL KIND JSON_ARGS.
@@ -162,12 +161,6 @@ def _block_sigterm():
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
-def sigterm_pending(pid: int) -> bool:
-    mask = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(("SigPnd:", "ShdPnd:")):
-            mask |= int(line.split()[1], 16)
-    return bool(mask & SIGTERM_BIT)
 
 
 def forge(user: str, url: str, kind: str, **args) -> dict:
