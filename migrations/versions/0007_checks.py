@@ -148,16 +148,20 @@ def _message(name: str, what: str) -> str:
 
 
 def _sqlite_trigger(table: str, op_name: str, checks) -> str:
-    lines = []
+    guards, lines = [], []
     for name, cond, what in checks:
         guard = f"NOT coalesce({_on_new(cond, table)}, 0)"
         if op_name == "update":
-            guard += " AND " + _changed(cond, table, "sqlite")
+            guard = f"({_changed(cond, table, 'sqlite')} AND {guard})"
+        guards.append(guard)
         lines.append(f"    SELECT RAISE(ABORT, '{_message(name, what)}') WHERE {guard};")
     body = "\n".join(lines)
-    # Honours PRAGMA ignore_check_constraints, as a CHECK constraint would.
+    # The WHEN clause is one expression, evaluated once per row: the body (a statement per
+    # check, to name the one that failed) runs only for a row that fails one, never on the
+    # agents' hot path. Honours PRAGMA ignore_check_constraints, as a CHECK constraint would.
     return (f"CREATE TRIGGER ck_{table}_{op_name} BEFORE {op_name.upper()} ON {table} FOR EACH ROW\n"
-            f"WHEN NOT (SELECT ignore_check_constraints FROM pragma_ignore_check_constraints)\n"
+            f"WHEN ({' OR '.join(guards)})\n"
+            f"  AND NOT (SELECT ignore_check_constraints FROM pragma_ignore_check_constraints)\n"
             f"BEGIN\n{body}\nEND")
 
 
