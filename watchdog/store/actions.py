@@ -95,8 +95,9 @@ def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: s
     first. Without a sealer (the CLI) the daemon composes the alerts when it sees the stops.
     `why`: said before the plan (a paused run nobody answered, or killed while paused)."""
     from watchdog.core.messages import stop_alert
-    from watchdog.store.children import stop_descendants, with_top_child
+    from watchdog.store.children import lock_family, stop_descendants, with_top_child
 
+    lock_family(conn, row.id)  # in the agents' lock order: descendants first, then this run
     res = conn.execute(
         update(runs)
         .where(and_(runs.c.id == row.id, runs.c.status.in_(lc.STOPPABLE_STATUSES)))

@@ -31,6 +31,23 @@ def descendants(conn, run_id: str) -> list:
     return conn.execute(select(runs).where(runs.c.id.in_(sorted(ids)))).all()
 
 
+def lock_family(conn, run_id: str) -> None:
+    """PostgreSQL: lock the run's descendants, deepest first, before the run itself is written.
+    An agent's record locks its own run, then its ancestors (the roll-up); a stop that wrote the
+    parent first, then its children, would lock them the other way round: a deadlock."""
+    if conn.dialect.name != "postgresql":
+        return  # SQLite: one writer at a time
+    tree = select(runs.c.id, literal(1).label("depth")).where(runs.c.parent_id == run_id).cte("tree", recursive=True)
+    tree = tree.union(select(runs.c.id, (tree.c.depth + 1).label("depth"))
+                      .where(and_(runs.c.parent_id == tree.c.id, tree.c.depth < MAX_DEPTH)))
+    deepest = {}
+    for rid, depth in conn.execute(select(tree.c.id, tree.c.depth)):
+        deepest[rid] = max(depth, deepest.get(rid, 0))
+    for rid in sorted(deepest, key=lambda r: (-deepest[r], r)):
+        if rid != run_id:
+            conn.execute(select(runs.c.id).where(runs.c.id == rid).with_for_update())
+
+
 def stop_descendants(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str) -> list:
     """The active descendants of a run being stopped go to `stopping` too (each with its audit row),
     with the parent's reason: cooperatively, and through the ladder by signal for a child that owns
