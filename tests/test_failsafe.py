@@ -265,7 +265,11 @@ def test_the_migrations_checks_name_every_status_kill_mode_event_kind_and_budget
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     assert set(m.STATUSES) == {s.value for s in lc.Status}
-    assert set(m.KILL_MODES) == {k.value for k in lc.KillMode}
+    latest = importlib.util.spec_from_file_location("witnesses_0009", path.with_name("0009_witnesses.py"))
+    m9 = importlib.util.module_from_spec(latest)
+    latest.loader.exec_module(m9)
+    assert set(m9.KILL_MODES) == {k.value for k in lc.KillMode}
+    assert set(m9.SOURCES) == {s.value for s in lc.Source}
     assert set(m.EVENT_KINDS) == {e.value for e in lc.EventKind}
     assert set(m.STAGES) == {s.value for s in lc.Stage}
     integer = {b.key for b in BUDGETS if b.key in RUN_BUDGET_KEYS and b.integer}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from watchdog.core import paths
 from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profile_from_json, validate_profile_value
 from watchdog.core.drift import DriftConfig
 from watchdog.core.periods import LabelBudget, WARN_AT, zone
@@ -54,8 +55,32 @@ class DaemonConfig:
     allowed_users: tuple[str, ...] = ()
     alert_retry_s: float = 30.0
     alert_expire_s: float = 86400.0  # an alert not delivered within this is dead-lettered, never retried
-    socket: str = DEFAULT_SOCKET  # where agents attest their process identity
-    key_file: str = DEFAULT_KEY_FILE  # the sealing key, 0600, created at the first start
+    # The daemon's own files (sealing key, lease lock per store, its state file); resolved by
+    # watchdog.core.paths ($STATE_DIRECTORY, /var/lib/agent-watchdog as root, else per user).
+    state_dir: str = field(default_factory=lambda: _paths().state_dir)
+    socket: str = field(default_factory=lambda: _paths().socket)  # where agents attest their process identity
+    key_file: str = field(default_factory=lambda: _paths().key_file)  # the sealing key, 0600, made at first start
+
+
+@dataclass(frozen=True)
+class ResolvedPaths:
+    state_dir: str
+    socket: str
+    key_file: str
+
+
+def resolve_paths(state_dir: str = "", socket: str = "", key_file: str = "",
+                  env: Mapping[str, str] | None = None) -> ResolvedPaths:
+    """[daemon] state_dir / socket / key_file as configured ("" = the default for this process)."""
+    env = os.environ if env is None else env
+    euid = os.geteuid()
+    home = os.path.expanduser("~")
+    state = paths.state_dir(state_dir, env, euid, home)
+    return ResolvedPaths(state, paths.daemon_socket(socket, env, euid, state), paths.key_file(key_file, state))
+
+
+def _paths() -> ResolvedPaths:
+    return resolve_paths()
 
 
 @dataclass(frozen=True)
@@ -252,7 +277,7 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
 
     daemon_t = _table(ctx, raw, "daemon")
     _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",
-                                          "alert_expire_s", "socket", "key_file"))
+                                          "alert_expire_s", "socket", "key_file", "state_dir"))
     d = {}
     for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s", "alert_expire_s"):
         if k in daemon_t:
@@ -262,12 +287,18 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
             raise ctx.fail("daemon.allowed_users", "a list of user names", users)
         d["allowed_users"] = tuple(users)
-    for k in ("socket", "key_file"):
+    given = {}
+    for k in ("state_dir", "socket", "key_file"):
         if k in daemon_t:
             value = daemon_t[k]
-            if not isinstance(value, str) or not os.path.isabs(value):
-                raise ctx.fail(f"daemon.{k}", "an absolute path", value)
-            d[k] = value
+            if not isinstance(value, str) or (value and not os.path.isabs(value)):
+                raise ctx.fail(f"daemon.{k}", 'an absolute path (or "" for the default)', value)
+            given[k] = value
+    resolved = resolve_paths(**given)
+    d.update(state_dir=resolved.state_dir, socket=resolved.socket, key_file=resolved.key_file)
+    too_long = paths.socket_too_long(resolved.socket)
+    if too_long:
+        raise ctx.fail("daemon.socket", f"a shorter path ({too_long})", resolved.socket)
     daemon = DaemonConfig(**d)
     if daemon.alert_expire_s <= daemon.alert_retry_s:  # an alert must get at least one retry before it expires
         raise ctx.fail("daemon.alert_expire_s", f"a number of seconds > alert_retry_s ({daemon.alert_retry_s:g})",

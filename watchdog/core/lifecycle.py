@@ -43,6 +43,18 @@ class KillMode(StrEnum):
     COOPERATIVE = "cooperative"  # shares its process: cancel the run, never signal
     PROCESS = "process"  # owns its process: SIGTERM / SIGKILL the process and its children
     TREE = "tree"  # owns its process group: signal the whole group
+    CGROUP = "cgroup"  # the run's own cgroup v2, made by `agent-watchdog exec`: every process in it
+
+
+class Source(StrEnum):
+    """Which witness created a run (`runs.source`) or saw an event (`events.source`)."""
+
+    SDK = "sdk"  # the Python SDK inside the agent's process
+    EXEC = "exec"  # agent-watchdog exec, the supervisor of the command's process tree
+    OTLP = "otlp"  # spans received by the daemon's OTLP receiver
+    LITELLM = "litellm"  # the LiteLLM proxy callback (LLM gateway)
+    MCP = "mcp"  # agent-watchdog mcp-proxy (tool gateway)
+    SQL = "sql"  # a plain-SQL writer that did not say (the column's server default)
 
 
 class EventKind(StrEnum):
@@ -77,6 +89,7 @@ END_STATUSES = (Status.COMPLETED, Status.FAILED, Status.KILLED, Status.LOST)
 STATUSES = tuple(Status)
 STOP_REASONS = tuple(StopReason)
 KILL_MODES = tuple(KillMode)
+SOURCES = tuple(Source)
 EVENT_KINDS = tuple(EventKind)
 CIRCUIT_STATES = tuple(Circuit)
 
@@ -136,5 +149,5 @@ MAX_TOKENS, DAILY_BUDGET, MONTHLY_BUDGET = StopReason.MAX_TOKENS, StopReason.DAI
 LOOP_DETECTED, HEARTBEAT_TIMEOUT, TOOL_RATE = (StopReason.LOOP_DETECTED, StopReason.HEARTBEAT_TIMEOUT,
                                                StopReason.TOOL_RATE)
 PROCESS_GONE, MANUAL = StopReason.PROCESS_GONE, StopReason.MANUAL
-COOPERATIVE, PROCESS, TREE = KillMode.COOPERATIVE, KillMode.PROCESS, KillMode.TREE
+COOPERATIVE, PROCESS, TREE, CGROUP = KillMode.COOPERATIVE, KillMode.PROCESS, KillMode.TREE, KillMode.CGROUP
 EV_STEP, EV_TOOL, EV_HEARTBEAT = EventKind.STEP, EventKind.TOOL, EventKind.HEARTBEAT

@@ -33,8 +33,11 @@ class Run:
     when it paused the run (on_breach = "pause"), the record waits for a human's answer."""
 
     def __init__(self, wd, *, agent, kill_mode, labels, run_id, budgets, profile, guards, parent=None,
-                 ancestors: tuple[str, ...] = ()):
+                 ancestors: tuple[str, ...] = (), source: str = "sdk"):
         self.wd = wd
+        # Which witness writes this run (runs.source): the SDK, or a gateway that uses the SDK's
+        # write path (the MCP proxy, the LiteLLM callback).
+        self.source = source
         self.id = run_id or uuid.uuid4().hex
         self.agent = agent
         self.kill_mode = kill_mode
@@ -90,6 +93,7 @@ class Run:
             self.id, self.agent, lc.RUNNING, self.kill_mode, hostname(), os.getpid(), current_create_time(),
             d.json(self.labels), *(self.requested.get(k) for k in bud.RUN_BUDGET_KEYS),
             d.seen(now), d.seen(now),  # the store's clock (Dialect.clock_ph)
+            self.source,
         )
         statements = [(d.insert_run, params)]
         if self.parent_id is not None:

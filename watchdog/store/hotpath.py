@@ -45,7 +45,7 @@ EVENT_COLUMNS = (
 # The run's own budgets follow its identity, in the registry's order (Run.start passes them so).
 RUN_COLUMNS = (
     "id", "agent", "status", "kill_mode", "host", "pid", "pid_create_time", "labels",
-    *RUN_BUDGET_KEYS, "started_at", "last_seen_at",
+    *RUN_BUDGET_KEYS, "started_at", "last_seen_at", "source",
 )  # fmt: skip
 
 

@@ -134,6 +134,9 @@ runs = Table(
     Column("paused_at", UTCDateTime),
     Column("resumes", Integer, nullable=False, server_default="0"),
     Column("partial", Text),  # run.partial(): a short partial result, kept across a stop
+    # Which witness created the run (watchdog.core.lifecycle.Source); `sql` when a plain-SQL
+    # writer does not say.
+    Column("source", String(16), nullable=False, server_default="sql"),
     Index(None, "status", "booked_at"),  # the ended runs not booked yet, without a scan
     # The top tool, written once when the run has ended ("sealed" by the daemon's leader), so
     # listing ended runs never aggregates their events. NULL while active or not sealed yet;
@@ -178,6 +181,13 @@ events = Table(
     Column("cost_eur", Float),  # NULL on a step = not priced (yet): the daemon prices it or reports the model
     Column("progress", Text),
     Column("attempt", Integer),  # a tool call's retry number (2, 3, ...); NULL for a first attempt
+    # Which witness saw it (NULL: the run's own writer) and the id the witnesses share for one
+    # call (OTel tool call id, MCP request id): a call several witnesses saw counts once.
+    Column("source", String(16)),
+    Column("call_id", String(128)),
+    # The run's attested process's MAC over (run id, seq, payload) with its per-run key: only
+    # such records can justify a signal where rows cannot prove their writer (SQLite).
+    Column("mac", String(64)),
     UniqueConstraint("run_id", "seq"),
     # The circuit breaker's rolling window: a tool's recent calls across runs.
     Index(None, "tool", "at"),
@@ -308,6 +318,9 @@ attestations = Table(
     Column("kill_mode", String(16), nullable=False),
     Column("attested_at", UTCDateTime, nullable=False),
     Column("mac", String(64), nullable=False),
+    # The cgroup `agent-watchdog exec` made for the run (kill_mode cgroup / tree), from its
+    # attestation: the only cgroup the daemon will ever kill.
+    Column("cgroup", Text),
 )
 
 # The spend ledger: per scope ("agent:NAME" or "labels:{json}") and calendar period

@@ -107,6 +107,7 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, bud
         "pid": row.pid,
         "kill_mode": row.kill_mode,
         "parent_id": getattr(row, "parent_id", None),
+        "source": getattr(row, "source", None) or "sql",
         "labels": row.labels,
         "started_at": _iso(row.started_at),
         "last_seen_at": _iso(row.last_seen_at),
