@@ -1,9 +1,10 @@
--- agent-watchdog on PostgreSQL: the agents' role, and what it may write.
+-- agent-watchdog on PostgreSQL: the roles that share the store, and what each may do.
 --
--- Two roles share the store:
 --   * the daemon's role (e.g. agent_watchdog) OWNS the tables: it runs
 --     `agent-watchdog db upgrade` and the daemon, and is the only writer of
---     interventions, alerts, settings, daemons, tool_circuits and attestations;
+--     interventions, alerts, settings, daemons, tool_circuits and attestations.
+--     It (and a superuser) is not confined by the rules below: it stops, books,
+--     seals and rebases any run;
 --   * the agents' role (default agent_watchdog_agents, NOLOGIN) is granted to
 --     each agent's login role. It registers runs, inserts events, updates its
 --     run's counters and status (a stop request, the end of the run), reads the
@@ -11,33 +12,68 @@
 --     into circuit_probes. Nothing else: it cannot queue an alert, publish
 --     settings, attest a process, change a circuit, a run's identity (host, pid,
 --     create time, kill mode) or the stop ladder's state (signal_stage).
+--     Since revision 0010 every run belongs to the login that inserted it
+--     (runs.owner = session_user, written by the database) and row-level security
+--     keeps each login to its own runs: it reads and changes only those, inserts
+--     events only for them, names only one of them as a parent; a trigger writes
+--     the server's now() for every time, lets counters only grow, budgets only
+--     go down and the status move only forward (docs/security.md);
+--   * the gateway's role (default agent_watchdog_gateway, NOLOGIN), for the
+--     LiteLLM callback, the MCP proxy and the like: what the agents' role may do
+--     with its own runs, plus reading every run (its stop status and budgets)
+--     and appending events marked with a gateway source (events.source one of
+--     otlp, litellm, mcp) to any run. It never changes another owner's row;
+--   * the viewer's role (default agent_watchdog_viewer, NOLOGIN), for `runs`,
+--     `show`, `top`, `budgets`, `alerts` and `web`: reads every table and every
+--     run (attestations without their MACs), writes nothing.
 --
--- Run it as a superuser or as the tables' owner, after `db upgrade` and again
--- after every upgrade (a table added later has no grant until then: agents are
--- refused, never allowed, by default):
+-- Run it as a superuser or as the tables' owner, after `db upgrade` (revision 0010
+-- or later) and again after every upgrade (a table added later has no grant until
+-- then: every role is refused, never allowed, by default):
 --
 --   psql -v ON_ERROR_STOP=1 -d agent_watchdog -f sql/postgres-roles.sql
---   psql ... -v agents_role=my_agents ...   # another name for the agents' role
+--   psql ... -v agents_role=my_agents -v gateway_role=my_gw -v viewer_role=my_view ...   # other names
 --
--- then, per agent login:  GRANT agent_watchdog_agents TO agent_alice;
+-- then, per login:  GRANT agent_watchdog_agents TO agent_alice;
+--                   GRANT agent_watchdog_gateway TO litellm_proxy;
+--                   GRANT agent_watchdog_viewer TO grafana_reader;
+-- One login per agent: owners are logins, so agents that share a login (or a
+-- PgBouncer `user=` that maps them onto one) share their runs (docs/security.md).
 
 \if :{?agents_role}
 \else
 \set agents_role agent_watchdog_agents
 \endif
+\if :{?gateway_role}
+\else
+\set gateway_role agent_watchdog_gateway
+\endif
+\if :{?viewer_role}
+\else
+\set viewer_role agent_watchdog_viewer
+\endif
 
-SELECT format('CREATE ROLE %I NOLOGIN', :'agents_role')
- WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'agents_role') \gexec
+-- The owners and their row-level security come with revision 0010: refuse to grant on an older store.
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM information_schema.columns
+                  WHERE table_schema = current_schema() AND table_name = 'runs' AND column_name = 'owner') THEN
+    RAISE EXCEPTION 'agent-watchdog: this store has no runs.owner: run `agent-watchdog db upgrade` first, then this script';
+  END IF;
+END $$;
+
+SELECT format('CREATE ROLE %I NOLOGIN', r) FROM unnest(ARRAY[:'agents_role', :'gateway_role', :'viewer_role']) AS r
+ WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) \gexec
 
 BEGIN;
 
 -- Start from nothing on every table of the store, then grant exactly what the SDK runs.
-REVOKE ALL ON runs, events, interventions, alerts, tool_circuits, circuit_probes, settings, daemons,
-              attestations, alembic_version FROM PUBLIC, :"agents_role";
-REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM PUBLIC, :"agents_role";
-GRANT USAGE ON SCHEMA public TO :"agents_role";
+-- (Every table of the schema: the ledger's tables and any later one too.)
+REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC, :"agents_role", :"gateway_role", :"viewer_role";
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM PUBLIC, :"agents_role", :"gateway_role", :"viewer_role";
+GRANT USAGE ON SCHEMA public TO :"agents_role", :"gateway_role", :"viewer_role";
 
 -- Runs: register, read the status back, update only the columns the SDK writes.
+-- Row-level security (revision 0010) narrows all of it to the login's own runs.
 GRANT SELECT, INSERT ON runs TO :"agents_role";
 -- (parent_id: a child run names its parent once, at start; paused_at: its guard pauses it; partial:
 -- run.partial(). Never its budgets or `resumes`: only `agent-watchdog resume` raises those.)
@@ -57,5 +93,39 @@ GRANT SELECT ON settings, tool_circuits TO :"agents_role";
 -- ok when its call succeeded (the SDK then lets calls through); the daemon judges it from the events.
 GRANT SELECT, INSERT ON circuit_probes TO :"agents_role";
 GRANT UPDATE (ok) ON circuit_probes TO :"agents_role";
+
+-- The gateway: the same grants for its own runs (row-level security keeps its UPDATEs to them);
+-- its policies below let it read every run and append witnessed events to any.
+GRANT SELECT, INSERT ON runs TO :"gateway_role";
+GRANT UPDATE (steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, cached_tokens_in, reasoning_tokens,
+              cost_unpriced_tokens, last_seq, last_seen_at, progress,
+              status, stop_reason, stop_detail, stop_requested_at, ended_at, parent_id, paused_at, partial)
+   ON runs TO :"gateway_role";
+GRANT INSERT ON events TO :"gateway_role";
+SELECT format('GRANT USAGE ON SEQUENCE %s TO %I', pg_get_serial_sequence('events', 'id'), :'gateway_role') \gexec
+GRANT SELECT ON settings, tool_circuits TO :"gateway_role";
+GRANT SELECT, INSERT ON circuit_probes TO :"gateway_role";
+GRANT UPDATE (ok) ON circuit_probes TO :"gateway_role";
+
+-- The viewer: read everything the CLI's views and `web` show, write nothing. Attestations
+-- without their MACs (nothing a view shows).
+GRANT SELECT ON ALL TABLES IN SCHEMA public TO :"viewer_role";
+REVOKE SELECT ON attestations FROM :"viewer_role";
+GRANT SELECT (run_id, host, pid, pid_create_time, uid, kill_mode, attested_at, cgroup) ON attestations
+   TO :"viewer_role";
+
+-- Row-level security beyond "own runs only" (revision 0010's policies, for every confined role):
+-- one policy per role, named after it, dropped and made again (the script is idempotent).
+SELECT format('DROP POLICY IF EXISTS %I ON %I', name, tab)
+  FROM (VALUES ('aw_gateway_reads_' || :'gateway_role', 'runs'), ('aw_gateway_witness_' || :'gateway_role', 'events'),
+               ('aw_viewer_reads_' || :'viewer_role', 'runs'), ('aw_viewer_reads_' || :'viewer_role', 'events'))
+       AS p(name, tab) \gexec
+SELECT format('CREATE POLICY %I ON runs FOR SELECT TO %I USING (true)',
+              'aw_gateway_reads_' || :'gateway_role', :'gateway_role') \gexec
+SELECT format('CREATE POLICY %I ON events FOR INSERT TO %I WITH CHECK (source IN (''otlp'', ''litellm'', ''mcp''))',
+              'aw_gateway_witness_' || :'gateway_role', :'gateway_role') \gexec
+SELECT format('CREATE POLICY %I ON %I FOR SELECT TO %I USING (true)', 'aw_viewer_reads_' || :'viewer_role', tab,
+              :'viewer_role')
+  FROM unnest(ARRAY['runs', 'events']) AS tab \gexec
 
 COMMIT;

@@ -137,6 +137,10 @@ runs = Table(
     # Which witness created the run (watchdog.core.lifecycle.Source); `sql` when a plain-SQL
     # writer does not say.
     Column("source", String(16), nullable=False, server_default="sql"),
+    # PostgreSQL: the login that inserted the run (session_user), written by the database, never
+    # by the writer; row-level security keeps each writer to its own (migrations 0010). NULL on
+    # SQLite (one trust domain per file) and for runs from before owners were recorded.
+    Column("owner", String(63)),
     Index(None, "status", "booked_at"),  # the ended runs not booked yet, without a scan
     # The top tool, written once when the run has ended ("sealed" by the daemon's leader), so
     # listing ended runs never aggregates their events. NULL while active or not sealed yet;
