@@ -186,7 +186,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
 
     # Every run budget NULL (the profile's), however many the registry holds: as the SDK writes.
     run_params = (run_id, agent, "running", "cooperative", socket.gethostname(), os.getpid(), None, labels,
-                  *(None,) * len(RUN_BUDGET_KEYS), started, started)
+                  *(None,) * len(RUN_BUDGET_KEYS), started, started, "sdk")  # hotpath.RUN_COLUMNS' source
     if backend == "sqlite":
         cur.execute("BEGIN IMMEDIATE")
         cur.execute(d.insert_run, run_params)
@@ -307,6 +307,8 @@ class Store:
             upgrade(engine)
         finally:
             engine.dispose()
+        if backend == "postgresql-agent":  # the writers log in as an agent of sql/postgres-roles.sql
+            self._agent_login()
         if backend == "pgbouncer":  # the writers go through it; this script's own checks go direct
             sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
             from pgbouncer_proc import PgBouncer
@@ -315,6 +317,24 @@ class Store:
             self.bouncer = PgBouncer(users=[make_url(PG_SERVER).username or "postgres"], pool_size=bouncer_pool,
                                      max_client_conn=max_clients).start()
             self.url = self.bouncer.url(make_url(PG_SERVER).username or "postgres", self.dbname)
+
+    def _agent_login(self):
+        """The roles script run as the README says, and one login in its agents' role: the records
+        then pay for row-level security and the writer trigger (migration 0010) as an agent's do."""
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        self.roles = (f"aw_bench_agents_{os.getpid()}", f"aw_bench_gw_{os.getpid()}", f"aw_bench_view_{os.getpid()}",
+                      f"aw_bench_agent_{os.getpid()}")
+        u = make_url(PG_SERVER)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sql", "postgres-roles.sql")
+        subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={self.roles[0]}",
+                        "-v", f"gateway_role={self.roles[1]}", "-v", f"viewer_role={self.roles[2]}",
+                        "-h", u.host or "127.0.0.1", "-p", str(u.port or 5432), "-U", u.username or "postgres",
+                        "-d", self.dbname, "-f", script], check=True, capture_output=True, timeout=60)
+        with psycopg.connect(pg_conninfo(self.dbname), autocommit=True) as admin:
+            admin.execute(f'CREATE ROLE "{self.roles[3]}" LOGIN IN ROLE "{self.roles[0]}"')
+        self.url = make_url(self.url).set(username=self.roles[3]).render_as_string(hide_password=False)
 
     def _connect(self):
         if self.backend == "sqlite":
@@ -374,6 +394,8 @@ class Store:
 
         with psycopg.connect(pg_conninfo(PG_ADMIN_DB), autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
+            for role in reversed(getattr(self, "roles", ())):
+                admin.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
 def measure(ctx, store: Store, impl: str, writers: int, records: int, warmup: int) -> dict:
@@ -615,7 +637,8 @@ def main(argv=None):
     ap.add_argument("--records", type=int, default=2000, help="timed records per writer process (default 2000)")
     ap.add_argument("--warmup", type=int, default=100, help="untimed records per process first (default 100)")
     ap.add_argument("--backends", default="sqlite,postgresql",
-                    help="comma list of sqlite, postgresql, pgbouncer (PostgreSQL through a pgbouncer started here)")
+                    help="comma list of sqlite, postgresql, postgresql-agent (as an agents' login of "
+                         "sql/postgres-roles.sql), pgbouncer (PostgreSQL through a pgbouncer started here)")
     ap.add_argument("--bouncer-pool", type=int, default=20,
                     help="pgbouncer: server connections to PostgreSQL (default 20)")
     ap.add_argument("--writers", default="1,4,16", help="comma list of concurrent writer processes")
@@ -632,7 +655,7 @@ def main(argv=None):
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in backends:
-        if b not in ("sqlite", "postgresql", "pgbouncer"):
+        if b not in ("sqlite", "postgresql", "postgresql-agent", "pgbouncer"):
             ap.error(f"--backends: unknown backend {b!r}")
     writers = [int(w) for w in args.writers.split(",") if w.strip()]
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
