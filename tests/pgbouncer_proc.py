@@ -37,13 +37,15 @@ def _free_port() -> int:
 
 
 class PgBouncer:
-    def __init__(self, users, *, pool_size: int = 10, max_client_conn: int = 2000, run_as: str = "postgres"):
+    def __init__(self, users, *, pool_size: int = 10, max_client_conn: int = 2000, run_as: str = "postgres",
+                 server_user: str | None = None):
         self.exe = binary()
         if self.exe is None:
             raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer; .ci/run installs it)")
         self.users = list(users)
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
+        self.server_user = server_user  # [databases] user=: every client reaches the server as that one login
         self.run_as = run_as if os.geteuid() == 0 else None
         self.dir = Path(tempfile.mkdtemp(prefix="aw_pgbouncer_"))
         self.port = 0
@@ -53,7 +55,7 @@ class PgBouncer:
         (self.dir / "users.txt").write_text("".join(f'"{u}" ""\n' for u in self.users))
         ini = self.dir / "pgbouncer.ini"
         ini.write_text(f"""[databases]
-* = host={SERVER_HOST} port={SERVER_PORT}
+* = host={SERVER_HOST} port={SERVER_PORT}{f" user={self.server_user}" if self.server_user else ""}
 
 [pgbouncer]
 listen_addr = 127.0.0.1

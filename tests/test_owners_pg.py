@@ -173,6 +173,8 @@ def test_an_agent_cannot_rewrite_its_own_evidence(store):
                     "UPDATE runs SET booked_at = now() WHERE id = %s"):
             with pytest.raises(REFUSED):
                 conn.execute(sql, (rid,))
+        with pytest.raises(REFUSED):  # an active run has not ended
+            conn.execute("UPDATE runs SET ended_at = now() WHERE id = %s", (rid,))
         conn.execute("UPDATE runs SET status = 'paused', stop_reason = 'max_steps', "
                      "paused_at = '9999-01-01 00:00:00+00' WHERE id = %s", (rid,))
         db_now = conn.execute("SELECT now()").fetchone()[0]
@@ -426,3 +428,22 @@ def test_the_owners_revision_round_trips_on_sqlite(tmp_path):
             assert conn.execute(select(runs.c.steps, runs.c.owner).where(runs.c.id == run.id)).one() == (1, None)
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("forced", [False, True], ids=["per-login", "databases-user"])
+def test_through_pgbouncer_owners_are_the_logins_pgbouncer_uses(store, forced):
+    """Transaction pooling keeps each client's own login (one pool per login), so owners hold;
+    a `[databases] user=` entry logs every client in as that one login: they all own the same."""
+    from pgbouncer_proc import PgBouncer
+
+    a, b = store.logins["a"], store.logins["b"]
+    with PgBouncer(users=[a, b], pool_size=2, server_user=a if forced else None) as bouncer:
+        a_url, b_url = bouncer.url(a, store.db), bouncer.url(b, store.db)
+        a_run, b_run = _insert(a_url), _insert(b_url)
+        with _raw(b_url) as conn:
+            touched = conn.execute("UPDATE runs SET steps = 999 WHERE id = %s", (a_run,)).rowcount
+    owners = (_row(store, a_run).owner, _row(store, b_run).owner)
+    if forced:
+        assert owners == (a, a) and touched == 1 and _row(store, a_run).steps == 999
+    else:
+        assert owners == (a, b) and touched == 0 and _row(store, a_run).steps == 0

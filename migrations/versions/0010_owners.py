@@ -105,6 +105,7 @@ BEGIN
     NEW.started_at := now();
     NEW.last_seen_at := now();
 {insert_times}
+    IF NEW.ended_at IS NOT NULL AND NEW.status IN ({_quote(ACTIVE)}) THEN {_refuse('ended_at is for an ended run')} END IF;
     IF NEW.parent_id IS NOT NULL AND (NEW.parent_id = NEW.id OR NOT EXISTS (
          SELECT 1 FROM runs p WHERE p.id = NEW.parent_id AND p.owner = session_user)) THEN
       {_refuse('parent_id must name a run of the same owner')}
@@ -134,6 +135,7 @@ BEGIN
     NEW.last_seen_at := greatest(OLD.last_seen_at, now());
   END IF;
 {times}
+  IF NEW.ended_at IS NOT NULL AND NEW.status IN ({_quote(ACTIVE)}) THEN {_refuse('ended_at is for an ended run')} END IF;
   IF NEW.parent_id IS DISTINCT FROM OLD.parent_id THEN
     -- Only in the transaction that inserted the run (the SDK's start writes it so), only once.
     IF OLD.parent_id IS NOT NULL OR NEW.parent_id IS NULL OR NEW.parent_id = NEW.id
