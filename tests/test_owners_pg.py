@@ -46,7 +46,8 @@ class Store:
         self.db = f"aw_own_{tag}"
         self.daemon, self.agents, self.gateway, self.viewer = (f"aw_d_{tag}", f"aw_ag_{tag}", f"aw_gw_{tag}",
                                                                f"aw_vw_{tag}")
-        self.logins = {"a": f"aw_a_{tag}", "b": f"aw_b_{tag}", "gw": f"aw_gwl_{tag}", "view": f"aw_vwl_{tag}"}
+        self.logins = {"a": f"aw_a_{tag}", "b": f"aw_b_{tag}", "gw": f"aw_gwl_{tag}", "view": f"aw_vwl_{tag}",
+                       "daemon_member": f"aw_dm_{tag}"}
         base = make_url(server)
         self.base = base
 
@@ -77,7 +78,8 @@ def store(pg_server_url):
         done = s.roles_script()
         assert done.returncode == 0, done.stderr
         with admin.connect() as conn:
-            for key, group in (("a", s.agents), ("b", s.agents), ("gw", s.gateway), ("view", s.viewer)):
+            for key, group in (("a", s.agents), ("b", s.agents), ("gw", s.gateway), ("view", s.viewer),
+                               ("daemon_member", s.daemon)):
                 conn.execute(text(f'CREATE ROLE "{s.logins[key]}" LOGIN'))
                 conn.execute(text(f'GRANT "{group}" TO "{s.logins[key]}"'))
         yield s
@@ -348,6 +350,11 @@ def test_the_daemons_role_still_stops_ends_and_books_an_agents_run(store):
     assert (row.status, row.stop_reason, row.owner) == (lc.KILLED, lc.MAX_STEPS, store.logins["b"])
     assert run_row(daemon_engine, gone).status == lc.LOST
     assert row.booked_at is not None  # the daemon's own columns on an agent's row
+    # A login in the daemon's role (not the owner itself) is the daemon's too: it sees and
+    # rebases every run, and is not held to a writer's rules.
+    with _raw(store.url("daemon_member")) as conn:
+        assert conn.execute("SELECT owner FROM runs WHERE id = %s", (run.id,)).fetchone() == (store.logins["b"],)
+        assert conn.execute("UPDATE runs SET steps = 0, resumes = 1 WHERE id = %s", (run.id,)).rowcount == 1
     daemon_engine.dispose()
 
 

@@ -159,9 +159,12 @@ BEGIN
 END
 $$"""
 
-# Own rows only, for every role the policies apply to (not the tables' owner, not superusers).
-_OWN_RUN = "owner = session_user"
-_OWN_EVENT = "EXISTS (SELECT 1 FROM runs r WHERE r.id = events.run_id AND r.owner = session_user)"
+# Own rows only, for every role the policies apply to (not the tables' owner, not superusers),
+# except one the triggers trust too: a login in the daemon's role (a member of the owner) or
+# granted TRUNCATE is the daemon's, whether or not it connects as the owner itself.
+_OWN_RUN = "has_table_privilege(session_user, 'runs'::regclass, 'TRUNCATE') OR owner = session_user"
+_OWN_EVENT = ("has_table_privilege(session_user, 'events'::regclass, 'TRUNCATE') "
+              "OR EXISTS (SELECT 1 FROM runs r WHERE r.id = events.run_id AND r.owner = session_user)")
 
 
 def upgrade() -> None:
