@@ -225,10 +225,12 @@ def test_the_status_moves_only_forward_for_a_writer(store):
         with pytest.raises(REFUSED):  # the daemon's reason stays
             conn.execute("UPDATE runs SET stop_reason = 'manual' WHERE id = %s", (stopped,))
         conn.execute("UPDATE runs SET status = 'killed', ended_at = '2000-01-01 00:00:00+00', "
-                     "stop_reason = COALESCE(stop_reason, 'x') WHERE id = %s", (stopped,))
+                     "stop_reason = COALESCE(stop_reason, 'x'), stop_detail = COALESCE(stop_detail, 'seen it') "
+                     "WHERE id = %s", (stopped,))  # as the SDK's end writes it
     assert _row(store, done).status == lc.COMPLETED
     row = _row(store, stopped)
-    assert (row.status, row.stop_reason) == (lc.KILLED, lc.MAX_STEPS) and row.ended_at.year > 2000
+    assert (row.status, row.stop_reason, row.stop_detail) == (lc.KILLED, lc.MAX_STEPS, "seen it")
+    assert row.ended_at.year > 2000
 
 
 def test_the_gateway_appends_witnessed_events_but_never_rewrites_a_run(store):

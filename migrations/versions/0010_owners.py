@@ -127,8 +127,9 @@ BEGIN
   IF NEW.status <> OLD.status AND NOT ({moves}) THEN
     {_refuse('this status change is not the writer''s (running -> stopping, paused, completed, failed, killed; stopping, paused -> completed, failed, killed)')}
   END IF;
-  IF (NEW.stop_reason IS DISTINCT FROM OLD.stop_reason OR NEW.stop_detail IS DISTINCT FROM OLD.stop_detail)
-     AND OLD.stop_reason IS NOT NULL AND OLD.status <> 'running' THEN
+  -- (Filling in a detail the stop did not give is the SDK's end: COALESCE(stop_detail, ...).)
+  IF OLD.status <> 'running' AND ((OLD.stop_reason IS NOT NULL AND NEW.stop_reason IS DISTINCT FROM OLD.stop_reason)
+                                 OR (OLD.stop_detail IS NOT NULL AND NEW.stop_detail IS DISTINCT FROM OLD.stop_detail)) THEN
     {_refuse('a stop''s reason, once given, is kept')}
   END IF;
   IF NEW.last_seen_at IS DISTINCT FROM OLD.last_seen_at THEN
