@@ -363,6 +363,15 @@ def test_the_daemons_role_still_stops_ends_and_books_an_agents_run(store):
 def test_the_roles_script_is_idempotent_and_wants_the_owners_revision(store, pg_server_url):
     again = store.roles_script()
     assert again.returncode == 0, again.stderr
+    # `db upgrade` at head, as the daemon's role, keeps every grant and policy.
+    up = CliRunner().invoke(main, ["--db", store.url("daemon"), "db", "upgrade"])
+    assert up.exit_code == 0, up.output
+    engine = make_engine(store.url("daemon"))
+    assert _pg_state(engine) == {"policies": 6, "triggers": 2, "rls": True}
+    engine.dispose()
+    b_run = _insert(store.url("b"))
+    with _raw(store.url("a")) as conn:
+        assert conn.execute("UPDATE runs SET steps = 999 WHERE id = %s", (b_run,)).rowcount == 0
     with _raw(store.url("view")) as conn:  # its policies are there once, still working
         assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] >= 1
     name = f"aw_old_{uuid.uuid4().hex[:8]}"
