@@ -22,7 +22,8 @@
 --     LiteLLM callback, the MCP proxy and the like: what the agents' role may do
 --     with its own runs, plus reading every run (its stop status and budgets)
 --     and appending events marked with a gateway source (events.source one of
---     otlp, litellm, mcp) to any run. It never changes another owner's row;
+--     otlp, litellm, mcp, or those of -v gateway_sources) to any run. It never
+--     changes another owner's row;
 --   * the viewer's role (default agent_watchdog_viewer, NOLOGIN), for `runs`,
 --     `show`, `top`, `budgets`, `alerts` and `web`: reads every table and every
 --     run (attestations without their MACs), writes nothing.
@@ -52,6 +53,15 @@
 \else
 \set viewer_role agent_watchdog_viewer
 \endif
+-- The sources the gateway's role may mark events with (one gateway role per gateway: e.g.
+-- -v gateway_role=aw_mcp_proxy -v gateway_sources=mcp).
+\if :{?gateway_sources}
+\else
+\set gateway_sources otlp,litellm,mcp
+\endif
+SELECT format('DO $x$ BEGIN RAISE EXCEPTION %L; END $x$',
+              'agent-watchdog: gateway_sources must be a comma list of otlp, litellm, mcp, not ' || :'gateway_sources')
+ WHERE NOT (string_to_array(:'gateway_sources', ',') <@ ARRAY['otlp', 'litellm', 'mcp']) \gexec
 
 -- The owners and their row-level security come with revision 0010: refuse to grant on an older store.
 DO $$ BEGIN
@@ -122,8 +132,9 @@ SELECT format('DROP POLICY IF EXISTS %I ON %I', name, tab)
        AS p(name, tab) \gexec
 SELECT format('CREATE POLICY %I ON runs FOR SELECT TO %I USING (true)',
               'aw_gateway_reads_' || :'gateway_role', :'gateway_role') \gexec
-SELECT format('CREATE POLICY %I ON events FOR INSERT TO %I WITH CHECK (source IN (''otlp'', ''litellm'', ''mcp''))',
-              'aw_gateway_witness_' || :'gateway_role', :'gateway_role') \gexec
+SELECT format('CREATE POLICY %I ON events FOR INSERT TO %I WITH CHECK (source = ANY (%L::text[]))',
+              'aw_gateway_witness_' || :'gateway_role', :'gateway_role',
+              string_to_array(:'gateway_sources', ',')) \gexec
 SELECT format('CREATE POLICY %I ON %I FOR SELECT TO %I USING (true)', 'aw_viewer_reads_' || :'viewer_role', tab,
               :'viewer_role')
   FROM unnest(ARRAY['runs', 'events']) AS tab \gexec

@@ -55,10 +55,11 @@ class Store:
         user = self.daemon if who == "daemon" else self.logins[who]
         return self.base.set(username=user, database=self.db).render_as_string(hide_password=False)
 
-    def roles_script(self, user: str | None = None):
+    def roles_script(self, user: str | None = None, gateway: str | None = None, *extra: str):
         u = self.base
         return subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={self.agents}",
-                               "-v", f"gateway_role={self.gateway}", "-v", f"viewer_role={self.viewer}",
+                               "-v", f"gateway_role={gateway or self.gateway}", "-v", f"viewer_role={self.viewer}",
+                               *extra,
                                "-h", u.host, "-p", str(u.port or 5432), "-U", user or u.username, "-d", self.db,
                                "-f", str(SCRIPT)], capture_output=True, text=True, timeout=60)
 
@@ -86,7 +87,8 @@ def store(pg_server_url):
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{s.db}" WITH (FORCE)'))
-            for role in (*s.logins.values(), s.agents, s.gateway, s.viewer, s.daemon):
+            for role in (*s.logins.values(), s.agents, s.gateway, s.viewer, s.daemon, f"aw_mcp_{tag}",
+                         f"aw_mcpl_{tag}"):
                 conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
         admin.dispose()
 
@@ -254,6 +256,32 @@ def test_the_gateway_appends_witnessed_events_but_never_rewrites_a_run(store):
     with _raw(store.url("daemon")) as conn:
         at, = conn.execute("SELECT at FROM events WHERE run_id = %s AND seq = 1000001", (a_run,)).fetchone()
         assert at.year < 2999  # the server's clock
+
+
+def test_a_gateway_role_of_one_source_marks_only_that_one(store):
+    mcp, login = f"aw_mcp_{store.tag}", f"aw_mcpl_{store.tag}"
+    done = store.roles_script(None, mcp, "-v", "gateway_sources=mcp")
+    assert done.returncode == 0, done.stderr
+    bad = store.roles_script(None, mcp, "-v", "gateway_sources=mcp,sdk")
+    assert bad.returncode != 0 and "gateway_sources must be" in bad.stderr
+    admin_url = make_url(store.admin_url).set(database=store.db).render_as_string(hide_password=False)
+    try:
+        with _raw(admin_url) as conn:
+            conn.execute(f'CREATE ROLE "{login}" LOGIN IN ROLE "{mcp}"')
+        a_run = _insert(store.url("a"))
+        url = make_url(store.url("a")).set(username=login).render_as_string(hide_password=False)
+        with _raw(url) as conn:
+            conn.execute("INSERT INTO events (run_id, seq, at, kind, tool, source) "
+                         "VALUES (%s, 1, now(), 'tool', 't', 'mcp')", (a_run,))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+                conn.execute("INSERT INTO events (run_id, seq, at, kind, source) "
+                             "VALUES (%s, 2, now(), 'step', 'litellm')", (a_run,))
+    finally:  # its policies and grants go with it
+        with _raw(admin_url) as conn:
+            conn.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{login}'")
+            for role in (login, mcp):
+                conn.execute(f'DROP OWNED BY "{role}"')
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
 def test_the_viewer_sees_every_run_and_writes_nothing(store):
