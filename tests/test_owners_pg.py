@@ -160,6 +160,15 @@ def test_an_agent_cannot_touch_another_agents_run(store):
             conn.execute(INSERT.format(cols=", parent_id", vals=", %s"), (_rid(), b_run))
         with pytest.raises(REFUSED):  # nor as its own run's parent afterwards
             conn.execute("UPDATE runs SET parent_id = %s WHERE id = %s", (b_run, a_run))
+    with _raw(store.url("a")) as conn:  # a TEMP table `runs` that says A owns B's run changes nothing
+        conn.execute("CREATE TEMP TABLE runs (id text, owner text)")
+        conn.execute("INSERT INTO pg_temp.runs VALUES (%s, %s)", (b_run, store.logins["a"]))
+        conn.execute("SET search_path = pg_temp, public")
+        with pytest.raises(REFUSED):
+            conn.execute(INSERT.format(cols=", parent_id", vals=", %s").replace("INTO runs", "INTO public.runs"),
+                         (_rid(), b_run))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            conn.execute("INSERT INTO public.events (run_id, seq, at, kind) VALUES (%s, 1, now(), 'step')", (b_run,))
     b = _row(store, b_run)
     assert (b.steps, b.status, b.parent_id, b.stop_reason) == (0, lc.RUNNING, None, None)
     assert _row(store, a_run).parent_id is None

@@ -73,7 +73,7 @@ def _refuse(what: str) -> str:
     return f"RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = 'agent-watchdog: {what}';"
 
 
-def _runs_function() -> str:
+def _runs_function(schema: str) -> str:
     moves = " OR ".join(f"(OLD.status = '{a}' AND NEW.status IN ({_quote(b)}))" for a, b in MOVES.items())
     grown = " OR ".join(f"NEW.{c} < OLD.{c}" for c in COUNTERS)
     raised = " OR ".join(f"(OLD.{c} IS NOT NULL AND (NEW.{c} IS NULL OR NEW.{c} > OLD.{c}))" for c in BUDGETS)
@@ -107,7 +107,7 @@ BEGIN
 {insert_times}
     IF NEW.ended_at IS NOT NULL AND NEW.status IN ({_quote(ACTIVE)}) THEN {_refuse('ended_at is for an ended run')} END IF;
     IF NEW.parent_id IS NOT NULL AND (NEW.parent_id = NEW.id OR NOT EXISTS (
-         SELECT 1 FROM runs p WHERE p.id = NEW.parent_id AND p.owner = session_user)) THEN
+         SELECT 1 FROM {schema}.runs p WHERE p.id = NEW.parent_id AND p.owner = session_user)) THEN
       {_refuse('parent_id must name a run of the same owner')}
     END IF;
     RETURN NEW;
@@ -140,9 +140,9 @@ BEGIN
   IF NEW.parent_id IS DISTINCT FROM OLD.parent_id THEN
     -- Only in the transaction that inserted the run (the SDK's start writes it so), only once.
     IF OLD.parent_id IS NOT NULL OR NEW.parent_id IS NULL OR NEW.parent_id = NEW.id
-       OR NOT EXISTS (SELECT 1 FROM runs s WHERE s.id = OLD.id
+       OR NOT EXISTS (SELECT 1 FROM {schema}.runs s WHERE s.id = OLD.id
                         AND s.xmin::text = (pg_current_xact_id()::text::bigint % 4294967296)::text)
-       OR NOT EXISTS (SELECT 1 FROM runs p WHERE p.id = NEW.parent_id AND p.owner = session_user) THEN
+       OR NOT EXISTS (SELECT 1 FROM {schema}.runs p WHERE p.id = NEW.parent_id AND p.owner = session_user) THEN
       {_refuse('parent_id is set once, with the run''s insert, to a run of the same owner')}
     END IF;
   END IF;
@@ -160,19 +160,34 @@ BEGIN
 END
 $$"""
 
+# Is this run the session login's own? A plpgsql function, so that its query is planned once
+# per session: the SDK's statements are never prepared (PgBouncer's transaction pooling), and
+# an EXISTS subquery in the events policy was planned anew for every event (1.35x a record).
+# Its table is named with its schema: a plpgsql body resolves names at run time, and a writer
+# may create a TEMP table `runs` that the search path would find first.
+def _owned_function(schema: str) -> str:
+    return f"""CREATE FUNCTION aw_run_owned(run text) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN EXISTS (SELECT 1 FROM {schema}.runs r WHERE r.id = run AND r.owner = session_user);
+END
+$$"""
+
+
 # Own rows only, for every role the policies apply to (not the tables' owner, not superusers),
 # except one the triggers trust too: a login in the daemon's role (a member of the owner) or
-# granted TRUNCATE is the daemon's, whether or not it connects as the owner itself.
+# granted TRUNCATE is the daemon's, whether or not it connects as the owner itself. (A policy's
+# names are bound when it is created: no search path reaches them.)
 _OWN_RUN = "has_table_privilege(session_user, 'runs'::regclass, 'TRUNCATE') OR owner = session_user"
-_OWN_EVENT = ("has_table_privilege(session_user, 'events'::regclass, 'TRUNCATE') "
-              "OR EXISTS (SELECT 1 FROM runs r WHERE r.id = events.run_id AND r.owner = session_user)")
+_OWN_EVENT = "has_table_privilege(session_user, 'events'::regclass, 'TRUNCATE') OR aw_run_owned(run_id)"
 
 
 def upgrade() -> None:
     op.add_column('runs', sa.Column('owner', sa.String(length=63), nullable=True))
     if op.get_bind().dialect.name != 'postgresql':
         return
-    op.execute(_runs_function())
+    schema = '"' + op.get_bind().execute(sa.text("SELECT current_schema()")).scalar().replace('"', '""') + '"'
+    op.execute(_owned_function(schema))
+    op.execute(_runs_function(schema))
     op.execute("CREATE TRIGGER aw_runs_writer BEFORE INSERT OR UPDATE ON runs "
                "FOR EACH ROW EXECUTE FUNCTION aw_runs_writer()")
     op.execute(_EVENTS_FUNCTION)
@@ -201,6 +216,7 @@ END $$""")
         op.execute("DROP FUNCTION IF EXISTS aw_events_writer()")
         op.execute("DROP TRIGGER IF EXISTS aw_runs_writer ON runs")
         op.execute("DROP FUNCTION IF EXISTS aw_runs_writer()")
+        op.execute("DROP FUNCTION IF EXISTS aw_run_owned(text)")
     bind = op.get_bind()
     if bind.dialect.name == 'sqlite' and bind.dialect.dbapi.sqlite_version_info >= (3, 35):
         op.execute("ALTER TABLE runs DROP COLUMN owner")  # in place, as 0009 does (a recreate would cascade)
