@@ -32,10 +32,13 @@ def roles(pg_migrated):
     _empty_pg(pg_migrated)
     tag = uuid.uuid4().hex[:8]
     group, login = f"aw_agents_{tag}", f"aw_agent_{tag}"
+    # The gateway's and viewer's roles too are this test's own (roles are global to the server).
+    others = (f"aw_gateway_{tag}", f"aw_viewer_{tag}")
     url = make_url(pg_migrated)
     # The shipped script, run the way the README says, with the role named for this test
     # (roles are global to the server and other test sessions share it).
-    done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={group}", "-h", url.host,
+    done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={group}", "-v",
+                           f"gateway_role={others[0]}", "-v", f"viewer_role={others[1]}", "-h", url.host,
                            "-p", str(url.port or 5432), "-U", url.username, "-d", url.database, "-f", str(SCRIPT)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -46,7 +49,7 @@ def roles(pg_migrated):
     yield group, login, url.set(username=login).render_as_string(hide_password=False)
     with admin.begin() as conn:
         conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{login}'"))
-        for role in (login, group):
+        for role in (login, group, *others):
             conn.execute(text(f'DROP OWNED BY "{role}"'))
             conn.execute(text(f'DROP ROLE "{role}"'))
     admin.dispose()
@@ -133,7 +136,9 @@ def test_the_agents_role_is_refused_on_the_daemons_tables(roles, sql, table):
 def test_the_roles_script_is_idempotent(roles, pg_migrated):
     group, _login, _url = roles
     url = make_url(pg_migrated)
-    again = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={group}", "-h", url.host, "-U",
+    again = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={group}", "-v",
+                            f"gateway_role=aw_gateway_{group.rsplit('_', 1)[1]}", "-v",
+                            f"viewer_role=aw_viewer_{group.rsplit('_', 1)[1]}", "-h", url.host, "-U",
                             url.username, "-d", url.database, "-f", str(SCRIPT)], capture_output=True, text=True,
                            timeout=60)
     assert again.returncode == 0, again.stderr
