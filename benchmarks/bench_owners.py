@@ -43,13 +43,20 @@ def _url(db: str, user: str) -> str:
 
 class Stores:
     def __init__(self):
-        from watchdog.store import migrate
-        from watchdog.store.engine import make_engine
-
         tag = os.getpid()
         self.dbs = {"old": f"aw_bench_own_old_{tag}", "new": f"aw_bench_own_new_{tag}"}
         self.roles = [f"aw_bench_own_{k}_{tag}" for k in ("agents", "gw", "view", "old", "new")]
         self.logins = {"old": self.roles[3], "new": self.roles[4]}
+        try:
+            self._make()
+        except BaseException:
+            self.close()  # nothing left behind on the server
+            raise
+
+    def _make(self):
+        from watchdog.store import migrate
+        from watchdog.store.engine import make_engine
+
         with psycopg.connect(_conninfo("postgres"), autocommit=True) as admin:
             for db in self.dbs.values():
                 admin.execute(f'CREATE DATABASE "{db}"')
