@@ -77,8 +77,10 @@ SELECT format('CREATE ROLE %I NOLOGIN', r) FROM unnest(ARRAY[:'agents_role', :'g
 BEGIN;
 
 -- Start from nothing on every table of the store, then grant exactly what the SDK runs.
--- (Every table of the schema: the ledger's tables and any later one too.)
-REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC, :"agents_role", :"gateway_role", :"viewer_role";
+-- The store's tables, named (the database may hold other applications' tables too); a table a
+-- later revision adds joins this list with its grants.
+\set aw_tables 'runs, events, interventions, alerts, tool_circuits, circuit_probes, settings, daemons, attestations, spend_ledger, agent_rollups, agent_rollup_tools, alembic_version'
+REVOKE ALL ON :aw_tables FROM PUBLIC, :"agents_role", :"gateway_role", :"viewer_role";
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM PUBLIC, :"agents_role", :"gateway_role", :"viewer_role";
 GRANT USAGE ON SCHEMA public TO :"agents_role", :"gateway_role", :"viewer_role";
 
@@ -119,7 +121,7 @@ GRANT UPDATE (ok) ON circuit_probes TO :"gateway_role";
 
 -- The viewer: read everything the CLI's views and `web` show, write nothing. Attestations
 -- without their MACs (nothing a view shows).
-GRANT SELECT ON ALL TABLES IN SCHEMA public TO :"viewer_role";
+GRANT SELECT ON :aw_tables TO :"viewer_role";
 REVOKE SELECT ON attestations FROM :"viewer_role";
 GRANT SELECT (run_id, host, pid, pid_create_time, uid, kill_mode, attested_at, cgroup) ON attestations
    TO :"viewer_role";
