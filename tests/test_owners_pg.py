@@ -238,6 +238,10 @@ def test_the_status_moves_only_forward_for_a_writer(store):
         conn.execute("UPDATE runs SET status = 'killed', ended_at = '2000-01-01 00:00:00+00', "
                      "stop_reason = COALESCE(stop_reason, 'x'), stop_detail = COALESCE(stop_detail, 'seen it') "
                      "WHERE id = %s", (stopped,))  # as the SDK's end writes it
+        gave_up = _insert(url)  # the SDK's own pause, then its give-up when nobody answered, then its end
+        for status in ("paused", "stopping", "killed"):
+            assert conn.execute("UPDATE runs SET status = %s WHERE id = %s", (status, gave_up)).rowcount == 1
+    assert _row(store, gave_up).status == lc.KILLED
     assert _row(store, done).status == lc.COMPLETED
     row = _row(store, stopped)
     assert (row.status, row.stop_reason, row.stop_detail) == (lc.KILLED, lc.MAX_STEPS, "seen it")
