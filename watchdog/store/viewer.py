@@ -11,11 +11,11 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.timeline_svg import MAX_MARKS, Call, Spend
-from watchdog.store.schema import alerts, events, interventions, runs, settings
+from watchdog.store.schema import alerts, events, interventions, runs, settings, tool_circuits
 from watchdog.store.views import load_run
 
 STALE_S = 120.0  # an older published period state (a stopped daemon) gives no burn rates
@@ -86,3 +86,9 @@ def run_alerts(conn: Any, run_id: str) -> list[dict]:
                     "attempts": a.attempts, "delivered_targets": [str(t) for t in targets],
                     "delivered_at": _iso(a.delivered_at), "dead_at": _iso(a.dead_at), "last_error": a.last_error})
     return out
+
+
+def circuit_counts(conn: Any) -> dict[str, int]:
+    """Tool circuit breakers per state (one row per tool that ever failed: a small table)."""
+    return {str(state): int(n) for state, n in
+            conn.execute(select(tool_circuits.c.state, func.count()).group_by(tool_circuits.c.state))}

@@ -78,6 +78,8 @@ class WebApp:
         if self.allowed_hosts and host not in self.allowed_hosts:
             return _page("421 Misdirected Request", "unknown Host: start the view with --allowed-host for this name")
         path = environ.get("PATH_INFO") or "/"
+        if path == "/favicon.ico":  # browsers ask; nothing to show
+            return "204 No Content", "text/plain", b"", []
         if path.startswith("/static/"):
             return _static(path[len("/static/"):])
         query = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).items()}

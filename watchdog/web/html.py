@@ -53,6 +53,11 @@ def page(title: str, body: str, *, api: str | None = None, refresh_s: float = 5.
             f"<main>{body}</main></body></html>\n")
 
 
+def number(value: float) -> str:
+    """12, 2,000,000, 0.25: integers with thousands separators, others as short as exact."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
 def closeness_colour(frac: float) -> str:
     """Green far from the budget, amber from 60 %, red from 85 %, dark red at or past it."""
     if frac >= 1.0:
@@ -70,7 +75,7 @@ def bar(used: float, budget: float | None, *, text: str | None = None, width_px:
         return f'<span class="num">{esc(text if text is not None else used)}</span>'
     frac = max(0.0, used / budget)
     fill = min(1.0, frac) * width_px
-    label = text if text is not None else f"{used:g}/{budget:g}"
+    label = text if text is not None else f"{number(used)}/{number(budget)}"
     return (f'<span class="bar" title="{esc(f"{100 * frac:.0f}% of the budget")}">'
             f'<svg width="{width_px}" height="10" aria-hidden="true"><rect width="{width_px}" height="10" fill="#e0e0e0"/>'
             f'<rect class="fill" width="{fill:.1f}" height="10" fill="{closeness_colour(frac)}"/></svg> '

@@ -81,9 +81,9 @@ def run_page(r: dict, *, svg: str, alerts: list[dict]) -> str:
         f'<tr><td>tool calls</td><td data-k="tool_calls">{esc(r["tool_calls"])}</td>'
         f'<td>{bar(r["tool_calls"], b.get("max_tool_calls"))}</td></tr>',
         f'<tr><td>tool errors</td><td data-k="tool_errors">{esc(r["tool_errors"])}</td><td></td></tr>',
-        f"<tr><td>tokens</td><td>{esc(tokens)}</td><td>{bar(tokens, b.get('max_tokens'))}</td></tr>",
+        f"<tr><td>tokens</td><td>{tokens:,}</td><td>{bar(tokens, b.get('max_tokens'))}</td></tr>",
         f'<tr><td>cost (EUR)</td><td data-k="cost_eur">{r["cost_eur"]:.4f}</td><td>{_cost_bar(r)}</td></tr>',
-        f'<tr><td>wall</td><td data-k="duration_s">{esc(r["duration_s"])}</td>'
+        f'<tr><td>wall (s)</td><td data-k="duration_s">{r["duration_s"]:.0f}</td>'
         f'<td>{bar(r["duration_s"], b.get("max_wall_s"), text=forecast.duration(r["duration_s"]))}</td></tr>',
     ], cls="counters")
     labels = ", ".join(f"{k}={v}" for k, v in (r.get("labels") or {}).items()) if isinstance(r.get("labels"), dict) else ""

@@ -17,6 +17,7 @@
     }
     if (v === null || v === undefined) { return "-"; }
     if (key === "cost_eur") { return Number(v).toFixed(4); }
+    if (key === "duration_s") { return Number(v).toFixed(0); }
     if (key === "ended_at") { return String(v).replace("T", " ").slice(0, 19); }
     return String(v);
   }
