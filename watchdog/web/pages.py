@@ -145,7 +145,8 @@ def budgets_page(states: list, now: dt.datetime, tz: dt.tzinfo) -> str:
     rows = []
     for s in states:
         name = s.scope.name if s.scope.kind == "agent" else f"[{s.scope.name}]"
-        rate = f"{s.rate_eur_per_min:.4f}" if s.rate_eur_per_min else "-"
+        rate = ("-" if not s.rate_eur_per_min else "< 0.0001" if s.rate_eur_per_min < 0.0001
+                else f"{s.rate_eur_per_min:.4f}")
         out = "spent" if s.closed else forecast.when(s.runs_out_at, now, tz) if s.runs_out_at else "-"
         state = "CLOSED" if s.closed else "WARN" if s.warned else "ok" if s.budget_eur else "-"
         budget = f"{s.budget_eur:.2f}" if s.budget_eur else "-"
