@@ -53,9 +53,11 @@ def parse_listen(listen: str) -> tuple[str, int]:
 def make(url: str, config: Config, *, config_from_file: bool, listen: str,
          allowed_hosts: tuple[str, ...] = ()) -> _Server:
     host, port = parse_listen(listen)
-    app = WebApp(open_store(url), config, config_from_file=config_from_file,
-                 allowed_hosts=_hosts(host, port, allowed_hosts))
-    return make_server(host, port, app, server_class=_Server, handler_class=_Handler)
+    app = WebApp(open_store(url), config, config_from_file=config_from_file)
+    server = make_server(host, port, app, server_class=_Server, handler_class=_Handler)
+    # The port bound (port 0: the one the kernel chose) is the one a Host header names.
+    app.allowed_hosts = {h.lower() for h in _hosts(host, server.server_address[1], allowed_hosts)}
+    return server
 
 
 def _hosts(host: str, port: int, extra: tuple[str, ...]) -> tuple[str, ...]:
