@@ -23,6 +23,7 @@ def to_html(md: str, *, image_src: str | None = None) -> str:
     out: list[str] = []
     in_list = in_code = False
     table_rows: list[list[str]] = []
+    code: list[str] = []
 
     def flush() -> None:
         nonlocal in_list
@@ -39,11 +40,13 @@ def to_html(md: str, *, image_src: str | None = None) -> str:
     for line in md.splitlines():
         if line.startswith("```"):
             flush()
-            out.append("</code></pre>" if in_code else "<pre><code>")
+            if in_code:
+                out.append("<pre><code>" + "\n".join(code) + "</code></pre>")
+                code.clear()
             in_code = not in_code
             continue
         if in_code:
-            out.append(esc(line) + "\n")
+            code.append(esc(line))
             continue
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -70,5 +73,5 @@ def to_html(md: str, *, image_src: str | None = None) -> str:
             out.append(f"<p>{_inline(line)}</p>")
     flush()
     if in_code:
-        out.append("</code></pre>")
+        out.append("<pre><code>" + "\n".join(code) + "</code></pre>")
     return "\n".join(out)

@@ -109,7 +109,7 @@ def run_page(r: dict, *, svg: str, alerts: list[dict]) -> str:
         f"<td>{esc(i['reason'])}</td><td>{esc(i['outcome'])}</td><td>{esc(i['actor'])}</td></tr>"
         for i in ivs if i["action"] in LADDER], empty="no stop: the ladder was not climbed")
     others = table(("at (UTC)", "action", "reason", "detail", "outcome", "actor"), [
-        f"<tr><td>{when(i['at'])}</td><td>{esc(i['action'])}</td><td>{esc(i['reason'])}</td><td>{esc(i['detail'])}</td>"
+        f"<tr><td>{when(i['at'])}</td><td>{esc(i['action'])}</td><td>{esc(i['reason'])}</td><td>{esc(_detail(i['detail']))}</td>"
         f"<td>{esc(i['outcome'])}</td><td>{esc(i['actor'])}</td></tr>" for i in ivs], empty="no interventions")
     tools = table(("tool", "calls", "errors"), [
         f"<tr><td>{esc(t['name'])}</td><td>{esc(t['calls'])}</td><td>{esc(t['errors'])}</td></tr>"
@@ -134,6 +134,22 @@ def run_page(r: dict, *, svg: str, alerts: list[dict]) -> str:
             f"<h2>Tools</h2>{tools}<h2>Children</h2>{children}<h2>Interventions</h2>{others}"
             f"<h2>Alerts</h2>{sent}</div>")
     return page(f"{r['agent']} run {rid[:8]}", body, api=f"/api/runs/{rid}")
+
+
+def _detail(detail: str | None) -> str | None:
+    """A signal's sealed target list (JSON with the daemon's MAC) as the pids it names; other details as written."""
+    if not detail or not detail.startswith("{"):
+        return detail
+    import json
+
+    try:
+        value = json.loads(detail)
+    except ValueError:
+        return detail
+    if isinstance(value, dict) and "mac" in value and isinstance(value.get("targets"), list):
+        pids = ", ".join(f"pid {t.get('pid')} on {t.get('host')}" for t in value["targets"] if isinstance(t, dict))
+        return f"sealed by the daemon: {pids or 'no process'}"
+    return detail
 
 
 def _cost_bar(r: dict) -> str:
