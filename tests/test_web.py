@@ -298,6 +298,21 @@ def test_a_host_header_not_naming_the_view_is_refused(web):
     conn.close()
 
 
+def test_a_stalled_or_garbage_client_does_not_block_the_view(web):
+    host, port = web.base.removeprefix("http://").split(":")
+    stalled = socket.create_connection((host, int(port)), timeout=10)
+    stalled.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1")  # never finishes its request
+    garbage = socket.create_connection((host, int(port)), timeout=10)
+    garbage.sendall(b"\x00\xff NOT HTTP AT ALL\r\n\r\n")
+    try:
+        assert web.get("/api/runs")[0] == 200  # served while the others hang or fail
+        assert b"Error response" in garbage.recv(4096)  # the stdlib's 400 page, nothing of the store
+    finally:
+        stalled.close()
+        garbage.close()
+    assert web.proc.poll() is None and web.get("/")[0] == 200
+
+
 def test_postmortem_output_dir_writes_markdown_and_the_same_timeline(web, tmp_path):
     rid = web.ids["runaway"]
     out = subprocess.run([CLI, "--db", web.url, "postmortem", rid[:8], "--output", str(tmp_path / "pm")],

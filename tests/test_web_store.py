@@ -29,7 +29,7 @@ def _rows(engine) -> dict[str, list]:
 @pytest.fixture
 def served(db_url, engine, wd):
     with pytest.raises(RunKilled):
-        with wd.run(agent="billing-bot", guards=False, max_tool_calls=3) as run:
+        with wd.run(agent="billing-bot", labels={"team": "billing"}, guards=False, max_tool_calls=3) as run:
             for i in range(4):
                 run.record_tool("verify_iban", {"iban": f"IT{i}"}, ok=i != 1, error=None if i != 1 else "timeout")
                 run.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=0.01)
@@ -53,6 +53,8 @@ def test_pages_and_json_on_each_backend_and_no_row_changes(served, db_url, engin
     api = json.loads(urllib.request.urlopen(f"{base}/api/runs", timeout=30).read())
     cli = json.loads(CliRunner().invoke(main, ["--db", db_url, "runs", "--all", "--json"]).output)
     assert api == cli and len(api) == 2
+    team = json.loads(urllib.request.urlopen(f"{base}/api/runs?label=team%3Dbilling&status=killed", timeout=30).read())
+    assert [r["id"] for r in team] == [rid]  # a label filter in SQL on either backend
     show = json.loads(CliRunner().invoke(main, ["--db", db_url, "show", rid, "--json"]).output)
     assert json.loads(urllib.request.urlopen(f"{base}/api/runs/{rid}", timeout=30).read()) == show
     for path in ("/", "/budgets", f"/runs/{rid}/postmortem", f"/runs/{rid}/postmortem.md", f"/runs/{rid}/timeline.svg"):

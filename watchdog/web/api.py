@@ -89,8 +89,8 @@ class Views:
             recent = self._list(conn, filters, statuses=list(lc.END_STATUSES), limit=PAGE_RUNS + 1, before=before)
         more = len(recent) > PAGE_RUNS
         recent = recent[:PAGE_RUNS]
-        poll = {k: v for k, v in filters.items()}
-        api = "/api/runs?" + urlencode({**poll, "limit": ACTIVE_RUNS + PAGE_RUNS})
+        # The first page refreshes from the newest runs; an older page shows ended runs: nothing to refresh.
+        api = None if before else "/api/runs?" + urlencode({**filters, "limit": ACTIVE_RUNS + PAGE_RUNS})
         return pages.runs_page(active, recent, filters, next_before=recent[-1]["id"] if more else None, api=api)
 
     def run_json(self, run_id: str, last_events: int = 15) -> dict:

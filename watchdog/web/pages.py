@@ -47,7 +47,7 @@ RUN_HEADERS = ("run", "agent", "status", "stop reason", "top tool", "steps", "to
 
 
 def runs_page(active: list[dict], recent: list[dict], filters: dict[str, str], *, next_before: str | None,
-              api: str) -> str:
+              api: str | None) -> str:
     fields = []
     for name in FILTERS:
         value = filters.get(name, "")
