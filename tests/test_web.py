@@ -33,6 +33,7 @@ from watchdog.store.schema import utcnow
 CLI = shutil.which("agent-watchdog", path=str(Path(sys.executable).parent)) or "agent-watchdog"
 HOSTILE_AGENT = "<img src=x onerror=alert(1)>"
 HOSTILE_TOOL = '"><script>alert(1)</script>'
+SECRET = "s3cr3t-token"
 SCREENSHOTS = os.environ.get("AW_WEB_SCREENSHOTS")  # a folder: keep the pages' screenshots (docs/img/)
 
 
@@ -90,6 +91,7 @@ def _make_store(url: str) -> dict[str, str]:
         run.tool_call(HOSTILE_TOOL, {"a": 1}, lambda a: "ok")
         run.record_tool(HOSTILE_TOOL, {"a": 2}, ok=False, error="<b>boom</b>")
         run.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=0.001)
+        run.heartbeat(f"fetching https://bob:{SECRET}@api.example.com/v1")  # a writer's text with a secret
     ids["hostile"] = run.id
     now = utcnow()
     rep = tk.tick(later(now, 0.5))
@@ -282,6 +284,7 @@ def test_every_page_escapes_store_text_and_sends_a_strict_csp(web):
         assert headers["x-content-type-options"] == "nosniff"
     page = web.text(f"/runs/{rid}")
     assert "&lt;img src=x onerror=alert(1)&gt;" in page and "&quot;&gt;&lt;script&gt;" in page
+    assert "api.example.com" in page and SECRET not in page  # writer texts are scrubbed on the page
     svg = web.text(f"/runs/{rid}/timeline.svg")
     ET.fromstring(svg)  # well-formed: every name escaped
     assert HOSTILE_TOOL not in svg and "&lt;script&gt;" in svg

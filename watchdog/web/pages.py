@@ -10,6 +10,7 @@ import datetime as dt
 from typing import Any
 
 from watchdog.core import forecast
+from watchdog.core.scrub import scrub
 from watchdog.web.html import bar, esc, href, page, run_href, status_badge, table, when
 
 # The ladder's rungs among a run's interventions, in the order they happen.
@@ -90,13 +91,13 @@ def run_page(r: dict, *, svg: str, alerts: list[dict]) -> str:
     facts = _kv([
         ("agent", esc(r["agent"])), ("status", status_badge(r["status"])),
         ("stop reason", f'<span data-k="stop_reason">{esc(r["stop_reason"])}</span>'),
-        ("stop detail", esc(r.get("stop_detail"))), ("top tool", f'<span data-k="top_tool">{esc(top_text(r))}</span>'),
+        ("stop detail", esc(scrub(r.get("stop_detail")))), ("top tool", f'<span data-k="top_tool">{esc(top_text(r))}</span>'),
         ("host / pid", f"{esc(r['host'])} / {esc(r['pid'])}"), ("kill mode", esc(r["kill_mode"])),
         ("source", esc(r["source"])), ("labels", esc(labels or "-")),
         ("parent", f'<a href="{run_href(r["parent_id"])}">{esc(r["parent_id"][:8])}</a>' if r.get("parent_id") else "-"),
         ("started", when(r["started_at"])), ("stop requested", when(r.get("stop_requested_at"))),
         ("ended", f'<span data-k="ended_at">{when(r["ended_at"])}</span>'),
-        ("progress", esc(r.get("progress"))), ("resumes", esc(r.get("resumes"))),
+        ("progress", esc(scrub(r.get("progress")))), ("resumes", esc(r.get("resumes"))),
     ])
     start = dt.datetime.fromisoformat(r["started_at"])
     ivs = r.get("interventions") or []
@@ -109,7 +110,7 @@ def run_page(r: dict, *, svg: str, alerts: list[dict]) -> str:
         f"<td>{esc(i['reason'])}</td><td>{esc(i['outcome'])}</td><td>{esc(i['actor'])}</td></tr>"
         for i in ivs if i["action"] in LADDER], empty="no stop: the ladder was not climbed")
     others = table(("at (UTC)", "action", "reason", "detail", "outcome", "actor"), [
-        f"<tr><td>{when(i['at'])}</td><td>{esc(i['action'])}</td><td>{esc(i['reason'])}</td><td>{esc(_detail(i['detail']))}</td>"
+        f"<tr><td>{when(i['at'])}</td><td>{esc(i['action'])}</td><td>{esc(i['reason'])}</td><td>{esc(scrub(_detail(i['detail'])))}</td>"
         f"<td>{esc(i['outcome'])}</td><td>{esc(i['actor'])}</td></tr>" for i in ivs], empty="no interventions")
     tools = table(("tool", "calls", "errors"), [
         f"<tr><td>{esc(t['name'])}</td><td>{esc(t['calls'])}</td><td>{esc(t['errors'])}</td></tr>"
@@ -122,7 +123,7 @@ def run_page(r: dict, *, svg: str, alerts: list[dict]) -> str:
     sent = table(("created (UTC)", "alert", "state", "attempts", "delivered to (target ids)", "last error"), [
         f"<tr><td>{when(a['created_at'])}</td><td>{esc(a['title'])}</td><td>{esc(a['state'])}</td>"
         f"<td>{esc(a['attempts'])}</td><td>{esc(', '.join(a['delivered_targets']) or '-')}</td>"
-        f"<td>{esc(a['last_error'])}</td></tr>" for a in alerts], empty="no alerts for this run")
+        f"<td>{esc(scrub(a['last_error']))}</td></tr>" for a in alerts], empty="no alerts for this run")
     links = (f'<p class="links"><a href="{run_href(rid, "/postmortem")}">postmortem</a> · '
              f'<a href="{run_href(rid, "/postmortem.md")}">postmortem (Markdown)</a> · '
              f'<a href="{run_href(rid, "/timeline.svg")}">timeline (SVG)</a> · '
