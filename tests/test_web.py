@@ -160,8 +160,9 @@ def web(tmp_path_factory):
         time.sleep(0.05)
     yield Web(base, proc, ids, url, db, before)
     proc.terminate()
-    proc.wait(timeout=30)
+    code = proc.wait(timeout=30)
     log.close()
+    assert code == 0, (folder / "web.log").read_text()  # SIGTERM: a clean exit, as under systemd
 
 
 def test_the_runs_page_serves_every_run_active_first(web):

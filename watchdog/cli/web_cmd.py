@@ -18,6 +18,7 @@ from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
 def web_cmd(app, listen, allowed_hosts):
     """Read-only web view: runs, one run with its timeline, period budgets, postmortems, JSON under /api/."""
     import logging
+    import signal
 
     from watchdog.web.server import make
 
@@ -26,6 +27,11 @@ def web_cmd(app, listen, allowed_hosts):
                   allowed_hosts=tuple(allowed_hosts))
     host, port = server.server_address[:2]
     click.echo(f"agent-watchdog web: serving http://{host}:{port}/ (read-only; ctrl-c to stop)", err=True)
+
+    def stop(_signum, _frame):  # SIGTERM (systemd, a supervisor): leave as on ctrl-c, exit 0
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
