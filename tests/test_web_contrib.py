@@ -49,6 +49,16 @@ def test_promtool_accepts_the_rules():
     assert "SUCCESS" in res.stdout and "10 rules found" in res.stdout
 
 
+def test_each_alert_fires_on_its_series_and_not_before():
+    """promtool's rule unit tests (tests/promtool/alerts_test.yml): not ticking, down, slow ticks, an open
+    circuit, a dead letter, a budget near its end and one spent fire; a healthy daemon and a far budget do not."""
+    assert PROMTOOL, "promtool (Debian's prometheus package) is not installed"
+    res = subprocess.run([PROMTOOL, "test", "rules", "alerts_test.yml"], cwd=REPO / "tests" / "promtool",
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
 def test_the_dashboard_covers_what_the_issue_asks():
     dash = json.loads(DASHBOARD.read_text())
     titles = " | ".join(p["title"] for p in dash["panels"]).lower()
