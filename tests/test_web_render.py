@@ -26,6 +26,11 @@ def test_identical_calls_in_a_row_are_found_and_banded():
     svg = ET.fromstring(render(calls, [], T0, at(10)))
     assert len(svg.findall(f".//{NS}rect[@class='repeat']")) == 1
     assert len(svg.findall(f".//{NS}circle[@class='call']")) == 6
+    # The same arguments again with other calls between: ringed, not banded.
+    apart = [Call(at(0), "t", True, "x"), Call(at(1), "t", True, "y"), Call(at(2), "t", False, "x")]
+    svg = ET.fromstring(render(apart, [], T0, at(3)))
+    (ring,) = svg.findall(f".//{NS}circle[@class='again']")
+    assert ring.find(f"{NS}title").text == "same arguments as call 1" and not svg.findall(f".//{NS}rect[@class='repeat']")
 
 
 def test_errors_cost_and_an_empty_run():

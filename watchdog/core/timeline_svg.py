@@ -21,6 +21,7 @@ LANE_PX = 22
 LABEL_PX = 170
 COST_PX = 70
 OTHER = "(other tools)"
+STACK_OFFSETS_PX = (0, -6, 6, -3, 3)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,20 @@ def render(calls: list[Call], spend: list[Spend], start: dt.datetime, end: dt.da
         out.append(f'<rect class="repeat" x="{x0 - 4:.1f}" y="{y - 9:.1f}" width="{x1 - x0 + 8:.1f}" height="18" '
                    f'rx="4" fill="#ffb74d" fill-opacity="0.55"><title>{j - i + 1} identical calls to '
                    f'{_esc(calls[i].tool)}</title></rect>')
-    for c in calls:
+    first_of: dict[tuple, int] = {}  # (tool, args hash) -> the call that first had them
+    last_x: dict[float, float] = {}  # per lane: where its last mark went
+    stack: dict[float, int] = {}
+    for n, c in enumerate(calls):
         x, y = _x(c.at, start, span_s), lane_y(c)
+        # Calls closer than a mark's width (a burst) are stacked in the lane instead of hidden under each other.
+        stack[y] = stack.get(y, 0) + 1 if x - last_x.get(y, -1e9) < 4 else 0
+        last_x[y] = x
+        y += STACK_OFFSETS_PX[stack[y] % len(STACK_OFFSETS_PX)]
+        key = (c.tool, c.args_hash)
+        if c.args_hash is not None and key in first_of:  # the loop signature, even with other calls between
+            out.append(f'<circle class="again" cx="{x:.1f}" cy="{y:.1f}" r="6.5" fill="none" stroke="#ef6c00" '
+                       f'stroke-width="1.5"><title>same arguments as call {first_of[key] + 1}</title></circle>')
+        first_of.setdefault(key, n)
         if c.ok is False:
             out.append(f'<path class="error" d="M{x - 4:.1f},{y - 4:.1f}L{x + 4:.1f},{y + 4:.1f}M{x - 4:.1f},{y + 4:.1f}'
                        f'L{x + 4:.1f},{y - 4:.1f}" stroke="#d32f2f" stroke-width="2"/>')
@@ -133,7 +146,8 @@ def render(calls: list[Call], spend: list[Spend], start: dt.datetime, end: dt.da
                + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
     out.append(f'<text x="{WIDTH_PX - 20}" y="{base - COST_PX - 4}" text-anchor="end" fill="#388e3c">'
                f'{total:.4f} EUR</text>')
-    out.append(f'<text x="8" y="{height - 8}" fill="#555">● call  ✕ error  ▭ identical calls in a row;'
+    out.append(f'<text x="8" y="{height - 8}" fill="#555">● call  ✕ error  ○ same arguments again  '
+               f'▭ identical calls in a row;'
                f' time since the run started</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
