@@ -38,6 +38,8 @@ def test_errors_cost_and_an_empty_run():
     svg = ET.fromstring(render(calls, [Spend(at(1), 0.5), Spend(at(2), 0.25)], T0, at(3)))
     assert len(svg.findall(f".//{NS}path[@class='error']")) == 1
     assert "0.7500 EUR" in ET.tostring(svg, encoding="unicode")
+    many = render([], [Spend(at(i / 1000), 0.001) for i in range(20_000)], T0, at(20))
+    assert many.count(",") < 3000  # one point per pixel column, not per step
     empty = render([], [], T0, T0)
     assert "no tool calls" in empty and ET.fromstring(empty) is not None
 

@@ -138,7 +138,11 @@ def render(calls: list[Call], spend: list[Spend], start: dt.datetime, end: dt.da
     peak = max(1e-9, sum(max(0.0, s.cost_eur) for s in spends))
     for s in spends:
         total += max(0.0, s.cost_eur)
-        points.append((_x(s.at, start, span_s), base - COST_PX * total / peak))
+        point = (_x(s.at, start, span_s), base - COST_PX * total / peak)
+        if len(points) > 1 and point[0] - points[-1][0] < 0.5:  # same pixel column: keep its last value only
+            points[-1] = point
+        else:
+            points.append(point)
     points.append((_x(end, start, span_s) if end >= start else LABEL_PX, points[-1][1]))
     out.append(f'<text x="{LABEL_PX - 6}" y="{base - COST_PX / 2:.0f}" text-anchor="end">cost (cumulative)</text>')
     out.append(f'<line x1="{LABEL_PX}" y1="{base}" x2="{WIDTH_PX - 20}" y2="{base}" stroke="#999"/>')

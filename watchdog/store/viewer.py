@@ -18,6 +18,7 @@ from watchdog.core.timeline_svg import MAX_MARKS, Call, Spend
 from watchdog.store.schema import alerts, events, interventions, runs, settings, tool_circuits
 from watchdog.store.views import load_run
 
+MAX_SPEND_ROWS = 50_000  # the cost line of a huge run: its first priced steps (the chart is ~700 px wide)
 STALE_S = 120.0  # an older published period state (a stopped daemon) gives no burn rates
 
 
@@ -67,7 +68,7 @@ def timeline(conn: Any, run_id: str) -> tuple[list[Call], list[Spend]]:
     spend = [Spend(r.at, float(r.cost_eur)) for r in conn.execute(
         select(events.c.at, events.c.cost_eur)
         .where(and_(events.c.run_id == run_id, events.c.cost_eur.is_not(None), events.c.cost_eur > 0))
-        .order_by(events.c.seq))]
+        .order_by(events.c.seq).limit(MAX_SPEND_ROWS))]
     return calls, spend
 
 
