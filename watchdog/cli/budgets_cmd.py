@@ -10,20 +10,8 @@ from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_opt
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import utcnow
 
-STALE_S = 120.0  # an older published state (a stopped daemon) gives no burn rates
-
-
-def published_state(conn, now: dt.datetime) -> dict | None:
-    """The daemon's last published period state (its burn rates), unless stale."""
-    from sqlalchemy import select
-
-    from watchdog.core.periods import STATE_KEY
-    from watchdog.store.schema import settings
-
-    row = conn.execute(select(settings.c.value, settings.c.updated_at).where(settings.c.key == STATE_KEY)).first()
-    if row is None or not isinstance(row.value, dict) or row.updated_at is None:
-        return None
-    return row.value if 0 <= (now - row.updated_at).total_seconds() < STALE_S else None
+# The daemon's last published period state: shared with the web view (watchdog.store.viewer).
+from watchdog.store.viewer import published_state  # noqa: E402,F401
 
 
 def table(states, now: dt.datetime, tz) -> str:

@@ -1,216 +1,40 @@
-"""`agent-watchdog postmortem RUN_ID`: a short blameless postmortem in Markdown, from the store.
-
-The template follows the incident article the project came from: what
-happened, impact, probable cause (from the cause → log-signature table), what
-worked and what did not, actions, and the chaos-test case that keeps this loop
-from coming back.
-"""
+"""`agent-watchdog postmortem RUN_ID`: the facts from the store, the Markdown from watchdog.core.postmortem
+(shared with the web view), the tool-call timeline from watchdog.core.timeline_svg."""
 
 from __future__ import annotations
 
 import datetime as dt
-import re
-from collections import Counter
+import os
 
-from sqlalchemy import and_, or_, select
-
-from watchdog.core import lifecycle as lc
+from watchdog.core import timeline_svg
 from watchdog.core.config import Config
-from watchdog.store.schema import alerts, events, interventions, runs
-from watchdog.core.budgets import effective_budgets
-from watchdog.store.views import load_run
+from watchdog.core.postmortem import render as render_facts
+from watchdog.store.viewer import postmortem_facts, timeline
 
-SCHEMA_RE = re.compile(r"schema|validat|invalid|malformed|required field|pydantic|jsondecode", re.I)
-DOWN_RE = re.compile(r"\b5\d\d\b|internal server error|bad gateway|unavailable|timed? ?out|connection (refused|reset)", re.I)
-
-CAUSES = {
-    "schema": ("broken schema: the model keeps producing what the tool rejects",
-               "validate the payload and give up after a bounded number of rejects; tell the model what is wrong"),
-    "down": ("a tool that is down: the same tool keeps failing with server errors",
-             "a per-tool circuit breaker (check [circuit] errors / window_s), and a fallback or an honest failure"),
-    "stuck": ("stuck: identical calls repeated",
-              "dedupe of identical read-only calls and a low max_identical_calls"),
-    "insist": ('steps growing without convergence: an "insist" prompt or an impossible goal',
-               "a low max_steps, and a prompt that admits failure (\"if you cannot, stop and report\")"),
-    "hung": ("a hung tool or model call: no progress written",
-             "timeouts on every tool and model call; heartbeats from long work"),
-    "crash": ("the process died without ending the run", "find the crash in the agent's own logs; supervise it"),
-    "manual": ("stopped by hand", "write down why the human had to step in, and which automatic defense should have"),
-    # No row of the signature table matched: say so rather than name a cause the table denies.
-    "unclassified": ("no loop signature of the table below: the run used up a budget in a way it does not describe",
-                     "read the run's events (`agent-watchdog show RUN_ID --events 50`), then fit the budget to the "
-                     "agent or add a guard for the pattern you find"),
-}
+TIMELINE_SUFFIX = "-timeline.svg"
 
 
-def _ts(t: dt.datetime | None) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%H:%M:%S") if t else "-"
+def render(conn, run_id: str, config: Config, now: dt.datetime, *, timeline_file: str | None = None) -> str:
+    return render_facts(postmortem_facts(conn, run_id, now), config, now, timeline_file=timeline_file)
 
 
-def signatures(row, evs, budgets) -> dict[str, bool]:
-    """Which rows of the cause → log-signature table this run's log matches."""
-    errors = [e for e in evs if e.kind == lc.EV_TOOL and e.ok is False]
-    found = {"schema": False, "down": False}
-    if errors:
-        top_tool, n = Counter(e.tool for e in errors).most_common(1)[0]
-        msgs = [f"{e.error_class} {e.error_msg}" for e in errors if e.tool == top_tool]
-        found["schema"] = n >= 2 and sum(bool(SCHEMA_RE.search(m)) for m in msgs) * 2 >= len(msgs)
-        # A call that failed fast on an open circuit is the same signature: the tool is down.
-        found["down"] = n >= 2 and sum(bool(DOWN_RE.search(m)) or m.startswith("ToolUnavailable") for m in msgs) * 2 >= len(msgs)
-    sigs = Counter((e.tool, e.args_hash) for e in evs if e.kind == lc.EV_TOOL)
-    found["stuck"] = bool(sigs) and sigs.most_common(1)[0][1] >= min(budgets.max_identical_calls, 3)
-    found["insist"] = row.steps >= budgets.max_steps or row.stop_reason in (lc.MAX_STEPS, lc.MAX_COST, lc.WALL_CLOCK)
-    return found
+def timeline_svg_of(conn, run_id: str, now: dt.datetime) -> str:
+    from watchdog.store.views import load_run
 
-
-def _cause(row, sig: dict[str, bool]) -> str:
-    if row.stop_reason == lc.MANUAL:
-        return "manual"
-    if row.stop_reason == lc.PROCESS_GONE:
-        return "crash"
-    if row.stop_reason == lc.HEARTBEAT_TIMEOUT:
-        return "hung"
-    for cause in ("schema", "down", "stuck", "insist"):  # the most specific signature names the cause
-        if sig[cause]:
-            return cause
-    return "unclassified"
-
-
-def _first_repeat(evs):
-    seen = set()
-    for e in evs:
-        if e.kind != lc.EV_TOOL:
-            continue
-        key = (e.tool, e.args_hash)
-        if key in seen:
-            return e
-        seen.add(key)
-    return None
-
-
-def render(conn, run_id: str, config: Config, now: dt.datetime) -> str:
     row = load_run(conn, run_id)
-    budgets = effective_budgets(config.profile(row.agent), row)
-    evs = conn.execute(select(events).where(events.c.run_id == row.id).order_by(events.c.seq)).all()
-    ivs = conn.execute(select(interventions).where(interventions.c.run_id == row.id)
-                       .order_by(interventions.c.id)).all()
-    end = row.ended_at or now
-    tools = Counter(e.tool for e in evs if e.kind == lc.EV_TOOL)
-    errs = Counter(e.tool for e in evs if e.kind == lc.EV_TOOL and e.ok is False)
-    top = tools.most_common(1)[0] if tools else None
-    circ = conn.execute(select(interventions).where(and_(
-        interventions.c.tool.in_(list(tools) or [""]), interventions.c.run_id.is_(None),
-        interventions.c.at >= row.started_at, interventions.c.at <= end)).order_by(interventions.c.id)).all()
-    others = conn.execute(select(runs.c.id, runs.c.agent, runs.c.status, runs.c.stop_reason).where(and_(
-        runs.c.id != row.id, runs.c.started_at <= end,
-        or_(runs.c.ended_at.is_(None), runs.c.ended_at >= row.started_at)))).all()
-    sent = conn.execute(select(alerts).where(alerts.c.run_id == row.id).order_by(alerts.c.id)).all()
-    sig = signatures(row, evs, budgets)
-    cause = _cause(row, sig)
-    acted = _defense(row, ivs)
-
-    out = [f"# Postmortem: {row.agent} run {row.id[:8]} — {row.stop_reason or row.status}", "",
-           f"Run `{row.id}` on {row.host} (pid {row.pid}, kill_mode {row.kill_mode}); status **{row.status}**.", "",
-           "## What happened", "", f"- {_ts(row.started_at)} run started"]
-    if _hung_in(row):
-        out.append(f"- the run was stuck in a call to **{_hung_in(row)}** ({row.progress})")
-    rep = _first_repeat(evs)
-    if rep is not None:
-        out.append(f"- {_ts(rep.at)} first repeated call: {rep.tool} with identical arguments (event #{rep.seq})")
-    for c in circ:
-        out.append(f"- {_ts(c.at)} circuit breaker: {c.action.replace('circuit_', '')} for {c.tool} — {c.detail or c.outcome}")
-    for i in ivs:
-        out.append(f"- {_ts(i.at)} {i.action}: {i.outcome or ''}{f' ({i.detail})' if i.action == 'stop_requested' else ''}")
-    if row.ended_at:
-        out.append(f"- {_ts(row.ended_at)} run ended: {row.status}" + (f" ({row.stop_reason}: {row.stop_detail})"
-                                                                        if row.stop_reason else ""))
-    out += ["", f"Defense that acted: **{acted}**.", "", "## Impact", "",
-            f"- steps {row.steps}/{budgets.max_steps}, tool calls {row.tool_calls}/{budgets.max_tool_calls} "
-            f"({row.tool_errors} errors)",
-            f"- tokens {row.tokens_in} in / {row.tokens_out} out; cost burned **{row.cost_eur:.2f} EUR** "
-            f"(budget {budgets.max_cost_eur:.2f})",
-            f"- duration {(end - row.started_at).total_seconds():.0f} s (budget {budgets.max_wall_s:g} s)",
-            f"- top tool: {top[0]} ×{top[1]} ({100 * top[1] // max(1, sum(tools.values()))}%), {errs[top[0]]} errors"
-            if top else "- no tool calls",
-            f"- other runs at the same time: {len(others)}; stopped among them: "
-            f"{sum(1 for o in others if o.status in (lc.KILLED, lc.LOST, lc.STOPPING))}", ""]
-    what, fix = CAUSES[cause]
-    out += ["## Probable cause", "", f"{what}.", "", "| signature in the log | seen here |", "|---|---|",
-            *(f"| {label} | {'**yes**' if sig[key] else 'no'} |" for key, label in (
-                ("schema", "same tool, validation errors repeated"), ("down", "same tool, 5xx / timeouts repeated"),
-                ("stuck", "same tool + same arguments repeated"), ("insist", "steps growing, no convergence"))),
-            "",
-            "## What worked and what did not", ""]
-    out += _worked(row, ivs, circ, sent, budgets)
-    out += ["", "## Actions", "", f"- {fix}.",
-            "- add the case below to the chaos suite so this loop never comes back.", "",
-            "## Chaos test to add", "", "```python", _chaos_case(row, cause, top, budgets), "```", ""]
-    return "\n".join(out)
+    calls, spend = timeline(conn, row.id)
+    return timeline_svg.render(calls, spend, row.started_at, row.ended_at or now,
+                               title=f"{row.agent} run {row.id[:8]}: tool calls over time")
 
 
-def _defense(row, ivs) -> str:
-    actions = [i.action for i in ivs]
-    if "sigkill" in actions:
-        return "daemon: SIGKILL (the run ignored the cooperative stop and SIGTERM)"
-    if "sigterm" in actions:
-        return "daemon: SIGTERM after the cooperative stop"
-    if "stop_requested" in actions:
-        return "human: agent-watchdog kill" if row.stop_reason == lc.MANUAL else "daemon: cooperative stop"
-    if "lost" in actions:
-        return "daemon: process_gone (the process was already dead)"
-    if row.status == lc.KILLED:
-        return "in-process guard (the SDK refused the call that would exceed the budget)"
-    return "none (the run ended by itself)"
-
-
-def _worked(row, ivs, circ, sent, budgets) -> list[str]:
-    acts = {i.action: i for i in ivs}
-    lines = []
-    guard = row.status == lc.KILLED and "stop_requested" not in acts
-    lines.append(f"- in-process guards: {'tripped first' if guard else 'did not stop it (off, or not the limit hit)'}")
-    if "stop_requested" in acts:
-        lines.append(f"- daemon: stop requested at {_ts(acts['stop_requested'].at)} "
-                     f"({(acts['stop_requested'].at - row.started_at).total_seconds():.0f} s after the start)")
-    if "sigterm" in acts:
-        lines.append(f"- SIGTERM: {'ignored — SIGKILL was needed' if 'sigkill' in acts else 'the process exited'}")
-    if "signal_refused" in acts or "stop_failed" in acts or "not_signalled" in acts:
-        bad = acts.get("signal_refused") or acts.get("stop_failed") or acts.get("not_signalled")
-        lines.append(f"- **did not work**: {bad.action}: {bad.outcome}")
-    opened = [c for c in circ if c.action == "circuit_open"]
-    lines.append(f"- circuit breaker: {'opened for ' + ', '.join(sorted({c.tool for c in opened})) if opened else 'did not open'}")
-    for a in sent:
-        state = (f"dead letter since {_ts(a.dead_at)}, never retried ({a.last_error})" if a.dead_at else
-                 "logged only (no alert URLs configured)" if a.delivered_at and a.last_error else
-                 f"delivered {_ts(a.delivered_at)}" if a.delivered_at else
-                 f"NOT delivered yet ({a.attempts} attempts: {a.last_error or 'pending'})")
-        lines.append(f"- alert “{a.title}”: {state}")
-    if not sent:
-        lines.append("- alert: none was sent for this run")
-    return lines
-
-
-# The scenarios of tests/chaos/agent.py that reproduce each cause.
-CHAOS_SCENARIO = {"down": "always_500", "schema": "bad_schema", "stuck": "stuck", "hung": "hung_tool",
-                  "crash": "dies", "manual": "runaway"}
-
-
-def _hung_in(row) -> str | None:
-    """The tool a hung run was stuck in, from the SDK's in-flight note ("in X since ...")."""
-    m = re.match(r"in (\S+) since ", row.progress or "")
-    return m.group(1) if m else None
-
-
-def _chaos_case(row, cause, top, budgets) -> str:
-    """A test in the style of tests/chaos/ (fixtures watchdog_daemon and agent_process)."""
-    tool = (cause == "hung" and _hung_in(row)) or (top[0] if top else "some_tool")
-    scenario = CHAOS_SCENARIO.get(cause) or ("insist" if row.tool_errors else "runaway")
-    status = lc.LOST if cause == "crash" else lc.KILLED
-    verb = "fails" if cause in ("schema", "down") else "misbehaves"
-    name = re.sub(r"\W", "_", f"{row.agent}_{cause}")
-    return "\n".join([
-        f"def test_{name}_is_stopped(watchdog_daemon, agent_process):",
-        f"    # {tool} {verb} every time, as in run {row.id[:8]}",
-        f"    run = agent_process(agent={row.agent!r}, scenario={scenario!r}, tool={tool!r}, guards=False)",
-        f"    assert run.ended_within(steps={budgets.max_steps}, seconds={budgets.max_wall_s:g}, eur={budgets.max_cost_eur:.2f})",
-        f"    assert run.status == {status!r} and run.innocent_runs_untouched()",
-    ])
+def write_report(conn, run_id: str, config: Config, now: dt.datetime, folder: str) -> tuple[str, str]:
+    """The Markdown and its SVG timeline, side by side in `folder` (made if missing)."""
+    os.makedirs(folder, exist_ok=True)
+    svg_name = f"postmortem-{run_id[:8]}{TIMELINE_SUFFIX}"
+    md_path = os.path.join(folder, f"postmortem-{run_id[:8]}.md")
+    svg_path = os.path.join(folder, svg_name)
+    with open(svg_path, "w", encoding="utf-8") as fh:
+        fh.write(timeline_svg_of(conn, run_id, now))
+    with open(md_path, "w", encoding="utf-8") as fh:
+        fh.write(render(conn, run_id, config, now, timeline_file=svg_name))
+    return md_path, svg_path

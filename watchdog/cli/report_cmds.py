@@ -20,7 +20,7 @@ from watchdog.store.schema import utcnow
 def top_cmd(app, once, interval_s):
     """Live view of the active runs, closest to a budget first (80 columns)."""
     from watchdog.cli import top
-    from watchdog.cli.budgets_cmd import published_state
+    from watchdog.store.viewer import published_state
     from watchdog.core.periods import zone
     from watchdog.store.ledger import period_report
 
@@ -45,20 +45,34 @@ def top_cmd(app, once, interval_s):
 
 @main.command("postmortem")
 @click.argument("run_id")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write the report to FILE.")
+@click.option("--output", "-o", type=click.Path(writable=True),
+              help="Write the report and its SVG tool-call timeline into DIR (a path ending in .md: that file, "
+                   "the SVG beside it).")
 @shared_options
 @pass_app
 @fail_cleanly
 def postmortem_cmd(app, run_id, output):
     """A Markdown postmortem of one run: what happened, impact, probable cause, actions, chaos test."""
+    import os
+
     from watchdog.cli import postmortem
     from watchdog.store.views import resolve_run_id
 
+    now = utcnow()
     with app.reader() as conn:
-        text = postmortem.render(conn, resolve_run_id(conn, run_id), app.judge_by(conn), utcnow())
-    if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        click.echo(f"postmortem written to {output}")
-    else:
-        click.echo(text)
+        rid = resolve_run_id(conn, run_id)
+        if not output:
+            click.echo(postmortem.render(conn, rid, app.judge_by(conn), now))
+            return
+        if output.endswith(".md") or os.path.isfile(output):  # a file named, as before: the SVG beside it
+            folder, name = os.path.split(os.path.abspath(output))
+            svg_name = os.path.splitext(name)[0] + postmortem.TIMELINE_SUFFIX
+            svg = os.path.join(folder, svg_name)
+            with open(svg, "w", encoding="utf-8") as fh:
+                fh.write(postmortem.timeline_svg_of(conn, rid, now))
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(postmortem.render(conn, rid, app.judge_by(conn), now, timeline_file=svg_name))
+            md = output
+        else:
+            md, svg = postmortem.write_report(conn, rid, app.judge_by(conn), now, output)
+    click.echo(f"postmortem written to {md} (timeline: {svg})")

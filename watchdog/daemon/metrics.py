@@ -44,6 +44,14 @@ class Metrics:
                                   ["scope", "period"], registry=r)
         self.period_budget = Gauge("agent_watchdog_period_budget_eur", "Each period budget (0 = none)",
                                    ["scope", "period"], registry=r)
+        # For the alert rules (contrib/prometheus/alerts.yml, issue 24): "not ticking" and "tick
+        # slower than tick_s" need the last tick's time and the configured period; "circuits open"
+        # the circuits by state (one row per tool in tool_circuits: a cheap count).
+        self.last_tick = Gauge("agent_watchdog_last_tick_timestamp_seconds", "When the last tick ended (Unix time)",
+                               registry=r)
+        self.tick_interval = Gauge("agent_watchdog_tick_interval_seconds", "The configured tick period ([daemon] tick_s)",
+                                   registry=r)
+        self.circuits = Gauge("agent_watchdog_circuits", "Tool circuit breakers by state", ["state"], registry=r)
         self._tools: set[str] = set()
         self._models: set[str] = set()
         self._scopes: set[str] = set()
@@ -53,6 +61,7 @@ class Metrics:
 
     def observe_tick(self, rep) -> None:
         self.tick.observe(rep.duration_s)
+        self.last_tick.set_to_current_time()
         self.active.labels("running").set(rep.active - rep.stopping)
         self.active.labels("stopping").set(rep.stopping)
         for _rid, reason in rep.stops:
@@ -83,6 +92,14 @@ class Metrics:
             seen.add(name)
             return name
         return "other"
+
+    def observe_circuits(self, counts: dict[str, int], tick_s: float) -> None:
+        """`counts`: circuits per state (watchdog.store.viewer.circuit_counts); every state shown, 0 too."""
+        from watchdog.core.lifecycle import Circuit
+
+        for state in (Circuit.CLOSED, Circuit.OPEN, Circuit.HALF_OPEN):
+            self.circuits.labels(str(state)).set(counts.get(str(state), 0))
+        self.tick_interval.set(tick_s)
 
     def tick_skipped(self) -> None:
         self.skipped.inc()

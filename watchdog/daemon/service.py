@@ -214,10 +214,24 @@ class Daemon:
                   len(rep.stops), len(rep.lost), rep.duration_s * 1000)
         if self.metrics:
             self.metrics.observe_tick(rep)
+            self._observe_circuits()  # issue 24: the alert rules' circuits and tick period
         # Pinged from the tick itself: a hung tick stops the pings and systemd restarts us.
         sdnotify.notify("WATCHDOG=1", f"STATUS=active runs {rep.active}, stopping {rep.stopping}, "
                                       f"last tick {rep.duration_s * 1000:.0f} ms{', leader' if rep.leader else ''}")
         return rep
+
+    def _observe_circuits(self) -> None:
+        """Circuits by state for /metrics (issue 24). A failed read costs this sample, never the tick."""
+        from watchdog.store.engine import read_connection
+        from watchdog.store.viewer import circuit_counts
+
+        try:
+            with read_connection(self.engine) as conn:
+                counts = circuit_counts(conn)
+        except Exception as exc:  # noqa: BLE001 — metrics never fail the tick
+            log.debug("circuit metrics: %s", _one_line(exc))
+            return
+        self.metrics.observe_circuits(counts, self.config.daemon.tick_s)
 
     def deliver_job(self, now: dt.datetime | None = None):
         # Each daemon delivers the alerts it sealed (watchdog.daemon.outbox): several daemons

@@ -1,0 +1,95 @@
+"""Read verbs for the views people look at: the web view, `postmortem`, `budgets` and `top`.
+
+Reads only (every caller holds a read connection): the facts of a postmortem, a run's
+tool-call timeline, its alerts with their per-target delivery, the daemon's published period
+state. Rendering is elsewhere (watchdog.core.postmortem, watchdog.core.timeline_svg).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.timeline_svg import MAX_MARKS, Call, Spend
+from watchdog.store.schema import alerts, events, interventions, runs, settings, tool_circuits
+from watchdog.store.views import load_run
+
+MAX_SPEND_ROWS = 50_000  # the cost line of a huge run: its first priced steps (the chart is ~700 px wide)
+STALE_S = 120.0  # an older published period state (a stopped daemon) gives no burn rates
+
+
+def published_state(conn: Any, now: dt.datetime) -> dict | None:
+    """The daemon's last published period state (its burn rates), unless stale."""
+    from watchdog.core.periods import STATE_KEY
+
+    row = conn.execute(select(settings.c.value, settings.c.updated_at).where(settings.c.key == STATE_KEY)).first()
+    if row is None or not isinstance(row.value, dict) or row.updated_at is None:
+        return None
+    return row.value if 0 <= (now - row.updated_at).total_seconds() < STALE_S else None
+
+
+@dataclass(frozen=True)
+class PostmortemFacts:
+    row: Any
+    events: list
+    interventions: list
+    circuit: list  # circuit-breaker interventions (no run) on this run's tools while it ran
+    others: list  # the runs that overlapped it
+    alerts: list
+
+
+def postmortem_facts(conn: Any, run_id: str, now: dt.datetime) -> PostmortemFacts:
+    row = load_run(conn, run_id)
+    evs = conn.execute(select(events).where(events.c.run_id == row.id).order_by(events.c.seq)).all()
+    ivs = conn.execute(select(interventions).where(interventions.c.run_id == row.id)
+                       .order_by(interventions.c.id)).all()
+    end = row.ended_at or now
+    tools = sorted({e.tool for e in evs if e.kind == lc.EV_TOOL and e.tool is not None})
+    circ = conn.execute(select(interventions).where(and_(
+        interventions.c.tool.in_(tools or [""]), interventions.c.run_id.is_(None),
+        interventions.c.at >= row.started_at, interventions.c.at <= end)).order_by(interventions.c.id)).all()
+    others = conn.execute(select(runs.c.id, runs.c.agent, runs.c.status, runs.c.stop_reason).where(and_(
+        runs.c.id != row.id, runs.c.started_at <= end,
+        or_(runs.c.ended_at.is_(None), runs.c.ended_at >= row.started_at)))).all()
+    sent = conn.execute(select(alerts).where(alerts.c.run_id == row.id).order_by(alerts.c.id)).all()
+    return PostmortemFacts(row, evs, ivs, circ, others, sent)
+
+
+def timeline(conn: Any, run_id: str) -> tuple[list[Call], list[Spend]]:
+    """A run's tool calls (the first MAX_MARKS + 1: the chart says when it cut) and priced steps, in order."""
+    calls = [Call(r.at, r.tool or "?", r.ok, r.args_hash) for r in conn.execute(
+        select(events.c.at, events.c.tool, events.c.ok, events.c.args_hash)
+        .where(and_(events.c.run_id == run_id, events.c.kind == lc.EV_TOOL))
+        .order_by(events.c.seq).limit(MAX_MARKS + 1))]
+    spend = [Spend(r.at, float(r.cost_eur)) for r in conn.execute(
+        select(events.c.at, events.c.cost_eur)
+        .where(and_(events.c.run_id == run_id, events.c.cost_eur.is_not(None), events.c.cost_eur > 0))
+        .order_by(events.c.seq).limit(MAX_SPEND_ROWS))]
+    return calls, spend
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.astimezone(dt.timezone.utc).isoformat() if value else None
+
+
+def run_alerts(conn: Any, run_id: str) -> list[dict]:
+    """The run's alerts (composed by a daemon) and how far each got: per target, dead letter, error."""
+    out = []
+    for a in conn.execute(select(alerts).where(alerts.c.run_id == run_id).order_by(alerts.c.id)):
+        targets = a.delivered_targets if isinstance(a.delivered_targets, list) else []
+        state = ("dead letter" if a.dead_at else "delivered" if a.delivered_at else
+                 "pending" if not a.attempts else "retrying")
+        out.append({"id": a.id, "created_at": _iso(a.created_at), "title": a.title, "state": state,
+                    "attempts": a.attempts, "delivered_targets": [str(t) for t in targets],
+                    "delivered_at": _iso(a.delivered_at), "dead_at": _iso(a.dead_at), "last_error": a.last_error})
+    return out
+
+
+def circuit_counts(conn: Any) -> dict[str, int]:
+    """Tool circuit breakers per state (one row per tool that ever failed: a small table)."""
+    return {str(state): int(n) for state, n in
+            conn.execute(select(tool_circuits.c.state, func.count()).group_by(tool_circuits.c.state))}
