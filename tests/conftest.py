@@ -7,7 +7,10 @@ is unreachable the PostgreSQL tests fail (they are never silently skipped).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 
 import pytest
@@ -18,6 +21,17 @@ from watchdog.store.engine import make_engine
 from watchdog.store.schema import metadata
 
 pytest_plugins = ("noskip",)  # under CI=true a skip is a failure
+
+# Hermetic defaults: as root (CI) the daemon's default state directory and socket are the
+# host's /var/lib/agent-watchdog and /run/agent-watchdog (watchdog.core.paths). A test that
+# forgets to name its own gets a directory of this test session instead, exactly as systemd
+# would hand one over, never the host's.
+_SESSION_DIRS = tempfile.mkdtemp(prefix="aw-test-dirs-")
+os.environ.setdefault("STATE_DIRECTORY", os.path.join(_SESSION_DIRS, "state"))
+os.environ.setdefault("RUNTIME_DIRECTORY", os.path.join(_SESSION_DIRS, "run"))
+for _d in (os.environ["STATE_DIRECTORY"], os.environ["RUNTIME_DIRECTORY"]):
+    os.makedirs(_d, mode=0o700, exist_ok=True)
+atexit.register(shutil.rmtree, _SESSION_DIRS, True)
 
 PG_ADMIN_URL = os.environ.get("AGENT_WATCHDOG_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]

@@ -34,6 +34,9 @@ shadow() {  # $1 shows this machine's entries; new ones are created in $R$1
     for entry in "$dir"/* "$dir"/.[!.]*; do
         [[ -e "$entry" || -L "$entry" ]] || continue
         name="${entry##*/}"
+        # Never this project's own host directories (a daemon once run on this machine left
+        # /var/lib/agent-watchdog): the steps must create theirs as a new machine would.
+        [[ "$name" == agent-watchdog ]] && continue
         if [[ -L "$entry" ]]; then
             [[ -e "$upper/$name" || -L "$upper/$name" ]] || cp -a "$entry" "$upper/$name"
         elif [[ -d "$entry" ]]; then
