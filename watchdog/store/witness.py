@@ -1,0 +1,158 @@
+"""What a witness outside the run's process writes: runs it saw start, the calls it saw, their ends.
+
+The OTLP receiver (watchdog.daemon.otlp) is the first user. Every event carries the witness's
+`source` and, where the witnesses share one, the call's `call_id`: a call already in the run
+under that id is not counted again (one call, one count). Steps are written unpriced (cost
+NULL, their tokens in `cost_unpriced_tokens`): the daemon's backfill prices them within the
+tick, like any step an SDK could not price. Times are the store's clock: the server's now()
+on PostgreSQL, this host's on SQLite.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from sqlalchemy import and_, func, insert, select, type_coerce, update
+from sqlalchemy.engine import Connection
+
+from watchdog.core import lifecycle as lc
+from watchdog.store.actions import record
+from watchdog.store.attestations import Attestation, replace as replace_attestation
+from watchdog.store.leases import db_now
+from watchdog.store.schema import events, runs, utcnow
+
+
+@dataclass(frozen=True)
+class WitnessedCall:
+    """One step or tool call a witness saw (tokens for steps, tool fields for tool calls)."""
+
+    kind: str  # lifecycle EventKind: step | tool
+    tool: str | None = None
+    args_hash: str | None = None
+    ok: bool | None = None
+    error_class: str | None = None
+    error_msg: str | None = None
+    duration_s: float | None = None
+    model: str | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cached_tokens_in: int | None = None
+    call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RunRef:
+    id: str
+    source: str
+    status: str
+    host: str
+    kill_mode: str
+
+
+def store_now(conn: Connection) -> dt.datetime:
+    """The store's clock (as the daemon's tick reads it)."""
+    return db_now(conn) if conn.dialect.name == "postgresql" else utcnow()
+
+
+def active_runs_of(conn: Connection, source: str, host: str) -> list[tuple[str, dict | None]]:
+    """(id, labels) of the active runs `source` created on `host`: what a witness rebuilds its
+    key → run cache from after a restart."""
+    q = select(runs.c.id, runs.c.labels).where(and_(runs.c.source == source, runs.c.host == host,
+                                                    runs.c.status.in_(lc.ACTIVE_STATUSES)))
+    return [(r.id, r.labels if isinstance(r.labels, dict) else None) for r in conn.execute(q)]
+
+
+def run_ref(conn: Connection, run_id: str) -> RunRef | None:
+    r = conn.execute(select(runs.c.id, runs.c.source, runs.c.status, runs.c.host, runs.c.kill_mode)
+                     .where(runs.c.id == run_id)).first()
+    return None if r is None else RunRef(r.id, r.source, r.status, r.host, r.kill_mode)
+
+
+def create_run(conn: Connection, *, run_id: str, agent: str, source: str, host: str, kill_mode: str,
+               labels: dict | None, pid: int | None = None, pid_create_time: float | None = None,
+               now: dt.datetime) -> None:
+    conn.execute(insert(runs).values(
+        id=run_id, agent=agent, status=lc.RUNNING, kill_mode=kill_mode, host=host, pid=pid,
+        pid_create_time=pid_create_time, labels=labels, started_at=now, last_seen_at=now, source=source))
+
+
+def pin_process(conn: Connection, attestation: Attestation) -> None:
+    """The daemon's own attestation of a process the kernel confirmed (sealed by the caller)."""
+    replace_attestation(conn, attestation)
+
+
+def known_call_ids(conn: Connection, run_id: str, call_ids: Sequence[str]) -> set[str]:
+    if not call_ids:
+        return set()
+    q = select(events.c.call_id).where(and_(events.c.run_id == run_id, events.c.call_id.in_(sorted(set(call_ids)))))
+    return {r[0] for r in conn.execute(q)}
+
+
+def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall], *, source: str,
+           now: dt.datetime) -> bool:
+    """The calls as events of the run and onto its counters, in the caller's transaction; a span
+    arrival with no call is progress (last_seen_at). False if the run is not active (nothing written)."""
+    calls = list(calls)
+    ids = [c.call_id for c in calls if c.call_id]
+    if ids:
+        seen = known_call_ids(conn, run_id, ids)
+        fresh, taken = [], set(seen)
+        for c in calls:
+            if c.call_id and c.call_id in taken:
+                continue  # another witness (or an earlier export) counted this call
+            if c.call_id:
+                taken.add(c.call_id)
+            fresh.append(c)
+        calls = fresh
+    steps = [c for c in calls if c.kind == lc.EV_STEP]
+    tools = [c for c in calls if c.kind == lc.EV_TOOL]
+    unpriced = sum((c.tokens_in or 0) + (c.tokens_out or 0) for c in steps)
+    # The counters first: on PostgreSQL the UPDATE locks the row, so the seq base read next
+    # is this transaction's alone.
+    done = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status.in_(lc.ACTIVE_STATUSES))).values(
+        steps=runs.c.steps + len(steps), tool_calls=runs.c.tool_calls + len(tools),
+        tool_errors=runs.c.tool_errors + sum(1 for c in tools if c.ok is False),
+        tokens_in=runs.c.tokens_in + sum(c.tokens_in or 0 for c in steps),
+        tokens_out=runs.c.tokens_out + sum(c.tokens_out or 0 for c in steps),
+        cached_tokens_in=runs.c.cached_tokens_in + sum(c.cached_tokens_in or 0 for c in steps),
+        cost_unpriced_tokens=runs.c.cost_unpriced_tokens + unpriced,
+        last_seen_at=(func.max if conn.dialect.name == "sqlite" else func.greatest)(
+            runs.c.last_seen_at, type_coerce(now, runs.c.last_seen_at.type))))
+    if done.rowcount != 1:
+        return False
+    if not calls:
+        return True
+    last_seq = conn.execute(select(runs.c.last_seq).where(runs.c.id == run_id)).scalar() or 0
+    top = conn.execute(select(func.max(events.c.seq)).where(events.c.run_id == run_id)).scalar() or 0
+    base = max(last_seq, top)
+    rows = []
+    for i, c in enumerate(calls, start=1):
+        priced_zero = c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out)
+        rows.append(dict(run_id=run_id, seq=base + i, at=now, kind=c.kind, tool=c.tool, args_hash=c.args_hash,
+                         ok=c.ok, error_class=c.error_class, error_msg=c.error_msg, duration_s=c.duration_s,
+                         model=c.model, tokens_in=c.tokens_in, tokens_out=c.tokens_out,
+                         cached_tokens_in=c.cached_tokens_in, cost_eur=0.0 if priced_zero else None,
+                         source=source, call_id=c.call_id))
+    conn.execute(insert(events), rows)
+    conn.execute(update(runs).where(runs.c.id == run_id).values(last_seq=base + len(calls)))
+    return True
+
+
+def complete(conn: Connection, run_id: str, *, now: dt.datetime) -> bool:
+    """A running run the witness saw end (its root span) or that went silent: completed, no alert."""
+    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.RUNNING))
+                       .values(status=lc.COMPLETED, ended_at=now))
+    return res.rowcount == 1
+
+
+def end_stopped(conn: Connection, run_id: str, *, now: dt.datetime, by: str, outcome: str) -> bool:
+    """A stopping run nobody can signal whose witness went silent: killed (its stop took effect)."""
+    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.STOPPING,
+                                               runs.c.signal_stage.in_(lc.WAITING_STAGES)))
+                       .values(status=lc.KILLED, ended_at=now, signal_stage=lc.Stage.DONE))
+    if res.rowcount != 1:
+        return False
+    record(conn, at=now, action="ended", by=by, run_id=run_id, outcome=outcome[:255])
+    return True
