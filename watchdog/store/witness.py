@@ -11,14 +11,16 @@ on PostgreSQL, this host's on SQLite.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from sqlalchemy import and_, func, insert, select, type_coerce, update
+from sqlalchemy import and_, insert, select, update
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.actions import record
+from watchdog.store.hotpath import Dialect
 from watchdog.store.attestations import Attestation, replace as replace_attestation
 from watchdog.store.leases import db_now
 from watchdog.store.schema import events, runs, utcnow
@@ -109,35 +111,60 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall], *, sou
     steps = [c for c in calls if c.kind == lc.EV_STEP]
     tools = [c for c in calls if c.kind == lc.EV_TOOL]
     unpriced = sum((c.tokens_in or 0) + (c.tokens_out or 0) for c in steps)
-    # The counters first: on PostgreSQL the UPDATE locks the row, so the seq base read next
-    # is this transaction's alone.
-    done = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status.in_(lc.ACTIVE_STATUSES))).values(
-        steps=runs.c.steps + len(steps), tool_calls=runs.c.tool_calls + len(tools),
-        tool_errors=runs.c.tool_errors + sum(1 for c in tools if c.ok is False),
-        tokens_in=runs.c.tokens_in + sum(c.tokens_in or 0 for c in steps),
-        tokens_out=runs.c.tokens_out + sum(c.tokens_out or 0 for c in steps),
-        cached_tokens_in=runs.c.cached_tokens_in + sum(c.cached_tokens_in or 0 for c in steps),
-        cost_unpriced_tokens=runs.c.cost_unpriced_tokens + unpriced,
-        last_seen_at=(func.max if conn.dialect.name == "sqlite" else func.greatest)(
-            runs.c.last_seen_at, type_coerce(now, runs.c.last_seen_at.type))))
+    sql = _sql(conn.dialect.name)
+    at = sql.dialect.ts(now)
+    # The counters first: on PostgreSQL the UPDATE locks the row, so the seq base read next is
+    # this transaction's alone. Plain SQL text (rendered once per dialect, as the SDK's hot path):
+    # building Core statements per request cost more than the database.
+    done = conn.exec_driver_sql(sql.counters, (
+        len(steps), len(tools), sum(1 for c in tools if c.ok is False), sum(c.tokens_in or 0 for c in steps),
+        sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at, run_id))
     if done.rowcount != 1:
         return False
     if not calls:
         return True
-    last_seq = conn.execute(select(runs.c.last_seq).where(runs.c.id == run_id)).scalar() or 0
-    top = conn.execute(select(func.max(events.c.seq)).where(events.c.run_id == run_id)).scalar() or 0
-    base = max(last_seq, top)
+    last_seq, top = conn.exec_driver_sql(sql.seq_base, (run_id, run_id)).one()
+    base = max(last_seq or 0, top or 0)
     rows = []
     for i, c in enumerate(calls, start=1):
         priced_zero = c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out)
-        rows.append(dict(run_id=run_id, seq=base + i, at=now, kind=c.kind, tool=c.tool, args_hash=c.args_hash,
-                         ok=c.ok, error_class=c.error_class, error_msg=c.error_msg, duration_s=c.duration_s,
-                         model=c.model, tokens_in=c.tokens_in, tokens_out=c.tokens_out,
-                         cached_tokens_in=c.cached_tokens_in, cost_eur=0.0 if priced_zero else None,
-                         source=source, call_id=c.call_id))
-    conn.execute(insert(events), rows)
-    conn.execute(update(runs).where(runs.c.id == run_id).values(last_seq=base + len(calls)))
+        rows.append((run_id, base + i, at, c.kind, c.tool, c.args_hash, c.ok, c.error_class, c.error_msg,
+                     c.duration_s, c.model, c.tokens_in, c.tokens_out, c.cached_tokens_in,
+                     0.0 if priced_zero else None, source, c.call_id))
+    conn.exec_driver_sql(sql.insert_event, rows)
+    conn.exec_driver_sql(sql.set_seq, (base + len(calls), run_id))
     return True
+
+
+_EVENT_COLUMNS = ("run_id", "seq", "at", "kind", "tool", "args_hash", "ok", "error_class", "error_msg", "duration_s",
+                  "model", "tokens_in", "tokens_out", "cached_tokens_in", "cost_eur", "source", "call_id")
+
+
+@dataclass(frozen=True)
+class _Sql:
+    dialect: Dialect
+    counters: str
+    seq_base: str
+    insert_event: str
+    set_seq: str
+
+
+@functools.cache
+def _sql(name: str) -> _Sql:
+    d = Dialect(name)
+    ph = "?" if d.sqlite else "%s"
+    greatest = "MAX" if d.sqlite else "GREATEST"
+    active = ", ".join(f"'{s}'" for s in lc.ACTIVE_STATUSES)
+    return _Sql(
+        d,
+        f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, tool_errors = tool_errors + {ph}, "
+        f"tokens_in = tokens_in + {ph}, tokens_out = tokens_out + {ph}, "
+        f"cached_tokens_in = cached_tokens_in + {ph}, cost_unpriced_tokens = cost_unpriced_tokens + {ph}, "
+        f"last_seen_at = {greatest}(last_seen_at, {d.clock_ph}) WHERE id = {ph} AND status IN ({active})",
+        f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph}) FROM runs WHERE id = {ph}",
+        f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(ph for _ in _EVENT_COLUMNS)})",
+        f"UPDATE runs SET last_seq = {ph} WHERE id = {ph}",
+    )
 
 
 def complete(conn: Connection, run_id: str, *, now: dt.datetime) -> bool:

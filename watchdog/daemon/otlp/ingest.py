@@ -112,6 +112,9 @@ class Receiver:
                     out.accepted += g.spans
                     continue
                 run_id = self._known(g)
+                if run_id is None and not g.genai:
+                    out.accepted += g.spans  # a trace of no agent (HTTP, database spans): no run of its own
+                    continue
                 calls = self._fresh(run_id, g.calls) if run_id else g.calls
                 if run_id is None or not witness.append(conn, run_id, calls, source=lc.Source.OTLP, now=now):
                     run_id = self._start(conn, g, peer, now, out)

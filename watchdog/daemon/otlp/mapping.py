@@ -64,6 +64,7 @@ class Group:
     spans: int = 0
     root_ended: bool = False
     last_end_ns: int = 0
+    genai: bool = False  # any GenAI span (step, tool, agent): only such groups start a run
 
 
 def _text(v: Any) -> str | None:
@@ -191,8 +192,11 @@ def groups(resources: Iterable[ResourceSpans]) -> list[Group]:
             g.spans += 1
             g.last_end_ns = max(g.last_end_ns, s.end_ns)
             call = to_call(s)
+            op = operation(s)
+            if op is not None:
+                g.genai = True
             if call is not None:
                 g.calls.append(call)
-            elif operation(s) == AGENT_OPERATION and not s.parent_id:
+            elif op == AGENT_OPERATION and not s.parent_id:
                 g.root_ended = True
     return list(out.values())
