@@ -13,9 +13,9 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
@@ -75,9 +75,10 @@ def run_ref(conn: Connection, run_id: str) -> RunRef | None:
 def create_run(conn: Connection, *, run_id: str, agent: str, source: str, host: str, kill_mode: str,
                labels: dict | None, pid: int | None = None, pid_create_time: float | None = None,
                now: dt.datetime) -> None:
-    conn.execute(insert(runs).values(
-        id=run_id, agent=agent, status=lc.RUNNING, kill_mode=kill_mode, host=host, pid=pid,
-        pid_create_time=pid_create_time, labels=labels, started_at=now, last_seen_at=now, source=source))
+    sql = _sql(conn.dialect.name)
+    at = sql.dialect.ts(now)
+    conn.exec_driver_sql(sql.insert_run, (run_id, agent, lc.RUNNING, kill_mode, host, pid, pid_create_time,
+                                          sql.dialect.json(labels), at, at, source))
 
 
 def pin_process(conn: Connection, attestation: Attestation) -> None:
@@ -92,10 +93,12 @@ def known_call_ids(conn: Connection, run_id: str, call_ids: Sequence[str]) -> se
     return {r[0] for r in conn.execute(q)}
 
 
-def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall], *, source: str,
-           now: dt.datetime) -> bool:
-    """The calls as events of the run and onto its counters, in the caller's transaction; a span
-    arrival with no call is progress (last_seen_at). False if the run is not active (nothing written)."""
+def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], *, source: str,
+           now: dt.datetime, new: bool = False) -> bool:
+    """The calls (WitnessedCall, or any object with its fields) as events of the run and onto its
+    counters, in the caller's transaction; a span
+    arrival with no call is progress (last_seen_at). False if the run is not active (nothing written).
+    `new`: the run was created in this transaction (its seq starts at 0: no read)."""
     calls = list(calls)
     ids = [c.call_id for c in calls if c.call_id]
     if ids:
@@ -113,18 +116,22 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall], *, sou
     unpriced = sum((c.tokens_in or 0) + (c.tokens_out or 0) for c in steps)
     sql = _sql(conn.dialect.name)
     at = sql.dialect.ts(now)
-    # The counters first: on PostgreSQL the UPDATE locks the row, so the seq base read next is
-    # this transaction's alone. Plain SQL text (rendered once per dialect, as the SDK's hot path):
-    # building Core statements per request cost more than the database.
-    done = conn.exec_driver_sql(sql.counters, (
+    if new:
+        base = 0
+    else:
+        # The run row first, locked on PostgreSQL (FOR UPDATE): the seq base is this transaction's alone.
+        found = conn.exec_driver_sql(sql.seq_base, (run_id, run_id)).first()
+        if found is None:
+            return False  # not active (ended): nothing written
+        base = max(found[0] or 0, found[1] or 0)
+    # Plain SQL text, rendered once per dialect (as the SDK's hot path): building Core statements
+    # per request cost more than the database.
+    conn.exec_driver_sql(sql.counters, (
         len(steps), len(tools), sum(1 for c in tools if c.ok is False), sum(c.tokens_in or 0 for c in steps),
-        sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at, run_id))
-    if done.rowcount != 1:
-        return False
+        sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at,
+        base + len(calls), run_id))
     if not calls:
         return True
-    last_seq, top = conn.exec_driver_sql(sql.seq_base, (run_id, run_id)).one()
-    base = max(last_seq or 0, top or 0)
     rows = []
     for i, c in enumerate(calls, start=1):
         priced_zero = c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out)
@@ -132,7 +139,6 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall], *, sou
                      c.duration_s, c.model, c.tokens_in, c.tokens_out, c.cached_tokens_in,
                      0.0 if priced_zero else None, source, c.call_id))
     conn.exec_driver_sql(sql.insert_event, rows)
-    conn.exec_driver_sql(sql.set_seq, (base + len(calls), run_id))
     return True
 
 
@@ -146,7 +152,7 @@ class _Sql:
     counters: str
     seq_base: str
     insert_event: str
-    set_seq: str
+    insert_run: str
 
 
 @functools.cache
@@ -155,15 +161,20 @@ def _sql(name: str) -> _Sql:
     ph = "?" if d.sqlite else "%s"
     greatest = "MAX" if d.sqlite else "GREATEST"
     active = ", ".join(f"'{s}'" for s in lc.ACTIVE_STATUSES)
+    json_ph = ph if d.sqlite else "%s::json"
     return _Sql(
         d,
         f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, tool_errors = tool_errors + {ph}, "
         f"tokens_in = tokens_in + {ph}, tokens_out = tokens_out + {ph}, "
         f"cached_tokens_in = cached_tokens_in + {ph}, cost_unpriced_tokens = cost_unpriced_tokens + {ph}, "
-        f"last_seen_at = {greatest}(last_seen_at, {d.clock_ph}) WHERE id = {ph} AND status IN ({active})",
-        f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph}) FROM runs WHERE id = {ph}",
+        f"last_seen_at = {greatest}(last_seen_at, {d.clock_ph}), last_seq = {greatest}(last_seq, {ph}) "
+        f"WHERE id = {ph}",
+        f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph}) FROM runs WHERE id = {ph} "
+        f"AND status IN ({active})" + ("" if d.sqlite else " FOR UPDATE"),
         f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(ph for _ in _EVENT_COLUMNS)})",
-        f"UPDATE runs SET last_seq = {ph} WHERE id = {ph}",
+        f"INSERT INTO runs (id, agent, status, kill_mode, host, pid, pid_create_time, labels, started_at, "
+        f"last_seen_at, source) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {json_ph}, {d.clock_ph}, "
+        f"{d.clock_ph}, {ph})",
     )
 
 

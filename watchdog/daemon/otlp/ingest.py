@@ -15,6 +15,7 @@ The key → run cache is rebuilt from the store at start (the runs' labels name 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -120,7 +121,8 @@ class Receiver:
                     run_id = self._start(conn, g, peer, now, out)
                     if run_id is None:
                         continue
-                    witness.append(conn, run_id, self._fresh(run_id, g.calls), source=lc.Source.OTLP, now=now)
+                    witness.append(conn, run_id, self._fresh(run_id, g.calls), source=lc.Source.OTLP, now=now,
+                                   new=True)
                 out.accepted += g.spans
                 for t in g.trace_ids:
                     self._traces.put(t, run_id)
@@ -129,20 +131,20 @@ class Receiver:
                     self._forget(run_id)
         return out
 
-    def _fresh(self, run_id: str, calls: list[Call]) -> list[witness.WitnessedCall]:
-        """The calls not counted yet (an exporter that retries resends the same spans)."""
+    def _fresh(self, run_id: str, calls: list[Call]) -> list[Call]:
+        """The calls not counted yet (an exporter that retries resends the same spans). A Call has
+        the fields of witness.WitnessedCall: it is written as it is."""
         out = []
+        seen = self._spans
         for c in calls:
-            key = (run_id, c.span_id)
-            if c.span_id and key in self._spans:
-                continue
             if c.span_id:
-                self._spans.put(key, True)
-            out.append(witness.WitnessedCall(
-                kind=c.kind, tool=c.tool, args_hash=c.args_hash, ok=c.ok, error_class=c.error_class,
-                error_msg=c.error_msg if self.config.store.record_errors != "class" else None,
-                duration_s=c.duration_s, model=c.model, tokens_in=c.tokens_in, tokens_out=c.tokens_out,
-                cached_tokens_in=c.cached_tokens_in, call_id=c.call_id))
+                key = (run_id, c.span_id)
+                if key in seen:
+                    continue
+                seen.put(key, True)
+            if c.error_msg is not None and self.config.store.record_errors == "class":
+                c = dataclasses.replace(c, error_msg=None)
+            out.append(c)
         return out
 
     def _known(self, g: Group) -> str | None:

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from watchdog.core.records import canonical_json, error_fields, hash_args
+from watchdog.core.records import error_fields, hash_args
 from watchdog.core.text import one_line
 from watchdog.daemon.otlp.decode import ResourceSpans, Span
 
@@ -32,7 +32,7 @@ NAME_MAX = 128  # runs.agent, events.tool, events.model
 CALL_ID_MAX = 128  # events.call_id
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One step or tool call, from one span."""
 
@@ -109,17 +109,17 @@ def args_hash(raw: Any) -> str | None:
         return None
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
-        except ValueError:
-            return hash_args(raw)
+            return hash_args(json.loads(raw))
+        except (ValueError, RecursionError):
+            return hash_args(raw)  # not JSON (or JSON with NaN): the text itself
     try:
-        return hash_args(json.loads(canonical_json(raw)))
-    except (TypeError, ValueError):
+        return hash_args(raw)
+    except ValueError:
         return hash_args(str(raw))
 
 
-def to_call(span: Span) -> Call | None:
-    op = operation(span)
+def to_call(span: Span, op: str | None = None) -> Call | None:
+    op = operation(span) if op is None else op
     a = span.attrs
     duration = (span.end_ns - span.start_ns) / 1e9 if span.end_ns >= span.start_ns > 0 else None
     if op in STEP_OPERATIONS:
@@ -148,7 +148,11 @@ def to_call(span: Span) -> Call | None:
 
 
 def _bounded(name: str | None) -> str | None:
-    return one_line(name, NAME_MAX) if name else None
+    if not name:
+        return None
+    if len(name) <= NAME_MAX and name.isprintable():  # the usual case: no regex
+        return name
+    return one_line(name, NAME_MAX)
 
 
 def _pid(v: Any) -> int | None:
@@ -191,10 +195,11 @@ def groups(resources: Iterable[ResourceSpans]) -> list[Group]:
                 g.trace_ids.add(s.trace_id)
             g.spans += 1
             g.last_end_ns = max(g.last_end_ns, s.end_ns)
-            call = to_call(s)
             op = operation(s)
-            if op is not None:
-                g.genai = True
+            if op is None:
+                continue
+            g.genai = True
+            call = to_call(s, op)
             if call is not None:
                 g.calls.append(call)
             elif op == AGENT_OPERATION and not s.parent_id:
