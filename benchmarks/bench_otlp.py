@@ -222,22 +222,22 @@ def bench_latency(url: str, calls: int, pause_s: float, tick_s: float) -> tuple[
     folded: list[tuple[int, float]] = []
     stop = threading.Event()
 
-    def loop():
-        while not stop.wait(tick_s):
-            rep = d.tick_job()
-            if rep is not None:
-                t = time.time()
-                folded.extend((e.id, t) for e in rep.events)
+    def tick():
+        rep = d.tick_job()
+        if rep is not None:
+            t = time.time()
+            folded.extend((e.id, t) for e in rep.events)
 
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
+    from watchdog.daemon.loop import Periodic
+
+    th = Periodic("tick", tick, tick_s, stop).start()  # the daemon's own schedule (monotonic, no drift)
     host, port = srv.address
     agent = subprocess.run([sys.executable, "-c", LATENCY_AGENT, f"http://{host}:{port}/v1/traces", str(calls),
                             str(pause_s)], capture_output=True, text=True, check=True)
     ends = {f"call_{i}": float(t) for i, t in (line.split() for line in agent.stdout.split("\n") if line)}
     time.sleep(2 * tick_s + 0.5)
     stop.set()
-    th.join()
+    th.join(10)
     d.stop_otlp()
     with engine.connect() as conn:
         ids = dict(conn.execute(select(events.c.id, events.c.call_id).where(events.c.call_id.is_not(None))).all())
