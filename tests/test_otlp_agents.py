@@ -99,3 +99,28 @@ def test_a_kernel_confirmed_sender_is_signalled_and_a_claimed_victim_never(db_ur
                 if p.poll() is None:
                     p.kill()
                 p.wait()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_agent_instrumented_by_an_otel_instrumentation_package_is_stopped(db_url):
+    """examples/openinference_agent.py: the OpenAI Agents SDK traced by OpenInference's
+    instrumentation (TOOL spans named by tool.name, arguments in input.value), offline."""
+    import sys
+
+    from otlp_support import REPO
+
+    with OtlpDaemon(db_url) as d:
+        env = agent_env(d.endpoint, AGENT_TURNS="400")
+        env.pop("OPENAI_API_KEY", None)
+        agent = subprocess.Popen([sys.executable, str(REPO / "examples" / "openinference_agent.py")], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            stopped = _stopped(d.engine, "support")
+            assert stopped, otlp_runs(d.engine)
+            assert (stopped[0].stop_reason, stopped[0].source) == ("max_tool_calls", "otlp")
+            stop = wait_for(lambda: [a for a in alerts_of(d.engine, stopped[0].id)
+                                     if a.dedupe_key == f"stop:{stopped[0].id}"])
+            assert stop and "top tool: search ×" in stop[0].body
+        finally:
+            agent.kill()
+            agent.wait()
