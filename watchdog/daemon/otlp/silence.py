@@ -25,7 +25,7 @@ def silent(row, budgets: Budgets, now: dt.datetime) -> bool:
         return False
     limit = budgets.heartbeat_timeout_s
     limit = 120.0 if limit is None else limit
-    return (now - row.last_seen_at).total_seconds() > limit
+    return (now - row.last_seen_at).total_seconds() >= limit  # never after heartbeat_timeout would judge it
 
 
 def end_if_silent(batch, row, budgets: Budgets, now: dt.datetime, by: str) -> bool:
