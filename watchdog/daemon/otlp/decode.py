@@ -213,7 +213,7 @@ def _j_attrs(kvs, depth: int = 0) -> dict[str, Any]:
     return out
 
 
-def _get(d: dict, camel: str, snake: str):
+def _get(d: dict, camel: str, snake: str) -> Any:
     return d.get(camel, d.get(snake))
 
 

@@ -22,6 +22,8 @@ import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
+from sqlalchemy.engine import Engine
+
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
@@ -39,7 +41,7 @@ KEY_LABELS = {"conversation": "gen_ai.conversation.id", "trace": "otel.trace_id"
 
 
 class _Lru(OrderedDict):
-    def __init__(self, size: int):
+    def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
 
@@ -70,7 +72,7 @@ class Outcome:
 class Receiver:
     """The decision behind POST /v1/traces (the HTTP side is watchdog.daemon.otlp.server)."""
 
-    def __init__(self, engine, config: Config, sealer: Sealer | None, host: str):
+    def __init__(self, engine: Engine, config: Config, sealer: Sealer | None, host: str) -> None:
         self.engine = engine
         self.config = config
         self.sealer = sealer

@@ -17,6 +17,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from sqlalchemy.engine import Engine
+
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
 from watchdog.daemon.otlp import decode, mapping, sender
@@ -44,7 +46,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = IO_TIMEOUT_S  # per socket operation: a silent peer is dropped
 
-    def log_message(self, fmt, *args):  # the daemon's log, not stderr; quiet when healthy
+    def log_message(self, fmt: str, *args: object) -> None:  # the daemon's log, not stderr; quiet when healthy
         log.debug("otlp %s: " + fmt, self.address_string(), *args)
 
     def _peer(self) -> sender.Peer:
@@ -194,13 +196,13 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, address, owner: "OtlpServer", family: int):
+    def __init__(self, address: tuple[str, int], owner: "OtlpServer", family: int) -> None:
         self.address_family = family
         self.owner = owner
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         super().__init__(address, _Handler)
 
-    def process_request(self, request, client_address):
+    def process_request(self, request: socket.socket, client_address: tuple) -> None:
         if not self._slots.acquire(blocking=False):
             try:  # busy: the exporter retries after Retry-After
                 request.settimeout(1.0)
@@ -212,20 +214,20 @@ class _Server(ThreadingHTTPServer):
             return
         super().process_request(request, client_address)
 
-    def process_request_thread(self, request, client_address):
+    def process_request_thread(self, request: socket.socket, client_address: tuple) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
 
-    def handle_error(self, request, client_address):  # a peer's misbehaviour is not the daemon's error
+    def handle_error(self, request: socket.socket, client_address: tuple) -> None:  # a peer's misbehaviour is not the daemon's error
         log.debug("otlp: connection from %s ended badly", client_address, exc_info=True)
 
 
 class OtlpServer:
     """`[otlp] listen` served in a thread of the daemon; `start()` binds (a ConfigError names the key)."""
 
-    def __init__(self, engine, config: Config, sealer: Sealer | None, host: str):
+    def __init__(self, engine: Engine, config: Config, sealer: Sealer | None, host: str) -> None:
         self.config = config
         self.max_bytes = config.otlp.max_request_bytes
         self.receiver = Receiver(engine, config, sealer, host)
