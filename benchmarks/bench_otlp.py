@@ -3,7 +3,7 @@
 
 Throughput. `--requests` ExportTraceServiceRequests of `--spans` spans each (half `chat` steps
 with tokens, half `execute_tool` calls; one conversation per request), made by the real OTel
-SDK's encoder, are measured two ways in the same run, ABBA-ordered (raw, receiver, receiver, raw):
+SDK's encoder, are measured two ways in the same run, quarter by quarter in ABBA order:
 
   receiver  POSTed over loopback HTTP by `--clients` client threads of a separate process to the
             daemon's own OtlpServer (decode, mapping, the kernel's sender lookup, the store's
@@ -264,9 +264,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="aw-bench-otlp-")
     bodies = _requests(a.requests, a.spans)
-    half = bodies[: len(bodies) // 2], bodies[len(bodies) // 2:]
+    # Quarters, each measured by both in alternating order (raw, receiver, receiver, raw, ...): drift
+    # of a shared machine weighs on both alike.
+    q = len(bodies) // 4
+    quarters = [bodies[i * q:(i + 1) * q] for i in range(4)]
     res = {"raw": [], "receiver": []}
-    for name, part in (("raw", half[0]), ("receiver", half[0]), ("receiver", half[1]), ("raw", half[1])):
+    order = [(n, part) for i, part in enumerate(quarters)
+             for n in (("raw", "receiver") if i % 2 == 0 else ("receiver", "raw"))]
+    for name, part in order:
         url = _store(folder)
         res[name].append(bench_raw(url, part) if name == "raw" else bench_receiver(url, part, a.clients, folder))
     rate = {k: sum(n for _r, n in v) / sum(n / r for r, n in v) for k, v in res.items()}

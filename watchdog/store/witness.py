@@ -77,8 +77,12 @@ def create_run(conn: Connection, *, run_id: str, agent: str, source: str, host: 
                now: dt.datetime) -> None:
     sql = _sql(conn.dialect.name)
     at = sql.dialect.ts(now)
-    conn.exec_driver_sql(sql.insert_run, (run_id, agent, lc.RUNNING, kill_mode, host, pid, pid_create_time,
-                                          sql.dialect.json(labels), at, at, source))
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql.insert_run, (run_id, agent, lc.RUNNING, kill_mode, host, pid, pid_create_time,
+                                     sql.dialect.json(labels), at, at, source))
+    finally:
+        cur.close()
 
 
 def pin_process(conn: Connection, attestation: Attestation) -> None:
@@ -116,29 +120,31 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
     unpriced = sum((c.tokens_in or 0) + (c.tokens_out or 0) for c in steps)
     sql = _sql(conn.dialect.name)
     at = sql.dialect.ts(now)
-    if new:
-        base = 0
-    else:
-        # The run row first, locked on PostgreSQL (FOR UPDATE): the seq base is this transaction's alone.
-        found = conn.exec_driver_sql(sql.seq_base, (run_id, run_id)).first()
-        if found is None:
-            return False  # not active (ended): nothing written
-        base = max(found[0] or 0, found[1] or 0)
-    # Plain SQL text, rendered once per dialect (as the SDK's hot path): building Core statements
-    # per request cost more than the database.
-    conn.exec_driver_sql(sql.counters, (
-        len(steps), len(tools), sum(1 for c in tools if c.ok is False), sum(c.tokens_in or 0 for c in steps),
-        sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at,
-        base + len(calls), run_id))
-    if not calls:
-        return True
-    rows = []
-    for i, c in enumerate(calls, start=1):
-        priced_zero = c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out)
-        rows.append((run_id, base + i, at, c.kind, c.tool, c.args_hash, c.ok, c.error_class, c.error_msg,
-                     c.duration_s, c.model, c.tokens_in, c.tokens_out, c.cached_tokens_in,
-                     0.0 if priced_zero else None, source, c.call_id))
-    conn.exec_driver_sql(sql.insert_event, rows)
+    # Plain SQL text rendered once per dialect, on the transaction's own DBAPI cursor (as the SDK's
+    # hot path): building Core statements per request cost more than the database.
+    cur = conn.connection.cursor()
+    try:
+        if new:
+            base = 0
+        else:
+            # The run row first, locked on PostgreSQL (FOR UPDATE): the seq base is this transaction's alone.
+            cur.execute(sql.seq_base, (run_id, run_id))
+            found = cur.fetchone()
+            if found is None:
+                return False  # not active (ended): nothing written
+            base = max(found[0] or 0, found[1] or 0)
+        cur.execute(sql.counters, (
+            len(steps), len(tools), sum(1 for c in tools if c.ok is False), sum(c.tokens_in or 0 for c in steps),
+            sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at,
+            base + len(calls), run_id))
+        if calls:
+            cur.executemany(sql.insert_event, [
+                (run_id, base + i, at, c.kind, c.tool, c.args_hash, c.ok, c.error_class, c.error_msg, c.duration_s,
+                 c.model, c.tokens_in, c.tokens_out, c.cached_tokens_in,
+                 0.0 if c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out) else None, source, c.call_id)
+                for i, c in enumerate(calls, start=1)])
+    finally:
+        cur.close()
     return True
 
 
