@@ -124,3 +124,32 @@ def test_an_agent_instrumented_by_an_otel_instrumentation_package_is_stopped(db_
         finally:
             agent.kill()
             agent.wait()
+
+
+BRIEF = """
+import os, sys
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+p = TracerProvider(resource=Resource({"service.name": "brief-bot", "process.pid": os.getpid()}))
+p.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1])))
+with p.get_tracer("brief").start_as_current_span("execute_tool ls", attributes={
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "ls"}):
+    pass
+p.shutdown()
+"""
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_confirmed_sender_that_exits_without_its_root_span_completes_its_run(db_url):
+    """Pinned by the kernel (kill_mode process), then gone: done, not lost, and no alert."""
+    import sys
+
+    with OtlpDaemon(db_url, kill_mode="process") as d:
+        proc = subprocess.run([sys.executable, "-c", BRIEF, d.endpoint], env=agent_env(d.endpoint), timeout=60)
+        assert proc.returncode == 0
+        done = wait_for(lambda: [r for r in otlp_runs(d.engine) if r.agent == "brief-bot" and r.status == "completed"])
+        assert done, otlp_runs(d.engine)
+        assert (done[0].kill_mode, done[0].tool_calls, done[0].stop_reason) == ("process", 1, None)
+        assert alerts_of(d.engine, done[0].id) == []

@@ -242,7 +242,8 @@ class Ticker:
         if self.config.store.record_errors == "class":
             last_error = None  # the operator asked for no message text anywhere the daemon writes
         f = facts(row, top, last_error, now)
-        if silence.end_if_silent(batch, row, budgets, now, self.by):  # span-only runs end by silence
+        if silence.end_if_silent(batch, row, budgets, now, self.by,  # span-only runs end by silence
+                                 gone=lambda: self._gone(row, live, now)):
             return
         if row.status == lc.STOPPING:
             rep.stopping += 1

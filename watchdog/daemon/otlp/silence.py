@@ -10,6 +10,7 @@ Called by the tick for each run it evaluates (watchdog.daemon.ticker), before it
 from __future__ import annotations
 
 import datetime as dt
+from typing import Callable
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
@@ -28,8 +29,16 @@ def silent(row, budgets: Budgets, now: dt.datetime) -> bool:
     return (now - row.last_seen_at).total_seconds() >= limit  # never after heartbeat_timeout would judge it
 
 
-def end_if_silent(batch, row, budgets: Budgets, now: dt.datetime, by: str) -> bool:
-    """End the run if it is a silent span-only run; True when it was ended (nothing more to judge)."""
+def end_if_silent(batch, row, budgets: Budgets, now: dt.datetime, by: str,
+                  gone: Callable[[], bool] | None = None) -> bool:
+    """End the run if it is a silent span-only run; True when it was ended (nothing more to judge).
+    `gone`: whether its pinned sender's process is gone (kill_mode process): a running span-only
+    run whose sender exited without its root span is done, not lost (spans end when work ends)."""
+    if getattr(row, "source", None) not in SPAN_ONLY:
+        return False
+    if row.status == lc.RUNNING and row.pid and gone is not None and gone():
+        with batch.run() as conn:
+            return witness.complete(conn, row.id, now=now)
     if not silent(row, budgets, now):
         return False
     with batch.run() as conn:
