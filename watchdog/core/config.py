@@ -100,6 +100,36 @@ class CircuitConfig:
         return self.tools.get(tool, self.default)
 
 
+# --- [otlp]: the daemon's OTLP/HTTP receiver (watchdog.daemon.otlp) -------------------------
+OTLP_KILL_MODES = ("cooperative", "process")
+OTLP_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # after decompression; the OTel Collector's default is 20 MiB
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    listen: str = ""  # "" = off; "127.0.0.1:4318" turns the receiver on
+    # Runs seen only through spans: "cooperative" (stopped in the store and alerted, never
+    # signalled) or "process" (signal the sender when the kernel confirms it is the claimed process.pid).
+    kill_mode: str = "cooperative"
+    max_request_bytes: int = OTLP_MAX_REQUEST_BYTES
+
+
+def _otlp(ctx: "_Ctx", table: Mapping) -> OtlpConfig:
+    _check_keys(ctx, "otlp", table, ("listen", "kill_mode", "max_request_bytes"))
+    listen = table.get("listen", "")
+    if not isinstance(listen, str) or (listen and not _valid_listen(listen.replace("[", "").replace("]", ""))):
+        raise ctx.fail("otlp.listen", 'a "host:port" string such as "127.0.0.1:4318" (or "" for off)', listen)
+    kill_mode = table.get("kill_mode", "cooperative")
+    if kill_mode not in OTLP_KILL_MODES:
+        raise ctx.fail("otlp.kill_mode", 'one of "cooperative", "process"', kill_mode)
+    size = table.get("max_request_bytes", OTLP_MAX_REQUEST_BYTES)
+    size = _number(ctx, "otlp.max_request_bytes", size, integer=True)
+    if size < 1024:
+        raise ctx.fail("otlp.max_request_bytes", "an integer >= 1024 (bytes, after decompression)", size)
+    return OtlpConfig(listen=listen, kill_mode=kill_mode, max_request_bytes=size)
+# --- end [otlp] ------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Config:
     path: str | None = None
@@ -115,6 +145,7 @@ class Config:
     pricing: PricingConfig = PricingConfig()
     budgets: tuple[LabelBudget, ...] = ()  # [[budgets]]: label-scoped period budgets
     drift: DriftConfig = DriftConfig()
+    otlp: OtlpConfig = OtlpConfig()  # [otlp]
 
     def profile(self, agent: str) -> Budgets:
         return self.agents.get(agent, self.defaults)
@@ -259,7 +290,7 @@ def _circuit_policy(ctx: _Ctx, section: str, table: Mapping, base: CircuitPolicy
 def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = None) -> Config:
     ctx = _Ctx(path)
     _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics",
-                               "pricing", "budgets", "drift"))
+                               "pricing", "budgets", "drift", "otlp"))
 
     store_t = _table(ctx, raw, "store")
     _check_keys(ctx, "store", store_t, ("url", "record_args", "record_errors", "keep_days"))
@@ -374,6 +405,7 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         pricing=pricing,
         budgets=label_budgets,
         drift=drift,
+        otlp=_otlp(ctx, _table(ctx, raw, "otlp")),
     )
 
 

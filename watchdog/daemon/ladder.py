@@ -21,7 +21,7 @@ from sqlalchemy import and_, desc, select, update
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.seal import Sealer
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.actions import SPANS_UNPROVEN, enqueue_alert, queued, record
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.attest import verified_leader
@@ -170,6 +170,16 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
     stage = row.signal_stage
     grace = f"{daemon.cancel_grace_s:g} s"
     common = dict(now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
+
+    if row.kill_mode == lc.COOPERATIVE and getattr(row, "source", None) == lc.Source.OTLP:
+        # Seen only through spans, from a sender the kernel did not confirm: never signalled.
+        if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now, signalled_at=now):
+            iid = record(conn, at=now, action="not_signalled", by=by, run_id=row.id, reason=row.stop_reason,
+                         outcome=SPANS_UNPROVEN)
+            title, body = escalation_alert(facts, budgets, row.stop_reason, SPANS_UNPROVEN, failed=True)
+            enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+                          sealer=sealer)
+        return
 
     if row.kill_mode == lc.COOPERATIVE:
         if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now, signalled_at=now):

@@ -32,6 +32,9 @@ def problems(config: Config) -> list[str]:
     if config.metrics_listen and _missing("prometheus_client"):
         found.append(f"{where}: metrics.listen needs the `metrics` extra (prometheus_client): "
                      + EXTRA_HINT.format(extra="metrics"))
+    if config.otlp.listen and _missing("opentelemetry.proto"):  # [otlp]
+        found.append(f"{where}: otlp.listen needs the `otlp` extra (opentelemetry-proto): "
+                     + EXTRA_HINT.format(extra="otlp"))
     for user in config.daemon.allowed_users:
         try:
             pwd.getpwnam(user)

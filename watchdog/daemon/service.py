@@ -65,6 +65,7 @@ class Daemon:
         self.notifier = notifier
         self.metrics = metrics
         self.attest_server: AttestServer | None = None
+        self.otlp_server = None  # [otlp] listen: watchdog.daemon.otlp.server.OtlpServer
         from watchdog.daemon.circuits import CircuitBreakers
 
         self.membership = Membership(engine, self.killer.host)
@@ -106,6 +107,22 @@ class Daemon:
         if self.attest_server is not None:
             self.attest_server.stop()
             self.attest_server = None
+        self.stop_otlp()
+
+    # -- [otlp]: the OTLP/HTTP receiver (watchdog.daemon.otlp), threads of this process ----------
+
+    def start_otlp(self):
+        """Receive OTLP/HTTP spans on `[otlp] listen` (off when ""); a ConfigError names the key."""
+        if self.otlp_server is None and self.config.otlp.listen:
+            from watchdog.daemon.otlp.server import OtlpServer
+
+            self.otlp_server = OtlpServer(self.engine, self.config, self.sealer, self.killer.host).start()
+        return self.otlp_server
+
+    def stop_otlp(self) -> None:
+        if self.otlp_server is not None:
+            self.otlp_server.stop()
+            self.otlp_server = None
 
     def release(self) -> None:
         self.stop_attesting()
@@ -285,6 +302,7 @@ class Daemon:
         if self._stop.is_set():
             return 0
         self.start_attesting()
+        self.start_otlp()
         jobs = [Periodic(name, fn, tick_s, self._stop, on_skip=skipped(name)).start()
                 for name, fn in (("tick", self.tick_job), ("deliver", self.deliver_job))]
         sdnotify.notify("READY=1", "STATUS=watching")

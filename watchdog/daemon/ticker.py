@@ -25,6 +25,7 @@ from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paus
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.money import Money
+from watchdog.daemon.otlp import silence
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.text import one_line
 from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
@@ -241,6 +242,9 @@ class Ticker:
         if self.config.store.record_errors == "class":
             last_error = None  # the operator asked for no message text anywhere the daemon writes
         f = facts(row, top, last_error, now)
+        if silence.end_if_silent(batch, row, budgets, now, self.by,  # span-only runs end by silence
+                                 gone=lambda: self._gone(row, live, now)):
+            return
         if row.status == lc.STOPPING:
             rep.stopping += 1
             if row.id not in self._acked:

@@ -82,7 +82,13 @@ def _line(text: str | None, limit: int) -> str | None:
     return None if text is None else one_line(text, limit)
 
 
-def stop_plan(kill_mode: str) -> str:
+# A run seen only through spans whose sender the kernel did not confirm (watchdog.daemon.otlp).
+SPANS_UNPROVEN = "not signalled: spans cannot prove their sender"
+
+
+def stop_plan(kill_mode: str, source: str | None = None) -> str:
+    if kill_mode == lc.COOPERATIVE and source == lc.Source.OTLP:
+        return f"cooperative stop requested ({SPANS_UNPROVEN})"
     if kill_mode == lc.COOPERATIVE:
         return "cooperative stop requested (the run shares its process: it will not be signalled)"
     return "cooperative stop requested; SIGTERM after the cancel grace if it has not ended"
@@ -105,7 +111,7 @@ def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: s
     )
     if res.rowcount != 1:
         return False
-    plan = stop_plan(row.kill_mode)
+    plan = stop_plan(row.kill_mode, getattr(row, "source", None))
     iid = record(conn, at=now, action="stop_requested", by=by, run_id=row.id, reason=reason, detail=detail,
                  outcome=f"{why}; {plan}" if why else plan)
     if sealer is not None:

@@ -1,0 +1,202 @@
+"""What a witness outside the run's process writes: runs it saw start, the calls it saw, their ends.
+
+The OTLP receiver (watchdog.daemon.otlp) is the first user. Every event carries the witness's
+`source` and, where the witnesses share one, the call's `call_id`: a call already in the run
+under that id is not counted again (one call, one count). Steps are written unpriced (cost
+NULL, their tokens in `cost_unpriced_tokens`): the daemon's backfill prices them within the
+tick, like any step an SDK could not price. Times are the store's clock: the server's now()
+on PostgreSQL, this host's on SQLite.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import and_, select, update
+from sqlalchemy.engine import Connection
+
+from watchdog.core import lifecycle as lc
+from watchdog.store.actions import record
+from watchdog.store.hotpath import Dialect
+from watchdog.store.attestations import Attestation, replace as replace_attestation
+from watchdog.store.leases import db_now
+from watchdog.store.schema import events, runs, utcnow
+
+
+@dataclass(frozen=True)
+class WitnessedCall:
+    """One step or tool call a witness saw (tokens for steps, tool fields for tool calls)."""
+
+    kind: str  # lifecycle EventKind: step | tool
+    tool: str | None = None
+    args_hash: str | None = None
+    ok: bool | None = None
+    error_class: str | None = None
+    error_msg: str | None = None
+    duration_s: float | None = None
+    model: str | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cached_tokens_in: int | None = None
+    call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RunRef:
+    id: str
+    source: str
+    status: str
+    host: str
+    kill_mode: str
+
+
+def store_now(conn: Connection) -> dt.datetime:
+    """The store's clock (as the daemon's tick reads it)."""
+    return db_now(conn) if conn.dialect.name == "postgresql" else utcnow()
+
+
+def active_runs_of(conn: Connection, source: str, host: str) -> list[tuple[str, dict | None]]:
+    """(id, labels) of the active runs `source` created on `host`: what a witness rebuilds its
+    key → run cache from after a restart."""
+    q = select(runs.c.id, runs.c.labels).where(and_(runs.c.source == source, runs.c.host == host,
+                                                    runs.c.status.in_(lc.ACTIVE_STATUSES)))
+    return [(r.id, r.labels if isinstance(r.labels, dict) else None) for r in conn.execute(q)]
+
+
+def run_ref(conn: Connection, run_id: str) -> RunRef | None:
+    r = conn.execute(select(runs.c.id, runs.c.source, runs.c.status, runs.c.host, runs.c.kill_mode)
+                     .where(runs.c.id == run_id)).first()
+    return None if r is None else RunRef(r.id, r.source, r.status, r.host, r.kill_mode)
+
+
+def create_run(conn: Connection, *, run_id: str, agent: str, source: str, host: str, kill_mode: str,
+               labels: dict | None, pid: int | None = None, pid_create_time: float | None = None,
+               now: dt.datetime) -> None:
+    sql = _sql(conn.dialect.name)
+    at = sql.dialect.ts(now)
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql.insert_run, (run_id, agent, lc.RUNNING, kill_mode, host, pid, pid_create_time,
+                                     sql.dialect.json(labels), at, at, source))
+    finally:
+        cur.close()
+
+
+def pin_process(conn: Connection, attestation: Attestation) -> None:
+    """The daemon's own attestation of a process the kernel confirmed (sealed by the caller)."""
+    replace_attestation(conn, attestation)
+
+
+def known_call_ids(conn: Connection, run_id: str, call_ids: Sequence[str]) -> set[str]:
+    if not call_ids:
+        return set()
+    q = select(events.c.call_id).where(and_(events.c.run_id == run_id, events.c.call_id.in_(sorted(set(call_ids)))))
+    return {r[0] for r in conn.execute(q)}
+
+
+def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], *, source: str,
+           now: dt.datetime, new: bool = False) -> bool:
+    """The calls (WitnessedCall, or any object with its fields) as events of the run and onto its
+    counters, in the caller's transaction; a span
+    arrival with no call is progress (last_seen_at). False if the run is not active (nothing written).
+    `new`: the run was created in this transaction (its seq starts at 0: no read)."""
+    calls = list(calls)
+    ids = [c.call_id for c in calls if c.call_id]
+    if ids:
+        seen = known_call_ids(conn, run_id, ids)
+        fresh, taken = [], set(seen)
+        for c in calls:
+            if c.call_id and c.call_id in taken:
+                continue  # another witness (or an earlier export) counted this call
+            if c.call_id:
+                taken.add(c.call_id)
+            fresh.append(c)
+        calls = fresh
+    steps = [c for c in calls if c.kind == lc.EV_STEP]
+    tools = [c for c in calls if c.kind == lc.EV_TOOL]
+    unpriced = sum((c.tokens_in or 0) + (c.tokens_out or 0) for c in steps)
+    sql = _sql(conn.dialect.name)
+    at = sql.dialect.ts(now)
+    # Plain SQL text rendered once per dialect, on the transaction's own DBAPI cursor (as the SDK's
+    # hot path): building Core statements per request cost more than the database.
+    cur = conn.connection.cursor()
+    try:
+        if new:
+            base = 0
+        else:
+            # The run row first, locked on PostgreSQL (FOR UPDATE): the seq base is this transaction's alone.
+            cur.execute(sql.seq_base, (run_id, run_id))
+            found = cur.fetchone()
+            if found is None:
+                return False  # not active (ended): nothing written
+            base = max(found[0] or 0, found[1] or 0)
+        cur.execute(sql.counters, (
+            len(steps), len(tools), sum(1 for c in tools if c.ok is False), sum(c.tokens_in or 0 for c in steps),
+            sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at,
+            base + len(calls), run_id))
+        if calls:
+            cur.executemany(sql.insert_event, [
+                (run_id, base + i, at, c.kind, c.tool, c.args_hash, c.ok, c.error_class, c.error_msg, c.duration_s,
+                 c.model, c.tokens_in, c.tokens_out, c.cached_tokens_in,
+                 0.0 if c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out) else None, source, c.call_id)
+                for i, c in enumerate(calls, start=1)])
+    finally:
+        cur.close()
+    return True
+
+
+_EVENT_COLUMNS = ("run_id", "seq", "at", "kind", "tool", "args_hash", "ok", "error_class", "error_msg", "duration_s",
+                  "model", "tokens_in", "tokens_out", "cached_tokens_in", "cost_eur", "source", "call_id")
+
+
+@dataclass(frozen=True)
+class _Sql:
+    dialect: Dialect
+    counters: str
+    seq_base: str
+    insert_event: str
+    insert_run: str
+
+
+@functools.cache
+def _sql(name: str) -> _Sql:
+    d = Dialect(name)
+    ph = "?" if d.sqlite else "%s"
+    greatest = "MAX" if d.sqlite else "GREATEST"
+    active = ", ".join(f"'{s}'" for s in lc.ACTIVE_STATUSES)
+    json_ph = ph if d.sqlite else "%s::json"
+    return _Sql(
+        d,
+        f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, tool_errors = tool_errors + {ph}, "
+        f"tokens_in = tokens_in + {ph}, tokens_out = tokens_out + {ph}, "
+        f"cached_tokens_in = cached_tokens_in + {ph}, cost_unpriced_tokens = cost_unpriced_tokens + {ph}, "
+        f"last_seen_at = {greatest}(last_seen_at, {d.clock_ph}), last_seq = {greatest}(last_seq, {ph}) "
+        f"WHERE id = {ph}",
+        f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph}) FROM runs WHERE id = {ph} "
+        f"AND status IN ({active})" + ("" if d.sqlite else " FOR UPDATE"),
+        f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(ph for _ in _EVENT_COLUMNS)})",
+        f"INSERT INTO runs (id, agent, status, kill_mode, host, pid, pid_create_time, labels, started_at, "
+        f"last_seen_at, source) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {json_ph}, {d.clock_ph}, "
+        f"{d.clock_ph}, {ph})",
+    )
+
+
+def complete(conn: Connection, run_id: str, *, now: dt.datetime) -> bool:
+    """A running run the witness saw end (its root span) or that went silent: completed, no alert."""
+    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.RUNNING))
+                       .values(status=lc.COMPLETED, ended_at=now))
+    return res.rowcount == 1
+
+
+def end_stopped(conn: Connection, run_id: str, *, now: dt.datetime, by: str, outcome: str) -> bool:
+    """A stopping run nobody can signal whose witness went silent: killed (its stop took effect)."""
+    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.STOPPING,
+                                               runs.c.signal_stage.in_(lc.WAITING_STAGES)))
+                       .values(status=lc.KILLED, ended_at=now, signal_stage=lc.Stage.DONE))
+    if res.rowcount != 1:
+        return False
+    record(conn, at=now, action="ended", by=by, run_id=run_id, outcome=outcome[:255])
+    return True
