@@ -1,0 +1,67 @@
+"""`agent-watchdog mcp-proxy`: options checked loudly at start, then one of the two transports."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from watchdog.core.config import ENV_CONFIG
+from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name
+from watchdog.errors import ConfigError
+
+ENV_RUN = "AGENT_WATCHDOG_RUN"
+EXIT_USAGE = 2
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--listen: expected HOST:PORT such as 127.0.0.1:8931, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id: str | None,
+              upstream: str | None, listen: str | None, command: list[str]) -> int:
+    """Serve until the client (stdio) or a signal ends it; the exit status."""
+    try:
+        import anyio  # noqa: F401
+        import mcp  # noqa: F401
+    except ImportError:
+        raise ConfigError("mcp-proxy needs the `mcp` extra: pip install 'agent-watchdog-daemon[mcp]'") from None
+    from watchdog.gateways.mcp.serve import serve_http, serve_stdio
+    from watchdog.gateways.mcp.witness import ToolWitness
+    from watchdog.sdk.client import Watchdog
+
+    if upstream and command:
+        raise ConfigError("mcp-proxy: give either --upstream URL or -- SERVER_COMMAND, not both")
+    if not upstream and not command:
+        raise ConfigError("mcp-proxy: give the server to wrap: -- SERVER_COMMAND [ARGS...] (stdio) or --upstream URL")
+    if listen and not upstream:
+        raise ConfigError("mcp-proxy: --listen goes with --upstream URL (streamable HTTP)")
+    if upstream and not upstream.startswith(("http://", "https://")):
+        raise ConfigError(f"--upstream: expected an http(s) URL such as http://127.0.0.1:8000/mcp, got {upstream!r}")
+    host, port = parse_listen(listen or "127.0.0.1:8931")
+    if agent is not None:
+        validate_name("--agent", agent, AGENT_MAX_CHARS)
+    run_id = run_id or os.environ.get(ENV_RUN) or None
+    if run_id is not None:
+        validate_name("--run", run_id, RUN_ID_MAX_CHARS)
+    if config_path:
+        os.environ[ENV_CONFIG] = config_path  # the SDK reads its config from there
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    wd = Watchdog(db_url, attest_socket="")  # a witness outside the agent's process: never attested
+    try:
+        import anyio
+
+        def witnesses(tag: str | None) -> ToolWitness:
+            return ToolWitness(wd, agent=agent, run_id=run_id, tag=tag)
+
+        if upstream:
+            print(f"agent-watchdog mcp-proxy: http://{host}:{port}/mcp -> {upstream}", file=sys.stderr, flush=True)
+            anyio.run(serve_http, witnesses, upstream, host, port)
+        else:
+            anyio.run(serve_stdio, witnesses, command[0], list(command[1:]))
+    finally:
+        wd.close()
+    return 0

@@ -1,0 +1,147 @@
+"""The two ways `agent-watchdog mcp-proxy` is put in front of a server, on the mcp SDK's transports.
+
+- stdio: the client starts the proxy as if it were the server; the proxy starts the server
+  (`stdio_client`, which ends the server's whole process tree when the proxy leaves) and relays
+  its own stdin/stdout (`stdio_server`). The client leaving (EOF), SIGTERM, SIGINT or SIGHUP ends
+  the server too: the proxy never keeps a server alive for nobody.
+- streamable HTTP: the proxy listens on 127.0.0.1:PORT; each client session (its own
+  mcp-session-id, made by the SDK's server transport) gets its own session upstream and its own
+  witness, hence its own run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+
+from watchdog.gateways.mcp.relay import Relay
+from watchdog.gateways.mcp.witness import ToolWitness
+
+log = logging.getLogger("watchdog.gateways.mcp")
+
+Witnesses = Callable[[str | None], ToolWitness]  # a new witness for a client (its tag)
+SESSION_IDLE_S = 1800.0  # an HTTP session nobody uses for this long is closed (its run ends)
+
+
+async def _until_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+async def serve_stdio(witnesses: Witnesses, command: str, args: list[str]) -> None:
+    witness = witnesses(None)
+    params = StdioServerParameters(command=command, args=args, env=dict(os.environ))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_until_signal, tg.cancel_scope)
+            async with stdio_client(params, errlog=sys.stderr) as (server_read, server_write):
+                async with stdio_server() as (client_read, client_write):
+                    await Relay(witness).run(client_read, client_write, server_read, server_write)
+            tg.cancel_scope.cancel()
+    finally:
+        await anyio.to_thread.run_sync(witness.close)
+
+
+class HttpProxy:
+    """An ASGI app: one relay (and one witness) per client session, each with its own session upstream."""
+
+    def __init__(self, witnesses: Witnesses, upstream: str):
+        self.witnesses = witnesses
+        self.upstream = upstream
+        self.sessions: dict[str, StreamableHTTPServerTransport] = {}
+        self.tg: Any = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        sid = headers.get(MCP_SESSION_ID_HEADER)
+        if sid is not None:
+            transport = self.sessions.get(sid)
+            if transport is None:
+                await _json_error(send, 404, "Session not found")
+                return
+            await transport.handle_request(scope, receive, send)
+            if transport.is_terminated:
+                self.sessions.pop(sid, None)
+            return
+        transport = StreamableHTTPServerTransport(mcp_session_id=uuid.uuid4().hex, idle_timeout=SESSION_IDLE_S)
+        assert transport.mcp_session_id is not None
+        self.sessions[transport.mcp_session_id] = transport
+        await self.tg.start(self._session, transport)
+        await transport.handle_request(scope, receive, send)
+
+    async def _session(self, transport: StreamableHTTPServerTransport, *, task_status=anyio.TASK_STATUS_IGNORED):
+        sid = transport.mcp_session_id
+        witness = self.witnesses(sid[:8] if sid else None)
+        try:
+            async with transport.connect() as (client_read, client_write):
+                task_status.started()
+                scope = transport.idle_scope or anyio.CancelScope()
+                with scope:
+                    async with streamable_http_client(self.upstream) as (server_read, server_write, *_):
+                        await Relay(witness, http=True).run(client_read, client_write, server_read, server_write)
+        except Exception as exc:  # noqa: BLE001 — one session's failure never stops the proxy
+            log.warning("agent-watchdog mcp-proxy: session %s ended: %s: %s", (sid or "")[:8], type(exc).__name__,
+                        str(exc).splitlines()[0][:200] if str(exc) else "")
+        finally:
+            self.sessions.pop(sid or "", None)
+            if not transport.is_terminated:
+                with anyio.CancelScope(shield=True):
+                    await transport.terminate()
+            await anyio.to_thread.run_sync(witness.close)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _json_error(send, status: int, message: str) -> None:
+    body = ('{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"%s"}}' % message).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def serve_http(witnesses: Witnesses, upstream: str, host: str, port: int) -> None:
+    import uvicorn
+
+    proxy = HttpProxy(witnesses, upstream)
+    config = uvicorn.Config(proxy, host=host, port=port, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+        proxy.tg = tg
+        tg.start_soon(_stop_on_signal, server)
+        # uvicorn's serve() would take SIGTERM for itself and re-raise it after shutdown, before the
+        # sessions' runs are ended: the proxy handles the signals (above) and serves without that.
+        await server._serve()
+        tg.cancel_scope.cancel()
+
+
+async def _stop_on_signal(server) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for _ in signals:
+            server.should_exit = True
+            return
