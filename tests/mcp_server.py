@@ -48,6 +48,9 @@ def echo(text: str) -> str:
 
 
 if __name__ == "__main__":
+    if os.environ.get("MCP_TEST_PIDFILE"):
+        with open(os.environ["MCP_TEST_PIDFILE"], "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -3,9 +3,9 @@ writer owns (exec's, the SDK's): it reads the run's row and appends events marke
 `source`; it never updates the run's row (on PostgreSQL rows belong to their writer; the daemon
 folds the witness's events into its own counters, one call counted once).
 
-Witness events take negative sequence numbers (-1, -2, ... per run): the run's own writer
-numbers its records 1, 2, ... in its process and would lose a record whose number a witness
-had taken first; negative numbers never collide with it.
+Witness events take sequence numbers from WITNESS_SEQ_BASE up (per run): the run's own writer
+numbers its records 1, 2, ... in its process and would lose a record whose number a witness had
+taken first; a billion records apart, the two ranges never meet.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from watchdog.store.schema import events, runs
 
 # Two witnesses appending to one run at the same moment on PostgreSQL may pick the same number.
 _SEQ_ATTEMPTS = 5
+WITNESS_SEQ_BASE = 1 << 30  # events.seq is a 32-bit integer >= 0
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,9 @@ def append_witness_event(engine: Engine, run_id: str, *, source: str, kind: str,
     for attempt in range(_SEQ_ATTEMPTS):
         try:
             with engine.begin() as conn:
-                low = conn.execute(select(func.min(events.c.seq)).where(events.c.run_id == run_id)).scalar()
-                seq = min(int(low or 0), 0) - 1
+                top = conn.execute(select(func.max(events.c.seq)).where(
+                    events.c.run_id == run_id, events.c.seq >= WITNESS_SEQ_BASE)).scalar()
+                seq = int(top) + 1 if top is not None else WITNESS_SEQ_BASE
                 conn.execute(insert(events).values(run_id=run_id, seq=seq, at=at, kind=kind, source=source,
                                                    call_id=call_id, **fields))
             return seq

@@ -106,6 +106,10 @@ class Relay:
 
             tg.start_soon(from_client)
             tg.start_soon(from_server)
+        # The transports' writers drain until their stream closes: close ours, or they wait for ever.
+        for stream in (server_write, client_write):
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
 
     async def _from_client(self, client_read, client_write, server_write) -> None:
         async for item in client_read:

@@ -34,25 +34,36 @@ Witnesses = Callable[[str | None], ToolWitness]  # a new witness for a client (i
 SESSION_IDLE_S = 1800.0  # an HTTP session nobody uses for this long is closed (its run ends)
 
 
-async def _until_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def serve_stdio(witnesses: Witnesses, command: str, args: list[str]) -> None:
     witness = witnesses(None)
     params = StdioServerParameters(command=command, args=args, env=dict(os.environ))
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_until_signal, tg.cancel_scope)
-            async with stdio_client(params, errlog=sys.stderr) as (server_read, server_write):
-                async with stdio_server() as (client_read, client_write):
-                    await Relay(witness).run(client_read, client_write, server_read, server_write)
-            tg.cancel_scope.cancel()
-    finally:
-        await anyio.to_thread.run_sync(witness.close)
+    signalled = False
+    with anyio.open_signal_receiver(*SIGNALS) as signals:  # before the server starts: no signal is missed
+        async with stdio_server() as (client_read, client_write):
+            async with anyio.create_task_group() as tg:
+                async def on_signal() -> None:
+                    nonlocal signalled
+                    async for _ in signals:
+                        signalled = True
+                        tg.cancel_scope.cancel()
+                        return
+
+                tg.start_soon(on_signal)
+                try:
+                    async with stdio_client(params, errlog=sys.stderr) as (server_read, server_write):
+                        await Relay(witness).run(client_read, client_write, server_read, server_write)
+                finally:  # the server is gone (stdio_client ends its process tree): end the run
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(witness.close)
+                tg.cancel_scope.cancel()
+            if signalled:
+                # The transport's stdin reader may sit in a blocking read for ever; the server is
+                # gone and the run is written: leave now.
+                sys.stderr.flush()
+                os._exit(0)
 
 
 class HttpProxy:

@@ -227,8 +227,8 @@ class ToolWitness:
     def _outage(self, exc: BaseException) -> None:
         if not self._warned:
             self._warned = True
-            log.warning("agent-watchdog mcp-proxy: the store is unreachable (%s: %s); tool calls pass unguarded "
-                        "until it is back", type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+            log.warning("agent-watchdog mcp-proxy: the store failed (%s: %s); tool calls pass unguarded "
+                        "while it does", type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
 
     def close(self) -> None:
         """The client left: the proxy's own run ends (a joined run is its writer's to end)."""
