@@ -22,7 +22,7 @@ from watchdog.daemon.killer import Killer
 from watchdog.daemon.ticker import Ticker
 from watchdog.store import migrate
 from watchdog.store.engine import make_engine
-from watchdog.store.schema import runs
+from watchdog.store.schema import events, runs
 
 MASTER_KEY = "sk-watchdog-test-0123456789abcdef"
 STARTUP_S = 180.0
@@ -144,6 +144,57 @@ def test_bad_trace_id_is_a_clear_error_and_serving_goes_on(gateway):
         call(base, "x" * 200)
     assert "agent-watchdog: bad request" in str(bad.value)
     assert call(base, None).choices[0].message.content  # no trace id: period budgets only
+
+
+def test_joins_the_sdk_run_its_trace_id_names(gateway):
+    from watchdog import RunKilled, Watchdog
+
+    base, engine = gateway
+    wd = Watchdog(str(engine.url), attest_socket="")
+    try:
+        with pytest.raises(RunKilled):
+            with wd.run(agent="support-bot") as run:
+                assert call(base, run.id).choices[0].message.content
+                assert call(base, run.id).choices[0].message.content
+
+                def steps_seen():
+                    with engine.connect() as conn:
+                        return conn.execute(select(events.c.source, events.c.kind).where(
+                            events.c.run_id == run.id)).all()
+
+                end = time.monotonic() + 30
+                while len(steps_seen()) < 2:
+                    assert time.monotonic() < end
+                    time.sleep(0.05)
+                assert steps_seen() == [("litellm", "step"), ("litellm", "step")]
+                r = row(engine, run.id)
+                assert r.source == "sdk" and r.steps == 0  # the writer's row is never updated by the gateway
+                killed = subprocess.run([sys.executable, "-m", "watchdog.cli", "--db", str(engine.url), "kill", run.id],
+                                        capture_output=True, text=True, timeout=60)
+                assert killed.returncode == 0, killed.stderr
+                with pytest.raises(openai.BadRequestError) as refused:
+                    call(base, run.id)
+                assert "agent-watchdog: run stopped: manual" in str(refused.value)
+                run.heartbeat()  # the SDK sees the same stop
+    finally:
+        wd.close()
+
+
+def test_untraced_calls_count_for_the_period_only(gateway):
+    base, engine = gateway
+    with engine.connect() as conn:
+        before = conn.execute(select(runs.c.id)).all()
+    call(base, None)
+    end = time.monotonic() + 30
+    while True:
+        with engine.connect() as conn:
+            new = conn.execute(select(runs).where(runs.c.id.not_in([r.id for r in before]))).all()
+        if new and new[0].ended_at is not None:
+            break
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    (one,) = new
+    assert one.source == "litellm" and one.status == "completed" and one.steps == 1 and one.cost_eur > 0
 
 
 def test_spent_day_refuses_a_new_traces_first_call(gateway):

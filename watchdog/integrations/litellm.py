@@ -44,6 +44,7 @@ DEFAULT_AGENT = "litellm"
 PRE_CALL_DEADLINE_S = 2.0
 ALLOW_KEY = "agent_watchdog_agents"  # in a key's metadata: the agents its requests may name
 AGENT_KEY = "agent_watchdog_agent"  # in a request's metadata
+RESOLVED_KEY = "agent_watchdog_resolved_agent"  # set by the pre-call hook, over whatever the client sent
 RUNS_MAX = 10_000  # own runs remembered (the oldest are forgotten; the store still has them)
 
 
@@ -103,9 +104,14 @@ class WatchdogProxyHandler(CustomLogger):
                 f"agent-watchdog: bad request: x-litellm-trace-id must be a run id (printable, at most "
                 f"{RUN_ID_MAX_CHARS} characters)")})
         metadata = data.get("metadata") if isinstance(data, dict) else None
+        if metadata is not None and not isinstance(metadata, dict):
+            raise HTTPException(status_code=400, detail={"error": (
+                f"agent-watchdog: bad request: metadata must be an object, got {type(metadata).__name__}")})
         agent = self.agent_of(user_api_key_dict, metadata)
+        if isinstance(data, dict):  # the agent as resolved here, for the success hook (never the client's word)
+            data["metadata"] = {**(metadata or {}), RESOLVED_KEY: agent}
         try:
-            verdict = await asyncio.wait_for(asyncio.to_thread(self.check, trace, agent), PRE_CALL_DEADLINE_S)
+            verdict = await asyncio.wait_for(asyncio.to_thread(self.check, trace, agent, data), PRE_CALL_DEADLINE_S)
         except asyncio.TimeoutError:
             self._outage(TimeoutError(f"no answer within {PRE_CALL_DEADLINE_S:g} s"))
             return data
@@ -116,9 +122,10 @@ class WatchdogProxyHandler(CustomLogger):
             raise HTTPException(status_code=400, detail={"error": verdict})
         return data
 
-    def check(self, trace: str | None, agent: str) -> str | None:
+    def check(self, trace: str | None, agent: str, data: dict | None = None) -> str | None:
         """The refusal text for a call of `agent` in run `trace`, or None to let it through."""
         wd = self.wd()
+        estimate = preflight(data, wd.config().pricing.eur_per_usd) if trace is not None else Estimate()
         refused = wd.refusal(agent, None)  # a spent period budget: for every call of the agent
         if refused is not None:
             return refusal(*refused)
@@ -127,25 +134,28 @@ class WatchdogProxyHandler(CustomLogger):
         with self._lock:
             run = self.runs.get(trace)
         if run is not None:
-            return self._check_own(run)
+            return self._check_own(run, estimate)
         state = store.run_state(wd.engine, trace)
         if state is None:
-            return self._check_own(self._new_run(trace, agent))
-        return self._check_joined(state)
+            return self._check_own(self._new_run(trace, agent), estimate)
+        return self._check_joined(state, estimate)
 
-    def _check_own(self, run: Run) -> str | None:
+    def _check_own(self, run: Run, estimate: "Estimate") -> str | None:
         status = store.run_status(self.wd().engine, run.id)
         if status is not None and status[0] == lc.PAUSED:
             return f"agent-watchdog: run stopped: paused (run {run.id[:8]} waits for a human to approve more budget)"
         if status is not None and status[0] not in (lc.RUNNING, lc.PAUSED):
             run._cancel(RunKilled(status[1] or lc.MANUAL, status[2] or "stopped"))
         try:
-            run.check_budget(0.0)
+            run.check()
+            guard = run.guard
+            if guard is not None:
+                run._guarded(lambda: guard.before_model(estimate.cost_eur, run.elapsed_s, estimate.tokens))
         except RunKilled as stop:
             return refusal(stop.reason, stop.detail)
         return None
 
-    def _check_joined(self, state: store.RunState) -> str | None:
+    def _check_joined(self, state: store.RunState, estimate: "Estimate") -> str | None:
         if state.status != lc.RUNNING:
             if state.status == lc.PAUSED:
                 return "agent-watchdog: run stopped: paused (it waits for a human to approve more budget)"
@@ -160,7 +170,7 @@ class WatchdogProxyHandler(CustomLogger):
             guard.used["cost_eur"] = max(guard.used["cost_eur"], state.cost_eur)
         started = self.wd().writer.dialect.parse_ts(state.started_at) or utcnow()
         try:
-            guard.before_model(0.0, max(0.0, (utcnow() - started).total_seconds()))
+            guard.before_model(estimate.cost_eur, max(0.0, (utcnow() - started).total_seconds()), estimate.tokens)
         except RunKilled as stop:
             return refusal(stop.reason, stop.detail)
         return None
@@ -191,8 +201,7 @@ class WatchdogProxyHandler(CustomLogger):
         if trace is None:
             slo = kwargs.get("standard_logging_object") or {}
             trace = slo.get("trace_id") if isinstance(slo, dict) else None
-        if _name(trace, RUN_ID_MAX_CHARS) is None:
-            return  # no run: the period budgets see the spend through the runs that have one
+        untraced = _name(trace, RUN_ID_MAX_CHARS) is None
         usage = getattr(response_obj, "usage", None)
         tokens_in = _count(getattr(usage, "prompt_tokens", 0))
         tokens_out = _count(getattr(usage, "completion_tokens", 0))
@@ -201,6 +210,9 @@ class WatchdogProxyHandler(CustomLogger):
         cost_eur = float(usd) * wd.config().pricing.eur_per_usd \
             if isinstance(usd, (int, float)) and not isinstance(usd, bool) and 0 <= usd < 1e9 else None
         model = _name(kwargs.get("model"), MODEL_MAX_CHARS)
+        if untraced:
+            self._record_untraced(kwargs, model, tokens_in, tokens_out, cost_eur)
+            return
         with self._lock:
             run = self.runs.get(trace)
         if run is not None:
@@ -218,6 +230,54 @@ class WatchdogProxyHandler(CustomLogger):
             guard = self.guards.get(trace)
         if guard is not None:
             guard.after_step(cost_eur or 0.0, tokens_in + tokens_out)
+
+
+    def _record_untraced(self, kwargs: dict, model: str | None, tokens_in: int, tokens_out: int,
+                         cost_eur: float | None) -> None:
+        """A call with no trace id is a run of one call (created and ended at once): the period
+        budgets count its spend, and no run budget can trip on a run that is already over."""
+        meta = (kwargs.get("litellm_params") or {}).get("metadata") or {}
+        agent = (_name(meta.get(RESOLVED_KEY), AGENT_MAX_CHARS) if isinstance(meta, dict) else None) or DEFAULT_AGENT
+        run = self.wd().run(agent, guards=False)
+        run.source = SOURCE
+        run.start()
+        try:
+            run.step(model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
+        except RunKilled:
+            pass
+        run.end(lc.COMPLETED, None, None)
+
+
+class Estimate:
+    """A model call's pre-flight estimate: its prompt's tokens and their cost, plus max_tokens out."""
+
+    __slots__ = ("tokens", "cost_eur")
+
+    def __init__(self, tokens: int = 0, cost_eur: float = 0.0):
+        self.tokens = tokens
+        self.cost_eur = cost_eur
+
+
+def preflight(data: dict | None, eur_per_usd: float) -> Estimate:
+    """LiteLLM's own token count and price for the request (0 where it cannot tell: the run's
+    budget then overshoots by at most this one call, as with the SDK's check_budget)."""
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        return Estimate()
+    try:
+        import litellm
+
+        model = data.get("model") if isinstance(data.get("model"), str) else ""
+        prompt = int(litellm.token_counter(model=model, messages=data["messages"]))
+        out = data.get("max_tokens") or data.get("max_completion_tokens") or 0
+        out = out if isinstance(out, int) and not isinstance(out, bool) and 0 <= out < 2**31 else 0
+        try:
+            usd_in, usd_out = litellm.cost_per_token(model=model, prompt_tokens=prompt, completion_tokens=out)
+            cost = float(usd_in + usd_out) * eur_per_usd
+        except Exception:  # noqa: BLE001 — a model LiteLLM cannot price: tokens only
+            cost = 0.0
+        return Estimate(prompt + out, cost if cost >= 0 else 0.0)
+    except Exception:  # noqa: BLE001 — an estimate never refuses a call by itself failing
+        return Estimate()
 
 
 def _count(value: Any) -> int:
