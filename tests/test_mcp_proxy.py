@@ -405,3 +405,21 @@ def test_http_malformed_body_is_answered_and_serving_goes_on(env, http_proxy):
             return await s.call_tool("echo", {"text": "still serving"})
 
     assert text(anyio.run(main)) == "still serving"
+
+
+def test_silence_ends_the_proxys_run_and_the_next_call_starts_another(env, url, tmp_path):
+    cfg = tmp_path / "silence.toml"
+    cfg.write_text(CONFIG_TOML.replace("[defaults]\n", "[defaults]\nheartbeat_timeout_s = 1.0\n"))
+
+    async def main():
+        async with stdio_session({**env, "AGENT_WATCHDOG_CONFIG": str(cfg)}) as s:
+            assert not (await s.call_tool("search", {"q": "morning"})).is_error
+            await anyio.sleep(1.5)  # longer than heartbeat_timeout_s without a call
+            assert not (await s.call_tool("search", {"q": "afternoon"})).is_error
+            return await anyio.to_thread.run_sync(store_runs, url)
+
+    during = anyio.run(main)
+    assert len(during) == 2 and [r.tool_calls for r in during] == [1, 1]
+    assert during[0].status == "completed" and during[0].stop_reason is None  # ended by silence, quietly
+    assert during[1].status == "running"
+    assert all(r.status == "completed" for r in store_runs(url))  # the client left: the second ended too

@@ -48,8 +48,11 @@ RESOLVED_KEY = "agent_watchdog_resolved_agent"  # set by the pre-call hook, over
 RUNS_MAX = 10_000  # own runs remembered (the oldest are forgotten; the store still has them)
 
 
-class Refused(Exception):
-    pass
+def never_hold(run: Run) -> None:
+    """The callback never waits inside the proxy for a human to answer a pause: a breach stops
+    its own run instead, and a run the daemon paused is refused at its next call until resumed."""
+    run._pause = lambda stop: False  # type: ignore[method-assign]
+    run._hold.wait = lambda row: None  # type: ignore[method-assign]
 
 
 def _name(value: Any, max_chars: int) -> str | None:
@@ -178,6 +181,7 @@ class WatchdogProxyHandler(CustomLogger):
     def _new_run(self, trace: str, agent: str) -> Run:
         run = self.wd().run(agent, run_id=trace)
         run.source = SOURCE
+        never_hold(run)
         try:
             run.start()
         except ValueError:  # another proxy process made it a moment ago: judge it as a joined run

@@ -40,6 +40,14 @@ DEFAULT_AGENT = "mcp-proxy"
 SOURCE = lc.Source.MCP
 
 
+def never_hold(run: Run) -> None:
+    """A gateway never waits inside a call for a human to answer a pause (the client would see a
+    hung call and the relay would fail open): a breach stops the proxy's own run instead of
+    pausing it, and a run the daemon paused is refused at its next call until resumed."""
+    run._pause = lambda stop: False  # type: ignore[method-assign]
+    run._hold.wait = lambda row: None  # type: ignore[method-assign]
+
+
 class ToolFailed(Exception):
     """What the server answered a call with, when it failed (its class is what circuits count)."""
 
@@ -198,6 +206,7 @@ class ToolWitness:
         self._end_own()
         run = self.wd.run(self.agent)
         run.source = SOURCE
+        never_hold(run)
         run.start()
         self.run = run
         self.runs_started += 1
