@@ -423,3 +423,11 @@ def test_silence_ends_the_proxys_run_and_the_next_call_starts_another(env, url, 
     assert during[0].status == "completed" and during[0].stop_reason is None  # ended by silence, quietly
     assert during[1].status == "running"
     assert all(r.status == "completed" for r in store_runs(url))  # the client left: the second ended too
+
+
+def test_a_run_that_does_not_exist_is_said_at_start(env):
+    done = subprocess.run([*CLI, "mcp-proxy", "--run", "no-such-run", "--", sys.executable, SERVER], env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2
+    assert "--run: the store has no run 'no-such-run'" in done.stderr
+    assert calls_seen(env) == 0 and not Path(env["MCP_TEST_PIDFILE"]).exists()  # no server started

@@ -21,6 +21,23 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _require_run(wd, run_id: str) -> None:
+    """A --run that names no run is a mistake to say at start (every call would be refused);
+    a store that cannot answer now is an outage: the proxy starts and fails open."""
+    from watchdog.store import witness
+
+    try:
+        state = witness.run_status(wd.engine, run_id)
+    except Exception as exc:  # noqa: BLE001
+        logging.getLogger("watchdog.gateways.mcp").warning(
+            "agent-watchdog mcp-proxy: cannot check run %s now (%s); starting anyway", run_id[:8], type(exc).__name__)
+        return
+    if state is None:
+        wd.close()
+        raise ConfigError(f"--run: the store has no run {run_id!r} (start it first, or leave --run and "
+                          f"$AGENT_WATCHDOG_RUN unset for the proxy's own runs)")
+
+
 def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id: str | None,
               upstream: str | None, listen: str | None, command: list[str]) -> int:
     """Serve until the client (stdio) or a signal ends it; the exit status."""
@@ -51,6 +68,8 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
         os.environ[ENV_CONFIG] = config_path  # the SDK reads its config from there
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
     wd = Watchdog(db_url, attest_socket="")  # a witness outside the agent's process: never attested
+    if run_id is not None:
+        _require_run(wd, run_id)
     try:
         import anyio
 

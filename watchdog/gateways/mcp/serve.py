@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 
@@ -31,6 +32,7 @@ from watchdog.gateways.mcp.witness import ToolWitness
 log = logging.getLogger("watchdog.gateways.mcp")
 
 Witnesses = Callable[[str | None], ToolWitness]  # a new witness for a client (its tag)
+FORWARD_HEADERS = ("authorization",)
 SESSION_IDLE_S = 1800.0  # an HTTP session nobody uses for this long is closed (its run ends)
 
 
@@ -95,10 +97,13 @@ class HttpProxy:
         transport = StreamableHTTPServerTransport(mcp_session_id=uuid.uuid4().hex, idle_timeout=SESSION_IDLE_S)
         assert transport.mcp_session_id is not None
         self.sessions[transport.mcp_session_id] = transport
-        await self.tg.start(self._session, transport)
+        # The client's credentials for the server go on to it (the proxy itself never keeps them).
+        forward = {k: v for k, v in headers.items() if k in FORWARD_HEADERS}
+        await self.tg.start(self._session, transport, forward)
         await transport.handle_request(scope, receive, send)
 
-    async def _session(self, transport: StreamableHTTPServerTransport, *, task_status=anyio.TASK_STATUS_IGNORED):
+    async def _session(self, transport: StreamableHTTPServerTransport, forward: dict[str, str], *,
+                       task_status=anyio.TASK_STATUS_IGNORED):
         sid = transport.mcp_session_id
         witness = self.witnesses(sid[:8] if sid else None)
         try:
@@ -106,7 +111,9 @@ class HttpProxy:
                 task_status.started()
                 scope = transport.idle_scope or anyio.CancelScope()
                 with scope:
-                    async with streamable_http_client(self.upstream) as (server_read, server_write, *_):
+                    http = create_mcp_http_client(headers=forward) if forward else None
+                    async with streamable_http_client(self.upstream, http_client=http) as (server_read, server_write,
+                                                                                           *_):
                         await Relay(witness, http=True).run(client_read, client_write, server_read, server_write)
         except Exception as exc:  # noqa: BLE001 — one session's failure never stops the proxy
             log.warning("agent-watchdog mcp-proxy: session %s ended: %s: %s", (sid or "")[:8], type(exc).__name__,
