@@ -74,6 +74,12 @@ def run_state(engine: Engine, run_id: str) -> RunState | None:
     )
 
 
+def own_status(writer: Any, run_id: str) -> tuple[str, str | None, str | None] | None:
+    """`run_status` on the SDK writer's pooled connection (the hot path: one read per call)."""
+    rows = writer.query(writer.dialect.select_status, (run_id,))
+    return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+
 def run_status(engine: Engine, run_id: str) -> tuple[str, str | None, str | None] | None:
     """(status, stop_reason, stop_detail) of a run, or None when there is no such run."""
     with engine.connect() as conn:

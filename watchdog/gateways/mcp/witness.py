@@ -228,7 +228,7 @@ class ToolWitness:
 
     def _status(self, run_id: str) -> tuple[str, str | None, str | None] | None:
         try:
-            return store.run_status(self.wd.engine, run_id)
+            return store.own_status(self.wd.writer, run_id)
         except Exception as exc:  # noqa: BLE001 — a store outage fails open
             self._outage(exc)
             return None
