@@ -197,6 +197,30 @@ def test_untraced_calls_count_for_the_period_only(gateway):
     assert one.source == "litellm" and one.status == "completed" and one.steps == 1 and one.cost_eur > 0
 
 
+def test_a_trace_whose_run_ended_by_silence_starts_a_new_run(gateway):
+    from sqlalchemy import update
+
+    base, engine = gateway
+    assert call(base, "trace-quiet").choices[0].message.content
+    settled(engine, "trace-quiet", 1)
+    with engine.begin() as conn:  # what the daemon does to a gateway's run after heartbeat_timeout_s
+        conn.execute(update(runs).where(runs.c.id == "trace-quiet").values(status="completed",
+                                                                           ended_at=dt.datetime.now(dt.timezone.utc)))
+    with engine.connect() as conn:
+        before = {r.id for r in conn.execute(select(runs.c.id))}
+    assert call(base, "trace-quiet").choices[0].message.content  # not refused: a new run
+    end = time.monotonic() + 30
+    while True:
+        with engine.connect() as conn:
+            fresh = [r for r in conn.execute(select(runs)) if r.id not in before]
+        if fresh and fresh[0].steps == 1:
+            assert fresh[0].source == "litellm" and fresh[0].status == "running"
+            break
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert row(engine, "trace-quiet").steps == 1
+
+
 def test_spent_day_refuses_a_new_traces_first_call(gateway):
     base, engine = gateway
     n = 0

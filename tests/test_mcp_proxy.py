@@ -397,6 +397,8 @@ def test_http_malformed_body_is_answered_and_serving_goes_on(env, http_proxy):
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
     bad = httpx.post(http_proxy, content=b"{not json", headers=headers, timeout=DEADLINE_S)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == -32700
+    for body in (b"[1, 2", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call"}', b"\xff\xfe") * 5:
+        assert httpx.post(http_proxy, content=body, headers=headers, timeout=DEADLINE_S).status_code >= 400
     unknown = httpx.post(http_proxy, content=b"{}", headers={**headers, "mcp-session-id": "nope"}, timeout=DEADLINE_S)
     assert unknown.status_code == 404
 

@@ -137,18 +137,23 @@ class WatchdogProxyHandler(CustomLogger):
         with self._lock:
             run = self.runs.get(trace)
         if run is not None:
-            return self._check_own(run, estimate)
+            status = store.own_status(wd.writer, run.id)
+            if status is not None and quietly_ended(status[0], status[1]):
+                run, status = self._new_run(trace, run.agent, fresh=True), None
+            return self._check_own(run, estimate, status)
         state = store.run_state(wd.engine, trace)
         if state is None:
             return self._check_own(self._new_run(trace, agent), estimate)
         return self._check_joined(state, estimate)
 
-    def _check_own(self, run: Run, estimate: "Estimate") -> str | None:
-        status = store.own_status(self.wd().writer, run.id)
+    def _check_own(self, run: Run, estimate: "Estimate",
+                   status: tuple[str, str | None, str | None] | None = None) -> str | None:
+        if status is None and run.status is not None and run.steps:  # a new run needs no read
+            status = store.own_status(self.wd().writer, run.id)
         if status is not None and status[0] == lc.PAUSED:
             return f"agent-watchdog: run stopped: paused (run {run.id[:8]} waits for a human to approve more budget)"
         if status is not None and status[0] not in (lc.RUNNING, lc.PAUSED):
-            run._cancel(RunKilled(status[1] or lc.MANUAL, status[2] or "stopped"))
+            run._cancel(RunKilled(status[1] or status[0], status[2] or f"the run is {status[0]}"))
         try:
             run.check()
             guard = run.guard
@@ -160,9 +165,12 @@ class WatchdogProxyHandler(CustomLogger):
 
     def _check_joined(self, state: store.RunState, estimate: "Estimate") -> str | None:
         if state.status != lc.RUNNING:
+            if quietly_ended(state.status, state.stop_reason) and state.source == SOURCE:
+                # The callback's own run of this trace ended by silence: the next call is a new run.
+                return self._check_own(self._new_run(trace=state.id, agent=state.agent, fresh=True), estimate)
             if state.status == lc.PAUSED:
                 return "agent-watchdog: run stopped: paused (it waits for a human to approve more budget)"
-            return refusal(state.stop_reason or lc.MANUAL, state.stop_detail)
+            return refusal(state.stop_reason or state.status, state.stop_detail)
         limits = bud.for_run(self.wd().config().profile(state.agent), state.row()).to_json()
         with self._lock:
             guard = self.guards.setdefault(state.id, Guard(limits))
@@ -178,8 +186,9 @@ class WatchdogProxyHandler(CustomLogger):
             return refusal(stop.reason, stop.detail)
         return None
 
-    def _new_run(self, trace: str, agent: str) -> Run:
-        run = self.wd().run(agent, run_id=trace)
+    def _new_run(self, trace: str, agent: str, fresh: bool = False) -> Run:
+        """The callback's own run for `trace` (its id, or with `fresh` a new id: that one has ended)."""
+        run = self.wd().run(agent, run_id=None if fresh else trace)
         run.source = SOURCE
         never_hold(run)
         try:
@@ -306,6 +315,11 @@ def preflight(data: dict | None, eur_per_usd: float) -> Estimate:
     model = data.get("model") if isinstance(data.get("model"), str) else ""
     usd_in, usd_out = _prices(model)
     return Estimate(prompt + out, (prompt * usd_in + out * usd_out) * eur_per_usd)
+
+
+def quietly_ended(status: str, reason: str | None) -> bool:
+    """Ended by silence (or completed): a later call of the same trace is a new run, not refused."""
+    return status == lc.COMPLETED or (status in lc.END_STATUSES and reason == lc.HEARTBEAT_TIMEOUT)
 
 
 def _count(value: Any) -> int:

@@ -100,7 +100,20 @@ class HttpProxy:
         # The client's credentials for the server go on to it (the proxy itself never keeps them).
         forward = {k: v for k, v in headers.items() if k in FORWARD_HEADERS}
         await self.tg.start(self._session, transport, forward)
-        await transport.handle_request(scope, receive, send)
+        status: list[int] = []
+
+        async def watch(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await transport.handle_request(scope, receive, watch)
+        finally:
+            if not status or status[0] >= 400:  # no session was opened (not an initialize, bad body...)
+                self.sessions.pop(transport.mcp_session_id, None)
+                with anyio.CancelScope(shield=True):
+                    await transport.terminate()
 
     async def _session(self, transport: StreamableHTTPServerTransport, forward: dict[str, str], *,
                        task_status=anyio.TASK_STATUS_IGNORED):

@@ -107,7 +107,7 @@ class ToolWitness:
             elif st == lc.PAUSED:
                 return wording.paused(name, run.id)
             elif st not in lc.ACTIVE_STATUSES or st == lc.STOPPING:
-                run._cancel(RunKilled(reason or lc.MANUAL, detail or "stopped"))
+                run._cancel(RunKilled(reason or st, detail or f"the run is {st}"))
         try:
             pending = run.before_tool(name, args)
         except RunKilled as stop:
@@ -129,7 +129,7 @@ class ToolWitness:
         if state.status == lc.PAUSED:
             return wording.paused(name, rid)
         if state.status != lc.RUNNING:
-            return wording.stopped(name, rid, state.stop_reason or lc.MANUAL, state.stop_detail)
+            return wording.stopped(name, rid, state.stop_reason or state.status, state.stop_detail)
         profile = self.wd.config().profile(state.agent)
         limits = bud.for_run(profile, state.row()).to_json()
         if self.guard is None:
