@@ -21,7 +21,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
@@ -31,6 +30,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.records import AGENT_MAX_CHARS, MODEL_MAX_CHARS, RUN_ID_MAX_CHARS
 from watchdog.core.text import one_line, printable
 from watchdog.errors import RunKilled
+from watchdog.integrations.litellm_preflight import Estimate, preflight
 from watchdog.sdk.client import Watchdog
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.run import Run
@@ -146,7 +146,7 @@ class WatchdogProxyHandler(CustomLogger):
             return self._check_own(self._new_run(trace, agent), estimate)
         return self._check_joined(state, estimate)
 
-    def _check_own(self, run: Run, estimate: "Estimate",
+    def _check_own(self, run: Run, estimate: Estimate,
                    status: tuple[str, str | None, str | None] | None = None) -> str | None:
         if status is None and run.status is not None and run.steps:  # a new run needs no read
             status = store.own_status(self.wd().writer, run.id)
@@ -163,7 +163,7 @@ class WatchdogProxyHandler(CustomLogger):
             return refusal(stop.reason, stop.detail)
         return None
 
-    def _check_joined(self, state: store.RunState, estimate: "Estimate") -> str | None:
+    def _check_joined(self, state: store.RunState, estimate: Estimate) -> str | None:
         if state.status != lc.RUNNING:
             if quietly_ended(state.status, state.stop_reason) and state.source == SOURCE:
                 # The callback's own run of this trace ended by silence: the next call is a new run.
@@ -259,62 +259,6 @@ class WatchdogProxyHandler(CustomLogger):
         except RunKilled:
             pass
         run.end(lc.COMPLETED, None, None)
-
-
-class Estimate:
-    """A model call's pre-flight estimate: its prompt's tokens and their cost, plus max_tokens out."""
-
-    __slots__ = ("tokens", "cost_eur")
-
-    def __init__(self, tokens: int = 0, cost_eur: float = 0.0):
-        self.tokens = tokens
-        self.cost_eur = cost_eur
-
-
-CHARS_PER_TOKEN = 4  # the usual rule of thumb: LiteLLM's exact count costs ~10 ms a call
-_PRICES: dict[str, tuple[float, float]] = {}  # model -> (USD per input token, USD per output token)
-
-
-def _prices(model: str) -> tuple[float, float]:
-    price = _PRICES.get(model)
-    if price is None:
-        try:
-            import litellm
-
-            usd_in, _ = litellm.cost_per_token(model=model, prompt_tokens=1_000_000, completion_tokens=0)
-            _, usd_out = litellm.cost_per_token(model=model, prompt_tokens=0, completion_tokens=1_000_000)
-            price = (max(0.0, float(usd_in)) / 1e6, max(0.0, float(usd_out)) / 1e6)
-        except Exception:  # noqa: BLE001 — a model LiteLLM cannot price: tokens only
-            price = (0.0, 0.0)
-        if len(_PRICES) < 1000:
-            _PRICES[model] = price
-    return price
-
-
-def _chars(value: Any, depth: int = 0) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if depth > 6:
-        return 0
-    if isinstance(value, dict):
-        return sum(_chars(v, depth + 1) for v in value.values())
-    if isinstance(value, list):
-        return sum(_chars(v, depth + 1) for v in value)
-    return 0
-
-
-def preflight(data: dict | None, eur_per_usd: float) -> Estimate:
-    """The request's estimated tokens (its text at CHARS_PER_TOKEN, plus max_tokens out) and their
-    cost at LiteLLM's price for the model (0 where it has none): a budget then overshoots by at
-    most this one call, as with the SDK's check_budget."""
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-        return Estimate()
-    prompt = _chars(data["messages"]) // CHARS_PER_TOKEN
-    out = data.get("max_tokens") or data.get("max_completion_tokens") or 0
-    out = out if isinstance(out, int) and not isinstance(out, bool) and 0 <= out < 2**31 else 0
-    model = data.get("model") if isinstance(data.get("model"), str) else ""
-    usd_in, usd_out = _prices(model)
-    return Estimate(prompt + out, (prompt * usd_in + out * usd_out) * eur_per_usd)
 
 
 def quietly_ended(status: str, reason: str | None) -> bool:

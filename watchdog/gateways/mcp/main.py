@@ -42,8 +42,8 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
               upstream: str | None, listen: str | None, command: list[str]) -> int:
     """Serve until the client (stdio) or a signal ends it; the exit status."""
     try:
-        import anyio  # noqa: F401
-        import mcp  # noqa: F401
+        import anyio
+        import mcp  # noqa: F401 — only: is the extra installed?
     except ImportError:
         raise ConfigError("mcp-proxy needs the `mcp` extra: pip install 'agent-watchdog-daemon[mcp]'") from None
     from watchdog.gateways.mcp.serve import serve_http, serve_stdio
@@ -71,8 +71,6 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     if run_id is not None:
         _require_run(wd, run_id)
     try:
-        import anyio
-
         def witnesses(tag: str | None) -> ToolWitness:
             return ToolWitness(wd, agent=agent, run_id=run_id, tag=tag)
 
