@@ -433,3 +433,25 @@ def test_a_run_that_does_not_exist_is_said_at_start(env):
     assert done.returncode == 2
     assert "--run: the store has no run 'no-such-run'" in done.stderr
     assert calls_seen(env) == 0 and not Path(env["MCP_TEST_PIDFILE"]).exists()  # no server started
+
+
+def test_tool_call_budget_refuses_the_call_past_it(env, url, tmp_path):
+    cfg = tmp_path / "budget.toml"
+    cfg.write_text(CONFIG_TOML.replace("max_tool_calls = 40", "max_tool_calls = 2"))
+
+    async def main():
+        async with stdio_session({**env, "AGENT_WATCHDOG_CONFIG": str(cfg)}) as s:
+            return [await s.call_tool("echo", {"text": str(i)}) for i in range(3)]
+
+    results = anyio.run(main)
+    assert [r.is_error for r in results] == [False, False, True]
+    assert text(results[2]).startswith("agent-watchdog: run stopped: max_tool_calls")
+    assert "answer with what you have" in text(results[2])
+    assert calls_seen(env, "echo") == 2
+
+
+def test_a_server_command_that_cannot_run_is_said_at_start(env):
+    done = subprocess.run([*CLI, "mcp-proxy", "--", "/nonexistent/mcp-server"], env=env, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 127
+    assert "'/nonexistent/mcp-server' is not found" in done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 
 from watchdog.core.config import ENV_CONFIG
@@ -12,6 +13,7 @@ from watchdog.errors import ConfigError
 
 ENV_RUN = "AGENT_WATCHDOG_RUN"
 EXIT_USAGE = 2
+EXIT_NOT_FOUND = 127  # as a shell (and exec) says of a command it cannot find
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -19,6 +21,13 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--listen: expected HOST:PORT such as 127.0.0.1:8931, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+        leaf = leaf.exceptions[0]
+    return leaf
 
 
 def _require_run(wd, run_id: str) -> None:
@@ -59,6 +68,10 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     if upstream and not upstream.startswith(("http://", "https://")):
         raise ConfigError(f"--upstream: expected an http(s) URL such as http://127.0.0.1:8000/mcp, got {upstream!r}")
     host, port = parse_listen(listen or "127.0.0.1:8931")
+    if command and shutil.which(command[0]) is None:
+        print(f"agent-watchdog: error: mcp-proxy: the server command {command[0]!r} is not found or not executable",
+              file=sys.stderr)
+        return EXIT_NOT_FOUND
     if agent is not None:
         validate_name("--agent", agent, AGENT_MAX_CHARS)
     run_id = run_id or os.environ.get(ENV_RUN) or None
@@ -74,11 +87,15 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
         def witnesses(tag: str | None) -> ToolWitness:
             return ToolWitness(wd, agent=agent, run_id=run_id, tag=tag)
 
-        if upstream:
-            print(f"agent-watchdog mcp-proxy: http://{host}:{port}/mcp -> {upstream}", file=sys.stderr, flush=True)
-            anyio.run(serve_http, witnesses, upstream, host, port)
-        else:
-            anyio.run(serve_stdio, witnesses, command[0], list(command[1:]))
+        try:
+            if upstream:
+                print(f"agent-watchdog mcp-proxy: http://{host}:{port}/mcp -> {upstream}", file=sys.stderr,
+                      flush=True)
+                anyio.run(serve_http, witnesses, upstream, host, port)
+            else:
+                anyio.run(serve_stdio, witnesses, command[0], list(command[1:]))
+        except BaseExceptionGroup as group:  # anyio's task groups wrap the one error that ended them
+            raise _first(group) from None
     finally:
         wd.close()
     return 0
