@@ -132,8 +132,9 @@ def test_max_steps_stops_the_run_and_only_that_run(gateway):
     with pytest.raises(openai.BadRequestError) as refused:
         call(base, "trace-a")
     assert refused.value.status_code == 400
-    message = str(refused.value.body.get("message") if isinstance(refused.value.body, dict) else refused.value)
-    assert "agent-watchdog: run stopped: max_steps" in message
+    body = refused.value.body
+    message = body.get("message") if isinstance(body, dict) else None
+    assert isinstance(message, str) and message.startswith("agent-watchdog: run stopped: max_steps"), body
     assert row(engine, "trace-a").steps == 5  # the refused call never reached the model
     assert call(base, "trace-b").choices[0].message.content  # another trace on the same proxy: untouched
 
