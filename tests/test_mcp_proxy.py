@@ -401,6 +401,13 @@ def test_http_malformed_body_is_answered_and_serving_goes_on(env, http_proxy):
         assert httpx.post(http_proxy, content=body, headers=headers, timeout=DEADLINE_S).status_code >= 400
     unknown = httpx.post(http_proxy, content=b"{}", headers={**headers, "mcp-session-id": "nope"}, timeout=DEADLINE_S)
     assert unknown.status_code == 404
+    init = (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
+            b'"capabilities":{},"clientInfo":{"name":"page","version":"0"}}}')
+    rebound = httpx.post(http_proxy, content=init, headers={**headers, "host": "evil.example"}, timeout=DEADLINE_S)
+    assert rebound.status_code in (403, 421)  # DNS rebinding: a page of another origin cannot reach it
+    foreign = httpx.post(http_proxy, content=init, headers={**headers, "origin": "http://evil.example"},
+                         timeout=DEADLINE_S)
+    assert foreign.status_code in (403, 421)
 
     async def main():
         async with http_session(http_proxy) as s:

@@ -25,6 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.transport_security import TransportSecuritySettings
 
 from watchdog.gateways.mcp.relay import Relay
 from watchdog.gateways.mcp.witness import ToolWitness
@@ -71,9 +72,10 @@ async def serve_stdio(witnesses: Witnesses, command: str, args: list[str]) -> No
 class HttpProxy:
     """An ASGI app: one relay (and one witness) per client session, each with its own session upstream."""
 
-    def __init__(self, witnesses: Witnesses, upstream: str):
+    def __init__(self, witnesses: Witnesses, upstream: str, security: TransportSecuritySettings | None = None):
         self.witnesses = witnesses
         self.upstream = upstream
+        self.security = security
         self.sessions: dict[str, StreamableHTTPServerTransport] = {}
         self.tg: Any = None
 
@@ -94,7 +96,8 @@ class HttpProxy:
             if transport.is_terminated:
                 self.sessions.pop(sid, None)
             return
-        transport = StreamableHTTPServerTransport(mcp_session_id=uuid.uuid4().hex, idle_timeout=SESSION_IDLE_S)
+        transport = StreamableHTTPServerTransport(mcp_session_id=uuid.uuid4().hex, idle_timeout=SESSION_IDLE_S,
+                                                  security_settings=self.security)
         assert transport.mcp_session_id is not None
         self.sessions[transport.mcp_session_id] = transport
         # The client's credentials for the server go on to it (the proxy itself never keeps them).
@@ -155,10 +158,23 @@ async def _json_error(send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def loopback_only(host: str, port: int) -> TransportSecuritySettings | None:
+    """On a loopback address, only pages of that address may talk to the proxy (a web page
+    elsewhere could otherwise reach it through DNS rebinding); on any other address, no check
+    (the operator chose to expose it, and was warned)."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("agent-watchdog mcp-proxy: listening on %s, not on loopback: anyone who can reach it can "
+                    "call the server's tools", host)
+        return None
+    hosts = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=[f"http://{h}" for h in hosts])
+
+
 async def serve_http(witnesses: Witnesses, upstream: str, host: str, port: int) -> None:
     import uvicorn
 
-    proxy = HttpProxy(witnesses, upstream)
+    proxy = HttpProxy(witnesses, upstream, loopback_only(host, port))
     config = uvicorn.Config(proxy, host=host, port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
