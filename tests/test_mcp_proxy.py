@@ -462,3 +462,23 @@ def test_a_server_command_that_cannot_run_is_said_at_start(env):
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 127
     assert "'/nonexistent/mcp-server' is not found" in done.stderr
+
+
+def test_a_store_outage_fails_open_with_one_warning(env, tmp_path):
+    errlog = tmp_path / "proxy.err"
+    down = {**env, "AGENT_WATCHDOG_DB": f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nowhere"}
+
+    async def main():
+        params = StdioServerParameters(command=sys.executable, env=down,
+                                       args=["-m", "watchdog.cli", "mcp-proxy", "--", sys.executable, SERVER])
+        with open(errlog, "w") as err:
+            async with stdio_client(params, errlog=err) as (read, write):
+                async with ClientSession(read, write) as s:
+                    await s.initialize()
+                    return [await s.call_tool("echo", {"text": str(i)}) for i in range(3)]
+
+    results = anyio.run(main)
+    assert [r.is_error for r in results] == [False, False, False]  # the tools keep working
+    assert calls_seen(env, "echo") == 3
+    warnings = [line for line in errlog.read_text().splitlines() if "agent-watchdog" in line and "store" in line]
+    assert 1 <= len(warnings) <= 2, warnings  # warned once (the SDK's buffer and the proxy's own line)

@@ -277,4 +277,12 @@ def refusal(reason: str, detail: str | None) -> str:
     return text + ". Do not retry this request; finish with what you have."
 
 
-proxy_handler = WatchdogProxyHandler(os.environ.get("AGENT_WATCHDOG_DB"))
+def _handler() -> WatchdogProxyHandler:
+    url = os.environ.get("AGENT_WATCHDOG_DB")
+    if not url:  # loud at start: the proxy runs, but nothing is watched
+        log.error("agent-watchdog: AGENT_WATCHDOG_DB is not set: the LiteLLM callback cannot reach a store and lets "
+                  "every call through; set it to the store's URL (e.g. sqlite:////var/lib/agent-watchdog/runs.db)")
+    return WatchdogProxyHandler(url)
+
+
+proxy_handler = _handler()

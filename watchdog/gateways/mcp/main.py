@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import sys
+import warnings
 
 from watchdog.core.config import ENV_CONFIG
 from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name
@@ -80,6 +81,9 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     if config_path:
         os.environ[ENV_CONFIG] = config_path  # the SDK reads its config from there
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    # The SDK says an outage both in its log and as a Python warning (for an agent's developer);
+    # in the proxy's own process the log line is enough.
+    warnings.simplefilter("ignore", RuntimeWarning)
     wd = Watchdog(db_url, attest_socket="")  # a witness outside the agent's process: never attested
     if run_id is not None:
         _require_run(wd, run_id)
