@@ -202,3 +202,22 @@ def shared_options(fn):
 
 def emit_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+# --- mcp-proxy (the tool gateway, watchdog/gateways/mcp; optional extra `mcp`) -------------------
+
+@main.command("mcp-proxy", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--agent", help="Agent name (profile) of the proxy's own runs (default mcp-proxy).")
+@click.option("--run", "run_id", help="Witness this run (else $AGENT_WATCHDOG_RUN, else the proxy's own runs).")
+@click.option("--upstream", help="Streamable HTTP server to front (e.g. http://127.0.0.1:8000/mcp).")
+@click.option("--listen", help="With --upstream: HOST:PORT to serve on (default 127.0.0.1:8931).")
+@click.argument("server_command", nargs=-1, type=click.UNPROCESSED)
+@shared_options
+@pass_app
+@fail_cleanly
+def mcp_proxy_cmd(app, agent, run_id, upstream, listen, server_command):
+    """Guard an MCP server's tool calls: mcp-proxy [OPTIONS] -- SERVER_COMMAND [ARGS...]."""
+    from watchdog.gateways.mcp.main import run_proxy
+
+    sys.exit(run_proxy(db_url=app.db_url, config_path=app.config_path, agent=agent, run_id=run_id,
+                       upstream=upstream, listen=listen, command=list(server_command)))

@@ -1,0 +1,246 @@
+"""The run side of the MCP proxy: which run a `tools/call` belongs to, whether it may go to the
+server, and what is recorded once the server answered. Synchronous (the relay calls it off the
+event loop); one `ToolWitness` per client (the stdio client, or one HTTP session).
+
+Two ways to witness a run:
+
+- its own run (no --run, no $AGENT_WATCHDOG_RUN): created and written through the SDK's write
+  path (`source = "mcp"`), with the SDK's guards and circuits; it ends by silence — a call after
+  `heartbeat_timeout_s` without one, or once the daemon ended it so, starts a new run — and when
+  the client leaves;
+- a run another writer owns (exec's, the SDK's): its row is read, never written; each call is
+  appended as an event marked `source = "mcp"` (watchdog.store.joined), judged by the same
+  guards against the larger of the proxy's own count and the run's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from watchdog.core import budgets as bud
+from watchdog.core import lifecycle as lc
+from watchdog.core.records import error_fields, hash_args
+from watchdog.errors import RunKilled, ToolUnavailable
+from watchdog.sdk.client import Watchdog
+from watchdog.sdk.guards import Guard
+from watchdog.sdk.run import Run
+from watchdog.sdk.toolcall import PendingTool
+from watchdog.store import joined as store
+from watchdog.store.schema import utcnow
+
+from watchdog.gateways.mcp import wording
+
+log = logging.getLogger("watchdog.gateways.mcp")
+
+DEFAULT_AGENT = "mcp-proxy"
+SOURCE = lc.Source.MCP
+
+
+def never_hold(run: Run) -> None:
+    """A gateway never waits inside a call for a human to answer a pause (the client would see a
+    hung call and the relay would fail open): a breach stops the proxy's own run instead of
+    pausing it, and a run the daemon paused is refused at its next call until resumed."""
+    run._pause = lambda stop: False  # type: ignore[method-assign]
+    run._hold.wait = lambda row: None  # type: ignore[method-assign]
+
+
+class ToolFailed(Exception):
+    """What the server answered a call with, when it failed (its class is what circuits count)."""
+
+
+class ServerError(Exception):
+    """A JSON-RPC error the server answered a tools/call with."""
+
+
+@dataclass
+class Admitted:
+    """A call that may go to the server; `finish` records it."""
+
+    name: str
+    args: dict
+    call_id: str
+    run_id: str | None
+    pending: PendingTool | None = None  # own run: the SDK's pending attempt
+    probe: bool = False  # joined run: this call is the circuit's half-open probe
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class ToolWitness:
+    """The run(s) of one MCP client, as the proxy witnesses them."""
+
+    def __init__(self, wd: Watchdog, *, agent: str | None, run_id: str | None, tag: str | None = None):
+        self.wd = wd
+        self.agent = agent or DEFAULT_AGENT
+        self.joined_id = run_id  # a run another writer owns, or None: the proxy's own runs
+        self.tag = tag or uuid.uuid4().hex[:8]  # names this client in call ids
+        self.run: Run | None = None
+        self.guard: Guard | None = None  # joined run: the proxy's own view of its calls
+        self.last_call = 0.0  # monotonic time of the last tools/call (silence ends an own run)
+        self._lock = threading.Lock()
+        self._warned = False
+        self.runs_started = 0
+
+    # -- admission ---------------------------------------------------------------
+
+    def admit(self, name: str, args: dict, request_id: object) -> Admitted | str:
+        """An Admitted call, or the refusal text the model is to read."""
+        call_id = f"mcp:{self.tag}:{request_id}"[:128]
+        with self._lock:
+            try:
+                if self.joined_id is not None:
+                    return self._admit_joined(name, args, call_id)
+                return self._admit_own(name, args, call_id)
+            finally:
+                self.last_call = time.monotonic()
+
+    def _admit_own(self, name: str, args: dict, call_id: str) -> Admitted | str:
+        run = self._current_run()
+        status = self._status(run.id)
+        if status is not None:
+            st, reason, detail = status
+            if st in lc.END_STATUSES and (st == lc.COMPLETED or reason == lc.HEARTBEAT_TIMEOUT):
+                run = self._new_run()  # ended by silence: the next call is a new run
+            elif st == lc.PAUSED:
+                return wording.paused(name, run.id)
+            elif st not in lc.ACTIVE_STATUSES or st == lc.STOPPING:
+                run._cancel(RunKilled(reason or st, detail or f"the run is {st}"))
+        try:
+            pending = run.before_tool(name, args)
+        except RunKilled as stop:
+            return wording.stopped(name, run.id, stop.reason, stop.detail)
+        except ToolUnavailable as exc:
+            return wording.unavailable(name, str(exc))
+        return Admitted(name, args, call_id, run.id, pending=pending)
+
+    def _admit_joined(self, name: str, args: dict, call_id: str) -> Admitted | str:
+        rid = self.joined_id
+        assert rid is not None
+        try:
+            state = store.run_state(self.wd.engine, rid)
+        except Exception as exc:  # noqa: BLE001 — a store outage fails open
+            self._outage(exc)
+            return Admitted(name, args, call_id, rid)
+        if state is None:
+            return wording.no_run(name, rid)
+        if state.status == lc.PAUSED:
+            return wording.paused(name, rid)
+        if state.status != lc.RUNNING:
+            return wording.stopped(name, rid, state.stop_reason or state.status, state.stop_detail)
+        profile = self.wd.config().profile(state.agent)
+        limits = bud.for_run(profile, state.row()).to_json()
+        if self.guard is None:
+            self.guard = Guard(limits)
+        else:
+            self.guard.budgets.update(limits)
+        guard = self.guard
+        with guard._lock:  # the larger of the proxy's count and the run's, never their sum
+            guard.used["tool_calls"] = max(guard.used["tool_calls"], state.tool_calls)
+        started = self.wd.writer.dialect.parse_ts(state.started_at) or utcnow()
+        elapsed_s = max(0.0, (utcnow() - started).total_seconds())
+        try:
+            guard.before_tool(name, hash_args(args, tool=name), elapsed_s)
+        except RunKilled as stop:
+            return wording.stopped(name, rid, stop.reason, stop.detail)
+        gate = self.wd.circuit_for(name)
+        probe = False
+        if gate is not None:
+            verdict = gate.admit(rid)
+            if verdict is None:
+                msg = gate.message(name)
+                self._append(Admitted(name, args, call_id, rid), ok=False,
+                             error=ToolUnavailable(name, msg), duration_s=0.0)
+                return wording.unavailable(name, msg)
+            probe = verdict == "probe"
+        return Admitted(name, args, call_id, rid, probe=probe)
+
+    # -- the answer --------------------------------------------------------------
+
+    def finish(self, call: Admitted, *, ok: bool, error: Exception | None = None) -> None:
+        """Record a call the server answered (ok, or failed with `error`)."""
+        with self._lock:
+            try:
+                if call.pending is not None and self.run is not None and self.run.id == call.run_id:
+                    try:
+                        self.run.after_tool(call.pending, ok=ok, error=error)
+                    except RunKilled:
+                        pass  # stopped meanwhile: the next call is refused
+                    return
+                if call.run_id is None:
+                    return
+                if self.guard is not None:
+                    self.guard.count_tool_call()
+                self._append(call, ok=ok, error=error, duration_s=max(0.0, time.perf_counter() - call.t0))
+                if call.probe and ok:
+                    self.wd.circuits.probe_succeeded(call.name, call.run_id)
+            except Exception as exc:  # noqa: BLE001 — recording never breaks the relay
+                self._outage(exc)
+
+    def _append(self, call: Admitted, *, ok: bool, error: Exception | None, duration_s: float) -> None:
+        cls, msg = error_fields(error, self.wd.record_errors) if not ok and error is not None else (None, None)
+        if not ok and cls is None:
+            cls = "Error"
+        try:
+            store.append_witness_event(
+                self.wd.engine, call.run_id or "", source=SOURCE, kind=lc.EV_TOOL, at=utcnow(), call_id=call.call_id,
+                tool=call.name, args_hash=hash_args(call.args, tool=call.name), ok=ok, error_class=cls,
+                error_msg=msg[:500] if msg else None, duration_s=duration_s)
+        except Exception as exc:  # noqa: BLE001
+            self._outage(exc)
+
+    # -- own runs ----------------------------------------------------------------
+
+    def _current_run(self) -> Run:
+        run = self.run
+        if run is None:
+            return self._new_run()
+        silence_s = run.budgets.heartbeat_timeout_s
+        if silence_s and self.last_call and time.monotonic() - self.last_call > silence_s:
+            return self._new_run()  # silent for longer than a heartbeat: that run is over
+        return run
+
+    def _new_run(self) -> Run:
+        self._end_own()
+        run = self.wd.run(self.agent)
+        run.source = SOURCE
+        never_hold(run)
+        run.start()
+        self.run = run
+        self.runs_started += 1
+        log.info("agent-watchdog mcp-proxy: run %s (agent %s)", run.id, self.agent)
+        return run
+
+    def _end_own(self) -> None:
+        run, self.run = self.run, None
+        if run is None or run.status in lc.END_STATUSES:
+            return
+        try:
+            stop = run.stop_requested
+            if stop is not None:
+                run.end(lc.KILLED, stop.reason, stop.detail)
+            else:
+                run.end(lc.COMPLETED, None, None)
+        except Exception as exc:  # noqa: BLE001
+            self._outage(exc)
+
+    def _status(self, run_id: str) -> tuple[str, str | None, str | None] | None:
+        try:
+            return store.own_status(self.wd.writer, run_id)
+        except Exception as exc:  # noqa: BLE001 — a store outage fails open
+            self._outage(exc)
+            return None
+
+    def _outage(self, exc: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("agent-watchdog mcp-proxy: the store failed (%s: %s); tool calls pass unguarded "
+                        "while it does", type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+
+    def close(self) -> None:
+        """The client left: the proxy's own run ends (a joined run is its writer's to end)."""
+        with self._lock:
+            self._end_own()
+

@@ -1,0 +1,111 @@
+"""What a gateway (the MCP proxy, the LiteLLM callback) reads and appends for a run another
+writer owns (exec's, the SDK's): it reads the run's row and appends events marked with its
+`source`; it never updates the run's row (on PostgreSQL rows belong to their writer; the daemon
+folds the witness's events into its own counters, one call counted once).
+
+Witness events take sequence numbers from WITNESS_SEQ_BASE up (per run): the run's own writer
+numbers its records 1, 2, ... in its process and would lose a record whose number a witness had
+taken first; a billion records apart, the two ranges never meet.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.store.schema import events, runs
+
+# Two witnesses appending to one run at the same moment on PostgreSQL may pick the same number.
+_SEQ_ATTEMPTS = 5
+WITNESS_SEQ_BASE = 1 << 30  # events.seq is a 32-bit integer >= 0
+
+
+@dataclass(frozen=True)
+class RunState:
+    """One run as a gateway sees it before admitting a call."""
+
+    id: str
+    agent: str
+    status: str
+    stop_reason: str | None
+    stop_detail: str | None
+    source: str
+    started_at: dt.datetime | None
+    last_seen_at: dt.datetime | None
+    steps: int
+    tool_calls: int
+    tokens: int
+    cost_eur: float
+    resumes: int
+    labels: Any
+    asked: dict[str, float]  # the run's own budget columns (non-NULL ones)
+
+    def row(self) -> dict[str, Any]:
+        """The run as a mapping for watchdog.core.budgets.for_run."""
+        return {**self.asked, "resumes": self.resumes}
+
+
+_COLUMNS = (runs.c.id, runs.c.agent, runs.c.status, runs.c.stop_reason, runs.c.stop_detail, runs.c.source,
+            runs.c.started_at, runs.c.last_seen_at, runs.c.steps, runs.c.tool_calls, runs.c.tokens_in,
+            runs.c.tokens_out, runs.c.cost_eur, runs.c.resumes, runs.c.labels,
+            *(runs.c[k] for k in RUN_BUDGET_KEYS))
+
+
+def run_state(engine: Engine, run_id: str) -> RunState | None:
+    """The run `run_id` (status, counters, own budgets), or None when the store has no such run."""
+    with engine.connect() as conn:
+        r = conn.execute(select(*_COLUMNS).where(runs.c.id == run_id)).first()
+    if r is None:
+        return None
+    m = r._mapping
+    return RunState(
+        id=m["id"], agent=m["agent"], status=m["status"], stop_reason=m["stop_reason"],
+        stop_detail=m["stop_detail"], source=m["source"] or "sql", started_at=m["started_at"],
+        last_seen_at=m["last_seen_at"], steps=int(m["steps"] or 0), tool_calls=int(m["tool_calls"] or 0),
+        tokens=int(m["tokens_in"] or 0) + int(m["tokens_out"] or 0), cost_eur=float(m["cost_eur"] or 0.0),
+        resumes=int(m["resumes"] or 0), labels=m["labels"],
+        asked={k: m[k] for k in RUN_BUDGET_KEYS if m[k] is not None},
+    )
+
+
+def own_status(writer: Any, run_id: str) -> tuple[str, str | None, str | None] | None:
+    """`run_status` on the SDK writer's pooled connection (the hot path: one read per call)."""
+    rows = writer.query(writer.dialect.select_status, (run_id,))
+    return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+
+def run_status(engine: Engine, run_id: str) -> tuple[str, str | None, str | None] | None:
+    """(status, stop_reason, stop_detail) of a run, or None when there is no such run."""
+    with engine.connect() as conn:
+        r = conn.execute(select(runs.c.status, runs.c.stop_reason, runs.c.stop_detail)
+                         .where(runs.c.id == run_id)).first()
+    return None if r is None else (r[0], r[1], r[2])
+
+
+def append_witness_event(engine: Engine, run_id: str, *, source: str, kind: str, at: dt.datetime,
+                         call_id: str | None = None, **fields: Any) -> int:
+    """Append one event a witness saw to `run_id` (never touching the run's row); its seq."""
+    allowed = {"tool", "args_hash", "ok", "error_class", "error_msg", "duration_s", "model", "tokens_in",
+               "tokens_out", "cost_eur", "cached_tokens_in", "reasoning_tokens", "attempt", "progress"}
+    bad = set(fields) - allowed
+    if bad:
+        raise ValueError(f"append_witness_event: unknown fields {sorted(bad)}")
+    for attempt in range(_SEQ_ATTEMPTS):
+        try:
+            with engine.begin() as conn:
+                top = conn.execute(select(func.max(events.c.seq)).where(
+                    events.c.run_id == run_id, events.c.seq >= WITNESS_SEQ_BASE)).scalar()
+                seq = int(top) + 1 if top is not None else WITNESS_SEQ_BASE
+                conn.execute(insert(events).values(run_id=run_id, seq=seq, at=at, kind=kind, source=source,
+                                                   call_id=call_id, **fields))
+            return seq
+        except IntegrityError:
+            if attempt == _SEQ_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
