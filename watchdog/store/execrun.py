@@ -1,0 +1,34 @@
+"""The SQL `agent-watchdog exec` reads of its own run: what the daemon decided about it, and
+whether the command reported anything itself (its own records, a child run's roll-up, spans).
+
+Rendered once per dialect (the SDK's write path, watchdog.store.hotpath, runs it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STATE_COLUMNS = ("status", "stop_reason", "stop_detail", "steps", "tool_calls", "last_seen_at")
+
+
+@dataclass(frozen=True)
+class ExecRunState:
+    status: str
+    stop_reason: str | None
+    stop_detail: str | None
+    steps: int
+    tool_calls: int
+    last_seen_at: object  # compared for change only: text on SQLite, a datetime on PostgreSQL
+
+
+def state_sql(dialect) -> str:
+    ph = "?" if dialect.sqlite else "%s"
+    return f"SELECT {', '.join(STATE_COLUMNS)} FROM runs WHERE id = {ph}"
+
+
+def read_state(writer, run_id: str) -> ExecRunState | None:
+    """The run's row as exec needs it, or None when it is not there (deleted under us)."""
+    rows = writer.query(state_sql(writer.dialect), (run_id,))
+    if not rows:
+        return None
+    status, reason, detail, steps, calls, seen = rows[0][:6]
+    return ExecRunState(str(status), reason, detail, int(steps or 0), int(calls or 0), seen)
