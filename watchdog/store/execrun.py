@@ -32,3 +32,18 @@ def read_state(writer, run_id: str) -> ExecRunState | None:
         return None
     status, reason, detail, steps, calls, seen = rows[0][:6]
     return ExecRunState(str(status), reason, detail, int(steps or 0), int(calls or 0), seen)
+
+
+def active_exec_roots(conn, host: str, kill_mode: str) -> list[tuple[str, int, float]]:
+    """(run id, pid, create time) of this host's active exec'd runs of `kill_mode` (the daemon
+    remembers their trees: watchdog.daemon.runtree.TreeMemory). Candidates only: what the
+    daemon acts on is checked against the sealed attestation."""
+    from sqlalchemy import and_, select
+
+    from watchdog.core import lifecycle as lc
+    from watchdog.store.schema import runs
+
+    q = select(runs.c.id, runs.c.pid, runs.c.pid_create_time).where(and_(
+        runs.c.status.in_(list(lc.ACTIVE_STATUSES)), runs.c.host == host, runs.c.source == lc.Source.EXEC.value,
+        runs.c.kill_mode == kill_mode))
+    return [(r.id, r.pid, r.pid_create_time) for r in conn.execute(q)]
