@@ -43,14 +43,14 @@ def _cgroup_of(pid: int) -> str | None:
 
 
 def directory(run_id: str, path: str | None, mount: str | None = None) -> str | None:
-    """The run's cgroup directory when `path` (from a verified attestation) still passes the
-    rules and exists as itself (no symlink); else None."""
+    """The run's cgroup directory when `path` (the directory, from a verified attestation)
+    still passes the rules and exists as itself (no symlink); else None."""
     if path is None:
         return None
     mount = mount if mount is not None else mount_point()
     if rules.run_cgroup_error(path, run_id, mount) is not None:
         return None
-    d = rules.fs_path(mount, path)
+    d = os.path.normpath(path)
     if os.path.realpath(d) != d or not os.path.isdir(d):
         return None
     return d

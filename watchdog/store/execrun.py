@@ -47,3 +47,12 @@ def active_exec_roots(conn, host: str, kill_mode: str) -> list[tuple[str, int, f
         runs.c.status.in_(list(lc.ACTIVE_STATUSES)), runs.c.host == host, runs.c.source == lc.Source.EXEC.value,
         runs.c.kill_mode == kill_mode))
     return [(r.id, r.pid, r.pid_create_time) for r in conn.execute(q)]
+
+
+def killed_child(writer, run_id: str) -> tuple[str, str | None] | None:
+    """(stop reason, detail) of a child run of `run_id` that was stopped (an in-process guard of
+    the SDK inside exec's command, holding it to exec's run's budgets), or None."""
+    ph = "?" if writer.dialect.sqlite else "%s"
+    rows = writer.query(f"SELECT stop_reason, stop_detail FROM runs WHERE parent_id = {ph} AND status = 'killed' "
+                        f"AND stop_reason IS NOT NULL ORDER BY ended_at DESC LIMIT 1", (run_id,))
+    return (str(rows[0][0]), rows[0][1]) if rows else None

@@ -199,7 +199,8 @@ class _Session:
     def _attest(self, mode: str) -> bool:
         from watchdog.sdk.attest import request
 
-        path = self.placement.path if self.placement is not None else None
+        # The cgroup's directory (under the cgroup2 mount), as the daemon checks it.
+        path = self.placement.directory if self.placement is not None else None
         ok, why = request(self.opts.socket, self.run_id, mode, cgroup=path)
         self.note("attested by the daemon" if ok else
                   f"not attested ({why}): the run is watched and stopped by exec; the daemon will not "

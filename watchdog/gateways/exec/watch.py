@@ -19,7 +19,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.text import one_line
 from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
-from watchdog.store.execrun import ExecRunState, read_state
+from watchdog.store.execrun import ExecRunState, killed_child, read_state
 from watchdog.store.schema import utcnow
 
 POLL_S = 0.25
@@ -124,6 +124,10 @@ class Watch:
         st = self.state()
         if self.stopped(st):
             return self.stop(st, grace_s)
+        child_stop = self._child_stop()
+        if child_stop is not None and st is not None:  # the SDK inside stopped on this run's budgets
+            reason, detail = child_stop
+            return self.stop(ExecRunState(st.status, reason, detail, st.steps, st.tool_calls, st.last_seen_at), 0.0)
         if code == 0:
             self.s._end(lc.COMPLETED, None)
         else:
@@ -132,6 +136,12 @@ class Watch:
             self.s._end(lc.FAILED, f"command {how}")
         return code
 
+    def _child_stop(self) -> tuple[str, str | None] | None:
+        try:
+            return killed_child(self.s.wd.writer, self.s.run_id)
+        except Exception:  # noqa: BLE001 — the store is away: the command's own status stands
+            return None
+
     def stop(self, st: ExecRunState, grace_s: float) -> int:
         from watchdog.gateways.exec.supervisor import EXIT_STOPPED, say
 
@@ -139,7 +149,8 @@ class Watch:
         reason = st.stop_reason or ("ended in the store" if st.status != lc.STOPPING else "stop requested")
         self.s.note(f"stop: SIGTERM to {termed} process(es)" + (f", SIGKILL to {killed}" if killed else ""))
         if st.status in lc.ACTIVE_STATUSES:
-            self.s._end(lc.KILLED, "the process tree was taken down by agent-watchdog exec", st.stop_reason)
+            self.s._end(lc.KILLED, st.stop_detail or "the process tree was taken down by agent-watchdog exec",
+                        st.stop_reason)
         detail = f" ({one_line(st.stop_detail, 300)})" if st.stop_detail else ""
         say(f"run {self.s.run_id[:8]} stopped by agent-watchdog: {reason}{detail}")
         return EXIT_STOPPED
