@@ -247,3 +247,209 @@ def test_the_daemon_kills_the_tree_when_exec_was_sigkilled(mode, sqlite_url, tmp
         engine.dispose()
         if not gone(grandchild):
             grandchild.kill()
+
+
+# -- hostile: a row cannot point the daemon at a cgroup exec did not make for the run --------------
+
+
+class _Victim:
+    """A process in a cgroup of its own that no exec made: `name` may even be a run's cgroup name."""
+
+    def __init__(self, parent: str, name: str):
+        import subprocess
+
+        self.dir = os.path.join(parent, name)
+        os.makedirs(self.dir)
+        self.proc = subprocess.Popen(["sleep", "600"])
+        with open(os.path.join(self.dir, "cgroup.procs"), "w") as f:
+            f.write(str(self.proc.pid))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for _ in range(100):
+            try:
+                os.rmdir(self.dir)
+                os.rmdir(os.path.dirname(self.dir))
+                return
+            except OSError:
+                import time
+
+                time.sleep(0.05)
+
+
+@pytest.mark.skipif(not ROOT, reason="making the victim's cgroup needs root")
+def test_a_forged_cgroup_is_never_attested_nor_killed(sqlite_url, tmp_path, daemon):
+    import subprocess
+    import uuid
+
+    from sqlalchemy import update
+
+    from watchdog.store.engine import make_engine
+    from watchdog.store.schema import attestations
+
+    d = daemon(sqlite_url, cancel_grace_s=0.5)
+    mount = cg.mount_point()
+    engine = make_engine(sqlite_url)
+    victims = []
+    try:
+        # 1. A process asks the daemon to attest its own cgroup run with a cgroup of the right
+        #    name that it is not in: refused.
+        run_id = uuid.uuid4().hex
+        victims.append(_Victim(os.path.join(mount, f"aw-victim-{run_id[:8]}"), f"agent-watchdog-run-{run_id}"))
+        claim = textwrap.dedent(f"""
+            from watchdog import Watchdog
+            from watchdog.sdk.attest import request
+            wd = Watchdog({sqlite_url!r}, attest_socket="")
+            run = wd.run(agent="forger", kill_mode="cgroup", run_id={run_id!r}, guards=False).start()
+            print(request({d.sock!r}, run.id, "cgroup", cgroup={victims[0].dir!r}))
+        """)
+        out = subprocess.run([sys.executable, "-c", claim], capture_output=True, text=True, timeout=60)
+        assert "cgroup refused: neither your process nor a child of it is in" in out.stdout, out.stdout + out.stderr
+        assert attestation(engine, run_id) is None
+
+        # 2. A real exec'd cgroup run; someone rewrites its attestation to name the victim's cgroup
+        #    (right name, elsewhere), then exec dies: the seal no longer verifies, nothing is signalled.
+        pid_file = tmp_path / "grandchild.pid"
+        p = start_exec(["--agent", "real", "--kill-mode", "cgroup", "--", sys.executable, "-c", STUBBORN,
+                        str(pid_file)], db_url=sqlite_url, cfg=d.cfg, sock=d.sock)
+        grandchild = read_pid(pid_file)
+        real = next(r for r in exec_runs(engine) if r.agent == "real")
+        assert wait_until(lambda: attestation(engine, real.id) is not None, 30), d.log()
+        victims.append(_Victim(os.path.join(mount, f"aw-victim-{real.id[:8]}"), f"agent-watchdog-run-{real.id}"))
+        with engine.begin() as conn:
+            conn.execute(update(attestations).where(attestations.c.run_id == real.id).values(cgroup=victims[1].dir))
+        p.kill()
+        p.wait(timeout=30)
+        assert wait_until(lambda: exec_runs(engine)[-1].status not in lc.ACTIVE_STATUSES, 60), d.log()
+        import time
+
+        time.sleep(1.0)  # a few more ticks: still nothing
+        assert all(v.alive() for v in victims)
+        assert not gone(grandchild)  # not attested any more: the daemon signals nothing, not even exec's own
+        grandchild.kill()
+    finally:
+        engine.dispose()
+        for v in victims:
+            v.close()
+
+
+# -- a systemd user manager makes the scope (faked: systemd-run on PATH, a manager as root) ----------
+
+FAKE_SYSTEMD_RUN = '''#!{python}
+# A stand-in for systemd-run --user --scope: asks "the user manager" (the test, over a socket) to
+# make the scope's cgroup and move this process into it, then execs the command, as the real one does.
+import json, os, socket, sys
+args = sys.argv[1:]
+assert args[:2] == ["--user", "--scope"], args
+unit = next((a.split("=", 1)[1] for a in args if a.startswith("--unit=")), "run-probe.scope")
+cmd = args[args.index("--") + 1:]
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["FAKE_SYSTEMD_SOCKET"])
+s.sendall(json.dumps({{"pid": os.getpid(), "unit": unit}}).encode() + b"\\n")
+if s.makefile().readline().strip() != "ok":
+    sys.exit("Failed to connect to bus: No medium found")
+os.execvp(cmd[0], cmd)
+'''
+
+
+class _FakeUserManager:
+    """Makes `<mount>/<base>/<unit>` owned by `user` and moves the asking pid into it, as systemd's
+    user manager does for a scope (a delegated subtree the user may write)."""
+
+    def __init__(self, user: str):
+        import pwd
+        import socket
+        import threading
+
+        from attest_support import short_dir
+
+        self.uid = pwd.getpwnam(user).pw_uid
+        self.base = os.path.join(cg.mount_point(), f"aw-user-{os.getpid()}-{id(self):x}")
+        os.makedirs(self.base)
+        folder = short_dir()
+        folder.chmod(0o777)
+        self.path = str(folder / "manager.sock")
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(self.path)
+        os.chmod(self.path, 0o777)
+        self.sock.listen(8)
+        self.units: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import json
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                req = json.loads(conn.makefile().readline())
+                d = os.path.join(self.base, req["unit"])
+                os.makedirs(d, exist_ok=True)
+                for name in ("", "cgroup.procs", "cgroup.kill"):
+                    os.chown(os.path.join(d, name), self.uid, -1)
+                with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                    f.write(str(req["pid"]))
+                self.units.append(req["unit"])
+                conn.sendall(b"ok\n")
+
+    def close(self) -> None:
+        import time
+
+        self.sock.close()
+        for _ in range(100):
+            try:
+                for dirpath, _dirs, _files in sorted(os.walk(self.base), key=lambda t: -len(t[0])):
+                    os.rmdir(dirpath)
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
+@pytest.mark.skipif(not ROOT, reason="needs a second local user and root to fake the user manager")
+def test_without_a_writable_cgroup_exec_uses_a_systemd_user_scope(tmp_path):
+    import subprocess
+
+    from attest_support import LocalUsers, foreign_python, shared_sqlite
+
+    users = LocalUsers()
+    manager = None
+    try:
+        user = users.add("exec")
+        python, env = foreign_python()
+        url, folder = shared_sqlite()
+        bin_dir = folder / "bin"
+        bin_dir.mkdir()
+        fake = bin_dir / "systemd-run"
+        fake.write_text(FAKE_SYSTEMD_RUN.format(python=python))
+        fake.chmod(0o755)
+        manager = _FakeUserManager(user)
+        pid_file = folder / "grandchild.pid"
+        env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_SYSTEMD_SOCKET=manager.path, HOME=str(folder),
+                   AGENT_WATCHDOG_SOCKET="/nonexistent/attest.sock")
+        p = subprocess.Popen([python, "-m", "watchdog.cli", "--db", url, "exec", "--agent", "scoped", "-v", "--",
+                              python, "-c", STUBBORN, str(pid_file)], user=user, env=env, cwd=str(folder),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        grandchild = read_pid(pid_file)
+        (row,) = runs_json(url)
+        unit = f"agent-watchdog-run-{row['id']}.scope"
+        assert manager.units[-1] == unit and row["kill_mode"] == "cgroup"
+        assert cg.cgroup_of(grandchild.pid).endswith("/" + unit)
+        kill = subprocess.run([sys.executable, "-m", "watchdog.cli", "--db", url, "kill", row["id"]],
+                              capture_output=True, text=True, timeout=60)
+        assert kill.returncode == 0, kill.stderr
+        p.wait(timeout=60)
+        err = p.stderr.read()
+        assert p.returncode == 124, err
+        assert "systemd-run --user --scope" in err and "manual" in err
+        assert wait_until(lambda: gone(grandchild), 30)
+    finally:
+        if manager is not None:
+            manager.close()
+        users.close()
