@@ -217,13 +217,14 @@ def test_a_python_sdk_agent_under_exec_joins_the_run_as_its_child_and_is_stopped
 # -- the daemon takes the tree down when exec is gone ---------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["tree", "cgroup"])
-def test_the_daemon_kills_the_tree_when_exec_was_sigkilled(mode, sqlite_url, tmp_path, daemon):
+@pytest.mark.parametrize("mode, how", [("tree", "SIGKILL"), ("cgroup", "SIGKILL"), ("tree", "SIGSTOP")])
+def test_the_daemon_kills_the_tree_when_exec_is_gone_or_unresponsive(mode, how, sqlite_url, tmp_path, daemon):
     if mode == "cgroup" and not ROOT:
         pytest.skip("creating a cgroup under the cgroup2 mount needs root here")
     d = daemon(sqlite_url, cancel_grace_s=0.5)
     pid_file = tmp_path / "grandchild.pid"
-    p = start_exec(["--agent", "orphaned", "--kill-mode", mode, "--", sys.executable, "-c", STUBBORN,
+    wall = ["--max-wall-s", "4"] if how == "SIGSTOP" else []
+    p = start_exec(["--agent", "orphaned", "--kill-mode", mode, *wall, "--", sys.executable, "-c", STUBBORN,
                     str(pid_file)], db_url=sqlite_url, cfg=d.cfg, sock=d.sock)
     grandchild = read_pid(pid_file)
     from watchdog.store.engine import make_engine
@@ -237,12 +238,17 @@ def test_the_daemon_kills_the_tree_when_exec_was_sigkilled(mode, sqlite_url, tmp
         import time
 
         time.sleep(1.0)  # a few ticks: the daemon has seen the tree (tree mode remembers it)
-        p.kill()  # SIGKILL: exec cannot take anything down
-        p.wait(timeout=30)  # (not communicate: the orphans still hold exec's pipes)
+        if how == "SIGKILL":
+            p.kill()  # exec cannot take anything down
+            p.wait(timeout=30)  # (not communicate: the orphans still hold exec's pipes)
+        else:
+            p.send_signal(signal.SIGSTOP)  # exec cannot act on the stop at max_wall_s
         assert wait_until(lambda: gone(grandchild), 60), d.log()
         assert wait_until(lambda: exec_runs(engine)[0].status == lc.KILLED, 60), d.log()
         row = exec_runs(engine)[0]
-        assert row.stop_reason == lc.PROCESS_GONE
+        assert row.stop_reason == (lc.PROCESS_GONE if how == "SIGKILL" else lc.WALL_CLOCK)
+        assert p.wait(timeout=30) == -signal.SIGKILL  # the stopped exec too: it is the tree's root
+        assert "Traceback" not in d.log()
     finally:
         engine.dispose()
         if not gone(grandchild):

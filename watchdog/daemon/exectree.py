@@ -13,7 +13,7 @@ import logging
 
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.attest import verified_cgroup, verified_leader
-from watchdog.daemon.runtree import TreeMemory, directory
+from watchdog.daemon.runtree import TreeMemory, directory, remaining
 from watchdog.store.actions import request_stop
 from watchdog.store.execrun import active_exec_roots
 
@@ -47,7 +47,7 @@ class ExecTrees:
                 return False
             cgroup_dir = directory(row.id, verified_cgroup(conn, row, self.tk.sealer))
         found = self.memory.members(row.id, leader)
-        return bool(self.tk.killer.remaining(found, cgroup_dir if row.kill_mode == lc.CGROUP else None))
+        return bool(remaining(self.tk.killer, found, cgroup_dir if row.kill_mode == lc.CGROUP else None))
 
     def stop_orphaned(self, conn, row, *, budgets, facts, now, rep) -> None:
         detail = f"exec (pid {row.pid} on {row.host}) is gone; its process tree is still running"

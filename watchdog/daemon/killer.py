@@ -267,30 +267,11 @@ class Killer:
                 os.close(fd)
 
     def _cgroup_members(self, cgroup_dir: str | None) -> list[ProcessIdentity]:
-        """The processes of an exec'd run's cgroup (a directory the caller took from a verified
-        attestation): each is still held to every check of _signal_one."""
-        if not cgroup_dir:
-            return []
-        from watchdog.daemon.runtree import cgroup_pids  # late: runtree builds on this module
+        """The processes of an exec'd run's cgroup (watchdog.daemon.runtree), each still held to
+        every check of _signal_one."""
+        from watchdog.daemon.runtree import cgroup_members  # late: runtree builds on this module
 
-        found = []
-        for pid in cgroup_pids(cgroup_dir):
-            ident = self.identity(pid)
-            if ident is not None:
-                found.append(ident)
-        return found
-
-    def _cgroup_kill(self, cgroup_dir: str | None) -> bool:
-        """cgroup.kill, only where the daemon may write it and every process in the cgroup is
-        one it may signal anyway (cgroup.kill spares nobody: root, other users)."""
-        if not cgroup_dir:
-            return False
-        from watchdog.daemon.runtree import cgroup_kill
-
-        members = self._cgroup_members(cgroup_dir)
-        if not members or any(self.refusal(m) not in (None, *GONE_REASONS) for m in members):
-            return False
-        return cgroup_kill(cgroup_dir)
+        return cgroup_members(self, cgroup_dir)
 
     def _send(self, sig: signal.Signals, leader: ProcessIdentity, mode: str,
               extra: Iterable[ProcessIdentity], cgroup_dir: str | None = None) -> SignalOutcome:
@@ -337,12 +318,7 @@ class Killer:
         # reparented away from the leader, so they are signalled directly.
         out = self._send(signal.SIGKILL, ident, mode, list(targets), cgroup_dir)
         if mode == "cgroup":
-            self._cgroup_kill(cgroup_dir)  # forks during the kill too
-        return out
+            from watchdog.daemon.runtree import guarded_cgroup_kill
 
-    def remaining(self, idents: Iterable[ProcessIdentity], cgroup_dir: str | None = None) -> list[ProcessIdentity]:
-        """`alive()` of these, plus whatever is in the run's cgroup now."""
-        seen = {i.pid: i for i in self.alive(idents)}
-        for m in self.alive(self._cgroup_members(cgroup_dir)):
-            seen.setdefault(m.pid, m)
-        return list(seen.values())
+            guarded_cgroup_kill(self, cgroup_dir)  # forks during the kill too
+        return out

@@ -27,6 +27,7 @@ from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.attest import verified_cgroup, verified_leader
 from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
+from watchdog.daemon.runtree import directory, remaining
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
 from watchdog.store.schema import interventions, runs
 
@@ -159,11 +160,9 @@ def _exec_tree(conn, row, leader, killer: Killer, sealer, remembered) -> tuple[s
     own memory of the attested root's descendants, never from a row."""
     if row.kill_mode not in (lc.TREE, lc.CGROUP):
         return None, []
-    from watchdog.daemon.runtree import directory
-
     cgroup_dir = directory(row.id, verified_cgroup(conn, row, sealer)) if row.kill_mode == lc.CGROUP else None
     found = list(remembered(leader)) if remembered is not None else []
-    return cgroup_dir, killer.remaining(found, cgroup_dir)
+    return cgroup_dir, remaining(killer, found, cgroup_dir)
 
 
 def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
@@ -243,7 +242,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         return
 
     targets = _signalled_targets(conn, row, **common) or [leader]
-    alive = killer.remaining([*targets, *orphans], cgroup_dir)
+    alive = remaining(killer, [*targets, *orphans], cgroup_dir)
     waited_s = _since(row.signalled_at, now)
     if stage == lc.Stage.TERM:
         if not alive:

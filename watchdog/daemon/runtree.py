@@ -113,6 +113,35 @@ def cgroup_kill(d: str | None) -> bool:
         return False
 
 
+def cgroup_members(killer, d: str | None) -> list[ProcessIdentity]:
+    """Identities (pid + create time now) of the processes in cgroup directory `d`."""
+    found = []
+    for pid in cgroup_pids(d):
+        ident = killer.identity(pid)
+        if ident is not None:
+            found.append(ident)
+    return found
+
+
+def guarded_cgroup_kill(killer, d: str | None) -> bool:
+    """cgroup.kill, only where the daemon may write it and every process in the cgroup is one
+    the killer may signal anyway (cgroup.kill spares nobody: root, other users, the daemon)."""
+    from watchdog.daemon.killer import GONE_REASONS
+
+    members = cgroup_members(killer, d)
+    if not members or any(killer.refusal(m) not in (None, *GONE_REASONS) for m in members):
+        return False
+    return cgroup_kill(d)
+
+
+def remaining(killer, idents: Iterable[ProcessIdentity], d: str | None = None) -> list[ProcessIdentity]:
+    """The live ones of `idents`, plus whatever is in the run's cgroup directory `d` now."""
+    seen = {i.pid: i for i in killer.alive(idents)}
+    for m in killer.alive(cgroup_members(killer, d)):
+        seen.setdefault(m.pid, m)
+    return list(seen.values())
+
+
 class TreeMemory:
     """Per exec'd run: the descendants seen of its attested root, keyed by that root's identity."""
 
