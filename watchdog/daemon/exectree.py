@@ -15,6 +15,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.daemon.attest import verified_cgroup, verified_leader
 from watchdog.daemon.runtree import TreeMemory, directory, remaining
 from watchdog.store.actions import request_stop
+from watchdog.store.engine import read_connection
 from watchdog.store.execrun import active_exec_roots
 
 log = logging.getLogger("watchdog.tick")
@@ -28,7 +29,7 @@ class ExecTrees:
     def observe(self) -> None:
         """Once a tick: the descendants of each tree-mode exec of this host (cheap when none)."""
         try:
-            with self.tk.engine.connect() as conn:
+            with read_connection(self.tk.engine) as conn:  # never the write lock the tick's batch may hold
                 roots = active_exec_roots(conn, self.tk.killer.host, lc.TREE)
             self.memory.observe(roots)
         except Exception as exc:  # noqa: BLE001 — a memory, not a decision: next tick again
@@ -41,7 +42,7 @@ class ExecTrees:
         """The run's attested exec is gone and processes of its tree are still alive."""
         if row.kill_mode not in (lc.TREE, lc.CGROUP) or row.host != self.tk.killer.host or self.tk.sealer is None:
             return False
-        with self.tk.engine.connect() as conn:
+        with read_connection(self.tk.engine) as conn:  # never the write lock the tick's batch may hold
             leader, _why = verified_leader(conn, row, self.tk.sealer)
             if leader is None:
                 return False

@@ -42,8 +42,9 @@ def otlp_endpoint(listen: str) -> str | None:
 
 
 def otlp_listen(config) -> str:
-    """`[otlp] listen` of the config, read defensively (the table may not exist in this build)."""
-    otlp = getattr(config, "otlp", None)
+    """`[otlp] listen` of a config (or of the raw config a daemon published in the store), read
+    defensively: the table may not exist in this build."""
+    otlp = config.get("otlp") if isinstance(config, Mapping) else getattr(config, "otlp", None)
     listen = getattr(otlp, "listen", None) if otlp is not None else None
     if listen is None and isinstance(otlp, Mapping):
         listen = otlp.get("listen")

@@ -84,10 +84,12 @@ class _Session:
         if not rp.become_subreaper():
             self.note("PR_SET_CHILD_SUBREAPER failed: orphans of the command reparent to init")
         self.placement, mode = self._place()
-        env = command_env(os.environ, run_id=self.run_id, db_url=o.db_url, socket=o.socket,
-                          config_path=o.config_path, otlp_listen_at=otlp_listen(o.config))
-        argv = self.placement.command(o.argv) if self.placement else list(o.argv)
         self._open_store(mode)
+        # The daemon's receiver: this config's [otlp] listen, else what the daemon published.
+        listen = otlp_listen(o.config) or otlp_listen(self._published())
+        env = command_env(os.environ, run_id=self.run_id, db_url=o.db_url, socket=o.socket,
+                          config_path=o.config_path, otlp_listen_at=listen)
+        argv = self.placement.command(o.argv) if self.placement else list(o.argv)
         child = spawn.start(argv, env)
         reaper = rp.Reaper(child.pid)
         try:
@@ -182,6 +184,12 @@ class _Session:
                 value = limit
             asked[key] = value
         self.asked = asked
+
+    def _published(self) -> dict:
+        try:
+            return self.wd.settings()
+        except Exception:  # noqa: BLE001 — no published config: no OTLP
+            return {}
 
     def _register(self, mode: str) -> None:
         from watchdog.sdk.run import Run
