@@ -75,6 +75,8 @@ def exec_cmd(ctx, agent, labels, max_steps, max_tool_calls, max_cost_eur, max_wa
     from watchdog.gateways.exec.supervisor import say
 
     app = ctx.find_object(App)
+    if app.config_path:  # the SDK exec opens the run with reads its profiles from there too
+        os.environ["AGENT_WATCHDOG_CONFIG"] = os.path.abspath(app.config_path)
     try:
         opts = ExecOptions(
             agent=agent, argv=list(command), db_url=app.db_url, config=app.config, socket=_socket(app),

@@ -113,7 +113,7 @@ class Watch:
                 continue  # Ctrl-C: the terminal gave it to the whole foreground group already
             n = self.tree.forward(info.si_signo)
             self.s.note(f"{signal.Signals(info.si_signo).name} forwarded to {n} process{'es' if n != 1 else ''}")
-        grace_s = self.s.opts.config.daemon.term_grace_s
+        grace_s = self._grace_s()
         if stop is not None:
             return self.stop(stop, grace_s)
         code = rp.exit_code(reaper.status)
@@ -135,6 +135,13 @@ class Watch:
                 f"exit status {code}"
             self.s._end(lc.FAILED, f"command {how}")
         return code
+
+    def _grace_s(self) -> float:
+        """[daemon] term_grace_s as the daemon published it, else exec's config's."""
+        try:
+            return float(self.s.wd.config().daemon.term_grace_s)
+        except Exception:  # noqa: BLE001
+            return float(self.s.opts.config.daemon.term_grace_s)
 
     def _child_stop(self) -> tuple[str, str | None] | None:
         try:
