@@ -250,3 +250,11 @@ def test_kill_mode_cgroup_where_none_can_be_made_is_125_and_the_default_falls_ba
         assert [r["kill_mode"] for r in runs_json(url)] == ["tree"]
     finally:
         users.close()
+
+
+def test_without_a_daemon_exec_still_stops_the_run_past_max_wall_s(sqlite_url):
+    p = run_exec(["--agent", "a", "--max-wall-s", "1", "-v", "--", "sleep", "600"], db_url=sqlite_url)
+    assert p.returncode == 124, p.stderr
+    assert "exec stops it itself" in p.stderr and "wall_clock" in p.stderr
+    (row,) = runs_json(sqlite_url)
+    assert (row["status"], row["stop_reason"]) == ("killed", "wall_clock")

@@ -17,6 +17,7 @@ import time
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.text import one_line
+from watchdog.errors import RunKilled
 from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
 from watchdog.store.execrun import ExecRunState, killed_child, read_state
@@ -26,6 +27,7 @@ POLL_S = 0.25
 WAIT_S = 0.1
 ATTEST_RETRY_S = 30.0
 BEAT_MAX_S = 30.0
+BACKSTOP_SLACK_S = 5.0  # past max_wall_s (and two ticks) before exec stops the run itself
 SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel sent (the terminal's Ctrl-C)
 
 
@@ -80,6 +82,10 @@ class Watch:
         next_poll = next_beat = 0.0
         next_attest = time.monotonic() + ATTEST_RETRY_S
         stop: ExecRunState | None = None
+        # exec's own backstop for max_wall_s, should no daemon stop the run (none runs, or it
+        # is far behind): the daemon normally stops it within a tick of max_wall_s.
+        wall_s = float(run.budgets.max_wall_s)
+        backstop_at = time.monotonic() + wall_s + max(BACKSTOP_SLACK_S, 2 * self._tick_s())
         while stop is None:
             reaper.reap()
             if reaper.command_done:
@@ -96,6 +102,13 @@ class Watch:
                     if not self.reported and now >= next_beat:
                         next_beat = now + beat_every
                         self.beat()
+            if now >= backstop_at:
+                backstop_at = float("inf")
+                self.s.note(f"no stop from a daemon {wall_s:g} s into the run: exec stops it itself (wall_clock)")
+                run._publish_stop(RunKilled(lc.WALL_CLOCK, f"running {run.elapsed_s:.0f} s > max_wall_s {wall_s:g} s "
+                                                           "(exec's own clock: no daemon stopped it)"))
+                next_poll = 0.0
+                continue
             if not self.attested and now >= next_attest:
                 next_attest = now + ATTEST_RETRY_S
                 self.attested = self.s._attest(run.kill_mode)
@@ -135,6 +148,12 @@ class Watch:
                 f"exit status {code}"
             self.s._end(lc.FAILED, f"command {how}")
         return code
+
+    def _tick_s(self) -> float:
+        try:
+            return float(self.s.wd.config().daemon.tick_s)
+        except Exception:  # noqa: BLE001
+            return 5.0
 
     def _grace_s(self) -> float:
         """[daemon] term_grace_s as the daemon published it, else exec's config's."""
