@@ -258,3 +258,54 @@ def test_without_a_daemon_exec_still_stops_the_run_past_max_wall_s(sqlite_url):
     assert "exec stops it itself" in p.stderr and "wall_clock" in p.stderr
     (row,) = runs_json(sqlite_url)
     assert (row["status"], row["stop_reason"]) == ("killed", "wall_clock")
+
+
+COUNT_SIGINT = textwrap.dedent("""
+    import os, signal, sys, time
+    out = sys.argv[1]
+    got = []
+    signal.signal(signal.SIGINT, lambda *a: got.append(1))
+    open(out + ".ready", "w").close()
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # a second copy of the signal would arrive by now
+    with open(out, "w") as f:
+        f.write(str(len(got)))
+    sys.exit(3)
+""")
+
+
+@pytest.mark.parametrize("sender", ["terminal", "process"])
+def test_ctrl_c_reaches_the_command_once_whether_the_terminal_or_a_process_sent_it(sender, sqlite_url, tmp_path):
+    import pty
+
+    from exec_support import AGENT_WATCHDOG, exec_env
+
+    out = tmp_path / "count"
+    argv = [AGENT_WATCHDOG, "--db", sqlite_url, "exec", "--agent", "a", "--", sys.executable, "-c", COUNT_SIGINT,
+            str(out)]
+    env = exec_env()
+    pid, fd = pty.fork()  # exec on a terminal of its own, in the terminal's foreground group
+    if pid == 0:
+        try:
+            os.execve(AGENT_WATCHDOG, argv, env)
+        finally:
+            os._exit(99)
+    try:
+        assert wait_until(lambda: os.path.exists(f"{out}.ready"), 60)
+        if sender == "terminal":
+            os.write(fd, b"\x03")  # the tty sends SIGINT to exec and the command alike
+        else:
+            os.kill(pid, signal.SIGINT)  # only exec gets it: exec forwards it
+        assert wait_until(lambda: out.exists(), 60)
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3
+        assert out.read_text() == "1"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
