@@ -43,15 +43,17 @@ STUBBORN = textwrap.dedent("""
 
 
 def daemon_config(path: Path, db_url: str, *, tick_s: float = 0.2, cancel_grace_s: float = 5.0,
-                  term_grace_s: float = 0.5, extra: str = "") -> tuple[Path, str]:
+                  term_grace_s: float = 0.5, extra: str = "", users: tuple[str, ...] = ()) -> tuple[Path, str]:
     """A daemon config (and its socket path). cancel_grace_s is long enough for exec to end the
     run itself: the daemon's own signals are the backstop for an exec that is gone."""
     folder = short_dir()
+    folder.chmod(0o711)  # other users reach the socket by its name; the key file is 0600 anyway
     sock = str(folder / "attest.sock")
+    allowed = json.dumps([ME, *users])
     path.write_text(
         f'[store]\nurl = "{db_url}"\n\n'
         f"[daemon]\ntick_s = {tick_s}\ncancel_grace_s = {cancel_grace_s}\nterm_grace_s = {term_grace_s}\n"
-        f'allowed_users = ["{ME}"]\nstate_dir = "{folder}"\nkey_file = "{folder / "attest.key"}"\n'
+        f'allowed_users = {allowed}\nstate_dir = "{folder}"\nkey_file = "{folder / "attest.key"}"\n'
         f'socket = "{sock}"\n{extra}')
     return path, sock
 

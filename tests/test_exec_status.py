@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from agent_procs import wait_until
-from exec_support import STUBBORN, exec_runs, gone, read_pid, run_exec, runs_json, start_exec
+from exec_support import (STUBBORN, Daemon, attestation, daemon_config, exec_runs, gone, read_pid, run_exec, runs_json,
+                          start_exec)
 from watchdog.gateways.exec import cgroup as cg
 
 pytestmark = pytest.mark.slow
@@ -188,7 +189,7 @@ def test_without_a_writable_cgroup_exec_uses_a_systemd_user_scope(tmp_path):
     from attest_support import LocalUsers, foreign_python, shared_sqlite
 
     users = LocalUsers()
-    manager = None
+    manager = daemon = None
     try:
         user = users.add("exec")
         python, env = foreign_python()
@@ -199,9 +200,11 @@ def test_without_a_writable_cgroup_exec_uses_a_systemd_user_scope(tmp_path):
         fake.write_text(FAKE_SYSTEMD_RUN.format(python=python))
         fake.chmod(0o755)
         manager = _FakeUserManager(user)
+        cfg, sock = daemon_config(tmp_path / "wd.toml", url, users=(user,))
+        daemon = Daemon(tmp_path, cfg, sock)
         pid_file = folder / "grandchild.pid"
         env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_SYSTEMD_SOCKET=manager.path, HOME=str(folder),
-                   AGENT_WATCHDOG_SOCKET="/nonexistent/attest.sock")
+                   AGENT_WATCHDOG_SOCKET=sock)
         p = subprocess.Popen([python, "-m", "watchdog.cli", "--db", url, "exec", "--agent", "scoped", "-v", "--",
                               python, "-c", STUBBORN, str(pid_file)], user=user, env=env, cwd=str(folder),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -210,6 +213,14 @@ def test_without_a_writable_cgroup_exec_uses_a_systemd_user_scope(tmp_path):
         unit = f"agent-watchdog-run-{row['id']}.scope"
         assert manager.units[-1] == unit and row["kill_mode"] == "cgroup"
         assert cg.cgroup_of(grandchild.pid).endswith("/" + unit)
+        from watchdog.store.engine import make_engine
+
+        engine = make_engine(url)
+        try:  # the daemon attested the scope as the run's cgroup: exec's child is in it
+            assert wait_until(lambda: attestation(engine, row["id"]) is not None, 30), daemon.log()
+            assert attestation(engine, row["id"]).cgroup == os.path.join(manager.base, unit)
+        finally:
+            engine.dispose()
         kill = subprocess.run([sys.executable, "-m", "watchdog.cli", "--db", url, "kill", row["id"]],
                               capture_output=True, text=True, timeout=60)
         assert kill.returncode == 0, kill.stderr
@@ -219,6 +230,8 @@ def test_without_a_writable_cgroup_exec_uses_a_systemd_user_scope(tmp_path):
         assert "systemd-run --user --scope" in err and "manual" in err
         assert wait_until(lambda: gone(grandchild), 30)
     finally:
+        if daemon is not None:
+            daemon.stop()
         if manager is not None:
             manager.close()
         users.close()
