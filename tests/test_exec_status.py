@@ -265,8 +265,9 @@ def test_kill_mode_cgroup_where_none_can_be_made_is_125_and_the_default_falls_ba
         users.close()
 
 
-def test_without_a_daemon_exec_still_stops_the_run_past_max_wall_s(sqlite_url):
-    p = run_exec(["--agent", "a", "--max-wall-s", "1", "-v", "--", "sleep", "600"], db_url=sqlite_url)
+def test_without_a_daemon_exec_still_stops_the_run_past_max_wall_s(sqlite_url, tmp_path):
+    cfg, _sock = daemon_config(tmp_path / "wd.toml", sqlite_url, tick_s=0.5)  # no daemon is started
+    p = run_exec(["--agent", "a", "--max-wall-s", "1", "-v", "--", "sleep", "600"], db_url=sqlite_url, cfg=cfg)
     assert p.returncode == 124, p.stderr
     assert "exec stops it itself" in p.stderr and "wall_clock" in p.stderr
     (row,) = runs_json(sqlite_url)

@@ -8,7 +8,10 @@ are never signalled. Ordinary races (the process exited, was reaped, became a
 zombie) are reported in the outcome, never raised.
 
 Which identities it is handed is decided elsewhere: the ladder passes only a
-leader the daemon attested (watchdog.daemon.attest) and the targets it sealed.
+leader the daemon attested (watchdog.daemon.attest) and the targets it sealed;
+for an exec'd run also the cgroup of its sealed attestation and the processes
+the daemon remembered of its tree (watchdog.daemon.runtree), each held to the
+same checks.
 """
 from __future__ import annotations
 

@@ -72,8 +72,9 @@ class _Session:
         self.opts = opts
         self.run_id = uuid.uuid4().hex
         self.placement: cg.Placement | None = None
-        self.wd = None
-        self.run = None
+        self.wd = None  # watchdog.sdk.client.Watchdog, once the store is open
+        self.run = None  # watchdog.sdk.run.Run, once registered
+        self.asked: dict[str, float] = {}  # the budgets the run asks for (never above the profile)
 
     def note(self, msg: str) -> None:
         if self.opts.verbose:
