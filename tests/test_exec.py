@@ -253,3 +253,29 @@ def test_a_forged_cgroup_is_never_attested_nor_killed(sqlite_url, tmp_path, daem
         for v in victims:
             v.close()
 
+
+
+# -- silence: judged only once the command has reported something ----------------------------------
+
+
+QUIET_AFTER_ONE_STEP = textwrap.dedent("""
+    import time
+    from watchdog import Watchdog
+    with Watchdog().run(agent="inner") as run:
+        run.step(model="gpt-x", tokens_in=1, tokens_out=1)
+        time.sleep(600)  # then silence
+""")
+
+
+@pytest.mark.parametrize("reports", [False, True])
+def test_silence_is_judged_only_once_the_command_has_reported(reports, sqlite_url, daemon):
+    d = daemon(sqlite_url, extra='\n[defaults]\nheartbeat_timeout_s = 2\n'
+                                 '\n[prices."gpt-x"]\ninput_eur_per_mtok = 0.0\noutput_eur_per_mtok = 0.0\n')
+    command = [sys.executable, "-c", QUIET_AFTER_ONE_STEP] if reports else ["sleep", "600"]
+    p = run_exec(["--agent", "quiet", "--max-wall-s", "8", "--", *command], db_url=sqlite_url, cfg=d.cfg,
+                 sock=d.sock)
+    assert p.returncode == 124, p.stderr + d.log()
+    (row,) = [r for r in runs_json(sqlite_url) if r["source"] == "exec"]
+    # A command that reports nothing is bounded by max_wall_s; one that reported, then went
+    # silent, by heartbeat_timeout_s.
+    assert row["stop_reason"] == ("heartbeat_timeout" if reports else "wall_clock"), p.stderr
