@@ -27,7 +27,7 @@ from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.attest import verified_cgroup, verified_leader
 from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
-from watchdog.daemon.runtree import directory, remaining
+from watchdog.daemon.runtree import directory, remaining, remove_empty
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
 from watchdog.store.schema import interventions, runs
 
@@ -244,6 +244,8 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
     targets = _signalled_targets(conn, row, **common) or [leader]
     alive = remaining(killer, [*targets, *orphans], cgroup_dir)
     waited_s = _since(row.signalled_at, now)
+    if not alive and cgroup_dir and not killer.alive([leader]):
+        remove_empty(cgroup_dir)  # exec, which removes its cgroup, is gone: the daemon does
     if stage == lc.Stage.TERM:
         if not alive:
             _finish(conn, row, lc.Stage.TERM, f"SIGTERM after {grace}; exited within {waited_s:.1f} s", now, by, facts,

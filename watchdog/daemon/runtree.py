@@ -113,6 +113,19 @@ def cgroup_kill(d: str | None) -> bool:
         return False
 
 
+def remove_empty(d: str | None) -> None:
+    """rmdir the run's cgroup (and its empty sub-cgroups) once its tree is gone and exec, which
+    would have removed it, is gone too. The kernel refuses to remove a cgroup with a process in
+    it, so this never takes a process's cgroup away."""
+    if not d:
+        return
+    for dirpath, _dirs, _files in sorted(os.walk(d), key=lambda t: -len(t[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            return
+
+
 def cgroup_members(killer, d: str | None) -> list[ProcessIdentity]:
     """Identities (pid + create time now) of the processes in cgroup directory `d`."""
     found = []
