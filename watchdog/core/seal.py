@@ -4,8 +4,8 @@ The store is writable by every agent (on SQLite by anyone in its group), so no
 row is trusted with a privilege on its own word. The daemon seals, with
 HMAC-SHA256 under a key only it can read, the three things that carry one:
 
-- an attested process identity (run id, host, pid, create time, uid, kill mode):
-  the only identities the killer may signal;
+- an attested process identity (run id, host, pid, create time, uid, kill mode, and
+  exec's cgroup for the run): the only identities (and cgroups) the killer may signal;
 - the targets a SIGTERM reached (run id + their identities): the only processes
   the SIGKILL that follows may be sent to beyond what it enumerates itself;
 - an alert (dedupe key, title, body): the outbox delivers nothing else.
@@ -49,12 +49,16 @@ class Sealer:
 
     # -- attested identity -------------------------------------------------------
 
-    def identity(self, run_id: str, host: str, pid: int, create_time: float, uid: int, kill_mode: str) -> str:
-        return self._mac("identity/1", run_id, host, int(pid), float(create_time), int(uid), kill_mode)
+    def identity(self, run_id: str, host: str, pid: int, create_time: float, uid: int, kill_mode: str,
+                 cgroup: str | None = None) -> str:
+        """`cgroup`: the run's own cgroup exec made (sealed with the identity: a row cannot move it)."""
+        if cgroup is None:
+            return self._mac("identity/1", run_id, host, int(pid), float(create_time), int(uid), kill_mode)
+        return self._mac("identity/2", run_id, host, int(pid), float(create_time), int(uid), kill_mode, cgroup)
 
-    def identity_ok(self, mac, run_id, host, pid, create_time, uid, kill_mode) -> bool:
+    def identity_ok(self, mac, run_id, host, pid, create_time, uid, kill_mode, cgroup=None) -> bool:
         try:
-            expected = self.identity(run_id, host, pid, create_time, uid, kill_mode)
+            expected = self.identity(run_id, host, pid, create_time, uid, kill_mode, cgroup)
         except (TypeError, ValueError):
             return False  # a forged row with a non-number where a number belongs
         return self._ok(expected, mac)

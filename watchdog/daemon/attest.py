@@ -60,7 +60,7 @@ def verified_leader(conn, row, sealer: Sealer | None) -> tuple[ProcessIdentity |
     a = rows.load(conn, row.id)
     if a is None:
         return None, "the run never attested itself to this host's daemon"
-    if not sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode):
+    if not sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode, a.cgroup):
         return None, "its attestation's seal does not verify (forged or from another daemon)"
     if ((a.host, a.pid, a.kill_mode) != (row.host, row.pid, row.kill_mode)
             or row.pid_create_time is None or abs(row.pid_create_time - a.pid_create_time) > CREATE_TIME_TOLERANCE_S):
@@ -134,8 +134,9 @@ class AttestServer:
             conn.settimeout(IO_TIMEOUT_S)
             pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
             try:
-                run_id, kill_mode = _parse(_read_line(conn))
-                self.attest(run_id, pid, uid, kill_mode, connected_before=accepted_at)
+                line = _read_line(conn)
+                run_id, kill_mode = _parse(line)
+                self.attest(run_id, pid, uid, kill_mode, connected_before=accepted_at, cgroup=_requested_cgroup(line))
                 reply = {"ok": True}
             except Refused as exc:
                 reply = {"ok": False, "error": str(exc)}
@@ -153,7 +154,7 @@ class AttestServer:
     # -- the decision -----------------------------------------------------------------
 
     def attest(self, run_id: str, pid: int, uid: int, kill_mode: str | None, *,
-               connected_before: float | None = None) -> rows.Attestation:
+               connected_before: float | None = None, cgroup: str | None = None) -> rows.Attestation:
         """Attest that process `pid` (uid `uid`, as the kernel says) is the one of run `run_id`."""
         try:
             proc = psutil.Process(pid)
@@ -183,14 +184,50 @@ class AttestServer:
                 raise Refused(f"run {run_id} is registered with another create time than your process's")
             if kill_mode is not None and kill_mode != row.kill_mode:
                 raise Refused(f"run {run_id} is registered with kill_mode {row.kill_mode!r}, you said {kill_mode!r}")
-            mac = self.sealer.identity(run_id, self.host, pid, create_time, uid, row.kill_mode)
-            a = rows.Attestation(run_id, self.host, pid, create_time, uid, row.kill_mode, utcnow(), mac)
+            cgroup = checked_cgroup(run_id, row.kill_mode, cgroup, pid, create_time)
+            mac = self.sealer.identity(run_id, self.host, pid, create_time, uid, row.kill_mode, cgroup)
+            a = rows.Attestation(run_id, self.host, pid, create_time, uid, row.kill_mode, utcnow(), mac, cgroup)
             current = rows.load(conn, run_id)
             if current is not None and current.mac == mac:
                 return current  # asked twice: nothing to change
             rows.replace(conn, a)
         log.info("attested run %s: pid %d uid %d on %s (%s)", run_id[:8], pid, uid, self.host, row.kill_mode)
         return a
+
+
+# -- exec's cgroup (kill_mode cgroup) ---------------------------------------------------------
+
+
+def checked_cgroup(run_id: str, kill_mode: str, cgroup: str | None, pid: int, create_time: float) -> str | None:
+    """The cgroup to seal with the identity: exec's, checked against the kernel (named for the
+    run, under the cgroup2 mount, exec's process or its child in it); raises Refused. Only a
+    cgroup run has one: any other kill mode never gets the daemon to a cgroup."""
+    if kill_mode != lc.CGROUP:
+        return None
+    if cgroup is None:
+        raise Refused(f"run {run_id} has kill_mode cgroup: name its cgroup (\"cgroup\": \"/...\")")
+    from watchdog.daemon.runtree import attest_refusal
+
+    why = attest_refusal(run_id, cgroup, pid, create_time)
+    if why is not None:
+        raise Refused(f"cgroup refused: {why}")
+    return cgroup
+
+
+def verified_cgroup(conn, row, sealer: Sealer | None) -> str | None:
+    """The cgroup of a verified attestation (the ladder's only source of one), else None."""
+    if sealer is None or verified_leader(conn, row, sealer)[0] is None:
+        return None
+    a = rows.load(conn, row.id)
+    return a.cgroup if a is not None and a.kill_mode == lc.CGROUP else None
+
+
+def _requested_cgroup(line: bytes) -> str | None:
+    try:
+        value = json.loads(line.decode("utf-8")).get("cgroup")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and 0 < len(value) <= 400 else None
 
 
 def _parse(line: bytes) -> tuple[str, str | None]:

@@ -8,7 +8,10 @@ are never signalled. Ordinary races (the process exited, was reaped, became a
 zombie) are reported in the outcome, never raised.
 
 Which identities it is handed is decided elsewhere: the ladder passes only a
-leader the daemon attested (watchdog.daemon.attest) and the targets it sealed.
+leader the daemon attested (watchdog.daemon.attest) and the targets it sealed;
+for an exec'd run also the cgroup of its sealed attestation and the processes
+the daemon remembered of its tree (watchdog.daemon.runtree), each held to the
+same checks.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from watchdog.core import procid
 # psutil's create time has one clock tick (10 ms) of resolution and is
 # computed identically each time, so 1 ms only absorbs float noise.
 CREATE_TIME_TOLERANCE_S = 1e-3
-MODES = ("process", "tree")
+MODES = ("process", "tree", "cgroup")
 
 GONE = "process gone"
 ZOMBIE = "zombie"
@@ -266,8 +269,15 @@ class Killer:
             if fd is not None:
                 os.close(fd)
 
+    def _cgroup_members(self, cgroup_dir: str | None) -> list[ProcessIdentity]:
+        """The processes of an exec'd run's cgroup (watchdog.daemon.runtree), each still held to
+        every check of _signal_one."""
+        from watchdog.daemon.runtree import cgroup_members  # late: runtree builds on this module
+
+        return cgroup_members(self, cgroup_dir)
+
     def _send(self, sig: signal.Signals, leader: ProcessIdentity, mode: str,
-              extra: Iterable[ProcessIdentity]) -> SignalOutcome:
+              extra: Iterable[ProcessIdentity], cgroup_dir: str | None = None) -> SignalOutcome:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got mode={mode!r}")
         # Enumerate before signalling: once the leader dies its children are
@@ -275,6 +285,9 @@ class Killer:
         # not ours (refused, recycled, gone) lends no authority over others;
         # a zombie still holds its pid, so its group is still its own.
         members = self._members(leader, mode) if self.refusal(leader) in (None, ZOMBIE) else []
+        # An exec'd run's cgroup is its own authority (sealed in the attestation): its
+        # processes are the run's whether exec still lives or not.
+        members += self._cgroup_members(cgroup_dir if mode == "cgroup" else None)
         # The leader goes first so it cannot respawn what we stop after it.
         queue = [leader, *members, *extra]
         seen: set[int] = set()
@@ -296,11 +309,19 @@ class Killer:
         return SignalOutcome(sig.name, tuple(sent), tuple(gone), leader_reason,
                              tuple(skipped), leader)
 
-    def terminate(self, ident: ProcessIdentity, mode: str) -> SignalOutcome:
-        return self._send(signal.SIGTERM, ident, mode, ())
+    def terminate(self, ident: ProcessIdentity, mode: str, *, extra: Iterable[ProcessIdentity] = (),
+                  cgroup_dir: str | None = None) -> SignalOutcome:
+        """`extra`: processes attributed to the run's tree besides what is enumerated from
+        `ident` (exec's orphans the daemon remembered); `cgroup_dir`: the run's own cgroup."""
+        return self._send(signal.SIGTERM, ident, mode, list(extra), cgroup_dir)
 
     def kill(self, ident: ProcessIdentity, mode: str,
-             targets: Iterable[ProcessIdentity] = ()) -> SignalOutcome:
+             targets: Iterable[ProcessIdentity] = (), *, cgroup_dir: str | None = None) -> SignalOutcome:
         # `targets` are what terminate() reached; survivors may have been
         # reparented away from the leader, so they are signalled directly.
-        return self._send(signal.SIGKILL, ident, mode, list(targets))
+        out = self._send(signal.SIGKILL, ident, mode, list(targets), cgroup_dir)
+        if mode == "cgroup":
+            from watchdog.daemon.runtree import guarded_cgroup_kill
+
+            guarded_cgroup_kill(self, cgroup_dir)  # forks during the kill too
+        return out

@@ -14,6 +14,7 @@ attestation is stopped cooperatively and alerted, never signalled.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 
@@ -24,8 +25,9 @@ from watchdog.core.seal import Sealer
 from watchdog.store.actions import SPANS_UNPROVEN, enqueue_alert, queued, record
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
-from watchdog.daemon.attest import verified_leader
+from watchdog.daemon.attest import verified_cgroup, verified_leader
 from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
+from watchdog.daemon.runtree import directory, remaining, remove_empty
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
 from watchdog.store.schema import interventions, runs
 
@@ -152,6 +154,17 @@ def _report_forged(conn, row, kind: str, what: str, *, now, by, facts, budgets, 
     enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
 
 
+def _exec_tree(conn, row, leader, killer: Killer, sealer, remembered) -> tuple[str | None, list[ProcessIdentity]]:
+    """(the run's cgroup directory, the live processes of its tree besides what is enumerated
+    from the leader) for an exec'd run: from the verified attestation's cgroup and the daemon's
+    own memory of the attested root's descendants, never from a row."""
+    if row.kill_mode not in (lc.TREE, lc.CGROUP):
+        return None, []
+    cgroup_dir = directory(row.id, verified_cgroup(conn, row, sealer)) if row.kill_mode == lc.CGROUP else None
+    found = list(remembered(leader)) if remembered is not None else []
+    return cgroup_dir, remaining(killer, found, cgroup_dir)
+
+
 def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
     """Whether advance() could do anything for this stopping run now (pure: no store, no OS).
     advance() starts by asking this, so the two cannot disagree."""
@@ -163,8 +176,11 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 
 
 def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
-            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None, confirmed=None) -> None:
-    """Take the next step of the ladder for one stopping run, if its time has come."""
+            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None, confirmed=None,
+            remembered=None) -> None:
+    """Take the next step of the ladder for one stopping run, if its time has come.
+    `remembered(leader)`: the processes the daemon attributes to an exec'd run's attested root
+    (watchdog.daemon.runtree.TreeMemory), which outlive exec's death."""
     if not due(row, now, daemon, killer.host):
         return
     stage = row.signal_stage
@@ -204,8 +220,11 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
             _fail(conn, row, stage, lc.Stage.FAILED, "signal_refused", f"{NOT_ATTESTED} any more ({why})", **common)
         return
 
+    cgroup_dir, orphans = _exec_tree(conn, row, leader, killer, sealer, remembered)
     if stage is None:
         refusal = killer.refusal(leader)
+        if refusal in GONE_REASONS and orphans:
+            refusal = None  # exec is gone, its tree is not: the daemon takes it down itself
         if refusal in GONE_REASONS:
             _finish(conn, row, None, f"process exited after the cooperative stop ({refusal})", now, by, facts,
                     budgets, escalated=False, sealer=sealer)
@@ -216,7 +235,9 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         if confirmed is not None and not confirmed():
             hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
             return
-        out = killer.terminate(leader, row.kill_mode)
+        out = killer.terminate(leader, row.kill_mode, extra=orphans, cgroup_dir=cgroup_dir)
+        if out.refused in GONE_REASONS and out.targets:
+            out = dataclasses.replace(out, refused=None)  # exec was gone; its tree got the signal
         if out.refused in GONE_REASONS:  # it exited between the check and the signal
             _finish(conn, row, None, f"process exited after the cooperative stop ({out.refused})", now, by, facts,
                     budgets, escalated=False, sealer=sealer)
@@ -231,14 +252,16 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         return
 
     targets = _signalled_targets(conn, row, **common) or [leader]
-    alive = killer.alive(targets)
+    alive = remaining(killer, [*targets, *orphans], cgroup_dir)
     waited_s = _since(row.signalled_at, now)
+    if not alive and cgroup_dir and not killer.alive([leader]):
+        remove_empty(cgroup_dir)  # exec, which removes its cgroup, is gone: the daemon does
     if stage == lc.Stage.TERM:
         if not alive:
             _finish(conn, row, lc.Stage.TERM, f"SIGTERM after {grace}; exited within {waited_s:.1f} s", now, by, facts,
                     budgets, escalated=True, sealer=sealer)
         elif waited_s >= daemon.term_grace_s:
-            out = killer.kill(leader, row.kill_mode, targets)
+            out = killer.kill(leader, row.kill_mode, [*targets, *orphans], cgroup_dir=cgroup_dir)
             if _set_stage(conn, row, lc.Stage.TERM, lc.Stage.KILL, now, signalled_at=now):
                 record(conn, at=now, action="sigkill", by=by, run_id=row.id, reason=row.stop_reason,
                        detail=_sealed_detail(sealer, row.id, out.targets), outcome=out.summary())

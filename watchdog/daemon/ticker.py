@@ -92,6 +92,10 @@ class Ticker:
         self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
         self.quarantine = Quarantine(self.by, sealer)  # rows that cannot be judged, reported once
         self._skip_clock = False  # this tick's (see tick)
+        # exec'd runs: their trees remembered, and taken down when exec is gone (watchdog.daemon.exectree).
+        from watchdog.daemon.exectree import ExecTrees
+
+        self.exec_trees = ExecTrees(self)
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
@@ -106,6 +110,7 @@ class Ticker:
             self.scanner = Scanner()
         self._judged = role.hosts
         live = self._live_pids()
+        self.exec_trees.observe()
         # Money (prices, the ledger, period budgets, drift) is a cluster duty: the leader's. It
         # sums the live spend of EVERY host's active runs, so the leader reads them all (and
         # judges only its own and the adopted hosts'); the others read their host's only.
@@ -249,7 +254,8 @@ class Ticker:
             rep.stopping += 1
             if row.id not in self._acked:
                 self._acknowledge(row, f, budgets, now, batch)
-            gone = row.signal_stage in (None, *WAITING_STAGES) and self._gone(row, live, now)
+            gone = (row.signal_stage in (None, *WAITING_STAGES) and self._gone(row, live, now)
+                    and not self.exec_trees.left(row))
             if not gone and not ladder_due(row, now, self.config.daemon, self.killer.host):
                 return  # nothing to do yet: no transaction (on SQLite, no write lock)
             batch.commit()  # first: on SQLite the batch holds the write lock this transaction needs
@@ -261,7 +267,8 @@ class Ticker:
                     return
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
                         now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer,
-                        confirmed=lambda: self._confirms(conn, row, budgets, now))
+                        confirmed=lambda: self._confirms(conn, row, budgets, now),
+                        remembered=self.exec_trees.remembered(row.id))
             return
         if row.status == lc.PAUSED:
             if len(self._pause_seen) > 10_000:
@@ -272,6 +279,10 @@ class Ticker:
         if row.resumes and (row.id, row.resumes) not in self._resume_seen:
             announce_resume(self, row, budgets=budgets, facts=f, now=now, batch=batch)
         if self._gone(row, live, now):
+            if self.exec_trees.left(row):  # exec is gone, not its tree: stopped, the ladder takes it down
+                with batch.run() as conn:
+                    self.exec_trees.stop_orphaned(conn, row, budgets=budgets, facts=f, now=now, rep=rep)
+                return
             with batch.run() as conn:
                 if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
                              now=now, by=self.by, budgets=budgets, run_facts=f, sealer=self.sealer):

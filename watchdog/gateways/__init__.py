@@ -1,1 +1,3 @@
-"""Our own processes that witness an agent from outside: they see its calls and can refuse them."""
+"""Our own processes that witness an agent from outside its code: `exec` (the process-tree
+supervisor) and the MCP proxy. They write through the SDK's write path and the store's verbs,
+never the daemon's power: a gateway can stop a run cooperatively, only the daemon signals."""

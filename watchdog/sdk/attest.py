@@ -28,15 +28,20 @@ def socket_path(explicit: str | None = None) -> str:
     return os.environ.get(ENV_SOCKET, DEFAULT_SOCKET)
 
 
-def request(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S) -> tuple[bool, str]:
-    """Ask the daemon at `path` to attest run `run_id`: (attested, why not)."""
+def request(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S,
+            cgroup: str | None = None) -> tuple[bool, str]:
+    """Ask the daemon at `path` to attest run `run_id`: (attested, why not). `cgroup`: the
+    run's own cgroup (agent-watchdog exec), which the daemon checks against the kernel."""
     if not path:
         return False, "attestation is off (empty socket path)"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
         s.connect(path)
-        s.sendall(json.dumps({"run": run_id, "kill_mode": kill_mode}).encode() + b"\n")
+        req = {"run": run_id, "kill_mode": kill_mode}
+        if cgroup is not None:
+            req["cgroup"] = cgroup
+        s.sendall(json.dumps(req).encode() + b"\n")
         buf = b""
         while b"\n" not in buf and len(buf) < REPLY_MAX_BYTES:
             chunk = s.recv(REPLY_MAX_BYTES - len(buf))

@@ -40,6 +40,8 @@ PG_CONNECT_TIMEOUT_S = 5
 # What this agent records is its own choice, never the store's: constructor, else these, else its config file.
 ENV_RECORD_ARGS = "AGENT_WATCHDOG_RECORD_ARGS"
 ENV_RECORD_ERRORS = "AGENT_WATCHDOG_RECORD_ERRORS"
+# Set by `agent-watchdog exec` for its command: wd.run() there joins exec's run as its child.
+ENV_EXEC_RUN = "AGENT_WATCHDOG_RUN"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 __all__ = ["Watchdog", "RunKilled", "ToolUnavailable"]
@@ -138,9 +140,20 @@ class Watchdog:
             raise RunKilled(*refused)
         asked = {k: v for k, v in budgets.items() if v is not None}
         ancestors: tuple[str, ...] = ()
+        joined = parent_id is None and _parent is None and bool(os.environ.get(ENV_EXEC_RUN))
+        if joined:  # inside `agent-watchdog exec`: the run is a child of exec's run
+            parent_id = os.environ[ENV_EXEC_RUN]
         if parent_id is not None and _parent is None:
             validate_name("parent_id", parent_id, RUN_ID_MAX_CHARS)
-            ancestors, _pb, _left = children.from_store(self, parent_id)
+            try:
+                ancestors, _pb, _left = children.from_store(self, parent_id)
+            except ValueError as exc:
+                if not joined or "no run" not in str(exc):
+                    raise
+                # exec's run is in another store than this Watchdog's: a run of its own.
+                log.warning("agent-watchdog: $%s names run %s, not in this store; this run is not its child",
+                            ENV_EXEC_RUN, parent_id[:8])
+                parent_id = None
             hit = children.exhausted(_left)
             if hit is not None:
                 raise ValueError(f"parent_id: run {parent_id[:8]} has no {hit[0].label} left for a child run")

@@ -25,13 +25,15 @@ class Attestation:
     kill_mode: str
     attested_at: dt.datetime
     mac: str
+    cgroup: str | None = None  # exec's cgroup for the run (kill_mode cgroup), sealed in `mac`
 
 
 def load(conn, run_id: str) -> Attestation | None:
     r = conn.execute(select(attestations).where(attestations.c.run_id == run_id)).first()
     if r is None:
         return None
-    return Attestation(r.run_id, r.host, r.pid, r.pid_create_time, r.uid, r.kill_mode, r.attested_at, r.mac)
+    return Attestation(r.run_id, r.host, r.pid, r.pid_create_time, r.uid, r.kill_mode, r.attested_at, r.mac,
+                       r.cgroup)
 
 
 def replace(conn, a: Attestation) -> None:
@@ -39,4 +41,4 @@ def replace(conn, a: Attestation) -> None:
     conn.execute(delete(attestations).where(attestations.c.run_id == a.run_id))
     conn.execute(insert(attestations).values(
         run_id=a.run_id, host=a.host, pid=a.pid, pid_create_time=a.pid_create_time, uid=a.uid,
-        kill_mode=a.kill_mode, attested_at=a.attested_at, mac=a.mac))
+        kill_mode=a.kill_mode, attested_at=a.attested_at, mac=a.mac, cgroup=a.cgroup))

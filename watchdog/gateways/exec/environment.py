@@ -1,0 +1,72 @@
+"""What the command is given: the run, the store and the socket, and OTLP when the daemon listens.
+
+Pure: the parent's environment and the facts in, the child's environment out. The SDK inside
+joins the run as its child through AGENT_WATCHDOG_RUN; OTel-instrumented code exports into the
+daemon's receiver with the run id as a resource attribute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from watchdog.core.config import ENV_CONFIG, ENV_DB
+
+ENV_RUN = "AGENT_WATCHDOG_RUN"
+ENV_SOCKET = "AGENT_WATCHDOG_SOCKET"
+OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTEL_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+OTEL_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
+OTEL_RESOURCE = "OTEL_RESOURCE_ATTRIBUTES"
+RUN_ATTRIBUTE = "agent_watchdog.run_id"
+# Spans are exported when they end, by default in batches every 5 s; 200 ms keeps a runaway's
+# tool calls counted within a tick or two (an environment variable: no code in the agent).
+SCHEDULE_DELAY_MS = "200"
+
+
+def otlp_endpoint(listen: str) -> str | None:
+    """The traces URL for `[otlp] listen` ("host:port"); a wildcard host is reached on loopback."""
+    listen = (listen or "").strip()
+    if not listen:
+        return None
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/v1/traces"
+
+
+def otlp_listen(config) -> str:
+    """`[otlp] listen` of a config (or of the raw config a daemon published in the store), read
+    defensively: the table may not exist in this build."""
+    otlp = config.get("otlp") if isinstance(config, Mapping) else getattr(config, "otlp", None)
+    listen = getattr(otlp, "listen", None) if otlp is not None else None
+    if listen is None and isinstance(otlp, Mapping):
+        listen = otlp.get("listen")
+    return listen if isinstance(listen, str) else ""
+
+
+def command_env(parent: Mapping[str, str], *, run_id: str, db_url: str, socket: str, config_path: str | None,
+                otlp_listen_at: str = "") -> dict[str, str]:
+    env = dict(parent)
+    env[ENV_RUN] = run_id
+    env[ENV_DB] = db_url
+    env[ENV_SOCKET] = socket
+    if config_path:
+        env[ENV_CONFIG] = config_path
+    endpoint = otlp_endpoint(otlp_listen_at)
+    if endpoint is not None:
+        env[OTEL_ENDPOINT] = endpoint
+        env[OTEL_PROTOCOL] = "http/protobuf"
+        env.setdefault(OTEL_DELAY, SCHEDULE_DELAY_MS)
+        # The run's id, whatever the agent's own attributes say (ours is appended last: the
+        # OTel SDKs let a later key win). Anything claiming it is still checked by the kernel.
+        attrs = [a for a in env.get(OTEL_RESOURCE, "").split(",")
+                 if a.strip() and a.split("=", 1)[0].strip() != RUN_ATTRIBUTE]
+        env[OTEL_RESOURCE] = ",".join([*attrs, f"{RUN_ATTRIBUTE}={run_id}"])
+    return env

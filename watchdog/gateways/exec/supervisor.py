@@ -1,0 +1,252 @@
+"""`agent-watchdog exec`: register and attest the run, start the command, watch it, end the run.
+
+Exit status as timeout(1): the command's own; 128+N when it died of signal N; 124 when the
+watchdog stopped the run (the reason on stderr); 125 when exec itself failed; 126 / 127 when
+the command cannot run / is not found.
+
+Single-threaded: the supervised signals are blocked and waited for (sigtimedwait), so a
+signal is handled between two steps, never inside one, and the child unblocks them before it
+execs. Only exec ends the run: completed / failed by the command's status, killed on a stop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from watchdog.core import budgets as bud
+from watchdog.core import lifecycle as lc
+from watchdog.gateways.exec import cgroup as cg
+from watchdog.gateways.exec import reaper as rp
+from watchdog.gateways.exec import spawn
+from watchdog.gateways.exec.environment import command_env, otlp_listen
+from watchdog.gateways.exec.tree import Tree
+from watchdog.gateways.exec.watch import Watch
+
+EXIT_STOPPED = 124
+EXIT_FAILED = 125
+PREFIX = "agent-watchdog exec"
+
+
+class ExecFailed(Exception):
+    """exec's own failure (exit 125): the message is its one line on stderr."""
+
+
+@dataclass
+class ExecOptions:
+    agent: str
+    argv: list[str]
+    db_url: str
+    config: object  # watchdog.core.config.Config
+    socket: str
+    config_path: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    budgets: dict[str, float] = field(default_factory=dict)  # max_steps, max_tool_calls, max_cost_eur, max_wall_s
+    kill_mode: str | None = None  # "tree" | "cgroup" | None (a cgroup where possible, else tree)
+    verbose: bool = False
+
+
+def say(msg: str) -> None:
+    print(f"{PREFIX}: {msg}", file=sys.stderr, flush=True)
+
+
+def run_exec(opts: ExecOptions) -> int:
+    """The whole of `agent-watchdog exec`; returns its exit status."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, spawn.SUPERVISED_SIGNALS)
+    try:
+        return _Session(opts).execute()
+    except ExecFailed as exc:
+        say(f"error: {exc}")
+        return EXIT_FAILED
+    except Exception as exc:  # noqa: BLE001 — exec's own bug or an OS refusal: 125, one line
+        say(f"error: {type(exc).__name__}: {_one_line(exc)}")
+        return EXIT_FAILED
+
+
+class _Session:
+    def __init__(self, opts: ExecOptions):
+        self.opts = opts
+        self.run_id = uuid.uuid4().hex
+        self.placement: cg.Placement | None = None
+        self.wd = None  # watchdog.sdk.client.Watchdog, once the store is open
+        self.run = None  # watchdog.sdk.run.Run, once registered
+        self.asked: dict[str, float] = {}  # the budgets the run asks for (never above the profile)
+
+    def note(self, msg: str) -> None:
+        if self.opts.verbose:
+            say(msg)
+
+    def execute(self) -> int:
+        o = self.opts
+        if not rp.become_subreaper():
+            self.note("PR_SET_CHILD_SUBREAPER failed: orphans of the command reparent to init")
+        self.placement, mode = self._place()
+        self._open_store(mode)
+        # The daemon's receiver: this config's [otlp] listen, else what the daemon published.
+        listen = otlp_listen(o.config) or otlp_listen(self._published())
+        env = command_env(os.environ, run_id=self.run_id, db_url=o.db_url, socket=o.socket,
+                          config_path=o.config_path, otlp_listen_at=listen)
+        argv = self.placement.command(o.argv) if self.placement else list(o.argv)
+        child = spawn.start(argv, env)
+        reaper = rp.Reaper(child.pid)
+        try:
+            if self.placement is not None and not self.placement.systemd:
+                mode = self._move(child.pid, mode)
+            self._register(mode)
+        except BaseException as exc:
+            child.abandon()
+            _wait(child.pid)
+            self._cleanup()
+            if isinstance(exc, ExecFailed):
+                raise
+            raise ExecFailed(_one_line(exc)) from None
+        attested = False
+        if self.placement is None or not self.placement.systemd:
+            attested = self._attest(mode)
+        err = child.release()
+        if err is not None:
+            _wait(child.pid)
+            code = spawn.exit_status_for(err)
+            what = "not found" if code == spawn.EXIT_NOT_FOUND else "cannot be run"
+            say(f"{o.argv[0]}: {what} ({os.strerror(err)})")
+            self._end(lc.FAILED, f"command {what}: {os.strerror(err)}")
+            self._cleanup()
+            return code
+        if self.placement is not None and self.placement.systemd:
+            try:
+                self.placement.locate(child.pid, lambda: reaper.reap() or not reaper.command_done)
+                self.note(f"the command runs in {self.placement.path}")
+            except cg.CgroupImpossible as exc:
+                self.note(f"{exc}; the run is watched as a tree")
+            attested = self._attest(mode)
+        tree = Tree(reaper, self.placement)
+        watch = Watch(self, tree, attested)
+        try:
+            return watch.loop()
+        finally:
+            self._cleanup()
+
+    # -- setup -------------------------------------------------------------------
+
+    def _place(self) -> tuple[cg.Placement | None, str]:
+        if self.opts.kill_mode == lc.TREE:
+            self.note("kill mode tree: the command's tree is held by exec as its child subreaper (no cgroup)")
+            return None, lc.TREE
+        try:
+            placement = cg.plan(self.run_id)
+        except cg.CgroupImpossible as exc:
+            if self.opts.kill_mode == lc.CGROUP:
+                raise ExecFailed(f"--kill-mode cgroup is impossible here: {exc}") from None
+            self.note(f"no cgroup of its own ({exc}); kill mode tree: exec holds the tree as its child subreaper")
+            return None, lc.TREE
+        where = placement.directory or f"a scope named {cg.rules.scope_unit(self.run_id)}"
+        self.note(f"kill mode cgroup: the command runs in {where} ({placement.how})")
+        return placement, lc.CGROUP
+
+    def _move(self, pid: int, mode: str) -> str:
+        try:
+            self.placement.place(pid)
+            return mode
+        except OSError as exc:
+            if self.opts.kill_mode == lc.CGROUP:
+                raise ExecFailed(f"--kill-mode cgroup is impossible here: cannot move the command into "
+                                 f"{self.placement.directory} ({exc.strerror})") from None
+            self.note(f"cannot move the command into {self.placement.directory} ({exc.strerror}); kill mode tree")
+            self.placement.remove()
+            self.placement = None
+            return lc.TREE
+
+    def _open_store(self, mode: str) -> None:
+        from watchdog.sdk.client import Watchdog
+
+        try:
+            # Attestation is exec's own (it carries the cgroup): the SDK's is off.
+            self.wd = Watchdog(self.opts.db_url, attest_socket="")
+            profile = self.wd.config().profile(self.opts.agent)
+        except Exception as exc:  # noqa: BLE001 — a bad URL or config: exec's own failure
+            self._cleanup()
+            raise ExecFailed(_one_line(exc)) from None
+        asked = {}
+        for key, value in self.opts.budgets.items():
+            if value is None:
+                continue
+            try:
+                value = bud.BY_KEY[key].validate(value)
+            except ValueError as exc:
+                self._cleanup()
+                raise ExecFailed(f"--{key.replace('_', '-')}: {exc}") from None
+            limit = getattr(profile, key)
+            if value > limit and not profile.runs_may_raise:
+                self.note(f"--{key.replace('_', '-')} {value:g} is above the profile's {limit:g}: the profile's holds")
+                value = limit
+            asked[key] = value
+        self.asked = asked
+
+    def _published(self) -> dict:
+        try:
+            return self.wd.settings()
+        except Exception:  # noqa: BLE001 — no published config: no OTLP
+            return {}
+
+    def _register(self, mode: str) -> None:
+        from watchdog.sdk.run import Run
+
+        wd = self.wd
+        run = wd.run(self.opts.agent, kill_mode=mode, labels=self.opts.labels or None, run_id=self.run_id,
+                     guards=False, **self.asked)
+        if not isinstance(run, Run):  # pragma: no cover — wd.run returns a Run
+            raise ExecFailed("could not open the run")
+        run.source = lc.Source.EXEC
+        run.start()
+        self.run = run
+        self.note(f"run {self.run_id} ({self.opts.agent}, kill mode {mode}) registered in the store")
+
+    def _attest(self, mode: str) -> bool:
+        from watchdog.sdk.attest import request
+
+        # The cgroup's directory (under the cgroup2 mount), as the daemon checks it.
+        path = self.placement.directory if self.placement is not None else None
+        ok, why = request(self.opts.socket, self.run_id, mode, cgroup=path)
+        self.note("attested by the daemon" if ok else
+                  f"not attested ({why}): the run is watched and stopped by exec; the daemon will not "
+                  "signal its tree")
+        return ok
+
+    # -- the end -----------------------------------------------------------------
+
+    def _end(self, status: str, detail: str | None, reason: str | None = None) -> None:
+        if self.run is not None:
+            try:
+                self.run.end(status, reason, detail)
+            except Exception as exc:  # noqa: BLE001 — the command's status is still ours to give
+                say(f"could not end run {self.run_id[:8]} in the store ({_one_line(exc)})")
+
+    def _cleanup(self) -> None:
+        if self.placement is not None:
+            self.placement.remove()
+        if self.wd is not None:
+            try:
+                self.wd.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.wd = None
+
+
+def _wait(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0] if text else type(exc).__name__
+
+
+def monotonic() -> float:
+    return time.monotonic()
