@@ -25,6 +25,7 @@ from watchdog.store.actions import enqueue_alert, queued, record
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.attest import verified_leader
+from watchdog.daemon.authentic import hold_not_own
 from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
 from watchdog.store.schema import interventions, runs
@@ -163,8 +164,11 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 
 
 def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
-            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None, confirmed=None) -> None:
-    """Take the next step of the ladder for one stopping run, if its time has come."""
+            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None, confirmed=None,
+            own_evidence=None) -> None:
+    """Take the next step of the ladder for one stopping run, if its time has come.
+    `own_evidence()` (SQLite: watchdog.daemon.authentic): may the first signal rest on the run's
+    own evidence? If not, the run stays stopped cooperatively, alerted as such."""
     if not due(row, now, daemon, killer.host):
         return
     stage = row.signal_stage
@@ -205,6 +209,9 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
             return
         if confirmed is not None and not confirmed():
             hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
+            return
+        if own_evidence is not None and not own_evidence():
+            hold_not_own(conn, row, **common)
             return
         out = killer.terminate(leader, row.kill_mode)
         if out.refused in GONE_REASONS:  # it exited between the check and the signal

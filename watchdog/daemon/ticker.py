@@ -22,6 +22,7 @@ from watchdog.core.config import Config
 from watchdog.daemon.backfill import BackfillReport
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
+from watchdog.daemon.authentic import OwnEvidence
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.money import Money
@@ -91,6 +92,8 @@ class Ticker:
         self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
         self.quarantine = Quarantine(self.by, sealer)  # rows that cannot be judged, reported once
         self._skip_clock = False  # this tick's (see tick)
+        # SQLite: a first signal needs the run's own (MAC'd) evidence (watchdog.daemon.authentic).
+        self.own_evidence = OwnEvidence(config, sealer) if engine.dialect.name == "sqlite" else None
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
@@ -257,7 +260,9 @@ class Ticker:
                     return
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
                         now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer,
-                        confirmed=lambda: self._confirms(conn, row, budgets, now))
+                        confirmed=lambda: self._confirms(conn, row, budgets, now),
+                        own_evidence=None if self.own_evidence is None else lambda: self.own_evidence.justifies(
+                            conn, row, now, skip_clock=self._skip_clock))
             return
         if row.status == lc.PAUSED:
             if len(self._pause_seen) > 10_000:

@@ -30,8 +30,16 @@ def socket_path(explicit: str | None = None) -> str:
 
 def request(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S) -> tuple[bool, str]:
     """Ask the daemon at `path` to attest run `run_id`: (attested, why not)."""
+    ok, why, _key = request_key(path, run_id, kill_mode, timeout_s)
+    return ok, why
+
+
+def request_key(path: str, run_id: str, kill_mode: str,
+                timeout_s: float = TIMEOUT_S) -> tuple[bool, str, bytes | None]:
+    """`request`, and the run's evidence key from the reply (None from a daemon that hands none
+    out): the run MACs its records with it (watchdog.core.evidence_mac). Kept in memory only."""
     if not path:
-        return False, "attestation is off (empty socket path)"
+        return False, "attestation is off (empty socket path)", None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
@@ -44,22 +52,27 @@ def request(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S
                 break
             buf += chunk
     except OSError as exc:
-        return False, f"no daemon at {path} ({exc.strerror or type(exc).__name__})"
+        return False, f"no daemon at {path} ({exc.strerror or type(exc).__name__})", None
     finally:
         s.close()
     try:
         reply = json.loads(buf.split(b"\n", 1)[0].decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        return False, "unreadable reply from the daemon"
+        return False, "unreadable reply from the daemon", None
     if isinstance(reply, dict) and reply.get("ok") is True:
-        return True, ""
-    return False, str(reply.get("error") if isinstance(reply, dict) else reply)[:200]
+        key = reply.get("key")
+        try:
+            raw = bytes.fromhex(key) if isinstance(key, str) and len(key) == 64 else None
+        except ValueError:
+            raw = None
+        return True, "", raw
+    return False, str(reply.get("error") if isinstance(reply, dict) else reply)[:200], None
 
 
 class Attester:
     """Per run: attest at start, and again on a later record if that failed (rate-limited)."""
 
-    __slots__ = ("path", "run_id", "kill_mode", "attested", "why", "next_try")
+    __slots__ = ("path", "run_id", "kill_mode", "attested", "why", "next_try", "key")
 
     def __init__(self, path: str, run_id: str, kill_mode: str):
         self.path = path
@@ -68,6 +81,7 @@ class Attester:
         self.attested = False
         self.why = "not asked yet"
         self.next_try = 0.0
+        self.key: bytes | None = None  # the run's evidence key, once attested
 
     def due(self) -> bool:
         """The per-record check: cheap (one comparison) while nothing is due."""
@@ -75,5 +89,5 @@ class Attester:
 
     def attempt(self) -> bool:
         self.next_try = time.monotonic() + RETRY_S
-        self.attested, self.why = request(self.path, self.run_id, self.kill_mode)
+        self.attested, self.why, self.key = request_key(self.path, self.run_id, self.kill_mode)
         return self.attested

@@ -1,0 +1,96 @@
+"""The MAC a run's attested process puts on its own records (`events.mac`): part of the table contract.
+
+On SQLite every writer of the store can append events to, or rewrite, any run; no row can
+prove who wrote it. At attestation the daemon hands the run's process a per-run key (only
+that process learns it: over the Unix socket the kernel vouched for), and the process MACs
+each record with it. Only records whose MAC verifies can justify a signal (docs/security-sqlite.md).
+
+Format `aw-ev/1` (what a plain-SQL writer in any language computes):
+
+    key      = the 32 bytes from the attestation reply's "key" (hex)
+    fields   = run id, seq, kind, tool, args_hash, ok, model, tokens_in, tokens_out,
+               cached_tokens_in, reasoning_tokens, cost_ueur, attempt
+    message  = "aw-ev/1" followed by, for each field in that order, "," then
+               "~" if the field is NULL, else "<n>:<text>" (n = the UTF-8 byte length of text)
+    text     = integers in decimal; ok as "1" / "0"; cost_ueur = round(cost_eur * 1e6) (micro-euros,
+               an integer: no float spelling to agree on); strings as written
+    events.mac = lower-case hex of HMAC-SHA256(key, message)  (64 characters)
+
+Each (run id, seq) counts once: a copy of a record into another run or under another seq does
+not verify, a copy under its own seq is the same record. Pure: bytes and values in, hex out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+FORMAT = b"aw-ev/1"
+KEY_BYTES = 32
+MAC_HEX_CHARS = 64
+
+# The record's fields the MAC covers, in order (after run id and seq): what the daemon counts.
+FIELDS: tuple[str, ...] = ("kind", "tool", "args_hash", "ok", "model", "tokens_in", "tokens_out",
+                           "cached_tokens_in", "reasoning_tokens", "cost_eur", "attempt")
+
+
+def _field(value: object) -> bytes:
+    if value is None:
+        return b",~"
+    if value is True:
+        b = b"1"
+    elif value is False:
+        b = b"0"
+    elif isinstance(value, int):
+        b = str(value).encode()
+    elif isinstance(value, str):
+        b = value.encode("utf-8")
+    else:
+        raise TypeError(f"cannot MAC a {type(value).__name__}")
+    return b"," + str(len(b)).encode() + b":" + b
+
+
+def cost_ueur(cost_eur: float | None) -> int | None:
+    """The cost as the MAC spells it: whole micro-euros."""
+    return None if cost_eur is None else int(round(float(cost_eur) * 1_000_000))
+
+
+def message(run_id: str, seq: int, kind: str, tool: str | None, args_hash: str | None, ok: bool | None,
+            model: str | None, tokens_in: int | None, tokens_out: int | None, cached_tokens_in: int | None,
+            reasoning_tokens: int | None, cost_eur: float | None, attempt: int | None) -> bytes:
+    """The bytes the MAC is computed over (see the module's docstring)."""
+    parts = [FORMAT]
+    for v in (run_id, seq, kind, tool, args_hash, ok, model, tokens_in, tokens_out, cached_tokens_in,
+              reasoning_tokens, cost_ueur(cost_eur), attempt):
+        parts.append(_field(v))
+    return b"".join(parts)
+
+
+class RecordMac:
+    """The per-run key, ready to MAC records: the HMAC's key schedule is done once, each record
+    costs one copy and one update (a few microseconds on the SDK's hot path)."""
+
+    __slots__ = ("_base",)
+
+    def __init__(self, key: bytes):
+        if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+            raise ValueError(f"key: expected {KEY_BYTES} bytes")
+        self._base = hmac.new(key, digestmod=hashlib.sha256)
+
+    def __repr__(self) -> str:  # never the key
+        return "RecordMac(...)"
+
+    def mac(self, run_id: str, seq: int, *fields: object) -> str:
+        """`fields`: FIELDS' values, in order."""
+        h = self._base.copy()
+        h.update(message(run_id, seq, *fields))  # type: ignore[arg-type]
+        return h.hexdigest()
+
+    def ok(self, given: object, run_id: str, seq: int, *fields: object) -> bool:
+        if not isinstance(given, str) or len(given) != MAC_HEX_CHARS:
+            return False
+        try:
+            expected = self.mac(run_id, seq, *fields)
+        except (TypeError, ValueError, OverflowError):
+            return False  # a forged row with a number where text belongs, or the reverse
+        return hmac.compare_digest(expected, given)

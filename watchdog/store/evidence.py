@@ -1,0 +1,41 @@
+"""The SQL behind a run's own evidence: the sealed record of its key, and its MAC'd records.
+
+The daemon writes `attestations.evidence` (JSON, sealed: watchdog.daemon.authentic) next to
+the identity it attested; it reads back a run's events that carry a MAC to count only those
+the run's attested process wrote (watchdog.core.evidence_mac). Both only at attestation and
+before a first signal: never on the tick's hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sqlalchemy import and_, select, update
+from sqlalchemy.engine import Connection
+
+from watchdog.store.schema import attestations, events
+
+# What the MAC covers (watchdog.core.evidence_mac.FIELDS), plus the seq, the MAC and the time.
+_EVENT_COLS = (events.c.seq, events.c.kind, events.c.tool, events.c.args_hash, events.c.ok, events.c.model,
+               events.c.tokens_in, events.c.tokens_out, events.c.cached_tokens_in, events.c.reasoning_tokens,
+               events.c.cost_eur, events.c.attempt, events.c.mac)
+
+# A runaway has thousands of records, not millions; past this many the newest count (a bound
+# on what one first-signal check reads, whatever a writer appended).
+MAX_EVENTS = 200_000
+
+
+def save(conn: Connection, run_id: str, evidence_json: str) -> None:
+    conn.execute(update(attestations).where(attestations.c.run_id == run_id).values(evidence=evidence_json))
+
+
+def load(conn: Connection, run_id: str) -> Any:
+    """The run's attestation row with its evidence (None: never attested)."""
+    return conn.execute(select(attestations).where(attestations.c.run_id == run_id)).first()
+
+
+def macd_events(conn: Connection, run_id: str) -> Sequence[Any]:
+    """The run's events that carry a MAC (the others can never be the run's own), oldest first."""
+    q = (select(*_EVENT_COLS).where(and_(events.c.run_id == run_id, events.c.mac.is_not(None)))
+         .order_by(events.c.id.desc()).limit(MAX_EVENTS))
+    return list(reversed(conn.execute(q).all()))
