@@ -95,6 +95,7 @@ class AttestServer:
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self._per_uid: dict[int, int] = {}
         self._per_uid_lock = threading.Lock()
+        self.dropped_slow = 0  # peers dropped at the whole-request deadline (tests, metrics)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -181,12 +182,19 @@ class AttestServer:
         try:
             accepted_at = time.time()
             try:
-                run_id, kill_mode = _parse(_read_line(conn, deadline))
+                try:
+                    line = _read_line(conn, deadline)
+                except socket.timeout:  # told why (one short write, never waited on), then dropped
+                    self.dropped_slow += 1
+                    raise Refused(f"no whole request within {IO_TIMEOUT_S:g} s") from None
+                run_id, kill_mode = _parse(line)
                 _a, key = self.attest_with_key(run_id, pid, uid, kill_mode, connected_before=accepted_at)
                 reply = {"ok": True, "key": key.hex()}
             except Refused as exc:
                 reply = {"ok": False, "error": str(exc)}
                 log.info("attestation refused for pid %d uid %d: %s", pid, uid, exc)
+            except OSError:
+                raise  # the peer went away: nobody to answer
             except Exception as exc:  # noqa: BLE001 — a store blip: the SDK asks again later
                 reply = {"ok": False, "error": "the daemon could not record it now; try again later"}
                 log.warning("attestation failed for pid %d: %s", pid, type(exc).__name__)
