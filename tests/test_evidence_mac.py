@@ -36,7 +36,7 @@ RUNAWAY = dict(kill_mode="process", budgets={"max_steps": 3}, steps=4, ignore_si
 
 
 def _by_the_doc(key: bytes, run_id: str, seq: int, fields: list) -> str:
-    """docs/table-contract-evidence.md, written out again independently of the module."""
+    """docs/evidence-mac.md, written out again independently of the module."""
     out = b"aw-ev/1"
     for v in [run_id, seq, *fields]:
         if v is None:
