@@ -260,3 +260,27 @@ def test_an_sdk_run_that_deletes_or_ends_its_own_row_escapes_the_daemon_the_docu
     # ...and nobody else pays for it: the bystander was judged as always (stopped at 400 s for its
     # wall clock, from its own row), and the daemon still watches.
     assert run_row(engine, bystander.run_id).stop_reason == lc.WALL_CLOCK
+
+
+def test_records_written_before_a_late_attestation_get_their_mac_once_the_key_comes(
+        sqlite_url, engine, procs, monkeypatch):
+    from attest_support import Attestor, short_dir
+
+    folder = short_dir()
+    monkeypatch.setenv("AGENT_WATCHDOG_SOCKET", str(folder / "attest.sock"))  # nobody listens there yet
+    agent = procs.start("runaway", sqlite_url, **dict(RUNAWAY, then="attest_then_hang"), attest_retry_s=0.2)
+    assert agent.info["attested"] is False
+    late = Attestor(sqlite_url, socket=str(folder / "attest.sock")).start()
+    try:
+        def steps_macd():
+            with engine.connect() as conn:
+                return conn.execute(select(events.c.mac).where(
+                    events.c.run_id == agent.run_id, events.c.kind == lc.EV_STEP)).scalars().all()
+
+        assert wait_until(lambda: all(steps_macd()) and len(steps_macd()) == 4), agent.log()
+        with engine.connect() as conn:
+            a = conn.execute(select(attestations).where(attestations.c.run_id == agent.run_id)).one()
+            own = own_counts(conn, late.sealer, agent.run_id, parse_evidence(late.sealer, agent.run_id, a.evidence))
+        assert own.steps == 4  # the four steps made before the daemon came up are the run's own
+    finally:
+        late.close()
