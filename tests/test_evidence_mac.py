@@ -284,3 +284,17 @@ def test_records_written_before_a_late_attestation_get_their_mac_once_the_key_co
         assert own.steps == 4  # the four steps made before the daemon came up are the run's own
     finally:
         late.close()
+
+
+def test_own_records_once_folded_still_count_after_a_writer_deletes_them(sqlite_url, engine, procs, attestor, sql):
+    agent = procs.start("runaway", sqlite_url, **RUNAWAY)
+    own = OwnEvidence(config(), attestor.sealer)
+    t = utcnow()
+    with engine.connect() as conn:
+        assert own.breach(conn, run_row(engine, agent.run_id), t).reason == lc.MAX_STEPS
+    sql.execute("DELETE FROM events WHERE run_id = ?", (agent.run_id,))
+    row = run_row(engine, agent.run_id)
+    with engine.connect() as conn:  # read incrementally: what was verified stays verified
+        assert own.breach(conn, row, later(t, 1)).reason == lc.MAX_STEPS
+        # A fresh daemon reads what is left: nothing (a deletion can only cost the run its signal).
+        assert OwnEvidence(config(), attestor.sealer).breach(conn, row, t) is None

@@ -94,8 +94,10 @@ def run_key(sealer: Sealer, run_id: str, sealed: Sealed) -> bytes:
 
 @dataclass
 class OwnCounts:
-    """What the run's own (authenticated) records add up to."""
+    """What the run's own (authenticated) records add up to, folded so far."""
 
+    nonce: str = ""  # the key they were verified with
+    last_id: int = 0  # the newest event id read
     steps: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -103,16 +105,21 @@ class OwnCounts:
     cost_eur: float = 0.0
     newest_seq: int = 0
     records: int = 0
+    seqs: set = dataclasses.field(default_factory=set)
     signatures: Counter = dataclasses.field(default_factory=Counter)
 
 
-def own_counts(conn: Connection, sealer: Sealer, run_id: str, sealed: Sealed) -> OwnCounts:
-    """Fold the run's records whose MAC verifies; a sequence number counts once."""
+def own_counts(conn: Connection, sealer: Sealer, run_id: str, sealed: Sealed,
+               so_far: OwnCounts | None = None) -> OwnCounts:
+    """Fold the run's records whose MAC verifies into `so_far` (from scratch without it, or when
+    the key changed); each sequence number counts once. Reads only what is new since the last
+    fold, a bounded chunk at a time: a record a writer deletes afterwards still counts, a flood of
+    appended rows costs each check a bounded time."""
+    out = so_far if so_far is not None and so_far.nonce == sealed.nonce else OwnCounts(nonce=sealed.nonce)
     mac = RecordMac(run_key(sealer, run_id, sealed))
-    out = OwnCounts()
-    seen: set[int] = set()
-    for e in store.macd_events(conn, run_id):
-        if e.seq in seen:
+    for e in store.macd_events(conn, run_id, out.last_id):
+        out.last_id = e.id
+        if e.seq in out.seqs:
             continue
         fields = [e.kind, e.tool, e.args_hash, e.ok, e.model, e.tokens_in, e.tokens_out, e.cached_tokens_in,
                   e.reasoning_tokens, e.cost_eur, e.attempt]
@@ -124,7 +131,7 @@ def own_counts(conn: Connection, sealer: Sealer, run_id: str, sealed: Sealed) ->
             if e.cost_eur is None or not mac.ok(e.mac, run_id, e.seq, *fields):
                 continue
             cost = None
-        seen.add(e.seq)
+        out.seqs.add(e.seq)
         out.records += 1
         out.newest_seq = max(out.newest_seq, e.seq)
         if e.kind == lc.EV_STEP:
@@ -174,6 +181,7 @@ class OwnEvidence:
         self.config = config
         self.sealer = sealer
         self._newest: dict[str, tuple[int, dt.datetime]] = {}
+        self._folds: dict[str, OwnCounts] = {}
 
     def breach(self, conn: Connection, row: Any, now: dt.datetime, *, skip_clock: bool = False) -> Verdict | None:
         """The breach the run's own evidence shows, or None."""
@@ -185,11 +193,12 @@ class OwnEvidence:
         sealed = parse_evidence(self.sealer, row.id, a.evidence)
         if sealed is None:
             return None
-        own = own_counts(conn, self.sealer, row.id, sealed)
+        if len(self._folds) >= _MEMO_MAX:  # stopping runs only: a bound, never reached in practice
+            self._folds.clear()
+            self._newest.clear()
+        own = self._folds[row.id] = own_counts(conn, self.sealer, row.id, sealed, self._folds.get(row.id))
         last = self._newest.get(row.id)
         if last is None or last[0] != own.newest_seq:
-            if len(self._newest) >= _MEMO_MAX:
-                self._newest.clear()
             last = self._newest[row.id] = (own.newest_seq, now)
         top = own.signatures.most_common(1)
         snap = RunSnapshot(
@@ -207,6 +216,7 @@ class OwnEvidence:
 
     def forget(self, run_id: str) -> None:
         self._newest.pop(run_id, None)
+        self._folds.pop(run_id, None)
 
 
 def hold_not_own(conn: Connection, row: Any, *, now: dt.datetime, by: str, facts: RunFacts, budgets: bud.Budgets,

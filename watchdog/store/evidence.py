@@ -15,14 +15,14 @@ from sqlalchemy.engine import Connection
 
 from watchdog.store.schema import attestations, events
 
-# What the MAC covers (watchdog.core.evidence_mac.FIELDS), plus the seq, the MAC and the time.
-_EVENT_COLS = (events.c.seq, events.c.kind, events.c.tool, events.c.args_hash, events.c.ok, events.c.model,
-               events.c.tokens_in, events.c.tokens_out, events.c.cached_tokens_in, events.c.reasoning_tokens,
-               events.c.cost_eur, events.c.attempt, events.c.mac)
+# What the MAC covers (watchdog.core.evidence_mac.FIELDS), plus the id, the seq and the MAC.
+_EVENT_COLS = (events.c.id, events.c.seq, events.c.kind, events.c.tool, events.c.args_hash, events.c.ok,
+               events.c.model, events.c.tokens_in, events.c.tokens_out, events.c.cached_tokens_in,
+               events.c.reasoning_tokens, events.c.cost_eur, events.c.attempt, events.c.mac)
 
-# A runaway has thousands of records, not millions; past this many the newest count (a bound
-# on what one first-signal check reads, whatever a writer appended).
-MAX_EVENTS = 200_000
+# At most this many of a run's records are read per check (the rest at the next tick): whatever a
+# writer appends, one check costs a bounded time.
+CHUNK = 20_000
 
 
 def save(conn: Connection, run_id: str, evidence_json: str) -> None:
@@ -34,8 +34,10 @@ def load(conn: Connection, run_id: str) -> Any:
     return conn.execute(select(attestations).where(attestations.c.run_id == run_id)).first()
 
 
-def macd_events(conn: Connection, run_id: str) -> Sequence[Any]:
-    """The run's events that carry a MAC (the others can never be the run's own), oldest first."""
-    q = (select(*_EVENT_COLS).where(and_(events.c.run_id == run_id, events.c.mac.is_not(None)))
-         .order_by(events.c.id.desc()).limit(MAX_EVENTS))
-    return list(reversed(conn.execute(q).all()))
+def macd_events(conn: Connection, run_id: str, after_id: int = 0, limit: int = CHUNK) -> Sequence[Any]:
+    """The run's events that carry a MAC (the others can never be the run's own) with an id above
+    `after_id`, oldest first, at most `limit`."""
+    q = (select(*_EVENT_COLS).where(and_(events.c.run_id == run_id, events.c.mac.is_not(None),
+                                         events.c.id > after_id))
+         .order_by(events.c.id).limit(limit))
+    return conn.execute(q).all()
