@@ -33,18 +33,6 @@ FIELDS: tuple[str, ...] = ("kind", "tool", "args_hash", "ok", "model", "tokens_i
                            "cached_tokens_in", "reasoning_tokens", "cost_eur", "attempt")
 
 
-def _text(value: object) -> bytes:
-    if value is True:
-        return b"1"
-    if value is False:
-        return b"0"
-    if isinstance(value, str):  # str subclasses too (the lifecycle's StrEnum kinds): their text
-        return value.encode("utf-8")
-    if isinstance(value, int):
-        return b"%d" % value
-    raise TypeError(f"cannot MAC a {type(value).__name__}")
-
-
 def cost_ueur(cost_eur: float | None) -> int | None:
     """The cost as the MAC spells it: whole micro-euros."""
     return None if cost_eur is None else int(round(float(cost_eur) * 1_000_000))
@@ -53,17 +41,27 @@ def cost_ueur(cost_eur: float | None) -> int | None:
 def message(run_id: str, seq: int, kind: str, tool: str | None, args_hash: str | None, ok: bool | None,
             model: str | None, tokens_in: int | None, tokens_out: int | None, cached_tokens_in: int | None,
             reasoning_tokens: int | None, cost_eur: float | None, attempt: int | None) -> bytes:
-    """The bytes the MAC is computed over (see the module's docstring)."""
-    parts = [FORMAT]
-    add = parts.append
+    """The bytes the MAC is computed over (see the module's docstring). Built as text and encoded
+    once (the SDK's hot path): an ASCII string's length is its UTF-8 byte length."""
+    out = ["aw-ev/1"]
+    add = out.append
     for v in (run_id, seq, kind, tool, args_hash, ok, model, tokens_in, tokens_out, cached_tokens_in,
               reasoning_tokens, None if cost_eur is None else cost_ueur(cost_eur), attempt):
         if v is None:
-            add(b",~")
+            add(",~")
+        elif v is True:
+            add(",1:1")
+        elif v is False:
+            add(",1:0")
+        elif isinstance(v, str):  # str subclasses too (the lifecycle's StrEnum kinds): their text
+            v = str.__str__(v)
+            add(f",{len(v) if v.isascii() else len(v.encode('utf-8'))}:{v}")
+        elif isinstance(v, int):
+            t = int.__repr__(v)
+            add(f",{len(t)}:{t}")
         else:
-            b = _text(v)
-            add(b",%d:%s" % (len(b), b))
-    return b"".join(parts)
+            raise TypeError(f"cannot MAC a {type(v).__name__}")
+    return "".join(out).encode("utf-8")
 
 
 class RecordMac:
