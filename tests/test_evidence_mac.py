@@ -51,8 +51,9 @@ def _by_the_doc(key: bytes, run_id: str, seq: int, fields: list) -> str:
 def test_the_mac_is_the_documented_one_and_binds_run_seq_and_payload():
     key = bytes(range(32))
     mac = RecordMac(key)
-    fields = ("tool", "search", "ab" * 32, False, None, None, None, None, None, 0.0123456, 2)
-    doc = ["tool", "search", "ab" * 32, False, None, None, None, None, None, 12346, 2]  # cost in micro-euros
+    at = "2026-12-01 21:13:05.120000"
+    fields = ("tool", "search", "ab" * 32, False, None, None, None, None, None, 0.0123456, 2, at)
+    doc = ["tool", "search", "ab" * 32, False, None, None, None, None, None, 12346, 2, at]  # cost in micro-euros
     assert mac.mac("r1", 7, *fields) == _by_the_doc(key, "r1", 7, doc)
     assert message("r1", 7, *fields).startswith(b"aw-ev/1,2:r1,1:7,4:tool,6:search,")
     given = mac.mac("r1", 7, *fields)
@@ -60,6 +61,7 @@ def test_the_mac_is_the_documented_one_and_binds_run_seq_and_payload():
     assert not mac.ok(given, "r2", 7, *fields)  # copied into another run
     assert not mac.ok(given, "r1", 8, *fields)  # copied under another seq
     assert not mac.ok(given, "r1", 7, *fields[:3], True, *fields[4:])  # an error made a success
+    assert not mac.ok(given, "r1", 7, *fields[:-1], "2026-12-01 20:00:00.000000")  # its time moved back
     assert not RecordMac(os.urandom(32)).ok(given, "r1", 7, *fields)  # another run's key
     assert not mac.ok("zz", "r1", 7, *fields) and not mac.ok(None, "r1", 7, *fields)
     assert "0001" not in repr(mac)
@@ -298,3 +300,27 @@ def test_own_records_once_folded_still_count_after_a_writer_deletes_them(sqlite_
         assert own.breach(conn, row, later(t, 1)).reason == lc.MAX_STEPS
         # A fresh daemon reads what is left: nothing (a deletion can only cost the run its signal).
         assert OwnEvidence(config(), attestor.sealer).breach(conn, row, t) is None
+
+
+def test_a_hung_run_is_signalled_for_the_silence_its_own_records_show(sqlite_url, engine, procs, attestor, sql):
+    hung = procs.start("runaway", sqlite_url, kill_mode="process", budgets={"heartbeat_timeout_s": 5.0}, steps=1,
+                       then="hang")
+    tk = ticker(engine, attestor.sealer)
+    t = utcnow()
+    assert tk.tick(later(t, 10)).stops == [(hung.run_id, lc.HEARTBEAT_TIMEOUT)]
+    tk.tick(later(t, 10.6))
+    assert actions(engine, hung.run_id) == ["stop_requested", "sigterm"]
+    assert hung.wait() == -signal.SIGTERM
+
+
+def test_a_writer_backdating_a_runs_times_does_not_get_it_signalled_for_silence(
+        sqlite_url, engine, procs, attestor, sql):
+    victim = procs.start("runaway", sqlite_url, kill_mode="process", budgets={"heartbeat_timeout_s": 5.0}, steps=1,
+                         block_sigterm=True, then="hang")
+    old = "2026-01-01 00:00:00.000000"
+    sql.execute("UPDATE events SET at = ? WHERE run_id = ?", (old, victim.run_id))
+    sql.execute("UPDATE runs SET last_seen_at = ?, started_at = ? WHERE id = ?", (old, old, victim.run_id))
+    tk = ticker(engine, attestor.sealer)
+    t = utcnow()  # the real time: the victim wrote its step a moment ago
+    assert [r for _, r in tk.tick(t).stops] in ([lc.WALL_CLOCK], [lc.HEARTBEAT_TIMEOUT])
+    assert_not_signalled(victim, engine, ladder_until_held_or_signalled(tk, victim.run_id, engine, t))

@@ -9,11 +9,12 @@ Format `aw-ev/1` (what a plain-SQL writer in any language computes):
 
     key      = the 32 bytes from the attestation reply's "key" (hex)
     fields   = run id, seq, kind, tool, args_hash, ok, model, tokens_in, tokens_out,
-               cached_tokens_in, reasoning_tokens, cost_ueur, attempt
+               cached_tokens_in, reasoning_tokens, cost_ueur, attempt, at
     message  = "aw-ev/1" followed by, for each field in that order, "," then
                "~" if the field is NULL, else "<n>:<text>" (n = the UTF-8 byte length of text)
     text     = integers in decimal; ok as "1" / "0"; cost_ueur = round(cost_eur * 1e6) (micro-euros,
-               an integer: no float spelling to agree on); strings as written
+               an integer: no float spelling to agree on); strings as written; at = events.at as
+               written on SQLite ("YYYY-MM-DD HH:MM:SS.ffffff"), NULL on PostgreSQL (the server's now())
     events.mac = lower-case hex of HMAC-SHA256(key, message)  (64 characters)
 
 Each (run id, seq) counts once: a copy of a record into another run or under another seq does
@@ -30,7 +31,7 @@ MAC_HEX_CHARS = 64
 
 # The record's fields the MAC covers, in order (after run id and seq): what the daemon counts.
 FIELDS: tuple[str, ...] = ("kind", "tool", "args_hash", "ok", "model", "tokens_in", "tokens_out",
-                           "cached_tokens_in", "reasoning_tokens", "cost_eur", "attempt")
+                           "cached_tokens_in", "reasoning_tokens", "cost_eur", "attempt", "at")
 
 
 def cost_ueur(cost_eur: float | None) -> int | None:
@@ -40,13 +41,13 @@ def cost_ueur(cost_eur: float | None) -> int | None:
 
 def message(run_id: str, seq: int, kind: str, tool: str | None, args_hash: str | None, ok: bool | None,
             model: str | None, tokens_in: int | None, tokens_out: int | None, cached_tokens_in: int | None,
-            reasoning_tokens: int | None, cost_eur: float | None, attempt: int | None) -> bytes:
+            reasoning_tokens: int | None, cost_eur: float | None, attempt: int | None, at: str | None) -> bytes:
     """The bytes the MAC is computed over (see the module's docstring). Built as text and encoded
     once (the SDK's hot path): an ASCII string's length is its UTF-8 byte length."""
     out = ["aw-ev/1"]
     add = out.append
     for v in (run_id, seq, kind, tool, args_hash, ok, model, tokens_in, tokens_out, cached_tokens_in,
-              reasoning_tokens, None if cost_eur is None else cost_ueur(cost_eur), attempt):
+              reasoning_tokens, None if cost_eur is None else cost_ueur(cost_eur), attempt, at):
         if v is None:
             add(",~")
         elif v is True:

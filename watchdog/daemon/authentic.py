@@ -8,8 +8,8 @@ attested process could have written?
 - its records whose MAC verifies with the run's key (watchdog.core.evidence_mac): the daemon
   derives that key from its own, the run id and the nonce it sealed at attestation, so a
   restarted daemon verifies as the first did; each sequence number counts once;
-- the wall clock from the attestation (the daemon's own sealed time), the silence from when
-  this daemon last saw a new record of the run's own;
+- the wall clock from the attestation (the daemon's own sealed time), the silence from the
+  newest of the run's own records (their time is under the MAC);
 - the budgets the run registered with (sealed at attestation), or laxer ones if the row has
   them (an operator's resume): a writer lowering them cannot make the run's own records a breach.
 
@@ -104,6 +104,7 @@ class OwnCounts:
     tokens: int = 0
     cost_eur: float = 0.0
     newest_seq: int = 0
+    newest_at: dt.datetime | None = None  # the newest time the run's own records carry
     records: int = 0
     seqs: set = dataclasses.field(default_factory=set)
     signatures: Counter = dataclasses.field(default_factory=Counter)
@@ -122,7 +123,7 @@ def own_counts(conn: Connection, sealer: Sealer, run_id: str, sealed: Sealed,
         if e.seq in out.seqs:
             continue
         fields = [e.kind, e.tool, e.args_hash, e.ok, e.model, e.tokens_in, e.tokens_out, e.cached_tokens_in,
-                  e.reasoning_tokens, e.cost_eur, e.attempt]
+                  e.reasoning_tokens, e.cost_eur, e.attempt, e.at_text]
         cost = e.cost_eur
         if not mac.ok(e.mac, run_id, e.seq, *fields):
             # A step the SDK recorded unpriced and the daemon priced since: its tokens are the
@@ -134,6 +135,9 @@ def own_counts(conn: Connection, sealer: Sealer, run_id: str, sealed: Sealed,
         out.seqs.add(e.seq)
         out.records += 1
         out.newest_seq = max(out.newest_seq, e.seq)
+        at = _instant(e.at_text)
+        if at is not None and (out.newest_at is None or at > out.newest_at):
+            out.newest_at = at
         if e.kind == lc.EV_STEP:
             out.steps += 1
         elif e.kind == lc.EV_TOOL:
@@ -143,6 +147,14 @@ def own_counts(conn: Connection, sealer: Sealer, run_id: str, sealed: Sealed,
         out.tokens += (e.tokens_in or 0) + (e.tokens_out or 0)
         out.cost_eur += cost or 0.0
     return out
+
+
+def _instant(text: object) -> dt.datetime | None:
+    try:
+        t = dt.datetime.fromisoformat(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t
 
 
 def own_budgets(config: Config, row: Any, sealed: Sealed) -> bud.Budgets:
@@ -173,14 +185,11 @@ def operator_stop(conn: Connection, row: Any, sealer: Sealer | None) -> bool:
 class OwnEvidence:
     """The check the ladder makes before a first signal on SQLite (see the module docstring).
 
-    Keeps, per stopping run, the newest own record seen and when it was first seen: the silence
-    a signal may rest on is measured from there, never from a time a writer can rewrite (after a
-    restart it starts again from the first look: late rather than wrong)."""
+    Keeps, per stopping run, the fold of its own records so far (read incrementally)."""
 
     def __init__(self, config: Config, sealer: Sealer | None):
         self.config = config
         self.sealer = sealer
-        self._newest: dict[str, tuple[int, dt.datetime]] = {}
         self._folds: dict[str, OwnCounts] = {}
 
     def breach(self, conn: Connection, row: Any, now: dt.datetime, *, skip_clock: bool = False) -> Verdict | None:
@@ -195,14 +204,12 @@ class OwnEvidence:
             return None
         if len(self._folds) >= _MEMO_MAX:  # stopping runs only: a bound, never reached in practice
             self._folds.clear()
-            self._newest.clear()
         own = self._folds[row.id] = own_counts(conn, self.sealer, row.id, sealed, self._folds.get(row.id))
-        last = self._newest.get(row.id)
-        if last is None or last[0] != own.newest_seq:
-            last = self._newest[row.id] = (own.newest_seq, now)
+        # Silent since its newest own record (its time is under the MAC), or since attestation.
+        last = max(own.newest_at or sealed.attested_at, sealed.attested_at)
         top = own.signatures.most_common(1)
         snap = RunSnapshot(
-            id=row.id, agent=row.agent, started_at=sealed.attested_at, last_seen_at=last[1], steps=own.steps,
+            id=row.id, agent=row.agent, started_at=sealed.attested_at, last_seen_at=last, steps=own.steps,
             tool_calls=own.tool_calls, tool_errors=own.tool_errors, cost_eur=own.cost_eur, tokens=own.tokens,
             top_signature=(top[0][0][0], top[0][1]) if top else None)
         verdicts = [v for v in evaluate(snap, own_budgets(self.config, row, sealed), now, skip_clock=skip_clock)
@@ -215,7 +222,6 @@ class OwnEvidence:
         return operator_stop(conn, row, self.sealer) or self.breach(conn, row, now, skip_clock=skip_clock) is not None
 
     def forget(self, run_id: str) -> None:
-        self._newest.pop(run_id, None)
         self._folds.pop(run_id, None)
 
 

@@ -422,7 +422,7 @@ class Run:
         mac = None
         if evmac is not None or pending is not None:
             macd = (kind, f.get("tool"), f.get("args_hash"), f.get("ok"), f.get("model"), f.get("tokens_in"),
-                    f.get("tokens_out"), cached, reasoning, f.get("cost_eur"), f.get("attempt"))
+                    f.get("tokens_out"), cached, reasoning, f.get("cost_eur"), f.get("attempt"), at)
             if evmac is not None:
                 mac = evmac.mac(self.id, seq, *macd)
             elif len(pending) < PENDING_MAC_MAX:

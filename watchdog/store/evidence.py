@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import String, and_, select, type_coerce, update
 from sqlalchemy.engine import Connection
 
 from watchdog.store.schema import attestations, events
 
-# What the MAC covers (watchdog.core.evidence_mac.FIELDS), plus the id, the seq and the MAC.
+# What the MAC covers (watchdog.core.evidence_mac.FIELDS), plus the id, the seq and the MAC. The
+# time as the writer wrote it (SQLite text): the MAC covers that text.
 _EVENT_COLS = (events.c.id, events.c.seq, events.c.kind, events.c.tool, events.c.args_hash, events.c.ok,
                events.c.model, events.c.tokens_in, events.c.tokens_out, events.c.cached_tokens_in,
-               events.c.reasoning_tokens, events.c.cost_eur, events.c.attempt, events.c.mac)
+               events.c.reasoning_tokens, events.c.cost_eur, events.c.attempt,
+               type_coerce(events.c.at, String).label("at_text"), events.c.mac)
 
 # At most this many of a run's records are read per check (the rest at the next tick): whatever a
 # writer appends, one check costs a bounded time.
