@@ -11,6 +11,8 @@ per-record latency (p50/p99), for two implementations:
   sdk  `Watchdog(url).run(..., guards=False)` then `run.record_tool("search",
        {"q": i}, ok=True)` per record: the whole SDK path (argument hash,
        Run._record, Watchdog.write, Writer.transaction).
+  sdkmac  `sdk` for a run the daemon attested: each record also carries its MAC
+       (watchdog.core.evidence_mac, with a per-run key as the attestation hands out).
   raw  the same two statements (INSERT INTO events + UPDATE runs ... RETURNING,
        the very SQL text of `watchdog.hotpath.Dialect`) in one transaction on
        a bare driver connection: sqlite3 with BEGIN IMMEDIATE / COMMIT (same
@@ -119,7 +121,7 @@ def store_url(backend: str, where: str) -> str:
 # --- the two implementations, run inside each writer process ---------------------------
 
 
-def _sdk_writer(backend, url, agent, records, warmup, barrier):
+def _sdk_writer(backend, url, agent, records, warmup, barrier, mac=False):
     from watchdog import Watchdog
 
     warnings.simplefilter("ignore", RuntimeWarning)  # the SDK's one-shot outage warning; we count instead
@@ -134,6 +136,10 @@ def _sdk_writer(backend, url, agent, records, warmup, barrier):
             setattr(wd, hook, _counting(getattr(wd, hook), errors, also))
     run = wd.run(agent, guards=False)
     run.start()
+    if mac:  # the key an attestation hands out (a cooperative run is never attested: set it here)
+        from watchdog.core.evidence_mac import RecordMac
+
+        run._evmac = RecordMac(os.urandom(32))
     for i in range(warmup):
         run.record_tool("search", {"q": -1 - i}, ok=True)
     lat = array("d", bytes(8 * records))
@@ -268,8 +274,11 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
 
 def writer_main(impl, backend, url, agent, records, warmup, barrier, out_q, index):
     try:
-        fn = _sdk_writer if impl == "sdk" else _raw_writer
-        out_q.put(("ok", index, fn(backend, url, agent, records, warmup, barrier)))
+        if impl == "raw":
+            result = _raw_writer(backend, url, agent, records, warmup, barrier)
+        else:
+            result = _sdk_writer(backend, url, agent, records, warmup, barrier, mac=impl == "sdkmac")
+        out_q.put(("ok", index, result))
     except BaseException:
         try:
             barrier.abort()
@@ -467,19 +476,20 @@ def combine(backend: str, writers: int, impl: str, parts: list[dict]) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ("backend", "writers", "impl", "records/s", "p50 ms", "p99 ms", "max ms", "errors", "SDK p50 / raw p50")
+    head = ("backend", "writers", "impl", "records/s", "p50 ms", "p99 ms", "max ms", "errors", "SDK p50 / raw p50",
+            "MAC p50 / SDK p50")
     raw_p50 = {(r["backend"], r["writers"]): r["p50_ms"] for r in rows if r["impl"] == "raw"}
+    sdk_p50 = {(r["backend"], r["writers"]): r["p50_ms"] for r in rows if r["impl"] == "sdk"}
     lines = []
     for r in rows:
-        if r["impl"] == "sdk" and (r["backend"], r["writers"]) in raw_p50:
-            ratio = f"{r['p50_ms'] / raw_p50[(r['backend'], r['writers'])]:.2f}x"
-        else:
-            ratio = ""
+        key = (r["backend"], r["writers"])
+        ratio = f"{r['p50_ms'] / raw_p50[key]:.2f}x" if r["impl"] != "raw" and key in raw_p50 else ""
+        mac_ratio = f"{r['p50_ms'] / sdk_p50[key]:.2f}x" if r["impl"] == "sdkmac" and key in sdk_p50 else ""
         errs = str(r["n_errors"]) + (f" ({', '.join(f'{k}={v}' for k, v in r['errors'].items())})" if r["n_errors"] else "")
         if not r["verified"]:
             errs += " UNVERIFIED"
         lines.append((r["backend"], str(r["writers"]), r["impl"], f"{r['records_per_s']:,.0f}", f"{r['p50_ms']:.3f}",
-                      f"{r['p99_ms']:.3f}", f"{r['max_ms']:.1f}", errs, ratio))
+                      f"{r['p99_ms']:.3f}", f"{r['max_ms']:.1f}", errs, ratio, mac_ratio))
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
     out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
            "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -642,7 +652,7 @@ def main(argv=None):
     ap.add_argument("--bouncer-pool", type=int, default=20,
                     help="pgbouncer: server connections to PostgreSQL (default 20)")
     ap.add_argument("--writers", default="1,4,16", help="comma list of concurrent writer processes")
-    ap.add_argument("--impls", default="raw,sdk", help="comma list of raw, sdk (default both)")
+    ap.add_argument("--impls", default="raw,sdk,sdkmac", help="comma list of raw, sdk, sdkmac (default all)")
     ap.add_argument("--no-abba", dest="abba", action="store_false",
                     help="time each implementation in one block (default: two halves, ordered raw, sdk, sdk, raw)")
     ap.add_argument("--start-method", default="fork" if "fork" in mp.get_all_start_methods() else "spawn",

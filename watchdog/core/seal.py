@@ -63,6 +63,25 @@ class Sealer:
             return False  # a forged row with a non-number where a number belongs
         return self._ok(expected, mac)
 
+    # -- the per-run evidence key (watchdog.core.evidence_mac) --------------------------
+
+    def run_key(self, run_id: str, nonce: str) -> bytes:
+        """The key the attested process of `run_id` MACs its records with: derived, never stored,
+        so a restarted daemon verifies with the same key from the attestation's nonce."""
+        return bytes.fromhex(self._mac("run-key/1", run_id, nonce))
+
+    def evidence(self, run_id: str, nonce: str, attested_at: str, budgets: str) -> str:
+        """The seal over what the daemon recorded at attestation besides the identity: the nonce
+        of the run's key, when it attested (the wall clock of a signal runs from there) and the
+        budgets the run registered with (JSON), so no writer can lower them afterwards."""
+        return self._mac("evidence/1", run_id, nonce, attested_at, budgets)
+
+    def evidence_ok(self, mac, run_id, nonce, attested_at, budgets) -> bool:
+        try:
+            return self._ok(self.evidence(run_id, nonce, attested_at, budgets), mac)
+        except (TypeError, ValueError):
+            return False
+
     # -- what a SIGTERM reached ----------------------------------------------------
 
     def targets(self, run_id: str, targets: Iterable[tuple[str, int, float, int]]) -> str:

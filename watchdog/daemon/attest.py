@@ -11,7 +11,15 @@ writes can name a victim, it cannot make the daemon attest one.
 Protocol, one line of JSON each way, bounded and timed out on both sides:
 
     → {"run": "<run id>", "kill_mode": "process"}
-    ← {"ok": true}  |  {"ok": false, "error": "<why>"}
+    ← {"ok": true, "key": "<64 hex>"}  |  {"ok": false, "error": "<why>"}
+
+`key` is the run's evidence key (watchdog.core.evidence_mac): the process MACs its records
+with it, and on SQLite only such records can justify a signal (watchdog.daemon.authentic).
+
+Under abuse (the socket is open to every local user): each request has one deadline for the
+whole of it (a peer trickling a byte at a time is dropped when it passes), each Unix user may
+hold at most PER_UID_MAX connections at once (the ones beyond are closed as they arrive), so
+a flood from one user never holds the slots another user's run needs.
 """
 
 from __future__ import annotations
@@ -30,17 +38,22 @@ import psutil
 from sqlalchemy import select
 
 from watchdog.core import lifecycle as lc
+from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.seal import Sealer
 from watchdog.daemon.killer import CREATE_TIME_TOLERANCE_S, ProcessIdentity
 from watchdog.errors import ConfigError
+from watchdog.daemon.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import attestations as rows
+from watchdog.store import evidence as evstore
 from watchdog.store.schema import runs, utcnow
 
 log = logging.getLogger("watchdog.attest")
 
 REQUEST_MAX_BYTES = 512
-IO_TIMEOUT_S = 2.0
-MAX_CONCURRENT = 8  # handler threads; a peer that holds one open costs at most IO_TIMEOUT_S
+IO_TIMEOUT_S = 2.0  # the whole request, from accept to its last byte (not per recv)
+REPLY_TIMEOUT_S = 2.0  # writing the reply
+MAX_CONCURRENT = 64  # handler threads in all
+PER_UID_MAX = 4  # connections one Unix user may hold at once: a flood holds these, never the others'
 SOCKET_KEY = "[daemon] socket"
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -80,6 +93,9 @@ class AttestServer:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        self._per_uid: dict[int, int] = {}
+        self._per_uid_lock = threading.Lock()
+        self.dropped_slow = 0  # peers dropped at the whole-request deadline (tests, metrics)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -123,39 +139,85 @@ class AttestServer:
                     return
                 time.sleep(0.1)  # EMFILE and the like: do not spin
                 continue
-            if not self._slots.acquire(blocking=False):
-                conn.close()  # busy: the SDK retries later
+            deadline = time.monotonic() + IO_TIMEOUT_S
+            try:
+                pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                  _PEERCRED.size))
+            except OSError:
+                conn.close()
                 continue
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            if not self._admit(uid):
+                conn.close()  # this user holds its share already (or all slots are busy): the SDK retries later
+                continue
+            try:
+                threading.Thread(target=self._handle, args=(conn, pid, uid, deadline), daemon=True).start()
+            except RuntimeError:  # no thread to be had: drop this one, keep serving
+                self._release(uid)
+                conn.close()
 
-    def _handle(self, conn: socket.socket) -> None:
+    def _admit(self, uid: int) -> bool:
+        with self._per_uid_lock:
+            if self._per_uid.get(uid, 0) >= PER_UID_MAX:
+                return False
+            if not self._slots.acquire(blocking=False):
+                return False
+            self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
+            return True
+
+    def _release(self, uid: int) -> None:
+        with self._per_uid_lock:
+            n = self._per_uid.get(uid, 1) - 1
+            if n > 0:
+                self._per_uid[uid] = n
+            else:
+                self._per_uid.pop(uid, None)
+            self._slots.release()
+
+    def held(self, uid: int) -> int:
+        """Connections user `uid` holds now (for tests and metrics)."""
+        with self._per_uid_lock:
+            return self._per_uid.get(uid, 0)
+
+    def _handle(self, conn: socket.socket, pid: int, uid: int, deadline: float) -> None:
         try:
             accepted_at = time.time()
-            conn.settimeout(IO_TIMEOUT_S)
-            pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
             try:
-                line = _read_line(conn)
+                try:
+                    line = _read_line(conn, deadline)
+                except socket.timeout:  # told why (one short write, never waited on), then dropped
+                    self.dropped_slow += 1
+                    raise Refused(f"no whole request within {IO_TIMEOUT_S:g} s") from None
                 run_id, kill_mode = _parse(line)
-                self.attest(run_id, pid, uid, kill_mode, connected_before=accepted_at, cgroup=_requested_cgroup(line))
-                reply = {"ok": True}
+                _a, key = self.attest_with_key(run_id, pid, uid, kill_mode, connected_before=accepted_at,
+                                               cgroup=_requested_cgroup(line))
+                reply = {"ok": True, "key": key.hex()}
             except Refused as exc:
                 reply = {"ok": False, "error": str(exc)}
                 log.info("attestation refused for pid %d uid %d: %s", pid, uid, exc)
+            except OSError:
+                raise  # the peer went away: nobody to answer
             except Exception as exc:  # noqa: BLE001 — a store blip: the SDK asks again later
                 reply = {"ok": False, "error": "the daemon could not record it now; try again later"}
                 log.warning("attestation failed for pid %d: %s", pid, type(exc).__name__)
+            conn.settimeout(REPLY_TIMEOUT_S)
             conn.sendall(json.dumps(reply).encode() + b"\n")
         except OSError:
-            pass  # the peer went away or timed out
+            pass  # the peer went away, or took longer than the deadline: dropped
         finally:
             conn.close()
-            self._slots.release()
+            self._release(uid)
 
     # -- the decision -----------------------------------------------------------------
 
     def attest(self, run_id: str, pid: int, uid: int, kill_mode: str | None, *,
                connected_before: float | None = None, cgroup: str | None = None) -> rows.Attestation:
         """Attest that process `pid` (uid `uid`, as the kernel says) is the one of run `run_id`."""
+        return self.attest_with_key(run_id, pid, uid, kill_mode, connected_before=connected_before, cgroup=cgroup)[0]
+
+    def attest_with_key(self, run_id: str, pid: int, uid: int, kill_mode: str | None, *,
+                        connected_before: float | None = None,
+                        cgroup: str | None = None) -> tuple[rows.Attestation, bytes]:
+        """`attest`, and the run's evidence key (for the attested process only: the reply)."""
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
@@ -171,7 +233,8 @@ class AttestServer:
             raise Refused("the connecting process changed user")
         with self.engine.begin() as conn:
             row = conn.execute(select(runs.c.id, runs.c.host, runs.c.pid, runs.c.pid_create_time, runs.c.kill_mode,
-                                      runs.c.status).where(runs.c.id == run_id)).first()
+                                      runs.c.status, *(runs.c[k] for k in RUN_BUDGET_KEYS))
+                               .where(runs.c.id == run_id)).first()
             if row is None:
                 raise Refused(f"no run {run_id!r} in the store")
             if row.status not in lc.ACTIVE_STATUSES:
@@ -186,13 +249,21 @@ class AttestServer:
                 raise Refused(f"run {run_id} is registered with kill_mode {row.kill_mode!r}, you said {kill_mode!r}")
             cgroup = checked_cgroup(run_id, row.kill_mode, cgroup, pid, create_time)
             mac = self.sealer.identity(run_id, self.host, pid, create_time, uid, row.kill_mode, cgroup)
-            a = rows.Attestation(run_id, self.host, pid, create_time, uid, row.kill_mode, utcnow(), mac, cgroup)
-            current = rows.load(conn, run_id)
-            if current is not None and current.mac == mac:
-                return current  # asked twice: nothing to change
-            rows.replace(conn, a)
+            now = utcnow()
+            a = rows.Attestation(run_id, self.host, pid, create_time, uid, row.kill_mode, now, mac, cgroup)
+            current = evstore.load(conn, run_id)
+            if current is not None and current.mac == mac:  # asked twice: the same key again
+                sealed = parse_evidence(self.sealer, run_id, current.evidence)
+                if sealed is not None:
+                    return rows.load(conn, run_id), run_key(self.sealer, run_id, sealed)
+            else:
+                rows.replace(conn, a)
+            # A new key for a new identity (or for one whose evidence record is gone or forged).
+            text = new_evidence(self.sealer, run_id, {k: getattr(row, k) for k in RUN_BUDGET_KEYS}, now)
+            evstore.save(conn, run_id, text)
+            sealed = parse_evidence(self.sealer, run_id, text)
         log.info("attested run %s: pid %d uid %d on %s (%s)", run_id[:8], pid, uid, self.host, row.kill_mode)
-        return a
+        return a, run_key(self.sealer, run_id, sealed)
 
 
 # -- exec's cgroup (kill_mode cgroup) ---------------------------------------------------------
@@ -245,9 +316,14 @@ def _parse(line: bytes) -> tuple[str, str | None]:
     return run_id, kill_mode
 
 
-def _read_line(conn: socket.socket) -> bytes:
+def _read_line(conn: socket.socket, deadline: float) -> bytes:
+    """One line, all of it before `deadline` (monotonic): a peer that trickles is timed out."""
     buf = b""
     while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("request deadline passed")
+        conn.settimeout(left)
         chunk = conn.recv(REQUEST_MAX_BYTES + 1 - len(buf))
         if not chunk:
             break

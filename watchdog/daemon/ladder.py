@@ -26,6 +26,7 @@ from watchdog.store.actions import SPANS_UNPROVEN, enqueue_alert, queued, record
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.attest import verified_cgroup, verified_leader
+from watchdog.daemon.authentic import hold_not_own
 from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
 from watchdog.daemon.runtree import directory, remaining, remove_empty
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
@@ -177,10 +178,12 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 
 def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
             now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None, confirmed=None,
-            remembered=None) -> None:
+            remembered=None, own_evidence=None) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come.
     `remembered(leader)`: the processes the daemon attributes to an exec'd run's attested root
-    (watchdog.daemon.runtree.TreeMemory), which outlive exec's death."""
+    (watchdog.daemon.runtree.TreeMemory), which outlive exec's death.
+    `own_evidence()` (SQLite: watchdog.daemon.authentic): may the first signal rest on the run's
+    own evidence? If not, the run stays stopped cooperatively, alerted as such."""
     if not due(row, now, daemon, killer.host):
         return
     stage = row.signal_stage
@@ -234,6 +237,9 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
             return
         if confirmed is not None and not confirmed():
             hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
+            return
+        if own_evidence is not None and not own_evidence():
+            hold_not_own(conn, row, **common)
             return
         out = killer.terminate(leader, row.kill_mode, extra=orphans, cgroup_dir=cgroup_dir)
         if out.refused in GONE_REASONS and out.targets:

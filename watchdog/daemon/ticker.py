@@ -22,6 +22,7 @@ from watchdog.core.config import Config
 from watchdog.daemon.backfill import BackfillReport
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
+from watchdog.daemon.authentic import OwnEvidence
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.money import Money
@@ -96,6 +97,8 @@ class Ticker:
         from watchdog.daemon.exectree import ExecTrees
 
         self.exec_trees = ExecTrees(self)
+        # SQLite: a first signal needs the run's own (MAC'd) evidence (watchdog.daemon.authentic).
+        self.own_evidence = OwnEvidence(config, sealer) if engine.dialect.name == "sqlite" else None
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
@@ -268,7 +271,9 @@ class Ticker:
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
                         now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer,
                         confirmed=lambda: self._confirms(conn, row, budgets, now),
-                        remembered=self.exec_trees.remembered(row.id))
+                        remembered=self.exec_trees.remembered(row.id),
+                        own_evidence=None if self.own_evidence is None else lambda: self.own_evidence.justifies(
+                            conn, row, now, skip_clock=self._skip_clock))
             return
         if row.status == lc.PAUSED:
             if len(self._pause_seen) > 10_000:

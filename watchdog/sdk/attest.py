@@ -32,8 +32,16 @@ def request(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S
             cgroup: str | None = None) -> tuple[bool, str]:
     """Ask the daemon at `path` to attest run `run_id`: (attested, why not). `cgroup`: the
     run's own cgroup (agent-watchdog exec), which the daemon checks against the kernel."""
+    ok, why, _key = request_key(path, run_id, kill_mode, timeout_s, cgroup=cgroup)
+    return ok, why
+
+
+def request_key(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S,
+                cgroup: str | None = None) -> tuple[bool, str, bytes | None]:
+    """`request`, and the run's evidence key from the reply (None from a daemon that hands none
+    out): the run MACs its records with it (watchdog.core.evidence_mac). Kept in memory only."""
     if not path:
-        return False, "attestation is off (empty socket path)"
+        return False, "attestation is off (empty socket path)", None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
@@ -49,22 +57,27 @@ def request(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S
                 break
             buf += chunk
     except OSError as exc:
-        return False, f"no daemon at {path} ({exc.strerror or type(exc).__name__})"
+        return False, f"no daemon at {path} ({exc.strerror or type(exc).__name__})", None
     finally:
         s.close()
     try:
         reply = json.loads(buf.split(b"\n", 1)[0].decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        return False, "unreadable reply from the daemon"
+        return False, "unreadable reply from the daemon", None
     if isinstance(reply, dict) and reply.get("ok") is True:
-        return True, ""
-    return False, str(reply.get("error") if isinstance(reply, dict) else reply)[:200]
+        key = reply.get("key")
+        try:
+            raw = bytes.fromhex(key) if isinstance(key, str) and len(key) == 64 else None
+        except ValueError:
+            raw = None
+        return True, "", raw
+    return False, str(reply.get("error") if isinstance(reply, dict) else reply)[:200], None
 
 
 class Attester:
     """Per run: attest at start, and again on a later record if that failed (rate-limited)."""
 
-    __slots__ = ("path", "run_id", "kill_mode", "attested", "why", "next_try")
+    __slots__ = ("path", "run_id", "kill_mode", "attested", "why", "next_try", "key")
 
     def __init__(self, path: str, run_id: str, kill_mode: str):
         self.path = path
@@ -73,6 +86,7 @@ class Attester:
         self.attested = False
         self.why = "not asked yet"
         self.next_try = 0.0
+        self.key: bytes | None = None  # the run's evidence key, once attested
 
     def due(self) -> bool:
         """The per-record check: cheap (one comparison) while nothing is due."""
@@ -80,5 +94,5 @@ class Attester:
 
     def attempt(self) -> bool:
         self.next_try = time.monotonic() + RETRY_S
-        self.attested, self.why = request(self.path, self.run_id, self.kill_mode)
+        self.attested, self.why, self.key = request_key(self.path, self.run_id, self.kill_mode)
         return self.attested

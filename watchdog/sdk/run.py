@@ -13,6 +13,7 @@ from collections import Counter
 from watchdog.core import approvals as ap
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
+from watchdog.core.evidence_mac import RecordMac
 from watchdog.core.procid import current_create_time, hostname
 from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
                                    validate_count, validate_name, validate_tokens)
@@ -25,6 +26,9 @@ from watchdog.store.schema import utcnow
 
 
 PARTIAL_MAX_CHARS = 2000
+# Records of a run waiting for its attestation whose MAC is written once the key arrives (beyond
+# these, the earliest records stay unauthenticated: they still stop the run cooperatively).
+PENDING_MAC_MAX = 10_000
 
 
 class Run:
@@ -60,6 +64,10 @@ class Run:
         self.dedupe_cache: dict = {}  # (tool, args hash) -> (stored at, result) of read-only calls
         self.guard = Guard(self.budgets.to_json()) if guards else None
         self._attester = None  # set while a run that may be signalled is not attested yet
+        # The run's evidence key from its attestation (watchdog.core.evidence_mac): its records
+        # carry a MAC only its process can compute; on SQLite only those can justify a signal.
+        self._evmac: RecordMac | None = None
+        self._pending_mac: list | None = None  # (seq, MAC'd fields) recorded before the key came
         # Set (within a second, while a tool is in flight) when the run is asked to stop:
         # a long tool polls it (`if run.cancelled.is_set(): return what_i_have`).
         self.cancelled = threading.Event()
@@ -109,6 +117,7 @@ class Run:
             from watchdog.sdk.attest import Attester
 
             self._attester = Attester(self.wd.attest_socket, self.id, self.kill_mode)
+            self._pending_mac = []
             self._attest()
         return self
 
@@ -125,6 +134,23 @@ class Run:
         att = self._attester
         if att is not None and att.due() and att.attempt():
             self._attester = None
+            if att.key is not None:
+                self._evmac = RecordMac(att.key)
+                self._mac_pending()
+            self._pending_mac = None
+
+    def _mac_pending(self):
+        """MAC the records written before the key came (SQLite, where they count for a signal):
+        one transaction, once; a failure leaves them unauthenticated, never fails the run."""
+        pending, d = self._pending_mac, self.wd.writer.dialect
+        if not pending or not d.sqlite:
+            return
+        mac = self._evmac
+        try:
+            self.wd.writer.transaction([(d.mac_event, (mac.mac(self.id, seq, *fields), self.id, seq))
+                                        for seq, fields in pending])
+        except Exception:  # noqa: BLE001 — only the signal's evidence is lost, not the records
+            pass
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None and issubclass(exc_type, RunKilled):
@@ -392,11 +418,20 @@ class Run:
             self.cost_eur += f.get("cost_eur") or 0.0
             self.cost_unpriced_tokens += f.get("unpriced") or 0
         cached, reasoning = f.get("cached_tokens_in"), f.get("reasoning_tokens")
+        evmac, pending = self._evmac, self._pending_mac
+        mac = None
+        if evmac is not None or pending is not None:
+            macd = (kind, f.get("tool"), f.get("args_hash"), f.get("ok"), f.get("model"), f.get("tokens_in"),
+                    f.get("tokens_out"), cached, reasoning, f.get("cost_eur"), f.get("attempt"), at)
+            if evmac is not None:
+                mac = evmac.mac(self.id, seq, *macd)
+            elif len(pending) < PENDING_MAC_MAX:
+                pending.append((seq, macd))
         event = (
             self.id, seq, at, kind, f.get("tool"), f.get("args_hash"),
             d.json(f.get("args")) if record_args else None, f.get("ok"), f.get("error_class"), f.get("error_msg"),
             f.get("duration_s"), f.get("model"), f.get("tokens_in"), f.get("tokens_out"), f.get("cost_eur"),
-            f.get("progress"), f.get("attempt"), cached, reasoning,
+            f.get("progress"), f.get("attempt"), cached, reasoning, mac,
         )
         counts = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0)
         update = (*counts, cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)

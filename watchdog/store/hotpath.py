@@ -40,6 +40,7 @@ EVENT_COLUMNS = (
     "run_id", "seq", "at", "kind", "tool", "args_hash", "args", "ok", "error_class",
     "error_msg", "duration_s", "model", "tokens_in", "tokens_out", "cost_eur", "progress", "attempt",
     "cached_tokens_in", "reasoning_tokens",
+    "mac",  # the run's attested process's MAC of the record (watchdog.core.evidence_mac), or NULL
 )  # fmt: skip
 
 # The run's own budgets follow its identity, in the registry's order (Run.start passes them so).
@@ -100,6 +101,8 @@ class Dialect:
             f"WHERE c.state <> '{Circuit.CLOSED}' AND (p.ok IS NULL OR NOT p.ok)"
         )
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
+        # The MAC of a record written before the run was attested (its key came later).
+        self.mac_event = f"UPDATE events SET mac = {ph} WHERE run_id = {ph} AND seq = {ph} AND mac IS NULL"
         self.sqlite = sqlite
 
     def ts(self, value: dt.datetime):

@@ -325,6 +325,9 @@ attestations = Table(
     # The cgroup `agent-watchdog exec` made for the run (kill_mode cgroup / tree), from its
     # attestation: the only cgroup the daemon will ever kill.
     Column("cgroup", Text),
+    # What the daemon recorded at attestation for the run's evidence key (JSON: the key's nonce,
+    # when, the budgets registered), sealed: see watchdog.store.evidence (migration 0011).
+    Column("evidence", Text),
 )
 
 # The spend ledger: per scope ("agent:NAME" or "labels:{json}") and calendar period
