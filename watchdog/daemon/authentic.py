@@ -197,7 +197,8 @@ class OwnEvidence:
         a = store.load(conn, row.id)
         if a is None or self.sealer is None:
             return None
-        if not self.sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode):
+        if not self.sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode,
+                                       getattr(a, "cgroup", None)):
             return None
         sealed = parse_evidence(self.sealer, row.id, a.evidence)
         if sealed is None:
@@ -218,8 +219,27 @@ class OwnEvidence:
 
     def justifies(self, conn: Connection, row: Any, now: dt.datetime, *, skip_clock: bool = False) -> bool:
         """May the ladder signal this run's process? An operator's sealed kill, or a breach shown
-        by the run's own evidence."""
-        return operator_stop(conn, row, self.sealer) or self.breach(conn, row, now, skip_clock=skip_clock) is not None
+        by the run's own evidence, or the kernel's: an exec'd run whose attested supervisor is gone
+        (its tree is orphaned; only exec ends an exec'd run, so a row cannot keep it alive)."""
+        return (operator_stop(conn, row, self.sealer) or self._exec_gone(conn, row)
+                or self.breach(conn, row, now, skip_clock=skip_clock) is not None)
+
+    def _exec_gone(self, conn: Connection, row: Any) -> bool:
+        if getattr(row, "source", None) != lc.Source.EXEC or self.sealer is None:
+            return False
+        a = store.load(conn, row.id)
+        if a is None or not self.sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid,
+                                                    a.kill_mode, getattr(a, "cgroup", None)):
+            return False
+        import psutil  # the daemon's side only
+
+        try:
+            proc = psutil.Process(int(a.pid))
+            return abs(proc.create_time() - float(a.pid_create_time)) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return True
+        except (psutil.Error, ValueError, OverflowError):
+            return False
 
     def forget(self, run_id: str) -> None:
         self._folds.pop(run_id, None)
