@@ -81,13 +81,43 @@ class Daemon:
     # -- the lease: one daemon per store and host, one leader per store -------
 
     def acquire(self) -> None:
-        """Take this host's lease, atomically; AlreadyRunning if another live daemon holds it."""
-        def alive(holder) -> bool:  # SQLite: is the row's holder running on this host?
-            return bool(self.killer.alive([ProcessIdentity(self.killer.host, holder.pid, holder.pid_create_time)]))
+        """Take this host's lease: the flock on this store's lock file in state_dir (the only
+        proof that another daemon runs: AlreadyRunning), then the store's bookkeeping row."""
+        # -- issue 20: the lease is a lock file the daemon owns (watchdog.daemon.hostlock) --
+        from watchdog.daemon.hostlock import HostLock, HostLockHeld
 
-        lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s, alive=alive)
-        lease.acquire()
+        lock = HostLock(self.config.daemon.state_dir, self.engine.url)
+        try:
+            lock.acquire()
+        except HostLockHeld as exc:
+            raise AlreadyRunning(self.killer.host, self._holder_named(exc.pid), exc.pid) from None
+        self.host_lock = lock
+        lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s)
+        try:
+            lease.acquire()
+        except BaseException:
+            lock.release()
+            raise
         self.membership.lease = lease
+
+    def _holder_named(self, pid):
+        """The daemons row of the lock's holder, for its start time in the message (never obeyed)."""
+        from watchdog.daemon.lease import HOLDER_WAIT_S
+        from watchdog.store import leases as lease_rows
+
+        deadline = time.monotonic() + HOLDER_WAIT_S  # the holder writes its row right after locking
+        while pid is not None:
+            try:
+                with self.engine.connect() as conn:
+                    row = lease_rows.holder(conn, self.killer.host)
+            except Exception:  # noqa: BLE001 — the message goes without it
+                return None
+            if row is not None and row.pid == pid:
+                return row
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+        return None
 
     @property
     def is_leader(self) -> bool:
@@ -110,12 +140,15 @@ class Daemon:
     def release(self) -> None:
         self.stop_attesting()
         lease, self.membership.lease = self.membership.lease, None
-        if lease is None:
-            return
         try:
-            lease.release()
+            if lease is not None:
+                lease.release()
         except Exception:  # noqa: BLE001 — the lease expires by itself; the lock goes with the session
             log.warning("could not release the daemon lease", exc_info=True)
+        finally:
+            lock, self.host_lock = getattr(self, "host_lock", None), None
+            if lock is not None:
+                lock.release()
 
     # -- the jobs ---------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.text import one_line
 from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
+from watchdog.daemon import ownstage
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
 from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.quarantine import Malformed, Quarantine, check_actionable
@@ -66,7 +67,7 @@ class TickReport:
 
 class Ticker:
     def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
-                 money: bool = True, sealer=None, membership: Membership | None = None):
+                 money: bool = True, sealer=None, membership: Membership | None = None, memory=None):
         self.engine = engine
         self.config = config
         self.killer = killer
@@ -91,6 +92,13 @@ class Ticker:
         self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
         self.quarantine = Quarantine(self.by, sealer)  # rows that cannot be judged, reported once
         self._skip_clock = False  # this tick's (see tick)
+        # issue 20: the daemon's own memory (state file) and its evidence rules (watchdog.daemon.trust)
+        from watchdog.daemon.trust import Trust
+        from watchdog.store.memory import Memory
+
+        self.memory = memory or Memory.for_daemon(getattr(config.daemon, "state_dir", None), engine.url)
+        self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
+        self._backstopped: set[str] = set()  # quarantined runs stopped or ended by the backstop
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
@@ -118,7 +126,10 @@ class Ticker:
             spend = money.live_spend() if money is not None else None
             due = self.prefilter.due(light, now, live, spend, stats=self.scanner.stats, host=self.killer.host,
                                      judged=self._judged, resume_seen=self._resume_seen,
-                                     skip_clock=self._skip_clock, defects=self.scanner.defects)
+                                     skip_clock=self._skip_clock, defects=self.scanner.defects,
+                                     evidence=self.scanner.evidence.tallies, first=self.trust.first,
+                                     new_seen=self.trust.new_seen, raised=self.trust.raised_key,
+                                     owner_ok=self.trust.owner_ok)
             if money is not None:
                 money.read(conn, now, self.scanner.high_water)
                 self.scanner.defects.extend(money.backfill.defects)  # unreadable steps: reported with the rest
@@ -146,10 +157,12 @@ class Ticker:
                     detail = str(exc) if isinstance(exc, Malformed) else f"its evaluation failed ({type(exc).__name__})"
                     self.scanner.defects.append(Defect(row.id, detail))
             self._report_defects(now, rep, batch)
+            self._backstop(light, now, live, rep, batch)
         except BaseException:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
+        self.trust.flush({r[L["id"]] for r in light})  # first sights into the state file
         if self._acked or self._decided or self._rate_alarmed:  # forget the runs that ended
             active = {r[L["id"]] for r in light}
             self._acked &= active
@@ -193,6 +206,8 @@ class Ticker:
         rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
         rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
         rep.periods = money.judge(spend, now)
+        for r, cost in bf.deltas:  # the daemon's own prices count on its own counters too
+            self.scanner.evidence.priced(r.run_id, cost)
         again = {r.run_id for r, _cost in bf.deltas if r.status in lc.ACTIVE_STATUSES}
         if money.closed:  # the running runs a spent period budget covers are due too
             again.update(set(PreFilter.closing(light, due, money)) - set(due))
@@ -234,15 +249,21 @@ class Ticker:
 
     def _one(self, row, now, rep, live, sharing, batch):
         check_actionable(row)
-        budgets = effective_budgets(self.config.profile(row.agent), row)
+        budgets = self._budgets(row, batch)
         st = self.scanner.stats.get(row.id)
         top = st.top_tool() if st else None
         last_error = st.last_error.get(top[0]) if (st and top) else None
         if self.config.store.record_errors == "class":
             last_error = None  # the operator asked for no message text anywhere the daemon writes
-        f = facts(row, top, last_error, now)
+        f = self._facts(row, top, last_error, now)
+        self_paused = False
         if row.status == lc.STOPPING:
             rep.stopping += 1
+            own = ownstage.own_stage(self.memory, row.id)
+            if ownstage.differs(row, own):  # the ladder goes by the daemon's record (issue 20)
+                batch.commit()
+                with self.engine.begin() as conn:
+                    row = ownstage.restore(conn, row, own)
             if row.id not in self._acked:
                 self._acknowledge(row, f, budgets, now, batch)
             gone = row.signal_stage in (None, *WAITING_STAGES) and self._gone(row, live, now)
@@ -258,8 +279,11 @@ class Ticker:
                 advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
                         now=now, by=self.by, sharing=sharing[(row.host, row.pid)] - 1, sealer=self.sealer,
                         confirmed=lambda: self._confirms(conn, row, budgets, now))
+                ownstage.remember(conn, self.memory, row, row.signal_stage)
             return
-        if row.status == lc.PAUSED:
+        if row.status == lc.PAUSED and not self._pause_is_known(row, now, budgets):
+            self_paused = True  # a pause only its writer claims: judged as running (issue 20)
+        elif row.status == lc.PAUSED:
             if len(self._pause_seen) > 10_000:
                 self._pause_seen.clear()
                 self._resume_seen.clear()
@@ -273,7 +297,7 @@ class Ticker:
                              now=now, by=self.by, budgets=budgets, run_facts=f, sealer=self.sealer):
                     rep.lost.append(row.id)
             return
-        snap = self.scanner.snapshot(row, now)
+        snap = self._snapshot(row, now)
         period = self.money.closing(row.id, row.agent) if self.money is not None else None
         if self._judged is not None and row.host not in self._judged:
             # Due only because a spent period budget covers it (the leader's duty): that stop
@@ -288,7 +312,7 @@ class Ticker:
             with batch.run() as conn:  # stop, or pause with on_breach = "pause"
                 self._decided.add(row.id)  # the daemon's own decision: its ladder may signal for it
                 action, v, done = act_on_breach(self, conn, row, verdicts, budgets=budgets, facts=f, now=now,
-                                                rep=rep)
+                                                rep=rep, stop_only=self_paused)
                 if done and action == "stop" and period is not None and v.reason == period.reason:
                     self._period_stops.append((row.id, v.reason, period.scope.key))
             return
@@ -321,7 +345,7 @@ class Ticker:
         if row.id in self._decided or self._sealed_stop(conn, row):
             return True
         period = self.money.closing(row.id, row.agent) if self.money is not None else None
-        return bool(with_period(evaluate(self.scanner.snapshot(row, now), budgets, now,
+        return bool(with_period(evaluate(self._snapshot(row, now), budgets, now,
                                          skip_clock=self._skip_clock), period))
 
     def _sealed_stop(self, conn, row) -> bool:
@@ -355,6 +379,52 @@ class Ticker:
                               sealer=self.sealer)
                 log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
         self._acked.add(row.id)
+
+    # -- issue 20: what the daemon believes of a row (watchdog.daemon.trust) -----------------
+
+    def _snapshot(self, row, now):
+        """The run judged by the larger counters and its age from first sight at the latest."""
+        return self.scanner.snapshot(row, now, started_at=self.trust.started_at(row))
+
+    def _budgets(self, row, batch):
+        """Profile (or [defaults] for an owner it does not bind), clamped unless a sealed resume raised it."""
+        prof = self.config.profile(row.agent)
+        if not row.resumes and not getattr(prof, "owners", ()):
+            return effective_budgets(prof, row)  # no resume: never raised
+        with batch.run() as conn:
+            return self.trust.budgets(conn, row)
+
+    def _facts(self, row, top, last_error, now):
+        from watchdog.daemon.evidence import merged
+
+        f = facts(row, top, last_error, now)
+        folded = self.scanner.evidence.get(row.id)
+        start = self.trust.started_at(row)
+        end = row.ended_at or now
+        duration_s = max(0.0, (end - start).total_seconds()) if start is not None else f.duration_s
+        if folded is None and duration_s == f.duration_s:
+            return f
+        steps, calls, errors, tokens, cost = merged((f.steps, f.tool_calls, f.tool_errors, f.tokens, f.cost_eur),
+                                                    folded)
+        return dataclasses.replace(f, steps=steps, tool_calls=calls, tool_errors=errors, tokens=tokens,
+                                   cost_eur=cost, duration_s=duration_s)
+
+    def _backstop(self, light, now, live, rep, batch) -> None:
+        from watchdog.daemon.backstop import backstop
+
+        backstop(self, light, now, live, rep, batch)
+
+    def _pause_is_known(self, row, now, budgets) -> bool:
+        """The daemon paused this run, or confirms its guard's pause (a pausing budget at its
+        limit by the daemon's own counters): remembered in its state file."""
+        if self.trust.pause_mark(row.id, row.resumes) is not None:
+            return True
+        from watchdog.core.policies import totals
+
+        if self.trust.confirms_pause(row, totals(self._snapshot(row, now), now), budgets):
+            self.trust.mark_pause(row.id, row.resumes, now.timestamp())
+            return True
+        return False
 
     def _read_snapshot(self):
         """One snapshot for the active runs and their new events: a run started between the
