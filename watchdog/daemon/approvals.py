@@ -38,7 +38,7 @@ def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep, stop_onl
                         v.reason, v.detail)
         return action, v, done
     done = request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                        run_facts=facts, sealer=tk.sealer)
+                        run_facts=facts, sealer=tk.sealer, own_parent=tk.trust.parent_ok)
     if done:
         rep.stops.append((row.id, v.reason))
         log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
@@ -66,7 +66,8 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
         tk._decided.add(row.id)  # this daemon's own decision: it may signal for it
         with batch.run() as conn:
             if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                            run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer):
+                            run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer,
+                            own_parent=tk.trust.parent_ok):
                 rep.stops.append((row.id, v.reason))
         return
     # Waited since the daemon paused it or confirmed the pause (its state file), never since a
@@ -77,19 +78,22 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
     if row.paused_at is None or row.stop_reason not in ap.BY_REASON or waited_s >= budgets.approval_timeout_s:
         # No answer in time (or a paused row nobody could answer: no pause time, no pausable reason).
         reason = row.stop_reason if row.stop_reason in ap.BY_REASON else "manual"
-        detail = row.stop_detail or "paused without a reason"
+        detail = ap.measured_detail(reason, facts, budgets)  # never the row's stop_detail (issue 20)
         why = (ap.timeout_plan(budgets, "stopped with the reason it paused for") if waited_s is not None
                else "paused without a pause time or reason")
         tk._decided.add(row.id)
         with batch.run() as conn:
             if request_stop(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
-                            run_facts=facts, why=why, sealer=tk.sealer):
+                            run_facts=facts, why=why, sealer=tk.sealer, own_parent=tk.trust.parent_ok):
                 rep.stops.append((row.id, reason))
                 log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
 
 
 def announce_resume(tk, row, *, budgets, facts, now, batch) -> None:
     """A run a human resumed (`agent-watchdog resume`, which queues no alert): say so, once."""
+    from watchdog.store.trust_rows import grant_ok
+
     with batch.run() as conn:
-        acknowledge_resume(conn, row, now=now, budgets=budgets, run_facts=facts, sealer=tk.sealer)
+        acknowledge_resume(conn, row, now=now, budgets=budgets, run_facts=facts, sealer=tk.sealer,
+                           sealed=grant_ok(conn, row, tk.sealer))
     tk._resume_seen.add((row.id, row.resumes))

@@ -265,7 +265,8 @@ class Daemon:
                                       retry_s=d.alert_retry_s, expire_s=d.alert_expire_s,
                                       budget_s=max(1.0, 0.8 * d.tick_s),
                                       on_result=self.metrics.alert_result if self.metrics else None,
-                                      on_dead=self.metrics.alert_dead if self.metrics else None)
+                                      on_dead=self.metrics.alert_dead if self.metrics else None,
+                                      memory=self.ticker.memory)  # issue 20: the daemon's delivery record
         except Exception as exc:  # noqa: BLE001
             log.error("alert delivery failed, retrying next tick: %s", _one_line(exc))
             return None

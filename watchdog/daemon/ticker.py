@@ -137,6 +137,7 @@ class Ticker:
                 money.learn_labels(conn, spend)
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, due)
+            self.trust.flush({r[L["id"]] for r in light}, conn)  # first sights and parent links (issue 20)
         if money is not None:
             rows = self._money_before(money, light, due, rows, spend, now, rep)
         rep.new_events = len(new)
@@ -162,7 +163,6 @@ class Ticker:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
-        self.trust.flush({r[L["id"]] for r in light})  # first sights into the state file
         if self._acked or self._decided or self._rate_alarmed:  # forget the runs that ended
             active = {r[L["id"]] for r in light}
             self._acked &= active
@@ -282,7 +282,13 @@ class Ticker:
                 ownstage.remember(conn, self.memory, row, row.signal_stage)
             return
         if row.status == lc.PAUSED and not self._pause_is_known(row, now, budgets):
-            self_paused = True  # a pause only its writer claims: judged as running (issue 20)
+            # A pause only a store writer claims (issue 20): denied, and the run judged as running.
+            with batch.run() as conn:
+                again = self.trust.deny_pause(conn, row, now)
+            if again is None:
+                return
+            row, self_paused = again, True
+            f = self._facts(row, top, last_error, now)
         elif row.status == lc.PAUSED:
             if len(self._pause_seen) > 10_000:
                 self._pause_seen.clear()

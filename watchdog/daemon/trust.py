@@ -53,10 +53,14 @@ class Trust:
     def first(self) -> dict[str, float]:
         return self.memory.first
 
-    def flush(self, active: set) -> None:
-        """Remember this tick's first sights; forget the runs no longer active."""
+    def flush(self, active: set, conn=None) -> None:
+        """Remember this tick's first sights (and, read in `conn`, the parent each new run names
+        then: the daemon's own record of the link); forget the runs no longer active."""
         new, self.new_seen = self.new_seen, []
         try:
+            if new and conn is not None:
+                parents = trust_rows.parents_of(conn, [rid for rid, _ in new])
+                self.memory.mark_many("parent", [(rid, p if isinstance(p, str) else "") for rid, p in parents.items()])
             self.memory.see(new)
             if len(self.memory.first) > len(active) + 1000:
                 self.memory.forget([r for r in self.memory.first if r not in active])
@@ -64,6 +68,11 @@ class Trust:
             log.warning("could not write the daemon's state file", exc_info=True)
             for rid, at in new:
                 self.memory.first.setdefault(rid, at)
+
+    def parent_ok(self, child) -> bool:
+        """The child's parent link is the one the daemon recorded when it first saw the child."""
+        parent = getattr(child, "parent_id", None)
+        return bool(parent) and self.memory.marked("parent", child.id) == parent
 
     def started_at(self, row) -> dt.datetime:
         """The run's start as the wall clock counts it: its own, or the daemon's first sight if earlier."""
@@ -153,6 +162,16 @@ class Trust:
             return float(v) if v is not None else None
         except ValueError:
             return None
+
+    def deny_pause(self, conn, row, now):
+        short = row.id[:8]
+        title = f"agent-watchdog: pause of run {short} not confirmed — it goes on"
+        body = (f"run {row.id[:32]}\nagent {agent_shown(row.agent)}\n"
+                "Its row was set paused in the store, but no budget that pauses for its profile is reached by "
+                "the daemon's own counters: the pause is not confirmed and the run is running again, judged "
+                "by every budget. The store's pause text is not quoted.")
+        log.warning("run %s: a pause the daemon did not write or confirm: running again", short)
+        return trust_rows.deny_pause(conn, row, now=now, by=self.by, title=title, body=body, sealer=self.sealer)
 
     def confirms_pause(self, row, snap_totals, budgets) -> bool:
         """A pause the run's own guard wrote, the daemon confirms: a budget that pauses for this

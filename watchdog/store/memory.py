@@ -43,7 +43,7 @@ def store_key(url) -> str:
         u = make_url(url) if isinstance(url, str) else url
         if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
             u = u.set(database=os.path.realpath(u.database))  # one file, one name, however it is spelled
-        text = u.set(password=None).render_as_string(hide_password=False)
+        text = u.render_as_string(hide_password=True)  # the password as "***": the same store, one name
     except Exception:  # noqa: BLE001 — any text names a store
         text = str(url)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -141,6 +141,15 @@ class Memory:
     def mark(self, kind: str, key: str, value: str = "") -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO marks VALUES (?, ?, ?)", (kind, key, value))
+
+    def mark_many(self, kind: str, items: Iterable[tuple[str, str]]) -> None:
+        rows = [(kind, k, v) for k, v in items]
+        if not rows:
+            return
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO marks VALUES (?, ?, ?)", rows)
+            self._db.execute("COMMIT")
 
     def marked(self, kind: str, key: str) -> str | None:
         with self._lock:

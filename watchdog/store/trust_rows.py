@@ -14,7 +14,7 @@ from sqlalchemy import and_, desc, select, update
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
-from watchdog.store.actions import enqueue_alert, record
+from watchdog.store.actions import enqueue_alert, queued, record
 from watchdog.store.schema import attestations, interventions, runs
 
 GRANT_TAG = "sealed grant/1 "
@@ -101,3 +101,28 @@ def stage_of(conn, run_id: str):
 
 def run_row(conn, run_id: str):
     return conn.execute(select(runs).where(runs.c.id == run_id)).first()
+
+
+def deny_pause(conn, row, *, now: dt.datetime, by: str, title: str, body: str, sealer=None):
+    """paused -> running for a pause the daemon neither wrote nor confirms (a store writer's
+    claim): recorded, alerted once per run in the daemon's words; the row read again (or None)."""
+    res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.PAUSED))
+                       .values(status=lc.RUNNING, paused_at=None, stop_reason=None, stop_detail=None))
+    if res.rowcount != 1:
+        return None
+    key = f"pause-denied:{row.id}"
+    if not queued(conn, key):
+        iid = record(conn, at=now, action="pause_denied", by=by, run_id=row.id,
+                     outcome="paused in the store, not confirmed by the daemon's counters: running again")
+        enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+    return run_row(conn, row.id)
+
+
+def parents_of(conn, run_ids: list[str]) -> dict:
+    """run id -> the parent_id its row names now (first sight: the daemon's record of the link)."""
+    out = {}
+    for i in range(0, len(run_ids), 500):
+        part = run_ids[i : i + 500]
+        out.update({rid: parent for rid, parent in conn.execute(
+            select(runs.c.id, runs.c.parent_id).where(runs.c.id.in_(part)))})
+    return out
