@@ -298,3 +298,30 @@ def test_a_runaway_writing_signal_stage_done_is_still_sigtermed(db_url, engine, 
     tk.tick(later(now, 1))  # past cancel_grace_s: the ladder goes by its own record
     assert wait_until(lambda: sigterm_pending(agent.pid), 10)
     assert "sigterm" in actions(engine, agent.run_id)
+
+
+# -- attack 11: delivery state reset into a re-send ------------------------------------------------------
+
+
+def test_resetting_an_alerts_delivery_state_never_sends_it_again(db_url, engine, http):
+    from watchdog.daemon.notify import Notifier
+    from watchdog.daemon.outbox import deliver_due
+    from watchdog.store.actions import enqueue_alert
+    from watchdog.store.memory import Memory
+
+    sealer, memory = _sealer(), Memory(None)
+    t0 = utcnow()
+    with engine.begin() as conn:
+        assert enqueue_alert(conn, "stop:genuine", "agent-watchdog: stopped bot run 1234abcd — max_steps",
+                             "a genuine sealed alert", now=t0, sealer=sealer)
+    notifier = Notifier([http.url()])
+    assert deliver_due(engine, notifier, later(t0, 1), sealer=sealer, memory=memory).delivered == 1
+    for i in range(10):  # a store writer makes it undelivered again, ten times
+        with engine.begin() as conn:
+            conn.execute(update(alerts).where(alerts.c.dedupe_key == "stop:genuine").values(
+                delivered_at=None, delivered_targets=[], attempts=0, next_attempt_at=later(t0, 1 + i)))
+        deliver_due(engine, notifier, later(t0, 2 + i), sealer=sealer, memory=memory)
+    assert not http.wait_for(2, timeout_s=1.0)
+    assert len(http.received) == 1
+    with engine.connect() as conn:  # and the row says delivered again
+        assert conn.execute(select(alerts.c.delivered_at).where(alerts.c.dedupe_key == "stop:genuine")).scalar()

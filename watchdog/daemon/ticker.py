@@ -397,8 +397,7 @@ class Ticker:
         prof = self.config.profile(row.agent)
         if not row.resumes and not getattr(prof, "owners", ()):
             return effective_budgets(prof, row)  # no resume: never raised
-        with batch.run() as conn:
-            return self.trust.budgets(conn, row)
+        return self.trust.budgets(batch.run, row)
 
     def _facts(self, row, top, last_error, now):
         from watchdog.daemon.evidence import merged

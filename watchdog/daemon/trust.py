@@ -88,10 +88,18 @@ class Trust:
         """For the pre-filter: a sealed resume was verified for these exact budgets."""
         return self._raised.get((rid, r_resumes, tuple(own_budgets)), False)
 
-    def budgets(self, conn, row):
+    def budgets(self, connect, row):
         """What the run is held to: its profile (or [defaults] for an owner it does not bind),
-        lowered by its own request, raised only by a sealed operator resume."""
-        prof = self.profile_of(conn, row)
+        lowered by its own request, raised only by a sealed operator resume. `connect()`: a
+        transaction, opened only when a cache misses (once per run, resume and budgets)."""
+        prof = self.config.profile(row.agent)
+        if getattr(prof, "owners", ()):
+            ok = self._owner_ok.get(row.id)
+            if ok is None:
+                with connect() as conn:
+                    prof = self.profile_of(conn, row)
+            elif not ok:
+                prof = self.config.defaults
         raised = False
         if row.resumes:
             from watchdog.store.trust_rows import budget_columns
@@ -99,7 +107,8 @@ class Trust:
             key = (row.id, row.resumes, budget_columns(row))
             raised = self._raised.get(key)
             if raised is None:
-                raised = trust_rows.grant_ok(conn, row, self.sealer)
+                with connect() as conn:
+                    raised = trust_rows.grant_ok(conn, row, self.sealer)
                 if len(self._raised) > _MEMO_MAX:
                     self._raised.clear()
                 self._raised[key] = raised

@@ -20,15 +20,18 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from typing import Iterable
 
 log = logging.getLogger("watchdog.memory")
+
+DELIVERED_KEEP_S = 30 * 86400.0  # deliveries remembered this long (far past any alert_expire_s)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS first_seen (run_id TEXT PRIMARY KEY, at_s REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS stages (run_id TEXT NOT NULL, stage TEXT NOT NULL, at_s REAL NOT NULL,
                                    PRIMARY KEY (run_id, stage));
-CREATE TABLE IF NOT EXISTS delivered (dedupe_key TEXT NOT NULL, target TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS delivered (dedupe_key TEXT NOT NULL, target TEXT NOT NULL, at_s REAL NOT NULL,
                                       PRIMARY KEY (dedupe_key, target));
 CREATE TABLE IF NOT EXISTS marks (kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT,
                                   PRIMARY KEY (kind, key));
@@ -59,6 +62,7 @@ class Memory:
     def __init__(self, path: str | None):
         self.path = path
         self._lock = threading.Lock()
+        self._sent = 0
         if path is None:
             self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
         else:
@@ -111,6 +115,8 @@ class Memory:
             self._db.execute("BEGIN")
             self._db.executemany("DELETE FROM first_seen WHERE run_id = ?", ids)
             self._db.executemany("DELETE FROM stages WHERE run_id = ?", ids)
+            # marks are keyed by the run id, or "run id:resumes"
+            self._db.executemany("DELETE FROM marks WHERE key = ?1 OR key LIKE ?1 || ':%'", ids)
             self._db.execute("COMMIT")
         for (rid,) in ids:
             self.first.pop(rid, None)
@@ -133,8 +139,12 @@ class Memory:
                                     (dedupe_key, target)).fetchone() is not None
 
     def deliver(self, dedupe_key: str, target: str) -> None:
+        now_s = time.time()
         with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO delivered VALUES (?, ?)", (dedupe_key, target))
+            self._db.execute("INSERT OR IGNORE INTO delivered VALUES (?, ?, ?)", (dedupe_key, target, now_s))
+            self._sent += 1
+            if self._sent % 1000 == 0:  # an alert that old is expired (alert_expire_s) long before: refused anyway
+                self._db.execute("DELETE FROM delivered WHERE at_s < ?", (now_s - DELIVERED_KEEP_S,))
 
     # -- marks: small facts the daemon wrote (its interventions, parent links, grants) ------
 
