@@ -325,3 +325,14 @@ def test_resetting_an_alerts_delivery_state_never_sends_it_again(db_url, engine,
     assert len(http.received) == 1
     with engine.connect() as conn:  # and the row says delivered again
         assert conn.execute(select(alerts.c.delivered_at).where(alerts.c.dedupe_key == "stop:genuine")).scalar()
+
+
+def test_the_writers_fast_path_never_lowers_what_a_gateway_saw_first():
+    t = Tally()
+    for i in range(4):  # a gateway saw 4 calls first...
+        t.add("tool", "mcp", None, True, None, None, None)
+    t.add("tool", None, None, True, None, None, None)  # ...then the run's own writer one
+    assert t.values[1] == 4
+    for _ in range(5):
+        t.add("tool", None, None, False, None, None, None)
+    assert t.values[1] == 6 and t.values[2] == 5

@@ -43,6 +43,10 @@ class Tally:
 
     def add(self, kind: str, source, call_id, ok, tokens_in, tokens_out, cost) -> None:
         """O(1): every number only grows, so the maxima are kept as they go."""
+        own = self.by_source
+        if source is None and call_id is None and (not own or (len(own) == 1 and "" in own)):
+            self._own(kind == lc.EV_STEP, ok, tokens_in, tokens_out, cost)
+            return
         step = kind == lc.EV_STEP
         delta = (1 if step else 0, 0 if step else 1, 1 if (not step and ok is False) else 0,
                  int(_amount(tokens_in) + _amount(tokens_out)), _amount(cost))
@@ -66,6 +70,29 @@ class Tally:
                     cur[i] = delta[i]
                     if ids[i] > values[i]:
                         values[i] = ids[i]
+
+    def _own(self, step: bool, ok, tokens_in, tokens_out, cost) -> None:
+        """The usual case, unrolled: the run's own writer alone, no call ids (its counts are the tally)."""
+        per = self.by_source.get("")
+        if per is None:
+            per = self.by_source[""] = [0, 0, 0, 0, 0.0]
+        if step:
+            per[STEPS] += 1
+        else:
+            per[CALLS] += 1
+            if ok is False:
+                per[ERRORS] += 1
+        if tokens_in or tokens_out:
+            per[TOKENS] += int(_amount(tokens_in) + _amount(tokens_out))
+        if cost:
+            per[COST] += _amount(cost)
+        values = self.values
+        if not self.by_call:  # no witness's call ids: the writer's counts are the tally
+            values[:] = per
+            return
+        for i in range(SLOTS):
+            if per[i] > values[i]:
+                values[i] = per[i]
 
     def add_cost(self, cost_eur: float) -> None:
         """A step the daemon priced itself (watchdog.daemon.backfill): its cost counts as the writer's."""

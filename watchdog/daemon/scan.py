@@ -107,7 +107,7 @@ def _on_hosts(q, hosts):
     return q.join_from(events, runs, runs.c.id == events.c.run_id).where(runs.c.host.in_(sorted(hosts)))
 
 
-@dataclass
+@dataclass(slots=True)
 class NewEvent:
     id: int
     run_id: str

@@ -29,7 +29,7 @@ from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.text import one_line
 from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
-from watchdog.daemon import ownstage
+from watchdog.daemon import believe, ownstage
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
 from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.quarantine import Malformed, Quarantine, check_actionable
@@ -249,7 +249,7 @@ class Ticker:
 
     def _one(self, row, now, rep, live, sharing, batch):
         check_actionable(row)
-        budgets = self._budgets(row, batch)
+        budgets = believe.budgets(self, row, batch)
         st = self.scanner.stats.get(row.id)
         top = st.top_tool() if st else None
         last_error = st.last_error.get(top[0]) if (st and top) else None
@@ -281,10 +281,9 @@ class Ticker:
                         confirmed=lambda: self._confirms(conn, row, budgets, now))
                 ownstage.remember(conn, self.memory, row, row.signal_stage)
             return
-        if row.status == lc.PAUSED and not self._pause_is_known(row, now, budgets):
+        if row.status == lc.PAUSED and not believe.pause_is_known(self, row, now, budgets):
             # A pause only a store writer claims (issue 20): denied, and the run judged as running.
-            with batch.run() as conn:
-                again = self.trust.deny_pause(conn, row, now)
+            again = believe.unclaimed_pause(self, row, now, batch)
             if again is None:
                 return
             row, self_paused = again, True
@@ -386,50 +385,18 @@ class Ticker:
                 log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
         self._acked.add(row.id)
 
-    # -- issue 20: what the daemon believes of a row (watchdog.daemon.trust) -----------------
+    # -- issue 20: what the daemon believes of a row (watchdog.daemon.believe) ---------------
 
     def _snapshot(self, row, now):
-        """The run judged by the larger counters and its age from first sight at the latest."""
-        return self.scanner.snapshot(row, now, started_at=self.trust.started_at(row))
-
-    def _budgets(self, row, batch):
-        """Profile (or [defaults] for an owner it does not bind), clamped unless a sealed resume raised it."""
-        prof = self.config.profile(row.agent)
-        if not row.resumes and not getattr(prof, "owners", ()):
-            return effective_budgets(prof, row)  # no resume: never raised
-        return self.trust.budgets(batch.run, row)
+        return believe.snapshot(self, row, now)
 
     def _facts(self, row, top, last_error, now):
-        from watchdog.daemon.evidence import merged
-
-        f = facts(row, top, last_error, now)
-        folded = self.scanner.evidence.get(row.id)
-        start = self.trust.started_at(row)
-        end = row.ended_at or now
-        duration_s = max(0.0, (end - start).total_seconds()) if start is not None else f.duration_s
-        if folded is None and duration_s == f.duration_s:
-            return f
-        steps, calls, errors, tokens, cost = merged((f.steps, f.tool_calls, f.tool_errors, f.tokens, f.cost_eur),
-                                                    folded)
-        return dataclasses.replace(f, steps=steps, tool_calls=calls, tool_errors=errors, tokens=tokens,
-                                   cost_eur=cost, duration_s=duration_s)
+        return believe.run_facts(self, row, top, last_error, now)
 
     def _backstop(self, light, now, live, rep, batch) -> None:
         from watchdog.daemon.backstop import backstop
 
         backstop(self, light, now, live, rep, batch)
-
-    def _pause_is_known(self, row, now, budgets) -> bool:
-        """The daemon paused this run, or confirms its guard's pause (a pausing budget at its
-        limit by the daemon's own counters): remembered in its state file."""
-        if self.trust.pause_mark(row.id, row.resumes) is not None:
-            return True
-        from watchdog.core.policies import totals
-
-        if self.trust.confirms_pause(row, totals(self._snapshot(row, now), now), budgets):
-            self.trust.mark_pause(row.id, row.resumes, now.timestamp())
-            return True
-        return False
 
     def _read_snapshot(self):
         """One snapshot for the active runs and their new events: a run started between the
