@@ -336,3 +336,57 @@ def test_the_writers_fast_path_never_lowers_what_a_gateway_saw_first():
     for _ in range(5):
         t.add("tool", None, None, False, None, None, None)
     assert t.values[1] == 6 and t.values[2] == 5
+
+
+# -- budgets: runs_may_raise, a sealed resume, owners ------------------------------------------------------
+
+
+def test_a_raise_holds_only_with_runs_may_raise_or_a_sealed_resume(db_url, engine):
+    from watchdog.store.trust_rows import seal_grant
+
+    cfg = config(agents={"bot": {"max_steps": 5}, "lax": {"max_steps": 5, "runs_may_raise": True}})
+    lax = _sql_run(engine, agent="lax", max_steps=50, steps=20)
+    sealed = _sql_run(engine, resumes=1, max_steps=50, steps=20)
+    with engine.begin() as conn:  # an operator's resume, sealed with the daemon's key
+        conn.execute(insert(interventions).values(at=utcnow(), run_id=sealed, action="resumed",
+                                                  reason=lc.MAX_STEPS, outcome="resumed after 3 s paused"))
+        assert seal_grant(conn, sealed, SEALER)
+    claimed = _sql_run(engine, resumes=1, max_steps=50, steps=20)  # resumes written by hand
+    tk = _ticker(engine, cfg, SEALER)
+    now = utcnow()
+    assert tk.tick(now).stops == [(claimed, lc.MAX_STEPS)]
+    with engine.begin() as conn:  # the writer raises the sealed run's budget further: no longer sealed
+        conn.execute(update(runs).where(runs.c.id == sealed).values(max_steps=1_000_000))
+    assert tk.tick(later(now, 1)).stops == [(sealed, lc.MAX_STEPS)]
+    assert run_row(engine, lax).status == lc.RUNNING
+
+
+def test_a_run_whose_owner_may_not_use_its_profile_is_judged_by_defaults_and_alerted_once(db_url, engine):
+    cfg = config(defaults={"max_steps": 12}, agents={"trusted-bot": {"max_steps": 1000, "owners": ["ops-agent"]}})
+    rid = _sql_run(engine, agent="trusted-bot", steps=20)  # no sealed attestation: no provable owner
+    tk = _ticker(engine, cfg, SEALER)
+    now = utcnow()
+    assert tk.tick(now).stops == [(rid, lc.MAX_STEPS)]
+    tk.tick(later(now, 1))
+    owner_alerts = [a for a in alerts_of(engine, rid) if a.dedupe_key == f"owner:{rid}"]
+    assert len(owner_alerts) == 1 and "judged by [defaults]" in owner_alerts[0].title
+
+
+def test_a_gateways_events_for_a_run_count_on_it_once_without_its_row(db_url, engine):
+    """A gateway may not update another owner's row (PostgreSQL): the fold counts its events, and
+    the SDK's copies of the same calls (one call id) count once."""
+    cfg = config(agents={"bot": {"max_tool_calls": 10}})
+    rid = _sql_run(engine, tool_calls=6)
+    now = utcnow()
+    with engine.begin() as conn:
+        rows = [dict(run_id=rid, seq=i + 1, at=now, kind="tool", tool="search", ok=True, args_hash=f"h{i}",
+                     source=None, call_id=f"c{i}") for i in range(6)]  # the SDK's 6, counted on its row
+        rows += [dict(run_id=rid, seq=100 + i, at=now, kind="tool", tool="search", ok=True, args_hash=f"h{i}",
+                      source="mcp", call_id=f"c{i}") for i in range(9)]  # the proxy saw those 6 and 3 more
+        conn.execute(insert(events), rows)
+    tk = _ticker(engine, cfg, SEALER)
+    assert tk.tick(now).stops == []  # 9 calls (not 15): under 10
+    with engine.begin() as conn:
+        conn.execute(insert(events), [dict(run_id=rid, seq=200 + i, at=now, kind="tool", tool="search", ok=True,
+                                           args_hash=f"x{i}", source="mcp", call_id=f"d{i}") for i in range(2)])
+    assert tk.tick(later(now, 1)).stops == [(rid, lc.MAX_TOOL_CALLS)]  # 11 > 10, the row still says 6
