@@ -134,3 +134,55 @@ def test_the_lock_file_is_per_store_private_and_named_without_the_password(tmp_p
         a.release()
     b.acquire()  # released: taken at once
     b.release()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_postgresql_a_session_squatting_the_host_lock_does_not_make_the_daemon_exit(db_url, engine, tmp_path):
+    """Any store session can take an advisory lock: it is no proof of another daemon. The file
+    lock is; the daemon watches, and takes the host lock once the squatter lets go."""
+    from daemon_support import config
+    from watchdog.daemon.killer import Killer
+    from watchdog.daemon.service import Daemon
+    from watchdog.store import leases
+
+    squatter = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        assert leases.try_lock(squatter, leases.host_key("squatted"))
+        daemon = Daemon(engine, config(daemon={"state_dir": str(tmp_path / "state")}), killer=Killer(host="squatted"))
+        daemon.acquire()  # no AlreadyRunning
+        try:
+            assert daemon.membership.lease.held
+            assert daemon.once(utcnow()) is not None  # it ticks
+            leases.unlock(squatter, leases.host_key("squatted"))
+            daemon.membership.lease.refresh()
+            assert daemon.membership.lease._host_locked
+        finally:
+            daemon.release()
+    finally:
+        squatter.close()
+
+
+def test_the_state_file_is_private_survives_a_restart_and_a_corrupt_one_is_rebuilt(tmp_path):
+    from watchdog.store.memory import Memory, state_path
+
+    path = state_path(str(tmp_path), "sqlite:////srv/runs.db", "state")
+    m = Memory(path)
+    m.see([("r1", 100.0)])
+    m.reached("r1", "term", 101.0)
+    m.deliver("stop:r1@t", "target-a")
+    m.close()
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    again = Memory(path)
+    assert again.first == {"r1": 100.0} and again.stages("r1") == {"term": 101.0}
+    assert again.delivered("stop:r1@t", "target-a") and not again.delivered("stop:r1@t", "target-b")
+    again.close()
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.unlink(path + suffix)
+    Path(path).write_bytes(b"not a database" * 100)
+    rebuilt = Memory(path)  # never fatal: set aside and rebuilt empty
+    assert rebuilt.first == {}
+    rebuilt.see([("r2", 5.0)])
+    assert rebuilt.first == {"r2": 5.0}
+    assert [p for p in os.listdir(tmp_path) if ".corrupt-" in p]
+    rebuilt.close()

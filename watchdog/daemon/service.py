@@ -69,7 +69,8 @@ class Daemon:
 
         self.membership = Membership(engine, self.killer.host)
         self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config, sealer=self.sealer),
-                             by=actor(), sealer=self.sealer, membership=self.membership)
+                             by=actor(), sealer=self.sealer, membership=self.membership,
+                             memory=_state_file(config, engine))  # issue 20: the daemon's own memory
         self._published_at = 0.0
         self._published_value: dict | None = None
         self._stop = threading.Event()
@@ -321,6 +322,19 @@ class Daemon:
             self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
             self.stop_attesting()
         return 1 if self.lost_lease else 0
+
+
+def _state_file(config: Config, engine):
+    """The daemon's state file in state_dir (made 0700 if missing); loud when it cannot be."""
+    from watchdog.store.memory import Memory, state_path
+
+    state_dir = config.daemon.state_dir
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        return Memory(state_path(state_dir, engine.url, "state"))
+    except OSError as exc:
+        raise ConfigError(f"[daemon] state_dir = {state_dir!r}: cannot keep the daemon's state file there "
+                          f"({exc.strerror}); the daemon's user must own the directory") from None
 
 
 def check_allowed_users(config: Config) -> None:

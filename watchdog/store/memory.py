@@ -65,17 +65,39 @@ class Memory:
         self._sent = 0
         if path is None:
             self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            self._db.executescript(_SCHEMA)
         else:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
-                os.fchmod(fd, 0o600)  # whatever the umask said
-            finally:
-                os.close(fd)
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=5.0)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+                self._db = self._open(path)
+            except sqlite3.DatabaseError as exc:  # a corrupt file: set aside, rebuilt (never fatal)
+                aside = f"{path}.corrupt-{int(time.time())}"
+                log.warning("the daemon's state file %s is not readable (%s): moved to %s and rebuilt",
+                            path, exc, aside)
+                for suffix in ("", "-wal", "-shm"):
+                    try:
+                        os.replace(path + suffix, aside + suffix)
+                    except FileNotFoundError:
+                        pass
+                self._db = self._open(path)
         self.first: dict[str, float] = dict(self._db.execute("SELECT run_id, at_s FROM first_seen"))
+
+    @staticmethod
+    def _open(path: str):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask said
+        finally:
+            os.close(fd)
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=5.0)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            db.execute("SELECT count(*) FROM first_seen").fetchone()
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
 
     @classmethod
     def for_daemon(cls, state_dir: str | None, url) -> "Memory":
