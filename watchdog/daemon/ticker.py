@@ -96,7 +96,13 @@ class Ticker:
         from watchdog.daemon.trust import Trust
         from watchdog.store.memory import Memory
 
-        self.memory = memory or Memory.for_daemon(getattr(config.daemon, "state_dir", None), engine.url)
+        # The Daemon passes its state file; a bare Ticker (tests, tools) keeps one only in a state_dir
+        # it was given, never in this process's default (the system's, as root).
+        from watchdog.core.config import resolve_paths
+
+        state_dir = getattr(config.daemon, "state_dir", None)
+        self.memory = memory or Memory.for_daemon(state_dir if state_dir != resolve_paths().state_dir else None,
+                                                  engine.url)
         self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
         self._backstopped: set[str] = set()  # quarantined runs stopped or ended by the backstop
 
