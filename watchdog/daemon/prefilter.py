@@ -67,7 +67,7 @@ class PreFilter:
         my_host = host
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
-        i_cost, i_resumes = L["cost_eur"], L["resumes"]
+        i_cost, i_resumes, i_parent = L["cost_eur"], L["resumes"], L["parent_id"]
         per_agent = spend.per_agent if spend is not None else None
         covered = spend.covered if spend is not None else None
         if spend is not None:
@@ -83,7 +83,7 @@ class PreFilter:
                 seen_first = first.get(rid)
                 if seen_first is None:
                     seen_first = now_s
-                    new_seen.append((rid, now_s))
+                    new_seen.append((rid, now_s, r[i_parent]))
             try:
                 # What the comparisons below cannot see by themselves: a NaN or negative counter,
                 # a non-finite or absurd timestamp all compare as "under budget" (fail closed).

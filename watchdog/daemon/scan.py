@@ -33,7 +33,8 @@ ID_OVERLAP = 2000
 IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "resumes")
 # The counters the registry's budgets measure, as the run row holds them ("tokens" is in + out).
 MEASURES = ("steps", "tool_calls", "cost_eur", "tokens")
-LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s")
+# parent_id last: the daemon records the parent a run names when it first sees it (issue 20).
+LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s", "parent_id")
 L = {name: i for i, name in enumerate(LIGHT)}
 OWN_BUDGETS = slice(L[RUN_BUDGET_KEYS[0]], L[RUN_BUDGET_KEYS[-1]] + 1)
 
@@ -163,7 +164,7 @@ class Scanner:
         measures = {"tokens": tokens}
         q = select(*(runs.c[c] for c in (*IDENTITY, *RUN_BUDGET_KEYS)),
                    *(measures.get(m, runs.c[m] if m in runs.c else None) for m in MEASURES),
-                   epoch_s(runs.c.started_at, name), epoch_s(runs.c.last_seen_at, name)
+                   epoch_s(runs.c.started_at, name), epoch_s(runs.c.last_seen_at, name), runs.c.parent_id
                    ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
         if hosts is not None:
             q = q.where(runs.c.host.in_(sorted(hosts)))

@@ -143,7 +143,7 @@ class Ticker:
                 money.learn_labels(conn, spend)
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, due)
-            self.trust.flush({r[L["id"]] for r in light}, conn)  # first sights and parent links (issue 20)
+            self.trust.flush({r[L["id"]] for r in light})  # first sights and parent links (issue 20)
         if money is not None:
             rows = self._money_before(money, light, due, rows, spend, now, rep)
         rep.new_events = len(new)

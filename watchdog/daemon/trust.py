@@ -53,14 +53,14 @@ class Trust:
     def first(self) -> dict[str, float]:
         return self.memory.first
 
-    def flush(self, active: set, conn=None) -> None:
-        """Remember this tick's first sights (and, read in `conn`, the parent each new run names
-        then: the daemon's own record of the link); forget the runs no longer active."""
-        new, self.new_seen = self.new_seen, []
+    def flush(self, active: set) -> None:
+        """Remember this tick's first sights (run id, when, the parent it names then: the daemon's
+        own record of the link); forget the runs no longer active."""
+        seen, self.new_seen = self.new_seen, []
+        new = [(rid, at) for rid, at, _parent in seen]
         try:
-            if new and conn is not None:
-                parents = trust_rows.parents_of(conn, [rid for rid, _ in new])
-                self.memory.mark_many("parent", [(rid, p if isinstance(p, str) else "") for rid, p in parents.items()])
+            parents = [(rid, p) for rid, _at, p in seen if isinstance(p, str) and p]
+            self.memory.mark_many("parent", parents)
             self.memory.see(new)
             if len(self.memory.first) > len(active) + 1000:
                 self.memory.forget([r for r in self.memory.first if r not in active])

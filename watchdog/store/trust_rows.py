@@ -118,11 +118,3 @@ def deny_pause(conn, row, *, now: dt.datetime, by: str, title: str, body: str, s
     return run_row(conn, row.id)
 
 
-def parents_of(conn, run_ids: list[str]) -> dict:
-    """run id -> the parent_id its row names now (first sight: the daemon's record of the link)."""
-    out = {}
-    for i in range(0, len(run_ids), 500):
-        part = run_ids[i : i + 500]
-        out.update({rid: parent for rid, parent in conn.execute(
-            select(runs.c.id, runs.c.parent_id).where(runs.c.id.in_(part)))})
-    return out
