@@ -59,9 +59,7 @@ class Trust:
         seen, self.new_seen = self.new_seen, []
         new = [(rid, at) for rid, at, _parent in seen]
         try:
-            parents = [(rid, p) for rid, _at, p in seen if isinstance(p, str) and p]
-            self.memory.mark_many("parent", parents)
-            self.memory.see(new)
+            self.memory.see(new, [(rid, p) for rid, _at, p in seen if isinstance(p, str) and p])
             if len(self.memory.first) > len(active) + 1000:
                 self.memory.forget([r for r in self.memory.first if r not in active])
         except Exception:  # noqa: BLE001 — kept in this process's memory; written again next tick

@@ -116,14 +116,17 @@ class Memory:
 
     # -- first sight -----------------------------------------------------------------
 
-    def see(self, new: Iterable[tuple[str, float]]) -> None:
-        """Remember the first sight of runs not seen before (kept first: INSERT OR IGNORE)."""
+    def see(self, new: Iterable[tuple[str, float]], parents: Iterable[tuple[str, str]] = ()) -> None:
+        """Remember the first sight of runs not seen before (kept first: INSERT OR IGNORE) and
+        the parents they named then, in one transaction."""
         rows = [(rid, at) for rid, at in new if rid not in self.first]
-        if not rows:
+        links = [("parent", rid, p) for rid, p in parents]
+        if not rows and not links:
             return
         with self._lock:
             self._db.execute("BEGIN")
             self._db.executemany("INSERT OR IGNORE INTO first_seen VALUES (?, ?)", rows)
+            self._db.executemany("INSERT OR REPLACE INTO marks VALUES (?, ?, ?)", links)
             self._db.execute("COMMIT")
         for rid, at in rows:
             self.first.setdefault(rid, at)
