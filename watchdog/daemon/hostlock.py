@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 
 from watchdog.errors import ConfigError, StoreError
 from watchdog.store.memory import state_path
+
+
+PID_WAIT_S = 2.0  # how long a refused daemon waits for the holder to write its pid into the lock file
 
 
 class HostLockHeld(StoreError):
@@ -53,7 +57,12 @@ class HostLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            # The holder writes its pid right after locking: give it a moment to (message only).
+            deadline = time.monotonic() + PID_WAIT_S
             pid = _read_pid(fd)
+            while pid is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                pid = _read_pid(fd)
             os.close(fd)
             raise HostLockHeld(self.path, pid) from None
         except BaseException:
