@@ -122,7 +122,11 @@ def bench_config(tick_s: float):
     budgets = Budgets(max_wall_s=7 * 86400.0, max_steps=100_000, max_tool_calls=100_000, max_cost_eur=1000.0,
                       max_identical_calls=1000, heartbeat_timeout_s=3600.0, max_tool_calls_per_min=10_000,
                       max_cost_eur_per_day=1e9, max_cost_eur_per_month=1e9)
-    return Config(daemon=DaemonConfig(tick_s=tick_s), defaults=budgets, agents={AGENT: budgets},
+    import tempfile
+
+    # The daemon's state file (issue 20) in a directory of the benchmark's own, never the system's.
+    state_dir = tempfile.mkdtemp(prefix="aw-bench-state-")
+    return Config(daemon=DaemonConfig(tick_s=tick_s, state_dir=state_dir), defaults=budgets, agents={AGENT: budgets},
                   budgets=(LabelBudget({"tenant": "bench"}, max_cost_eur_per_day=1e9, max_cost_eur_per_month=1e9),))
 
 

@@ -35,6 +35,8 @@ def config(**sections):
         folder = short_dir()
         daemon.setdefault("key_file", str(folder / "attest.key"))
         daemon.setdefault("socket", str(folder / "attest.sock"))
+    # The daemon's own files (lease lock, state file) next to its key: never the system's.
+    daemon.setdefault("state_dir", os.path.dirname(daemon["key_file"]))
     # The model the test runs record: priced (at nothing), so that the daemon's "model has no
     # price" alert does not join the alerts a test counts. tests/test_money.py tests that alert.
     raw.setdefault("prices", {"gpt-x": {"input_eur_per_mtok": 0.0, "output_eur_per_mtok": 0.0}})
@@ -76,7 +78,7 @@ def daemon_toml(**keys) -> str:
 
     folder = short_dir()
     values = {"allowed_users": [ME], "key_file": str(folder / "attest.key"), "socket": str(folder / "attest.sock"),
-              **keys}
+              "state_dir": str(folder), **keys}
     return "[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
 
 

@@ -417,7 +417,8 @@ def _toml(path: Path, db_url: str, alert_urls=(), tick_s=0.2) -> Path:
     path.write_text(
         f'[store]\nurl = "{db_url}"\n\n'
         f"[daemon]\ntick_s = {tick_s}\ncancel_grace_s = 0.5\nterm_grace_s = 0.5\nalert_retry_s = 1\n"
-        f'allowed_users = ["{ME}"]\nkey_file = "{folder / "attest.key"}"\nsocket = "{SOCKET_OF[path]}"\n\n'
+        f'allowed_users = ["{ME}"]\nkey_file = "{folder / "attest.key"}"\nsocket = "{SOCKET_OF[path]}"\n'
+        f'state_dir = "{folder}"\n\n'
         f"[alerts]\nurls = [{urls}]\n")
     return path
 

@@ -72,9 +72,10 @@ def _release_leases():
 # -- one daemon per host, even when started together --------------------------------------------
 
 
-def _contender(url, host, barrier, results, release):
+def _contender(url, host, barrier, results, release, state_dir):
     engine = make_engine(url)
-    daemon = Daemon(engine, config(), killer=Killer(host=host))
+    # One host: one state directory, whose lock file (watchdog.daemon.hostlock) decides.
+    daemon = Daemon(engine, config(daemon={"state_dir": state_dir}), killer=Killer(host=host))
     barrier.wait(timeout=60)
     try:
         daemon.acquire()
@@ -90,12 +91,13 @@ def _contender(url, host, barrier, results, release):
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_daemons_started_at_once_on_one_host_exactly_one_takes_the_lease(db_url, engine, round_):
+def test_daemons_started_at_once_on_one_host_exactly_one_takes_the_lease(db_url, engine, round_, tmp_path):
     ctx = mp.get_context("fork")
     n = 4
     barrier, results, release = ctx.Barrier(n), ctx.Queue(), ctx.Event()
     host = f"race-{round_}"
-    procs = [ctx.Process(target=_contender, args=(db_url, host, barrier, results, release)) for _ in range(n)]
+    procs = [ctx.Process(target=_contender, args=(db_url, host, barrier, results, release, str(tmp_path)))
+             for _ in range(n)]
     for p in procs:
         p.start()
     try:
@@ -155,6 +157,9 @@ def _kill_session(engine, lease) -> None:
 # -- one leader per store ---------------------------------------------------------------------
 
 
+# SQLite is one host: the daemon holding the store's lock file there is its sole daemon and
+# leader (issue 20: no row decides it); several hosts and their leader are PostgreSQL's.
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_exactly_one_leader_and_the_next_takes_over_when_it_goes(db_url, engine):
     hosts = ["ha", "hb", "hc"]
     held = {h: _lease(engine, h) for h in hosts}
@@ -188,15 +193,19 @@ def test_postgresql_a_leader_whose_session_died_is_replaced_and_steps_down(db_ur
     b.release()
 
 
-def test_a_daemon_whose_lease_was_taken_stops(sqlite_url):
+def test_a_daemons_row_rewritten_by_a_store_writer_is_written_again_never_obeyed(sqlite_url):
+    """The lease is the daemon's lock file (issue 20): a row pointing at another process only
+    gets written again; the daemon goes on leading (tests/test_lease_flock.py: the real daemon)."""
     engine = make_engine(sqlite_url)
     try:
-        lease = SqliteLease(engine, "h1", tick_s=1.0, alive=lambda holder: True)
+        lease = SqliteLease(engine, "h1", tick_s=1.0)
         lease.acquire()
-        with engine.begin() as conn:  # another daemon took the row (it judged us dead)
+        with engine.begin() as conn:  # a store writer points the row at a process of its own
             conn.execute(update(daemons).values(pid=1, pid_create_time=1.0))
-        with pytest.raises(LeaseLost, match="now held by pid 1"):
-            lease.touch(utcnow(), None)
+        lease.touch(utcnow(), None)
+        assert lease.refresh() is True
+        with engine.connect() as conn:
+            assert leases.holder(conn, "h1").pid == os.getpid()
     finally:
         engine.dispose()
 
@@ -204,6 +213,9 @@ def test_a_daemon_whose_lease_was_taken_stops(sqlite_url):
 # -- each host judges its own runs; the leader adopts hosts without a daemon ------------------
 
 
+# SQLite is one host: the daemon holding the store's lock file there is its sole daemon and
+# leader (issue 20: no row decides it); several hosts and their leader are PostgreSQL's.
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_follower_judges_only_its_own_hosts_runs_and_reads_only_their_events(db_url, engine):
     la, lb = _lease(engine, "ha"), _lease(engine, "hb")
     ta, tb = _ticker(engine, "ha", la), _ticker(engine, "hb", lb)
@@ -272,6 +284,9 @@ def test_a_host_that_never_had_a_daemon_is_adopted_and_a_returning_daemon_takes_
     l9.release()
 
 
+# SQLite is one host: the daemon holding the store's lock file there is its sole daemon and
+# leader (issue 20: no row decides it); several hosts and their leader are PostgreSQL's.
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_follower_never_adopts(db_url, engine):
     l1, l3 = _lease(engine, "h1"), _lease(engine, "h3")
     assert l1.refresh() and not l3.refresh()

@@ -42,5 +42,13 @@ def resume_cmd(app, run_id, add_steps, add_tool_calls, add_eur, add_s):
                              run_facts=facts(row, top, None, now))
         except ValueError as exc:
             raise StoreError(str(exc)) from None
+        # issue 20: sealed with the daemon's key (root or its user), the raise may pass the
+        # profile; anyone else's resume is a row the daemon clamps to the profile.
+        from watchdog.cli.daemon_cmds import _operator_sealer
+        from watchdog.store.trust_rows import seal_grant
+
+        sealer = _operator_sealer(app)
+        if sealer is not None:
+            seal_grant(conn, rid, sealer)
     click.echo(f"resumed {row.agent} run {rid[:8]} ({row.stop_reason}): {granted}; "
                "it goes on at its next status read (within a second)")

@@ -162,5 +162,17 @@ def resume_alert(f: RunFacts, prof, reason: str | None, granted: str, by: str) -
     return title, body(f, prof, [f"resumed by {by}: {granted}"])
 
 
+def measured_detail(reason: str, f: RunFacts, prof) -> str:
+    """The one line a pause or a timed-out pause says, from the daemon's numbers: never the
+    row's stop_detail, which any writer of the row chose (issue 20)."""
+    budget = BY_REASON.get(reason)
+    if budget is None:
+        return "paused without a budget that pauses"
+    value = {"steps": f.steps, "tool_calls": f.tool_calls, "cost_eur": f.cost_eur, "tokens": f.tokens,
+             "age_s": f.duration_s}.get(budget.measure, 0)
+    limit = getattr(prof, budget.key, None)
+    return budget.detail(value or 0, limit) if limit is not None else budget.key
+
+
 def timeout_plan(prof, plan: str) -> str:
     return f"nobody answered within approval_timeout_s {_num(prof.approval_timeout_s)} s of the pause; {plan}"

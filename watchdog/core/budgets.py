@@ -133,7 +133,7 @@ class Setting:
 
     key: str
     default: Any
-    kind: str  # "choice" | "bool" | "seconds>=0" | "seconds>0" | "eur>=0" | "fraction" | "on_breach"
+    kind: str  # "choice" | "bool" | "names" | "seconds>=0" | "seconds>0" | "eur>=0" | "fraction" | "on_breach"
     choices: tuple[str, ...] = ()
 
     def validate(self, value: Any) -> Any:
@@ -148,6 +148,11 @@ class Setting:
             return value
         if self.kind == "on_breach":
             return _on_breach(value)
+        if self.kind == "names":
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, str) and v for v in value):
+                raise ValueError(f"expected a list of names, got {value!r}")
+            return tuple(value)
         if self.kind == "bool":
             if not isinstance(value, bool):
                 raise ValueError(f"expected true or false, got {value!r}")
@@ -184,6 +189,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("on_rate", "alert", "choice", ON_RATE_CHOICES),
     Setting("dedupe_window_s", 0.0, "seconds>=0"),  # 0 = the whole run
     Setting("runs_may_raise", False, "bool"),
+    # Who may run under this profile (PostgreSQL login roles, Unix users of attested runs);
+    # empty = anyone. A run whose owner it does not name is judged by [defaults] (issue 20).
+    Setting("owners", (), "names"),
     # Period budgets: shared by every run of the agent over a calendar day / month in
     # [pricing] budget_tz (watchdog.core.periods judges them; 0 = no budget for that period).
     Setting("max_cost_eur_per_day", 50.0, "eur>=0"),

@@ -117,6 +117,20 @@ class Sealer:
             return False
 
 
+    # -- a resume that raised budgets (issue 20) --------------------------------------------
+
+    def grant(self, run_id: str, resumes: int, budgets: Iterable) -> str:
+        """An operator's `resume`: the run's `resumes`-th, and the budget columns it left (None
+        spelled "-"). Only a resume sealed so lets a run's budgets stand above its profile."""
+        return self._mac("grant/1", run_id, int(resumes), *("-" if b is None else float(b) for b in budgets))
+
+    def grant_ok(self, mac, run_id, resumes, budgets) -> bool:
+        try:
+            return self._ok(self.grant(run_id, resumes, list(budgets)), mac)
+        except (TypeError, ValueError):
+            return False
+
+
 def _instant(t) -> str:
     """One text per instant, whatever the database gives back (aware UTC, microseconds)."""
     import datetime as dt

@@ -19,21 +19,26 @@ from watchdog.store.approvals import acknowledge, acknowledge_resume, pause_key,
 log = logging.getLogger("watchdog.tick")
 
 
-def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep) -> tuple[str, object, bool]:
+def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep, stop_only: bool = False
+                  ) -> tuple[str, object, bool]:
     """Pause or stop a running run over budget (one transaction, the caller's):
-    ("pause" | "stop", the verdict acted on, whether this tick did it)."""
+    ("pause" | "stop", the verdict acted on, whether this tick did it). `stop_only`: a run
+    that paused itself without the daemon's confirmation (it cannot be paused again: stopped)."""
     action, v = ap.decide(verdicts, budgets)
+    if stop_only:
+        action = "stop"
     if action == "pause":
         done = request_pause(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
                              run_facts=facts, sealer=tk.sealer)
         if done:
             rep.pauses.append((row.id, v.reason))
             tk._pause_seen.add(pause_key(row, now))
+            tk.trust.mark_pause(row.id, row.resumes, now.timestamp())  # the daemon's own pause (issue 20)
             log.warning("paused: %s run %s — %s (%s); waiting for resume or kill", row.agent, row.id[:8],
                         v.reason, v.detail)
         return action, v, done
     done = request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                        run_facts=facts, sealer=tk.sealer)
+                        run_facts=facts, sealer=tk.sealer, own_parent=tk.trust.parent_ok)
     if done:
         rep.stops.append((row.id, v.reason))
         log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
@@ -55,32 +60,40 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
         with batch.run() as conn:  # paused by the run's own guard: say so once
             acknowledge(conn, row, now=now, by=tk.by, budgets=budgets, run_facts=facts, sealer=tk.sealer)
         tk._pause_seen.add(key)
-    stops = ap.stops_while_paused(evaluate(tk.scanner.snapshot(row, now), budgets, now, skip_clock=tk._skip_clock))
+    stops = ap.stops_while_paused(evaluate(tk._snapshot(row, now), budgets, now, skip_clock=tk._skip_clock))
     if stops:
         v = stops[0]
         tk._decided.add(row.id)  # this daemon's own decision: it may signal for it
         with batch.run() as conn:
             if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
-                            run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer):
+                            run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer,
+                            own_parent=tk.trust.parent_ok):
                 rep.stops.append((row.id, v.reason))
         return
-    waited_s = (now - row.paused_at).total_seconds() if row.paused_at is not None else None
+    # Waited since the daemon paused it or confirmed the pause (its state file), never since a
+    # paused_at its writer could set ahead (issue 20).
+    since_s = tk.trust.pause_mark(row.id, row.resumes)
+    waited_s = (now.timestamp() - since_s) if since_s is not None else (
+        (now - row.paused_at).total_seconds() if row.paused_at is not None else None)
     if row.paused_at is None or row.stop_reason not in ap.BY_REASON or waited_s >= budgets.approval_timeout_s:
         # No answer in time (or a paused row nobody could answer: no pause time, no pausable reason).
         reason = row.stop_reason if row.stop_reason in ap.BY_REASON else "manual"
-        detail = row.stop_detail or "paused without a reason"
+        detail = ap.measured_detail(reason, facts, budgets)  # never the row's stop_detail (issue 20)
         why = (ap.timeout_plan(budgets, "stopped with the reason it paused for") if waited_s is not None
                else "paused without a pause time or reason")
         tk._decided.add(row.id)
         with batch.run() as conn:
             if request_stop(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
-                            run_facts=facts, why=why, sealer=tk.sealer):
+                            run_facts=facts, why=why, sealer=tk.sealer, own_parent=tk.trust.parent_ok):
                 rep.stops.append((row.id, reason))
                 log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
 
 
 def announce_resume(tk, row, *, budgets, facts, now, batch) -> None:
     """A run a human resumed (`agent-watchdog resume`, which queues no alert): say so, once."""
+    from watchdog.store.trust_rows import grant_ok
+
     with batch.run() as conn:
-        acknowledge_resume(conn, row, now=now, budgets=budgets, run_facts=facts, sealer=tk.sealer)
+        acknowledge_resume(conn, row, now=now, budgets=budgets, run_facts=facts, sealer=tk.sealer,
+                           sealed=grant_ok(conn, row, tk.sealer))
     tk._resume_seen.add((row.id, row.resumes))

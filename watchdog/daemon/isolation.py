@@ -103,6 +103,8 @@ def event_defect(e) -> str | None:
     carry a timestamp the rate window can compare."""
     if not isinstance(e.run_id, str):
         return "its run_id is not text"
+    if getattr(e, "kind", "tool") != "tool":  # a step (issue 20's fold): only its run and time matter
+        return None if isinstance(e.at, dt.datetime) else "its timestamp `at` is missing"
     if not isinstance(e.tool, str) or not e.tool:
         return "its tool is missing (NULL or empty)"
     if not isinstance(e.at, dt.datetime):

@@ -45,11 +45,12 @@ def lease_s_for(tick_s: float) -> float:
 class AlreadyRunning(StoreError):
     """Another live daemon holds this host's lease: this one must not run (and exits 0)."""
 
-    def __init__(self, host: str, holder: Holder | None):
+    def __init__(self, host: str, holder: Holder | None, pid: int | None = None):
         self.host = host
         self.holder = holder
+        self.pid = pid if pid is not None else (holder.pid if holder is not None else None)
         if holder is None:
-            who = "another agent-watchdog daemon"
+            who = f"another agent-watchdog daemon (pid {pid})" if pid else "another agent-watchdog daemon"
         else:
             who = (f"another agent-watchdog daemon (pid {holder.pid}, started "
                    f"{holder.started_at:%Y-%m-%d %H:%M:%S} UTC)")
@@ -101,25 +102,18 @@ def lease_for(engine, host: str, *, tick_s: float, alive=None) -> Lease:
 
 
 class SqliteLease(Lease):
-    """The row, read and written in one BEGIN IMMEDIATE transaction (SQLite: one writer)."""
+    """SQLite: one host, one daemon, and the flock (watchdog.daemon.hostlock) already proves it
+    is this one. The row is written for the others to read (the CLI); a row someone else wrote
+    (any store writer can) is written again, never obeyed: this daemon stays the leader."""
 
     def acquire(self) -> None:
         with self.engine.begin() as conn:
-            row = sql.holder(conn, self.host)
-            if row is not None and (row.pid, row.pid_create_time) != (self.pid, self.create_time):
-                if self._alive is not None and self._alive(row):
-                    raise AlreadyRunning(self.host, row)
             sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
         self.held = True
 
     def refresh(self) -> bool:
-        if not self.leader:
-            with self.engine.begin() as conn:  # write-locked: two daemons never both decide to lead
-                if sql.other_live_leader(conn, self.host) is None:
-                    if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True):
-                        raise LeaseLost(self._lost_message(conn))
-                    self.leader = True
-        return self.leader
+        self.leader = True
+        return True
 
     def touch(self, now, last_event_id) -> None:
         from sqlalchemy import and_, update
@@ -127,8 +121,13 @@ class SqliteLease(Lease):
         from watchdog.store.schema import daemons
 
         with self.engine.begin() as conn:
-            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=self.leader):
-                raise LeaseLost(self._lost_message(conn))
+            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True):
+                row = sql.holder(conn, self.host)
+                log.warning("the daemons row of %s was rewritten by a store writer (it named %s): written again; "
+                            "the lease is this daemon's lock file, not the row", self.host,
+                            f"pid {row.pid}" if row is not None else "nobody")
+                sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
+                sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True)
             conn.execute(update(daemons).where(and_(daemons.c.host == self.host, daemons.c.pid == self.pid))
                          .values(last_tick_at=now, last_event_id=last_event_id))
 
@@ -139,12 +138,6 @@ class SqliteLease(Lease):
             sql.release(conn, host=self.host, pid=self.pid)
         self.held = self.leader = False
 
-    def _lost_message(self, conn) -> str:
-        row = sql.holder(conn, self.host)
-        who = f"pid {row.pid}" if row is not None else "nobody"
-        self.held = self.leader = False
-        return f"this daemon's lease on {self.host} is now held by {who}: stopping"
-
 
 class PgLease(Lease):
     """Advisory locks on a connection of our own, in autocommit (never an open transaction)."""
@@ -152,6 +145,7 @@ class PgLease(Lease):
     def __init__(self, engine, host: str, *, tick_s: float):
         super().__init__(engine, host, tick_s=tick_s)
         self._conn = None
+        self._host_locked = False
         self._key = sql.host_key(host)
 
     def _connect(self):
@@ -172,8 +166,16 @@ class PgLease(Lease):
     def acquire(self) -> None:
         conn = self._connect()
         try:
-            if not sql.try_lock(conn, self._key):
-                raise AlreadyRunning(self.host, self._wait_for_holder(conn))
+            self._host_locked = sql.try_lock(conn, self._key)
+            if not self._host_locked:
+                # The flock says no daemon of this host watches this store: the session holding
+                # the host lock is a daemon of another machine with our host name, or a store
+                # session squatting it. Neither makes this daemon exit; it says so and retries.
+                row = self._wait_for_holder(conn)
+                log.error("the store's host lock for %s is held by another session (%s) although this daemon "
+                          "holds the host's lock file: a second machine named %s, or a store writer squatting "
+                          "it; watching anyway, and retrying the lock every tick", self.host,
+                          f"pid {row.pid}" if row is not None else "no daemons row", self.host)
             sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
         except BaseException:
             _end_session(conn)  # frees whatever it took
@@ -196,14 +198,12 @@ class PgLease(Lease):
         try:
             if self._conn is None:  # the session was lost (a database blip): take the locks again
                 conn = self._connect()
-                if not sql.try_lock(conn, self._key):
-                    row = sql.holder(conn, self.host)
-                    _end_session(conn)
-                    self.held = False
-                    raise LeaseLost(f"this daemon's lease on {self.host} is now held by "
-                                    f"{'pid %d' % row.pid if row else 'another daemon'}: stopping")
+                self._host_locked = sql.try_lock(conn, self._key)
                 self._conn = conn
-                log.info("lease on %s taken again after the store came back", self.host)
+                log.info("store session for %s open again after the store came back%s", self.host,
+                         "" if self._host_locked else " (its host lock is held by another session)")
+            elif not self._host_locked:
+                self._host_locked = sql.try_lock(self._conn, self._key)
             if self.leader:
                 self._conn.exec_driver_sql("SELECT 1")  # our session lives: its locks are ours
             else:

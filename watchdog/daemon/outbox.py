@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from sqlalchemy import update
 
 from watchdog.core.alert_text import alert_body, alert_title
+from watchdog.daemon import delivered
 from watchdog.daemon.notify import Notifier
 from watchdog.store import outbox_rows as rows
 from watchdog.store.actions import enqueue_alert
@@ -61,6 +62,7 @@ class _Due:
     key: str
     attempts: int
     done: set
+    created_at: object = None  # with the key: the alert in the daemon's delivery record
 
 
 def backoff_s(attempts: int, first_s: float) -> float:
@@ -69,7 +71,7 @@ def backoff_s(attempts: int, first_s: float) -> float:
 
 def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s: float = 30.0,
                 expire_s: float = 86400.0, budget_s: float = 5.0, on_result=None, on_dead=None,
-                batch: int = BATCH, _rounds: int = 100) -> DeliveryReport:
+                batch: int = BATCH, _rounds: int = 100, memory=None) -> DeliveryReport:
     """Deliver every alert this daemon sealed that is due, within `budget_s` seconds; never
     raises for a target that is down or a row that is bad (a store that is down raises)."""
     deadline = time.monotonic() + budget_s
@@ -99,8 +101,8 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
                     title, body = alert_title(row.title), alert_body(row.body)
                     if row.attempts == 0:  # the log is the alert channel of last resort (and the demo's)
                         log.info("ALERT %s\n%s", title, body)
-                    done = set(row.delivered_targets or [])
-                    due.append(_Due(alert_id, row.dedupe_key, row.attempts, done))
+                    done = set(row.delivered_targets or []) | delivered.already(memory, row, notifier.targets)
+                    due.append(_Due(alert_id, row.dedupe_key, row.attempts, done, row.created_at))
                     for target in notifier.targets:
                         if target.id not in done:
                             work[target].append((alert_id, title, body))
@@ -112,7 +114,7 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
         results = notifier.deliver(work, deadline) if any(work.values()) else {}
         for a in due:
             try:
-                _record(engine, token, notifier, a, results, now, retry_s, report, on_result)
+                _record(engine, token, notifier, a, results, now, retry_s, report, on_result, memory)
             except Exception as exc:  # noqa: BLE001
                 _unusable(engine, token, a.id, now, exc, report, on_dead)
     finally:
@@ -128,7 +130,7 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
     if _rounds > 1 and (refused or len(ids) >= batch) and (left_s > 0 or (refused and _rounds == 100)):
         more = deliver_due(engine, notifier, now, sealer=sealer, retry_s=retry_s, expire_s=expire_s,
                            budget_s=max(1.0, left_s), on_result=on_result, on_dead=on_dead,
-                           batch=batch, _rounds=_rounds - 1)
+                           batch=batch, _rounds=_rounds - 1, memory=memory)
         report.delivered += more.delivered
         report.failed += more.failed
         report.refused += more.refused
@@ -136,7 +138,7 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
     return report
 
 
-def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_result) -> None:
+def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_result, memory=None) -> None:
     errors = []
     for target in notifier.targets:
         r = results.get((a.id, target.id))
@@ -144,6 +146,7 @@ def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_
             continue
         if r.ok:
             a.done.add(target.id)
+            delivered.sent(memory, a.key, a.created_at, target.id)  # the daemon's own record (issue 20)
         else:
             errors.append(f"{target.privacy_url}: {r.error}")
             log.warning("alert %s to %s failed: %s", a.key, target.privacy_url, r.error)

@@ -28,24 +28,26 @@ class PreFilter:
         self.config = config
         self._budget_memo: dict[tuple, tuple] = {}
 
-    def limits_of(self, r) -> tuple:
+    def limits_of(self, r, raised: bool = False, defaults: bool = False) -> tuple:
         """(budgets, [(light index, limit) of each counter budget], age limit, silence limit,
-        identical-calls limit, rate limit), memoised per (agent, own budgets)."""
-        key = (r[L["agent"]], bool(r[L["resumes"]]), *r[OWN_BUDGETS])
+        identical-calls limit, rate limit), memoised per (agent, own budgets). `raised`: a sealed
+        operator resume raised them (the row's `resumes` alone is a claim, issue 20)."""
+        key = (None if defaults else r[L["agent"]], bool(raised), *r[OWN_BUDGETS])
         memo = self._budget_memo.get(key)
         if memo is None:
-            b = effective(self.config.profile(key[0]), dict(zip(RUN_BUDGET_KEYS, key[2:])), raised=key[1])
+            prof = self.config.defaults if defaults else self.config.profile(key[0])
+            b = effective(prof, dict(zip(RUN_BUDGET_KEYS, key[2:])), raised=key[1])
             counters = [(L[x.measure], getattr(b, x.key)) for x in BUDGETS if x.measure in MEASURES]
             limit = {x.measure: getattr(b, x.key) for x in BUDGETS}
             memo = (b, counters, limit["age_s"] - SLACK_S, limit["silent_s"] - SLACK_S, limit["identical_calls"],
-                    limit["calls_last_min"])
+                    limit["calls_last_min"], bool(getattr(prof, "owners", ())))
             if len(self._budget_memo) > 10_000:
                 self._budget_memo.clear()
             self._budget_memo[key] = memo
         return memo
 
     def due(self, light, now, live, spend=None, *, stats, host: str, judged, resume_seen, skip_clock: bool,
-            defects: list) -> list[str]:
+            defects: list, evidence=None, first=None, new_seen=None, raised=None, owner_ok=None) -> list[str]:
         """Ids of the runs `_one` might act on: a superset of them, never fewer.
 
         A healthy running run is skipped without building a row, a snapshot or facts:
@@ -53,6 +55,11 @@ class PreFilter:
         and `_gone`'s conditions. The policies still decide, on the whole row.
         `spend` (watchdog.daemon.money.LiveSpend): this same pass over every active run sums
         their live cost per agent and label budget, for the period budgets.
+        issue 20: `evidence` (run id -> the daemon's own counters, watchdog.daemon.evidence) and
+        `first` (run id -> first sight, epoch s; runs seen now are appended to `new_seen`): a run
+        is judged by the larger counters and its age from its first sight at the latest.
+        `raised`: (run id, resumes, own budgets) -> a sealed operator resume raised its budgets;
+        `owner_ok`: run id -> its owner may use its profile (None: not checked yet: due).
         """
         now_s = now.timestamp()
         horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
@@ -60,7 +67,7 @@ class PreFilter:
         my_host = host
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
-        i_cost, i_resumes = L["cost_eur"], L["resumes"]
+        i_cost, i_resumes, i_parent = L["cost_eur"], L["resumes"], L["parent_id"]
         per_agent = spend.per_agent if spend is not None else None
         covered = spend.covered if spend is not None else None
         if spend is not None:
@@ -68,8 +75,15 @@ class PreFilter:
             labelled, new = spend.labelled, spend.new
         i_steps, i_calls, i_tokens = L["steps"], L["tool_calls"], L["tokens"]
         due = []
+        tallies = evidence if evidence is not None else {}
         for r in light:
             rid = r[i_id]
+            seen_first = None
+            if first is not None and rid.__class__ is str:
+                seen_first = first.get(rid)
+                if seen_first is None:
+                    seen_first = now_s
+                    new_seen.append((rid, now_s, r[i_parent]))
             try:
                 # What the comparisons below cannot see by themselves: a NaN or negative counter,
                 # a non-finite or absurd timestamp all compare as "under budget" (fail closed).
@@ -80,6 +94,11 @@ class PreFilter:
                         and -FUTURE_S < age_s < MAX_AGE_S and -FUTURE_S < silent_s < MAX_AGE_S
                         and rid.__class__ is str and "\ufffd" not in r[i_agent]):  # see store.engine
                     raise ValueError("malformed")
+                if seen_first is not None and now_s - seen_first > age_s:
+                    age_s = now_s - seen_first  # the wall clock runs from first sight at the latest
+                tally = tallies.get(rid)
+                if tally is not None and tally.values[4] > cost:
+                    cost = tally.values[4]  # the period budgets count what its events show it spent
                 if per_agent is not None:
                     per_agent[r[i_agent]] += cost
                     if covered is not None:
@@ -94,7 +113,23 @@ class PreFilter:
                 if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in resume_seen):
                     due.append(rid)  # not running, or resumed and its resume not alerted yet
                     continue
-                _b, counters, age_limit, silence_limit, identical_limit, rate_limit = self.limits_of(r)
+                if tally is not None:
+                    v = tally.values
+                    # (cost: a float summed in another order may differ in its last digits)
+                    if (v[0] > r[i_steps] or v[1] > r[i_calls] or v[3] > r[i_tokens]
+                            or v[4] > r[i_cost] * (1 + 1e-9) + 1e-9):
+                        due.append(rid)  # its row shows less than its events: judged whole, by the larger
+                        continue
+                up = raised(rid, r[i_resumes], r[OWN_BUDGETS]) if (raised is not None and r[i_resumes]) else False
+                _b, counters, age_limit, silence_limit, identical_limit, rate_limit, bound = self.limits_of(r, up)
+                if bound and owner_ok is not None:  # a profile with `owners`: checked on the whole row once
+                    ok = owner_ok(rid)
+                    if ok is None:
+                        due.append(rid)
+                        continue
+                    if not ok:
+                        _b, counters, age_limit, silence_limit, identical_limit, rate_limit, _ = self.limits_of(
+                            r, up, defaults=True)
                 over = not skip_clock and (age_s > age_limit or silent_s > silence_limit)
                 for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
                     if over or r[i] > limit:

@@ -16,6 +16,7 @@ from sqlalchemy import Float, String, and_, case, cast, extract, func, literal, 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.policies import RunSnapshot
+from watchdog.daemon.evidence import Evidence, merged
 from watchdog.daemon.isolation import CHUNK, Defect, event_defect, read_isolated
 from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import ISO_GLOB, events, runs
@@ -32,7 +33,8 @@ ID_OVERLAP = 2000
 IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "resumes")
 # The counters the registry's budgets measure, as the run row holds them ("tokens" is in + out).
 MEASURES = ("steps", "tool_calls", "cost_eur", "tokens")
-LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s")
+# parent_id last: the daemon records the parent a run names when it first sees it (issue 20).
+LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s", "parent_id")
 L = {name: i for i, name in enumerate(LIGHT)}
 OWN_BUDGETS = slice(L[RUN_BUDGET_KEYS[0]], L[RUN_BUDGET_KEYS[-1]] + 1)
 
@@ -106,7 +108,7 @@ def _on_hosts(q, hosts):
     return q.join_from(events, runs, runs.c.id == events.c.run_id).where(runs.c.host.in_(sorted(hosts)))
 
 
-@dataclass
+@dataclass(slots=True)
 class NewEvent:
     id: int
     run_id: str
@@ -116,10 +118,20 @@ class NewEvent:
     ok: bool | None
     error_msg: str | None
     attempt: int | None = None
+    # issue 20: what the evidence fold counts (watchdog.daemon.evidence)
+    kind: str = lc.EV_TOOL
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost_eur: float | None = None
+    source: str | None = None
+    call_id: str | None = None
 
 
 EVENT_COLS = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
-              events.c.error_msg, events.c.attempt)
+              events.c.error_msg, events.c.attempt, events.c.kind, events.c.tokens_in, events.c.tokens_out,
+              events.c.cost_eur, events.c.source, events.c.call_id)
+# The events the fold reads: tool calls (stats, circuits) and steps (the evidence counters).
+FOLDED = (lc.EV_TOOL, lc.EV_STEP)
 
 
 class Scanner:
@@ -132,6 +144,7 @@ class Scanner:
         self.all_recent: deque = deque()  # (at, tool) over all runs: many runs hammering one tool
         self.defects: list[Defect] = []  # what could not be read since the tick last took them
         self._bad_runs: dict[str, str] = {}  # run id -> why its whole row did not read (read_isolated)
+        self.evidence = Evidence()  # the daemon's own counters per active run (issue 20)
 
     def tool_rates(self, now: dt.datetime) -> Counter:
         """Tool calls per tool over all runs in the last minute."""
@@ -151,7 +164,7 @@ class Scanner:
         measures = {"tokens": tokens}
         q = select(*(runs.c[c] for c in (*IDENTITY, *RUN_BUDGET_KEYS)),
                    *(measures.get(m, runs.c[m] if m in runs.c else None) for m in MEASURES),
-                   epoch_s(runs.c.started_at, name), epoch_s(runs.c.last_seen_at, name)
+                   epoch_s(runs.c.started_at, name), epoch_s(runs.c.last_seen_at, name), runs.c.parent_id
                    ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
         if hosts is not None:
             q = q.where(runs.c.host.in_(sorted(hosts)))
@@ -206,7 +219,7 @@ class Scanner:
             for i in range(0, len(active_ids), CHUNK):
                 part = active_ids[i : i + CHUNK]
                 new.extend(self._events(conn, lambda cols, part=part: select(*cols).where(and_(
-                    events.c.run_id.in_(part), events.c.kind == lc.EV_TOOL))))
+                    events.c.run_id.in_(part), events.c.kind.in_(FOLDED)))))
             self.high_water = top or 0
             overlap = select(events.c.id).where(events.c.id > self.high_water - ID_OVERLAP)
             self._seen = {r[0] for r in conn.execute(overlap)}
@@ -216,7 +229,7 @@ class Scanner:
             low = max(0, self.high_water - ID_OVERLAP)
             seen = self._seen
             ids = conn.execute(_on_hosts(select(events.c.id).where(and_(
-                events.c.id > low, events.c.id <= self.high_water, events.c.kind == lc.EV_TOOL)), hosts)
+                events.c.id > low, events.c.id <= self.high_water, events.c.kind.in_(FOLDED))), hosts)
             ).scalars().all()
             late = [i for i in ids if i not in seen]
             fresh = []
@@ -225,7 +238,7 @@ class Scanner:
                 fresh.extend(self._events(conn, lambda cols, part=part: select(*cols).where(events.c.id.in_(part))))
             high = self.high_water
             fresh.extend(self._events(conn, lambda cols: _on_hosts(select(*cols).where(and_(
-                events.c.id > high, events.c.kind == lc.EV_TOOL)), hosts)))
+                events.c.id > high, events.c.kind.in_(FOLDED))), hosts)))
             if late:
                 fresh.sort(key=lambda e: e.id)
             new.extend(fresh)
@@ -236,12 +249,22 @@ class Scanner:
             self._seen.update(read)
         active = set(active_ids)
         stats = self.stats
+        evidence = self.evidence
         # The all-runs tool rate is the leader's (it reads every host's events and trims the
         # window each tick); a daemon reading only its host's events keeps none of it.
         every_host = hosts is None
         if not every_host:
             self.all_recent.clear()
+        tools: list[NewEvent] = []
         for e in new:
+            if e.run_id in active:
+                try:
+                    evidence.fold(e.run_id, e.kind, e.source, e.call_id, e.ok, e.tokens_in, e.tokens_out, e.cost_eur)
+                except Exception:  # noqa: BLE001 — an odd value counts nothing, never blinds the fold
+                    self.defects.append(Defect(e.run_id, f"event {e.id}: it cannot be counted", e.id))
+            if e.kind != lc.EV_TOOL:
+                continue
+            tools.append(e)
             if every_host:
                 self.all_recent.append((e.at, e.tool))
             if e.run_id in active:
@@ -255,13 +278,19 @@ class Scanner:
         for rid in list(self.stats):
             if rid not in active:
                 del self.stats[rid]
-        return new
+        if len(evidence.tallies) > len(active):
+            evidence.keep(active)
+        return tools
 
-    def snapshot(self, row, now: dt.datetime) -> RunSnapshot:
+    def snapshot(self, row, now: dt.datetime, started_at: dt.datetime | None = None) -> RunSnapshot:
         st = self.stats.get(row.id) or RunStats()
         calls_min, top_min = st.rate(now)
+        # The larger of the row's counters and the daemon's own (watchdog.daemon.evidence).
+        steps, calls, errors, tokens, cost = merged(
+            (row.steps, row.tool_calls, row.tool_errors, (row.tokens_in or 0) + (row.tokens_out or 0), row.cost_eur),
+            self.evidence.get(row.id))
         return RunSnapshot(
-            id=row.id, agent=row.agent, started_at=row.started_at, last_seen_at=row.last_seen_at,
-            steps=row.steps, tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
-            tokens=(row.tokens_in or 0) + (row.tokens_out or 0), top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
+            id=row.id, agent=row.agent, started_at=started_at or row.started_at, last_seen_at=row.last_seen_at,
+            steps=steps, tool_calls=calls, tool_errors=errors, cost_eur=cost,
+            tokens=tokens, top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
         )

@@ -70,7 +70,8 @@ class Daemon:
 
         self.membership = Membership(engine, self.killer.host)
         self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config, sealer=self.sealer),
-                             by=actor(), sealer=self.sealer, membership=self.membership)
+                             by=actor(), sealer=self.sealer, membership=self.membership,
+                             memory=_state_file(config, engine))  # issue 20: the daemon's own memory
         self._published_at = 0.0
         self._published_value: dict | None = None
         self._stop = threading.Event()
@@ -82,13 +83,43 @@ class Daemon:
     # -- the lease: one daemon per store and host, one leader per store -------
 
     def acquire(self) -> None:
-        """Take this host's lease, atomically; AlreadyRunning if another live daemon holds it."""
-        def alive(holder) -> bool:  # SQLite: is the row's holder running on this host?
-            return bool(self.killer.alive([ProcessIdentity(self.killer.host, holder.pid, holder.pid_create_time)]))
+        """Take this host's lease: the flock on this store's lock file in state_dir (the only
+        proof that another daemon runs: AlreadyRunning), then the store's bookkeeping row."""
+        # -- issue 20: the lease is a lock file the daemon owns (watchdog.daemon.hostlock) --
+        from watchdog.daemon.hostlock import HostLock, HostLockHeld
 
-        lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s, alive=alive)
-        lease.acquire()
+        lock = HostLock(self.config.daemon.state_dir, self.engine.url)
+        try:
+            lock.acquire()
+        except HostLockHeld as exc:
+            raise AlreadyRunning(self.killer.host, self._holder_named(exc.pid), exc.pid) from None
+        self.host_lock = lock
+        lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s)
+        try:
+            lease.acquire()
+        except BaseException:
+            lock.release()
+            raise
         self.membership.lease = lease
+
+    def _holder_named(self, pid):
+        """The daemons row of the lock's holder, for its start time in the message (never obeyed)."""
+        from watchdog.daemon.lease import HOLDER_WAIT_S
+        from watchdog.store import leases as lease_rows
+
+        deadline = time.monotonic() + HOLDER_WAIT_S  # the holder writes its row right after locking
+        while pid is not None:
+            try:
+                with self.engine.connect() as conn:
+                    row = lease_rows.holder(conn, self.killer.host)
+            except Exception:  # noqa: BLE001 — the message goes without it
+                return None
+            if row is not None and row.pid == pid:
+                return row
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+        return None
 
     @property
     def is_leader(self) -> bool:
@@ -127,12 +158,15 @@ class Daemon:
     def release(self) -> None:
         self.stop_attesting()
         lease, self.membership.lease = self.membership.lease, None
-        if lease is None:
-            return
         try:
-            lease.release()
+            if lease is not None:
+                lease.release()
         except Exception:  # noqa: BLE001 — the lease expires by itself; the lock goes with the session
             log.warning("could not release the daemon lease", exc_info=True)
+        finally:
+            lock, self.host_lock = getattr(self, "host_lock", None), None
+            if lock is not None:
+                lock.release()
 
     # -- the jobs ---------------------------------------------------------------
 
@@ -263,7 +297,8 @@ class Daemon:
                                       retry_s=d.alert_retry_s, expire_s=d.alert_expire_s,
                                       budget_s=max(1.0, 0.8 * d.tick_s),
                                       on_result=self.metrics.alert_result if self.metrics else None,
-                                      on_dead=self.metrics.alert_dead if self.metrics else None)
+                                      on_dead=self.metrics.alert_dead if self.metrics else None,
+                                      memory=self.ticker.memory)  # issue 20: the daemon's delivery record
         except Exception as exc:  # noqa: BLE001
             log.error("alert delivery failed, retrying next tick: %s", _one_line(exc))
             return None
@@ -319,6 +354,19 @@ class Daemon:
             self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
             self.stop_attesting()
         return 1 if self.lost_lease else 0
+
+
+def _state_file(config: Config, engine):
+    """The daemon's state file in state_dir (made 0700 if missing); loud when it cannot be."""
+    from watchdog.store.memory import Memory, state_path
+
+    state_dir = config.daemon.state_dir
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        return Memory(state_path(state_dir, engine.url, "state"))
+    except OSError as exc:
+        raise ConfigError(f"[daemon] state_dir = {state_dir!r}: cannot keep the daemon's state file there "
+                          f"({exc.strerror}); the daemon's user must own the directory") from None
 
 
 def check_allowed_users(config: Config) -> None:

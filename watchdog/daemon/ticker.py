@@ -31,6 +31,7 @@ from watchdog.daemon.ladder import due as ladder_due
 from watchdog.core.text import one_line
 from watchdog.core.messages import ACK_MARK, rate_alert, requested_stop_alert
 from watchdog.core.policies import evaluate, rate_alarm, with_period
+from watchdog.daemon import believe, ownstage
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership
 from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.quarantine import Malformed, Quarantine, check_actionable
@@ -68,7 +69,7 @@ class TickReport:
 
 class Ticker:
     def __init__(self, engine, config: Config, killer: Killer, *, circuits=None, by: str | None = None,
-                 money: bool = True, sealer=None, membership: Membership | None = None):
+                 money: bool = True, sealer=None, membership: Membership | None = None, memory=None):
         self.engine = engine
         self.config = config
         self.killer = killer
@@ -99,6 +100,19 @@ class Ticker:
         self.exec_trees = ExecTrees(self)
         # SQLite: a first signal needs the run's own (MAC'd) evidence (watchdog.daemon.authentic).
         self.own_evidence = OwnEvidence(config, sealer) if engine.dialect.name == "sqlite" else None
+        # issue 20: the daemon's own memory (state file) and its evidence rules (watchdog.daemon.trust)
+        from watchdog.daemon.trust import Trust
+        from watchdog.store.memory import Memory
+
+        # The Daemon passes its state file; a bare Ticker (tests, tools) keeps one only in a state_dir
+        # it was given, never in this process's default (the system's, as root).
+        from watchdog.core.config import resolve_paths
+
+        state_dir = getattr(config.daemon, "state_dir", None)
+        self.memory = memory or Memory.for_daemon(state_dir if state_dir != resolve_paths().state_dir else None,
+                                                  engine.url)
+        self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
+        self._backstopped: set[str] = set()  # quarantined runs stopped or ended by the backstop
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
@@ -127,7 +141,10 @@ class Ticker:
             spend = money.live_spend() if money is not None else None
             due = self.prefilter.due(light, now, live, spend, stats=self.scanner.stats, host=self.killer.host,
                                      judged=self._judged, resume_seen=self._resume_seen,
-                                     skip_clock=self._skip_clock, defects=self.scanner.defects)
+                                     skip_clock=self._skip_clock, defects=self.scanner.defects,
+                                     evidence=self.scanner.evidence.tallies, first=self.trust.first,
+                                     new_seen=self.trust.new_seen, raised=self.trust.raised_key,
+                                     owner_ok=self.trust.owner_ok)
             if money is not None:
                 money.read(conn, now, self.scanner.high_water)
                 self.scanner.defects.extend(money.backfill.defects)  # unreadable steps: reported with the rest
@@ -135,6 +152,7 @@ class Ticker:
                 money.learn_labels(conn, spend)
             # Only the runs that may need something this tick are read whole and evaluated.
             rows = self.scanner.load_rows(conn, due)
+            self.trust.flush({r[L["id"]] for r in light})  # first sights and parent links (issue 20)
         if money is not None:
             rows = self._money_before(money, light, due, rows, spend, now, rep)
         rep.new_events = len(new)
@@ -155,6 +173,7 @@ class Ticker:
                     detail = str(exc) if isinstance(exc, Malformed) else f"its evaluation failed ({type(exc).__name__})"
                     self.scanner.defects.append(Defect(row.id, detail))
             self._report_defects(now, rep, batch)
+            self._backstop(light, now, live, rep, batch)
         except BaseException:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
@@ -202,6 +221,8 @@ class Ticker:
         rep.priced_steps, rep.learned_prices = bf.priced_steps, bf.learned
         rep.unpriced = {m: u.tokens for m, u in bf.unpriced.items()}
         rep.periods = money.judge(spend, now)
+        for r, cost in bf.deltas:  # the daemon's own prices count on its own counters too
+            self.scanner.evidence.priced(r.run_id, cost)
         again = {r.run_id for r, _cost in bf.deltas if r.status in lc.ACTIVE_STATUSES}
         if money.closed:  # the running runs a spent period budget covers are due too
             again.update(set(PreFilter.closing(light, due, money)) - set(due))
@@ -243,18 +264,24 @@ class Ticker:
 
     def _one(self, row, now, rep, live, sharing, batch):
         check_actionable(row)
-        budgets = effective_budgets(self.config.profile(row.agent), row)
+        budgets = believe.budgets(self, row, batch)
         st = self.scanner.stats.get(row.id)
         top = st.top_tool() if st else None
         last_error = st.last_error.get(top[0]) if (st and top) else None
         if self.config.store.record_errors == "class":
             last_error = None  # the operator asked for no message text anywhere the daemon writes
-        f = facts(row, top, last_error, now)
+        f = self._facts(row, top, last_error, now)
         if silence.end_if_silent(batch, row, budgets, now, self.by,  # span-only runs end by silence
                                  gone=lambda: self._gone(row, live, now)):
             return
+        self_paused = False
         if row.status == lc.STOPPING:
             rep.stopping += 1
+            own = ownstage.own_stage(self.memory, row.id)
+            if ownstage.differs(row, own):  # the ladder goes by the daemon's record (issue 20)
+                batch.commit()
+                with self.engine.begin() as conn:
+                    row = ownstage.restore(conn, row, own)
             if row.id not in self._acked:
                 self._acknowledge(row, f, budgets, now, batch)
             gone = (row.signal_stage in (None, *WAITING_STAGES) and self._gone(row, live, now)
@@ -274,8 +301,16 @@ class Ticker:
                         remembered=self.exec_trees.remembered(row.id),
                         own_evidence=None if self.own_evidence is None else lambda: self.own_evidence.justifies(
                             conn, row, now, skip_clock=self._skip_clock))
+                ownstage.remember(conn, self.memory, row, row.signal_stage)
             return
-        if row.status == lc.PAUSED:
+        if row.status == lc.PAUSED and not believe.pause_is_known(self, row, now, budgets):
+            # A pause only a store writer claims (issue 20): denied, and the run judged as running.
+            again = believe.unclaimed_pause(self, row, now, batch)
+            if again is None:
+                return
+            row, self_paused = again, True
+            f = self._facts(row, top, last_error, now)
+        elif row.status == lc.PAUSED:
             if len(self._pause_seen) > 10_000:
                 self._pause_seen.clear()
                 self._resume_seen.clear()
@@ -293,7 +328,7 @@ class Ticker:
                              now=now, by=self.by, budgets=budgets, run_facts=f, sealer=self.sealer):
                     rep.lost.append(row.id)
             return
-        snap = self.scanner.snapshot(row, now)
+        snap = self._snapshot(row, now)
         period = self.money.closing(row.id, row.agent) if self.money is not None else None
         if self._judged is not None and row.host not in self._judged:
             # Due only because a spent period budget covers it (the leader's duty): that stop
@@ -308,7 +343,7 @@ class Ticker:
             with batch.run() as conn:  # stop, or pause with on_breach = "pause"
                 self._decided.add(row.id)  # the daemon's own decision: its ladder may signal for it
                 action, v, done = act_on_breach(self, conn, row, verdicts, budgets=budgets, facts=f, now=now,
-                                                rep=rep)
+                                                rep=rep, stop_only=self_paused)
                 if done and action == "stop" and period is not None and v.reason == period.reason:
                     self._period_stops.append((row.id, v.reason, period.scope.key))
             return
@@ -341,7 +376,7 @@ class Ticker:
         if row.id in self._decided or self._sealed_stop(conn, row):
             return True
         period = self.money.closing(row.id, row.agent) if self.money is not None else None
-        return bool(with_period(evaluate(self.scanner.snapshot(row, now), budgets, now,
+        return bool(with_period(evaluate(self._snapshot(row, now), budgets, now,
                                          skip_clock=self._skip_clock), period))
 
     def _sealed_stop(self, conn, row) -> bool:
@@ -375,6 +410,19 @@ class Ticker:
                               sealer=self.sealer)
                 log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
         self._acked.add(row.id)
+
+    # -- issue 20: what the daemon believes of a row (watchdog.daemon.believe) ---------------
+
+    def _snapshot(self, row, now):
+        return believe.snapshot(self, row, now)
+
+    def _facts(self, row, top, last_error, now):
+        return believe.run_facts(self, row, top, last_error, now)
+
+    def _backstop(self, light, now, live, rep, batch) -> None:
+        from watchdog.daemon.backstop import backstop
+
+        backstop(self, light, now, live, rep, batch)
 
     def _read_snapshot(self):
         """One snapshot for the active runs and their new events: a run started between the

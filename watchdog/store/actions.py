@@ -64,11 +64,11 @@ def facts(row, top_tool=None, last_error=None, now: dt.datetime | None = None) -
     words: scrubbed again here (an agent in another language may have stored them raw)."""
     end = row.ended_at or now or row.last_seen_at
     if top_tool is not None:
-        top_tool = (one_line(top_tool[0], 128), *top_tool[1:])
+        top_tool = (one_line(scrub(str(top_tool[0])) or "", 64), *top_tool[1:])
     # Each store text on one printable line: a newline in an agent's name must not let its
     # writer add a line of their own ("action: nothing was done") to the on-call's alert.
     return RunFacts(
-        id=one_line(row.id, 40), agent=one_line(row.agent, 128), host=one_line(row.host, 100), pid=row.pid,
+        id=one_line(row.id, 40), agent=one_line(scrub(str(row.agent)) or "", 64), host=one_line(row.host, 100), pid=row.pid,
         kill_mode=one_line(row.kill_mode, 16), steps=row.steps,
         tool_calls=row.tool_calls, tool_errors=row.tool_errors, cost_eur=row.cost_eur,
         duration_s=max(0.0, (end - row.started_at).total_seconds()), top_tool=top_tool,
@@ -95,7 +95,7 @@ def stop_plan(kill_mode: str, source: str | None = None) -> str:
 
 
 def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
-                 run_facts: RunFacts, sealer=None, why: str | None = None) -> bool:
+                 run_facts: RunFacts, sealer=None, why: str | None = None, own_parent=None) -> bool:
     """running (or paused) → stopping, with its intervention and (from the daemon, `sealer` given)
     its alert, and the same for the run's active child runs; False if someone else got there
     first. Without a sealer (the CLI) the daemon composes the alerts when it sees the stops.
@@ -120,6 +120,17 @@ def request_stop(conn, row, *, reason: str, detail: str, now: dt.datetime, by: s
         enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
                       sealer=sealer)
     for child, child_detail in stop_descendants(conn, row, reason=reason, detail=detail, now=now, by=by):
+        if sealer is not None and own_parent is not None and not own_parent(child):
+            # issue 20: the link to this parent is not the daemon's own record (any writer can set
+            # parent_id): a cooperative stop, alerted as a stop the daemon did not decide.
+            from watchdog.core.messages import requested_stop_alert
+
+            title, body = requested_stop_alert(
+                facts(child, now=now), budgets_of_child(child, budgets), reason,
+                "cooperative stop requested with the run it names as its parent; that link is not the "
+                "daemon's own record, so this run is never signalled for it")
+            enqueue_alert(conn, f"stop:{child.id}", title, body, now=now, run_id=child.id, sealer=sealer)
+            continue
         if sealer is not None:
             title, body = stop_alert(facts(child, now=now), budgets_of_child(child, budgets), reason, child_detail,
                                      stop_plan(child.kill_mode))

@@ -64,8 +64,9 @@ def acknowledge(conn, row, *, now: dt.datetime, by: str, budgets: Budgets, run_f
     reason = row.stop_reason if row.stop_reason in ap.BY_REASON else None
     if reason is None:
         return False  # not a pause anyone can answer with more budget: the tick stops it
-    _announce(conn, row, reason, row.stop_detail or "", row.paused_at, by, budgets, run_facts, by_guard=True,
-              at=now, sealer=sealer)
+    # Worded from the daemon's numbers: the row's stop_detail is its writer's text (issue 20).
+    _announce(conn, row, reason, ap.measured_detail(reason, run_facts, budgets), row.paused_at, by, budgets,
+              run_facts, by_guard=True, at=now, sealer=sealer)
     return True
 
 
@@ -112,9 +113,11 @@ def resume_key(row) -> str:
     return f"resume:{row.id}:{row.resumes}"
 
 
-def acknowledge_resume(conn, row, *, now: dt.datetime, budgets: Budgets, run_facts: RunFacts, sealer=None) -> bool:
-    """Alert a resume once (the run's `resumes`-th), worded by the daemon from the audit row
-    `resume` wrote: who resumed it and with what."""
+def acknowledge_resume(conn, row, *, now: dt.datetime, budgets: Budgets, run_facts: RunFacts, sealer=None,
+                       sealed: bool = False) -> bool:
+    """Alert a resume once (the run's `resumes`-th), worded by the daemon from numbers alone:
+    the budgets the run is now held to, and whether an operator sealed the resume. The audit
+    row's actor and detail are not quoted: any store writer can write one (issue 20)."""
     key = resume_key(row)
     if not row.resumes or queued(conn, key):
         return False
@@ -123,5 +126,12 @@ def acknowledge_resume(conn, row, *, now: dt.datetime, budgets: Budgets, run_fac
                       .order_by(desc(interventions.c.id)).limit(1)).first()
     if iv is None:
         return False
-    title, body = ap.resume_alert(run_facts, budgets, iv.reason, iv.detail or "", iv.actor or "?")
+    from watchdog.core.budgets import RUN_BUDGETS
+
+    reason = iv.reason if iv.reason in ap.BY_REASON else None
+    held = ", ".join(f"{b.key} {b.fmt(getattr(budgets, b.key), getattr(budgets, b.key))}" for b in RUN_BUDGETS
+                     if getattr(budgets, b.key, None) is not None and b.add_option)
+    by = ("an operator (sealed with the daemon's key)" if sealed else
+          "a row in the store, not sealed by an operator: its budgets stay within its profile")
+    title, body = ap.resume_alert(run_facts, budgets, reason, f"now held to {held}", by)
     return enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iv.id, sealer=sealer)

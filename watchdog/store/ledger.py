@@ -27,6 +27,7 @@ from sqlalchemy import Text, and_, case, cast, delete, desc, func, literal, or_,
 from watchdog.core import lifecycle as lc
 from watchdog.core.drift import Totals
 from watchdog.core.periods import MONTH, PERIODS, LabelBudget, end_of, period_key, scope_agent, scopes_of
+from watchdog.store.evidence_rows import event_totals
 from watchdog.store.schema import agent_rollup_tools, agent_rollups, events, runs, spend_ledger
 
 BUCKET_S = 300  # rollup granularity: an hour's window is exact to within 5 minutes
@@ -156,6 +157,16 @@ def _tool_counts(conn, ids: list[str]) -> dict[str, list[tuple[str, int, int]]]:
     return out
 
 
+def _at_least(r, ev: tuple):
+    """The row with its counters raised to what its events show (a plain namespace: rows are read-only)."""
+    from types import SimpleNamespace
+
+    d = r._asdict() if hasattr(r, "_asdict") else dict(r._mapping)
+    for col, v in zip(("steps", "tool_calls", "tool_errors"), ev[:3]):
+        d[col] = max(d.get(col) or 0, v) if isinstance(d.get(col), (int, float)) else v
+    return SimpleNamespace(**d)
+
+
 def book(conn, rows: list, now: dt.datetime, tz: dt.tzinfo, label_budgets: tuple[LabelBudget, ...] = ()) -> Booking:
     """Book ended runs (read by read_unbooked) into the ledger and the rollups, in `conn`'s transaction."""
     out = Booking()
@@ -169,10 +180,15 @@ def book(conn, rows: list, now: dt.datetime, tz: dt.tzinfo, label_budgets: tuple
         if not mine:
             continue
         counts = _tool_counts(conn, [r.id for r in mine])
+        shown = event_totals(conn, [r.id for r in mine])  # issue 20: what its events show it spent
         for r in mine:
             end = end_of(r)
             tokens = max(0, (r.tokens_in or 0) + (r.tokens_out or 0))
             cost = sane_cost(r.cost_eur)
+            ev = shown.get(r.id)
+            if ev is not None:  # a run that zeroed its own counters is booked by its events
+                r = _at_least(r, ev)
+                tokens, cost = max(tokens, ev[3]), max(cost, sane_cost(ev[4]))
             for scope in scopes_of(r.agent, r.labels, label_budgets):
                 for period in PERIODS:
                     acc = ledger[(scope, period, period_key(period, end, tz))]

@@ -1,0 +1,60 @@
+"""What the tick believes of one run's row (issue 20): its snapshot, budgets, facts and pause,
+each from the daemon's own records where the row is only a claim (watchdog.daemon.trust)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.budgets import effective_budgets
+from watchdog.core.policies import totals
+from watchdog.daemon.evidence import merged
+from watchdog.store.actions import facts
+
+
+def snapshot(tk, row, now):
+    """The run judged by the larger counters and its age from first sight at the latest."""
+    return tk.scanner.snapshot(row, now, started_at=tk.trust.started_at(row))
+
+
+def budgets(tk, row, batch):
+    """Profile (or [defaults] for an owner it does not bind), clamped unless a sealed resume raised it."""
+    prof = tk.config.profile(row.agent)
+    if not row.resumes and not getattr(prof, "owners", ()):
+        return effective_budgets(prof, row)  # no resume: never raised
+    return tk.trust.budgets(batch.run, row)
+
+
+def run_facts(tk, row, top, last_error, now):
+    """What alerts say of the run: its counters the larger of the row's and the daemon's, its
+    duration from first sight at the latest."""
+    f = facts(row, top, last_error, now)
+    folded = tk.scanner.evidence.get(row.id)
+    start = tk.trust.started_at(row)
+    end = row.ended_at or now
+    duration_s = max(0.0, (end - start).total_seconds()) if start is not None else f.duration_s
+    if folded is None and duration_s == f.duration_s:
+        return f
+    steps, calls, errors, tokens, cost = merged((f.steps, f.tool_calls, f.tool_errors, f.tokens, f.cost_eur), folded)
+    return dataclasses.replace(f, steps=steps, tool_calls=calls, tool_errors=errors, tokens=tokens, cost_eur=cost,
+                               duration_s=duration_s)
+
+
+def pause_is_known(tk, row, now, budgets) -> bool:
+    """The daemon paused this run, or confirms its guard's pause (a pausing budget at its
+    limit by the daemon's own counters): remembered in its state file."""
+    if tk.trust.pause_mark(row.id, row.resumes) is not None:
+        return True
+    if tk.trust.confirms_pause(row, totals(snapshot(tk, row, now), now), budgets):
+        tk.trust.mark_pause(row.id, row.resumes, now.timestamp())
+        return True
+    return False
+
+
+def unclaimed_pause(tk, row, now, batch):
+    """A paused row whose pause the daemon neither wrote nor confirms: denied (running again);
+    the row read again, or None when it is no longer paused."""
+    if row.status != lc.PAUSED:
+        return None
+    with batch.run() as conn:
+        return tk.trust.deny_pause(conn, row, now)

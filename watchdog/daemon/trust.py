@@ -1,0 +1,199 @@
+"""The tick's evidence rules (issue 20): what a run's row may claim and what the daemon believes.
+
+- first sight: the wall clock runs from when the daemon first saw a run at the latest
+  (its state file, watchdog.store.memory), so a future-dated `started_at` buys nothing;
+- budgets above the profile only with `runs_may_raise` or a sealed operator resume
+  (`resumes` on the row is a claim);
+- a profile's `owners` bind who may use it: a run whose owner (PostgreSQL's `runs.owner`,
+  or the Unix user of its sealed attestation) may not use it is judged by [defaults], alerted once;
+- a `paused` the daemon did not write or confirm is judged as running;
+- a run whose row cannot be read whole is still stopped at its wall clock from first sight,
+  and marked lost when its process is gone (`Backstop`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import pwd
+
+from watchdog.core import approvals as ap
+from watchdog.core.budgets import BY_KEY, effective, asked
+from watchdog.core.config import Config
+from watchdog.core.text import one_line
+from watchdog.store import trust_rows
+from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.memory import Memory
+
+log = logging.getLogger("watchdog.trust")
+
+_MEMO_MAX = 50_000
+
+
+def agent_shown(name) -> str:
+    """An agent or tool name as alerts show it: bounded, scrubbed, one line, marked as the agent's."""
+    from watchdog.core.scrub import scrub
+
+    return f"«{one_line(scrub(str(name)) or '', 60)}» (as the agent names it)"
+
+
+class Trust:
+    def __init__(self, config: Config, memory: Memory, *, sealer=None, by: str = ""):
+        self.config = config
+        self.memory = memory
+        self.sealer = sealer
+        self.by = by
+        self.new_seen: list = []
+        self._raised: dict[tuple, bool] = {}
+        self._owner_ok: dict[str, bool] = {}
+
+    # -- first sight ------------------------------------------------------------------
+
+    @property
+    def first(self) -> dict[str, float]:
+        return self.memory.first
+
+    def flush(self, active: set) -> None:
+        """Remember this tick's first sights (run id, when, the parent it names then: the daemon's
+        own record of the link); forget the runs no longer active."""
+        seen, self.new_seen = self.new_seen, []
+        new = [(rid, at) for rid, at, _parent in seen]
+        try:
+            self.memory.see(new, [(rid, p) for rid, _at, p in seen if isinstance(p, str) and p])
+            if len(self.memory.first) > len(active) + 1000:
+                self.memory.forget([r for r in self.memory.first if r not in active])
+        except Exception:  # noqa: BLE001 — kept in this process's memory; written again next tick
+            log.warning("could not write the daemon's state file", exc_info=True)
+            for rid, at in new:
+                self.memory.first.setdefault(rid, at)
+
+    def parent_ok(self, child) -> bool:
+        """The child's parent link is the one the daemon recorded when it first saw the child."""
+        parent = getattr(child, "parent_id", None)
+        return bool(parent) and self.memory.marked("parent", child.id) == parent
+
+    def started_at(self, row) -> dt.datetime:
+        """The run's start as the wall clock counts it: its own, or the daemon's first sight if earlier."""
+        seen = self.memory.first.get(row.id)
+        if seen is None:
+            return row.started_at
+        first = dt.datetime.fromtimestamp(seen, dt.timezone.utc)
+        return first if (row.started_at is None or first < row.started_at) else row.started_at
+
+    # -- budgets -------------------------------------------------------------------------
+
+    def raised_key(self, rid, r_resumes, own_budgets) -> bool:
+        """For the pre-filter: a sealed resume was verified for these exact budgets."""
+        return self._raised.get((rid, r_resumes, tuple(own_budgets)), False)
+
+    def budgets(self, connect, row):
+        """What the run is held to: its profile (or [defaults] for an owner it does not bind),
+        lowered by its own request, raised only by a sealed operator resume. `connect()`: a
+        transaction, opened only when a cache misses (once per run, resume and budgets)."""
+        prof = self.config.profile(row.agent)
+        if getattr(prof, "owners", ()):
+            ok = self._owner_ok.get(row.id)
+            if ok is None:
+                with connect() as conn:
+                    prof = self.profile_of(conn, row)
+            elif not ok:
+                prof = self.config.defaults
+        raised = False
+        if row.resumes:
+            from watchdog.store.trust_rows import budget_columns
+
+            key = (row.id, row.resumes, budget_columns(row))
+            raised = self._raised.get(key)
+            if raised is None:
+                with connect() as conn:
+                    raised = trust_rows.grant_ok(conn, row, self.sealer)
+                if len(self._raised) > _MEMO_MAX:
+                    self._raised.clear()
+                self._raised[key] = raised
+        return effective(prof, asked(row), raised=raised)
+
+    def owner_ok(self, rid: str) -> bool | None:
+        return self._owner_ok.get(rid)
+
+    def profile_of(self, conn, row):
+        prof = self.config.profile(row.agent)
+        owners = getattr(prof, "owners", ())
+        if not owners:
+            return prof
+        ok = self._owner_ok.get(row.id)
+        if ok is None:
+            owner = self._owner(conn, row)
+            ok = owner is not None and owner in owners
+            if len(self._owner_ok) > _MEMO_MAX:
+                self._owner_ok.clear()
+            self._owner_ok[row.id] = ok
+            if not ok:
+                self._alert_owner(conn, row, owner)
+        return prof if ok else self.config.defaults
+
+    def _owner(self, conn, row) -> str | None:
+        owner = getattr(row, "owner", None)  # PostgreSQL: session_user, set by the database (0010)
+        if isinstance(owner, str) and owner:
+            return owner
+        uid = trust_rows.attested_uid(conn, row.id, self.sealer)
+        if uid is None:
+            return None
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return f"uid {uid}"
+
+    def _alert_owner(self, conn, row, owner) -> None:
+        key = f"owner:{row.id}"
+        if queued(conn, key):
+            return
+        who = f"owner {owner}" if owner else "an owner that cannot be proven (no owner column, no sealed attestation)"
+        line = (f"run {row.id[:32]} names the profile of agent {agent_shown(row.agent)}, which its {who} may not "
+                f"use: judged by [defaults]")
+        log.warning("%s", line)
+        iid = record(conn, at=row.last_seen_at, action="profile_refused", by=self.by, run_id=row.id,
+                     detail={"owner": owner}, outcome="judged by [defaults]")
+        enqueue_alert(conn, key, f"agent-watchdog: run {row.id[:8]} may not use its profile — judged by [defaults]",
+                      line + ".\nIts profile's `owners` do not name it. Every budget of [defaults] applies.",
+                      now=row.last_seen_at, run_id=row.id, intervention_id=iid, sealer=self.sealer)
+
+    # -- pauses ----------------------------------------------------------------------------
+
+    def mark_pause(self, rid: str, resumes, at_s: float) -> None:
+        self.memory.mark("pause", f"{rid}:{resumes or 0}", repr(at_s))
+
+    def pause_mark(self, rid: str, resumes) -> float | None:
+        """When the daemon paused this run (or confirmed its guard's pause), per resume; None: a claim."""
+        v = self.memory.marked("pause", f"{rid}:{resumes or 0}")
+        try:
+            return float(v) if v is not None else None
+        except ValueError:
+            return None
+
+    def deny_pause(self, conn, row, now):
+        short = row.id[:8]
+        title = f"agent-watchdog: pause of run {short} not confirmed — it goes on"
+        body = (f"run {row.id[:32]}\nagent {agent_shown(row.agent)}\n"
+                "Its row was set paused in the store, but no budget that pauses for its profile is reached by "
+                "the daemon's own counters: the pause is not confirmed and the run is running again, judged "
+                "by every budget. The store's pause text is not quoted.")
+        log.warning("run %s: a pause the daemon did not write or confirm: running again", short)
+        return trust_rows.deny_pause(conn, row, now=now, by=self.by, title=title, body=body, sealer=self.sealer)
+
+    def confirms_pause(self, row, snap_totals, budgets) -> bool:
+        """A pause the run's own guard wrote, the daemon confirms: a budget that pauses for this
+        profile is at (or over) its limit by the daemon's own counters."""
+        budget = ap.BY_REASON.get(row.stop_reason)
+        if budget is None or not ap.pauses(budgets, row.stop_reason):
+            return False
+        limit = getattr(budgets, budget.key, None)
+        return limit is not None and getattr(snap_totals, budget.measure) >= limit
+
+
+def first_sight_budget_s(config: Config, agent) -> float:
+    """The wall clock a run whose row cannot be read is held to: its profile's, else [defaults]'."""
+    prof = config.profile(agent) if isinstance(agent, str) else config.defaults
+    if getattr(prof, "owners", ()):  # whose it is cannot be told from an unreadable row
+        prof = config.defaults
+    return min(getattr(prof, BY_KEY["max_wall_s"].key), config.defaults.max_wall_s) \
+        if prof is config.defaults else getattr(prof, BY_KEY["max_wall_s"].key)

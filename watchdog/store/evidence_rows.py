@@ -1,0 +1,55 @@
+"""What the append-only events of ended runs show they spent: the ledger books the larger of it and the row.
+
+A run can zero its own `cost_eur` (or steps, tokens) before it ends; its events stay. Read
+once per run when it is booked, with DESIGN.md's "one call, one count": per run, the largest
+total of any one witness (source; NULL = the run's own writer), or the sum over distinct call
+ids (each at the largest amount a witness gave it) when that is larger; never the sum of witnesses.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import Float, and_, case, cast, func, select
+
+from watchdog.core import lifecycle as lc
+from watchdog.store.schema import events
+
+CHUNK = 500
+# (steps, tool calls, tool errors, tokens, cost_eur)
+
+
+def _num(col):
+    """A hand-written bad amount (negative, text) counts as 0 (SQLite adds text as 0 anyway)."""
+    return case((col >= 0, cast(col, Float)), else_=0.0)
+
+
+def event_totals(conn, run_ids: list[str]) -> dict[str, tuple]:
+    """run id -> (steps, tool_calls, tool_errors, tokens, cost_eur) its events show."""
+    out: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+    step = case((events.c.kind == lc.EV_STEP, 1), else_=0)
+    tool = case((events.c.kind == lc.EV_TOOL, 1), else_=0)
+    err = case((and_(events.c.kind == lc.EV_TOOL, events.c.ok.is_(False)), 1), else_=0)
+    tokens = _num(func.coalesce(events.c.tokens_in, 0)) + _num(func.coalesce(events.c.tokens_out, 0))
+    cost = _num(func.coalesce(events.c.cost_eur, 0.0))
+    kinds = events.c.kind.in_((lc.EV_STEP, lc.EV_TOOL))
+    for i in range(0, len(run_ids), CHUNK):
+        part = run_ids[i : i + CHUNK]
+        per_source = (select(events.c.run_id, func.sum(step), func.sum(tool), func.sum(err), func.sum(tokens),
+                             func.sum(cost))
+                      .where(and_(events.c.run_id.in_(part), kinds)).group_by(events.c.run_id, events.c.source))
+        for rid, *vals in conn.execute(per_source):
+            acc = out[rid]
+            for j, v in enumerate(vals):
+                acc[j] = max(acc[j], float(v or 0) if j == 4 else int(v or 0))
+        calls = (select(events.c.run_id.label("rid"), func.max(step).label("s"), func.max(tool).label("t"),
+                        func.max(err).label("e"), func.max(tokens).label("k"), func.max(cost).label("c"))
+                 .where(and_(events.c.run_id.in_(part), kinds, events.c.call_id.is_not(None)))
+                 .group_by(events.c.run_id, events.c.kind, events.c.call_id).subquery())
+        by_id = select(calls.c.rid, func.sum(calls.c.s), func.sum(calls.c.t), func.sum(calls.c.e),
+                       func.sum(calls.c.k), func.sum(calls.c.c)).group_by(calls.c.rid)
+        for rid, *vals in conn.execute(by_id):
+            acc = out[rid]
+            for j, v in enumerate(vals):
+                acc[j] = max(acc[j], float(v or 0) if j == 4 else int(v or 0))
+    return {rid: tuple(v) for rid, v in out.items()}
