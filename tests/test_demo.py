@@ -44,7 +44,8 @@ def demo(tmp_path_factory):
     engine = make_engine(f"sqlite:///{keep / 'runs.db'}")
     with engine.connect() as conn:
         rows = {r.agent: r for r in conn.execute(select(runs))}
-        acts = conn.execute(select(interventions.c.run_id, interventions.c.action, interventions.c.tool)).all()
+        acts = conn.execute(select(interventions.c.run_id, interventions.c.action, interventions.c.tool,
+                                   interventions.c.outcome)).all()
         # Released leases stay as rows naming their last holder, expired at the release.
         leases = conn.execute(select(daemons).where(daemons.c.expires_at > utcnow())).all()
     engine.dispose()
@@ -85,7 +86,10 @@ def test_healthy_runs_complete_and_runaways_are_killed_by_the_right_defense(demo
         assert row.stop_reason in reasons, (agent, row.stop_reason, row.stop_detail)
         actions = {a.action for a in acts if a.run_id == row.id}
         if strongest is None:
-            assert not actions & DAEMON_ACTIONS and "in-process guard" in row.stop_detail, (agent, actions)
+            # The daemon only records (acknowledges) the guard's stop: it never decided or signalled it.
+            assert actions & DAEMON_ACTIONS == {"stop_requested"} and "in-process guard" in row.stop_detail, actions
+            (ack,) = [a for a in acts if a.run_id == row.id and a.action == "stop_requested"]
+            assert "not by this daemon" in ack.outcome
         else:
             assert strongest in actions, (agent, actions)
     assert {a.action for a in acts if a.run_id == rows["runaway"].id}.isdisjoint({"sigterm", "sigkill"})  # it obeyed
