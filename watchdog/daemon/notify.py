@@ -169,7 +169,7 @@ def url_error(url: str) -> str | None:
 
 
 class Notifier:
-    def __init__(self, urls: Sequence[str], timeout_s: float = 10.0):
+    def __init__(self, urls: Sequence[str], timeout_s: float = 10.0, hard_limit_s: float | None = None):
         if isinstance(urls, str):
             raise TypeError("urls must be a sequence of URLs, not one string")
         if not (0 < timeout_s < math.inf):
@@ -177,7 +177,10 @@ class Notifier:
         self._timeout_s = float(timeout_s)
         self._entries: list[tuple[Target, apprise.Apprise]] = []
         self._by_id: dict[str, apprise.Apprise] = {}
-        self._lanes = Lanes(self._send_to, lambda target, why: TargetResult(target, False, why))
+        # A send past the hard limit is given up (dead-lettered for its target): by default
+        # longer than its socket timeouts allow, so only a send that truly hangs reaches it.
+        self.hard_limit_s = float(hard_limit_s) if hard_limit_s else self.wait_s
+        self._lanes = Lanes(self._send_to, lambda target, why: TargetResult(target, False, why), self.hard_limit_s)
         # No apprise deadline: the send runs in the lane's thread, bounded by the socket timeouts below.
         asset = apprise.AppriseAsset(service_timeout=0)
         for index, url in enumerate(urls):
@@ -215,13 +218,13 @@ class Notifier:
         return [results[(0, t.id)] for t in targets]
 
     def deliver(self, work: Mapping[Target, Sequence[Job]], deadline: float) -> dict[tuple[Hashable, str], TargetResult]:
-        """Each target's jobs (key, title, body) in its own lane until `deadline` (time.monotonic());
-        a result per (key, target id). A target still busy with an abandoned send gets none of
-        its jobs sent: they fail, and are retried later."""
+        """Each target's jobs (key, title, body) in its own lane, in order, until `deadline`
+        (time.monotonic()); a result per (key, target id): lanes.PENDING for a send its lane has
+        not finished yet (it goes on, and is never sent twice; watchdog.daemon.lanes)."""
         return self._lanes.run(work, deadline)
 
     def busy(self) -> list[str]:
-        """Targets whose abandoned send has not returned yet."""
+        """Targets whose lane is still sending."""
         return self._lanes.busy()
 
     def _send_to(self, target: Target, title: str, body: str) -> TargetResult:
