@@ -56,6 +56,9 @@ class Daemon:
         if not self.killer.allowed_users:
             log.warning("[daemon] allowed_users is empty and the daemon's own user is a system account: no process "
                         "will be signalled (cooperative stops and alerts only); set allowed_users = [\"USER\", ...]")
+        from watchdog.daemon import dirs  # issue 19: the default directories exist for any user
+
+        dirs.ensure(config.daemon)
         self.sealer = Sealer(keyfile.load_or_create(config.daemon.key_file), self.killer.host)
         if notifier is None:
             from watchdog.core.config import alert_urls
