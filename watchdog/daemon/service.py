@@ -267,6 +267,9 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        from watchdog.daemon import reload as reloading  # issue 19: SIGHUP reloads; SIGUSR1/2
+
+        reloading.install(self)
         try:
             self.publish(force=True)
         except Exception as exc:  # noqa: BLE001 — the tick retries publishing
@@ -281,7 +284,9 @@ class Daemon:
                  self.engine.url.render_as_string(hide_password=True), tick_s, self.killer.host, os.getpid())
         try:
             while not self._stop.wait(1.0):
-                pass
+                if getattr(self, "reload_requested", False):
+                    self.reload_requested = False
+                    reloading.reload(self, self.config.path)
         finally:
             sdnotify.notify("STOPPING=1")
             self._stop.set()
