@@ -168,16 +168,18 @@ def check_config(app, file, as_json):
 
     Also checks what the config needs from this host: the extras its keys need
     (postgres, metrics) are installed and the users of allowed_users exist."""
-    from watchdog.cli import render
+    from watchdog.cli import checkconfig
     from watchdog.core.config import load
+    from watchdog.daemon.notify import url_error
     from watchdog.daemon.preflight import check
 
     if file:
         app.config_path = file
-    config = load(app.config_path)
+    config = load(app.config_path, url_error=url_error)  # apprise loads each URL, as `run` does
     check(config)
+    shown, warnings = checkconfig.checked_urls(config)  # urls_file read as the daemon reads it
     if as_json:
         emit_json({"path": config.path, "defaults": config.defaults.to_json(),
-                   "agents": {k: v.to_json() for k, v in config.agents.items()}})
+                   "agents": {k: v.to_json() for k, v in config.agents.items()}, "alert_urls": shown})
     else:
-        click.echo(render.config_summary(config))
+        click.echo(checkconfig.summary(config, shown, warnings))
