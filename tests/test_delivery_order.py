@@ -70,3 +70,15 @@ def test_a_failed_send_holds_the_targets_later_alerts_until_it_goes(engine, seal
         assert _passes(engine, notifier, sealer, lambda: _open(engine) == 0)
         assert [p["title"] for p in http.received] == names
         assert [p["title"] for p in other.received] == names
+
+
+def test_apprise_notify_types_say_how_urgent_each_alert_is(engine, sealer, http):
+    """Issue 19: failure for kills, warning for stops and circuits, info for recoveries."""
+    with engine.begin() as conn:
+        for key in ("stop:r1", "escalate:r1", "lost:r2", "circuit_open:search:t", "circuit_closed:search:t",
+                    "resume:r3:1"):
+            assert enqueue_alert(conn, key, key, "body", now=T0, sealer=sealer)
+    deliver_due(engine, Notifier([http.url()]), T0, sealer=sealer, budget_s=10)
+    types = {p["title"]: p["type"] for p in http.received}
+    assert types == {"stop:r1": "warning", "escalate:r1": "failure", "lost:r2": "failure",
+                     "circuit_open:search:t": "warning", "circuit_closed:search:t": "info", "resume:r3:1": "info"}

@@ -22,7 +22,7 @@ from typing import Any
 
 Target = Any  # anything with an `id` (watchdog.daemon.notify.Target)
 Result = Any
-Job = tuple[Hashable, str, str]  # (key, title, body)
+Job = tuple  # (key, title, body[, notify kind]): the rest after the key is passed to `send`
 
 PENDING = "still being sent in this target's lane (a slow target): recorded when it returns, never sent twice"
 HELD = "held: an earlier alert to this target has not gone yet; sent after it, in order"
@@ -113,10 +113,10 @@ class Lanes:
                 if self._lanes.get(target.id) is not lane or not lane.queue:
                     lane.current = None
                     return
-                key, title, body = lane.queue.popleft()
+                key, *message = lane.queue.popleft()
                 lane.current, lane.started_at = key, time.monotonic()
             try:
-                result = self._send(target, title, body)
+                result = self._send(target, *message)
             except Exception as exc:  # noqa: BLE001 — the sender should not raise; the lane must not die
                 result = self._fail(target, f"delivery failed: {type(exc).__name__}")
             with self._cond:

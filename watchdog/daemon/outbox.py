@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from sqlalchemy import update
 
 from watchdog.core.alert_text import alert_body, alert_title
+from watchdog.core.notify_kind import notify_kind
 from watchdog.daemon import lanes
 from watchdog.daemon.notify import Notifier, TargetResult
 from watchdog.store import outbox_rows as rows
@@ -104,9 +105,10 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
                         log.info("ALERT %s\n%s", title, body)
                     done = set(row.delivered_targets or [])
                     due.append(_Due(alert_id, row.dedupe_key, row.attempts, done))
+                    kind = notify_kind(row.dedupe_key)  # apprise's type: failure / warning / info
                     for target in notifier.targets:
-                        if target.id not in done:
-                            work[target].append((alert_id, title, body))
+                        if target.id not in done and f"dead:{target.id}" not in done:
+                            work[target].append((alert_id, title, body, kind))
             except Exception as exc:  # noqa: BLE001 — this row only; the pass goes on
                 _unusable(engine, token, alert_id, now, exc, report, on_dead)
         if refused:
