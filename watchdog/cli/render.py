@@ -28,11 +28,11 @@ def runs_table(records: list[dict]) -> str:
         return "no runs"
     reason_w = max(6, min(17, max(len(r["stop_reason"] or "-") for r in records)))
     lines = [f"{'RUN':8} {'AGENT':14} {'STATUS':9} {'REASON':{reason_w}} {'STEP':>4} {'CALL':>4} {'EUR':>6} "
-             f"{'AGE':>6} TOP TOOL"]
+             f"{'DURATION':>8} TOP TOOL"]
     for r in records:
         lines.append(
             f"{short(r['id']):8} {cut(r['agent'], 14):14} {r['status']:9} {cut(r['stop_reason'] or '-', reason_w):{reason_w}} "
-            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>6} "
+            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>8} "
             f"{cut(top_tool_text(r['top_tool']), 18)}"
         )
     return "\n".join(lines)

@@ -200,6 +200,7 @@ def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_
             log.warning("alert %s to %s dead-lettered for that target: %s", a.key, target.privacy_url, r.error)
         elif r.ok:
             a.done.add(target.id)
+            a.done.add(f"at:{target.id}:{now.isoformat(timespec='seconds')}")  # for `alerts --all`
         else:
             errors.append(f"{target.privacy_url}: {r.error}")
             log.warning("alert %s to %s failed: %s", a.key, target.privacy_url, r.error)

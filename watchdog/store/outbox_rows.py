@@ -220,3 +220,52 @@ def undelivered(conn, *, dead_only: bool, limit: int) -> tuple[list[dict], int]:
             record.update({c: getattr(row, c) for c in LISTED})
         out.append(record)
     return out, max(0, total - len(out))
+
+
+HISTORY = ("dedupe_key", "run_id", "created_at", "attempts", "delivered_at", "dead_at", "delivered_targets",
+           "last_error", "title")
+
+
+def history(conn, *, limit: int) -> tuple[list[dict], int]:
+    """Every alert, newest first (`alerts --all`), with its state and, per target, when it was
+    recorded as delivered (`at:<target>:<time>` entries of delivered_targets); and how many more."""
+    from sqlalchemy import func
+
+    ids = [r for (r,) in conn.execute(select(alerts.c.id).order_by(alerts.c.id.desc()).limit(limit))]
+    total = conn.execute(select(func.count()).select_from(alerts)).scalar_one()
+    out = []
+    for alert_id, row, unreadable in sorted(read(conn, ids, [alerts.c[c] for c in HISTORY]), key=lambda x: -x[0]):
+        record = {"id": alert_id}
+        if row is None:
+            record.update({c: None for c in HISTORY}, state="unreadable", last_error=unreadable, targets={})
+            out.append(record)
+            continue
+        record.update({c: getattr(row, c) for c in HISTORY})
+        done = row.delivered_targets if isinstance(row.delivered_targets, list) else []
+        targets: dict = {}
+        for entry in done:
+            if not isinstance(entry, str):
+                continue
+            if entry.startswith("at:") and entry.count(":") >= 2:
+                _, tid, when = entry.split(":", 2)  # a target id has no colon; the time has
+                targets[tid] = when
+            elif entry.startswith("dead:"):
+                targets.setdefault(entry[5:], "dead")
+            else:
+                targets.setdefault(entry, "delivered")
+        record["targets"] = targets
+        last = row.last_error if isinstance(row.last_error, str) else ""
+        if row.dead_at is not None:
+            record["state"] = "dead"
+        elif row.delivered_at is None:
+            record["state"] = "waiting"
+        elif last.startswith("summarised in "):
+            record["state"] = "summarised"
+        elif last.startswith("refused"):
+            record["state"] = "refused"
+        elif not targets:
+            record["state"] = "logged"  # no target configured: only the daemon's log has it
+        else:
+            record["state"] = "delivered"
+        out.append(record)
+    return out, max(0, total - len(out))

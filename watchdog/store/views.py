@@ -129,15 +129,23 @@ UNREADABLE = (ValueError, TypeError, ArithmeticError)
 
 
 def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
-              before: str | None = None, on_bad_row: Callable[[str, Exception], None] | None = None) -> list[dict]:
+              before: str | None = None, on_bad_row: Callable[[str, Exception], None] | None = None,
+              agent: str | None = None, status: str | None = None,
+              labels: dict[str, str] | None = None) -> list[dict]:
     """Run records, newest first: one page read from the (started_at, id) index; `before`: the
     last run id of the previous page. Ended runs carry their sealed top tool: only the others'
     events (active runs, runs ended since the leader's last tick) are aggregated. A row that
     cannot be read is passed to `on_bad_row(run_id, error)` and left out: one bad row never
     hides the others."""
     q = select(runs).order_by(desc(runs.c.started_at), desc(runs.c.id)).limit(limit)
-    if not all_runs:
+    if status is not None:  # one status, active or ended (`runs --status killed`)
+        q = q.where(runs.c.status == status)
+    elif not all_runs:
         q = q.where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    if agent is not None:
+        q = q.where(runs.c.agent == agent)
+    for key, value in (labels or {}).items():  # `--label k=v`, each one must match
+        q = q.where(runs.c.labels[key].as_string() == value)
     if before is not None:
         at = conn.execute(select(runs.c.started_at).where(runs.c.id == before)).scalar()
         if at is None:
