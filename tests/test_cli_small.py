@@ -98,3 +98,11 @@ def test_top_with_no_active_run_forecasts_no_run_out_date():
     idle = frame([], now, periods=[state])
     assert "no active runs" in idle and "runs out" not in idle
     assert "bot's daily budget lasts the day (10.00/50.00 EUR)" in idle
+
+
+def test_the_no_price_alert_speaks_to_every_integration():
+    from watchdog.core.money_alerts import unpriced_alert
+
+    title, body = unpriced_alert("(none)", ["support-bot"], 1200, 3, no_model=True)
+    assert "run.step()" not in title
+    assert "LangChain" in body and "run.step(model=" in body

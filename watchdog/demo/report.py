@@ -8,6 +8,7 @@ nothing and stops nothing.
 from __future__ import annotations
 
 import datetime as dt
+import textwrap
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -18,6 +19,7 @@ from watchdog.store.views import run_record, tool_stats
 from watchdog.demo.agents import CIRCUIT, COOPERATIVE, GUARD, NONE, SIGKILL, SIGTERM, BEHAVIOURS
 
 LABEL_W = 12
+WIDTH = 100  # columns: every line the demo prints fits
 # Lines are held this long before printing, so that rows committed a moment
 # apart by different processes still print in timestamp order.
 SETTLE_S = 0.35
@@ -76,7 +78,11 @@ class Feed:
 
     def _line(self, at: dt.datetime, label: str, text: str) -> str:
         since = (at - self.t0).total_seconds() if self.t0 else 0.0
-        return f"{since:+6.1f}s  {label[:LABEL_W]:{LABEL_W}} {text}"
+        head = f"{since:+6.1f}s  {label[:LABEL_W]:{LABEL_W}} "
+        # At most WIDTH columns (issue 19): a long detail goes on indented lines of its own.
+        return "\n".join(textwrap.wrap(text, WIDTH, initial_indent=head,
+                                        subsequent_indent=" " * (len(head) + 11), break_on_hyphens=False)
+                         ) if len(head) + len(text) > WIDTH else head + text
 
     def _run(self, r):
         before = self.status.get(r.id)
@@ -134,9 +140,12 @@ class Feed:
 
     def _alert(self, a) -> str:
         pad = " " * 9
-        lines = [f"{pad}┌ ALERT  {a.title}"]
-        lines += [f"{pad}│ {ln}".rstrip() for ln in a.body.splitlines()]
-        return "\n".join(lines + [f"{pad}└"])
+        lines = [ln for ln in textwrap.wrap(f"┌ ALERT  {a.title}", WIDTH - len(pad), subsequent_indent="│        ")]
+        for ln in a.body.splitlines() or [""]:
+            lines += textwrap.wrap(ln, WIDTH - len(pad) - 2, break_on_hyphens=False) or [""] if ln else [""]
+        out = [f"{pad}{lines[0]}"] + [f"{pad}│ {ln}".rstrip() if not ln.startswith("│") else f"{pad}{ln}"
+                                        for ln in lines[1:]]
+        return "\n".join(out + [f"{pad}└"])
 
 
 def acknowledged(i) -> bool:
