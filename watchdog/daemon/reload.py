@@ -56,8 +56,10 @@ def reload(daemon, path: str | None) -> bool:
         new = load(path, url_error=url_error)
         check(new)
         check_allowed_users(new)
-        urls = alert_urls(new, url_error=url_error)
-        notifier = Notifier(urls) if urls != alert_urls(old, url_error=url_error) else None
+        fresh = Notifier(alert_urls(new, url_error=url_error))
+        # The running notifier is kept when the targets are the same: its lanes may be sending.
+        same = {t.id for t in fresh.targets} == {t.id for t in daemon.notifier.targets}
+        notifier = None if same else fresh
     except (ConfigError, ValueError, OSError) as exc:
         log.error("SIGHUP: %s refused, the running config is kept: %s", path, one_line(str(exc), 400))
         return False
