@@ -131,3 +131,30 @@ def test_the_real_daemon_alerts_a_guard_stop_once_on_its_target(tmp_path, db_url
     titles = [m["title"] for m in http.received]
     assert titles == [f"agent-watchdog: stopped heard-bot run {rid[:8]} — loop_detected",
                       f"agent-watchdog: stopped heard-bot run {other[:8]} — max_tool_calls"]
+
+
+def test_the_real_daemon_sends_each_alert_once_in_order_to_a_slow_and_a_fast_target(tmp_path, db_url, engine,
+                                                                                   http, daemon_procs):
+    """Issue 19, item 3, end to end: a 3 s-slow webhook beside a fast one, tick_s 0.5 (each
+    delivery pass waits 1 s at most): nothing abandoned, nothing sent twice, the same order."""
+    from alertsinks import HttpSink
+
+    with HttpSink() as slow:
+        slow.delay_s = 3.0
+        cfg = _toml(tmp_path / "wd.toml", db_url, alert_urls=[slow.url(), http.url()], tick_s=0.5)
+        d = daemon_procs(cfg)
+        assert wait_until(lambda: _holds_lease(engine, d.proc.pid), 60), d.log()
+        ids = [_agent(db_url, mode) for mode in ("loop", "calls", "loop")]
+        assert http.wait_for(3, 60) and slow.wait_for(3, 90), d.log()
+        assert d.stop() == 0, d.log()  # the last pass on the way out sends nothing twice either
+        fast_titles = [m["title"] for m in http.received]
+        slow_titles = [m["title"] for m in slow.received]
+        assert len(fast_titles) == 3 and slow_titles == fast_titles  # once each, in the same order
+        assert [t.split(" run ")[1][:8] for t in fast_titles] == [i[:8] for i in ids]  # as the stops happened
+        with engine.connect() as conn:
+            from sqlalchemy import select
+
+            from watchdog.store.schema import alerts
+
+            rows = conn.execute(select(alerts.c.delivered_at, alerts.c.dead_at)).all()
+        assert all(r.delivered_at is not None and r.dead_at is None for r in rows)
