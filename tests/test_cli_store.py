@@ -158,7 +158,8 @@ def test_without_a_config_budgets_are_the_ones_the_daemon_published(runs3, engin
     assert own["budgets"]["max_steps"] == 9
 
 
-def test_kill_without_a_config_judges_by_the_published_profile_on_its_own_connection(sqlite_url, monkeypatch):
+def test_kill_without_a_config_judges_by_the_published_profile_on_its_own_connection(sqlite_url, monkeypatch,
+                                                                                    tmp_path):
     """`kill` writes in one transaction: reading the published profiles through a second
     connection would wait for the lock its own command holds (30 s of busy timeout, then
     the built-in defaults). With a 50 ms busy timeout such a second connection fails at
@@ -172,6 +173,9 @@ def test_kill_without_a_config_judges_by_the_published_profile_on_its_own_connec
     from watchdog.store.engine import make_engine
     from watchdog.store.schema import alerts, runs, settings, utcnow
 
+    # Hermetic: not the host's default key_file (root may read a daemon's key there); no profiles.
+    cfg = tmp_path / "only-key.toml"
+    cfg.write_text(f'[daemon]\nkey_file = "{tmp_path / "no.key"}"\n')
     published = parse(tomllib.loads("[agents.support-bot]\nmax_steps = 6\n")).published()
     engine = make_engine(sqlite_url)
     with engine.begin() as conn:
@@ -181,7 +185,7 @@ def test_kill_without_a_config_judges_by_the_published_profile_on_its_own_connec
     for _ in range(3):
         going.step(cost_eur=0.01)
     monkeypatch.setattr(engine_mod, "SQLITE_BUSY_TIMEOUT_MS", 50)
-    result = invoke("--db", sqlite_url, "kill", going.id[:8])
+    result = invoke("--db", sqlite_url, "--config", str(cfg), "kill", going.id[:8])
     assert result.exit_code == 0, result.output
     assert f"stop requested for support-bot run {going.id[:8]}" in result.output
     with engine.connect() as conn:

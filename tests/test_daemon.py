@@ -244,7 +244,7 @@ def test_alert_names_the_top_tool_and_the_budgets_and_arrives_by_mail_and_json(e
     assert lines[-1] == f"agent-watchdog show {id8}"
 
     (row,) = alerts_of(engine, run.id)
-    assert row.delivered_at == now and row.attempts == 1 and len(row.delivered_targets) == 2
+    assert row.delivered_at == now and row.attempts == 1 and len(_ids(row.delivered_targets)) == 2
     # Delivered is delivered: a later pass (or a restarted daemon's notifier) sends nothing.
     assert deliver_due(engine, Notifier([smtp.url(), http.url()]), later(now, 3600), sealer=SEALER).delivered == 0
     assert len(smtp.messages) == 1 and len(http.received) == 1
@@ -265,7 +265,7 @@ def test_an_alert_target_that_fails_then_recovers_gets_the_alert_once(engine, wd
         assert http.rejected == 1 and smtp.wait_for(1)
         (alert,) = alerts_of(engine, run.id)
         assert alert.delivered_at is None and alert.attempts == 1
-        assert alert.delivered_targets == [smtp_id]
+        assert _ids(alert.delivered_targets) == [smtp_id]
         assert alert.next_attempt_at == later(now, 30)
         assert "json://" in alert.last_error
 
@@ -280,7 +280,7 @@ def test_an_alert_target_that_fails_then_recovers_gets_the_alert_once(engine, wd
         assert http.wait_for(1)
         (alert,) = alerts_of(engine, run.id)
         assert alert.delivered_at == later(now, 30) and alert.attempts == 2
-        assert sorted(alert.delivered_targets) == sorted([smtp_id, http_id]) and alert.last_error is None
+        assert sorted(_ids(alert.delivered_targets)) == sorted([smtp_id, http_id]) and alert.last_error is None
 
         assert deliver_due(engine, notifier, later(now, 3600), retry_s=30, sealer=SEALER).delivered == 0
         assert len(smtp.messages) == 1 and len(http.received) == 1
@@ -543,10 +543,16 @@ def test_an_in_process_guard_stop_is_recorded_and_alerted_by_the_daemon(db_url, 
     assert len(ivs) == 1, [(i.actor, i.outcome) for i in ivs]
     (iv,) = ivs
     assert (iv.action, iv.reason) == ("stop_requested", lc.MAX_STEPS) and iv.actor.startswith("daemon@")
-    (alert,) = alerts_of(engine, run.id)
+    # (On a slow machine the ladder's next step may have its own alert: the stop has one.)
+    (alert,) = [a for a in alerts_of(engine, run.id) if a.dedupe_key == f"stop:{run.id}"]
     assert alert.title == f"agent-watchdog: stopped bot run {run.id[:8]} — max_steps"
     assert "requested in the store" in alert.body and "in-process guard" not in alert.body
     assert alert.mac is not None
+
+
+def _ids(delivered_targets) -> list:
+    """The target ids of delivered_targets (its `at:<id>:<time>` entries say when, for `alerts --all`)."""
+    return [t for t in delivered_targets if ":" not in t]
 
 
 def _interventions(engine, run_id):

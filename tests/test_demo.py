@@ -44,7 +44,8 @@ def demo(tmp_path_factory):
     engine = make_engine(f"sqlite:///{keep / 'runs.db'}")
     with engine.connect() as conn:
         rows = {r.agent: r for r in conn.execute(select(runs))}
-        acts = conn.execute(select(interventions.c.run_id, interventions.c.action, interventions.c.tool)).all()
+        acts = conn.execute(select(interventions.c.run_id, interventions.c.action, interventions.c.tool,
+                                   interventions.c.outcome)).all()
         # Released leases stay as rows naming their last holder, expired at the release.
         leases = conn.execute(select(daemons).where(daemons.c.expires_at > utcnow())).all()
     engine.dispose()
@@ -59,6 +60,14 @@ def test_demo_exits_0_and_names_every_agent(demo):
         assert agent in proc.stdout
     assert "OK: every agent ended as expected" in proc.stdout
     assert f"postmortem {rows['stubborn'].id[:8]}" in proc.stdout  # --keep prints the commands
+
+
+@pytest.mark.slow
+def test_every_line_the_demo_prints_fits_100_columns(demo):
+    """Issue 19: nine lines were wider (up to 189); only the kept folder's own path may push one over."""
+    proc, _, _, _ = demo
+    wide = [line for line in proc.stdout.splitlines() if len(line) > 100 and "/kept" not in line]
+    assert wide == []
 
 
 @pytest.mark.slow
@@ -85,7 +94,10 @@ def test_healthy_runs_complete_and_runaways_are_killed_by_the_right_defense(demo
         assert row.stop_reason in reasons, (agent, row.stop_reason, row.stop_detail)
         actions = {a.action for a in acts if a.run_id == row.id}
         if strongest is None:
-            assert not actions & DAEMON_ACTIONS and "in-process guard" in row.stop_detail, (agent, actions)
+            # The daemon only records (acknowledges) the guard's stop: it never decided or signalled it.
+            assert actions & DAEMON_ACTIONS == {"stop_requested"} and "in-process guard" in row.stop_detail, actions
+            (ack,) = [a for a in acts if a.run_id == row.id and a.action == "stop_requested"]
+            assert "not by this daemon" in ack.outcome
         else:
             assert strongest in actions, (agent, actions)
     assert {a.action for a in acts if a.run_id == rows["runaway"].id}.isdisjoint({"sigterm", "sigkill"})  # it obeyed
@@ -133,6 +145,6 @@ def test_demo_without_keep_deletes_its_store_and_points_at_keep(tmp_path):
     proc = subprocess.run([str(exe), "demo"], capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert list(tmp_path.iterdir()) == [], "the temporary store was left behind"
-    closing = proc.stdout.rstrip().splitlines()[-1]
-    assert "deleted now" in closing and "agent-watchdog demo --keep DIR" in closing
+    *_, deleted, closing = proc.stdout.rstrip().splitlines()
+    assert "deleted now" in deleted and "agent-watchdog demo --keep DIR" in closing
     assert "agent-watchdog --db" not in proc.stdout  # no command on a store that no longer exists

@@ -431,8 +431,9 @@ def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, 
 
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == (f"stop requested for bot run {agent.run_id[:8]}: it sees the stop on its next "
-                                   "write, then SIGTERM after 0.5 s (the daemon carries out the ladder)")
+    assert done.stdout.strip() == (f"stop requested for bot run {agent.run_id[:8]}: it stops at its next write; "
+                                   "if it has not ended 0.5 s later the daemon sends SIGTERM, then SIGKILL 0.5 s "
+                                   "after that")
     row = run_row(engine, agent.run_id)
     assert (row.status, row.stop_reason, row.stop_detail) == (lc.STOPPING, lc.MANUAL, "x")
     (iv,) = interventions_of(engine, agent.run_id)

@@ -109,6 +109,16 @@ def test_postmortem_of_a_run_the_daemon_stopped(sqlite_url, tmp_path):
     assert "| same tool + same arguments repeated | no |" in text
     assert "| steps growing, no convergence | **yes** |" in text
     assert "top tool: verify_iban ×5 (100%), 0 errors" in text
+    # The chaos test it proposes is valid Python on public names, and passes as printed (issue 19).
+    case = text.split("## Chaos test to add", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert "Status." not in case and "watchdog_daemon" not in case
+    (tmp_path / "case").mkdir()
+    (tmp_path / "case" / "test_case.py").write_text(case)
+    env = dict(os.environ, PATH=f"{Path(CLI).parent}:{os.environ.get('PATH', '')}")
+    env.pop("AGENT_WATCHDOG_DB", None)
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "case")],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path / "case")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
 
 
 def test_test_alert_reports_each_target(tmp_path):

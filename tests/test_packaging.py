@@ -150,3 +150,26 @@ def test_without_an_extra_every_message_names_it(venv, tmp_path):
     daemon = run(cli, "--config", str(cfg), "--db", db, "run", "--once")
     assert daemon.returncode == 2 and "metrics.listen needs the `metrics` extra" in daemon.stderr, daemon.stderr
     assert "Traceback" not in daemon.stderr and daemon.stderr.count("\n") == 1
+
+
+def test_the_wheel_carries_the_unit_the_example_config_and_the_roles_script(wheel, venv, tmp_path):
+    """Issue 19: an install by hand needs no checkout (`agent-watchdog files unit|config|roles`)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    shipped = {"unit": REPO / "systemd" / "agent-watchdog.service", "config": REPO / "systemd" / "config.example.toml",
+               "roles": REPO / "sql" / "postgres-roles.sql"}
+    for name in ("agent-watchdog.service", "config.example.toml", "postgres-roles.sql"):
+        assert f"watchdog/_shipped/{name}" in names
+    cli = str(venv / "bin" / "agent-watchdog")
+    for name, source in shipped.items():
+        printed = subprocess.run([cli, "files", name], capture_output=True, text=True, timeout=60, env=clean_env(),
+                                 cwd="/")
+        assert printed.returncode == 0, printed.stderr
+        assert printed.stdout == source.read_text()
+    done = subprocess.run([cli, "files", "config", "--install", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env=clean_env(), cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "config.example.toml").read_text() == shipped["config"].read_text()
+    again = subprocess.run([cli, "files", "config", "--install", str(tmp_path)], capture_output=True, text=True,
+                           timeout=60, env=clean_env(), cwd="/")
+    assert again.returncode == 1 and "not overwritten" in again.stderr

@@ -278,8 +278,9 @@ def test_a_stop_seen_on_the_step_write_surfaces_before_the_tools_run(sqlite_url,
     assert (row["status"], row["stop_reason"], row["steps"], row["tool_calls"]) == ("killed", "manual", 2, 1)
 
 
-def test_an_open_circuit_fails_the_tool_fast_without_running_it(sqlite_url, wd):
-    """While the daemon holds verify_iban's circuit open, the call fails fast with ToolUnavailable."""
+def test_an_open_circuit_fails_the_tool_fast_without_running_it(sqlite_url, wd, caplog):
+    """While the daemon holds verify_iban's circuit open, the call fails fast with ToolUnavailable,
+    and LangChain logs no "Error in WatchdogCallbackHandler... callback" for it (issue 19)."""
     now = utcnow()
     with wd.engine.begin() as conn:
         conn.execute(insert(tool_circuits).values(
@@ -291,7 +292,9 @@ def test_an_open_circuit_fails_the_tool_fast_without_running_it(sqlite_url, wd):
     ], catch_tool_errors=True)
     cb = handler(wd, agent="support-bot")
 
-    assert agent.invoke("refund me", config={"callbacks": [cb]}) == "The bank is down, a human will call you."
+    with caplog.at_level("WARNING"):
+        assert agent.invoke("refund me", config={"callbacks": [cb]}) == "The bank is down, a human will call you."
+    assert not [r for r in caplog.records if "WatchdogCallbackHandler" in r.getMessage()]
 
     assert CALLS == []  # the tool never ran
     run = run_row(sqlite_url, cb.run.id)

@@ -101,6 +101,8 @@ def fail_cleanly(fn):
             return fn(*args, **kwargs)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
+        except BrokenPipeError:  # issue 19: `top | head` — the reader left; no traceback, no error line
+            closed_pipe()
         except ConfigError as exc:
             _die(app, exc, EXIT_CONFIG)
         except Exception as exc:  # noqa: BLE001 — the CLI's last line of defense
@@ -154,6 +156,8 @@ class _Group(click.Group):
             super().main(*args, standalone_mode=False, **kwargs)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
+        except BrokenPipeError:
+            closed_pipe()
         except click.Abort:
             click.echo("agent-watchdog: error: aborted", err=True)
             sys.exit(1)
@@ -198,6 +202,19 @@ def shared_options(fn):
     fn = click.option("--debug", expose_value=False, is_flag=True, default=None,
                       callback=_set_on_app("debug"), help="Show tracebacks.")(fn)
     return fn
+
+
+def closed_pipe() -> None:
+    """stdout's reader went away: exit as a process killed by SIGPIPE would (128 + 13), quietly
+    (stdout is pointed at /dev/null so the interpreter's final flush cannot fail again)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    sys.exit(141)
 
 
 def emit_json(data) -> None:

@@ -130,15 +130,22 @@ def kill_cmd(app, run_id, reason):
                           why=f"killed while paused for {row.stop_reason}" if row.status == lc.PAUSED else None)
     if not ok:
         raise StoreError(f"run {rid[:8]} ended or was stopped meanwhile")
-    if row.kill_mode == lc.COOPERATIVE:
-        tail = ""
-    elif _operator_sealer(app) is not None:
-        tail = f", then SIGTERM after {app.config.daemon.cancel_grace_s:g} s"
-    else:
-        tail = (" (cooperative only: this user cannot read the daemon's key, so the daemon will not signal its "
-                "process; run kill as the daemon's user to allow SIGTERM)")
-    click.echo(f"stop requested for {row.agent} run {rid[:8]}: it sees the stop on its next write{tail} "
-               "(the daemon carries out the ladder)")
+    click.echo(kill_sentence(row.agent, rid, row.kill_mode, _operator_sealer(app) is not None, app.config.daemon))
+
+
+def kill_sentence(agent: str, rid: str, kill_mode: str, sealed: bool, daemon) -> str:
+    """What `kill` will lead to, in one sentence (issue 19): the ladder for root and the daemon's
+    user, a cooperative stop for everyone else (and for runs that share their process)."""
+    from watchdog.core import lifecycle as lc
+
+    head = f"stop requested for {agent} run {rid[:8]}: it stops at its next write"
+    if kill_mode == lc.COOPERATIVE:
+        return f"{head}; its kill_mode is cooperative, so its process is never signalled"
+    if sealed:
+        return (f"{head}; if it has not ended {daemon.cancel_grace_s:g} s later the daemon sends SIGTERM, "
+                f"then SIGKILL {daemon.term_grace_s:g} s after that")
+    return (f"{head}; cooperative only: its process is not signalled, because only root or the daemon's "
+            "user can have the daemon signal it")
 
 
 def _operator_sealer(app):

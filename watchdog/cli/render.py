@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from watchdog.core.budgets import BUDGETS, PROFILE_KEYS, Totals
-from watchdog.core.config import Config
-from watchdog.core.text import duration, url_without_password
+from watchdog.core.budgets import BUDGETS, Totals
+from watchdog.core.text import duration
 
 
 def short(run_id: str) -> str:
@@ -28,11 +27,11 @@ def runs_table(records: list[dict]) -> str:
         return "no runs"
     reason_w = max(6, min(17, max(len(r["stop_reason"] or "-") for r in records)))
     lines = [f"{'RUN':8} {'AGENT':14} {'STATUS':9} {'REASON':{reason_w}} {'STEP':>4} {'CALL':>4} {'EUR':>6} "
-             f"{'AGE':>6} TOP TOOL"]
+             f"{'DURATION':>8} TOP TOOL"]
     for r in records:
         lines.append(
             f"{short(r['id']):8} {cut(r['agent'], 14):14} {r['status']:9} {cut(r['stop_reason'] or '-', reason_w):{reason_w}} "
-            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>6} "
+            f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>8} "
             f"{cut(top_tool_text(r['top_tool']), 18)}"
         )
     return "\n".join(lines)
@@ -124,21 +123,3 @@ def circuit_line(r: dict, open_until, now) -> str:
     return cut(line + (f"  {r['last_error']}" if r["last_error"] else ""), 120)
 
 
-def config_summary(config: Config) -> str:
-    keys = PROFILE_KEYS
-    lines = [f"config {config.path or '(built-in defaults)'}: OK",
-             f"  store {url_without_password(config.store.url) or '(from --db / AGENT_WATCHDOG_DB)'}",
-             f"  daemon tick {config.daemon.tick_s:g}s, cancel grace {config.daemon.cancel_grace_s:g}s, "
-             f"term grace {config.daemon.term_grace_s:g}s, allowed users {list(config.daemon.allowed_users) or '(own user)'}",
-             f"  alerts {len(config.alert_urls)} URL(s), price overrides for {len(config.prices)} model(s), "
-             f"genai-prices at {config.pricing.eur_per_usd:g} EUR/USD, budget_tz {config.pricing.budget_tz}",
-             f"  drift window {config.drift.window_s:g}s vs {config.drift.baseline_days:g} days, factor "
-             f"{config.drift.factor:g}, min runs {config.drift.min_runs}; {len(config.budgets)} label budget(s)"]
-    profiles = {"[defaults]": config.defaults, **{f"[agents.{k}]": v for k, v in config.agents.items()}}
-    for name, b in profiles.items():
-        lines.append(f"  {name}")
-        lines.append("    " + ", ".join(f"{k}={getattr(b, k)}" for k in keys))
-    for lb in config.budgets:
-        lines.append(f"  [[budgets]] labels {lb.name}: per day {lb.max_cost_eur_per_day:g}, "
-                     f"per month {lb.max_cost_eur_per_month:g} EUR, warn_at {lb.warn_at:g}")
-    return "\n".join(lines)

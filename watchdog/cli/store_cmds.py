@@ -65,10 +65,11 @@ def parse_age(text: str) -> float:
 @click.option("--older-than", "older_than", metavar="AGE",
               help="Prune runs that ended longer ago than AGE (30d, 12h, 90m; default: [store] keep_days).")
 @click.option("--dry-run", is_flag=True, help="Only count what would be pruned.")
+@click.option("--yes", is_flag=True, help="Do not ask, even when runs younger than a day would be deleted.")
 @shared_options
 @pass_app
 @fail_cleanly
-def db_prune(app, older_than, dry_run):
+def db_prune(app, older_than, dry_run, yes):
     """Delete ended runs (with their events, interventions and delivered alerts) by hand.
 
     In small batches, each its own short transaction: agents keep writing meanwhile.
@@ -88,6 +89,16 @@ def db_prune(app, older_than, dry_run):
     engine = app.engine
     with read_connection(engine) as conn:
         cutoff = leases.db_now(conn) - dt.timedelta(seconds=age_s)
+    if not dry_run and not yes and age_s < 86400:  # issue 19: a typo (0d) must not empty the store
+        young = retention.count(engine, cutoff).runs
+        if young:
+            import sys
+
+            question = f"delete {young} ended run(s), some younger than a day (--older-than {older_than})?"
+            if not sys.stdin.isatty():
+                raise StoreError(f"{question} refused: no terminal to ask; add --yes to delete them")
+            if not click.confirm(question, default=False):
+                raise StoreError("nothing deleted")
     rep = retention.count(engine, cutoff) if dry_run else retention.prune(engine, cutoff)
     click.echo(rep.summary())
 
@@ -98,19 +109,30 @@ def db_prune(app, older_than, dry_run):
               help="At most this many runs, newest first.")
 @click.option("--before", metavar="RUN_ID", help="The next page: runs started before this one (the last id shown).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@click.option("--agent", metavar="NAME", help="Only this agent's runs.")
+@click.option("--status", type=click.Choice(["running", "paused", "stopping", "completed", "failed", "killed", "lost"]),
+              help="Only runs in this status (an ended one implies --all).")
+@click.option("--label", "label_filters", metavar="K=V", multiple=True, help="Only runs with this label (repeatable).")
 @shared_options
 @pass_app
 @fail_cleanly
-def runs_cmd(app, all_runs, limit, before, as_json):
+def runs_cmd(app, all_runs, limit, before, as_json, agent, status, label_filters):
     """List the active runs (or every run with --all), newest first, one page of --limit."""
     from watchdog.cli import render
     from watchdog.store import views
 
+    labels = {}
+    for item in label_filters:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected K=V, got {item!r}", param_hint="--label")
+        labels[key] = value
     with app.reader() as conn:
         if before is not None:
             before = views.resolve_run_id(conn, before)
         records = views.list_runs(conn, app.judge_by(conn), utcnow(), all_runs=all_runs, limit=limit,
-                                  before=before, on_bad_row=_warn_bad_row)
+                                  before=before, on_bad_row=_warn_bad_row, agent=agent, status=status,
+                                  labels=labels)
     if as_json:
         emit_json(records)
     else:
@@ -168,16 +190,18 @@ def check_config(app, file, as_json):
 
     Also checks what the config needs from this host: the extras its keys need
     (postgres, metrics) are installed and the users of allowed_users exist."""
-    from watchdog.cli import render
+    from watchdog.cli import checkconfig
     from watchdog.core.config import load
+    from watchdog.daemon.notify import url_error
     from watchdog.daemon.preflight import check
 
     if file:
         app.config_path = file
-    config = load(app.config_path)
+    config = load(app.config_path, url_error=url_error)  # apprise loads each URL, as `run` does
     check(config)
+    shown, warnings = checkconfig.checked_urls(config)  # urls_file read as the daemon reads it
     if as_json:
         emit_json({"path": config.path, "defaults": config.defaults.to_json(),
-                   "agents": {k: v.to_json() for k, v in config.agents.items()}})
+                   "agents": {k: v.to_json() for k, v in config.agents.items()}, "alert_urls": shown})
     else:
-        click.echo(render.config_summary(config))
+        click.echo(checkconfig.summary(config, shown, warnings))

@@ -76,6 +76,10 @@ def frame(records: list[dict], now: dt.datetime, title: str = "", periods=(), tz
     shown = sorted((s for s in periods if s.budget_eur > 0),
                    key=lambda s: (not s.closed, s.runs_out_at is None, -s.spent_eur / s.budget_eur))[:PERIOD_LINES]
     if shown:
+        if not records:  # issue 19: nothing runs, so nothing is burning: no run-out forecast
+            import dataclasses
+
+            shown = [dataclasses.replace(s, runs_out_at=None, rate_eur_per_min=None) for s in shown]
         lines.append("")
         lines += [forecast.period_line(s, now, tz)[:WIDTH] for s in shown]
     return "\n".join(lines)

@@ -53,9 +53,14 @@ def unpriced_alert(model: str, agents: list[str], tokens: int, steps: int, no_mo
     more = f" (+{len(agents) - MAX_NAMES} more)" if len(agents) > MAX_NAMES else ""
     who = (f"agent {names[0]}" if len(names) == 1 else f"agents {', '.join(names)}") + more
     if no_model:
-        head = (f"steps recorded without a model have no price: cost budgets are not enforced for {who}; "
-                "pass model= (or cost_eur=) to run.step()")
-        fix = []
+        head = f"steps recorded without a model have no price: cost budgets are not enforced for {who}"
+        # Said for every way a step is recorded: the SDK's own calls, and the integrations, which
+        # read the model from the framework (issue 19: not "run.step()" to a LangChain user).
+        fix = ["", "how the steps get their model:",
+               "- the SDK: run.step(model=\"...\") (or cost_eur=...)",
+               "- LangChain / LangGraph and the OpenAI Agents SDK: the model name the chat model or agent "
+               "is configured with (model=...); a model object without one is recorded without",
+               "- a plain-SQL writer: the events' model column"]
     else:
         head = f'model {model} has no price: cost budgets are not enforced for {who}; add [prices."{model}"]'
         fix = ["", "in the daemon's config (EUR per million tokens):", f'[prices."{model}"]',

@@ -83,7 +83,9 @@ def agent_socket(env: Mapping[str, str], home: str, exists: Callable[[str], bool
         candidate = os.path.join(env["XDG_RUNTIME_DIR"], APP_DIR, SOCKET_NAME)
         if exists(candidate):
             return candidate
-    candidate = os.path.join(home, ".local", "state", APP_DIR, SOCKET_NAME)
-    if exists(candidate):
-        return candidate
+    # A user's own daemon without $XDG_RUNTIME_DIR keeps it in its state_dir ($XDG_STATE_HOME too).
+    for base in filter(None, (env.get("XDG_STATE_HOME"), os.path.join(home, ".local", "state"))):
+        candidate = os.path.join(base, APP_DIR, SOCKET_NAME)
+        if exists(candidate):
+            return candidate
     return SYSTEM_SOCKET  # nothing found: the packaged default, so the warning names a real place

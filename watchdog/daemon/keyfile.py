@@ -59,14 +59,16 @@ def load_or_create(path: str) -> bytes:
 
 def load_existing(path: str) -> bytes | None:
     """The daemon's key for someone acting as the daemon (`sudo -u agent-watchdog agent-watchdog
-    kill`): None when this user cannot read it (then nothing it writes is sealed). Never creates."""
+    kill`, or root): None when this user cannot read it (then nothing it writes is sealed). Never
+    creates. Root may read the key of a daemon running as its own user: root can act as that
+    user anyway; the file must still be private to its owner."""
     try:
-        return _read(path)
+        return _read(path, any_owner=os.geteuid() == 0)
     except (FileNotFoundError, ConfigError):
         return None
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, any_owner: bool = False) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
@@ -77,7 +79,7 @@ def _read(path: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{KEY_FILE_KEY} = {path!r}: not a regular file")
-        if st.st_uid != os.geteuid():
+        if st.st_uid != os.geteuid() and not any_owner:
             raise ConfigError(f"{KEY_FILE_KEY} = {path!r}: owned by uid {st.st_uid}, not by the daemon's user "
                               f"(uid {os.geteuid()}); remove it and let the daemon create its own")
         if st.st_mode & 0o077:

@@ -168,8 +168,12 @@ def url_error(url: str) -> str | None:
     return _load(url)[1]
 
 
+_NOTIFY_TYPES = {"failure": apprise.NotifyType.FAILURE, "warning": apprise.NotifyType.WARNING,
+                 "info": apprise.NotifyType.INFO}
+
+
 class Notifier:
-    def __init__(self, urls: Sequence[str], timeout_s: float = 10.0):
+    def __init__(self, urls: Sequence[str], timeout_s: float = 10.0, hard_limit_s: float | None = None):
         if isinstance(urls, str):
             raise TypeError("urls must be a sequence of URLs, not one string")
         if not (0 < timeout_s < math.inf):
@@ -177,7 +181,10 @@ class Notifier:
         self._timeout_s = float(timeout_s)
         self._entries: list[tuple[Target, apprise.Apprise]] = []
         self._by_id: dict[str, apprise.Apprise] = {}
-        self._lanes = Lanes(self._send_to, lambda target, why: TargetResult(target, False, why))
+        # A send past the hard limit is given up (dead-lettered for its target): by default
+        # longer than its socket timeouts allow, so only a send that truly hangs reaches it.
+        self.hard_limit_s = float(hard_limit_s) if hard_limit_s else self.wait_s
+        self._lanes = Lanes(self._send_to, lambda target, why: TargetResult(target, False, why), self.hard_limit_s)
         # No apprise deadline: the send runs in the lane's thread, bounded by the socket timeouts below.
         asset = apprise.AppriseAsset(service_timeout=0)
         for index, url in enumerate(urls):
@@ -208,32 +215,35 @@ class Notifier:
         """How long one send may take: connecting and reading, each bounded by timeout_s."""
         return 2 * self._timeout_s + 5.0
 
-    def send(self, title: str, body: str, skip: Collection[str] = ()) -> list[TargetResult]:
+    def send(self, title: str, body: str, skip: Collection[str] = (), kind: str = "info") -> list[TargetResult]:
         """Deliver to every target not in `skip`, all at once; failures are results, never exceptions."""
         targets = [t for t, _ in self._entries if t.id not in skip]
-        results = self.deliver({t: [(0, title, body)] for t in targets}, time.monotonic() + self.wait_s)
-        return [results[(0, t.id)] for t in targets]
+        key = object()  # this send's own: never a result another caller is waiting for
+        results = self.deliver({t: [(key, title, body, kind)] for t in targets}, time.monotonic() + self.wait_s)
+        return [results[(key, t.id)] for t in targets]
 
     def deliver(self, work: Mapping[Target, Sequence[Job]], deadline: float) -> dict[tuple[Hashable, str], TargetResult]:
-        """Each target's jobs (key, title, body) in its own lane until `deadline` (time.monotonic());
-        a result per (key, target id). A target still busy with an abandoned send gets none of
-        its jobs sent: they fail, and are retried later."""
+        """Each target's jobs (key, title, body) in its own lane, in order, until `deadline`
+        (time.monotonic()); a result per (key, target id): lanes.PENDING for a send its lane has
+        not finished yet (it goes on, and is never sent twice; watchdog.daemon.lanes)."""
         return self._lanes.run(work, deadline)
 
     def busy(self) -> list[str]:
-        """Targets whose abandoned send has not returned yet."""
+        """Targets whose lane is still sending."""
         return self._lanes.busy()
 
-    def _send_to(self, target: Target, title: str, body: str) -> TargetResult:
-        return self._send_one(target, self._by_id[target.id], title, body)
+    def _send_to(self, target: Target, title: str, body: str, kind: str = "warning") -> TargetResult:
+        return self._send_one(target, self._by_id[target.id], title, body, kind)
 
-    def _send_one(self, target: Target, ap: apprise.Apprise, title: str, body: str) -> TargetResult:
+    def _send_one(self, target: Target, ap: apprise.Apprise, title: str, body: str,
+                  kind: str = "warning") -> TargetResult:
         error = None
         try:
             with _DeliveryLog() as cause, ap.notify(
                 body=body,
                 title=title,
                 body_format=apprise.NotifyFormat.TEXT,
+                notify_type=_NOTIFY_TYPES.get(kind, apprise.NotifyType.WARNING),  # watchdog.core.notify_kind
             ) as outcome:
                 # notify() returns an AppriseResult in apprise 2.x (a bool before): coerce.
                 if not bool(outcome):

@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from sqlalchemy import update
 
 from watchdog.core.alert_text import alert_body, alert_title
-from watchdog.daemon import delivered
-from watchdog.daemon.notify import Notifier
+from watchdog.core.notify_kind import notify_kind
+from watchdog.daemon import delivered, lanes
+from watchdog.daemon.notify import Notifier, TargetResult
 from watchdog.store import outbox_rows as rows
 from watchdog.store.actions import enqueue_alert
+from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import alerts
 
 log = logging.getLogger("watchdog.alerts")
@@ -46,6 +48,7 @@ REFUSED_REPORT_S = 3600  # at most one "forged alerts refused" alert per hour
 BATCH = 50
 CLAIM_MARGIN_S = 30.0  # a claim outlives its pass's budget by this: recording the results takes time too
 EXPIRED, UNUSABLE = "expired", "unusable"  # why a row was dead-lettered (the metrics' label)
+HUNG_KIND = "hung"  # a send past the lanes' hard limit (watchdog.daemon.lanes)
 
 
 @dataclass
@@ -103,18 +106,22 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
                         log.info("ALERT %s\n%s", title, body)
                     done = set(row.delivered_targets or []) | delivered.already(memory, row, notifier.targets)
                     due.append(_Due(alert_id, row.dedupe_key, row.attempts, done, row.created_at))
+                    kind = notify_kind(row.dedupe_key)  # apprise's type: failure / warning / info
                     for target in notifier.targets:
-                        if target.id not in done:
-                            work[target].append((alert_id, title, body))
+                        if target.id not in done and f"dead:{target.id}" not in done:
+                            work[target].append((alert_id, title, body, kind))
             except Exception as exc:  # noqa: BLE001 — this row only; the pass goes on
                 _unusable(engine, token, alert_id, now, exc, report, on_dead)
         if refused:
             _refuse(engine, token, refused, now, sealer)
             report.refused = len(refused)
+        held_results, held_until = _in_order(engine, notifier, sealer.host, ids, work)
         results = notifier.deliver(work, deadline) if any(work.values()) else {}
+        results.update(held_results)
         for a in due:
             try:
-                _record(engine, token, notifier, a, results, now, retry_s, report, on_result, memory)
+                _record(engine, token, notifier, a, results, now, retry_s, report, on_result, on_dead, held_until,
+                        sealer.host, memory)
             except Exception as exc:  # noqa: BLE001
                 _unusable(engine, token, a.id, now, exc, report, on_dead)
     finally:
@@ -138,32 +145,94 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
     return report
 
 
-def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_result, memory=None) -> None:
+def _in_order(engine, notifier, host, ids, work) -> tuple[dict, dict]:
+    """Per target, alerts leave in the order they were queued: a claimed alert newer than one
+    the target has not got yet (in its backoff) is HELD, not sent (taken out of `work`).
+    Returns those results and, per target id, when the older alert is due again."""
+    if not ids or not notifier.targets:
+        return {}, {}
+    try:
+        with engine.connect() as conn:
+            older = rows.waiting_before(conn, host=host, below_id=max(ids), exclude=list(ids))
+    except Exception as exc:  # noqa: BLE001 — order is best effort this pass; delivery is not
+        if store_unavailable(exc):
+            raise
+        return {}, {}
+    results: dict = {}
+    until: dict = {}
+    for target in notifier.targets:
+        blocker = next((o for o in older if isinstance(o.delivered_targets, (list, type(None)))
+                        and target.id not in (o.delivered_targets or [])
+                        and f"dead:{target.id}" not in (o.delivered_targets or [])), None)
+        if blocker is None:
+            continue
+        keep = []
+        for job in work.get(target, []):
+            if job[0] > blocker.id:
+                results[(job[0], target.id)] = TargetResult(target, False, lanes.HELD)
+            else:
+                keep.append(job)
+        work[target] = keep
+        if isinstance(blocker.next_attempt_at, dt.datetime):
+            until[target.id] = blocker.next_attempt_at
+    return results, until
+
+
+def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_result, on_dead=None,
+            held_until=None, host: str = "", memory=None) -> None:
     errors = []
+    tried = pending = hung = False
+    waits = []  # when the alerts these ones are held behind are due again
     for target in notifier.targets:
         r = results.get((a.id, target.id))
         if r is None:
             continue
-        if r.ok:
+        if lanes.pending(r):  # still being sent in its lane: not a failure, never sent again
+            pending = tried = True
+            continue
+        if lanes.held(r):
+            waits.append((held_until or {}).get(target.id) or now + dt.timedelta(seconds=retry_s))
+            continue
+        tried = True
+        if lanes.hung(r):
+            hung = True
+            a.done.add(f"dead:{target.id}")
+            errors.append(f"{target.privacy_url}: {r.error}")
+            log.warning("alert %s to %s dead-lettered for that target: %s", a.key, target.privacy_url, r.error)
+        elif r.ok:
             a.done.add(target.id)
             delivered.sent(memory, a.key, a.created_at, target.id)  # the daemon's own record (issue 20)
+            a.done.add(f"at:{target.id}:{now.isoformat(timespec='seconds')}")  # for `alerts --all`
         else:
             errors.append(f"{target.privacy_url}: {r.error}")
             log.warning("alert %s to %s failed: %s", a.key, target.privacy_url, r.error)
         if on_result:
             on_result(r)
-    all_done = all(t.id in a.done for t in notifier.targets)
-    attempts = a.attempts + 1
+    all_done = all(t.id in a.done or f"dead:{t.id}" in a.done for t in notifier.targets)
+    attempts = a.attempts + 1 if tried or not notifier.targets else a.attempts
     values = {"attempts": attempts, "delivered_targets": sorted(a.done),
               "last_error": "; ".join(errors)[:2000] if errors else None}
     if not notifier.targets:
         values["last_error"] = NO_TARGETS
-    if all_done:
+    if all_done and any(d.startswith("dead:") for d in a.done):
+        values["dead_at"] = now  # every target is done with it, one (or more) by giving up on a hung send
+        report.dead += 1
+        if on_dead:
+            on_dead(HUNG_KIND)
+    elif all_done:
         values["delivered_at"] = now
         report.delivered += 1
-    else:
+    elif pending:
+        values["next_attempt_at"] = now  # the next pass collects what its lane finished
+        until = now + dt.timedelta(seconds=notifier.hard_limit_s + CLAIM_MARGIN_S)
+        with engine.begin() as conn:
+            rows.hold(conn, token, a.id, values, host=host, until=until)
+        return
+    elif errors:
         values["next_attempt_at"] = now + dt.timedelta(seconds=backoff_s(attempts, retry_s))
         report.failed += len(errors)
+    else:  # only held behind older alerts: due again with the oldest of them
+        values["next_attempt_at"] = min(waits) if waits else now + dt.timedelta(seconds=retry_s)
     with engine.begin() as conn:
         if not rows.record(conn, token, a.id, values):
             log.warning("alert %s: this pass's claim expired before its result was recorded; "

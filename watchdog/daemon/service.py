@@ -56,6 +56,9 @@ class Daemon:
         if not self.killer.allowed_users:
             log.warning("[daemon] allowed_users is empty and the daemon's own user is a system account: no process "
                         "will be signalled (cooperative stops and alerts only); set allowed_users = [\"USER\", ...]")
+        from watchdog.daemon import dirs  # issue 19: the default directories exist for any user
+
+        dirs.ensure(config.daemon)
         self.sealer = Sealer(keyfile.load_or_create(config.daemon.key_file), self.killer.host)
         if notifier is None:
             from watchdog.core.config import alert_urls
@@ -330,6 +333,9 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        from watchdog.daemon import reload as reloading  # issue 19: SIGHUP reloads; SIGUSR1/2
+
+        reloading.install(self)
         try:
             self.publish(force=True)
         except Exception as exc:  # noqa: BLE001 — the tick retries publishing
@@ -345,7 +351,9 @@ class Daemon:
                  self.engine.url.render_as_string(hide_password=True), tick_s, self.killer.host, os.getpid())
         try:
             while not self._stop.wait(1.0):
-                pass
+                if getattr(self, "reload_requested", False):
+                    self.reload_requested = False
+                    reloading.reload(self, self.config.path)
         finally:
             sdnotify.notify("STOPPING=1")
             self._stop.set()

@@ -19,6 +19,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, stop_plan
 from watchdog.core.budgets import effective_budgets
 from watchdog.core.config import Config
+from watchdog.daemon.acknowledge import EndedStops
 from watchdog.daemon.backfill import BackfillReport
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
@@ -113,6 +114,7 @@ class Ticker:
                                                   engine.url)
         self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
         self._backstopped: set[str] = set()  # quarantined runs stopped or ended by the backstop
+        self.ended_stops = EndedStops()  # issue 19: stops heard after their runs ended
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
@@ -178,6 +180,9 @@ class Ticker:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
         batch.commit()  # this tick's stop requests, lost runs and rate alarms: one commit
+        # -- issue 19: stops whose runs ended before this daemon saw them stopping (acknowledge.py)
+        self._safely(lambda engine, at: self.ended_stops.run(engine, at, hosts=self._judged, config=self.config,
+                                                             sealer=self.sealer, by=self.by), now)
         if self._acked or self._decided or self._rate_alarmed:  # forget the runs that ended
             active = {r[L["id"]] for r in light}
             self._acked &= active

@@ -60,8 +60,7 @@ BEHAVIOURS = {b.name: b for b in (
               GUARD, circuit=True),
     Behaviour("hung", "calls scan_archive, which never returns (no timeout anywhere)",
               "Index the log archive.", True, 0.15, "killed", "heartbeat_timeout", SIGTERM),
-    Behaviour("stubborn", "never answers, swallows every exception (even the stop), ignores SIGTERM; "
-              "guards=False", "Check every refund.", False, 0.3, "killed", "max_tool_calls", SIGKILL),
+    Behaviour("stubborn", "never answers, swallows every exception (the stop too), ignores SIGTERM", "Check every refund.", False, 0.3, "killed", "max_tool_calls", SIGKILL),
 )}
 
 SYSTEM = "You are a support agent. Use the tools to find facts; answer in one sentence when you know."

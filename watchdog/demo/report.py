@@ -8,6 +8,7 @@ nothing and stops nothing.
 from __future__ import annotations
 
 import datetime as dt
+import textwrap
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -18,9 +19,12 @@ from watchdog.store.views import run_record, tool_stats
 from watchdog.demo.agents import CIRCUIT, COOPERATIVE, GUARD, NONE, SIGKILL, SIGTERM, BEHAVIOURS
 
 LABEL_W = 12
+WIDTH = 100  # columns: every line the demo prints fits
 # Lines are held this long before printing, so that rows committed a moment
 # apart by different processes still print in timestamp order.
 SETTLE_S = 0.35
+# A run that ended with a stop the daemon has not recorded yet: its end line waits this long.
+HOLD_END_S = 5.0
 # Interventions the feed leaves out: the `ended` row is folded into the run's
 # end line; a circuit's half-open probe is bookkeeping, not news.
 QUIET_ACTIONS = {"ended", "circuit_half_open"}
@@ -40,6 +44,8 @@ class Feed:
         self.status: dict[str, str] = {}
         self.ended_how: dict[str, str] = {}  # run id -> the ladder's last word
         self.guarded: set[str] = set()  # runs stopped by their own in-process guard
+        self.stop_seen: set[str] = set()  # runs whose stop's intervention was printed
+        self.iv_at: dict[int, dt.datetime] = {}  # intervention id -> its time: where its alert prints
         self.iv_seen = 0
         self.alert_seen = 0
         self.pending: list[tuple] = []
@@ -58,7 +64,8 @@ class Feed:
             self.alert_seen = a.id
             # Right under the intervention it reports (same transaction, same timestamp); the SDK's
             # guard-stop alert names no intervention: after those of its instant.
-            self.pending.append(((a.created_at, 1, a.intervention_id or float("inf"), 1), self._alert(a)))
+            at = self.iv_at.get(a.intervention_id, a.created_at)
+            self.pending.append(((at, 1, a.intervention_id or float("inf"), 1), self._alert(a)))
         if rows and self.t0 is None:
             self.t0 = min(r.started_at for r in rows.values())
         for rid, r in rows.items():
@@ -71,7 +78,11 @@ class Feed:
 
     def _line(self, at: dt.datetime, label: str, text: str) -> str:
         since = (at - self.t0).total_seconds() if self.t0 else 0.0
-        return f"{since:+6.1f}s  {label[:LABEL_W]:{LABEL_W}} {text}"
+        head = f"{since:+6.1f}s  {label[:LABEL_W]:{LABEL_W}} "
+        # At most WIDTH columns (issue 19): a long detail goes on indented lines of its own.
+        return "\n".join(textwrap.wrap(text, WIDTH, initial_indent=head,
+                                        subsequent_indent=" " * (len(head) + 11), break_on_hyphens=False)
+                         ) if len(head) + len(text) > WIDTH else head + text
 
     def _run(self, r):
         before = self.status.get(r.id)
@@ -80,6 +91,10 @@ class Feed:
                                  self._line(r.started_at, r.agent, f"started    pid {r.pid}, run {r.id[:8]}")))
         if r.status in lc.END_STATUSES and before not in lc.END_STATUSES:
             at = r.ended_at or utcnow()
+            if (r.stop_requested_at is not None and r.id not in self.stop_seen
+                    and (utcnow() - at).total_seconds() < HOLD_END_S):
+                return  # a stop the daemon hears after the end: its STOP line comes first
+
             self.pending.append(((at, 2, 0, 0), self._line(at, r.agent, self._end_text(r))))
         self.status[r.id] = r.status
 
@@ -104,7 +119,13 @@ class Feed:
         if i.action in QUIET_ACTIONS:
             return
         label = self.names.get(i.run_id, "?") if i.run_id else (i.tool or "?")
-        if i.action == "stop_requested":
+        self.iv_at[i.id] = i.at
+        if i.action in ("stop_requested", "guard_stop"):
+            self.stop_seen.add(i.run_id)
+        if i.action == "stop_requested" and acknowledged(i):
+            self.guarded.add(i.run_id)  # the demo's agents: only their own guards ask for stops in the store
+            text = f"STOP       by its own in-process guard — {i.reason}"
+        elif i.action == "stop_requested":
             text = f"STOP       requested by the daemon — {i.reason}: {i.detail}"
         elif i.action == "guard_stop":
             self.guarded.add(i.run_id)
@@ -119,9 +140,17 @@ class Feed:
 
     def _alert(self, a) -> str:
         pad = " " * 9
-        lines = [f"{pad}┌ ALERT  {a.title}"]
-        lines += [f"{pad}│ {ln}".rstrip() for ln in a.body.splitlines()]
-        return "\n".join(lines + [f"{pad}└"])
+        lines = [ln for ln in textwrap.wrap(f"┌ ALERT  {a.title}", WIDTH - len(pad), subsequent_indent="│        ")]
+        for ln in a.body.splitlines() or [""]:
+            lines += textwrap.wrap(ln, WIDTH - len(pad) - 2, break_on_hyphens=False) or [""] if ln else [""]
+        out = [f"{pad}{lines[0]}"] + [f"{pad}│ {ln}".rstrip() if not ln.startswith("│") else f"{pad}{ln}"
+                                        for ln in lines[1:]]
+        return "\n".join(out + [f"{pad}└"])
+
+
+def acknowledged(i) -> bool:
+    """A stop the daemon recorded but did not decide (watchdog.daemon.acknowledge, ticker)."""
+    return isinstance(i.outcome, str) and "not by this daemon" in i.outcome
 
 
 def _n(count: int, noun: str) -> str:
@@ -169,7 +198,10 @@ def outcomes(engine, config, names: dict[str, str]) -> list[Outcome]:
     with engine.connect() as conn:
         rows = {r.id: r for r in conn.execute(select(runs).where(runs.c.id.in_(list(names))))}
         stats = tool_stats(conn, list(rows))
-        acts = conn.execute(select(interventions.c.run_id, interventions.c.action, interventions.c.tool)).all()
+        acts = conn.execute(select(interventions.c.run_id, interventions.c.action, interventions.c.tool,
+                                   interventions.c.outcome)).all()
+    acts = [(rid, "guard_stop" if action == "stop_requested" and acknowledged(a) else action, tool)
+            for a in acts for rid, action, tool in [(a.run_id, a.action, a.tool)]]
     opened = {tool for rid, action, tool in acts if action == "circuit_open"}
     out = []
     for rid, agent in names.items():

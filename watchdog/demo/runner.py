@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -234,7 +235,7 @@ def intro(demo: Demo, keep: bool) -> str:
         f"  circuit  {c.errors} errors of one tool in {c.window_s:g} s open it for {c.open_s:g} s",
         "  alerts   printed as they would arrive on Slack; "
         + (f"also sent to the {len(demo.config.alert_urls)} URL(s) of your config" if demo.config.alert_urls
-           else "to receive them too, pass a --config with [alerts] urls"),
+           else "to get them too: --config with [alerts] urls"),
         "",
     ]
     lines += [f"  {name:12} {beh.story}" for name, beh in BEHAVIOURS.items()]
@@ -283,8 +284,9 @@ def _run(folder: Path, keep: bool, tick_s: float, alert_urls) -> int:
         epilogue(demo, results)
     else:
         # The store is deleted on the way out: point at a command that keeps one, not at this one.
-        demo.echo(f"\nThe store and logs were temporary ({demo.dir}, deleted now). To look closer at the runs "
-                  "(runs --all, show, postmortem, top), keep them: agent-watchdog demo --keep DIR")
+        demo.echo(f"\nThe store and logs were temporary ({demo.dir}, deleted now).\n"
+                  "To look closer at the runs (runs --all, show, postmortem, top), keep them: "
+                  "agent-watchdog demo --keep DIR")
     return status
 
 
@@ -313,8 +315,11 @@ def verdict(demo: Demo, results, finished: bool) -> int:
 
 def epilogue(demo: Demo, results):
     # --config too: `show` and `postmortem` judge a run against its profile, and the demo's are its own.
-    base = f"agent-watchdog --db {demo.db_url} --config {demo.cfg_path}"
+    # Set once, so that each command fits 100 columns (issue 19).
+    base = "agent-watchdog"
     demo.echo(f"\nKept in {demo.dir}: runs.db, demo.toml and the daemon's and agents' logs. Look closer:")
+    demo.echo(f"  export AGENT_WATCHDOG_DB={shlex.quote(demo.db_url)}")
+    demo.echo(f"  export AGENT_WATCHDOG_CONFIG={shlex.quote(str(demo.cfg_path))}")
     demo.echo(f"  {base} runs --all")
     pick = next((o for o in results or () if o.agent == "stubborn" and o.record), None)
     if pick:

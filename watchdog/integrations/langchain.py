@@ -47,13 +47,18 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "watchdog.integrations.langchain needs langchain-core (the `langchain` extra): "
-        "pip install '.[langchain]' from a checkout of agent-watchdog, or pip install 'agent-watchdog-daemon[langchain]'"
+        "pip install '.[langchain]' from a checkout of agent-watchdog, or pip install \"$(ls dist/*.whl)[langchain]\" "
+        "with a wheel built from it (docs/install.md)"
     ) from exc
 
 from watchdog.errors import RunKilled, ToolUnavailable
 from watchdog.integrations._common import PendingTool, RunBinding, after_tool, before_tool, tool_args
 
 log = logging.getLogger("watchdog.integrations.langchain")
+
+from watchdog.integrations import lc_quiet  # noqa: E402 — issue 19: our refusals are not callback errors
+
+lc_quiet.install()
 
 __all__ = ["WatchdogCallbackHandler", "handler"]
 

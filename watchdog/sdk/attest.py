@@ -22,10 +22,32 @@ REPLY_MAX_BYTES = 1024
 
 
 def socket_path(explicit: str | None = None) -> str:
-    """`explicit`, else $AGENT_WATCHDOG_SOCKET, else the packaged default; "" = never attest."""
+    """`explicit`, else where DESIGN.md says an agent finds the daemon (watchdog.core.paths:
+    $AGENT_WATCHDOG_SOCKET, /run/agent-watchdog, $XDG_RUNTIME_DIR, the user's state dir);
+    "" = never attest."""
     if explicit is not None:
         return explicit
-    return os.environ.get(ENV_SOCKET, DEFAULT_SOCKET)
+    from watchdog.core.paths import agent_socket
+
+    return agent_socket(os.environ, os.path.expanduser("~"))
+
+
+_warned = False
+
+
+def warn_unattested(run_id: str, kill_mode: str, why: str) -> str:
+    """Once per process, on stderr: a process/tree run the daemon could not attest is stopped
+    cooperatively only, never signalled. Returns the note recorded on the run."""
+    global _warned
+    note = (f"not attested ({why[:160]}): kill_mode {kill_mode} needs the daemon's socket; "
+            "this run can only be stopped cooperatively")
+    if not _warned:
+        _warned = True
+        import sys
+
+        print(f"agent-watchdog: run {run_id[:8]} {note}; set AGENT_WATCHDOG_SOCKET to the daemon's "
+              "[daemon] socket (retried every 30 s)", file=sys.stderr, flush=True)
+    return note
 
 
 def request(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S,

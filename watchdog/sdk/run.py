@@ -119,7 +119,18 @@ class Run:
             self._attester = Attester(self.wd.attest_socket, self.id, self.kill_mode)
             self._pending_mac = []
             self._attest()
+            if self._attester is not None and self.wd.attest_socket:  # issue 19: said once, and on the run
+                self._unattested(self._attester.why)
         return self
+
+    def _unattested(self, why: str) -> None:
+        from watchdog.sdk.attest import warn_unattested
+
+        note = warn_unattested(self.id, self.kill_mode, why)
+        try:
+            self.wd.writer.transaction([(self.wd.writer.dialect.set_progress, (note, self.id))])  # never buffered
+        except Exception:  # noqa: BLE001 — a note must never fail the run
+            pass
 
     @property
     def attested(self) -> bool:

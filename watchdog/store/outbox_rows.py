@@ -35,6 +35,12 @@ def claimer(host: str) -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[-255:]
 
 
+def lane_holder(host: str) -> str:
+    """Who holds a row whose send is still running in one of this process's lanes: only this
+    process's next pass takes it again (another deliverer would send it a second time)."""
+    return f"{host}:{os.getpid()}:lanes"[-255:]
+
+
 def _unclaimed(now: dt.datetime, ttl_s: float):
     # Two passes read the clock a moment apart: a claim is from the future (a clock set back)
     # only beyond twice its length, never because the other pass's `now` was a little later.
@@ -49,7 +55,7 @@ def claim(engine, token: str, *, host: str, now: dt.datetime, ttl_s: float, expi
     open_ = and_(alerts.c.delivered_at.is_(None), alerts.c.dead_at.is_(None),
                  or_(alerts.c.sealed_by == host, alerts.c.sealed_by.is_(None)))
     due = or_(alerts.c.next_attempt_at.is_(None), alerts.c.next_attempt_at <= now, alerts.c.created_at < expire_before)
-    unclaimed = _unclaimed(now, ttl_s)
+    unclaimed = or_(_unclaimed(now, ttl_s), alerts.c.claimed_by == lane_holder(host))
     with engine.begin() as conn:
         ids = conn.execute(select(alerts.c.id).where(and_(open_, due, unclaimed)).order_by(alerts.c.id).limit(limit)
                            .with_for_update(skip_locked=True)).scalars().all()
@@ -73,6 +79,29 @@ def record(conn, token: str, alert_id: int, values: dict) -> bool:
     res = conn.execute(update(alerts).where(and_(alerts.c.id == alert_id, alerts.c.claimed_by == token))
                        .values(**values, claimed_by=None, claimed_until=None))
     return res.rowcount == 1
+
+
+def hold(conn, token: str, alert_id: int, values: dict, *, host: str, until: dt.datetime) -> bool:
+    """A row still being sent in a lane: its results so far, claimed for this process until
+    `until` (a crashed daemon's hold expires: the promise across a crash is at least once)."""
+    res = conn.execute(update(alerts).where(and_(alerts.c.id == alert_id, alerts.c.claimed_by == token))
+                       .values(**values, claimed_by=lane_holder(host), claimed_until=until))
+    return res.rowcount == 1
+
+
+def waiting_before(conn, *, host: str, below_id: int, exclude: list[int], limit: int = 1000) -> list:
+    """Open alerts of `host` older than `below_id` that this pass did not claim (in their
+    backoff): (id, delivered_targets, next_attempt_at). A target gets nothing newer first."""
+    q = (select(alerts.c.id, alerts.c.delivered_targets, alerts.c.next_attempt_at)
+         .where(and_(alerts.c.delivered_at.is_(None), alerts.c.dead_at.is_(None), alerts.c.id < below_id,
+                     or_(alerts.c.sealed_by == host, alerts.c.sealed_by.is_(None)), alerts.c.id.not_in(exclude)))
+         .order_by(alerts.c.id).limit(limit))
+    try:
+        return conn.execute(q).all()
+    except DBAPIError:
+        raise
+    except Exception:  # noqa: BLE001 — a bad value in a row: order is not enforced past it this pass
+        return []
 
 
 def dead_letter(engine, token: str, alert_id: int, now: dt.datetime, reason: str) -> bool:
@@ -189,5 +218,54 @@ def undelivered(conn, *, dead_only: bool, limit: int) -> tuple[list[dict], int]:
             record.update({c: None for c in LISTED}, last_error=unreadable)
         else:
             record.update({c: getattr(row, c) for c in LISTED})
+        out.append(record)
+    return out, max(0, total - len(out))
+
+
+HISTORY = ("dedupe_key", "run_id", "created_at", "attempts", "delivered_at", "dead_at", "delivered_targets",
+           "last_error", "title")
+
+
+def history(conn, *, limit: int) -> tuple[list[dict], int]:
+    """Every alert, newest first (`alerts --all`), with its state and, per target, when it was
+    recorded as delivered (`at:<target>:<time>` entries of delivered_targets); and how many more."""
+    from sqlalchemy import func
+
+    ids = [r for (r,) in conn.execute(select(alerts.c.id).order_by(alerts.c.id.desc()).limit(limit))]
+    total = conn.execute(select(func.count()).select_from(alerts)).scalar_one()
+    out = []
+    for alert_id, row, unreadable in sorted(read(conn, ids, [alerts.c[c] for c in HISTORY]), key=lambda x: -x[0]):
+        record = {"id": alert_id}
+        if row is None:
+            record.update({c: None for c in HISTORY}, state="unreadable", last_error=unreadable, targets={})
+            out.append(record)
+            continue
+        record.update({c: getattr(row, c) for c in HISTORY})
+        done = row.delivered_targets if isinstance(row.delivered_targets, list) else []
+        targets: dict = {}
+        for entry in done:
+            if not isinstance(entry, str):
+                continue
+            if entry.startswith("at:") and entry.count(":") >= 2:
+                _, tid, when = entry.split(":", 2)  # a target id has no colon; the time has
+                targets[tid] = when
+            elif entry.startswith("dead:"):
+                targets.setdefault(entry[5:], "dead")
+            else:
+                targets.setdefault(entry, "delivered")
+        record["targets"] = targets
+        last = row.last_error if isinstance(row.last_error, str) else ""
+        if row.dead_at is not None:
+            record["state"] = "dead"
+        elif row.delivered_at is None:
+            record["state"] = "waiting"
+        elif last.startswith("summarised in "):
+            record["state"] = "summarised"
+        elif last.startswith("refused"):
+            record["state"] = "refused"
+        elif not targets:
+            record["state"] = "logged"  # no target configured: only the daemon's log has it
+        else:
+            record["state"] = "delivered"
         out.append(record)
     return out, max(0, total - len(out))

@@ -229,7 +229,9 @@ alerts = Table(
     Column("body", Text, nullable=False),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("next_attempt_at", UTCDateTime),
-    Column("delivered_targets", JSON),  # ids of the URLs that already got it
+    # Ids of the URLs that already got it; `at:<id>:<time>` says when (`alerts --all`) and
+    # `dead:<id>` that a send to it hung past the hard limit (watchdog.daemon.lanes).
+    Column("delivered_targets", JSON),
     Column("delivered_at", UTCDateTime),
     Column("last_error", Text),
     # HMAC of (dedupe_key, title, body) under the key of the daemon of `sealed_by`:

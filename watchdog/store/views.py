@@ -130,7 +130,7 @@ UNREADABLE = (ValueError, TypeError, ArithmeticError)
 
 def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
               before: str | None = None, on_bad_row: Callable[[str, Exception], None] | None = None,
-              statuses=None, agent: str | None = None, host: str | None = None,
+              statuses=None, agent: str | None = None, status: str | None = None, host: str | None = None,
               labels: dict[str, str] | None = None) -> list[dict]:
     """Run records, newest first: one page read from the (started_at, id) index; `before`: the
     last run id of the previous page. Ended runs carry their sealed top tool: only the others'
@@ -141,6 +141,8 @@ def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False,
     q = select(runs).order_by(desc(runs.c.started_at), desc(runs.c.id)).limit(limit)
     if statuses is not None:
         q = q.where(runs.c.status.in_(list(statuses)))
+    elif status is not None:  # one status, active or ended (`runs --status killed`)
+        q = q.where(runs.c.status == status)
     elif not all_runs:
         q = q.where(runs.c.status.in_(lc.ACTIVE_STATUSES))
     if agent is not None:
