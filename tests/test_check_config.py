@@ -67,7 +67,7 @@ def test_a_user_who_cannot_read_the_urls_file_is_told_so():
         r = _check(exe, "-m", "watchdog.cli", "check-config", str(cfg), user=user, env=env)
         assert r.returncode == 2, r.stdout + r.stderr
         (line,) = r.stderr.strip().splitlines()
-        assert f"this user ({user}) cannot read" in line and "run check-config as the daemon's user" in line
+        assert f"this user ({user}) cannot read" in line and "run check-config as root" in line
     finally:
         users.close()
         shutil.rmtree(folder, ignore_errors=True)

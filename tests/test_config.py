@@ -423,7 +423,9 @@ def test_alert_urls_file_is_read_from_the_credentials_directory_when_alerts_are_
     assert "secret" not in str(bad.value)
 
 
-def test_daemon_socket_and_key_file_default_to_the_units_directories(tmp_path):
+def test_daemon_socket_and_key_file_default_to_the_units_directories(tmp_path, monkeypatch):
+    for var in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):  # tests/conftest.py sets them: as root, no unit
+        monkeypatch.delenv(var, raising=False)
     cfg = parse({})
     assert (cfg.daemon.socket, cfg.daemon.key_file) == ("/run/agent-watchdog/attest.sock",
                                                         "/var/lib/agent-watchdog/attest.key")

@@ -223,6 +223,7 @@ PUBLIC_KEYS = {
         "approval_timeout_s",
         "dedupe_window_s",
         "runs_may_raise",
+        "owners",
         "max_tokens",
         "max_cost_eur_per_day",
         "max_cost_eur_per_month",
@@ -268,7 +269,7 @@ def test_example_passes_check_config_where_its_users_exist():
     exits = [line for line in done.stdout.splitlines() if line.startswith("exit=")]
     assert exits == ["exit=2", "exit=0"], done.stdout
     assert f"config {EXAMPLE}: OK" in done.stdout
-    assert "allowed users ['agents']" in done.stdout
+    assert "allowed users agents" in done.stdout
 
 
 def test_example_names_every_public_key():
@@ -321,6 +322,7 @@ def test_example_documented_values():
         "on_rate": "alert",
         "dedupe_window_s": 0,
         "runs_may_raise": False,
+        "owners": [],
         "max_tokens": 2_000_000,
         "max_cost_eur_per_day": 50.0,
         "max_cost_eur_per_month": 500.0,

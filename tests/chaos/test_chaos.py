@@ -9,6 +9,8 @@ budget + one tick of slack, computed in conftest.Slack and documented there.
 
 from __future__ import annotations
 
+import time
+
 import signal
 
 import pytest
@@ -24,6 +26,15 @@ def _tool_errors(run):
     return [e for e in run.events("tool") if e.ok is False]
 
 
+
+def _heard_once(run, timeout_s: float = 20.0) -> bool:
+    """An in-process guard's stop is the agent's own: the daemon only hears it, once, at its
+    next tick after the run ended (issue 19): one stop_requested record, nothing else."""
+    deadline = time.monotonic() + timeout_s
+    while run.daemon_actions() == [] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return run.daemon_actions() == ["stop_requested"]
+
 def test_tool_always_500_stops_the_run_and_opens_the_circuit(db_url, watchdog_daemon, agent_process):
     """1. A tool that always returns 500: every run stops, the circuit opens, later calls fail fast."""
     guarded = agent_process(agent="payments", scenario="always_500", tool="verify_iban")
@@ -36,9 +47,9 @@ def test_tool_always_500_stops_the_run_and_opens_the_circuit(db_url, watchdog_da
         assert all(e.error_msg == "500 Internal Server Error" or e.error_class == "ToolUnavailable"
                    for e in _tool_errors(run))
         assert run.wait_exit() == 2 and run.summary()["outcome"] == "killed"
-    # In-process: the guard refused the 3rd identical call; nothing for the daemon to do.
+    # In-process: the guard refused the 3rd identical call; the daemon only heard the stop, once.
     assert guarded.row().tool_calls == 2 and "in-process guard" in guarded.row().stop_detail
-    assert guarded.daemon_actions() == []
+    assert _heard_once(guarded)
     # Guards off: the daemon saw 3 identical calls and asked the run to stop; it obeyed on its next write.
     assert unguarded.daemon_actions() == ["stop_requested"]
     assert "in-process guard" not in unguarded.row().stop_detail
@@ -70,7 +81,7 @@ def test_tool_output_failing_its_schema_is_not_retried_forever(watchdog_daemon, 
         # Bounded retries: the tool ran a handful of times, nowhere near the tool-call budget.
         assert run.summary()["executed"].get("lookup_iban", 0) <= 3 + run.slack.tool_calls
     assert any(e.error_msg == "schema validation failed: iban missing" for run in runs for e in _tool_errors(run))
-    assert runs[0].row().stop_reason == "loop_detected" and runs[0].daemon_actions() == []
+    assert runs[0].row().stop_reason == "loop_detected" and _heard_once(runs[0])
     assert runs[1].daemon_actions() == ["stop_requested"]
     assert runs[0].innocent_runs_untouched()
 
@@ -94,7 +105,7 @@ def test_insist_agent_against_a_broken_tool_structural_limits_win(watchdog_daemo
         hashes = [e.args_hash for e in run.events("tool")]
         assert len(hashes) == len(set(hashes))
         if guards:  # the guard refuses the call that would exceed: exactly at the budget
-            assert row.steps <= 8 and row.tool_calls <= 12 and run.daemon_actions() == []
+            assert row.steps <= 8 and row.tool_calls <= 12 and _heard_once(run)
             assert "in-process guard" in row.stop_detail
         else:
             assert run.daemon_actions() == ["stop_requested"]

@@ -45,14 +45,15 @@ def checked_urls(config: Config) -> tuple[list[str], list[str]]:
             st = os.stat(path)
         except OSError as exc:
             who = f"this user ({getpass.getuser()})"
-            hint = (f"; {who} cannot read it: run check-config as the daemon's user, e.g. "
-                    "sudo -u agent-watchdog agent-watchdog check-config") if isinstance(exc, PermissionError) else ""
+            hint = (f"; {who} cannot read it: run check-config as root, who reads the credential file "
+                    "as systemd hands it to the daemon (sudo agent-watchdog check-config)"
+                    if isinstance(exc, PermissionError) else "")
             raise ConfigError(f"{config.path or '<config>'}: alerts.urls_file: cannot read {path} "
                               f"({exc.strerror}){hint}") from None
         if not os.access(path, os.R_OK):
             raise ConfigError(f"{config.path or '<config>'}: alerts.urls_file: this user ({getpass.getuser()}) "
-                              f"cannot read {path}: run check-config as the daemon's user, e.g. "
-                              "sudo -u agent-watchdog agent-watchdog check-config")
+                              f"cannot read {path}: run check-config as root, who reads the credential file "
+                              "as systemd hands it to the daemon (sudo agent-watchdog check-config)")
         if st.st_mode & stat.S_IROTH:
             warnings.append(f"warning: alerts.urls_file {path} is readable by every user (it holds the alert "
                             f"credentials): chmod o-r {path}")

@@ -228,6 +228,10 @@ class Daemon:
             with self.engine.begin() as conn:
                 moved = rebase_active_runs(conn, jump.rebased)
                 rebase_pending_alerts(conn, jump.rebased)
+            # The daemon's own first sights (issue 20: the wall clock runs from them) move too.
+            self.ticker.memory.rebase_first(lambda at_s: jump.rebased(
+                dt.datetime.fromtimestamp(at_s, dt.timezone.utc)).timestamp())
+            with self.engine.begin() as conn:
                 line = (f"{where} jumped {jump.skew_s:+.0f} s ({jump.describe()}); the times of {moved} active "
                         "run(s) moved with it, wall_clock and heartbeat_timeout not judged this tick")
                 log.warning("%s", line)

@@ -15,6 +15,8 @@ Without a usable directory (a Ticker driven by tests) it lives in memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import hashlib
 import logging
 import os
@@ -130,6 +132,20 @@ class Memory:
             self._db.execute("COMMIT")
         for rid, at in rows:
             self.first.setdefault(rid, at)
+
+    def rebase_first(self, moved: "Callable[[float], float]") -> int:
+        """A clock jump: every first sight read off the old clock moves with the runs' own times
+        (watchdog.store.rebase), or a healthy run would look an hour old. Returns how many moved."""
+        changed = [(new, rid) for rid, at in self.first.items() if (new := moved(at)) != at]
+        if not changed:
+            return 0
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany("UPDATE first_seen SET at_s = ? WHERE run_id = ?", changed)
+            self._db.execute("COMMIT")
+        for new, rid in changed:
+            self.first[rid] = new
+        return len(changed)
 
     def forget(self, run_ids: Iterable[str]) -> None:
         """Runs no longer active: their first sight, stages and marks go."""
