@@ -15,7 +15,7 @@
 const { trace, SpanStatusCode } = require('@opentelemetry/api');
 const { NodeTracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace-node');
 const { OTLPTraceExporter } = require('@opentelemetry/exporter-trace-otlp-proto');
-const { resourceFromAttributes } = require('@opentelemetry/resources');
+const { detectResources, envDetector, resourceFromAttributes } = require('@opentelemetry/resources');
 
 const AGENT = process.env.AGENT_NAME || 'js-bot';
 const MODEL = process.env.AGENT_MODEL || 'gpt-4o';
@@ -23,8 +23,10 @@ const LOOPS = parseInt(process.env.AGENT_LOOPS || '50', 10);
 const PAUSE_MS = parseInt(process.env.AGENT_PAUSE_MS || '50', 10);
 
 const provider = new NodeTracerProvider({
-  // service.name here; OTEL_RESOURCE_ATTRIBUTES (agent_watchdog.run_id under exec) is merged in.
-  resource: resourceFromAttributes({ 'service.name': AGENT }),
+  // service.name here; OTEL_RESOURCE_ATTRIBUTES (agent_watchdog.run_id under exec) merged in by
+  // hand: sdk-trace 2.x uses an explicit resource as it is, without the environment's attributes.
+  resource: resourceFromAttributes({ 'service.name': AGENT })
+    .merge(detectResources({ detectors: [envDetector] })),
   spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter())],
 });
 provider.register();

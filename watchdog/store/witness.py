@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 from watchdog.core import lifecycle as lc
 from watchdog.store.actions import record
 from watchdog.store.hotpath import Dialect
+from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.attestations import Attestation, replace as replace_attestation
 from watchdog.store.leases import db_now
 from watchdog.store.schema import events, runs, utcnow
@@ -98,11 +99,14 @@ def known_call_ids(conn: Connection, run_id: str, call_ids: Sequence[str]) -> se
 
 
 def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], *, source: str,
-           now: dt.datetime, new: bool = False) -> bool:
+           now: dt.datetime, new: bool = False, joined: bool = False) -> bool:
     """The calls (WitnessedCall, or any object with its fields) as events of the run and onto its
     counters, in the caller's transaction; a span
     arrival with no call is progress (last_seen_at). False if the run is not active (nothing written).
-    `new`: the run was created in this transaction (its seq starts at 0: no read)."""
+    `new`: the run was created in this transaction (its seq starts at 0: no read).
+    `joined`: the run has a writer of its own (exec's): the events take numbers from
+    WITNESS_SEQ_BASE up and last_seq is left alone, so the writer's own records 1, 2, ... (MACed
+    over their seq) never find their number taken by a witness."""
     calls = list(calls)
     ids = [c.call_id for c in calls if c.call_id]
     if ids:
@@ -128,15 +132,16 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
             base = 0
         else:
             # The run row first, locked on PostgreSQL (FOR UPDATE): the seq base is this transaction's alone.
-            cur.execute(sql.seq_base, (run_id, run_id))
+            cur.execute(sql.joined_seq_base if joined else sql.seq_base,
+                        (run_id, WITNESS_SEQ_BASE, run_id) if joined else (run_id, run_id))
             found = cur.fetchone()
             if found is None:
                 return False  # not active (ended): nothing written
-            base = max(found[0] or 0, found[1] or 0)
+            base = max(found[1] or 0, WITNESS_SEQ_BASE - 1) if joined else max(found[0] or 0, found[1] or 0)
         cur.execute(sql.counters, (
             len(steps), len(tools), sum(1 for c in tools if c.ok is False), sum(c.tokens_in or 0 for c in steps),
             sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at,
-            base + len(calls), run_id))
+            0 if joined else base + len(calls), run_id))
         if calls:
             cur.executemany(sql.insert_event, [
                 (run_id, base + i, at, c.kind, c.tool, c.args_hash, c.ok, c.error_class, c.error_msg, c.duration_s,
@@ -159,6 +164,7 @@ class _Sql:
     seq_base: str
     insert_event: str
     insert_run: str
+    joined_seq_base: str
 
 
 @functools.cache
@@ -181,6 +187,8 @@ def _sql(name: str) -> _Sql:
         f"INSERT INTO runs (id, agent, status, kill_mode, host, pid, pid_create_time, labels, started_at, "
         f"last_seen_at, source) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {json_ph}, {d.clock_ph}, "
         f"{d.clock_ph}, {ph})",
+        f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph} AND seq >= {ph}) FROM runs WHERE id = {ph} "
+        f"AND status IN ({active})" + ("" if d.sqlite else " FOR UPDATE"),
     )
 
 

@@ -109,7 +109,8 @@ class Receiver:
                         out.refuse(g.spans, why)
                         continue
                     run_id = g.key[1]
-                    if not witness.append(conn, run_id, self._fresh(run_id, g.calls), source=lc.Source.OTLP, now=now):
+                    if not witness.append(conn, run_id, self._fresh(run_id, g.calls), source=lc.Source.OTLP, now=now,
+                                          joined=True):
                         out.refuse(g.spans, f"run {run_id[:32]} is not active")
                         continue
                     out.accepted += g.spans
@@ -213,7 +214,7 @@ class Receiver:
         if ref is None or ref.source != lc.Source.EXEC:
             why = f"agent_watchdog.run_id {run_id[:32]} names no run of agent-watchdog exec"
         elif ref.host != self.host or a is None or self.sealer is None or not self.sealer.identity_ok(
-                a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode):
+                a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode, a.cgroup):
             why = f"run {run_id[:32]} has no attested process on this host"
         elif not sender.inside_tree(peer, g.claimed_pid, a.pid, a.pid_create_time):
             why = f"the sender is not inside the process tree of run {run_id[:32]}"
