@@ -134,6 +134,9 @@ def _foreign_paths() -> tuple[str, ...]:
     atexit.register(shutil.rmtree, shadow, True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "scratch_root")
     shutil.copytree(repo / "watchdog", shadow / "repo" / "watchdog", ignore=skip)
+    # The source tree's migrations beside the package (watchdog.store.migrate looks there): a
+    # plain user's `db upgrade` runs from this copy too.
+    shutil.copytree(repo / "migrations", shadow / "repo" / "migrations", ignore=skip)
     shutil.copytree(tests, shadow / "tests", ignore=skip)
     lib = shadow / "site"
     lib.mkdir()
