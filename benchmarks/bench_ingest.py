@@ -14,7 +14,7 @@ per-record latency (p50/p99), for two implementations:
   sdkmac  `sdk` for a run the daemon attested: each record also carries its MAC
        (watchdog.core.evidence_mac, with a per-run key as the attestation hands out).
   raw  the same two statements (INSERT INTO events + UPDATE runs ... RETURNING,
-       the very SQL text of `watchdog.hotpath.Dialect`) in one transaction on
+       the very SQL text of `watchdog.store.agent_writes.Dialect`) in one transaction on
        a bare driver connection: sqlite3 with BEGIN IMMEDIATE / COMMIT (same
        PRAGMAs and busy timeout as the store), psycopg with one transaction
        per record and the SDK's driver options (no server-side prepared
@@ -170,9 +170,10 @@ def _counting(note, errors, also=None):
 
 
 def _raw_writer(backend, url, agent, records, warmup, barrier):
-    from watchdog.store.hotpath import Dialect  # SQL text only: the same statements as the SDK
+    from watchdog.store.agent_writes import AgentSQL  # SQL text only: the same statements as the SDK
+    from watchdog.store.dialects import for_name
 
-    d = Dialect(backend)
+    d = AgentSQL(for_name(backend))
     run_id = uuid.uuid4().hex
     now = dt.datetime.now(dt.timezone.utc)
     if backend == "sqlite":
@@ -192,7 +193,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
 
     # Every run budget NULL (the profile's), however many the registry holds: as the SDK writes.
     run_params = (run_id, agent, "running", "cooperative", socket.gethostname(), os.getpid(), None, labels,
-                  *(None,) * len(RUN_BUDGET_KEYS), started, started, "sdk")  # hotpath.RUN_COLUMNS' source
+                  *(None,) * len(RUN_BUDGET_KEYS), started, started, "sdk")  # agent_writes.RUN_COLUMNS' source
     if backend == "sqlite":
         cur.execute("BEGIN IMMEDIATE")
         cur.execute(d.insert_run, run_params)
@@ -202,11 +203,11 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
         conn.commit()
 
     insert_event, update_run = d.insert_event, d.update_run
-    from watchdog.store.hotpath import EVENT_COLUMNS
+    from watchdog.store.agent_writes import EVENT_COLUMNS
 
     pad = (None,) * (len(EVENT_COLUMNS) - 16)  # columns added since (events.attempt): NULL, as the SDK writes
     # steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, cached_tokens_in, reasoning_tokens,
-    # cost_unpriced_tokens, last_seq, last_seen_at, progress, id: as the SDK binds them (hotpath.Dialect).
+    # cost_unpriced_tokens, last_seq, last_seen_at, progress, id: as the SDK binds them (agent_writes.Dialect).
     assert update_run.count("?" if backend == "sqlite" else "%s") == 13, "update_run changed: update the raw writer"
     args_hash = "0" * 64
     utc = dt.timezone.utc

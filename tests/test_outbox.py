@@ -21,7 +21,7 @@ from watchdog.daemon import lanes
 from watchdog.daemon.metrics import Metrics
 from watchdog.daemon.notify import Notifier
 from watchdog.daemon.outbox import CLAIM_MARGIN_S, deliver_due
-from watchdog.store import outbox_rows
+from watchdog.store import outbox as outbox_store
 from watchdog.store.actions import enqueue_alert
 from watchdog.store.schema import alerts
 
@@ -282,7 +282,7 @@ def test_a_crashed_claimers_claims_expire_and_are_retaken(engine, sealer, http):
     budget_s = 5.0
     ttl_s = budget_s + CLAIM_MARGIN_S
     # A pass that claimed the rows and died before sending (kill -9): its claims stay behind.
-    ids = outbox_rows.claim(engine, "crashed:1:dead", host=sealer.host, now=at(0), ttl_s=ttl_s,
+    ids = outbox_store.claim(engine, "crashed:1:dead", host=sealer.host, now=at(0), ttl_s=ttl_s,
                             expire_before=at(-86400), limit=50)
     assert len(ids) == 2
     notifier = Notifier([http.url()])
@@ -297,7 +297,7 @@ def test_a_crashed_claimers_claims_expire_and_are_retaken(engine, sealer, http):
 
 def test_a_claim_from_a_clock_that_went_back_does_not_hold_the_alerts(engine, sealer, http):
     (title,) = queue(engine, sealer, 1, now=at(-7200))
-    outbox_rows.claim(engine, "crashed:2:dead", host=sealer.host, now=at(0), ttl_s=35.0,
+    outbox_store.claim(engine, "crashed:2:dead", host=sealer.host, now=at(0), ttl_s=35.0,
                       expire_before=at(-86400), limit=50)
     # The clock is set back an hour: that claim would otherwise hold the alert for an hour.
     report = deliver_due(engine, Notifier([http.url()]), at(-3600), sealer=sealer, budget_s=5.0)

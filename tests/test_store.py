@@ -107,7 +107,7 @@ def test_a_failed_write_releases_the_write_lock_even_while_its_error_is_kept(sql
     write lock back at once: closing a sqlite3 connection whose failed statement is
     still referenced (by the kept traceback) would otherwise keep the transaction
     open and every other agent would wait out its busy timeout."""
-    from watchdog.store.hotpath import Writer
+    from watchdog.store.agent_writes import Writer
 
     engine = make_engine(sqlite_url)
     writer = Writer(engine)
@@ -117,7 +117,7 @@ def test_a_failed_write_releases_the_write_lock_even_while_its_error_is_kept(sql
     try:
         row = ("no-such-run", 1, d.ts(utcnow()), "step") + (None,) * 12
         try:
-            writer.transaction([(d.insert_event, row)])
+            writer.transaction([(writer.sql.insert_event, row)])
         except Exception as exc:  # noqa: BLE001
             kept.append(exc)  # what a logger or an error tracker does
         assert len(kept) == 1 and writer.is_rejection(kept[0])

@@ -71,7 +71,7 @@ def history_table(records: list[dict], more: int) -> str:
 def alerts_cmd(app, show_all, dead_only, limit, as_json):
     """The alerts not delivered: waiting for a retry, or dead letters (undeliverable within
     [daemon] alert_expire_s, or rows that could not be read), oldest first; --all: every alert."""
-    from watchdog.store.outbox_rows import history, undelivered
+    from watchdog.store.outbox import history, undelivered
 
     if show_all and dead_only:
         raise click.UsageError("--all and --dead: give one")

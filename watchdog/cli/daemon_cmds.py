@@ -109,7 +109,7 @@ def kill_cmd(app, run_id, reason):
     """Stop one run through the same ladder as the daemon (stop_reason = manual)."""
     from watchdog.core import lifecycle as lc
     from watchdog.store.actions import facts, request_stop
-    from watchdog.store.approvals import operator
+    from watchdog.store.pause import operator
     from watchdog.errors import StoreError
     from watchdog.core.budgets import effective_budgets
     from watchdog.store.views import load_run, resolve_run_id, tool_stats

@@ -74,7 +74,7 @@ def _body(f: RunFacts, b: Budgets, lines: list[str]) -> str:
     return "\n".join(head + lines + tail)
 
 
-body = _body  # the layout every alert shares, for alert texts composed elsewhere (approvals)
+body = _body  # the layout every alert shares, for alert texts composed elsewhere (pause)
 
 
 def stop_alert(f: RunFacts, b: Budgets, reason: str, detail: str, action: str) -> tuple[str, str]:

@@ -12,7 +12,7 @@ whose seal does not verify (inserted by whoever can write the store) is never
 delivered: it is closed as refused, and one alert of the daemon's own says how
 many were refused, never what they said.
 
-Nothing jams it. A pass claims its rows first (watchdog.store.outbox_rows: two
+Nothing jams it. A pass claims its rows first (watchdog.store.outbox: two
 deliverers send each alert once); each row is read and handled under its own
 guard, and one that cannot be (a bad value in any column) is dead-lettered with
 what was wrong, logged once, while the others go out; a pass has a time budget,
@@ -34,7 +34,7 @@ from watchdog.core.alert_text import alert_body, alert_title
 from watchdog.core.notify_kind import notify_kind
 from watchdog.daemon import delivered, lanes
 from watchdog.daemon.notify import Notifier, TargetResult
-from watchdog.store import outbox_rows as rows
+from watchdog.store import outbox as rows
 from watchdog.store.actions import enqueue_alert
 from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import alerts

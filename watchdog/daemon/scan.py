@@ -11,15 +11,16 @@ import datetime as dt
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from sqlalchemy import Float, String, and_, case, cast, extract, func, literal, select
+from sqlalchemy import and_, case, func, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.policies import RunSnapshot
 from watchdog.daemon.evidence import Evidence, merged
 from watchdog.daemon.isolation import CHUNK, Defect, event_defect, read_isolated
+from watchdog.store import dialects
 from watchdog.store.engine import store_unavailable
-from watchdog.store.schema import ISO_GLOB, events, runs
+from watchdog.store.schema import events, runs
 
 RATE_WINDOW_S = 60.0
 # PostgreSQL assigns ids at insert but commits in any order: re-read this many ids
@@ -41,11 +42,7 @@ OWN_BUDGETS = slice(L[RUN_BUDGET_KEYS[0]], L[RUN_BUDGET_KEYS[-1]] + 1)
 
 def epoch_s(col, dialect_name: str):
     """A UTCDateTime column as float seconds since the epoch, computed by the database."""
-    if dialect_name == "sqlite":  # naive UTC text; julianday() reads the fraction too
-        # Only a timestamp as the table contract spells it: julianday('now') is a valid (and
-        # always fresh) time, which would make a run never old and never silent.
-        return case((col.op("GLOB")(literal(ISO_GLOB, String())), (func.julianday(col) - 2440587.5) * 86400.0))
-    return cast(extract("epoch", col), Float)
+    return dialects.for_name(dialect_name).epoch_s(col)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from watchdog.core.config import Config
 from watchdog.daemon.acknowledge import EndedStops
 from watchdog.daemon.backfill import BackfillReport
 from watchdog.daemon.batch import Batch
-from watchdog.daemon.approvals import act_on_breach, announce_resume, judge_paused
+from watchdog.daemon.pause import act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.authentic import OwnEvidence
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
@@ -91,7 +91,7 @@ class Ticker:
         self._judged: frozenset | None = None  # this tick's hosts (None: every host)
         self._rate_alarmed: dict[str, dt.datetime] = {}
         self.prefilter = PreFilter(config)  # which runs need a full evaluation this tick
-        self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.approvals)
+        self._pause_seen: set[str] = set()  # pause alert keys known to be queued (watchdog.daemon.pause)
         self._resume_seen: set[tuple] = set()  # (run id, resumes) whose resume alert is queued
         self.quarantine = Quarantine(self.by, sealer)  # rows that cannot be judged, reported once
         self._skip_clock = False  # this tick's (see tick)

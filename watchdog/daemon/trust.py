@@ -17,7 +17,7 @@ import datetime as dt
 import logging
 import pwd
 
-from watchdog.core import approvals as ap
+from watchdog.core import pause as ap
 from watchdog.core.budgets import BY_KEY, effective, asked
 from watchdog.core.config import Config
 from watchdog.core.text import one_line

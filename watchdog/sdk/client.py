@@ -1,7 +1,7 @@
 """The agent SDK: register a run, record steps and tool calls, see stops.
 
 Light on purpose: importing this module never imports psutil, apprise or
-APScheduler. Each record is one short transaction (see `watchdog.hotpath`).
+APScheduler. Each record is one short transaction (see `watchdog.store.agent_writes`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from watchdog.core.config import load as load_config
 from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name, validate_record_errors
 from watchdog.errors import ConfigError, RunKilled, StoreError, StoreMisconfigured, ToolUnavailable
 from watchdog.sdk.attest import socket_path
-from watchdog.sdk.circuitview import CIRCUIT_CACHE_MAX_S, CircuitView
+from watchdog.sdk.circuits import CIRCUIT_CACHE_MAX_S, CircuitView
 from watchdog.sdk.inflight import InflightTools
 from watchdog.store.engine import make_engine, misconfiguration, normalise_url
-from watchdog.store.hotpath import POOL_SIZE, Writer
+from watchdog.store.agent_writes import POOL_SIZE, Writer
 from watchdog.store.schema import utcnow
 
 log = logging.getLogger("watchdog.client")
@@ -169,7 +169,7 @@ class Watchdog:
         now = time.monotonic()
         if self._settings is None or now - self._settings_at > SETTINGS_TTL_S:
             try:
-                rows = self.writer.query(self.writer.dialect.select_settings, ("config",))
+                rows = self.writer.query(self.writer.sql.select_settings, ("config",))
                 value = self.writer.dialect.parse_json(rows[0][0]) if rows else {}
                 self._settings = value if isinstance(value, dict) else {}
             except Exception as exc:  # an unreachable store must not stop the agent
@@ -234,7 +234,7 @@ class Watchdog:
         daemon closed a moment ago refuses the next run at once, in every process and host.
         The store down: None (the daemon still stops the run within a tick)."""
         try:
-            rows = self.writer.query(self.writer.dialect.select_settings, (periods.CLOSED_KEY,))
+            rows = self.writer.query(self.writer.sql.select_settings, (periods.CLOSED_KEY,))
             value = self.writer.dialect.parse_json(rows[0][0]) if rows else None
         except Exception as exc:  # noqa: BLE001 — an unreachable store must not stop the agent
             self._raise_if_misconfigured(exc)

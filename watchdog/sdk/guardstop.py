@@ -14,7 +14,7 @@ from watchdog.core import lifecycle as lc
 
 def statements(run, stop, now) -> list:
     d = run.wd.writer.dialect
-    ph = "?" if d.sqlite else "%s"
+    ph = d.ph
     return [
         (f"UPDATE runs SET status = {ph}, stop_reason = {ph}, stop_detail = {ph}, stop_requested_at = {d.clock_ph} "
          f"WHERE id = {ph} AND status = {ph}",

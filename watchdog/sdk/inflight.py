@@ -92,6 +92,6 @@ class InflightTools:
 
     def _write(self, run, progress: str) -> None:
         try:
-            self.wd.writer.transaction([(self.wd.writer.dialect.set_progress, (progress[:500], run.id))])
+            self.wd.writer.transaction([(self.wd.writer.sql.set_progress, (progress[:500], run.id))])
         except Exception:  # noqa: BLE001 — a note for humans: never worth failing or buffering for
             pass

@@ -10,7 +10,7 @@ import uuid
 import weakref
 from collections import Counter
 
-from watchdog.core import approvals as ap
+from watchdog.core import pause as ap
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.evidence_mac import RecordMac
@@ -103,7 +103,7 @@ class Run:
             d.seen(now), d.seen(now),  # the store's clock (Dialect.clock_ph)
             self.source,
         )
-        statements = [(d.insert_run, params)]
+        statements = [(self.wd.writer.sql.insert_run, params)]
         if self.parent_id is not None:
             statements.append((self.lineage.parent_sql, (self.parent_id, self.id)))
         try:
@@ -128,7 +128,7 @@ class Run:
 
         note = warn_unattested(self.id, self.kill_mode, why)
         try:
-            self.wd.writer.transaction([(self.wd.writer.dialect.set_progress, (note, self.id))])  # never buffered
+            self.wd.writer.transaction([(self.wd.writer.sql.set_progress, (note, self.id))])  # never buffered
         except Exception:  # noqa: BLE001 — a note must never fail the run
             pass
 
@@ -158,7 +158,7 @@ class Run:
             return
         mac = self._evmac
         try:
-            self.wd.writer.transaction([(d.mac_event, (mac.mac(self.id, seq, *fields), self.id, seq))
+            self.wd.writer.transaction([(self.wd.writer.sql.mac_event, (mac.mac(self.id, seq, *fields), self.id, seq))
                                         for seq, fields in pending])
         except Exception:  # noqa: BLE001 — only the signal's evidence is lost, not the records
             pass
@@ -177,7 +177,7 @@ class Run:
 
     def end(self, status: str, reason: str | None, detail: str | None):
         d = self.wd.writer.dialect
-        self.wd.write([(d.end_run, (status, d.seen(utcnow()), reason, detail, self.id))])
+        self.wd.write([(self.wd.writer.sql.end_run, (status, d.seen(utcnow()), reason, detail, self.id))])
         self.status = status
 
     @property
@@ -410,7 +410,7 @@ class Run:
             pass
 
     def _record(self, kind: str, **f):
-        d = self.wd.writer.dialect
+        d, sql = self.wd.writer.dialect, self.wd.writer.sql
         at = d.seen(utcnow())  # the event's time and the run's last_seen_at: the store's clock, one reading
         record_args = self.wd.record_args  # this process's own choice, never the store's
         with self._lock:
@@ -446,7 +446,7 @@ class Run:
         )
         counts = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0)
         update = (*counts, cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)
-        statements = [(d.insert_event, event), (d.update_run, update)]
+        statements = [(sql.insert_event, event), (sql.update_run, update)]
         if self.lineage.ancestors:  # a child: count on its ancestors too, obey theirs as well as its own status
             statements += self.lineage.record_statements(counts, at)
             ancestor = self.parent
@@ -454,7 +454,7 @@ class Run:
                 ancestor._absorb(*counts)
                 ancestor = ancestor.parent
         elif not d.returning:
-            statements.append((d.select_status, (self.id,)))
+            statements.append((sql.select_status, (self.id,)))
         row = self.wd.write(statements)
         if self._attester is not None:
             self._attest()

@@ -31,7 +31,7 @@ import time
 from watchdog.core.records import hash_args, validate_amount
 from watchdog.errors import RunKilled, ToolUnavailable
 from watchdog.sdk import deadline
-from watchdog.sdk.circuitview import PROBE
+from watchdog.sdk.circuits import PROBE
 
 _clock = time.monotonic  # the dedupe window's clock (tests replace it)
 _sleep = time.sleep  # the backoff's sleep (tests replace it)

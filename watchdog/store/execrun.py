@@ -1,7 +1,7 @@
 """The SQL `agent-watchdog exec` reads of its own run: what the daemon decided about it, and
 whether the command reported anything itself (its own records, a child run's roll-up, spans).
 
-Rendered once per dialect (the SDK's write path, watchdog.store.hotpath, runs it)."""
+Rendered once per dialect (the SDK's write path, watchdog.store.agent_writes, runs it)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class ExecRunState:
 
 
 def state_sql(dialect) -> str:
-    ph = "?" if dialect.sqlite else "%s"
+    ph = dialect.ph
     return f"SELECT {', '.join(STATE_COLUMNS)} FROM runs WHERE id = {ph}"
 
 
@@ -52,7 +52,7 @@ def active_exec_roots(conn, host: str, kill_mode: str) -> list[tuple[str, int, f
 def killed_child(writer, run_id: str) -> tuple[str, str | None] | None:
     """(stop reason, detail) of a child run of `run_id` that was stopped (an in-process guard of
     the SDK inside exec's command, holding it to exec's run's budgets), or None."""
-    ph = "?" if writer.dialect.sqlite else "%s"
+    ph = writer.dialect.ph
     rows = writer.query(f"SELECT stop_reason, stop_detail FROM runs WHERE parent_id = {ph} AND status = 'killed' "
                         f"AND stop_reason IS NOT NULL ORDER BY ended_at DESC LIMIT 1", (run_id,))
     return (str(rows[0][0]), rows[0][1]) if rows else None

@@ -76,7 +76,7 @@ def run_state(engine: Engine, run_id: str) -> RunState | None:
 
 def own_status(writer: Any, run_id: str) -> tuple[str, str | None, str | None] | None:
     """`run_status` on the SDK writer's pooled connection (the hot path: one read per call)."""
-    rows = writer.query(writer.dialect.select_status, (run_id,))
+    rows = writer.query(writer.sql.select_status, (run_id,))
     return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
 
 

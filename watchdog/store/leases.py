@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import String, and_, case, func, insert, literal, select, text, update
 
 from watchdog.core import lifecycle as lc
+from watchdog.store import dialects
 from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import ISO_GLOB, daemons, runs, utcnow
 
@@ -67,9 +68,7 @@ def holder(conn, host: str) -> Holder | None:
 
 def db_now(conn) -> dt.datetime:
     """The database's clock (PostgreSQL); this host's clock on SQLite (one host)."""
-    if conn.dialect.name == "postgresql":
-        return conn.execute(select(func.clock_timestamp())).scalar_one().astimezone(dt.timezone.utc)
-    return utcnow()
+    return dialects.of(conn).db_now(conn)
 
 
 def _expiry(conn, lease_s: float):

@@ -23,8 +23,7 @@ class Lineage:
     def __init__(self, dialect, run_id: str, ancestors: tuple[str, ...] = ()):
         self.run_id = run_id
         self.ancestors = tuple(ancestors)
-        ph = "?" if dialect.sqlite else "%s"
-        greatest = "MAX" if dialect.sqlite else "GREATEST"
+        ph, greatest = dialect.ph, dialect.greatest
         ids = (run_id, *self.ancestors)
         self.ids = ids
         in_ids = ", ".join([ph] * len(ids))
@@ -32,7 +31,7 @@ class Lineage:
                            f"ORDER BY {_RANK}, CASE WHEN id = {ph} THEN 0 ELSE 1 END LIMIT 1")
         self.status_params = (*ids, run_id)
         # Keep-alive while held: the run and its ancestors (a parent waits on its paused child).
-        clock = dialect.clock_ph  # the store's clock (watchdog.store.hotpath.Dialect)
+        clock = dialect.clock_ph  # the store's clock (watchdog.store.dialects)
         self.beat_sql = (f"UPDATE runs SET last_seen_at = {greatest}(last_seen_at, {clock}) "
                          f"WHERE id IN ({in_ids}) AND status IN ({_HELD})")
         if self.ancestors:
@@ -63,7 +62,7 @@ class Lineage:
 
 def poll_sql(dialect, n: int) -> str:
     """The in-flight poll: the status of `n` runs (and ancestors) with a tool running."""
-    ph = "?" if dialect.sqlite else "%s"
+    ph = dialect.ph
     return f"SELECT status, stop_reason, stop_detail, id FROM runs WHERE id IN ({', '.join([ph] * n)})"
 
 
@@ -74,5 +73,5 @@ PARENT_COLUMNS = ("id", "agent", "status", "parent_id", "steps", "tool_calls", "
 def parent_sql(dialect) -> tuple[tuple[str, ...], str]:
     """(columns, SELECT) of a parent run for a child opening in another process: its status,
     totals, budgets and own parent (the lineage is walked up with it)."""
-    ph = "?" if dialect.sqlite else "%s"
+    ph = dialect.ph
     return PARENT_COLUMNS, f"SELECT {', '.join(PARENT_COLUMNS)} FROM runs WHERE id = {ph}"

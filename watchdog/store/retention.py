@@ -19,16 +19,13 @@ from dataclasses import dataclass, field
 from sqlalchemy import and_, delete, exists, func, or_, select
 
 from watchdog.core import lifecycle as lc
+from watchdog.store import dialects
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import alerts, daemons, events, interventions, runs
 
 RUNS_PER_BATCH = 200
-# Rows per delete. SQLite: every writer waits while a batch runs, so a batch stays a few
-# tens of ms. PostgreSQL locks only the rows it deletes (no agent writes an ended run's rows):
-# larger batches, shorter pauses, just enough to leave the disk to the agents.
-ROWS_PER_BATCH = {"sqlite": 2000, "postgresql": 10000}
-# After each batch, sleep (batch duration x this).
-PAUSE_RATIO = {"sqlite": 1.0, "postgresql": 0.1}
+# Rows per delete, and the sleep after each batch as a share of its duration: per backend
+# (watchdog.store.dialects: on SQLite every writer waits while a batch runs).
 MIN_PAUSE_S = 0.002
 
 
@@ -100,7 +97,7 @@ class _Batches:
         self.engine = engine
         self.rep = rep
         self.deadline = None if budget_s is None else time.monotonic() + budget_s
-        self.ratio = PAUSE_RATIO.get(engine.dialect.name, 0.5)
+        self.ratio = dialects.of(engine).prune_pause_ratio
         self.sleep = sleep
 
     def out_of_time(self) -> bool:
@@ -123,7 +120,7 @@ class _Batches:
 def prune(engine, cutoff: dt.datetime, *, budget_s: float | None = None, runs_per_batch: int = RUNS_PER_BATCH,
           rows_per_batch: int | None = None) -> PruneReport:
     """Delete what `count` counts, batch by batch; with `budget_s`, stop after about that long."""
-    rows_per_batch = rows_per_batch or ROWS_PER_BATCH.get(engine.dialect.name, 2000)
+    rows_per_batch = rows_per_batch or dialects.of(engine).prune_rows_per_batch
     rep = PruneReport(cutoff=cutoff)
     t0 = time.perf_counter()
     b = _Batches(engine, rep, budget_s)

@@ -2,7 +2,7 @@
 
 SQLite (WAL) is the embedded default, PostgreSQL the store for several hosts.
 The SDK's hot path does not go through these Table objects (see
-`watchdog.store.hotpath`); everything else does.
+`watchdog.store.agent_writes`); everything else does.
 """
 
 from __future__ import annotations
@@ -43,13 +43,9 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 # SQLite only autoincrements INTEGER PRIMARY KEY; PostgreSQL needs 64 bits for events.
 BigId = BigInteger().with_variant(Integer, "sqlite")
 
-# How a timestamp is spelled in SQLite (UTC, no offset). Part of the table contract.
-SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
-
-
-# `YYYY-MM-DD HH:MM:SS[.ffffff]` (or with a `T`): how the table contract spells a timestamp on
-# SQLite. Readers that must not trust a hand-written value test it with GLOB first.
-ISO_GLOB = "[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9][ T][0-2][0-9]:[0-5][0-9]:[0-6][0-9]*"
+# How a timestamp is spelled on SQLite, and the GLOB that tests a hand-written one: part of the
+# table contract, kept with the backend (watchdog.store.dialects).
+from watchdog.store.dialects import ISO_GLOB, SQLITE_TS_FORMAT  # noqa: E402,F401  (re-exported)
 
 
 class UTCDateTime(TypeDecorator):
@@ -238,7 +234,7 @@ alerts = Table(
     # the outbox delivers only what a daemon composed, never a row someone inserted.
     Column("sealed_by", String(255)),
     Column("mac", String(64)),
-    # A delivery pass claims its rows before sending (watchdog.store.outbox_rows): two
+    # A delivery pass claims its rows before sending (watchdog.store.outbox): two
     # deliverers on one store never send one alert twice; a crashed one's claims expire.
     Column("claimed_by", String(255)),
     Column("claimed_until", UTCDateTime),

@@ -20,7 +20,8 @@ from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.actions import record
-from watchdog.store.hotpath import Dialect
+from watchdog.store import dialects
+from watchdog.store.dialects import Dialect
 from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.attestations import Attestation, replace as replace_attestation
 from watchdog.store.leases import db_now
@@ -56,7 +57,7 @@ class RunRef:
 
 def store_now(conn: Connection) -> dt.datetime:
     """The store's clock (as the daemon's tick reads it)."""
-    return db_now(conn) if conn.dialect.name == "postgresql" else utcnow()
+    return dialects.of(conn).db_now(conn)
 
 
 def active_runs_of(conn: Connection, source: str, host: str) -> list[tuple[str, dict | None]]:
@@ -169,11 +170,9 @@ class _Sql:
 
 @functools.cache
 def _sql(name: str) -> _Sql:
-    d = Dialect(name)
-    ph = "?" if d.sqlite else "%s"
-    greatest = "MAX" if d.sqlite else "GREATEST"
+    d = dialects.for_name(name)
+    ph, greatest, json_ph = d.ph, d.greatest, d.json_ph
     active = ", ".join(f"'{s}'" for s in lc.ACTIVE_STATUSES)
-    json_ph = ph if d.sqlite else "%s::json"
     return _Sql(
         d,
         f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, tool_errors = tool_errors + {ph}, "
@@ -182,13 +181,13 @@ def _sql(name: str) -> _Sql:
         f"last_seen_at = {greatest}(last_seen_at, {d.clock_ph}), last_seq = {greatest}(last_seq, {ph}) "
         f"WHERE id = {ph}",
         f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph}) FROM runs WHERE id = {ph} "
-        f"AND status IN ({active})" + ("" if d.sqlite else " FOR UPDATE"),
+        f"AND status IN ({active}){d.for_update}",
         f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(ph for _ in _EVENT_COLUMNS)})",
         f"INSERT INTO runs (id, agent, status, kill_mode, host, pid, pid_create_time, labels, started_at, "
         f"last_seen_at, source) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {json_ph}, {d.clock_ph}, "
         f"{d.clock_ph}, {ph})",
         f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph} AND seq >= {ph}) FROM runs WHERE id = {ph} "
-        f"AND status IN ({active})" + ("" if d.sqlite else " FOR UPDATE"),
+        f"AND status IN ({active}){d.for_update}",
     )
 
 

@@ -63,7 +63,7 @@ class CircuitView:
         self._loaded_at = float("-inf")
         self._lock = threading.Lock()
         d = writer.dialect
-        self._select = d.select_circuits
+        self._select = writer.sql.select_circuits
         self._parse_ts = d.parse_ts
 
     def refresh(self, force: bool = False):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from watchdog.core import approvals as ap
+from watchdog.core import pause as ap
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets, Totals, profile
 from watchdog.core.config import parse

@@ -22,11 +22,11 @@ def resume_cmd(app, run_id, add_steps, add_tool_calls, add_eur, add_s):
 
     The time it spent paused never counts against its max_wall_s. `agent-watchdog kill RUN` stops it instead.
     """
-    from watchdog.core.approvals import Grant
+    from watchdog.core.pause import Grant
     from watchdog.core.budgets import effective_budgets
     from watchdog.errors import StoreError
     from watchdog.store.actions import facts
-    from watchdog.store.approvals import operator, resume
+    from watchdog.store.pause import operator, resume
     from watchdog.store.views import load_run, resolve_run_id, tool_stats
 
     grant = Grant.from_options(add_steps=add_steps, add_tool_calls=add_tool_calls, add_eur=add_eur, add_s=add_s)

@@ -1,7 +1,7 @@
 """Pause and approve in the store: running → paused, paused → running with more budget.
 
 Each state change is written with its audit row and its alert in one transaction, like
-every stop (watchdog.store.actions). The decisions are watchdog.core.approvals'; who
+every stop (watchdog.store.actions). The decisions are watchdog.core.pause'; who
 pauses is the daemon (its tick) or the run's own in-process guard (which writes only
 the status: the daemon records and alerts what it did not request, `acknowledge`).
 """
@@ -16,7 +16,7 @@ import socket
 
 from sqlalchemy import and_, desc, select, update
 
-from watchdog.core import approvals as ap
+from watchdog.core import pause as ap
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets, Totals
 from watchdog.core.messages import RunFacts

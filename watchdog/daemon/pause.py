@@ -1,7 +1,7 @@
 """The tick's part in pause and approve: pause or stop a run over budget, and judge the paused ones.
 
 A breach pauses when the run's profile says `on_breach = "pause"` for every budget it
-broke; anything else stops (watchdog.core.approvals.decide). A paused run is still
+broke; anything else stops (watchdog.core.pause.decide). A paused run is still
 watched: its process dying marks it lost, a loop or silence stops it, and once
 `approval_timeout_s` has passed without `resume` or `kill` it is stopped with the
 reason it paused for.
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from watchdog.core import approvals as ap
+from watchdog.core import pause as ap
 from watchdog.core.policies import evaluate
 from watchdog.store.actions import mark_lost, request_stop
-from watchdog.store.approvals import acknowledge, acknowledge_resume, pause_key, request_pause
+from watchdog.store.pause import acknowledge, acknowledge_resume, pause_key, request_pause
 
 log = logging.getLogger("watchdog.tick")
 

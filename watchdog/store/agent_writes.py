@@ -9,10 +9,8 @@ process's small pool for that one transaction.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
+import functools
 import os
-import sqlite3
 import threading
 import time
 from contextlib import contextmanager
@@ -22,16 +20,14 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.lifecycle import ACTIVE_STATUSES, Circuit
-from watchdog.store.schema import SQLITE_TS_FORMAT
+from watchdog.store import dialects
+from watchdog.store.dialects import Dialect
 
 # Connections per process (per Watchdog): agents' threads share them. Through PgBouncer
 # (transaction pooling) 1,000 agent processes need only its pool of server connections.
 POOL_SIZE = 2
 # A thread that finds every connection busy this long gives up (the SDK buffers the record).
 POOL_WAIT_S = 10.0
-
-# Dialect.ts spells this format with isoformat, which is ~3x faster than strftime.
-assert SQLITE_TS_FORMAT == "%Y-%m-%d %H:%M:%S.%f"
 
 # The statuses literal in SQL text, from the lifecycle (never spelled out by hand).
 ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
@@ -50,49 +46,38 @@ RUN_COLUMNS = (
 )  # fmt: skip
 
 
-class Dialect:
-    """SQL text and value adaptation for one database."""
+class AgentSQL:
+    """The SDK's statements for one backend, rendered once (see the module's docstring)."""
 
-    def __init__(self, name: str):
-        self.name = name
-        sqlite = name == "sqlite"
-        ph = "?" if sqlite else "%s"
-        self.begin = "BEGIN IMMEDIATE" if sqlite else None
-        greatest = "MAX" if sqlite else "GREATEST"
-        json_ph = ph if sqlite else "%s::json"
-        # The times of a record (events.at, runs.started_at / last_seen_at / ended_at): one clock
-        # per store. PostgreSQL: the database server's, so that hosts whose clocks disagree never
-        # look silent, old or out of the rate window to a daemon (whose tick reads that clock too,
-        # watchdog.store.leases.db_now); now() is read once per transaction, so an event and its
-        # run's last_seen_at stay one reading. The SDK passes None there (Dialect.seen); a value
-        # given explicitly (a benchmark, a replay tool) wins. SQLite: this host's (one host).
-        self.clock_ph = ph if sqlite else "COALESCE(%s::timestamptz, now())"
-        ev_values = ", ".join(json_ph if c == "args" else self.clock_ph if c == "at" else ph for c in EVENT_COLUMNS)
+    def __init__(self, backend: Dialect):
+        self.backend = backend
+        ph, clock = backend.ph, backend.clock_ph
+        greatest, json_ph = backend.greatest, backend.json_ph
+        ev_values = ", ".join(json_ph if c == "args" else clock if c == "at" else ph for c in EVENT_COLUMNS)
         self.insert_event = f"INSERT INTO events ({', '.join(EVENT_COLUMNS)}) VALUES ({ev_values})"
-        run_values = ", ".join(json_ph if c == "labels" else self.clock_ph if c in ("started_at", "last_seen_at")
+        run_values = ", ".join(json_ph if c == "labels" else clock if c in ("started_at", "last_seen_at")
                                else ph for c in RUN_COLUMNS)
         self.insert_run = f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) VALUES ({run_values})"
-        self.returning = not sqlite or sqlite3.sqlite_version_info >= (3, 35)
         self.update_run = (
             f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, "
             f"tool_errors = tool_errors + {ph}, tokens_in = tokens_in + {ph}, "
             f"tokens_out = tokens_out + {ph}, cost_eur = cost_eur + {ph}, "
             f"cached_tokens_in = cached_tokens_in + {ph}, reasoning_tokens = reasoning_tokens + {ph}, "
             f"cost_unpriced_tokens = cost_unpriced_tokens + {ph}, "
-            f"last_seq = {greatest}(last_seq, {ph}), last_seen_at = {greatest}(last_seen_at, {self.clock_ph}), "
+            f"last_seq = {greatest}(last_seq, {ph}), last_seen_at = {greatest}(last_seen_at, {clock}), "
             f"progress = COALESCE({ph}, progress) WHERE id = {ph}"
         )
-        if self.returning:
+        if backend.returning:
             self.update_run += " RETURNING status, stop_reason, stop_detail"
         self.select_status = f"SELECT status, stop_reason, stop_detail FROM runs WHERE id = {ph}"
         self.end_run = (
-            f"UPDATE runs SET status = {ph}, ended_at = {self.clock_ph}, "
+            f"UPDATE runs SET status = {ph}, ended_at = {clock}, "
             f"stop_reason = COALESCE(stop_reason, {ph}), stop_detail = COALESCE(stop_detail, {ph}) "
             f"WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
         )
         # A note for humans on a run whose tool has not answered yet (watchdog.sdk.inflight).
         self.set_progress = f"UPDATE runs SET progress = {ph} WHERE id = {ph} AND status IN ({ACTIVE_SQL})"
-        # The SDK's cached view of the circuits the daemon opened (watchdog.sdk.circuitview).
+        # The SDK's cached view of the circuits the daemon opened (watchdog.sdk.circuits).
         # A circuit whose probe claim is marked ok counts as closed; never the error's text, only its class.
         self.select_circuits = (
             "SELECT c.tool, c.state, c.open_until, c.errors_in_window, c.window_s, c.last_error_class, "
@@ -103,39 +88,11 @@ class Dialect:
         self.select_settings = f"SELECT value FROM settings WHERE key = {ph}"
         # The MAC of a record written before the run was attested (its key came later).
         self.mac_event = f"UPDATE events SET mac = {ph} WHERE run_id = {ph} AND seq = {ph} AND mac IS NULL"
-        self.sqlite = sqlite
 
-    def ts(self, value: dt.datetime):
-        # SQLite has no timestamp type: naive UTC text, the format of the table contract.
-        if not self.sqlite:
-            return value
-        utc = value.astimezone(dt.timezone.utc)
-        if type(utc) is dt.datetime and utc.year >= 1000:
-            # isoformat is ~3x cheaper than strftime and, for 4-digit years, spells exactly
-            # SQLITE_TS_FORMAT ("%Y-%m-%d %H:%M:%S.%f") followed by "+00:00".
-            return utc.isoformat(" ", "microseconds")[:26]
-        return utc.strftime(SQLITE_TS_FORMAT)
 
-    def seen(self, value: dt.datetime):
-        """A time of the store's clock (`clock_ph`): this host's on SQLite, None on PostgreSQL (the
-        server's now() when the transaction runs: a record replayed after an outage is dated by
-        its replay, in order, and GREATEST keeps last_seen_at from ever going back)."""
-        return self.ts(value) if self.sqlite else None
-
-    def json(self, value):
-        return None if value is None else json.dumps(value, sort_keys=True, default=str)
-
-    def parse_ts(self, value):
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = dt.datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        return value
-
-    def parse_json(self, value):
-        return json.loads(value) if isinstance(value, str) else value
+@functools.cache
+def _agent_sql(name: str) -> AgentSQL:
+    return AgentSQL(dialects.for_name(name))
 
 
 class Writer:
@@ -151,7 +108,8 @@ class Writer:
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size: expected an integer >= 1, got {pool_size!r}")
         self.engine = engine
-        self.dialect = Dialect(engine.dialect.name)
+        self.dialect = dialects.of(engine)  # the backend: placeholders, the clock, timestamps
+        self.sql = _agent_sql(self.dialect.name)  # the SDK's statements, rendered once per backend
         self.pool_size = pool_size
         self._idle: list = []  # LIFO: the warmest connection first; list.pop/append are atomic
         self._open = 0  # connections this process opened and has not dropped (idle or in use)
@@ -250,7 +208,7 @@ class Writer:
             for sql, params in statements:
                 cur.execute(sql, params)
                 row = cur.fetchone() if cur.description else None
-            if self.dialect.sqlite:
+            if self.dialect.begin:
                 cur.execute("COMMIT")
             else:
                 conn.commit()
@@ -270,8 +228,8 @@ class Writer:
             cur.execute(sql, params)
             rows = cur.fetchall()
             cur.close()
-            if not self.dialect.sqlite:
-                conn.rollback()  # end the implicit read transaction: never sit idle in one
+            if not self.dialect.begin:
+                conn.rollback()  # the driver began a read transaction: end it, never sit idle in one
         except BaseException:
             self._abort(conn, cur)
             raise

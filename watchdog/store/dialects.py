@@ -1,0 +1,175 @@
+"""One class per backend: every place where SQLite and PostgreSQL differ, and nowhere else.
+
+A store module never asks `dialect.name == "sqlite"`: it asks its backend for the piece it
+needs (a placeholder, the store's clock, GREATEST, a row lock, an upsert, a timestamp in
+epoch seconds). A new backend is one new subclass here (and its engine discipline in
+`watchdog.store.engine`), not a hunt through every module that renders SQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import sqlite3
+from typing import Any, ClassVar
+
+from sqlalchemy import Float, String, case, cast, extract, func, literal
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.dialects import sqlite as sqlite_sql
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.elements import ColumnElement
+
+# How a timestamp is spelled in SQLite (UTC, no offset). Part of the table contract.
+SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+
+# `YYYY-MM-DD HH:MM:SS[.ffffff]` (or with a `T`): how the table contract spells a timestamp on
+# SQLite. Readers that must not trust a hand-written value test it with GLOB first.
+ISO_GLOB = "[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9][ T][0-2][0-9]:[0-5][0-9]:[0-6][0-9]*"
+
+
+class Dialect:
+    """What one backend spells its own way. Subclasses set the class attributes."""
+
+    name: ClassVar[str]
+    sqlite: ClassVar[bool] = False
+    ph: ClassVar[str]  # the DBAPI placeholder of pre-rendered statements
+    greatest: ClassVar[str]  # the two-argument maximum
+    json_ph: ClassVar[str]  # a placeholder whose value is JSON text
+    # The store's clock for a record's times (events.at, runs.started_at / last_seen_at /
+    # ended_at), as a placeholder: see `seen`.
+    clock_ph: ClassVar[str]
+    for_update: ClassVar[str]  # a row lock on a SELECT ("" where the write lock is the database's)
+    begin: ClassVar[str | None]  # how a write transaction begins on a raw connection (None: the driver's)
+    returning: ClassVar[bool]  # UPDATE ... RETURNING
+    # Retention: rows per delete, and the pause after a batch as a share of its duration. SQLite:
+    # every writer waits while a batch runs, so a batch stays a few tens of ms and the agents get
+    # the lock half the time. PostgreSQL locks only the rows it deletes (no agent writes an ended
+    # run's rows): larger batches, shorter pauses, just enough to leave the disk to the agents.
+    prune_rows_per_batch: ClassVar[int]
+    prune_pause_ratio: ClassVar[float]
+
+    def ts(self, value: dt.datetime) -> Any:
+        """A timestamp as the driver binds it."""
+        return value
+
+    def seen(self, value: dt.datetime) -> Any:
+        """A value for `clock_ph`."""
+        raise NotImplementedError
+
+    def json(self, value: Any) -> str | None:
+        return None if value is None else json.dumps(value, sort_keys=True, default=str)
+
+    def parse_ts(self, value: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return value
+
+    def parse_json(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def insert(self, table: Any) -> Any:
+        """An INSERT with ON CONFLICT (upserts)."""
+        raise NotImplementedError
+
+    def epoch_s(self, col: Any) -> ColumnElement[Any]:
+        """A UTCDateTime column as float seconds since the epoch, computed by the database."""
+        raise NotImplementedError
+
+    def db_now(self, conn: Connection) -> dt.datetime:
+        """The store's clock now."""
+        raise NotImplementedError
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+    sqlite = True
+    ph = "?"
+    greatest = "MAX"
+    json_ph = "?"
+    clock_ph = "?"
+    for_update = ""  # BEGIN IMMEDIATE already holds the database's one write lock
+    begin = "BEGIN IMMEDIATE"
+    returning = sqlite3.sqlite_version_info >= (3, 35)
+    prune_rows_per_batch = 2000
+    prune_pause_ratio = 1.0
+
+    def ts(self, value: dt.datetime) -> str:
+        # SQLite has no timestamp type: naive UTC text, the format of the table contract.
+        utc = value.astimezone(dt.timezone.utc)
+        if type(utc) is dt.datetime and utc.year >= 1000:
+            # isoformat is ~3x cheaper than strftime and, for 4-digit years, spells exactly
+            # SQLITE_TS_FORMAT ("%Y-%m-%d %H:%M:%S.%f") followed by "+00:00".
+            return utc.isoformat(" ", "microseconds")[:26]
+        return utc.strftime(SQLITE_TS_FORMAT)
+
+    def seen(self, value: dt.datetime) -> str:
+        # One host: this host's clock.
+        return self.ts(value)
+
+    def insert(self, table: Any) -> Any:
+        return sqlite_sql.insert(table)
+
+    def epoch_s(self, col: Any) -> ColumnElement[Any]:
+        # Naive UTC text; julianday() reads the fraction too. Only a timestamp as the table
+        # contract spells it: julianday('now') is a valid (and always fresh) time, which would
+        # make a run never old and never silent.
+        return case((col.op("GLOB")(literal(ISO_GLOB, String())), (func.julianday(col) - 2440587.5) * 86400.0))
+
+    def db_now(self, conn: Connection) -> dt.datetime:
+        return dt.datetime.now(dt.timezone.utc)
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    ph = "%s"
+    greatest = "GREATEST"
+    json_ph = "%s::json"
+    # The database server's clock, so that hosts whose clocks disagree never look silent, old
+    # or out of the rate window to a daemon; now() is read once per transaction, so an event
+    # and its run's last_seen_at stay one reading. A value given explicitly (a benchmark, a
+    # replay tool) wins.
+    clock_ph = "COALESCE(%s::timestamptz, now())"
+    for_update = " FOR UPDATE"
+    begin = None
+    returning = True
+    prune_rows_per_batch = 10000
+    prune_pause_ratio = 0.1
+
+    def seen(self, value: dt.datetime) -> None:
+        # None: the server's now() when the transaction runs (a record replayed after an outage
+        # is dated by its replay, in order, and GREATEST keeps last_seen_at from going back).
+        return None
+
+    def insert(self, table: Any) -> Any:
+        return pg.insert(table)
+
+    def epoch_s(self, col: Any) -> ColumnElement[Any]:
+        return cast(extract("epoch", col), Float)
+
+    def db_now(self, conn: Connection) -> dt.datetime:
+        from sqlalchemy import text
+
+        value = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+        return value.astimezone(dt.timezone.utc)
+
+
+_BACKENDS: dict[str, type[Dialect]] = {"sqlite": SQLiteDialect, "postgresql": PostgresDialect}
+
+
+@functools.cache
+def for_name(name: str) -> Dialect:
+    """The backend of a dialect name ("sqlite", "postgresql")."""
+    try:
+        return _BACKENDS[name]()
+    except KeyError:
+        raise ValueError(f"no store backend {name!r}: expected one of {', '.join(_BACKENDS)}") from None
+
+
+def of(bind: Engine | Connection) -> Dialect:
+    """The backend of an engine or a connection."""
+    return for_name(bind.dialect.name)
