@@ -23,7 +23,7 @@ import datetime as dt
 import logging
 from collections import defaultdict
 
-from sqlalchemy import Text, cast, insert, select, update
+from sqlalchemy import Text, cast, select
 
 from watchdog.core import forecast
 from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
@@ -35,7 +35,8 @@ from watchdog.daemon.driftwatch import DriftWatch
 from watchdog.daemon.prices import PriceBook
 from watchdog.store import ledger
 from watchdog.store.actions import enqueue_alert, queued, record
-from watchdog.store.schema import runs, settings
+from watchdog.store import settings as published
+from watchdog.store.schema import runs
 
 log = logging.getLogger("watchdog.money")
 
@@ -284,7 +285,7 @@ class Money:
         if ident == self._published and fresh:
             return False
         with engine.begin() as conn:
-            _put(conn, CLOSED_KEY, closed, now)
+            published.put(conn, CLOSED_KEY, closed, now)
         self._published, self._closed_at = ident, now
         return True
 
@@ -297,7 +298,7 @@ class Money:
         state = self.published_state()
         state["at"] = now.isoformat()
         with engine.begin() as conn:
-            _put(conn, STATE_KEY, state, now)
+            published.put(conn, STATE_KEY, state, now)
         self._published_at = now
 
     def _prune(self, engine, now) -> None:
@@ -312,12 +313,6 @@ class Money:
         if len(self._alerted) >= MAX_REMEMBERED:
             self._alerted.clear()
         self._alerted.add(key)
-
-
-def _put(conn, key: str, value, now: dt.datetime) -> None:
-    done = conn.execute(update(settings).where(settings.c.key == key).values(value=value, updated_at=now))
-    if done.rowcount == 0:
-        conn.execute(insert(settings).values(key=key, value=value, updated_at=now))
 
 
 class LiveSpend:

@@ -18,7 +18,6 @@ import signal
 import threading
 import time
 
-from sqlalchemy import insert, select, update
 
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
@@ -33,9 +32,10 @@ from watchdog.store.leases import db_now
 from watchdog.store.rebase import rebase_active_runs, rebase_pending_alerts
 from watchdog.core.config import Config
 from watchdog.errors import ConfigError
-from watchdog.daemon.killer import Killer, ProcessIdentity
+from watchdog.daemon.killer import Killer
 from watchdog.daemon.notify import Notifier
-from watchdog.store.schema import settings, utcnow
+from watchdog.store import settings as published
+from watchdog.store.schema import utcnow
 from watchdog.daemon.ticker import Ticker
 
 log = logging.getLogger("watchdog.daemon")
@@ -187,16 +187,14 @@ class Daemon:
         if self.ticker.money is not None:  # the models genai-prices priced for it so far, overrides winning
             value["prices"] = self.ticker.money.prices.published()
         with self.engine.begin() as conn:
-            done = conn.execute(update(settings).where(settings.c.key == "config").values(value=value, updated_at=now))
-            if done.rowcount == 0:
-                conn.execute(insert(settings).values(key="config", value=value, updated_at=now))
+            published.put(conn, published.CONFIG_KEY, value, now)
         self._published_at = time.monotonic()
         self._published_value = json.loads(json.dumps(value))  # as it reads back (lists, not tuples)
 
     def _settings_intact(self) -> bool:
         """One small read per tick: the settings row still holds what this daemon wrote."""
         with self.engine.connect() as conn:
-            stored = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
+            stored = published.get(conn, published.CONFIG_KEY)
         return stored == self._published_value
 
     def store_now(self) -> dt.datetime:

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import and_, select
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import actor, enqueue_alert, facts, mark_lost, queued, record, stop_plan
-from watchdog.core.budgets import effective_budgets
+from watchdog.store.actions import actor, enqueue_alert, mark_lost, queued, record, stop_plan
 from watchdog.core.config import Config
 from watchdog.daemon.acknowledge import EndedStops
 from watchdog.daemon.backfill import BackfillReport

@@ -27,7 +27,8 @@ from sqlalchemy import func, select
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import load
 from watchdog.store.engine import make_engine
-from watchdog.store.schema import alerts, daemons, settings
+from watchdog.store import settings
+from watchdog.store.schema import alerts, daemons
 from watchdog.demo.agents import BEHAVIOURS
 from watchdog.demo.model import MODEL
 from watchdog.demo.report import Feed, outcomes, table
@@ -144,7 +145,7 @@ class Demo:
             # Ready = settings published (the agents price their steps with them) and one tick done
             # (its scan cursor is set, so every later error counts for the circuit breakers).
             with self.engine.connect() as conn:
-                published = conn.execute(select(settings.c.key).where(settings.c.key == "config")).first()
+                published = settings.get(conn, settings.CONFIG_KEY) is not None
                 ticked = conn.execute(select(daemons.c.last_tick_at).where(daemons.c.pid == self.daemon.pid)).scalar()
             if published and ticked:
                 return

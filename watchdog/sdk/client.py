@@ -30,6 +30,7 @@ from watchdog.sdk.inflight import InflightTools
 from watchdog.store.engine import make_engine, misconfiguration, normalise_url
 from watchdog.store.agent_writes import POOL_SIZE, Writer
 from watchdog.store.schema import utcnow
+from watchdog.store.settings import CONFIG_KEY
 
 log = logging.getLogger("watchdog.client")
 
@@ -169,7 +170,7 @@ class Watchdog:
         now = time.monotonic()
         if self._settings is None or now - self._settings_at > SETTINGS_TTL_S:
             try:
-                rows = self.writer.query(self.writer.sql.select_settings, ("config",))
+                rows = self.writer.query(self.writer.sql.select_settings, (CONFIG_KEY,))
                 value = self.writer.dialect.parse_json(rows[0][0]) if rows else {}
                 self._settings = value if isinstance(value, dict) else {}
             except Exception as exc:  # an unreachable store must not stop the agent

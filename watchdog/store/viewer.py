@@ -15,7 +15,8 @@ from sqlalchemy import and_, func, or_, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.timeline_svg import MAX_MARKS, Call, Spend
-from watchdog.store.schema import alerts, events, interventions, runs, settings, tool_circuits
+from watchdog.store import settings as published
+from watchdog.store.schema import alerts, events, interventions, runs, tool_circuits
 from watchdog.store.views import load_run
 
 MAX_SPEND_ROWS = 50_000  # the cost line of a huge run: its first priced steps (the chart is ~700 px wide)
@@ -26,7 +27,7 @@ def published_state(conn: Any, now: dt.datetime) -> dict | None:
     """The daemon's last published period state (its burn rates), unless stale."""
     from watchdog.core.periods import STATE_KEY
 
-    row = conn.execute(select(settings.c.value, settings.c.updated_at).where(settings.c.key == STATE_KEY)).first()
+    row = published.get_with_time(conn, STATE_KEY)
     if row is None or not isinstance(row.value, dict) or row.updated_at is None:
         return None
     return row.value if 0 <= (now - row.updated_at).total_seconds() < STALE_S else None

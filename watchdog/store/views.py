@@ -16,7 +16,8 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGETS, effective_budgets
 from watchdog.core.config import Config
 from watchdog.errors import StoreError
-from watchdog.store.schema import events, interventions, runs, settings
+from watchdog.store import settings as published
+from watchdog.store.schema import events, interventions, runs
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def published_profiles(conn, config: Config) -> Config:
     Without a config file the CLI would otherwise judge runs by the built-in
     defaults while the daemon applies its own profiles: with this, the CLI shows
     the budgets the daemon actually enforces."""
-    value = conn.execute(select(settings.c.value).where(settings.c.key == "config")).scalar()
+    value = published.get(conn, published.CONFIG_KEY)
     return config.with_published(value)
 
 

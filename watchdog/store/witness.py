@@ -24,8 +24,7 @@ from watchdog.store import dialects
 from watchdog.store.dialects import Dialect
 from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.attestations import Attestation, replace as replace_attestation
-from watchdog.store.leases import db_now
-from watchdog.store.schema import events, runs, utcnow
+from watchdog.store.schema import events, runs
 
 
 @dataclass(frozen=True)
