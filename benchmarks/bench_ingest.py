@@ -511,7 +511,7 @@ def profile(backend: str, records: int, top: int):
 
     from watchdog import Watchdog
     from watchdog.core.records import hash_args
-    from watchdog.store.schema import utcnow
+    from watchdog.core.clock import utcnow
 
     if backend == "postgresql":
         records = min(records, 2000)  # each commit waits for a WAL fsync: keep the profile short

@@ -8,7 +8,7 @@ import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
 from watchdog.store.engine import read_connection
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 # The daemon's last published period state: shared with the web view (watchdog.store.viewer).
 from watchdog.store.viewer import published_state  # noqa: E402,F401

@@ -8,7 +8,7 @@ import sys
 import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 
 def _logging(verbose: bool):

@@ -7,7 +7,7 @@ import time
 import click
 
 from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 
 @main.command("top")

@@ -45,7 +45,8 @@ from watchdog.errors import ConfigError
 from watchdog.daemon.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import attestations as rows
 from watchdog.store import evidence as evstore
-from watchdog.store.schema import runs, utcnow
+from watchdog.store.schema import runs
+from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.attest")
 

@@ -35,7 +35,7 @@ from watchdog.errors import ConfigError
 from watchdog.daemon.killer import Killer
 from watchdog.daemon.notify import Notifier
 from watchdog.store import settings as published
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 from watchdog.daemon.ticker import Ticker
 
 log = logging.getLogger("watchdog.daemon")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.schema import alerts, interventions, runs, utcnow
+from watchdog.store.schema import alerts, interventions, runs
+from watchdog.core.clock import utcnow
 from watchdog.store.views import run_record, tool_stats
 from watchdog.demo.agents import CIRCUIT, COOPERATIVE, GUARD, NONE, SIGKILL, SIGTERM, BEHAVIOURS
 

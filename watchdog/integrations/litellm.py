@@ -35,7 +35,7 @@ from watchdog.sdk.client import Watchdog
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.run import Run
 from watchdog.store import joined as store
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.integrations.litellm")
 

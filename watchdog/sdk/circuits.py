@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from watchdog.core.lifecycle import Circuit
 from watchdog.store import probes
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
 

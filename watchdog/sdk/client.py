@@ -29,7 +29,7 @@ from watchdog.sdk.circuits import CIRCUIT_CACHE_MAX_S, CircuitView
 from watchdog.sdk.inflight import InflightTools
 from watchdog.store.engine import make_engine, misconfiguration, normalise_url
 from watchdog.store.agent_writes import POOL_SIZE, Writer
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 from watchdog.store.settings import CONFIG_KEY
 
 log = logging.getLogger("watchdog.client")

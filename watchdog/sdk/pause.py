@@ -23,7 +23,7 @@ from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.errors import RunKilled
 from watchdog.sdk.children import obeyed_stop
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.client")
 

@@ -22,7 +22,7 @@ from watchdog.sdk import children, toolcall
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.pause import Hold, pause_statements
 from watchdog.store.lineage import Lineage
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 
 PARTIAL_MAX_CHARS = 2000

@@ -29,6 +29,7 @@ from sqlalchemy import (
 )
 
 from watchdog.core.budgets import RUN_BUDGETS
+from watchdog.core.clock import utcnow  # noqa: F401  (re-exported: the store's modules and tests take it with the tables)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -77,10 +78,6 @@ class UTCDateTime(TypeDecorator):
         if value.tzinfo is None:
             return value.replace(tzinfo=dt.timezone.utc)
         return value.astimezone(dt.timezone.utc)
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 runs = Table(

@@ -19,7 +19,7 @@ from watchdog.errors import StoreError
 from watchdog.store import views, viewer
 from watchdog.store.engine import read_connection
 from watchdog.store.ledger import period_report
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 from watchdog.web import pages
 from watchdog.web.markdown import to_html
 

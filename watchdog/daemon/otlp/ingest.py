@@ -31,7 +31,7 @@ from watchdog.daemon.otlp import sender
 from watchdog.daemon.otlp.mapping import Call, Group
 from watchdog.store import witness
 from watchdog.store.attestations import Attestation, load as load_attestation
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.otlp")
 

@@ -21,7 +21,7 @@ from watchdog.errors import RunKilled
 from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
 from watchdog.store.execrun import ExecRunState, killed_child, read_state
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 POLL_S = 0.25
 WAIT_S = 0.1

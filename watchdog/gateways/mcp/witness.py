@@ -30,7 +30,7 @@ from watchdog.sdk.guards import Guard
 from watchdog.sdk.run import Run
 from watchdog.sdk.toolcall import PendingTool
 from watchdog.store import joined as store
-from watchdog.store.schema import utcnow
+from watchdog.core.clock import utcnow
 
 from watchdog.gateways.mcp import wording
 
