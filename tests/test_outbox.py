@@ -247,7 +247,9 @@ def test_two_deliverers_at_once_send_each_alert_exactly_once(db_url, sealer, htt
     from watchdog.store.engine import make_engine
 
     engines = [make_engine(db_url) for _ in range(2)]
-    titles = queue(engines[0], sealer, 30)
+    # Queued now: the deliverers below read the real clock (an alert queued at the fixed T0 would
+    # be dead-lettered as older than alert_expire_s once T0 is a day behind the real date).
+    titles = queue(engines[0], sealer, 30, now=dt.datetime.now(dt.timezone.utc))
     start = threading.Barrier(2)
     errors, delivered = [], []
 
