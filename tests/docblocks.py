@@ -5,7 +5,7 @@ tests see is what Sphinx renders). An HTML comment on the last non-blank line be
 `<!-- docs-test: KIND ... -->`, says how it is checked. Without one a block must be
 
 - runnable (sh, bash, python, sql): run in order, page by page (tests/system/test_docs.py; the
-  README's by tests/test_readme.py, as a newcomer with a fresh venv), or
+  README's by test_readme.py, as a newcomer with a fresh venv), or
 - checkable by parsing (toml, json, yaml, javascript, typescript: tests/unit/test_docs_blocks.py;
   TOML must also be a config `watchdog.core.config` accepts).
 

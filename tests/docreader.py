@@ -1,5 +1,5 @@
 """A reader of the documentation: runs a page's blocks in order, in a scratch copy of the checkout,
-as one person at one shell would (tests/test_readme.py for the README, tests/system/test_docs.py for
+as one person at one shell would (test_readme.py for the README, tests/system/test_docs.py for
 docs/). Which blocks run and why the others do not: tests/docblocks.py."""
 
 from __future__ import annotations

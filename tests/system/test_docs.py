@@ -2,7 +2,7 @@
 steps as root in a scratch root, and the syntax of every shell and JavaScript block.
 
 Which block is run how, and why some are not: tests/docblocks.py (the pure checks are in
-tests/unit/test_docs_blocks.py; the README's newcomer in tests/test_readme.py). A docs page's reader
+tests/unit/test_docs_blocks.py; the README's newcomer in test_readme.py). A docs page's reader
 has installed the package already: the suite's own venv (every extra a page installs is in the
 `test` extra) is first on the PATH, in a scratch copy of the checkout, with no store or config preset.
 """

@@ -340,6 +340,12 @@ def test_every_page_is_in_the_toctree():
     assert pages == listed, f"not in the toctree: {sorted(pages - listed)}; listed, no page: {sorted(listed - pages)}"
 
 
+@pytest.mark.parametrize("page", d.pages(), ids=d.rel)
+def test_each_page_has_one_title(page):
+    titles = [tok for tok in d._MD.parse(page.read_text(encoding="utf-8")) if tok.type == "heading_open" and tok.tag == "h1"]
+    assert len(titles) == 1, f"{d.rel(page)}: {len(titles)} top-level headings (the toctree shows each as a page)"
+
+
 def test_the_readme_stays_short_and_says_the_names():
     text = d.README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 180, "the README is the front door: move detail into a docs/ page"
