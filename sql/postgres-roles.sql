@@ -17,7 +17,7 @@
 --     keeps each login to its own runs: it reads and changes only those, inserts
 --     events only for them, names only one of them as a parent; a trigger writes
 --     the server's now() for every time, lets counters only grow, budgets only
---     go down and the status move only forward (docs/security.md);
+--     go down and the status move only forward (docs/explanation/security.md);
 --   * the gateway's role (default agent_watchdog_gateway, NOLOGIN), for the
 --     LiteLLM callback, the MCP proxy and the like: what the agents' role may do
 --     with its own runs, plus reading every run (its stop status and budgets)
@@ -39,7 +39,7 @@
 --                   GRANT agent_watchdog_gateway TO litellm_proxy;
 --                   GRANT agent_watchdog_viewer TO grafana_reader;
 -- One login per agent: owners are logins, so agents that share a login (or a
--- PgBouncer `user=` that maps them onto one) share their runs (docs/security.md).
+-- PgBouncer `user=` that maps them onto one) share their runs (docs/explanation/security.md).
 
 \if :{?agents_role}
 \else

@@ -1,5 +1,5 @@
 """Defaults that work everywhere (issue 19, item 6): a plain user runs the daemon with no
-config beyond the store URL (docs/try-the-daemon.md, run as written), and an agent whose
+config beyond the store URL (docs/howto/try-the-daemon.md, run as written), and an agent whose
 socket path is wrong is told once, on stderr and on its run."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from watchdog.core import paths
 from watchdog.store.schema import runs
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "docs" / "try-the-daemon.md"
+RECIPE = REPO / "docs" / "howto" / "try-the-daemon.md"
 
 
 def _block(md: Path) -> str:
