@@ -155,9 +155,10 @@ class Watchdog:
                 log.warning("agent-watchdog: $%s names run %s, not in this store; this run is not its child",
                             ENV_EXEC_RUN, parent_id[:8])
                 parent_id = None
-            hit = children.exhausted(_left)
-            if hit is not None:
-                raise ValueError(f"parent_id: run {parent_id[:8]} has no {hit[0].label} left for a child run")
+            else:
+                hit = children.exhausted(_left)
+                if hit is not None:
+                    raise ValueError(f"parent_id: run {parent_id[:8]} has no {hit[0].label} left for a child run")
         if _left:  # a child: its own budgets, never above what its parent has left
             asked = children.clamp(asked, profile, _left)
         return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id, budgets=asked,
