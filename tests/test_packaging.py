@@ -59,7 +59,8 @@ def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
         metadata = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
     for required in ("watchdog/_migrations/env.py", "watchdog/_migrations/script.py.mako",
                      "watchdog/_migrations/versions/0001_initial.py", "watchdog/__init__.py", "watchdog/client.py",
-                     "watchdog/store/migrate.py", "watchdog/sdk/client.py"):
+                     "watchdog/store/migrate.py", "watchdog/sdk/client.py",
+                     "watchdog/py.typed"):  # PEP 561: type checkers read the SDK's own annotations
         assert required in names, required
     assert not any(n.endswith(".pyc") or "__pycache__" in n for n in names)
     assert not any(n.startswith(("tests/", "migrations/")) for n in names)

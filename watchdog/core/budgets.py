@@ -1,7 +1,8 @@
 """The one home of every budget: key, unit, type, validation, merge with a profile,
 comparison and rendering. Everything else (config parsing, the `runs` columns, the
 SDK's guards, the daemon's policies and pre-filter, alerts, `show`, `top`, JSON)
-iterates over `BUDGETS`, so a new budget is one entry here plus its column.
+iterates over `BUDGETS`, so a new budget is one entry here plus its column (and its typed field
+in `Budgets`, and in `RunBudgets` when a run may ask for it: a unit test holds them in step).
 
 A *profile* (`Budgets`) is one agent's limits plus the few settings that go with
 them (`on_rate`, `dedupe_window_s`, `runs_may_raise`). A run may ask for lower
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypedDict
 
 from watchdog.core.lifecycle import StopReason
 
@@ -164,7 +165,7 @@ class Setting:
         return float(value)
 
 
-def _on_breach(value: Any):
+def _on_breach(value: object) -> str | dict[str, str]:
     """`"stop"` / `"pause"` for every pausable budget, or a table naming the budgets that pause
     (`{ max_steps = "pause", max_cost_eur = "stop" }`; a budget it does not name stops)."""
     if isinstance(value, str):
@@ -174,7 +175,7 @@ def _on_breach(value: Any):
     if not isinstance(value, Mapping):
         raise ValueError(f"expected \"stop\", \"pause\" or a table of budget = \"stop\" | \"pause\", got {value!r}")
     keys = tuple(b.key for b in PAUSABLE)
-    out = {}
+    out: dict[str, str] = {}
     for key, action in value.items():
         if key not in keys:
             raise ValueError(f"{key!r} cannot pause (only {', '.join(keys)} can: loops, silence and a "
@@ -204,22 +205,64 @@ PERIOD_BUDGET_KEYS = ("max_cost_eur_per_day", "max_cost_eur_per_month")
 PROFILE_KEYS: tuple[str, ...] = tuple(b.key for b in BUDGETS) + tuple(s.key for s in SETTINGS)
 
 
-def _profile_class():
-    fields = [(b.key, int if b.integer else float, dataclasses.field(default=b.default)) for b in BUDGETS]
-    fields += [(s.key, type(s.default), dataclasses.field(default=s.default)) for s in SETTINGS]
+def _count(key: str) -> int:
+    return int(BY_KEY[key].default)
 
-    def to_json(self) -> dict:
+
+def _amount(key: str) -> float:
+    return float(BY_KEY[key].default)
+
+
+def _setting(key: str) -> Any:
+    """A setting's default, typed by the field it initialises."""
+    return next(s.default for s in SETTINGS if s.key == key)
+
+
+# One field per key of PROFILE_KEYS, in its order, defaults from the registries above: the
+# class is spelled out so that type checkers see each limit (tests/unit/test_budget_types.py
+# checks that it and RunBudgets below stay in step with BUDGETS and SETTINGS).
+@dataclass(frozen=True)
+class Budgets:
+    """One agent profile: the limits a run of that agent is held to (fields: PROFILE_KEYS)."""
+
+    max_steps: int = _count("max_steps")
+    max_tool_calls: int = _count("max_tool_calls")
+    max_cost_eur: float = _amount("max_cost_eur")
+    max_tokens: int = _count("max_tokens")
+    max_wall_s: float = _amount("max_wall_s")
+    max_identical_calls: int = _count("max_identical_calls")
+    heartbeat_timeout_s: float = _amount("heartbeat_timeout_s")
+    max_tool_calls_per_min: int = _count("max_tool_calls_per_min")
+    on_rate: str = _setting("on_rate")
+    dedupe_window_s: float = _setting("dedupe_window_s")
+    runs_may_raise: bool = _setting("runs_may_raise")
+    owners: tuple[str, ...] = _setting("owners")
+    max_cost_eur_per_day: float = _setting("max_cost_eur_per_day")
+    max_cost_eur_per_month: float = _setting("max_cost_eur_per_month")
+    warn_at: float = _setting("warn_at")
+    on_breach: str | Mapping[str, str] = _setting("on_breach")  # "stop" | "pause" | {budget key: "stop" | "pause"}
+    approval_timeout_s: float = _setting("approval_timeout_s")
+
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def limit(self, key: str):
-        return getattr(self, key)
-
-    return dataclasses.make_dataclass("Budgets", fields, frozen=True, namespace={
-        "to_json": to_json, "limit": limit, "__module__": __name__,
-        "__doc__": "One agent profile: the limits a run of that agent is held to (fields: PROFILE_KEYS)."})
+    def limit(self, key: str) -> float:
+        """The limit of the budget `key` (a key of BUDGETS)."""
+        value: float = getattr(self, key)
+        return value
 
 
-Budgets = _profile_class()
+class RunBudgets(TypedDict, total=False):
+    """The budgets a run may ask for itself (RUN_BUDGET_KEYS, typed): `wd.run(..., max_steps=5)`,
+    `run.child(...)`. None (or leaving one out) keeps the profile's."""
+
+    max_steps: int | None
+    max_tool_calls: int | None
+    max_cost_eur: float | None
+    max_tokens: int | None
+    max_wall_s: float | None
+    max_identical_calls: int | None
+    heartbeat_timeout_s: float | None
 
 
 def validate_profile_value(key: str, value: Any) -> Any:
@@ -232,18 +275,18 @@ def validate_profile_value(key: str, value: Any) -> Any:
     raise KeyError(key)
 
 
-def profile(values: Mapping[str, Any], base=None):
+def profile(values: Mapping[str, Any], base: Budgets | None = None) -> Budgets:
     """A profile from checked values over `base` (the built-in defaults when None)."""
     return dataclasses.replace(base if base is not None else Budgets(), **values)
 
 
-def profile_from_json(raw: Any, base=None):
+def profile_from_json(raw: object, base: Budgets | None = None) -> Budgets | None:
     """The profile a daemon published (or a row written by hand): None when unusable.
     Keys this version does not know are ignored; a bad value drops the whole profile,
     so a half-parsed profile never judges a run."""
     if not isinstance(raw, dict):
         return None
-    values = {}
+    values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in PROFILE_KEYS:
             continue
@@ -254,17 +297,17 @@ def profile_from_json(raw: Any, base=None):
     return profile(values, base)
 
 
-def asked(row: Any) -> dict[str, float]:
+def asked(row: object) -> dict[str, float]:
     """The budgets a run asked for itself: its non-NULL budget columns (a row or a dict)."""
-    get = row.get if isinstance(row, Mapping) else (lambda k: getattr(row, k, None))
+    get: Callable[[str], Any] = row.get if isinstance(row, Mapping) else (lambda k: getattr(row, k, None))
     return {k: v for k in RUN_BUDGET_KEYS if (v := get(k)) is not None}
 
 
-def effective(prof, run_asked: Mapping[str, float], raised: bool = False):
+def effective(prof: Budgets, run_asked: Mapping[str, float | None], raised: bool = False) -> Budgets:
     """The profile lowered (never raised, unless the profile allows it) by the run's own request.
     What a run is held to, in the SDK and in the daemon alike. `raised`: an operator resumed the
     run with more (`resume --add-...`): its own columns hold, above its profile too."""
-    changes = {}
+    changes: dict[str, Any] = {}  # budget key → limit (int or float by key)
     for key, value in run_asked.items():
         if key not in RUN_BUDGET_KEYS or value is None:
             continue
@@ -272,31 +315,31 @@ def effective(prof, run_asked: Mapping[str, float], raised: bool = False):
     return dataclasses.replace(prof, **changes) if changes else prof
 
 
-def for_run(prof, row: Any):
+def for_run(prof: Budgets, row: object) -> Budgets:
     """`effective` for a run row (or dict) holding its own budget columns (and `resumes`)."""
-    get = row.get if isinstance(row, Mapping) else (lambda k: getattr(row, k, None))
+    get: Callable[[str], Any] = row.get if isinstance(row, Mapping) else (lambda k: getattr(row, k, None))
     return effective(prof, asked(row), raised=bool(get("resumes")))
 
 
 effective_budgets = for_run  # the name the read models and tests have always used
 
 
-def request_error(key: str, value: Any, prof, agent: str) -> str | None:
+def request_error(key: str, value: object, prof: Budgets, agent: str) -> str | None:
     """Why a run's requested budget is not acceptable, or None."""
     if key not in RUN_BUDGET_KEYS:
         return f"{key}: not a run budget (expected one of {', '.join(RUN_BUDGET_KEYS)})"
     try:
-        value = BY_KEY[key].validate(value)
+        limit = BY_KEY[key].validate(value)
     except ValueError as exc:
         return f"{key}: {exc}"
     current = getattr(prof, key)
-    if not prof.runs_may_raise and value > current:
-        return (f"{key}={value} is above the {agent!r} profile's {current}; "
+    if not prof.runs_may_raise and limit > current:
+        return (f"{key}={limit} is above the {agent!r} profile's {current}; "
                 "a run may only lower its budgets (set runs_may_raise = true in the profile to allow it)")
     return None
 
 
-def counter_lines(totals: Totals, prof, tool_errors: int = 0) -> list[str]:
+def counter_lines(totals: Totals, prof: Budgets, tool_errors: int = 0) -> list[str]:
     """The numbers against their budgets, one line each, for alerts and `show`."""
     lines = []
     for b in BUDGETS:

@@ -14,7 +14,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping, Sequence, overload
 
 from watchdog.core import paths
 from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profile_from_json, validate_profile_value
@@ -114,7 +114,7 @@ class OtlpConfig:
     max_request_bytes: int = OTLP_MAX_REQUEST_BYTES
 
 
-def _otlp(ctx: "_Ctx", table: Mapping) -> OtlpConfig:
+def _otlp(ctx: "_Ctx", table: Mapping[str, Any]) -> OtlpConfig:
     _check_keys(ctx, "otlp", table, ("listen", "kill_mode", "max_request_bytes"))
     listen = table.get("listen", "")
     if not isinstance(listen, str) or (listen and not _valid_listen(listen.replace("[", "").replace("]", ""))):
@@ -150,7 +150,7 @@ class Config:
     def profile(self, agent: str) -> Budgets:
         return self.agents.get(agent, self.defaults)
 
-    def published(self) -> dict:
+    def published(self) -> dict[str, Any]:
         """What the daemon publishes in the store's settings table for the SDK and CLI."""
         return {
             "defaults": self.defaults.to_json(),
@@ -172,10 +172,14 @@ class Config:
         if not isinstance(value, dict):
             return self
         defaults = profile_from_json(value.get("defaults")) or self.defaults
-        raw_agents = value.get("agents") if isinstance(value.get("agents"), dict) else {}
+        raw_agents = value.get("agents")
+        if not isinstance(raw_agents, dict):
+            raw_agents = {}
         agents = {name: b for name, raw in raw_agents.items()
                   if isinstance(name, str) and (b := profile_from_json(raw)) is not None}
-        raw_prices = value.get("prices") if isinstance(value.get("prices"), dict) else {}
+        raw_prices = value.get("prices")
+        if not isinstance(raw_prices, dict):
+            raw_prices = {}
         prices = {m: pr for m, raw in raw_prices.items() if (pr := Price.from_json(raw)) is not None}
         tick_s = value.get("tick_s")
         daemon = self.daemon
@@ -184,12 +188,12 @@ class Config:
         pricing = _published_pricing(value.get("pricing")) or self.pricing
         budgets = self.budgets
         if isinstance(value.get("budgets"), list):
-            budgets = tuple(b for raw in value["budgets"] if (b := _published_label_budget(raw)) is not None)
+            budgets = tuple(lb for raw in value["budgets"] if (lb := _published_label_budget(raw)) is not None)
         return dataclasses.replace(self, defaults=defaults, agents=agents, prices=prices or self.prices,
                                    daemon=daemon, pricing=pricing, budgets=budgets)
 
 
-def _published_pricing(raw) -> PricingConfig | None:
+def _published_pricing(raw: object) -> PricingConfig | None:
     if not isinstance(raw, dict):
         return None
     rate, tz = raw.get("eur_per_usd"), raw.get("budget_tz")
@@ -202,7 +206,7 @@ def _published_pricing(raw) -> PricingConfig | None:
     return PricingConfig(float(rate), tz) if isinstance(tz, str) else None
 
 
-def _published_label_budget(raw) -> LabelBudget | None:
+def _published_label_budget(raw: object) -> LabelBudget | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("labels"), dict) or not raw["labels"]:
         return None
     labels = raw["labels"]
@@ -216,7 +220,8 @@ def _published_label_budget(raw) -> LabelBudget | None:
         values[key] = float(v)
     if not 0 < values["warn_at"] <= 1:
         return None
-    return LabelBudget(dict(labels), **values)
+    return LabelBudget(dict(labels), max_cost_eur_per_day=values["max_cost_eur_per_day"],
+                       max_cost_eur_per_month=values["max_cost_eur_per_month"], warn_at=values["warn_at"])
 
 
 # --- parsing ------------------------------------------------------------------
@@ -226,12 +231,12 @@ class _Ctx:
     def __init__(self, path: str):
         self.path = path
 
-    def fail(self, key: str, expected: str, got: Any = dataclasses.MISSING) -> ConfigError:
+    def fail(self, key: str, expected: str, got: object = dataclasses.MISSING) -> ConfigError:
         got_txt = "" if got is dataclasses.MISSING else f", got {got!r}"
         return ConfigError(f"{self.path}: {key}: expected {expected}{got_txt}")
 
 
-def _check_keys(ctx: _Ctx, section: str, table: Mapping, allowed) -> None:
+def _check_keys(ctx: _Ctx, section: str, table: Mapping[str, Any], allowed: Sequence[str]) -> None:
     for key in table:
         if key not in allowed:
             name = f"{section}.{key}" if section else key
@@ -242,14 +247,31 @@ def _check_keys(ctx: _Ctx, section: str, table: Mapping, allowed) -> None:
             raise ctx.fail(name, f"one of the known keys ({known})", "unknown key")
 
 
-def _table(ctx: _Ctx, raw: Mapping, key: str) -> Mapping:
+def _table(ctx: _Ctx, raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = raw.get(key, {})
     if not isinstance(value, dict):
         raise ctx.fail(f"[{key}]", "a table", value)
     return value
 
 
-def _number(ctx, key, value, *, integer=False, positive=True, allow_zero=False):
+@overload
+def _number(ctx: _Ctx, key: str, value: object, *, integer: Literal[True], positive: bool = True,
+            allow_zero: bool = False) -> int: ...
+
+
+@overload
+def _number(ctx: _Ctx, key: str, value: object, *, integer: Literal[False] = False, positive: bool = True,
+            allow_zero: bool = False) -> float: ...
+
+
+@overload
+def _number(ctx: _Ctx, key: str, value: object, *, integer: bool, positive: bool = True,
+            allow_zero: bool = False) -> int | float: ...
+
+
+def _number(ctx: _Ctx, key: str, value: object, *, integer: bool = False, positive: bool = True,
+            allow_zero: bool = False) -> float:
+    """`value` checked as a finite number (an int with `integer`, else a float): ConfigError naming `key`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ctx.fail(key, "an integer" if integer else "a number", value)
     if integer and not isinstance(value, int):
@@ -261,15 +283,15 @@ def _number(ctx, key, value, *, integer=False, positive=True, allow_zero=False):
     return value if integer else float(value)
 
 
-def _bool(ctx, key, value):
+def _bool(ctx: _Ctx, key: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ctx.fail(key, "true or false", value)
     return value
 
 
-def _budgets(ctx: _Ctx, section: str, table: Mapping, base: Budgets) -> Budgets:
+def _budgets(ctx: _Ctx, section: str, table: Mapping[str, Any], base: Budgets) -> Budgets:
     _check_keys(ctx, section, table, PROFILE_KEYS)
-    values = {}
+    values: dict[str, Any] = {}  # a profile's fields: limits, choices, names
     for k, v in table.items():
         try:
             values[k] = validate_profile_value(k, v)
@@ -278,21 +300,54 @@ def _budgets(ctx: _Ctx, section: str, table: Mapping, base: Budgets) -> Budgets:
     return dataclasses.replace(base, **values)
 
 
-def _circuit_policy(ctx: _Ctx, section: str, table: Mapping, base: CircuitPolicy) -> CircuitPolicy:
+def _circuit_policy(ctx: _Ctx, section: str, table: Mapping[str, Any], base: CircuitPolicy) -> CircuitPolicy:
     _check_keys(ctx, section, table, ("errors", "window_s", "open_s", "max_calls_per_min"))
-    values = {}
+    values: dict[str, Any] = {}  # counts (int) and seconds (float)
     for k, v in table.items():
         values[k] = _number(ctx, f"{section}.{k}", v, integer=(k in ("errors", "max_calls_per_min")),
                             allow_zero=(k == "max_calls_per_min"))
     return dataclasses.replace(base, **values)
 
 
-def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = None) -> Config:
-    ctx = _Ctx(path)
-    _check_keys(ctx, "", raw, ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics",
-                               "pricing", "budgets", "drift", "otlp"))
+SECTIONS = ("store", "daemon", "defaults", "agents", "circuit", "alerts", "prices", "metrics", "pricing", "budgets",
+            "drift", "otlp")
 
-    store_t = _table(ctx, raw, "store")
+
+def parse(raw: Mapping[str, Any], path: str = "<config>", *, url_error: UrlCheck | None = None) -> Config:
+    """The config of a TOML document's tables; the first thing wrong raises ConfigError (the
+    sections are checked in this order, so a file with several mistakes always names the same)."""
+    ctx = _Ctx(path)
+    _check_keys(ctx, "", raw, SECTIONS)
+    store = _store(ctx, _table(ctx, raw, "store"))
+    daemon = _daemon(ctx, _table(ctx, raw, "daemon"))
+    defaults = _budgets(ctx, "defaults", _table(ctx, raw, "defaults"), Budgets())
+    agents = _agents(ctx, _table(ctx, raw, "agents"), defaults)
+    circuit = _circuit(ctx, _table(ctx, raw, "circuit"))
+    urls, urls_file = _alerts(ctx, _table(ctx, raw, "alerts"), url_error)
+    prices = _prices(ctx, _table(ctx, raw, "prices"))
+    pricing = _pricing(ctx, _table(ctx, raw, "pricing"))
+    label_budgets = _label_budgets(ctx, raw.get("budgets", []))
+    drift = _drift(ctx, _table(ctx, raw, "drift"))
+    listen = _metrics_listen(ctx, _table(ctx, raw, "metrics"))
+    return Config(
+        path=path,
+        store=store,
+        daemon=daemon,
+        defaults=defaults,
+        agents=agents,
+        circuit=circuit,
+        alert_urls=urls,
+        alert_urls_file=urls_file,
+        prices=prices,
+        metrics_listen=listen,
+        pricing=pricing,
+        budgets=label_budgets,
+        drift=drift,
+        otlp=_otlp(ctx, _table(ctx, raw, "otlp")),
+    )
+
+
+def _store(ctx: _Ctx, store_t: Mapping[str, Any]) -> StoreConfig:
     _check_keys(ctx, "store", store_t, ("url", "record_args", "record_errors", "keep_days"))
     url = store_t.get("url")
     if url is not None and (not isinstance(url, str) or not url):
@@ -303,13 +358,14 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     keep_days = StoreConfig.keep_days
     if "keep_days" in store_t:
         keep_days = _number(ctx, "store.keep_days", store_t["keep_days"], allow_zero=True)
-    store = StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)),
-                        record_errors=record_errors, keep_days=keep_days)
+    return StoreConfig(url=url, record_args=_bool(ctx, "store.record_args", store_t.get("record_args", False)),
+                       record_errors=record_errors, keep_days=keep_days)
 
-    daemon_t = _table(ctx, raw, "daemon")
+
+def _daemon(ctx: _Ctx, daemon_t: Mapping[str, Any]) -> DaemonConfig:
     _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",
                                           "alert_expire_s", "socket", "key_file", "state_dir"))
-    d = {}
+    d: dict[str, Any] = {}  # DaemonConfig's fields: seconds, user names, paths
     for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s", "alert_expire_s"):
         if k in daemon_t:
             d[k] = _number(ctx, f"daemon.{k}", daemon_t[k], allow_zero=k.endswith("grace_s"))
@@ -325,7 +381,8 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
             if not isinstance(value, str) or (value and not os.path.isabs(value)):
                 raise ctx.fail(f"daemon.{k}", 'an absolute path (or "" for the default)', value)
             given[k] = value
-    resolved = resolve_paths(**given)
+    resolved = resolve_paths(state_dir=given.get("state_dir", ""), socket=given.get("socket", ""),
+                             key_file=given.get("key_file", ""))
     d.update(state_dir=resolved.state_dir, socket=resolved.socket, key_file=resolved.key_file)
     too_long = paths.socket_too_long(resolved.socket)
     if too_long:
@@ -334,27 +391,35 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
     if daemon.alert_expire_s <= daemon.alert_retry_s:  # an alert must get at least one retry before it expires
         raise ctx.fail("daemon.alert_expire_s", f"a number of seconds > alert_retry_s ({daemon.alert_retry_s:g})",
                        daemon.alert_expire_s)
+    return daemon
 
-    defaults = _budgets(ctx, "defaults", _table(ctx, raw, "defaults"), Budgets())
+
+def _agents(ctx: _Ctx, agents_t: Mapping[str, Any], defaults: Budgets) -> dict[str, Budgets]:
     agents = {}
-    for name, table in _table(ctx, raw, "agents").items():
+    for name, table in agents_t.items():
         if not isinstance(table, dict):
             raise ctx.fail(f"agents.{name}", "a table of budget keys", table)
         agents[name] = _budgets(ctx, f"agents.{name}", table, defaults)
+    return agents
 
-    circuit_t = dict(_table(ctx, raw, "circuit"))
+
+def _circuit(ctx: _Ctx, table: Mapping[str, Any]) -> CircuitConfig:
+    circuit_t = dict(table)
     tools_t = circuit_t.pop("tools", {})
     if not isinstance(tools_t, dict):
         raise ctx.fail("circuit.tools", "a table of per-tool tables", tools_t)
     default_policy = _circuit_policy(ctx, "circuit", circuit_t, CircuitPolicy())
     tools = {}
-    for tool, table in tools_t.items():
-        if not isinstance(table, dict):
-            raise ctx.fail(f"circuit.tools.{tool}", "a table with errors / window_s / open_s", table)
-        tools[tool] = _circuit_policy(ctx, f"circuit.tools.{tool}", table, default_policy)
-    circuit = CircuitConfig(default=default_policy, tools=tools)
+    for tool, tool_t in tools_t.items():
+        if not isinstance(tool_t, dict):
+            raise ctx.fail(f"circuit.tools.{tool}", "a table with errors / window_s / open_s", tool_t)
+        tools[tool] = _circuit_policy(ctx, f"circuit.tools.{tool}", tool_t, default_policy)
+    return CircuitConfig(default=default_policy, tools=tools)
 
-    alerts_t = _table(ctx, raw, "alerts")
+
+def _alerts(ctx: _Ctx, alerts_t: Mapping[str, Any],
+            url_error: UrlCheck | None) -> tuple[tuple[str, ...], str | None]:
+    """(`urls`, `urls_file`) of [alerts]; the file is read when alerts are sent (alert_urls)."""
     _check_keys(ctx, "alerts", alerts_t, ("urls", "urls_file"))
     urls = alerts_t.get("urls", [])
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
@@ -367,9 +432,12 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         reason = url_error(u) if url_error else (None if "://" in u else "no scheme://")
         if reason:
             raise ctx.fail(f"alerts.urls[{i}]", f"an apprise URL ({reason})", url_scheme_only(u))
+    return tuple(urls), urls_file
 
+
+def _prices(ctx: _Ctx, prices_t: Mapping[str, Any]) -> dict[str, Price]:
     prices = {}
-    for model, table in _table(ctx, raw, "prices").items():
+    for model, table in prices_t.items():
         section = f'prices."{model}"'
         if not isinstance(table, dict):
             raise ctx.fail(section, "a table with input_eur_per_mtok and output_eur_per_mtok", table)
@@ -379,34 +447,17 @@ def parse(raw: Mapping, path: str = "<config>", *, url_error: UrlCheck | None = 
         for k in REQUIRED_PRICE_KEYS:
             if k not in table:
                 raise ctx.fail(f"{section}.{k}", "a number >= 0 (EUR per million tokens)", "missing")
-        prices[model] = Price(**{k: _number(ctx, f"{section}.{k}", v, allow_zero=True) for k, v in table.items()})
+        amounts: dict[str, Any] = {k: _number(ctx, f"{section}.{k}", v, allow_zero=True) for k, v in table.items()}
+        prices[model] = Price(**amounts)
+    return prices
 
-    pricing = _pricing(ctx, _table(ctx, raw, "pricing"))
-    label_budgets = _label_budgets(ctx, raw.get("budgets", []))
-    drift = _drift(ctx, _table(ctx, raw, "drift"))
 
-    metrics_t = _table(ctx, raw, "metrics")
+def _metrics_listen(ctx: _Ctx, metrics_t: Mapping[str, Any]) -> str:
     _check_keys(ctx, "metrics", metrics_t, ("listen",))
     listen = metrics_t.get("listen", "")
     if not isinstance(listen, str) or (listen and not _valid_listen(listen)):
         raise ctx.fail("metrics.listen", 'a "host:port" string such as "127.0.0.1:9464"', listen)
-
-    return Config(
-        path=path,
-        store=store,
-        daemon=daemon,
-        defaults=defaults,
-        agents=agents,
-        circuit=circuit,
-        alert_urls=tuple(urls),
-        alert_urls_file=urls_file,
-        prices=prices,
-        metrics_listen=listen,
-        pricing=pricing,
-        budgets=label_budgets,
-        drift=drift,
-        otlp=_otlp(ctx, _table(ctx, raw, "otlp")),
-    )
+    return listen
 
 
 def alert_urls(config: "Config", *, url_error: UrlCheck | None = None) -> tuple[str, ...]:
@@ -437,7 +488,7 @@ def alert_urls(config: "Config", *, url_error: UrlCheck | None = None) -> tuple[
                               f"got {url_scheme_only(u)!r}")
     return config.alert_urls + tuple(urls)
 
-def _pricing(ctx: _Ctx, table: Mapping) -> PricingConfig:
+def _pricing(ctx: _Ctx, table: Mapping[str, Any]) -> PricingConfig:
     _check_keys(ctx, "pricing", table, ("eur_per_usd", "budget_tz"))
     rate = _number(ctx, "pricing.eur_per_usd", table.get("eur_per_usd", PricingConfig.eur_per_usd))
     tz = table.get("budget_tz", PricingConfig.budget_tz)
@@ -450,10 +501,11 @@ def _pricing(ctx: _Ctx, table: Mapping) -> PricingConfig:
     return PricingConfig(eur_per_usd=rate, budget_tz=tz)
 
 
-def _label_budgets(ctx: _Ctx, raw) -> tuple[LabelBudget, ...]:
+def _label_budgets(ctx: _Ctx, raw: object) -> tuple[LabelBudget, ...]:
     if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
         raise ctx.fail("[[budgets]]", "an array of tables ([[budgets]] sections with labels = { ... })", raw)
-    out, seen = [], set()
+    out: list[LabelBudget] = []
+    seen: set[str] = set()
     for i, table in enumerate(raw):
         section = f"budgets[{i}]"
         _check_keys(ctx, section, table, ("labels", "max_cost_eur_per_day", "max_cost_eur_per_month", "warn_at"))
@@ -462,8 +514,8 @@ def _label_budgets(ctx: _Ctx, raw) -> tuple[LabelBudget, ...]:
                 or not all(isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items())):
             raise ctx.fail(f"{section}.labels", 'a table of label = "value" strings, such as { tenant = "acme" }',
                            labels)
-        values = {k: _number(ctx, f"{section}.{k}", table[k], allow_zero=True)
-                  for k in ("max_cost_eur_per_day", "max_cost_eur_per_month") if k in table}
+        values: dict[str, Any] = {k: _number(ctx, f"{section}.{k}", table[k], allow_zero=True)  # the period budgets
+                                  for k in ("max_cost_eur_per_day", "max_cost_eur_per_month") if k in table}
         if not values:
             raise ctx.fail(section, "max_cost_eur_per_day and/or max_cost_eur_per_month", "neither")
         warn_at = _number(ctx, f"{section}.warn_at", table.get("warn_at", WARN_AT))
@@ -479,7 +531,7 @@ def _label_budgets(ctx: _Ctx, raw) -> tuple[LabelBudget, ...]:
     return tuple(out)
 
 
-def _drift(ctx: _Ctx, table: Mapping) -> DriftConfig:
+def _drift(ctx: _Ctx, table: Mapping[str, Any]) -> DriftConfig:
     _check_keys(ctx, "drift", table, ("window_s", "baseline_days", "factor", "min_runs"))
     d = DriftConfig()
     window_s = _number(ctx, "drift.window_s", table.get("window_s", d.window_s))
@@ -497,7 +549,7 @@ def _valid_listen(listen: str) -> bool:
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
-def load(path: str | os.PathLike | None = None, *, url_error: UrlCheck | None = None) -> Config:
+def load(path: str | os.PathLike[str] | None = None, *, url_error: UrlCheck | None = None) -> Config:
     """Load the config from `path`, else $AGENT_WATCHDOG_CONFIG, else built-in defaults.
 
     `url_error` checks each alert URL for real (the daemon side passes apprise's loader:

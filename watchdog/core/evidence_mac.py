@@ -44,7 +44,7 @@ def cost_ueur(cost_eur: float | None) -> int | None:
 def _s(v: object) -> str:
     if v is None:
         return ",~"
-    t = str.__str__(v)  # type: ignore[arg-type]  # TypeError for a non-string; a StrEnum's text
+    t = str.__str__(v)  # TypeError for a non-string; a StrEnum's text
     return f",{len(t) if t.isascii() else len(t.encode('utf-8'))}:{t}"  # ASCII: chars = bytes
 
 

@@ -78,7 +78,7 @@ class RateTracker:
 
     def __init__(self, window_s: float = RATE_WINDOW_S):
         self.window_s = window_s
-        self._samples: dict[tuple[str, str], tuple[str, deque]] = {}
+        self._samples: dict[tuple[str, str], tuple[str, deque[tuple[dt.datetime, float]]]] = {}
 
     def rate(self, scope: str, period: str, key: str, spent_eur: float, now: dt.datetime,
              period_start: dt.datetime) -> float | None:

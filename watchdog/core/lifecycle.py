@@ -12,6 +12,7 @@ Imports nothing: every side of the process boundary uses it.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any, Mapping
 
 
 class Status(StrEnum):
@@ -133,7 +134,7 @@ WAITING_STAGES = (Stage.REFUSED, Stage.NOT_SIGNALLED, Stage.FAILED)
 ACTING_STAGES = tuple(s for s, moves in STAGE_MOVES.items() if s not in WAITING_STAGES and moves)
 
 
-def can_move(table: dict, current, new) -> bool:
+def can_move(table: Mapping[Any, frozenset[Any]], current: str | None, new: str) -> bool:
     """True when `table` lists current → new. A StrEnum member hashes and compares as its
     string, so the plain strings a row holds look up as well as the members."""
     return new in table.get(current, ())

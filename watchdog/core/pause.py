@@ -15,17 +15,20 @@ import shlex
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-from watchdog.core.budgets import BY_KEY, PAUSABLE, Budget, Totals
+from watchdog.core.budgets import BY_KEY, PAUSABLE, Budget, Budgets, Totals
 from watchdog.core.messages import RunFacts, body
+
+if TYPE_CHECKING:
+    from watchdog.core.policies import Verdict
 
 BY_REASON: dict[str, Budget] = {b.reason: b for b in PAUSABLE}
 # `resume` option → the budget it raises ("add-steps" → max_steps).
-BY_OPTION: dict[str, Budget] = {b.add_option: b for b in PAUSABLE}
+BY_OPTION: dict[str, Budget] = {b.add_option: b for b in PAUSABLE if b.add_option}
 
 
-def pauses(prof, reason: str) -> bool:
+def pauses(prof: Budgets, reason: str) -> bool:
     """A breach of `reason` pauses this profile's run (else it stops)."""
     budget = BY_REASON.get(reason)
     if budget is None:
@@ -36,7 +39,7 @@ def pauses(prof, reason: str) -> bool:
     return on == "pause"
 
 
-def decide(verdicts: Sequence, prof):
+def decide(verdicts: Sequence[Verdict], prof: Budgets) -> tuple[str, Verdict]:
     """("pause" | "stop", the verdict acted on) for a running run's verdicts (most specific first).
     A run pauses only when every budget it broke pauses: one that stops (a loop, silence) wins."""
     for v in verdicts:
@@ -45,7 +48,7 @@ def decide(verdicts: Sequence, prof):
     return "pause", verdicts[0]
 
 
-def stops_while_paused(verdicts: Sequence) -> list:
+def stops_while_paused(verdicts: Sequence[Verdict]) -> list[Verdict]:
     """The verdicts that still act on a paused run: those that can never pause (a loop, silence).
     Budgets that pause are not judged again until a human answers."""
     return [v for v in verdicts if v.reason not in BY_REASON]
@@ -58,9 +61,9 @@ class Grant:
     adds: Mapping[str, float]
 
     @classmethod
-    def from_options(cls, **options) -> "Grant":
+    def from_options(cls, **options: float | None) -> "Grant":
         """From `add_steps=5, add_eur=None, ...` (the CLI's option names, "-" as "_")."""
-        adds = {}
+        adds: dict[str, float] = {}
         for name, value in options.items():
             if value is None:
                 continue
@@ -74,7 +77,7 @@ class Grant:
                 raise ValueError(f"--{budget.add_option}: {exc}") from None
         return cls(adds)
 
-    def columns(self, current, paused_s: float) -> dict[str, float]:
+    def columns(self, current: Budgets, paused_s: float) -> dict[str, float]:
         """The run's new budget columns: every run budget pinned at what it is held to now
         (a resumed run's own columns hold, above its profile too), plus the grant. Time spent
         paused does not count against max_wall_s: it is added to it as well."""
@@ -87,7 +90,7 @@ class Grant:
             out["max_wall_s"] = out["max_wall_s"] + math.ceil(paused_s)
         return {k: (int(v) if BY_KEY[k].integer else float(v)) for k, v in out.items()}
 
-    def describe(self, before, after: Mapping[str, float]) -> str:
+    def describe(self, before: Budgets, after: Mapping[str, float]) -> str:
         """ "max_steps 12 → 17, max_wall_s 300 → 912 (paused 612 s)" """
         parts = []
         for key in after:
@@ -112,7 +115,7 @@ def still_over(reason: str | None, used: Totals, limits: Mapping[str, float], gr
             f"{_num(limit)} it would pause again at once: give --{budget.add_option} {_num(need)} or more")
 
 
-def suggestion(reason: str, used: Totals, prof) -> str:
+def suggestion(reason: str, used: Totals, prof: Budgets) -> str:
     """The `--add-...` the pause alert suggests: half the budget again, at least enough to un-breach."""
     budget = BY_REASON[reason]
     limit = getattr(prof, budget.key)
@@ -128,7 +131,7 @@ def suggestion(reason: str, used: Totals, prof) -> str:
     return f"--{budget.add_option} {_num(amount)}"
 
 
-def _num(value) -> str:
+def _num(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -139,14 +142,14 @@ def _used(f: RunFacts) -> Totals:
     return Totals(steps=f.steps, tool_calls=f.tool_calls, cost_eur=f.cost_eur, tokens=f.tokens, age_s=f.duration_s)
 
 
-def what_to_do(f: RunFacts, prof, reason: str) -> list[str]:
+def what_to_do(f: RunFacts, prof: Budgets, reason: str) -> list[str]:
     rid = shlex.quote(f.id[:8])  # an id any store writer chose: a command safe to paste
     others = ", ".join(f"--{b.add_option} {'X' if b.unit == 'EUR' else 'N'}" for b in PAUSABLE if b.reason != reason)
     return [f"to continue: agent-watchdog resume {rid} {suggestion(reason, _used(f), prof)}   (or {others})",
             f"to stop:     agent-watchdog kill {rid}"]
 
 
-def pause_alert(f: RunFacts, prof, reason: str, detail: str, by_guard: bool) -> tuple[str, str]:
+def pause_alert(f: RunFacts, prof: Budgets, reason: str, detail: str, by_guard: bool) -> tuple[str, str]:
     title = f"agent-watchdog: paused {f.agent} run {f.id[:8]} — {reason}: approve or kill"
     held = ("its in-process guard held it before the call that would exceed the budget" if by_guard else
             "held at its next record: no model or tool call goes through")
@@ -157,12 +160,12 @@ def pause_alert(f: RunFacts, prof, reason: str, detail: str, by_guard: bool) -> 
     return title, body(f, prof, lines)
 
 
-def resume_alert(f: RunFacts, prof, reason: str | None, granted: str, by: str) -> tuple[str, str]:
+def resume_alert(f: RunFacts, prof: Budgets, reason: str | None, granted: str, by: str) -> tuple[str, str]:
     title = f"agent-watchdog: resumed {f.agent} run {f.id[:8]}" + (f" — {reason}" if reason else "")
     return title, body(f, prof, [f"resumed by {by}: {granted}"])
 
 
-def measured_detail(reason: str, f: RunFacts, prof) -> str:
+def measured_detail(reason: str, f: RunFacts, prof: Budgets) -> str:
     """The one line a pause or a timed-out pause says, from the daemon's numbers: never the
     row's stop_detail, which any writer of the row chose (issue 20)."""
     budget = BY_REASON.get(reason)
@@ -174,5 +177,5 @@ def measured_detail(reason: str, f: RunFacts, prof) -> str:
     return budget.detail(value or 0, limit) if limit is not None else budget.key
 
 
-def timeout_plan(prof, plan: str) -> str:
+def timeout_plan(prof: Budgets, plan: str) -> str:
     return f"nobody answered within approval_timeout_s {_num(prof.approval_timeout_s)} s of the pause; {plan}"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from watchdog.core.budgets import Budgets
 
 DAY = "day"
 MONTH = "month"
@@ -76,18 +78,18 @@ class LabelBudget:
     warn_at: float = WARN_AT
     scope: str = field(default="", compare=False)  # scope_labels(labels), computed once
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "scope", scope_labels(self.labels))
 
     @property
     def name(self) -> str:
         return ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
 
-    def matches(self, run_labels) -> bool:
+    def matches(self, run_labels: object) -> bool:
         return labels_match(self.labels, run_labels)
 
 
-def labels_match(want: Mapping[str, str], run_labels) -> bool:
+def labels_match(want: Mapping[str, str], run_labels: object) -> bool:
     if not isinstance(run_labels, dict):
         return False
     return all(k in run_labels and str(run_labels[k]) == v for k, v in want.items())
@@ -115,7 +117,7 @@ class PeriodState:
     warn_at: float
     rate_eur_per_min: float | None = None
     runs_out_at: dt.datetime | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def closed(self) -> bool:
@@ -135,7 +137,7 @@ class PeriodState:
         """"support-bot's daily budget" / "tenant=acme's monthly budget"."""
         return f"{self.scope.name}'s {ADJECTIVE[self.period]} budget"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "scope": self.scope.kind, "name": self.scope.name, "labels": dict(self.scope.labels or {}) or None,
             "period": self.period, "key": self.key, "start": self.start.isoformat(), "end": self.end.isoformat(),
@@ -159,7 +161,7 @@ def runs_out_at(spent_eur: float, budget_eur: float, rate_eur_per_min: float | N
     return now + dt.timedelta(minutes=left_min)
 
 
-def closed_entry(state: PeriodState) -> dict:
+def closed_entry(state: PeriodState) -> dict[str, Any]:
     """What the SDK reads at run start (settings "budget_state"): scope, reason, until."""
     return {"scope": state.scope.kind, "name": state.scope.name,
             "labels": dict(state.scope.labels) if state.scope.labels else None,
@@ -168,7 +170,7 @@ def closed_entry(state: PeriodState) -> dict:
                       f"({state.key}); new runs are refused until {state.end:%Y-%m-%d %H:%M} UTC"}
 
 
-def refusal(closed: list, agent: str, labels, now: dt.datetime) -> tuple[str, str] | None:
+def refusal(closed: object, agent: str, labels: object, now: dt.datetime) -> tuple[str, str] | None:
     """(reason, detail) when a closed period budget covers a new run of `agent` with `labels`.
 
     `closed`: the published entries (closed_entry); a malformed or expired entry is ignored."""
@@ -191,22 +193,32 @@ def refusal(closed: list, agent: str, labels, now: dt.datetime) -> tuple[str, st
         else:
             continue
         reason = entry.get("reason")
-        if reason not in REASON.values():
+        if not isinstance(reason, str) or reason not in REASON.values():
             continue
         return reason, str(entry.get("detail") or reason)[:500]
     return None
 
 
-def end_of(row) -> dt.datetime:
+class EndedRun(Protocol):
+    """What `end_of` reads of a run row."""
+
+    @property
+    def ended_at(self) -> dt.datetime | None: ...
+    @property
+    def last_seen_at(self) -> dt.datetime: ...
+
+
+def end_of(row: EndedRun) -> dt.datetime:
     """When an ended run ended (a row written by hand may lack ended_at)."""
     return row.ended_at or row.last_seen_at
 
 
-def scopes_of(agent: str, labels, label_budgets) -> list[str]:
+def scopes_of(agent: str, labels: object, label_budgets: Iterable[LabelBudget]) -> list[str]:
     return [scope_agent(agent)] + [b.scope for b in label_budgets if b.matches(labels)]
 
 
-def live_by_scope(runs, label_budgets=(), labels_of=None) -> dict[str, float]:
+def live_by_scope(runs: Iterable[tuple[str, str, float | None]], label_budgets: Sequence[LabelBudget] = (),
+                  labels_of: Callable[[str], object] | None = None) -> dict[str, float]:
     """The active runs' live cost per scope: runs = (run id, agent, cost_eur) triples."""
     out: dict[str, float] = {}
     for rid, agent, cost in runs:
@@ -220,8 +232,9 @@ def live_by_scope(runs, label_budgets=(), labels_of=None) -> dict[str, float]:
     return out
 
 
-def sum_spend(ledger_spend: Mapping[tuple[str, str], float], unbooked, live: Mapping[str, float],
-              label_budgets=()) -> tuple[dict, set]:
+def sum_spend(ledger_spend: Mapping[tuple[str, str], float],
+              unbooked: Iterable[tuple[str, object, float | None, float | None]], live: Mapping[str, float],
+              label_budgets: Iterable[LabelBudget] = ()) -> tuple[dict[tuple[str, str], float], set[str]]:
     """Spend per (scope, period) of the current periods, and the agents seen.
 
     ledger_spend: what the ledger holds for the current period keys; unbooked: the ended runs
@@ -230,7 +243,7 @@ def sum_spend(ledger_spend: Mapping[tuple[str, str], float], unbooked, live: Map
     periods. All from one snapshot, so each run counts once."""
     spent: dict[tuple[str, str], float] = dict(ledger_spend)
 
-    def add(scope, period, cost):
+    def add(scope: str, period: str, cost: float | None) -> None:
         spent[(scope, period)] = spent.get((scope, period), 0.0) + (cost or 0.0)
 
     agents = {k[0][len("agent:"):] for k in ledger_spend if k[0].startswith("agent:")}
@@ -247,15 +260,20 @@ def sum_spend(ledger_spend: Mapping[tuple[str, str], float], unbooked, live: Map
     return spent, agents
 
 
-def build_states(spent: Mapping[tuple[str, str], float], agents, profile_of, label_budgets, now: dt.datetime,
-                 tz: dt.tzinfo, rate_of=None) -> list[PeriodState]:
+# rate_of(scope key, period, period key, spent, period start): the burn rate in EUR/min, or None.
+RateOf = Callable[[str, str, str, float, dt.datetime], float | None]
+
+
+def build_states(spent: Mapping[tuple[str, str], float], agents: Iterable[str], profile_of: Callable[[str], Budgets],
+                 label_budgets: Iterable[LabelBudget], now: dt.datetime, tz: dt.tzinfo,
+                 rate_of: RateOf | None = None) -> list[PeriodState]:
     """Every period budget's state: each agent's (from its profile) and each label budget's.
 
     profile_of(agent) has max_cost_eur_per_day / _per_month / warn_at; rate_of(scope key,
     period, key, spent, period start) gives the burn rate in EUR/min (None: unknown)."""
-    out = []
+    out: list[PeriodState] = []
 
-    def one(scope: Scope, period: str, budget: float, warn_at: float):
+    def one(scope: Scope, period: str, budget: float, warn_at: float) -> None:
         start, end = period_bounds(period, now, tz)
         key = period_key(period, now, tz)
         s = spent.get((scope.key, period), 0.0)

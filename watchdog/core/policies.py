@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Callable
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import BUDGETS, BY_KEY, RATE, Budget, Budgets, Totals
+from watchdog.core.periods import PeriodState
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,11 @@ def check(budget: Budget, s: RunSnapshot, b: Budgets, now: dt.datetime, used: To
     return Verdict(budget.reason, value, limit, detail)
 
 
-def _policy(key: str):
+# One budget's judgement of one run at `now`: its verdict, or None.
+Policy = Callable[[RunSnapshot, Budgets, dt.datetime], Verdict | None]
+
+
+def _policy(key: str) -> Policy:
     budget = BY_KEY[key]
 
     def policy(s: RunSnapshot, b: Budgets, now: dt.datetime) -> Verdict | None:
@@ -110,14 +116,14 @@ def evaluate(s: RunSnapshot, b: Budgets, now: dt.datetime, *, skip_clock: bool =
     return sorted(verdicts, key=lambda v: PRIORITY.index(v.reason) if v.reason in PRIORITY else len(PRIORITY))
 
 
-def period_budget(state) -> Verdict:
+def period_budget(state: PeriodState) -> Verdict:
     """A spent period budget (watchdog.core.periods.PeriodState) stops every running run it covers:
     the run may be well within its own budgets, the agent's (or tenant's) day is not."""
     return Verdict(state.reason, state.spent_eur, state.budget_eur,
                    f"{state.label} is spent: {state.spent_eur:.2f}/{state.budget_eur:.2f} EUR ({state.key})")
 
 
-def with_period(verdicts: list[Verdict], state) -> list[Verdict]:
+def with_period(verdicts: list[Verdict], state: PeriodState | None) -> list[Verdict]:
     """`evaluate`'s verdicts plus the period budget's, the most specific still first."""
     if state is None:
         return verdicts

@@ -12,12 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections import Counter
-
-from typing import Any
+from typing import Sequence
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.budgets import effective_budgets
+from watchdog.core.budgets import Budgets, effective_budgets
 from watchdog.core.config import Config
+from watchdog.core.postmortem_facts import AlertRow, CircuitRow, EventRow, InterventionRow, PostmortemFacts, RunRow
 
 SCHEMA_RE = re.compile(r"schema|validat|invalid|malformed|required field|pydantic|jsondecode", re.I)
 DOWN_RE = re.compile(r"\b5\d\d\b|internal server error|bad gateway|unavailable|timed? ?out|connection (refused|reset)", re.I)
@@ -46,7 +46,7 @@ def _ts(t: dt.datetime | None) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%H:%M:%S") if t else "-"
 
 
-def signatures(row, evs, budgets) -> dict[str, bool]:
+def signatures(row: RunRow, evs: Sequence[EventRow], budgets: Budgets) -> dict[str, bool]:
     """Which rows of the cause → log-signature table this run's log matches."""
     errors = [e for e in evs if e.kind == lc.EV_TOOL and e.ok is False]
     found = {"schema": False, "down": False}
@@ -62,7 +62,7 @@ def signatures(row, evs, budgets) -> dict[str, bool]:
     return found
 
 
-def _cause(row, sig: dict[str, bool]) -> str:
+def _cause(row: RunRow, sig: dict[str, bool]) -> str:
     if row.stop_reason == lc.MANUAL:
         return "manual"
     if row.stop_reason == lc.PROCESS_GONE:
@@ -75,8 +75,8 @@ def _cause(row, sig: dict[str, bool]) -> str:
     return "unclassified"
 
 
-def _first_repeat(evs):
-    seen = set()
+def _first_repeat(evs: Sequence[EventRow]) -> EventRow | None:
+    seen: set[tuple[str | None, str | None]] = set()
     for e in evs:
         if e.kind != lc.EV_TOOL:
             continue
@@ -87,7 +87,7 @@ def _first_repeat(evs):
     return None
 
 
-def render(facts: Any, config: Config, now: dt.datetime, *, timeline_file: str | None = None) -> str:
+def render(facts: PostmortemFacts, config: Config, now: dt.datetime, *, timeline_file: str | None = None) -> str:
     """The Markdown. `facts`: a watchdog.store.viewer.PostmortemFacts; `timeline_file`: the SVG
     timeline written beside the report, linked from it."""
     row, evs, ivs, circ, others, sent = facts.row, facts.events, facts.interventions, facts.circuit, \
@@ -142,7 +142,7 @@ def render(facts: Any, config: Config, now: dt.datetime, *, timeline_file: str |
     return "\n".join(out)
 
 
-def _defense(row, ivs) -> str:
+def _defense(row: RunRow, ivs: Sequence[InterventionRow]) -> str:
     actions = [i.action for i in ivs]
     if "sigkill" in actions:
         return "daemon: SIGKILL (the run ignored the cooperative stop and SIGTERM)"
@@ -157,7 +157,8 @@ def _defense(row, ivs) -> str:
     return "none (the run ended by itself)"
 
 
-def _worked(row, ivs, circ, sent, budgets) -> list[str]:
+def _worked(row: RunRow, ivs: Sequence[InterventionRow], circ: Sequence[CircuitRow], sent: Sequence[AlertRow],
+            budgets: Budgets) -> list[str]:
     acts = {i.action: i for i in ivs}
     lines = []
     guard = row.status == lc.KILLED and "stop_requested" not in acts
@@ -167,8 +168,8 @@ def _worked(row, ivs, circ, sent, budgets) -> list[str]:
                      f"({(acts['stop_requested'].at - row.started_at).total_seconds():.0f} s after the start)")
     if "sigterm" in acts:
         lines.append(f"- SIGTERM: {'ignored — SIGKILL was needed' if 'sigkill' in acts else 'the process exited'}")
-    if "signal_refused" in acts or "stop_failed" in acts or "not_signalled" in acts:
-        bad = acts.get("signal_refused") or acts.get("stop_failed") or acts.get("not_signalled")
+    bad = acts.get("signal_refused") or acts.get("stop_failed") or acts.get("not_signalled")
+    if bad is not None:
         lines.append(f"- **did not work**: {bad.action}: {bad.outcome}")
     opened = [c for c in circ if c.action == "circuit_open"]
     lines.append(f"- circuit breaker: {'opened for ' + ', '.join(sorted({c.tool for c in opened})) if opened else 'did not open'}")
@@ -185,13 +186,13 @@ def _worked(row, ivs, circ, sent, budgets) -> list[str]:
 
 
 
-def _hung_in(row) -> str | None:
+def _hung_in(row: RunRow) -> str | None:
     """The tool a hung run was stuck in, from the SDK's in-flight note ("in X since ...")."""
     m = re.match(r"in (\S+) since ", row.progress or "")
     return m.group(1) if m else None
 
 
-def _chaos_case(row, cause, top, budgets) -> str:
+def _chaos_case(row: RunRow, cause: str, top: tuple[str | None, int] | None, budgets: Budgets) -> str:
     """A pytest test that replays the pattern against a store of its own, with public names
     only (watchdog.Watchdog, RunKilled and the CLI's `db upgrade`): valid Python as printed."""
     tool = (cause == "hung" and _hung_in(row)) or (top[0] if top else "some_tool")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 EUR_PER_USD = 0.86  # the documented default of [pricing] eur_per_usd
 BUDGET_TZ = "UTC"  # the documented default of [pricing] budget_tz
@@ -56,18 +57,18 @@ class Price:
         return ((tokens_in - cached) * self.input_eur_per_mtok + cached * cached_price
                 + (tokens_out - reasoning) * self.output_eur_per_mtok + reasoning * reasoning_price) / 1e6
 
-    def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in PRICE_KEYS if getattr(self, k) is not None}
+    def to_json(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {k: getattr(self, k) for k in PRICE_KEYS if getattr(self, k) is not None}
         if self.up_to_tokens_in is not None:
             out["up_to_tokens_in"] = self.up_to_tokens_in
         return out
 
     @classmethod
-    def from_json(cls, raw) -> "Price | None":
+    def from_json(cls, raw: object) -> "Price | None":
         """A published price, or None when the row is malformed (written by hand, by an old daemon...)."""
         if not isinstance(raw, dict):
             return None
-        values = {}
+        values: dict[str, Any] = {}  # field → float (the prices) or int (up_to_tokens_in)
         for key in PRICE_KEYS:
             v = raw.get(key)
             if v is None and key not in REQUIRED_PRICE_KEYS:
@@ -83,7 +84,7 @@ class Price:
         return cls(**values)
 
 
-def _amount(v) -> bool:
+def _amount(v: object) -> TypeGuard[float]:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
 
 

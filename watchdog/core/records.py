@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from typing import Any
 
 from watchdog.core.scrub import scrub
 from watchdog.core.text import one_line, printable
@@ -27,12 +28,12 @@ ERROR_CLASS_MAX_CHARS = 128
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def canonical_json(args) -> str:
+def canonical_json(args: Any) -> str:
     """Sorted keys, no whitespace: the same arguments always give the same text."""
     return _CANONICAL.encode(args)
 
 
-def hash_args(args, *, tool: str = "?") -> str:
+def hash_args(args: Any, *, tool: str = "?") -> str:
     """sha256 of the canonical JSON of the arguments. Raw arguments are not stored by default."""
     try:
         text = canonical_json(args)
@@ -41,7 +42,7 @@ def hash_args(args, *, tool: str = "?") -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def error_fields(error, record_errors: str = "scrubbed") -> tuple[str | None, str | None]:
+def error_fields(error: object, record_errors: str = "scrubbed") -> tuple[str | None, str | None]:
     """(error class, short one-line message) from an exception or a string.
 
     The one place an error is shaped for the store: the message is scrubbed of
@@ -69,13 +70,13 @@ def error_fields(error, record_errors: str = "scrubbed") -> tuple[str | None, st
     return cls, msg
 
 
-def validate_record_errors(value) -> str:
-    if value not in RECORD_ERRORS_CHOICES:
+def validate_record_errors(value: object) -> str:
+    if not isinstance(value, str) or value not in RECORD_ERRORS_CHOICES:
         raise ValueError(f"record_errors: expected one of {', '.join(map(repr, RECORD_ERRORS_CHOICES))}, got {value!r}")
     return value
 
 
-def validate_name(name: str, value, max_chars: int) -> str:
+def validate_name(name: str, value: object, max_chars: int) -> str:
     """A non-empty string that fits its column."""
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{name}: expected a non-empty string, got {one_line(value, 60)}")
@@ -93,17 +94,17 @@ MAX_COUNT = 2**31 - 1
 MAX_AMOUNT = 1e15
 
 
-def validate_count(name: str, value) -> int:
+def validate_count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
         raise ValueError(f"{name}: expected an integer from 0 to {MAX_COUNT}, got {one_line(value, 40)}")
     return value
 
 
-def validate_tokens(tokens_in, tokens_out) -> tuple[int, int]:
+def validate_tokens(tokens_in: object, tokens_out: object) -> tuple[int, int]:
     return validate_count("tokens_in", tokens_in), validate_count("tokens_out", tokens_out)
 
 
-def validate_amount(name: str, value) -> float:
+def validate_amount(name: str, value: object) -> float:
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
             or not 0 <= value < MAX_AMOUNT):
         raise ValueError(f"{name}: expected a number from 0 to {MAX_AMOUNT:.0e}, got {one_line(value, 40)}")

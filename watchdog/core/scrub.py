@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from typing import overload
 
 MASK = "***"
 
@@ -58,6 +59,14 @@ _CARD = re.compile(r"(?<![\d.])\d(?:[ \-]?\d){12,18}(?![\d.])")
 ENTROPY_MIN_BITS = 3.6
 
 
+@overload
+def scrub(text: str) -> str: ...
+
+
+@overload
+def scrub(text: None) -> None: ...
+
+
 def scrub(text: str | None) -> str | None:
     """`text` with every secret-looking part replaced by `***` (None stays None)."""
     if not text:
@@ -72,7 +81,7 @@ def scrub(text: str | None) -> str | None:
     return text
 
 
-def _url(m: re.Match) -> str:
+def _url(m: re.Match[str]) -> str:
     rest = m.group("rest")
     # Query and fragment first: they are where tokens ride (?api_key=, #access_token=).
     for mark in ("?", "#"):
@@ -92,7 +101,7 @@ def _url(m: re.Match) -> str:
     return m.group("scheme") + authority + slash + path
 
 
-def _key_value(m: re.Match) -> str:
+def _key_value(m: re.Match[str]) -> str:
     value = m.group("value")
     if value == MASK or value.strip("\"'") == MASK:
         return m.group(0)
@@ -106,7 +115,7 @@ def entropy_bits(s: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in Counter(s).values()) if n else 0.0
 
 
-def _token(m: re.Match) -> str:
+def _token(m: re.Match[str]) -> str:
     s = m.group(0)
     if MASK in s:
         return s
@@ -132,6 +141,6 @@ def luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _card(m: re.Match) -> str:
+def _card(m: re.Match[str]) -> str:
     digits = re.sub(r"\D", "", m.group(0))
     return MASK if 13 <= len(digits) <= 19 and luhn_ok(digits) else m.group(0)

@@ -18,7 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+# What a seal covers: texts and numbers (_canon refuses anything else). The *_ok checks take the
+# values a row holds: a genuine row the types the seal took, a forged one anything (False, never raised).
+Field = str | int | float
 
 KEY_MIN_BYTES = 32
 
@@ -35,7 +42,7 @@ class Sealer:
     def __repr__(self) -> str:  # never the key
         return f"Sealer(host={self.host!r})"
 
-    def _mac(self, kind: str, *fields) -> str:
+    def _mac(self, kind: str, *fields: Field) -> str:
         h = hmac.new(self._key, digestmod=hashlib.sha256)
         for f in (kind, *fields):
             b = _canon(f).encode("utf-8")
@@ -44,7 +51,7 @@ class Sealer:
         return h.hexdigest()
 
     @staticmethod
-    def _ok(expected: str, given) -> bool:
+    def _ok(expected: str, given: object) -> bool:
         return isinstance(given, str) and hmac.compare_digest(expected, given)
 
     # -- attested identity -------------------------------------------------------
@@ -56,7 +63,8 @@ class Sealer:
             return self._mac("identity/1", run_id, host, int(pid), float(create_time), int(uid), kill_mode)
         return self._mac("identity/2", run_id, host, int(pid), float(create_time), int(uid), kill_mode, cgroup)
 
-    def identity_ok(self, mac, run_id, host, pid, create_time, uid, kill_mode, cgroup=None) -> bool:
+    def identity_ok(self, mac: object, run_id: str, host: str, pid: int, create_time: float, uid: int,
+                    kill_mode: str, cgroup: str | None = None) -> bool:
         try:
             expected = self.identity(run_id, host, pid, create_time, uid, kill_mode, cgroup)
         except (TypeError, ValueError):
@@ -76,7 +84,7 @@ class Sealer:
         budgets the run registered with (JSON), so no writer can lower them afterwards."""
         return self._mac("evidence/1", run_id, nonce, attested_at, budgets)
 
-    def evidence_ok(self, mac, run_id, nonce, attested_at, budgets) -> bool:
+    def evidence_ok(self, mac: object, run_id: str, nonce: str, attested_at: str, budgets: str) -> bool:
         try:
             return self._ok(self.evidence(run_id, nonce, attested_at, budgets), mac)
         except (TypeError, ValueError):
@@ -90,7 +98,7 @@ class Sealer:
                 for x in (host, int(pid), float(ct), int(uid))]
         return self._mac("targets/1", run_id, len(flat), *flat)
 
-    def targets_ok(self, mac, run_id, targets) -> bool:
+    def targets_ok(self, mac: object, run_id: str, targets: Iterable[tuple[str, int, float, int]]) -> bool:
         try:
             expected = self.targets(run_id, targets)
         except (TypeError, ValueError, IndexError):  # a forged row's odd shapes
@@ -99,14 +107,15 @@ class Sealer:
 
     # -- alerts ----------------------------------------------------------------------
 
-    def alert(self, dedupe_key: str, title: str, body: str, created_at=None) -> str:
+    def alert(self, dedupe_key: str, title: str, body: str, created_at: dt.datetime | None = None) -> str:
         """The seal of an alert; with `created_at` (every alert the outbox queues) its age is
         sealed too, so a delivered alert cannot be made new again (and sent again) by hand."""
         if created_at is None:
             return self._mac("alert/1", dedupe_key, title, body)
         return self._mac("alert/2", dedupe_key, title, body, _instant(created_at))
 
-    def alert_ok(self, mac, dedupe_key, title, body, created_at=None) -> bool:
+    def alert_ok(self, mac: object, dedupe_key: str, title: str, body: str,
+                 created_at: dt.datetime | None = None) -> bool:
         """A row sealed before the age was (alert/1) still verifies: it expires (alert_expire_s)
         like any other, and retention removes it."""
         try:
@@ -119,19 +128,19 @@ class Sealer:
 
     # -- a resume that raised budgets (issue 20) --------------------------------------------
 
-    def grant(self, run_id: str, resumes: int, budgets: Iterable) -> str:
+    def grant(self, run_id: str, resumes: int, budgets: Iterable[float | None]) -> str:
         """An operator's `resume`: the run's `resumes`-th, and the budget columns it left (None
         spelled "-"). Only a resume sealed so lets a run's budgets stand above its profile."""
         return self._mac("grant/1", run_id, int(resumes), *("-" if b is None else float(b) for b in budgets))
 
-    def grant_ok(self, mac, run_id, resumes, budgets) -> bool:
+    def grant_ok(self, mac: object, run_id: str, resumes: int, budgets: Iterable[float | None]) -> bool:
         try:
             return self._ok(self.grant(run_id, resumes, list(budgets)), mac)
         except (TypeError, ValueError):
             return False
 
 
-def _instant(t) -> str:
+def _instant(t: object) -> str:
     """One text per instant, whatever the database gives back (aware UTC, microseconds)."""
     import datetime as dt
 
@@ -142,7 +151,7 @@ def _instant(t) -> str:
     return t.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
 
 
-def _canon(value) -> str:
+def _canon(value: object) -> str:
     if isinstance(value, bool) or value is None:
         raise TypeError(f"cannot seal {value!r}")
     if isinstance(value, float):

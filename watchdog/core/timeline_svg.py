@@ -86,7 +86,7 @@ def render(calls: list[Call], spend: list[Spend], start: dt.datetime, end: dt.da
            f'{sum(1 for c in calls if c.ok is False)} errors{" (first " + str(MAX_MARKS) + " shown)" if truncated else ""}'
            f'</text>']
     for i, tool in enumerate(lanes):
-        y = top + i * LANE_PX
+        y: float = top + i * LANE_PX
         fill = "#f4f6f8" if i % 2 == 0 else "#ffffff"
         n = counts[tool] if tool != OTHER else sum(v for k, v in counts.items() if k not in lane_of)
         out.append(f'<rect x="{LABEL_PX}" y="{y}" width="{WIDTH_PX - LABEL_PX - 20}" height="{LANE_PX}" fill="{fill}"/>')
@@ -104,7 +104,7 @@ def render(calls: list[Call], spend: list[Spend], start: dt.datetime, end: dt.da
         out.append(f'<rect class="repeat" x="{x0 - 4:.1f}" y="{y - 9:.1f}" width="{x1 - x0 + 8:.1f}" height="18" '
                    f'rx="4" fill="#ffb74d" fill-opacity="0.55"><title>{j - i + 1} identical calls to '
                    f'{_esc(calls[i].tool)}</title></rect>')
-    first_of: dict[tuple, int] = {}  # (tool, args hash) -> the call that first had them
+    first_of: dict[tuple[str, str | None], int] = {}  # (tool, args hash) -> the call that first had them
     last_x: dict[float, float] = {}  # per lane: where its last mark went
     stack: dict[float, int] = {}
     for n, c in enumerate(calls):
@@ -126,14 +126,14 @@ def render(calls: list[Call], spend: list[Spend], start: dt.datetime, end: dt.da
     # The time axis.
     axis_y = top + lanes_h + 14
     for k in range(6):
-        s = span_s * k / 5
+        at_s = span_s * k / 5
         x = LABEL_PX + (WIDTH_PX - LABEL_PX - 20) * k / 5
         out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{axis_y - 10}" stroke="#ddd"/>')
-        out.append(f'<text x="{x:.1f}" y="{axis_y}" text-anchor="middle" fill="#555">{_seconds(s)}</text>')
+        out.append(f'<text x="{x:.1f}" y="{axis_y}" text-anchor="middle" fill="#555">{_seconds(at_s)}</text>')
     # Cumulative cost.
     base = axis_y + 16 + COST_PX
     total = 0.0
-    points = [(LABEL_PX, base)]
+    points: list[tuple[float, float]] = [(LABEL_PX, base)]
     spends = sorted(spend, key=lambda s: s.at)
     peak = max(1e-9, sum(max(0.0, s.cost_eur) for s in spends))
     for s in spends:

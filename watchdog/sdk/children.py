@@ -14,18 +14,23 @@ the parent's budgets left are read from the store once, at start.
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.errors import RunKilled
 from watchdog.store.lineage import parent_sql
 
+if TYPE_CHECKING:
+    from watchdog.sdk.client import Watchdog
+    from watchdog.sdk.run import Run
+
 MAX_DEPTH = 32  # a parent_id chain is never followed further (a cycle written by hand)
 # The totals a child spends from its parent: the registry's measure → the Run attribute.
 _SPENT = {"steps": "steps", "tool_calls": "tool_calls", "cost_eur": "cost_eur", "age_s": "elapsed_s"}
 
 
-def obeyed_stop(row, run_id: str) -> RunKilled | None:
+def obeyed_stop(row: Sequence[Any], run_id: str) -> RunKilled | None:
     """The stop a status row (own or an ancestor's) means for this run, or None."""
     status, reason, detail = row[0], row[1], row[2]
     if status not in (lc.STOPPING, lc.KILLED, lc.LOST):
@@ -39,7 +44,7 @@ def obeyed_stop(row, run_id: str) -> RunKilled | None:
 # --- budgets: never above what the parent has left ------------------------------
 
 
-def left_of(parent_budgets, spent: dict) -> dict[str, float]:
+def left_of(parent_budgets: bud.Budgets, spent: Mapping[str, float]) -> dict[str, float]:
     """Per run budget, what the parent has left (limit - spent) or, for budgets a child does not
     spend from (identical calls, silence), the parent's own limit."""
     out = {}
@@ -49,7 +54,7 @@ def left_of(parent_budgets, spent: dict) -> dict[str, float]:
     return out
 
 
-def exhausted(left: dict) -> tuple[bud.Budget, float] | None:
+def exhausted(left: Mapping[str, float]) -> tuple[bud.Budget, float] | None:
     for b in bud.RUN_BUDGETS:
         value = left[b.key]
         if (b.integer and value < 1) or value <= 0:
@@ -57,7 +62,7 @@ def exhausted(left: dict) -> tuple[bud.Budget, float] | None:
     return None
 
 
-def clamp(asked: dict, child_profile, left: dict) -> dict:
+def clamp(asked: Mapping[str, float], child_profile: bud.Budgets, left: Mapping[str, float]) -> dict[str, float]:
     """The child's own budget columns: what it asked for (else its profile's), at most the parent's left."""
     out = {}
     for b in bud.RUN_BUDGETS:
@@ -67,7 +72,7 @@ def clamp(asked: dict, child_profile, left: dict) -> dict:
     return out
 
 
-def no_room(parent, left: dict) -> None:
+def no_room(parent: Run, left: Mapping[str, float]) -> None:
     """RunKilled (the parent's breach) when the parent has nothing left to give a child."""
     hit = exhausted(left)
     if hit is not None:
@@ -76,13 +81,13 @@ def no_room(parent, left: dict) -> None:
                                   f"left {b.fmt(max(value, 0))})")
 
 
-def spent_in_process(parent) -> dict:
+def spent_in_process(parent: Run) -> dict[str, float]:
     spent = {m: getattr(parent, attr) for m, attr in _SPENT.items()}
     spent["tokens"] = parent.tokens_in + parent.tokens_out
     return spent
 
 
-def from_store(wd, parent_id: str):
+def from_store(wd: Watchdog, parent_id: str) -> tuple[tuple[str, ...], bud.Budgets, dict[str, float]]:
     """(ancestor ids nearest first, the parent's budgets left) for a child in another process."""
     d = wd.writer.dialect
     cols, sql = parent_sql(d)

@@ -31,10 +31,14 @@ import datetime as dt
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from watchdog.core.lifecycle import Circuit
 from watchdog.store import probes
 from watchdog.core.clock import utcnow
+
+if TYPE_CHECKING:
+    from watchdog.store.agent_writes import Writer
 
 CIRCUIT_CACHE_MAX_S = 5.0  # never staler than a default tick
 
@@ -54,7 +58,7 @@ class CircuitState:
 
 
 class CircuitView:
-    def __init__(self, writer, cache_s: float = CIRCUIT_CACHE_MAX_S):
+    def __init__(self, writer: Writer, cache_s: float = CIRCUIT_CACHE_MAX_S) -> None:
         if isinstance(cache_s, bool) or not isinstance(cache_s, (int, float)) or cache_s < 0:
             raise ValueError(f"circuit_cache_s: expected a number of seconds >= 0, got {cache_s!r}")
         self.writer = writer
@@ -66,7 +70,7 @@ class CircuitView:
         self._select = writer.sql.select_circuits
         self._parse_ts = d.parse_ts
 
-    def refresh(self, force: bool = False):
+    def refresh(self, force: bool = False) -> None:
         """Reload the non-closed circuits when the cache is older than `cache_s` (or `force`)."""
         now = time.monotonic()
         if not force and now - self._loaded_at < self.cache_s:
@@ -130,7 +134,7 @@ class CircuitView:
 class CircuitGate:
     """One call's look at a non-closed circuit."""
 
-    def __init__(self, view: CircuitView, st: CircuitState):
+    def __init__(self, view: CircuitView, st: CircuitState) -> None:
         self.view = view
         self.st = st
 

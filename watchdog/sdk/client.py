@@ -16,6 +16,8 @@ import time
 import warnings
 import weakref
 from collections import deque
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Sequence, Unpack
 
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
@@ -32,7 +34,16 @@ from watchdog.store.agent_writes import POOL_SIZE, Writer
 from watchdog.core.clock import utcnow
 from watchdog.store.settings import CONFIG_KEY
 
+if TYPE_CHECKING:
+    from watchdog.sdk.circuits import CircuitGate
+    from watchdog.sdk.run import Run
+
 log = logging.getLogger("watchdog.client")
+
+# One statement of a record's transaction, and a transaction (watchdog.store.agent_writes.Writer):
+# [(sql, params), ...]; the last statement's first row is what `write` returns.
+Statement = tuple[str, Sequence[Any]]
+Statements = Sequence[Statement]
 
 BUFFER_MAX_EVENTS = 10_000
 SETTINGS_TTL_S = 5.0
@@ -53,7 +64,8 @@ class Watchdog:
 
     def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS,
                  circuit_cache_s: float | None = None, record_args: bool | None = None,
-                 record_errors: str | None = None, attest_socket: str | None = None, pool_size: int = POOL_SIZE):
+                 record_errors: str | None = None, attest_socket: str | None = None,
+                 pool_size: int = POOL_SIZE) -> None:
         """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached
         (default: one daemon tick as published in the store, at most 5 s).
 
@@ -79,7 +91,8 @@ class Watchdog:
             url = normalise_url(url)
         except StoreError as exc:
             raise ValueError(f"url: {exc}") from None
-        kw = {"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}} if url.startswith("postgresql") else {}
+        kw: dict[str, Any] = ({"connect_args": {"connect_timeout": PG_CONNECT_TIMEOUT_S}}
+                              if url.startswith("postgresql") else {})
         # The writer keeps its pool_size connections checked out of the engine's pool; the one
         # overflow connection serves the SQLAlchemy statements (circuit probes): bounded per process.
         self.url = url  # as given (the engine's may be rewritten: a SQLite file URI that never creates it)
@@ -87,7 +100,7 @@ class Watchdog:
                                   create=False, **kw)
         self.writer = Writer(self.engine, pool_size)
         self.closed = False
-        self._buffer: deque = deque()
+        self._buffer: deque[Statements] = deque()
         self._buffer_max = buffer_max
         self._buffer_lock = threading.RLock()
         self.dropped_events = 0
@@ -97,11 +110,11 @@ class Watchdog:
         # A write has gone through: from then on a failing store is an outage (buffered), never
         # a misconfiguration raised at the agent (watchdog.store.engine.misconfiguration).
         self._written = False
-        self._settings: dict | None = None
+        self._settings: dict[str, Any] | None = None
         self._settings_at = 0.0
         self._judged_by: str | None = None
         self._config: Config | None = None
-        self._config_src: dict | None = None
+        self._config_src: dict[str, Any] | None = None
         self._local = _local_config()
         self.record_args = _record_args(record_args, self._local)
         self.record_errors = _record_errors(record_errors, self._local)
@@ -115,8 +128,9 @@ class Watchdog:
 
     # -- runs --------------------------------------------------------------
 
-    def run(self, agent: str, *, kill_mode: str = lc.COOPERATIVE, labels: dict | None = None, run_id: str | None = None,
-            guards: bool = True, parent_id: str | None = None, _parent=None, _left=None, **budgets) -> "Run":
+    def run(self, agent: str, *, kill_mode: str = lc.COOPERATIVE, labels: dict[str, str] | None = None,
+            run_id: str | None = None, guards: bool = True, parent_id: str | None = None, _parent: Run | None = None,
+            _left: dict[str, float] | None = None, **budgets: Unpack[bud.RunBudgets]) -> Run:
         """Open a run; use it as a context manager. `parent_id`: the run is a child of that run
         (a sub-agent in another process; in the same process use `run.child(...)`)."""
         from watchdog.sdk import children
@@ -139,7 +153,7 @@ class Watchdog:
         refused = self.refusal(agent, labels)
         if refused is not None:  # before the run exists: no model call is ever made for it
             raise RunKilled(*refused)
-        asked = {k: v for k, v in budgets.items() if v is not None}
+        asked: dict[str, Any] = {k: v for k, v in budgets.items() if v is not None}  # checked just above
         ancestors: tuple[str, ...] = ()
         joined = parent_id is None and _parent is None and bool(os.environ.get(ENV_EXEC_RUN))
         if joined:  # inside `agent-watchdog exec`: the run is a child of exec's run
@@ -155,9 +169,10 @@ class Watchdog:
                 log.warning("agent-watchdog: $%s names run %s, not in this store; this run is not its child",
                             ENV_EXEC_RUN, parent_id[:8])
                 parent_id = None
-            hit = children.exhausted(_left)
-            if hit is not None:
-                raise ValueError(f"parent_id: run {parent_id[:8]} has no {hit[0].label} left for a child run")
+            else:
+                hit = children.exhausted(_left)
+                if hit is not None:
+                    raise ValueError(f"parent_id: run {parent_id[:8]} has no {hit[0].label} left for a child run")
         if _left:  # a child: its own budgets, never above what its parent has left
             asked = children.clamp(asked, profile, _left)
         return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id, budgets=asked,
@@ -165,7 +180,7 @@ class Watchdog:
 
     # -- published settings (prices, profiles) ------------------------------
 
-    def settings(self) -> dict:
+    def settings(self) -> dict[str, Any]:
         """The raw config the daemon published in the store; {} when none is (or the store is down)."""
         now = time.monotonic()
         if self._settings is None or now - self._settings_at > SETTINGS_TTL_S:
@@ -203,15 +218,17 @@ class Watchdog:
         self._config = config
         return config
 
-    def langchain(self, agent: str, **run_kwargs):
+    # The integrations' handler / hooks classes are typed in their modules, which the SDK never
+    # imports (they pull in a framework): Any here, so they pass wherever the framework wants them.
+    def langchain(self, agent: str, **run_kwargs: Any) -> Any:
         """LangChain callback handler recording and stopping one run: callbacks=[wd.langchain(agent="support-bot")]."""
         return _integration("langchain").handler(self, agent=agent, **run_kwargs)
 
-    def openai_agents(self, agent: str, **run_kwargs):
+    def openai_agents(self, agent: str, **run_kwargs: Any) -> Any:
         """OpenAI Agents SDK hooks recording and stopping one run: Runner.run(..., hooks=wd.openai_agents(agent=...))."""
         return _integration("openai_agents").hooks(self, agent=agent, **run_kwargs)
 
-    def circuit_for(self, tool: str):
+    def circuit_for(self, tool: str) -> CircuitGate | None:
         """The open or half-open circuit of `tool`, or None when it is closed."""
         return self.circuits.get(tool)
 
@@ -228,7 +245,7 @@ class Watchdog:
         cost = price.cost_eur(tokens_in, tokens_out, cached_tokens_in, reasoning_tokens)
         return cost if cost is not None and math.isfinite(cost) and cost >= 0 else None
 
-    def refusal(self, agent: str, labels: dict | None) -> tuple[str, str] | None:
+    def refusal(self, agent: str, labels: dict[str, str] | None) -> tuple[str, str] | None:
         """(reason, detail) when a spent period budget covers a new run of `agent`, else None.
 
         Read from the store at every run start (one small row, never cached): a budget the
@@ -245,7 +262,7 @@ class Watchdog:
 
     # -- the write path, with the outage buffer ------------------------------
 
-    def write(self, statements, *, raise_conflict: bool = False):
+    def write(self, statements: Statements, *, raise_conflict: bool = False) -> Sequence[Any] | None:
         """Run one transaction; on a store failure buffer it (bounded) and return None.
 
         A record the store refuses (a constraint or data error) is dropped and
@@ -257,7 +274,7 @@ class Watchdog:
                 self._enqueue(statements)
                 return None
         try:
-            row = self.writer.transaction(statements)
+            row: Sequence[Any] | None = self.writer.transaction(statements)
         except Exception as exc:
             self._raise_if_misconfigured(exc)
             if self.writer.is_rejection(exc):
@@ -272,7 +289,7 @@ class Watchdog:
         self._written = True
         return row
 
-    def _enqueue(self, statements):
+    def _enqueue(self, statements: Statements) -> None:
         if len(self._buffer) >= self._buffer_max:
             self.dropped_events += 1
             return
@@ -319,7 +336,7 @@ class Watchdog:
         if msg is not None:
             raise StoreMisconfigured(f"agent-watchdog: {msg}") from None
 
-    def _note_outage(self, exc: BaseException):
+    def _note_outage(self, exc: BaseException) -> None:
         if not self._warned_outage:
             self._warned_outage = True
             first = f"{type(exc).__name__}: {(str(getattr(exc, 'orig', None) or exc).splitlines() or [''])[0][:200]}"
@@ -333,7 +350,7 @@ class Watchdog:
             log.warning(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
-    def _note_rejected(self, exc: BaseException):
+    def _note_rejected(self, exc: BaseException) -> None:
         self.rejected_events += 1
         msg = (f"agent-watchdog store rejected a record ({type(exc).__name__}: "
                f"{(str(exc).splitlines() or [''])[0][:200]}); dropped it, the agent goes on "
@@ -343,14 +360,14 @@ class Watchdog:
             self._warned_rejected = True
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
-    def close(self):
+    def close(self) -> None:
         self.closed = True  # a run still held in a pause gives up (watchdog.sdk.pause)
         self.flush()
         self.writer.close()
         self.engine.dispose()
 
 
-def _integration(name: str):
+def _integration(name: str) -> ModuleType:
     """The integration module `name`, loaded on first use. The integrations are built on the
     SDK, not the reverse: the SDK names them by string only, so it never imports a framework
     (nor, statically, the integrations package)."""
@@ -370,7 +387,7 @@ def _local_config() -> Config:
         raise ConfigError(str(exc)) from None
 
 
-def _record_args(explicit, local: Config) -> bool:
+def _record_args(explicit: object, local: Config) -> bool:
     if explicit is not None:
         if not isinstance(explicit, bool):
             raise ValueError(f"record_args: expected True or False, got {explicit!r}")
@@ -385,7 +402,7 @@ def _record_args(explicit, local: Config) -> bool:
     return local.store.record_args
 
 
-def _record_errors(explicit, local: Config) -> str:
+def _record_errors(explicit: object, local: Config) -> str:
     if explicit is not None:
         return validate_record_errors(explicit)
     env = os.environ.get(ENV_RECORD_ERRORS)
@@ -397,7 +414,7 @@ def _record_errors(explicit, local: Config) -> str:
     return local.store.record_errors
 
 
-def _flush_at_exit(ref):
+def _flush_at_exit(ref: weakref.ref[Watchdog]) -> None:
     wd = ref()
     if wd is not None and wd.buffered:
         try:

@@ -11,15 +11,22 @@ the process alive). A tool that can stop early polls `run.cancelled` itself.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from watchdog.errors import ToolTimeout
 
+if TYPE_CHECKING:
+    from watchdog.sdk.run import Run
 
-def call(run, name: str, fn, args: dict, timeout_s: float):
+T = TypeVar("T")
+
+
+def call(run: Run, name: str, fn: Callable[..., T], args: dict[str, Any], timeout_s: float) -> T:
+    """`fn(**args)` in a worker thread: its result, its exception, ToolTimeout, or the run's stop."""
     done = threading.Event()
-    box: dict = {}
+    box: dict[str, Any] = {}  # "result": what fn returned, or "error": what it raised
 
-    def work():
+    def work() -> None:
         try:
             box["result"] = fn(**args)
         except BaseException as exc:  # noqa: BLE001 — handed to the agent's thread as it is
@@ -36,7 +43,8 @@ def call(run, name: str, fn, args: dict, timeout_s: float):
     if "error" in box:
         raise box["error"]
     if "result" in box:
-        return box["result"]
+        result: T = box["result"]
+        return result
     if finished and run.stop_requested is not None:
         raise run.stop_requested  # stopped while the tool ran: do not wait for it
     raise ToolTimeout(name, timeout_s)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from typing import Mapping
+from typing import Any, Mapping
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import BUDGETS, BY_KEY, Budget
@@ -41,11 +41,11 @@ class Guard:
 
     `budgets` maps a budget key to its limit; a missing (or None) key is no limit."""
 
-    def __init__(self, budgets: Mapping):
-        self.budgets = dict(budgets)
+    def __init__(self, budgets: Mapping[str, Any]) -> None:
+        self.budgets = dict(budgets)  # a profile's JSON (Budgets.to_json): limits and settings
         self.used: dict[str, float] = {b.measure: 0 for b in BUDGETS if b.counted_on}
-        self.signatures: Counter = Counter()
-        self.recent: deque = deque(maxlen=OSCILLATION_WINDOW)
+        self.signatures: Counter[tuple[str, str]] = Counter()  # (tool, args hash) → logical calls
+        self.recent: deque[tuple[str, str]] = deque(maxlen=OSCILLATION_WINDOW)
         self._lock = threading.Lock()
 
     @property
@@ -60,7 +60,7 @@ class Guard:
     def cost_eur(self) -> float:
         return float(self.used["cost_eur"])
 
-    def _limit(self, key):
+    def _limit(self, key: str) -> Any:  # a number, or None: no limit (Budget.over is then False)
         return self.budgets.get(key)
 
     def _refuse_next(self, budgets: tuple[Budget, ...], pending: Mapping[str, float]) -> None:
@@ -85,14 +85,14 @@ class Guard:
 
     # -- model calls -----------------------------------------------------------
 
-    def before_model(self, estimated_cost_eur: float, elapsed_s: float, estimated_tokens: int = 0):
+    def before_model(self, estimated_cost_eur: float, elapsed_s: float, estimated_tokens: int = 0) -> None:
         """Pre-flight for one model call: wall-clock, then every budget a step adds to
         (steps, money spent + this call's estimate, ...)."""
         self.check_wall(elapsed_s)
         with self._lock:
             self._refuse_next(_ON_STEP, {"steps": 1, "cost_eur": estimated_cost_eur, "tokens": estimated_tokens})
 
-    def after_step(self, cost_eur: float, tokens: int = 0):
+    def after_step(self, cost_eur: float, tokens: int = 0) -> None:
         """Count a model call that happened (its cost is spent, whatever the budget says)."""
         with self._lock:
             self.used["steps"] += 1
@@ -100,7 +100,7 @@ class Guard:
             if "tokens" in self.used:
                 self.used["tokens"] += tokens
 
-    def check_totals(self, elapsed_s: float):
+    def check_totals(self, elapsed_s: float) -> None:
         """After a recorded step: stop now if the run is already over a budget.
 
         With `check_budget` before every model call this only fires when a call
@@ -111,14 +111,14 @@ class Guard:
             self._refuse_over(_ON_STEP)
         self.check_wall(elapsed_s)
 
-    def check_wall(self, elapsed_s: float):
+    def check_wall(self, elapsed_s: float) -> None:
         cap = self._limit(_WALL.key)
         if _WALL.over(elapsed_s, cap):
             raise RunKilled(_WALL.reason, f"{_WALL.detail(elapsed_s, cap)} (in-process guard)")
 
     # -- tool calls ------------------------------------------------------------
 
-    def before_tool(self, tool: str, args_hash: str, elapsed_s: float, *, cached: bool = False):
+    def before_tool(self, tool: str, args_hash: str, elapsed_s: float, *, cached: bool = False) -> None:
         """Admit one logical tool call: wall-clock, tool-call budget, loops. Counts its signature.
 
         `cached`: the call will be served from the dedupe cache; it does not use
@@ -142,13 +142,13 @@ class Guard:
             self.signatures[sig] += 1
             self.recent.append(sig)
 
-    def before_retry(self, elapsed_s: float):
+    def before_retry(self, elapsed_s: float) -> None:
         """Before a retry attempt of an admitted call: wall-clock and the tool-call budget only."""
         self.check_wall(elapsed_s)
         with self._lock:
             self._refuse_next(_ON_TOOL, {"tool_calls": 1})
 
-    def absorb(self, steps: int, tool_calls: int, cost_eur: float, tokens: int = 0):
+    def absorb(self, steps: int, tool_calls: int, cost_eur: float, tokens: int = 0) -> None:
         """A child run's records count on its parent's budgets too (never on its loops)."""
         with self._lock:
             self.used["steps"] += steps
@@ -157,13 +157,13 @@ class Guard:
             if "tokens" in self.used:
                 self.used["tokens"] += tokens
 
-    def count_tool_call(self):
+    def count_tool_call(self) -> None:
         """One attempt was made and recorded (ok, error or fail-fast)."""
         with self._lock:
             self.used["tool_calls"] += 1
 
 
-def oscillates(signatures: list) -> bool:
+def oscillates(signatures: list[tuple[str, str]]) -> bool:
     """True for A-B-A-B over the last four calls (A != B): two calls taking turns, going nowhere."""
     if len(signatures) < OSCILLATION_WINDOW:
         return False

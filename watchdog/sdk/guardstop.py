@@ -9,10 +9,18 @@ Kept out of the per-record hot path: it runs once per run at most.
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import TYPE_CHECKING
+
 from watchdog.core import lifecycle as lc
 
+if TYPE_CHECKING:
+    from watchdog.errors import RunKilled
+    from watchdog.sdk.client import Statement
+    from watchdog.sdk.run import Run
 
-def statements(run, stop, now) -> list:
+
+def statements(run: Run, stop: RunKilled, now: dt.datetime) -> list[Statement]:
     d = run.wd.writer.dialect
     ph = d.ph
     return [

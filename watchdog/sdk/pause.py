@@ -15,15 +15,21 @@ If no daemon answers at all, the SDK stops the run itself a little after
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Sequence
 
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.errors import RunKilled
 from watchdog.sdk.children import obeyed_stop
 from watchdog.core.clock import utcnow
+
+if TYPE_CHECKING:
+    from watchdog.sdk.client import Statement
+    from watchdog.sdk.run import Run
 
 log = logging.getLogger("watchdog.client")
 
@@ -38,7 +44,7 @@ FALLBACK_MARGIN_S = 5.0
 class Hold:
     """The pause gate of one run. Thread-safe: every thread recording on the run may wait here."""
 
-    def __init__(self, run):
+    def __init__(self, run: Run) -> None:
         self.run = run
         self.cond = threading.Condition()
         self._beat_at = 0.0
@@ -48,7 +54,7 @@ class Hold:
         with self.cond:
             self.cond.notify_all()
 
-    def wait(self, row) -> None:
+    def wait(self, row: Sequence[Any]) -> None:
         """Wait while `row` (the run's status, or its ancestor's) says paused. Returns when the
         run may go on, with its budgets re-read; raises RunKilled when it was stopped."""
         run = self.run
@@ -106,7 +112,7 @@ class Hold:
         tick_s = self.run.wd.config().daemon.tick_s
         return self.run.budgets.approval_timeout_s + FALLBACK_TICKS * tick_s + FALLBACK_MARGIN_S
 
-    def _give_up(self, row) -> None:
+    def _give_up(self, row: Sequence[Any]) -> None:
         """No daemon answered: stop the run with the reason it paused for."""
         run = self.run
         try:
@@ -133,7 +139,7 @@ class Hold:
         run._set_budgets(bud.effective(run.profile, asked, raised=bool(resumes)))
 
 
-def pause_statements(run, stop: RunKilled, now) -> list:
+def pause_statements(run: Run, stop: RunKilled, now: dt.datetime) -> list[Statement]:
     """running → paused, written by the run's own guard: the status only (the daemon records and
     alerts a pause it did not request), then the status the run must obey."""
     return [(run.lineage.pause_sql, (stop.reason, stop.detail, run.wd.writer.dialect.seen(now), run.id)),

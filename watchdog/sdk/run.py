@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import threading
@@ -9,6 +10,8 @@ import time
 import uuid
 import weakref
 from collections import Counter
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Self, Sequence, TypeVar, Unpack
 
 from watchdog.core import pause as ap
 from watchdog.core import budgets as bud
@@ -24,6 +27,12 @@ from watchdog.sdk.pause import Hold, pause_statements
 from watchdog.store.lineage import Lineage
 from watchdog.core.clock import utcnow
 
+if TYPE_CHECKING:
+    from watchdog.sdk.attest import Attester
+    from watchdog.sdk.client import Statement, Watchdog
+
+T = TypeVar("T")
+
 
 PARTIAL_MAX_CHARS = 2000
 # Records of a run waiting for its attestation whose MAC is written once the key arrives (beyond
@@ -36,8 +45,11 @@ class Run:
     the run's status back: when the daemon asked the run to stop, it raises RunKilled;
     when it paused the run (on_breach = "pause"), the record waits for a human's answer."""
 
-    def __init__(self, wd, *, agent, kill_mode, labels, run_id, budgets, profile, guards, parent=None,
-                 ancestors: tuple[str, ...] = (), source: str = "sdk"):
+    _t0: float  # the monotonic clock at start()
+
+    def __init__(self, wd: Watchdog, *, agent: str, kill_mode: str, labels: dict[str, str] | None,
+                 run_id: str | None, budgets: Mapping[str, float], profile: bud.Budgets | None, guards: bool,
+                 parent: Run | None = None, ancestors: tuple[str, ...] = (), source: str = "sdk") -> None:
         self.wd = wd
         # Which witness writes this run (runs.source): the SDK, or a gateway that uses the SDK's
         # write path (the MCP proxy, the LiteLLM callback).
@@ -53,46 +65,47 @@ class Run:
         self._lock = threading.Lock()
         self._seq = 0
         self._stop: RunKilled | None = None
-        self.started_at = None
+        self.started_at: dt.datetime | None = None
         self.steps = self.tool_calls = self.tool_errors = 0
         self.tokens_in = self.tokens_out = 0
         self.cost_eur = 0.0  # what the SDK priced; the daemon adds the steps it prices later
         self.cost_unpriced_tokens = 0
-        self.tool_counts: Counter = Counter()  # per tool, for the alert of an in-process stop
-        self.tool_error_counts: Counter = Counter()
-        self.status = None
-        self.dedupe_cache: dict = {}  # (tool, args hash) -> (stored at, result) of read-only calls
+        self.tool_counts: Counter[str] = Counter()  # per tool, for the alert of an in-process stop
+        self.tool_error_counts: Counter[str] = Counter()
+        self.status: str | None = None
+        # (tool, args hash) -> (stored at, result) of read-only calls
+        self.dedupe_cache: dict[tuple[str, str], tuple[float, Any]] = {}
         self.guard = Guard(self.budgets.to_json()) if guards else None
-        self._attester = None  # set while a run that may be signalled is not attested yet
+        self._attester: Attester | None = None  # set while a run that may be signalled is not attested yet
         # The run's evidence key from its attestation (watchdog.core.evidence_mac): its records
         # carry a MAC only its process can compute; on SQLite only those can justify a signal.
         self._evmac: RecordMac | None = None
-        self._pending_mac: list | None = None  # (seq, MAC'd fields) recorded before the key came
+        self._pending_mac: list[tuple[int, tuple[Any, ...]]] | None = None  # (seq, MAC'd fields) before the key came
         # Set (within a second, while a tool is in flight) when the run is asked to stop:
         # a long tool polls it (`if run.cancelled.is_set(): return what_i_have`).
         self.cancelled = threading.Event()
         self._stop_raised = False  # the agent has been told (RunKilled raised) of self._stop
-        self._cancel_waiters: set = set()  # Events a stop also sets (a tool waited on with timeout_s)
+        self._cancel_waiters: set[threading.Event] = set()  # Events a stop also sets (a tool waited on with timeout_s)
         self.partial_result: str | None = None
         self.parent = parent  # the in-process parent Run of a child run, else None
         if parent is not None:
             ancestors = (parent.id, *parent.lineage.ancestors)
         self.parent_id = ancestors[0] if ancestors else None
-        self._children: weakref.WeakSet = weakref.WeakSet()
-        self.lineage = Lineage(wd.writer.dialect, self.id, ancestors)
+        self._children: weakref.WeakSet[Run] = weakref.WeakSet()
+        self.lineage: Lineage = Lineage(wd.writer.dialect, self.id, ancestors)
         self._hold = Hold(self)
 
-    def effective_budgets(self) -> dict:
+    def effective_budgets(self) -> dict[str, Any]:
         """The profile's budgets lowered by the run's own request (what the daemon applies too)."""
         return self.budgets.to_json()
 
     # -- lifecycle -----------------------------------------------------------
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Self:
         self.start()
         return self
 
-    def start(self) -> "Run":
+    def start(self) -> Self:
         d = self.wd.writer.dialect
         now = utcnow()
         self.started_at = now
@@ -139,7 +152,7 @@ class Run:
         still watched and stopped cooperatively."""
         return self.kill_mode != lc.COOPERATIVE and self._attester is None
 
-    def _attest(self):
+    def _attest(self) -> None:
         """One socket round trip; while the daemon is away, retried at most every RETRY_S
         seconds from _record (a time check per record until it succeeds)."""
         att = self._attester
@@ -150,21 +163,24 @@ class Run:
                 self._mac_pending()
             self._pending_mac = None
 
-    def _mac_pending(self):
+    def _mac_pending(self) -> None:
         """MAC the records written before the key came (SQLite, where they count for a signal):
         one transaction, once; a failure leaves them unauthenticated, never fails the run."""
         pending, d = self._pending_mac, self.wd.writer.dialect
         if not pending or not d.sqlite:
             return
         mac = self._evmac
+        if mac is None:
+            return
         try:
             self.wd.writer.transaction([(self.wd.writer.sql.mac_event, (mac.mac(self.id, seq, *fields), self.id, seq))
                                         for seq, fields in pending])
         except Exception:  # noqa: BLE001 — only the signal's evidence is lost, not the records
             pass
 
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None and issubclass(exc_type, RunKilled):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        if isinstance(exc, RunKilled):
             self.end(lc.KILLED, exc.reason, exc.detail)
         elif exc_type is not None:
             cls, msg = error_fields(exc, self.wd.record_errors)
@@ -175,7 +191,7 @@ class Run:
             self.end(lc.COMPLETED, None, None)
         return False
 
-    def end(self, status: str, reason: str | None, detail: str | None):
+    def end(self, status: str, reason: str | None, detail: str | None) -> None:
         d = self.wd.writer.dialect
         self.wd.write([(self.wd.writer.sql.end_run, (status, d.seen(utcnow()), reason, detail, self.id))])
         self.status = status
@@ -184,13 +200,13 @@ class Run:
     def stop_requested(self) -> RunKilled | None:
         return self._stop
 
-    def check(self):
+    def check(self) -> None:
         """Raise RunKilled if this run was stopped; cheap, no I/O."""
         if self._stop is not None:
             self._stop_raised = True
             raise self._stop
 
-    def _check_recorded(self):
+    def _check_recorded(self) -> None:
         """`check` for a record of something that already happened (a model call, a tool call):
         a stop seen in the background (the in-flight poll) lets this one record through first,
         then the record's own status read raises it."""
@@ -220,13 +236,13 @@ class Run:
     def _unwatch_cancel(self, event: threading.Event) -> None:
         self._cancel_waiters.discard(event)
 
-    def _set_budgets(self, budgets) -> None:
+    def _set_budgets(self, budgets: bud.Budgets) -> None:
         """New limits (a human resumed the run with more): the guards hold it to them from now on."""
         self.budgets = budgets
         if self.guard is not None:
             self.guard.budgets.update(budgets.to_json())
 
-    def _absorb(self, steps: int, calls: int, errors: int, tokens_in: int, tokens_out: int, cost_eur: float):
+    def _absorb(self, steps: int, calls: int, errors: int, tokens_in: int, tokens_out: int, cost_eur: float) -> None:
         """A child run's record: it counts on this run's totals and budgets too (not on its loops)."""
         with self._lock:
             self.steps += steps
@@ -238,8 +254,8 @@ class Run:
         if self.guard is not None:
             self.guard.absorb(steps, calls, cost_eur, tokens_in + tokens_out)
 
-    def child(self, agent: str, *, labels: dict | None = None, run_id: str | None = None,
-              guards: bool | None = None, kill_mode: str = lc.COOPERATIVE, **budgets) -> "Run":
+    def child(self, agent: str, *, labels: dict[str, str] | None = None, run_id: str | None = None,
+              guards: bool | None = None, kill_mode: str = lc.COOPERATIVE, **budgets: Unpack[bud.RunBudgets]) -> Run:
         """A child run (a sub-agent) with its own budgets, never above what this run has left;
         its steps, tool calls and spend count on this run too. Use it as a context manager.
 
@@ -252,9 +268,9 @@ class Run:
         if self.started_at is None:
             raise ValueError("child(): start the parent run first (inside its `with` block)")
         self.check()
-        left: dict = {}
+        left: dict[str, float] = {}
 
-        def room():
+        def room() -> None:
             left.clear()
             left.update(children.left_of(self.budgets, children.spent_in_process(self)))
             children.no_room(self, left)
@@ -266,7 +282,7 @@ class Run:
         self._children.add(child)
         return child
 
-    def partial(self, result) -> None:
+    def partial(self, result: object) -> None:
         """Keep what the run has produced so far (a string, or JSON data): `show` and the stop
         alert report it. Allowed after a stop too (that is what it is for)."""
         text = result if isinstance(result, str) else json.dumps(result, default=str, ensure_ascii=False)
@@ -277,7 +293,7 @@ class Run:
     # -- records ---------------------------------------------------------------
 
     def step(self, model: str | None = None, tokens_in: int = 0, tokens_out: int = 0, cost_eur: float | None = None,
-             *, cached_tokens_in: int = 0, reasoning_tokens: int = 0):
+             *, cached_tokens_in: int = 0, reasoning_tokens: int = 0) -> None:
         """Record one model call (a step) that happened; its cost is recorded even when over budget.
 
         `tokens_in` counts every input token (`cached_tokens_in` of them read from the
@@ -311,24 +327,26 @@ class Run:
                      cached_tokens_in=cached or None, reasoning_tokens=reasoning or None,
                      unpriced=(tokens_in + tokens_out) if cost_eur is None else 0)
         if self.guard:
-            self._guarded(lambda: self.guard.check_totals(self.elapsed_s))
+            guard = self.guard
+            self._guarded(lambda: guard.check_totals(self.elapsed_s))
 
-    def check_budget(self, estimated_cost_eur: float = 0.0):
+    def check_budget(self, estimated_cost_eur: float = 0.0) -> None:
         """Pre-flight: call before a model call so a money budget overshoots by at most one call."""
         estimated_cost_eur = validate_amount("estimated_cost_eur", estimated_cost_eur)
         self.check()
         if self.guard:
-            self._guarded(lambda: self.guard.before_model(estimated_cost_eur, self.elapsed_s))
+            guard = self.guard
+            self._guarded(lambda: guard.before_model(estimated_cost_eur, self.elapsed_s))
 
-    def heartbeat(self, progress: str | None = None):
+    def heartbeat(self, progress: str | None = None) -> None:
         """Say "alive" (with optional progress) without a step or a tool call."""
         if progress is not None and not isinstance(progress, str):
             raise ValueError(f"progress: expected a string, got {type(progress).__name__}")
         self.check()
         self._record(lc.EV_HEARTBEAT, progress=progress)
 
-    def record_tool(self, name: str, args=None, *, ok: bool = True, error=None, duration_s: float | None = None,
-                    attempt: int = 1):
+    def record_tool(self, name: str, args: object = None, *, ok: bool = True, error: BaseException | str | None = None,
+                    duration_s: float | None = None, attempt: int = 1) -> None:
         """Record a tool call that a framework ran itself (`attempt` > 1: a retry of the same call)."""
         validate_name("name", name, TOOL_MAX_CHARS)
         if duration_s is not None:
@@ -343,19 +361,23 @@ class Run:
         self._record(lc.EV_TOOL, tool=name, args_hash=args_hash, args=args, ok=ok,
                      error_class=cls, error_msg=msg, duration_s=duration_s, attempt=attempt if attempt > 1 else None)
 
-    def tool_call(self, name: str, args: dict | None, fn, read_only: bool = False, **policy):
-        """Call `fn(**args)`, record it, return its result; the tool's exception is re-raised."""
+    def tool_call(self, name: str, args: dict[str, Any] | None, fn: Callable[..., T], read_only: bool = False,
+                  **policy: Unpack[toolcall.ToolPolicy]) -> T:
+        """Call `fn(**args)`, record it, return its result; the tool's exception is re-raised.
+        `policy`: `retries=`, `retry_on=`, `backoff_s=`, `timeout_s=` (watchdog.sdk.toolcall.call_tool)."""
         validate_name("name", name, TOOL_MAX_CHARS)  # before the tool runs: it could not be recorded
         return toolcall.call_tool(self, name, {} if args is None else args, fn, read_only=read_only, **policy)
 
-    def before_tool(self, name: str, args: dict | None = None, *, circuits: bool = True) -> toolcall.PendingTool:
+    def before_tool(self, name: str, args: dict[str, Any] | None = None, *,
+                    circuits: bool = True) -> toolcall.PendingTool:
         """For a tool the caller runs itself: the checks `tool_call` makes before the tool runs
         (stop, guards, circuit). Raises RunKilled or ToolUnavailable; else call the tool and
         then `after_tool` with what it returned."""
         validate_name("name", name, TOOL_MAX_CHARS)
         return toolcall.before_tool(self, name, {} if args is None else args, circuits=circuits)
 
-    def after_tool(self, pending: toolcall.PendingTool, *, ok: bool = True, error=None) -> None:
+    def after_tool(self, pending: toolcall.PendingTool, *, ok: bool = True,
+                   error: BaseException | str | None = None) -> None:
         """Count and record the call `before_tool` admitted (raises RunKilled if a stop was asked)."""
         toolcall.after_tool(self, pending, ok=ok, error=error)
 
@@ -364,7 +386,7 @@ class Run:
         """Seconds since the run started, on the monotonic clock (0 before it starts)."""
         return time.monotonic() - self._t0 if self.started_at else 0.0
 
-    def _guarded(self, check):
+    def _guarded(self, check: Callable[[], None]) -> None:
         """Run an in-process guard check. A breach stops the run (RunKilled), or, with the
         profile's on_breach = "pause" for it, pauses it and waits for a human: the check runs
         again with the budgets the run was resumed with."""
@@ -395,7 +417,7 @@ class Run:
         self._obey(row)
         return True
 
-    def _publish_stop(self, stop: RunKilled):
+    def _publish_stop(self, stop: RunKilled) -> None:
         """Say at once, in the store, that an in-process guard stopped this run.
 
         The run goes to `stopping` like a daemon stop, so an agent that swallows the
@@ -409,7 +431,7 @@ class Run:
         except Exception:  # noqa: BLE001 — a stop must never fail for want of bookkeeping
             pass
 
-    def _record(self, kind: str, **f):
+    def _record(self, kind: str, **f: Any) -> None:
         d, sql = self.wd.writer.dialect, self.wd.writer.sql
         at = d.seen(utcnow())  # the event's time and the run's last_seen_at: the store's clock, one reading
         record_args = self.wd.record_args  # this process's own choice, never the store's
@@ -436,7 +458,7 @@ class Run:
                     f.get("tokens_out"), cached, reasoning, f.get("cost_eur"), f.get("attempt"), at)
             if evmac is not None:
                 mac = evmac.mac(self.id, seq, *macd)
-            elif len(pending) < PENDING_MAC_MAX:
+            elif pending is not None and len(pending) < PENDING_MAC_MAX:
                 pending.append((seq, macd))
         event = (
             self.id, seq, at, kind, f.get("tool"), f.get("args_hash"),
@@ -446,7 +468,7 @@ class Run:
         )
         counts = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0)
         update = (*counts, cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)
-        statements = [(sql.insert_event, event), (sql.update_run, update)]
+        statements: list[Statement] = [(sql.insert_event, event), (sql.update_run, update)]
         if self.lineage.ancestors:  # a child: count on its ancestors too, obey theirs as well as its own status
             statements += self.lineage.record_statements(counts, at)
             ancestor = self.parent
@@ -461,7 +483,7 @@ class Run:
         if row is not None:
             self._obey(row)
 
-    def _obey(self, row):
+    def _obey(self, row: Sequence[Any]) -> None:
         """Act on the status a record read back: stopped → RunKilled; paused → wait for a human."""
         if len(row) < 4 or row[3] == self.id:
             self.status = row[0]

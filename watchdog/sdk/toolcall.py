@@ -27,11 +27,28 @@ multiply: the tool retries here, and the agent sees one result or one exception.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any, Callable, TypedDict, TypeVar
 
 from watchdog.core.records import hash_args, validate_amount
 from watchdog.errors import RunKilled, ToolUnavailable
 from watchdog.sdk import deadline
 from watchdog.sdk.circuits import PROBE
+
+if TYPE_CHECKING:
+    from watchdog.sdk.run import Run
+
+T = TypeVar("T")
+# `retry_on`: an Exception subclass, or a tuple of them (() retries nothing).
+RetryOn = type[Exception] | tuple[type[Exception], ...]
+
+
+class ToolPolicy(TypedDict, total=False):
+    """The keywords of `run.tool_call(...)` beyond the call itself (see `call_tool`)."""
+
+    retries: int
+    retry_on: RetryOn
+    backoff_s: float
+    timeout_s: float | None
 
 _clock = time.monotonic  # the dedupe window's clock (tests replace it)
 _sleep = time.sleep  # the backoff's sleep (tests replace it)
@@ -42,22 +59,22 @@ class PendingTool:
 
     __slots__ = ("name", "args", "args_hash", "t0", "token", "probe", "attempt", "error")
 
-    def __init__(self, name: str, args: dict, args_hash: str | None = None, attempt: int = 1):
+    def __init__(self, name: str, args: dict[str, Any], args_hash: str | None = None, attempt: int = 1):
         self.name = name
         self.args = args
         self.args_hash = args_hash or hash_args(args, tool=name)
         self.t0 = time.perf_counter()
-        self.token = None  # the in-flight marker (names the tool if it hangs)
+        self.token: int | None = None  # the in-flight marker (names the tool if it hangs)
         self.probe = False
         self.attempt = attempt
-        self.error = None
+        self.error: BaseException | None = None
 
     @property
     def duration_s(self) -> float:
         return max(0.0, time.perf_counter() - self.t0)
 
 
-def before_tool(run, name: str, args: dict, *, circuits: bool = True, cached: bool = False,
+def before_tool(run: Run, name: str, args: dict[str, Any], *, circuits: bool = True, cached: bool = False,
                 args_hash: str | None = None, attempt: int = 1) -> PendingTool:
     """Admit one attempt of a tool call, or raise RunKilled / ToolUnavailable. The tool has not run.
 
@@ -91,7 +108,8 @@ def before_tool(run, name: str, args: dict, *, circuits: bool = True, cached: bo
     return pending
 
 
-def after_tool(run, pending: PendingTool, *, ok: bool, error=None, duration_s: float | None = None) -> None:
+def after_tool(run: Run, pending: PendingTool, *, ok: bool, error: BaseException | str | None = None,
+               duration_s: float | None = None) -> None:
     """Count and record one admitted attempt (raises RunKilled if the daemon asked to stop)."""
     if pending.token is not None:
         run.wd.inflight.finished(pending.token)
@@ -115,8 +133,10 @@ def after_tool(run, pending: PendingTool, *, ok: bool, error=None, duration_s: f
     run.record_tool(pending.name, pending.args, ok=ok, error=error, duration_s=duration_s, attempt=pending.attempt)
 
 
-def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retries: int = 0,
-              retry_on=(Exception,), backoff_s: float = 0.5, timeout_s: float | None = None):
+def call_tool(run: Run, name: str, args: dict[str, Any], fn: Callable[..., T], *, read_only: bool = False,
+              retries: int = 0, retry_on: RetryOn = (Exception,), backoff_s: float = 0.5,
+              timeout_s: float | None = None) -> T:
+    """`fn(**args)` through the choke point (see the module's docstring); returns what `fn` returns."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a tool name, got {name!r}")
     if not isinstance(args, dict):
@@ -125,7 +145,7 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
         raise ValueError(f"fn of tool {name!r}: expected a callable, got {type(fn).__name__}")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries: expected an integer >= 0, got {retries!r}")
-    retry_on = _exception_types(retry_on)
+    retry_types = _exception_types(retry_on)
     backoff_s = validate_amount("backoff_s", backoff_s)
     if timeout_s is not None and (validate_amount("timeout_s", timeout_s) <= 0):
         raise ValueError(f"timeout_s: expected a number > 0, got {timeout_s!r}")
@@ -137,7 +157,8 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
     if hit is not None:
         # A repeat served from the cache: counted for loops, neither run nor recorded.
         before_tool(run, name, args, args_hash=args_hash, cached=True)
-        return hit[1]
+        cached: T = hit[1]  # what fn returned for these arguments
+        return cached
 
     last_exc: Exception | None = None
     attempt = 0
@@ -158,7 +179,7 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
             raise
         except Exception as exc:
             after_tool(run, pending, ok=False, error=exc)
-            if pending.probe or attempt > retries or not isinstance(exc, retry_on) or isinstance(exc, ToolUnavailable):
+            if pending.probe or attempt > retries or not isinstance(exc, retry_types) or isinstance(exc, ToolUnavailable):
                 raise
             last_exc = exc
             continue
@@ -172,18 +193,19 @@ def call_tool(run, name: str, args: dict, fn, *, read_only: bool = False, retrie
         return result
 
 
-def _cached(run, key):
+def _cached(run: Run, key: tuple[str, str]) -> tuple[float, Any] | None:
     """(stored_at, result) of a still-valid dedupe entry, or None."""
     entry = run.dedupe_cache.get(key)
     if entry is None:
         return None
-    window_s = run.guard.budgets.get("dedupe_window_s") or 0
+    guard = run.guard  # (there is one: only a guarded run caches)
+    window_s = (guard.budgets.get("dedupe_window_s") or 0) if guard is not None else 0
     if window_s and _clock() - entry[0] > window_s:
         return None
     return entry
 
 
-def _exception_types(retry_on) -> tuple:
+def _exception_types(retry_on: object) -> tuple[type[Exception], ...]:
     types = retry_on if isinstance(retry_on, tuple) else (retry_on,)
     if not all(isinstance(t, type) and issubclass(t, Exception) for t in types):
         raise ValueError(
