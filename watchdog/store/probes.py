@@ -9,19 +9,17 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import String, and_, literal, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 
 from watchdog.core.lifecycle import Circuit
+from watchdog.store import dialects
 from watchdog.store.schema import UTCDateTime, circuit_probes as p, tool_circuits as t
 
 
 def claim_probe(engine: Engine, tool: str, run_id: str, now: dt.datetime) -> tuple[bool, str | None]:
     """(won, the circuit's state when lost: None if the row is gone)."""
-    insert = sqlite_insert if engine.dialect.name == "sqlite" else pg_insert
     # The open period is copied from the circuit's row, and only while the row is claimable.
-    claim = insert(p).from_select(
+    claim = dialects.of(engine).insert(p).from_select(
         ["tool", "opened_at", "run_id", "claimed_at"],
         select(t.c.tool, t.c.opened_at, literal(run_id, String(32)), literal(now, UTCDateTime()))
         .where(t.c.tool == tool, t.c.opened_at.is_not(None), t.c.probe_run_id.is_(None),

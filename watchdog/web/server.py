@@ -32,15 +32,9 @@ class _Handler(WSGIRequestHandler):
 
 def open_store(url: str) -> Any:
     """An engine that cannot write: SQLite read-only; PostgreSQL with read-only transactions."""
-    from watchdog.store.engine import make_engine, require_tables
+    from watchdog.store.access import open_read_only
 
-    if url.startswith("sqlite"):
-        engine = make_engine(url, read_only=True)
-    else:
-        engine = make_engine(url, read_only=True,
-                             connect_args={"options": "-c default_transaction_read_only=on"})
-    require_tables(engine, url)
-    return engine
+    return open_read_only(url)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
