@@ -179,7 +179,7 @@ class WatchdogProxyHandler(CustomLogger):
             guard.used["steps"] = max(guard.used["steps"], state.steps)
             guard.used["tokens"] = max(guard.used.get("tokens", 0), state.tokens)
             guard.used["cost_eur"] = max(guard.used["cost_eur"], state.cost_eur)
-        started = self.wd().writer.dialect.parse_ts(state.started_at) or utcnow()
+        started = state.started_at or utcnow()  # aware UTC, as the store reads it
         try:
             guard.before_model(estimate.cost_eur, max(0.0, (utcnow() - started).total_seconds()), estimate.tokens)
         except RunKilled as stop:

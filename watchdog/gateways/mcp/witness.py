@@ -139,7 +139,7 @@ class ToolWitness:
         guard = self.guard
         with guard._lock:  # the larger of the proxy's count and the run's, never their sum
             guard.used["tool_calls"] = max(guard.used["tool_calls"], state.tool_calls)
-        started = self.wd.writer.dialect.parse_ts(state.started_at) or utcnow()
+        started = state.started_at or utcnow()  # aware UTC, as the store reads it
         elapsed_s = max(0.0, (utcnow() - started).total_seconds())
         try:
             guard.before_tool(name, hash_args(args, tool=name), elapsed_s)
