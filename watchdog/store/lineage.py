@@ -28,6 +28,7 @@ class Writer(Protocol):
     """What these verbs need of the SDK's Writer (watchdog.store.agent_writes.Writer)."""
 
     dialect: Dialect
+    sql: Any  # the backend's AgentSQL
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
 
