@@ -62,7 +62,7 @@ class Feed:
             self.alert_seen = a.id
             # Right under the intervention it reports (same transaction, same timestamp); the SDK's
             # guard-stop alert names no intervention: after those of its instant.
-            at = self.iv_at.get(a.intervention_id, a.created_at)
+            at = self.iv_at.get(a.intervention_id, a.created_at) if a.intervention_id is not None else a.created_at
             self.pending.append(((at, 1, a.intervention_id or float("inf"), 1), self._alert(a)))
         if rows and self.t0 is None:
             self.t0 = min(r.started_at for r in rows.values())
@@ -112,21 +112,22 @@ class Feed:
         return f"{r.status.upper():10} {why} — {counts}" + (f"; {how}" if how else "")
 
     def _intervention(self, i: InterventionRow) -> None:
-        if i.action == "ended":
-            self.ended_how[i.run_id] = i.outcome
+        rid = i.run_id or ""  # "": a circuit's intervention (no run)
+        if i.action == "ended" and i.outcome is not None:
+            self.ended_how[rid] = i.outcome
         if i.action in QUIET_ACTIONS:
             return
-        label = self.names.get(i.run_id, "?") if i.run_id else (i.tool or "?")
+        label = self.names.get(rid, "?") if rid else (i.tool or "?")
         self.iv_at[i.id] = i.at
         if i.action in ("stop_requested", "guard_stop"):
-            self.stop_seen.add(i.run_id)
+            self.stop_seen.add(rid)
         if i.action == "stop_requested" and acknowledged(i):
-            self.guarded.add(i.run_id)  # the demo's agents: only their own guards ask for stops in the store
+            self.guarded.add(rid)  # the demo's agents: only their own guards ask for stops in the store
             text = f"STOP       by its own in-process guard — {i.reason}"
         elif i.action == "stop_requested":
             text = f"STOP       requested by the daemon — {i.reason}: {i.detail}"
         elif i.action == "guard_stop":
-            self.guarded.add(i.run_id)
+            self.guarded.add(rid)
             text = f"STOP       by its own in-process guard — {i.reason}: {i.detail}"
         elif i.action == "circuit_open":
             text = f"CIRCUIT    OPEN — {i.detail}; {i.outcome}"

@@ -59,7 +59,7 @@ def store_now(conn: Connection) -> dt.datetime:
     return dialects.of(conn).db_now(conn)
 
 
-def active_runs_of(conn: Connection, source: str, host: str) -> list[tuple[str, dict | None]]:
+def active_runs_of(conn: Connection, source: str, host: str) -> list[tuple[str, dict[str, Any] | None]]:
     """(id, labels) of the active runs `source` created on `host`: what a witness rebuilds its
     key → run cache from after a restart."""
     q = select(runs.c.id, runs.c.labels).where(and_(runs.c.source == source, runs.c.host == host,
@@ -74,7 +74,7 @@ def run_ref(conn: Connection, run_id: str) -> RunRef | None:
 
 
 def create_run(conn: Connection, *, run_id: str, agent: str, source: str, host: str, kill_mode: str,
-               labels: dict | None, pid: int | None = None, pid_create_time: float | None = None,
+               labels: dict[str, Any] | None, pid: int | None = None, pid_create_time: float | None = None,
                now: dt.datetime) -> None:
     sql = _sql(dialects.of(conn))
     at = sql.dialect.ts(now)
