@@ -74,20 +74,9 @@ class App:
 
     def open_store(self, *, must_exist: bool = False, read_only: bool = False, tables: bool = False):
         """An engine on the store. `tables`: it must have been migrated (`db upgrade`)."""
-        from watchdog.store.engine import make_engine, require_tables
+        from watchdog.store.access import open_store
 
-        engine = make_engine(self.db_url, must_exist=must_exist, read_only=read_only)
-        if tables:
-            if engine.dialect.name == "sqlite" and not read_only:
-                # Probe read-only: a writer's first connection would turn the file into a WAL database.
-                probe = make_engine(self.db_url, read_only=True)
-                try:
-                    require_tables(probe, self.db_url)
-                finally:
-                    probe.dispose()
-            else:
-                require_tables(engine, self.db_url)
-        return engine
+        return open_store(self.db_url, must_exist=must_exist, read_only=read_only, tables=tables)
 
 
 def fail_cleanly(fn):
@@ -127,22 +116,22 @@ def _die(app, exc, code):
 def _database_error(app, exc) -> str | None:
     """A driver error as one line naming the store (never the SQL or its parameters), with the
     fix when a table or column is missing: the store is older than this agent-watchdog."""
-    from sqlalchemy.exc import DBAPIError
+    from watchdog.store.access import driver_error
 
-    if not isinstance(exc, DBAPIError):
+    error = driver_error(exc)
+    if error is None:
         return None
     from watchdog.core.text import url_without_password
-    from watchdog.store.engine import is_missing_schema, upgrade_hint
+    from watchdog.store.engine import upgrade_hint
 
     try:
         url = app.db_url
     except Exception:  # noqa: BLE001 — the error is about the store, whatever its URL
         url = "(unknown URL)"
-    first = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0] if exc.orig is not None else str(exc)
-    if is_missing_schema(exc):
+    if error.missing_schema:
         return f"the store at {url_without_password(url)} lacks tables or columns this agent-watchdog needs " \
-               f"({first}): {upgrade_hint(url)}"
-    return f"the store at {url_without_password(url)}: {first}"
+               f"({error.first_line}): {upgrade_hint(url)}"
+    return f"the store at {url_without_password(url)}: {error.first_line}"
 
 
 class _Group(click.Group):

@@ -37,13 +37,9 @@ def run_cmd(app, once, verbose):
 
     _logging(verbose)
     check(app.config)  # what the config needs (extras, users) is there: loud at start, not mid-run
-    # SQLite: checked here, read-only (a store that is down is PostgreSQL's case: _acquire waits for it).
-    store = app.open_store(must_exist=True, tables=app.db_url.startswith("sqlite"))
-    if app.db_url.startswith("sqlite"):
-        from watchdog.store.engine import share_sqlite_files
+    from watchdog.store.access import open_daemon_store
 
-        with store.connect():  # opening it makes the -wal and -shm files (the daemon's, under its umask)
-            share_sqlite_files(app.db_url)  # the agents' group writes them too: 0660
+    store = open_daemon_store(app.db_url)  # SQLite checked now; a server that is down: _acquire waits for it
     check_allowed_users(app.config)  # before anything listens or a key is made
     metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
     daemon = Daemon(store, app.config, metrics=metrics)
@@ -74,10 +70,9 @@ def _acquire(daemon, url: str, retry: bool):
     migrates one by itself."""
     import time
 
-    from sqlalchemy.exc import OperationalError
-
     from watchdog.errors import StoreError
     from watchdog.store import migrate
+    from watchdog.store.access import unreachable
     from watchdog.store.engine import require_tables, upgrade_hint
 
     delay_s = 1.0
@@ -89,10 +84,10 @@ def _acquire(daemon, url: str, retry: bool):
                 raise StoreError(f"the store is at revision {current}, this agent-watchdog needs {head}: "
                                  f"{upgrade_hint(url)}")
             return daemon.acquire()
-        except OperationalError as exc:
-            if not retry:
+        except Exception as exc:
+            first = unreachable(exc)
+            if first is None or not retry:
                 raise
-            first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0][:200]
             logging.getLogger("watchdog.daemon").error("store unreachable at start-up (%s); retrying in %g s",
                                                        first, delay_s)
             time.sleep(delay_s)
@@ -170,13 +165,11 @@ def circuits_cmd(ctx, app, as_json):
     """List the tool circuit breakers (`circuits close TOOL` closes one)."""
     if ctx.invoked_subcommand:
         return
-    from sqlalchemy import select
-
     from watchdog.cli import render
-    from watchdog.store.schema import tool_circuits
+    from watchdog.store.viewer import circuits
 
     with app.reader() as conn:
-        rows = conn.execute(select(tool_circuits).order_by(tool_circuits.c.tool)).all()
+        rows = circuits(conn)
     records = [{"tool": r.tool, "state": r.state, "open_until": r.open_until.isoformat() if r.open_until else None,
                 "errors_in_window": r.errors_in_window, "window_s": r.window_s, "last_error": r.last_error,
                 "probe_run_id": r.probe_run_id} for r in rows]

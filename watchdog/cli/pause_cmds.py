@@ -1,23 +1,49 @@
-"""`agent-watchdog resume RUN --add-steps N ...`: answer a paused run with more budget."""
+"""`agent-watchdog resume RUN --add-steps N ...`: answer a paused run with more budget.
+
+The `--add-...` options are made from the budget registry (watchdog.core.budgets: each budget
+with an `add_option`), so a budget that can pause appears here without an edit of the CLI.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import click
 
 from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
+from watchdog.core.budgets import PAUSABLE, Budget
 from watchdog.core.clock import utcnow
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def add_option_help(budget: Budget) -> str:
+    """ "Raise the run's max_steps by N." (X for money, N seconds for time)"""
+    amount = "X" if budget.unit == "EUR" else "N seconds" if budget.unit == "s" else "N"
+    return f"Raise the run's {budget.key} by {amount}."
+
+
+def add_options(budgets: Iterable[Budget] = PAUSABLE) -> Callable[[F], F]:
+    """One `--<add_option>` per budget, in the registry's order: a whole number >= 1 for a
+    counted budget, a number > 0 otherwise."""
+
+    def decorate(fn: F) -> F:
+        for b in reversed(tuple(budgets)):  # the last decorator applied is listed first
+            kind = click.IntRange(min=1) if b.integer else click.FloatRange(min=0, min_open=True)
+            fn = click.option(f"--{b.add_option}", type=kind, help=add_option_help(b))(fn)
+        return fn
+
+    return decorate
 
 
 @main.command("resume")
 @click.argument("run_id")
-@click.option("--add-steps", type=click.IntRange(min=1), help="Raise the run's max_steps by N.")
-@click.option("--add-tool-calls", type=click.IntRange(min=1), help="Raise the run's max_tool_calls by N.")
-@click.option("--add-eur", type=click.FloatRange(min=0, min_open=True), help="Raise the run's max_cost_eur by X.")
-@click.option("--add-s", type=click.FloatRange(min=0, min_open=True), help="Raise the run's max_wall_s by N seconds.")
+@add_options()
 @shared_options
 @pass_app
 @fail_cleanly
-def resume_cmd(app, run_id, add_steps, add_tool_calls, add_eur, add_s):
+def resume_cmd(app, run_id, **adds):
     """Let a paused run go on, with its budgets raised by the given amounts (audited, with who ran it).
 
     The time it spent paused never counts against its max_wall_s. `agent-watchdog kill RUN` stops it instead.
@@ -29,7 +55,7 @@ def resume_cmd(app, run_id, add_steps, add_tool_calls, add_eur, add_s):
     from watchdog.store.pause import operator, resume
     from watchdog.store.views import load_run, resolve_run_id, tool_stats
 
-    grant = Grant.from_options(add_steps=add_steps, add_tool_calls=add_tool_calls, add_eur=add_eur, add_s=add_s)
+    grant = Grant.from_options(**adds)
     now = utcnow()
     with app.engine.begin() as conn:
         rid = resolve_run_id(conn, run_id)

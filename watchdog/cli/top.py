@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import and_, func, select
-
 from watchdog.core import forecast
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.cli.render import short
 from watchdog.core.text import duration
-from watchdog.store.schema import events, runs
 from watchdog.core.budgets import BUDGETS, Totals, effective_budgets
+from watchdog.store.engine import Connection
+from watchdog.store.viewer import active_runs, tool_calls_since
 from watchdog.store.views import tool_stats
 
 # The measures that only grow while a run runs (the loop and rate measures come from events).
@@ -21,16 +20,10 @@ _RUNNING_TOTALS = ("steps", "tool_calls", "cost_eur", "tokens", "age_s", "silent
 WIDTH = 80
 
 
-def rows(conn, config: Config, now: dt.datetime) -> list[dict]:
-    active = conn.execute(select(runs).where(runs.c.status.in_(lc.ACTIVE_STATUSES))).all()
+def rows(conn: Connection, config: Config, now: dt.datetime) -> list[dict]:
+    active = active_runs(conn)
     ids = [r.id for r in active]
-    per_min: dict[str, int] = {}
-    horizon = now - dt.timedelta(seconds=60)
-    for i in range(0, len(ids), 500):
-        q = (select(events.c.run_id, func.count()).where(and_(
-            events.c.run_id.in_(ids[i : i + 500]), events.c.kind == lc.EV_TOOL, events.c.at > horizon))
-             .group_by(events.c.run_id))
-        per_min.update(dict(conn.execute(q).all()))
+    per_min = tool_calls_since(conn, ids, now - dt.timedelta(seconds=60))
     stats = tool_stats(conn, ids)
     out = []
     for r in active:

@@ -11,12 +11,12 @@ import datetime as dt
 import textwrap
 from dataclasses import dataclass
 
-from sqlalchemy import select
-
 from watchdog.core import lifecycle as lc
-from watchdog.store.schema import alerts, interventions, runs
 from watchdog.core.clock import utcnow
-from watchdog.store.views import run_record, tool_stats
+from watchdog.store import demo as store
+from watchdog.store.engine import Engine
+from watchdog.store.rows import AlertRow, InterventionRow, RunRow
+from watchdog.store.views import run_record
 from watchdog.demo.agents import CIRCUIT, COOPERATIVE, GUARD, NONE, SIGKILL, SIGTERM, BEHAVIOURS
 
 LABEL_W = 12
@@ -37,7 +37,7 @@ ACTION_TEXT = {"sigterm": "SIGTERM", "sigkill": "SIGKILL", "not_signalled": "not
 class Feed:
     """Polls the store and prints one line per event that matters (plus each alert, Slack-style)."""
 
-    def __init__(self, engine, names: dict[str, str], echo):
+    def __init__(self, engine: Engine, names: dict[str, str], echo):
         self.engine = engine
         self.names = names  # run id -> agent
         self.t0: dt.datetime | None = None  # the first run's start: "+0.0s"
@@ -51,13 +51,10 @@ class Feed:
         self.alert_seen = 0
         self.pending: list[tuple] = []
 
-    def poll(self, flush: bool = False) -> dict:
+    def poll(self, flush: bool = False) -> dict[str, RunRow]:
         """Read what is new, print what has settled; return the demo's run rows by id."""
-        with self.engine.connect() as conn:
-            rows = {r.id: r for r in conn.execute(select(runs).where(runs.c.id.in_(list(self.names))))}
-            ivs = conn.execute(select(interventions).where(interventions.c.id > self.iv_seen)
-                               .order_by(interventions.c.id)).all()
-            als = conn.execute(select(alerts).where(alerts.c.id > self.alert_seen).order_by(alerts.c.id)).all()
+        rows, ivs, als = store.news(self.engine, self.names, interventions_after=self.iv_seen,
+                                    alerts_after=self.alert_seen)
         for i in ivs:
             self.iv_seen = i.id
             self._intervention(i)
@@ -65,7 +62,7 @@ class Feed:
             self.alert_seen = a.id
             # Right under the intervention it reports (same transaction, same timestamp); the SDK's
             # guard-stop alert names no intervention: after those of its instant.
-            at = self.iv_at.get(a.intervention_id, a.created_at)
+            at = self.iv_at.get(a.intervention_id, a.created_at) if a.intervention_id is not None else a.created_at
             self.pending.append(((at, 1, a.intervention_id or float("inf"), 1), self._alert(a)))
         if rows and self.t0 is None:
             self.t0 = min(r.started_at for r in rows.values())
@@ -85,7 +82,7 @@ class Feed:
                                         subsequent_indent=" " * (len(head) + 11), break_on_hyphens=False)
                          ) if len(head) + len(text) > WIDTH else head + text
 
-    def _run(self, r):
+    def _run(self, r: RunRow) -> None:
         before = self.status.get(r.id)
         if before is None:
             self.pending.append(((r.started_at, 0, 0, 0),
@@ -99,7 +96,7 @@ class Feed:
             self.pending.append(((at, 2, 0, 0), self._line(at, r.agent, self._end_text(r))))
         self.status[r.id] = r.status
 
-    def _end_text(self, r) -> str:
+    def _end_text(self, r: RunRow) -> str:
         counts = f"{_n(r.steps, 'step')}, {_n(r.tool_calls, 'tool call')}, {r.cost_eur:.4f} EUR"
         if r.status == lc.COMPLETED:
             return f"COMPLETED  {counts}"
@@ -114,22 +111,23 @@ class Feed:
             why += f" (last progress: {r.progress})"
         return f"{r.status.upper():10} {why} — {counts}" + (f"; {how}" if how else "")
 
-    def _intervention(self, i):
-        if i.action == "ended":
-            self.ended_how[i.run_id] = i.outcome
+    def _intervention(self, i: InterventionRow) -> None:
+        rid = i.run_id or ""  # "": a circuit's intervention (no run)
+        if i.action == "ended" and i.outcome is not None:
+            self.ended_how[rid] = i.outcome
         if i.action in QUIET_ACTIONS:
             return
-        label = self.names.get(i.run_id, "?") if i.run_id else (i.tool or "?")
+        label = self.names.get(rid, "?") if rid else (i.tool or "?")
         self.iv_at[i.id] = i.at
         if i.action in ("stop_requested", "guard_stop"):
-            self.stop_seen.add(i.run_id)
+            self.stop_seen.add(rid)
         if i.action == "stop_requested" and acknowledged(i):
-            self.guarded.add(i.run_id)  # the demo's agents: only their own guards ask for stops in the store
+            self.guarded.add(rid)  # the demo's agents: only their own guards ask for stops in the store
             text = f"STOP       by its own in-process guard — {i.reason}"
         elif i.action == "stop_requested":
             text = f"STOP       requested by the daemon — {i.reason}: {i.detail}"
         elif i.action == "guard_stop":
-            self.guarded.add(i.run_id)
+            self.guarded.add(rid)
             text = f"STOP       by its own in-process guard — {i.reason}: {i.detail}"
         elif i.action == "circuit_open":
             text = f"CIRCUIT    OPEN — {i.detail}; {i.outcome}"
@@ -139,7 +137,7 @@ class Feed:
             text = f"{ACTION_TEXT.get(i.action, i.action):10} {i.outcome or i.detail or ''}"
         self.pending.append(((i.at, 1, i.id, 0), self._line(i.at, label, text)))
 
-    def _alert(self, a) -> str:
+    def _alert(self, a: AlertRow) -> str:
         pad = " " * 9
         lines = [ln for ln in textwrap.wrap(f"┌ ALERT  {a.title}", WIDTH - len(pad), subsequent_indent="│        ")]
         for ln in a.body.splitlines() or [""]:
@@ -149,7 +147,7 @@ class Feed:
         return "\n".join(out + [f"{pad}└"])
 
 
-def acknowledged(i) -> bool:
+def acknowledged(i: InterventionRow | store.Action) -> bool:
     """A stop the daemon recorded but did not decide (watchdog.daemon.acknowledge, ticker)."""
     return isinstance(i.outcome, str) and "not by this daemon" in i.outcome
 
@@ -194,15 +192,11 @@ def defense(status: str, actions: set[str]) -> str:
     return f"none ({status})"
 
 
-def outcomes(engine, config, names: dict[str, str]) -> list[Outcome]:
+def outcomes(engine: Engine, config, names: dict[str, str]) -> list[Outcome]:
     now = utcnow()
-    with engine.connect() as conn:
-        rows = {r.id: r for r in conn.execute(select(runs).where(runs.c.id.in_(list(names))))}
-        stats = tool_stats(conn, list(rows))
-        acts = conn.execute(select(interventions.c.run_id, interventions.c.action, interventions.c.tool,
-                                   interventions.c.outcome)).all()
-    acts = [(rid, "guard_stop" if action == "stop_requested" and acknowledged(a) else action, tool)
-            for a in acts for rid, action, tool in [(a.run_id, a.action, a.tool)]]
+    rows, stats, done = store.ending(engine, names)
+    acts = [(a.run_id, "guard_stop" if a.action == "stop_requested" and acknowledged(a) else a.action, a.tool)
+            for a in done]
     opened = {tool for rid, action, tool in acts if action == "circuit_open"}
     out = []
     for rid, agent in names.items():

@@ -22,13 +22,11 @@ import uuid
 from pathlib import Path
 
 import click
-from sqlalchemy import func, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import load
+from watchdog.store import demo as store
 from watchdog.store.engine import make_engine
-from watchdog.store import settings
-from watchdog.store.schema import alerts, daemons
 from watchdog.demo.agents import BEHAVIOURS
 from watchdog.demo.model import MODEL
 from watchdog.demo.report import Feed, outcomes, table
@@ -144,10 +142,7 @@ class Demo:
                                            + _tail(self.dir / "daemon.log"))
             # Ready = settings published (the agents price their steps with them) and one tick done
             # (its scan cursor is set, so every later error counts for the circuit breakers).
-            with self.engine.connect() as conn:
-                published = settings.get(conn, settings.CONFIG_KEY) is not None
-                ticked = conn.execute(select(daemons.c.last_tick_at).where(daemons.c.pid == self.daemon.pid)).scalar()
-            if published and ticked:
+            if store.daemon_ready(self.engine, self.daemon.pid):
                 return
             time.sleep(0.1)
         raise click.ClickException(f"the daemon did not start within {DAEMON_READY_S:g} s:\n"
@@ -183,8 +178,7 @@ class Demo:
         """Let the daemon try every alert once before it is stopped; how many it has not tried yet."""
         deadline = time.monotonic() + OUTBOX_WAIT_S
         while True:
-            with self.engine.connect() as conn:
-                left = conn.execute(select(func.count()).select_from(alerts).where(alerts.c.attempts == 0)).scalar()
+            left = store.untried_alerts(self.engine)
             if not left or time.monotonic() > deadline or self.daemon.poll() is not None:
                 return left
             time.sleep(POLL_S)

@@ -34,7 +34,7 @@ from watchdog.integrations.litellm_preflight import Estimate, preflight
 from watchdog.sdk.client import Watchdog
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.run import Run
-from watchdog.store import joined as store
+from watchdog.store import joined
 from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.integrations.litellm")
@@ -137,11 +137,11 @@ class WatchdogProxyHandler(CustomLogger):
         with self._lock:
             run = self.runs.get(trace)
         if run is not None:
-            status = store.own_status(wd.writer, run.id)
+            status = joined.own_status(wd.writer, run.id)
             if status is not None and quietly_ended(status[0], status[1]):
                 run, status = self._new_run(trace, run.agent, fresh=True), None
             return self._check_own(run, estimate, status)
-        state = store.run_state(wd.engine, trace)
+        state = joined.run_state(wd.engine, trace)
         if state is None:
             return self._check_own(self._new_run(trace, agent), estimate)
         return self._check_joined(state, estimate)
@@ -149,7 +149,7 @@ class WatchdogProxyHandler(CustomLogger):
     def _check_own(self, run: Run, estimate: Estimate,
                    status: tuple[str, str | None, str | None] | None = None) -> str | None:
         if status is None and run.status is not None and run.steps:  # a new run needs no read
-            status = store.own_status(self.wd().writer, run.id)
+            status = joined.own_status(self.wd().writer, run.id)
         if status is not None and status[0] == lc.PAUSED:
             return f"agent-watchdog: run stopped: paused (run {run.id[:8]} waits for a human to approve more budget)"
         if status is not None and status[0] not in (lc.RUNNING, lc.PAUSED):
@@ -163,7 +163,7 @@ class WatchdogProxyHandler(CustomLogger):
             return refusal(stop.reason, stop.detail)
         return None
 
-    def _check_joined(self, state: store.RunState, estimate: Estimate) -> str | None:
+    def _check_joined(self, state: joined.RunState, estimate: Estimate) -> str | None:
         if state.status != lc.RUNNING:
             if quietly_ended(state.status, state.stop_reason) and state.source == SOURCE:
                 # The callback's own run of this trace ended by silence: the next call is a new run.
@@ -179,7 +179,7 @@ class WatchdogProxyHandler(CustomLogger):
             guard.used["steps"] = max(guard.used["steps"], state.steps)
             guard.used["tokens"] = max(guard.used.get("tokens", 0), state.tokens)
             guard.used["cost_eur"] = max(guard.used["cost_eur"], state.cost_eur)
-        started = self.wd().writer.dialect.parse_ts(state.started_at) or utcnow()
+        started = state.started_at or utcnow()  # aware UTC, as the store reads it
         try:
             guard.before_model(estimate.cost_eur, max(0.0, (utcnow() - started).total_seconds()), estimate.tokens)
         except RunKilled as stop:
@@ -234,10 +234,10 @@ class WatchdogProxyHandler(CustomLogger):
             except RunKilled:
                 pass  # the next call is refused
             return
-        if store.run_state(wd.engine, trace) is None:
+        if joined.run_state(wd.engine, trace) is None:
             return
         call_id = _name(kwargs.get("litellm_call_id"), 128)
-        store.append_witness_event(wd.engine, trace, source=SOURCE, kind=lc.EV_STEP, at=utcnow(), call_id=call_id,
+        joined.append_witness_event(wd.engine, trace, source=SOURCE, kind=lc.EV_STEP, at=utcnow(), call_id=call_id,
                                    model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
         with self._lock:
             guard = self.guards.get(trace)

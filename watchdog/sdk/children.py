@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.errors import RunKilled
-from watchdog.store.lineage import parent_sql
+from watchdog.store.lineage import parent_run
 
 if TYPE_CHECKING:
     from watchdog.sdk.client import Watchdog
@@ -89,23 +89,20 @@ def spent_in_process(parent: Run) -> dict[str, float]:
 
 def from_store(wd: Watchdog, parent_id: str) -> tuple[tuple[str, ...], bud.Budgets, dict[str, float]]:
     """(ancestor ids nearest first, the parent's budgets left) for a child in another process."""
-    d = wd.writer.dialect
-    cols, sql = parent_sql(d)
-    rows = wd.writer.query(sql, (parent_id,))
-    if not rows:
+    parent = parent_run(wd.writer, parent_id)
+    if parent is None:
         raise ValueError(f"parent_id: no run {parent_id!r} in the store")
-    row = dict(zip(cols, rows[0]))
-    if row["status"] not in lc.ACTIVE_STATUSES:
-        raise ValueError(f"parent_id: run {parent_id[:8]} already ended ({row['status']}): a child needs a live parent")
+    if parent.status not in lc.ACTIVE_STATUSES:
+        raise ValueError(f"parent_id: run {parent_id[:8]} already ended ({parent.status}): a child needs a live parent")
     chain = [parent_id]
-    up = row["parent_id"]
+    up = parent.parent_id
     while up and up not in chain and len(chain) < MAX_DEPTH:
         chain.append(up)
-        found = wd.writer.query(sql, (up,))
-        up = found[0][cols.index("parent_id")] if found else None
-    budgets = bud.for_run(wd.config().profile(row["agent"]), row)
-    started = d.parse_ts(row["started_at"])
+        found = parent_run(wd.writer, up)
+        up = found.parent_id if found else None
+    budgets = bud.for_run(wd.config().profile(parent.agent), parent.budget_row())
+    started = parent.started_at
     age_s = (dt.datetime.now(dt.timezone.utc) - started).total_seconds() if started else 0.0
-    spent = {"steps": row["steps"], "tool_calls": row["tool_calls"], "cost_eur": row["cost_eur"], "age_s": age_s,
-             "tokens": (row["tokens_in"] or 0) + (row["tokens_out"] or 0)}
+    spent = {"steps": parent.steps, "tool_calls": parent.tool_calls, "cost_eur": parent.cost_eur, "age_s": age_s,
+             "tokens": parent.tokens}
     return tuple(chain), budgets, left_of(budgets, spent)

@@ -27,14 +27,13 @@ words written to steer whichever model reads them).
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from watchdog.core.lifecycle import Circuit
 from watchdog.store import probes
+from watchdog.store.probes import CircuitState
 from watchdog.core.clock import utcnow
 
 if TYPE_CHECKING:
@@ -46,18 +45,9 @@ ALLOW = "allow"  # closed (or the row vanished): call the tool as usual
 PROBE = "probe"  # this call is the one half-open probe: one attempt, no retries
 
 
-@dataclass(frozen=True)
-class CircuitState:
-    tool: str
-    state: str  # open | half_open
-    open_until: dt.datetime | None
-    errors: int
-    window_s: float | None
-    error_class: str | None  # the most common error's class: all another run is told
-    probe_run_id: str | None = None
+class Circuits:
+    """The circuits the daemon opened, as this process sees them: cached for `cache_s`."""
 
-
-class CircuitView:
     def __init__(self, writer: Writer, cache_s: float = CIRCUIT_CACHE_MAX_S) -> None:
         if isinstance(cache_s, bool) or not isinstance(cache_s, (int, float)) or cache_s < 0:
             raise ValueError(f"circuit_cache_s: expected a number of seconds >= 0, got {cache_s!r}")
@@ -66,9 +56,6 @@ class CircuitView:
         self._states: dict[str, CircuitState] = {}
         self._loaded_at = float("-inf")
         self._lock = threading.Lock()
-        d = writer.dialect
-        self._select = writer.sql.select_circuits
-        self._parse_ts = d.parse_ts
 
     def refresh(self, force: bool = False) -> None:
         """Reload the non-closed circuits when the cache is older than `cache_s` (or `force`)."""
@@ -79,15 +66,13 @@ class CircuitView:
             if not force and now - self._loaded_at < self.cache_s:  # another thread just did
                 return
             try:
-                rows = self.writer.query(self._select)
+                states = probes.open_circuits(self.writer)
             except Exception:
                 # Store down: keep what we knew and do not ask again before the cache
                 # expires, so an outage costs one failed query per `cache_s`, not one per call.
                 self._loaded_at = now
                 return
-            self._states = {
-                r[0]: CircuitState(r[0], r[1], self._parse_ts(r[2]), r[3] or 0, r[4], r[5], r[6]) for r in rows
-            }
+            self._states = states
             self._loaded_at = now
 
     def get(self, tool: str) -> "CircuitGate | None":
@@ -134,8 +119,8 @@ class CircuitView:
 class CircuitGate:
     """One call's look at a non-closed circuit."""
 
-    def __init__(self, view: CircuitView, st: CircuitState) -> None:
-        self.view = view
+    def __init__(self, circuits: Circuits, st: CircuitState) -> None:
+        self.circuits = circuits
         self.st = st
 
     def admit(self, run_id: str) -> str | None:
@@ -145,10 +130,10 @@ class CircuitGate:
             return None
         if st.probe_run_id is not None:  # claimed (maybe by this run): until the daemon judges it
             return None
-        verdict = self.view.claim_probe(st.tool, run_id)
+        verdict = self.circuits.claim_probe(st.tool, run_id)
         if verdict is None:
             # Lost the race: word the refusal from what the circuit is now.
-            self.st = self.view.state(st.tool) or st
+            self.st = self.circuits.state(st.tool) or st
         return verdict
 
     def message(self, tool: str | None = None) -> str:

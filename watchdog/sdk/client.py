@@ -27,7 +27,7 @@ from watchdog.core.config import load as load_config
 from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name, validate_record_errors
 from watchdog.errors import ConfigError, RunKilled, StoreError, StoreMisconfigured, ToolUnavailable
 from watchdog.sdk.attest import socket_path
-from watchdog.sdk.circuits import CIRCUIT_CACHE_MAX_S, CircuitView
+from watchdog.sdk.circuits import CIRCUIT_CACHE_MAX_S, Circuits
 from watchdog.sdk.inflight import InflightTools
 from watchdog.store.engine import make_engine, misconfiguration, normalise_url
 from watchdog.store.agent_writes import POOL_SIZE, Writer
@@ -122,7 +122,7 @@ class Watchdog:
         self.inflight = InflightTools(self)
         # Records buffered during an outage get one last chance when the agent exits.
         atexit.register(_flush_at_exit, weakref.ref(self))
-        self.circuits = CircuitView(self.writer, cache_s=CIRCUIT_CACHE_MAX_S if circuit_cache_s is None else circuit_cache_s)
+        self.circuits = Circuits(self.writer, cache_s=CIRCUIT_CACHE_MAX_S if circuit_cache_s is None else circuit_cache_s)
         if circuit_cache_s is None:  # follow the daemon's tick: a circuit it opens is seen within one tick
             self.circuits.cache_s = min(CIRCUIT_CACHE_MAX_S, self.config().daemon.tick_s)
 

@@ -79,14 +79,14 @@ class InflightTools:
     def _poll(self, in_flight: list[Run]) -> None:
         """Set `cancelled` on the runs (with a tool in flight) whose row, or an ancestor's, says stop."""
         from watchdog.sdk.children import obeyed_stop
-        from watchdog.store.lineage import poll_sql
+        from watchdog.store.lineage import poll_statuses
 
         ids = sorted({i for run in in_flight for i in run.lineage.ids})
         try:
-            rows = self.wd.writer.query(poll_sql(self.wd.writer.dialect, len(ids)), tuple(ids))
+            rows = poll_statuses(self.wd.writer, ids)
         except Exception:  # noqa: BLE001 — the store is down: the tool's own record will see the stop
             return
-        by_id = {r[3]: r for r in rows}
+        by_id = {r.id: r for r in rows}
         for run in in_flight:
             for rid in run.lineage.ids:  # its own row first, then its ancestors'
                 row = by_id.get(rid)

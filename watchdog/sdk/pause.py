@@ -4,7 +4,7 @@ The record that finds its run `paused` (the daemon paused it, or its own guard d
 does not return: its thread waits on a condition, waking once a second to re-read
 the run's status (one short SELECT, no busy loop), and keeps the run's `last_seen_at`
 fresh so the pause is never mistaken for a hang. `resume` → the run's raised budgets
-are read back and the record returns; `kill` or the approval timeout → RunKilled.
+are read back and the record returns; `kill` or the pause's timeout → RunKilled.
 
 No model or tool call goes through while paused: every record of the run (and of its
 child runs, which see their ancestors' status) waits here.
@@ -85,7 +85,7 @@ class Hold:
                                             f"approval_timeout_s)", row[3])
                 continue
             try:
-                rows = run.wd.writer.query(run.lineage.status_sql, run.lineage.status_params)
+                rows = run.wd.writer.query(*run.lineage.status())
             except Exception as exc:  # noqa: BLE001 — the store is down: stay held, a pause is a pause
                 if not warned:
                     log.warning("agent-watchdog: run %s is paused and the store is unreachable (%s); "
@@ -102,9 +102,8 @@ class Hold:
         if now - self._beat_at < every:
             return
         self._beat_at = now
-        d = self.run.wd.writer.dialect
         try:
-            self.run.wd.writer.transaction([(self.run.lineage.beat_sql, (d.seen(utcnow()), *self.run.lineage.ids))])
+            self.run.wd.writer.transaction([self.run.lineage.beat(utcnow())])
         except Exception:  # noqa: BLE001 — a keep-alive: the next one may get through
             pass
 
@@ -116,7 +115,7 @@ class Hold:
         """No daemon answered: stop the run with the reason it paused for."""
         run = self.run
         try:
-            run.wd.writer.transaction([(run.lineage.give_up_sql, (run.wd.writer.dialect.seen(utcnow()), run.id))])
+            run.wd.writer.transaction([run.lineage.give_up(utcnow())])
         except Exception:  # noqa: BLE001 — stopping locally is what matters; the end record is buffered
             pass
         stop = RunKilled(row[1] or lc.MANUAL, f"{row[2] or ''} (nobody answered the pause within "
@@ -129,18 +128,16 @@ class Hold:
         """A resumed run's raised budgets, read back: the guards hold it to them from now on."""
         run = self.run
         try:
-            rows = run.wd.writer.query(run.lineage.budgets_sql, (run.id,))
+            found = run.lineage.read_budgets(run.wd.writer)
         except Exception:  # noqa: BLE001 — keep the old budgets: the daemon judges by the new ones
             return
-        if not rows:
+        if found is None:
             return
-        *values, resumes = rows[0]
-        asked = {k: v for k, v in zip(bud.RUN_BUDGET_KEYS, values) if v is not None}
+        asked, resumes = found
         run._set_budgets(bud.effective(run.profile, asked, raised=bool(resumes)))
 
 
 def pause_statements(run: Run, stop: RunKilled, now: dt.datetime) -> list[Statement]:
     """running → paused, written by the run's own guard: the status only (the daemon records and
     alerts a pause it did not request), then the status the run must obey."""
-    return [(run.lineage.pause_sql, (stop.reason, stop.detail, run.wd.writer.dialect.seen(now), run.id)),
-            (run.lineage.status_sql, run.lineage.status_params)]
+    return run.lineage.pause(stop.reason, stop.detail, now)

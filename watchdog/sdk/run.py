@@ -118,7 +118,7 @@ class Run:
         )
         statements = [(self.wd.writer.sql.insert_run, params)]
         if self.parent_id is not None:
-            statements.append((self.lineage.parent_sql, (self.parent_id, self.id)))
+            statements.append(self.lineage.set_parent(self.parent_id))
         try:
             self.wd.write(statements, raise_conflict=True)
         except StoreMisconfigured:
@@ -288,7 +288,7 @@ class Run:
         text = result if isinstance(result, str) else json.dumps(result, default=str, ensure_ascii=False)
         text = text[:PARTIAL_MAX_CHARS]
         self.partial_result = text
-        self.wd.write([(self.lineage.partial_sql, (text, self.id))])
+        self.wd.write([self.lineage.partial(text)])
 
     # -- records ---------------------------------------------------------------
 
@@ -424,10 +424,8 @@ class Run:
         RunKilled and lingers is still taken down by the daemon's ladder. Only the
         stop request is written: the daemon records it and composes the alert.
         """
-        from watchdog.sdk.guardstop import statements
-
         try:
-            self.wd.write(statements(self, stop, utcnow()))
+            self.wd.write(self.lineage.stop_request(stop.reason, stop.detail, utcnow()))
         except Exception:  # noqa: BLE001 — a stop must never fail for want of bookkeeping
             pass
 

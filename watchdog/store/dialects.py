@@ -48,6 +48,15 @@ class Dialect:
     # run's rows): larger batches, shorter pauses, just enough to leave the disk to the agents.
     prune_rows_per_batch: ClassVar[int]
     prune_pause_ratio: ClassVar[float]
+    # The store is a local file (SQLite), not a server: it is never down, only missing, so a
+    # daemon checks it at start instead of waiting for it; a writer's first connection changes
+    # the file (it becomes a WAL database), so its tables are checked read-only first; and the
+    # agents' group shares its files (watchdog.store.access).
+    embedded: ClassVar[bool] = False
+
+    def read_only_connect_args(self) -> dict[str, Any]:
+        """What makes a connection unable to write, beyond `make_engine(read_only=True)`."""
+        return {}
 
     def ts(self, value: dt.datetime) -> Any:
         """A timestamp as the driver binds it."""
@@ -97,6 +106,7 @@ class SQLiteDialect(Dialect):
     returning = sqlite3.sqlite_version_info >= (3, 35)
     prune_rows_per_batch = 2000
     prune_pause_ratio = 1.0
+    embedded = True
 
     def ts(self, value: dt.datetime) -> str:
         # SQLite has no timestamp type: naive UTC text, the format of the table contract.
@@ -140,6 +150,11 @@ class PostgresDialect(Dialect):
     prune_rows_per_batch = 10000
     prune_pause_ratio = 0.1
 
+    def read_only_connect_args(self) -> dict[str, Any]:
+        # Every transaction read-only, whatever the role may do (the web view's viewer role cannot
+        # write anyway; a URL naming another role still cannot).
+        return {"options": "-c default_transaction_read_only=on"}
+
     def seen(self, value: dt.datetime) -> None:
         # None: the server's now() when the transaction runs (a record replayed after an outage
         # is dated by its replay, in order, and GREATEST keeps last_seen_at from going back).
@@ -173,3 +188,10 @@ def for_name(name: str) -> Dialect:
 def of(bind: Engine | Connection) -> Dialect:
     """The backend of an engine or a connection."""
     return for_name(bind.dialect.name)
+
+
+def for_url(url: str) -> Dialect:
+    """The backend a store URL names (`sqlite:///runs.db`, `postgresql+psycopg://...`)."""
+    from sqlalchemy.engine import make_url
+
+    return for_name(make_url(url).get_backend_name())

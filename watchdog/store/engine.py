@@ -12,7 +12,9 @@ import stat
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine, make_url
+# Engine and Connection are re-exported: the type of an engine and a connection on the sides that
+# never import SQLAlchemy (the CLI, the web view, the demo, the gateways, the SDK).
+from sqlalchemy.engine import Connection as Connection, Engine as Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 

@@ -5,7 +5,15 @@ Rendered once per dialect (the SDK's write path, watchdog.store.agent_writes, ru
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from watchdog.core import lifecycle as lc
+from watchdog.store.dialects import Dialect
+from watchdog.store.lineage import Writer
 
 STATE_COLUMNS = ("status", "stop_reason", "stop_detail", "steps", "tool_calls", "last_seen_at")
 
@@ -20,12 +28,13 @@ class ExecRunState:
     last_seen_at: object  # compared for change only: text on SQLite, a datetime on PostgreSQL
 
 
-def state_sql(dialect) -> str:
+@functools.cache
+def state_sql(dialect: Dialect) -> str:
     ph = dialect.ph
     return f"SELECT {', '.join(STATE_COLUMNS)} FROM runs WHERE id = {ph}"
 
 
-def read_state(writer, run_id: str) -> ExecRunState | None:
+def read_state(writer: Writer, run_id: str) -> ExecRunState | None:
     """The run's row as exec needs it, or None when it is not there (deleted under us)."""
     rows = writer.query(state_sql(writer.dialect), (run_id,))
     if not rows:
@@ -34,13 +43,12 @@ def read_state(writer, run_id: str) -> ExecRunState | None:
     return ExecRunState(str(status), reason, detail, int(steps or 0), int(calls or 0), seen)
 
 
-def active_exec_roots(conn, host: str, kill_mode: str) -> list[tuple[str, int, float]]:
+def active_exec_roots(conn: Connection, host: str, kill_mode: str) -> list[tuple[str, int, float]]:
     """(run id, pid, create time) of this host's active exec'd runs of `kill_mode` (the daemon
     remembers their trees: watchdog.daemon.runtree.TreeMemory). Candidates only: what the
     daemon acts on is checked against the sealed attestation."""
     from sqlalchemy import and_, select
 
-    from watchdog.core import lifecycle as lc
     from watchdog.store.schema import runs
 
     q = select(runs.c.id, runs.c.pid, runs.c.pid_create_time).where(and_(
@@ -49,10 +57,14 @@ def active_exec_roots(conn, host: str, kill_mode: str) -> list[tuple[str, int, f
     return [(r.id, r.pid, r.pid_create_time) for r in conn.execute(q)]
 
 
-def killed_child(writer, run_id: str) -> tuple[str, str | None] | None:
+@functools.cache
+def _killed_child_sql(dialect: Dialect) -> str:
+    return (f"SELECT stop_reason, stop_detail FROM runs WHERE parent_id = {dialect.ph} AND status = '{lc.KILLED}' "
+            f"AND stop_reason IS NOT NULL ORDER BY ended_at DESC LIMIT 1")
+
+
+def killed_child(writer: Writer, run_id: str) -> tuple[str, str | None] | None:
     """(stop reason, detail) of a child run of `run_id` that was stopped (an in-process guard of
     the SDK inside exec's command, holding it to exec's run's budgets), or None."""
-    ph = writer.dialect.ph
-    rows = writer.query(f"SELECT stop_reason, stop_detail FROM runs WHERE parent_id = {ph} AND status = 'killed' "
-                        f"AND stop_reason IS NOT NULL ORDER BY ended_at DESC LIMIT 1", (run_id,))
+    rows: list[Any] = writer.query(_killed_child_sql(writer.dialect), (run_id,))
     return (str(rows[0][0]), rows[0][1]) if rows else None

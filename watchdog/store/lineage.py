@@ -1,15 +1,36 @@
 """The SQL of one run and its ancestors, for the SDK: its records' roll-up into its parents,
 the status it obeys (its own and its ancestors'), the keep-alive and budget read-back of a
-paused run, the pause a guard writes, a partial result, the in-flight status poll.
+paused run, the pause and the stop request a guard writes, a partial result, the in-flight
+status poll, the parent of a child opening in another process.
 
-Rendered once per run (the lineage is fixed when the run opens); statuses come from the
-lifecycle, never spelled here.
+Rendered once per run (the lineage is fixed when the run opens) or once per backend; statuses
+come from the lifecycle, never spelled here. A statement is `(sql, params)` for the SDK's
+Writer (watchdog.store.agent_writes): the SDK chooses how it goes (buffered through an outage
+or not), the store spells it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
+from watchdog.store.dialects import Dialect
+
+Statement = tuple[str, tuple[Any, ...]]
+
+
+class Writer(Protocol):
+    """What these verbs need of the SDK's Writer (watchdog.store.agent_writes.Writer)."""
+
+    dialect: Dialect
+    sql: Any  # the backend's AgentSQL
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
 
 _STOPPED = ", ".join(f"'{s}'" for s in (lc.STOPPING, lc.KILLED, lc.LOST))
 # The status a child's records see first: a stop anywhere in its lineage, then a pause, then its own.
@@ -17,12 +38,23 @@ _RANK = f"CASE WHEN status IN ({_STOPPED}) THEN 0 WHEN status = '{lc.PAUSED}' TH
 _HELD = f"'{lc.RUNNING}', '{lc.PAUSED}'"
 
 
+class RunStatus(NamedTuple):
+    """A run's status as the SDK obeys it (own or an ancestor's: `id` says whose)."""
+
+    status: str
+    stop_reason: str | None
+    stop_detail: str | None
+    id: str
+
+
 class Lineage:
     """The SQL of one run and its ancestors (none for a top-level run), rendered once."""
 
-    def __init__(self, dialect, run_id: str, ancestors: tuple[str, ...] = ()):
+    def __init__(self, dialect: Dialect, run_id: str, ancestors: tuple[str, ...] = ()):
         self.run_id = run_id
         self.ancestors = tuple(ancestors)
+        self._dialect = dialect
+        self._seen = dialect.seen  # a time as the store's clock placeholder takes it
         ph, greatest = dialect.ph, dialect.greatest
         ids = (run_id, *self.ancestors)
         self.ids = ids
@@ -50,28 +82,113 @@ class Lineage:
                             f"WHERE id = {ph} AND status = '{lc.PAUSED}'")
         self.partial_sql = f"UPDATE runs SET partial = {ph} WHERE id = {ph}"
 
-    def record_statements(self, counts: tuple, at) -> list:
+    def record_statements(self, counts: tuple[Any, ...], at: Any) -> list[Statement]:
         """What a record adds to the ancestors' rows, then the status the run obeys (`at`:
         Dialect.seen, the store's clock)."""
-        out = []
+        out: list[Statement] = []
         if self.ancestors:
             out.append((self.rollup_sql, (*counts, at, *self.ancestors)))
         out.append((self.status_sql, self.status_params))
         return out
 
+    def status(self) -> Statement:
+        """The status the run obeys: the first of a stop in its lineage, a pause, its own."""
+        return self.status_sql, self.status_params
 
-def poll_sql(dialect, n: int) -> str:
-    """The in-flight poll: the status of `n` runs (and ancestors) with a tool running."""
-    ph = dialect.ph
-    return f"SELECT status, stop_reason, stop_detail, id FROM runs WHERE id IN ({', '.join([ph] * n)})"
+    def set_parent(self, parent_id: str) -> Statement:
+        return self.parent_sql, (parent_id, self.run_id)
+
+    def beat(self, now: dt.datetime) -> Statement:
+        """Keep-alive of a held run and its ancestors."""
+        return self.beat_sql, (self._seen(now), *self.ids)
+
+    def pause(self, reason: str, detail: str, now: dt.datetime) -> list[Statement]:
+        """running → paused, written by the run's own guard: the status only (the daemon records
+        and alerts a pause it did not request), then the status the run must obey."""
+        return [(self.pause_sql, (reason, detail, self._seen(now), self.run_id)), self.status()]
+
+    def give_up(self, now: dt.datetime) -> Statement:
+        """paused → stopping: nobody answered the pause and no daemon stopped it."""
+        return self.give_up_sql, (self._seen(now), self.run_id)
+
+    def stop_request(self, reason: str, detail: str, now: dt.datetime) -> list[Statement]:
+        """What an in-process guard trip writes: running → stopping on the run's own row with the
+        guard's reason, nothing else (the daemon sees a stop it did not request, records it and
+        words the alert itself). Once per run at most: rendered on first use, once per backend."""
+        return [(_stop_request_sql(self._dialect), (reason, detail, self._seen(now), self.run_id))]
+
+    def partial(self, text: str) -> Statement:
+        return self.partial_sql, (text, self.run_id)
+
+    def read_budgets(self, writer: Writer) -> tuple[dict[str, float], int] | None:
+        """The run's own budget columns (the non-NULL ones) and its resumes, as a resume left
+        them; None when the row is gone."""
+        rows = writer.query(self.budgets_sql, (self.run_id,))
+        if not rows:
+            return None
+        *values, resumes = rows[0]
+        return {k: v for k, v in zip(bud.RUN_BUDGET_KEYS, values) if v is not None}, int(resumes or 0)
+
+
+@functools.cache
+def _stop_request_sql(d: Dialect) -> str:
+    ph = d.ph
+    return (f"UPDATE runs SET status = '{lc.STOPPING}', stop_reason = {ph}, stop_detail = {ph}, "
+            f"stop_requested_at = {d.clock_ph} WHERE id = {ph} AND status = '{lc.RUNNING}'")
+
+
+@functools.cache
+def _poll_sql(d: Dialect, n: int) -> str:
+    return f"SELECT status, stop_reason, stop_detail, id FROM runs WHERE id IN ({', '.join([d.ph] * n)})"
+
+
+def poll_statuses(writer: Writer, run_ids: Sequence[str]) -> list[RunStatus]:
+    """The in-flight poll: the status of the runs (and ancestors) with a tool running."""
+    if not run_ids:
+        return []
+    return [RunStatus(*r) for r in writer.query(_poll_sql(writer.dialect, len(run_ids)), tuple(run_ids))]
 
 
 PARENT_COLUMNS = ("id", "agent", "status", "parent_id", "steps", "tool_calls", "cost_eur", "tokens_in", "tokens_out",
                   "started_at", "resumes", *bud.RUN_BUDGET_KEYS)
 
 
-def parent_sql(dialect) -> tuple[tuple[str, ...], str]:
-    """(columns, SELECT) of a parent run for a child opening in another process: its status,
-    totals, budgets and own parent (the lineage is walked up with it)."""
-    ph = dialect.ph
-    return PARENT_COLUMNS, f"SELECT {', '.join(PARENT_COLUMNS)} FROM runs WHERE id = {ph}"
+@dataclass(frozen=True)
+class ParentRun:
+    """A parent run as a child opening in another process reads it: its status, totals, own
+    budgets (`asked`, the non-NULL columns) and own parent."""
+
+    id: str
+    agent: str
+    status: str
+    parent_id: str | None
+    steps: int
+    tool_calls: int
+    cost_eur: float
+    tokens: int  # in + out
+    started_at: dt.datetime | None
+    resumes: int
+    asked: dict[str, float] = field(default_factory=dict)
+
+    def budget_row(self) -> dict[str, Any]:
+        """The run as a mapping for watchdog.core.budgets.for_run."""
+        return {**self.asked, "resumes": self.resumes}
+
+
+@functools.cache
+def _parent_sql(d: Dialect) -> str:
+    return f"SELECT {', '.join(PARENT_COLUMNS)} FROM runs WHERE id = {d.ph}"
+
+
+def parent_run(writer: Writer, run_id: str) -> ParentRun | None:
+    """The run `run_id` as a parent, or None when the store has no such run."""
+    rows = writer.query(_parent_sql(writer.dialect), (run_id,))
+    if not rows:
+        return None
+    m = dict(zip(PARENT_COLUMNS, rows[0]))
+    return ParentRun(
+        id=m["id"], agent=m["agent"], status=m["status"], parent_id=m["parent_id"], steps=int(m["steps"] or 0),
+        tool_calls=int(m["tool_calls"] or 0), cost_eur=float(m["cost_eur"] or 0.0),
+        tokens=int(m["tokens_in"] or 0) + int(m["tokens_out"] or 0),
+        started_at=writer.dialect.parse_ts(m["started_at"]), resumes=int(m["resumes"] or 0),
+        asked={k: m[k] for k in bud.RUN_BUDGET_KEYS if m[k] is not None})

@@ -1,27 +1,49 @@
-"""The two writes the SDK makes about a tool's circuit, both in `circuit_probes` (agents may
-insert there and mark their own claim; they never write `tool_circuits`, whose state only the
-daemon changes): claim the half-open probe, and mark that probe as succeeded. The claim is an
-INSERT keyed by (tool, open period), so of any number of callers in any number of processes
-exactly one wins each open period (the rest of the circuits' SQL is the daemon's)."""
+"""The SDK's side of the tool circuits: its read of the circuits that are not closed, and its
+two writes, both in `circuit_probes` (agents may insert there and mark their own claim; they
+never write `tool_circuits`, whose state only the daemon changes): claim the half-open probe,
+and mark that probe as succeeded. The claim is an INSERT keyed by (tool, open period), so of
+any number of callers in any number of processes exactly one wins each open period (the rest
+of the circuits' SQL is the daemon's)."""
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 from sqlalchemy import String, and_, literal, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 
 from watchdog.core.lifecycle import Circuit
+from watchdog.store import dialects
+from watchdog.store.lineage import Writer
 from watchdog.store.schema import UTCDateTime, circuit_probes as p, tool_circuits as t
+
+
+@dataclass(frozen=True)
+class CircuitState:
+    """A circuit that is not closed, as the SDK decides a call by it."""
+
+    tool: str
+    state: str  # open | half_open
+    open_until: dt.datetime | None
+    errors: int
+    window_s: float | None
+    error_class: str | None  # the most common error's class: all another run is told
+    probe_run_id: str | None = None
+
+
+def open_circuits(writer: Writer) -> dict[str, CircuitState]:
+    """The circuits that are not closed, by tool: open or half-open, a probe marked ok counting
+    as closed (the SDK's pre-rendered statement, AgentSQL.select_circuits: no query per call)."""
+    parse = writer.dialect.parse_ts
+    return {r[0]: CircuitState(r[0], r[1], parse(r[2]), r[3] or 0, r[4], r[5], r[6])
+            for r in writer.query(writer.sql.select_circuits)}
 
 
 def claim_probe(engine: Engine, tool: str, run_id: str, now: dt.datetime) -> tuple[bool, str | None]:
     """(won, the circuit's state when lost: None if the row is gone)."""
-    insert = sqlite_insert if engine.dialect.name == "sqlite" else pg_insert
     # The open period is copied from the circuit's row, and only while the row is claimable.
-    claim = insert(p).from_select(
+    claim = dialects.of(engine).insert(p).from_select(
         ["tool", "opened_at", "run_id", "claimed_at"],
         select(t.c.tool, t.c.opened_at, literal(run_id, String(32)), literal(now, UTCDateTime()))
         .where(t.c.tool == tool, t.c.opened_at.is_not(None), t.c.probe_run_id.is_(None),

@@ -11,9 +11,10 @@ arguments never appear: `args_hash` does.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Iterator
+from typing import Any, Iterator
 
 from sqlalchemy import select
+from sqlalchemy.engine import Connection
 
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
@@ -29,11 +30,14 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.timezone.utc).isoformat() if value else None
 
 
-def _sort_key(at: dt.datetime | None):
+Line = dict[str, Any]
+
+
+def _sort_key(at: dt.datetime | None) -> dt.datetime:
     return at or dt.datetime.min.replace(tzinfo=dt.timezone.utc)
 
 
-def run_lines(conn, run_id: str, *, children: bool = True) -> Iterator[dict]:
+def run_lines(conn: Connection, run_id: str, *, children: bool = True) -> Iterator[Line]:
     """The trace of one run (and, with `children`, of its child runs after it)."""
     row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
     if row is None:
@@ -41,7 +45,7 @@ def run_lines(conn, run_id: str, *, children: bool = True) -> Iterator[dict]:
     yield from _tree(conn, row, children, seen=set(), depth=0)
 
 
-def _tree(conn, row, children: bool, seen: set, depth: int) -> Iterator[dict]:
+def _tree(conn: Connection, row: Any, children: bool, seen: set[str], depth: int) -> Iterator[Line]:
     seen.add(row.id)
     yield from _one(conn, row)
     if not children or depth >= MAX_DEPTH:
@@ -51,15 +55,14 @@ def _tree(conn, row, children: bool, seen: set, depth: int) -> Iterator[dict]:
             yield from _tree(conn, child, children, seen, depth + 1)
 
 
-def _one(conn, row) -> Iterator[dict]:
+def _one(conn: Connection, row: Any) -> Iterator[Line]:
     base = {"run_id": row.id, "parent_id": row.parent_id}
     yield {**base, "at": _iso(row.started_at), "event": "run_started", "agent": row.agent,
            "kill_mode": row.kill_mode, "host": row.host, "pid": row.pid, "labels": row.labels,
            "budgets": {k: getattr(row, k) for k in bud.RUN_BUDGET_KEYS if getattr(row, k) is not None}}
     ivs = conn.execute(select(interventions).where(interventions.c.run_id == row.id)
                        .order_by(interventions.c.at, interventions.c.id)).all()
-    pending = [(i.at, _intervention(base, i)) for i in ivs]
-    pending = [p for p in pending if p[1] is not None]
+    pending = [(i.at, line) for i in ivs if (line := _intervention(base, i)) is not None]
     k = 0
     q = select(events).where(events.c.run_id == row.id).order_by(events.c.seq)
     for e in conn.execute(q):
@@ -75,7 +78,7 @@ def _one(conn, row) -> Iterator[dict]:
                "tool_calls": row.tool_calls, "cost_eur": round(row.cost_eur, 6), "partial": row.partial}
 
 
-def _event(base: dict, e) -> dict:
+def _event(base: Line, e: Any) -> Line:
     line = {**base, "at": _iso(e.at), "seq": e.seq}
     if e.kind == lc.EV_STEP:
         return {**line, "event": "model_call", "model": e.model, "tokens_in": e.tokens_in,
@@ -86,7 +89,7 @@ def _event(base: dict, e) -> dict:
     return {**line, "event": "heartbeat", "progress": e.progress}
 
 
-def _intervention(base: dict, i) -> dict | None:
+def _intervention(base: Line, i: Any) -> Line | None:
     line = {**base, "at": _iso(i.at), "by": i.actor}
     if i.action in _STOPS:
         return {**line, "event": "stop_requested", "reason": i.reason, "detail": i.detail, "outcome": i.outcome}

@@ -2,32 +2,37 @@
 
 Reads only (every caller holds a read connection): the facts of a postmortem, a run's
 tool-call timeline, its alerts with their per-target delivery, the daemon's published period
-state. Rendering is elsewhere (watchdog.core.postmortem, watchdog.core.timeline_svg).
+state, the active runs `top` shows with their calls of the last minute, the circuit breakers.
+Rows cross as typed rows (watchdog.store.rows). Rendering is elsewhere (watchdog.core.postmortem,
+watchdog.core.timeline_svg, watchdog.cli).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select
+from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.timeline_svg import MAX_MARKS, Call, Spend
-from watchdog.store import settings as published
+from watchdog.store.rows import AlertRow, CircuitRow, EventRow, InterventionRow, OtherRun, RunRow
 from watchdog.store.schema import alerts, events, interventions, runs, tool_circuits
+from watchdog.store.settings import get_with_time
 from watchdog.store.views import load_run
 
 MAX_SPEND_ROWS = 50_000  # the cost line of a huge run: its first priced steps (the chart is ~700 px wide)
 STALE_S = 120.0  # an older published period state (a stopped daemon) gives no burn rates
 
 
-def published_state(conn: Any, now: dt.datetime) -> dict | None:
+def published_state(conn: Connection, now: dt.datetime) -> dict[str, Any] | None:
     """The daemon's last published period state (its burn rates), unless stale."""
     from watchdog.core.periods import STATE_KEY
 
-    row = published.get_with_time(conn, STATE_KEY)
+    row = get_with_time(conn, STATE_KEY)
     if row is None or not isinstance(row.value, dict) or row.updated_at is None:
         return None
     return row.value if 0 <= (now - row.updated_at).total_seconds() < STALE_S else None
@@ -35,32 +40,39 @@ def published_state(conn: Any, now: dt.datetime) -> dict | None:
 
 @dataclass(frozen=True)
 class PostmortemFacts:
-    row: Any
-    events: list
-    interventions: list
-    circuit: list  # circuit-breaker interventions (no run) on this run's tools while it ran
-    others: list  # the runs that overlapped it
-    alerts: list
+    row: RunRow
+    events: list[EventRow]
+    interventions: list[InterventionRow]
+    circuit: list[InterventionRow]  # circuit-breaker interventions (no run) on this run's tools while it ran
+    others: list[OtherRun]  # the runs that overlapped it
+    alerts: list[AlertRow]
 
 
-def postmortem_facts(conn: Any, run_id: str, now: dt.datetime) -> PostmortemFacts:
+_EVENT_COLUMNS = [events.c[k] for k in EventRow.__dataclass_fields__]
+_ALERT_COLUMNS = [alerts.c[k] for k in AlertRow.__dataclass_fields__]
+
+
+def postmortem_facts(conn: Connection, run_id: str, now: dt.datetime) -> PostmortemFacts:
     row = load_run(conn, run_id)
-    evs = conn.execute(select(events).where(events.c.run_id == row.id).order_by(events.c.seq)).all()
-    ivs = conn.execute(select(interventions).where(interventions.c.run_id == row.id)
-                       .order_by(interventions.c.id)).all()
+    evs = [EventRow.from_mapping(e._mapping) for e in conn.execute(
+        select(*_EVENT_COLUMNS).where(events.c.run_id == row.id).order_by(events.c.seq))]
+    ivs = [InterventionRow.from_mapping(i._mapping) for i in conn.execute(
+        select(interventions).where(interventions.c.run_id == row.id).order_by(interventions.c.id))]
     end = row.ended_at or now
     tools = sorted({e.tool for e in evs if e.kind == lc.EV_TOOL and e.tool is not None})
-    circ = conn.execute(select(interventions).where(and_(
+    circ = [InterventionRow.from_mapping(i._mapping) for i in conn.execute(select(interventions).where(and_(
         interventions.c.tool.in_(tools or [""]), interventions.c.run_id.is_(None),
-        interventions.c.at >= row.started_at, interventions.c.at <= end)).order_by(interventions.c.id)).all()
-    others = conn.execute(select(runs.c.id, runs.c.agent, runs.c.status, runs.c.stop_reason).where(and_(
-        runs.c.id != row.id, runs.c.started_at <= end,
-        or_(runs.c.ended_at.is_(None), runs.c.ended_at >= row.started_at)))).all()
-    sent = conn.execute(select(alerts).where(alerts.c.run_id == row.id).order_by(alerts.c.id)).all()
+        interventions.c.at >= row.started_at, interventions.c.at <= end)).order_by(interventions.c.id))]
+    others = [OtherRun(r.id, r.agent, r.status, r.stop_reason) for r in conn.execute(
+        select(runs.c.id, runs.c.agent, runs.c.status, runs.c.stop_reason).where(and_(
+            runs.c.id != row.id, runs.c.started_at <= end,
+            or_(runs.c.ended_at.is_(None), runs.c.ended_at >= row.started_at))))]
+    sent = [AlertRow.from_mapping(a._mapping) for a in conn.execute(
+        select(*_ALERT_COLUMNS).where(alerts.c.run_id == row.id).order_by(alerts.c.id))]
     return PostmortemFacts(row, evs, ivs, circ, others, sent)
 
 
-def timeline(conn: Any, run_id: str) -> tuple[list[Call], list[Spend]]:
+def timeline(conn: Connection, run_id: str) -> tuple[list[Call], list[Spend]]:
     """A run's tool calls (the first MAX_MARKS + 1: the chart says when it cut) and priced steps, in order."""
     calls = [Call(r.at, r.tool or "?", r.ok, r.args_hash) for r in conn.execute(
         select(events.c.at, events.c.tool, events.c.ok, events.c.args_hash)
@@ -77,7 +89,7 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.timezone.utc).isoformat() if value else None
 
 
-def run_alerts(conn: Any, run_id: str) -> list[dict]:
+def run_alerts(conn: Connection, run_id: str) -> list[dict[str, Any]]:
     """The run's alerts (composed by a daemon) and how far each got: per target, dead letter, error."""
     out = []
     for a in conn.execute(select(alerts).where(alerts.c.run_id == run_id).order_by(alerts.c.id)):
@@ -90,7 +102,30 @@ def run_alerts(conn: Any, run_id: str) -> list[dict]:
     return out
 
 
-def circuit_counts(conn: Any) -> dict[str, int]:
+def circuit_counts(conn: Connection) -> dict[str, int]:
     """Tool circuit breakers per state (one row per tool that ever failed: a small table)."""
     return {str(state): int(n) for state, n in
             conn.execute(select(tool_circuits.c.state, func.count()).group_by(tool_circuits.c.state))}
+
+
+def circuits(conn: Connection) -> list[CircuitRow]:
+    """Every tool's circuit breaker, by tool name (`agent-watchdog circuits`)."""
+    return [CircuitRow.from_mapping(r._mapping)
+            for r in conn.execute(select(tool_circuits).order_by(tool_circuits.c.tool))]
+
+
+def active_runs(conn: Connection) -> list[RunRow]:
+    """Every active run (running, paused, stopping): what `top` shows."""
+    return [RunRow.from_mapping(r._mapping)
+            for r in conn.execute(select(runs).where(runs.c.status.in_(lc.ACTIVE_STATUSES)))]
+
+
+def tool_calls_since(conn: Connection, run_ids: Sequence[str], since: dt.datetime) -> dict[str, int]:
+    """Per run, its tool calls recorded after `since` (runs without any are left out)."""
+    out: dict[str, int] = {}
+    for i in range(0, len(run_ids), 500):
+        q = (select(events.c.run_id, func.count()).where(and_(
+            events.c.run_id.in_(run_ids[i : i + 500]), events.c.kind == lc.EV_TOOL, events.c.at > since))
+             .group_by(events.c.run_id))
+        out.update({str(rid): int(n) for rid, n in conn.execute(q)})
+    return out

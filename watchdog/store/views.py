@@ -7,16 +7,20 @@ surface shows the same numbers.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import and_, desc, func, or_, select
+from sqlalchemy import and_, case, desc, func, or_, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGETS, effective_budgets
 from watchdog.core.config import Config
 from watchdog.errors import StoreError
-from watchdog.store import settings as published
+from watchdog.store.settings import CONFIG_KEY, get as published_value
+from watchdog.store.rows import RunRow
 from watchdog.store.schema import events, interventions, runs
 
 
@@ -26,21 +30,21 @@ class ToolStat:
     calls: int
     errors: int
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "calls": self.calls, "errors": self.errors}
 
 
-def published_profiles(conn, config: Config) -> Config:
+def published_profiles(conn: Connection, config: Config) -> Config:
     """`config` judged by the profiles the daemon published in the store.
 
     Without a config file the CLI would otherwise judge runs by the built-in
     defaults while the daemon applies its own profiles: with this, the CLI shows
     the budgets the daemon actually enforces."""
-    value = published.get(conn, published.CONFIG_KEY)
+    value = published_value(conn, CONFIG_KEY)
     return config.with_published(value)
 
 
-def resolve_run_id(conn, run_id: str) -> str:
+def resolve_run_id(conn: Connection, run_id: str) -> str:
     """A full id or a unique prefix (8 characters are usually enough)."""
     run_id = (run_id or "").strip().lower()
     if len(run_id) < 4:
@@ -51,10 +55,10 @@ def resolve_run_id(conn, run_id: str) -> str:
         raise StoreError(f"run id {run_id!r}: no such run")
     if len(rows) > 1:
         raise StoreError(f"run id {run_id!r}: ambiguous prefix, give more characters")
-    return rows[0][0]
+    return str(rows[0][0])
 
 
-def tool_stats(conn, run_ids) -> dict[str, list[ToolStat]]:
+def tool_stats(conn: Connection, run_ids: Iterable[str]) -> dict[str, list[ToolStat]]:
     """Per run, its tools by calls (then errors) descending."""
     run_ids = list(run_ids)
     out: dict[str, list[ToolStat]] = {rid: [] for rid in run_ids}
@@ -73,9 +77,7 @@ def tool_stats(conn, run_ids) -> dict[str, list[ToolStat]]:
     return out
 
 
-def _not_ok():
-    from sqlalchemy import case
-
+def _not_ok() -> ColumnElement[int]:
     return case((events.c.ok.is_(False), 1), else_=0)
 
 
@@ -83,8 +85,10 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.timezone.utc).isoformat() if value else None
 
 
-def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, budgets=None) -> dict:
-    """The public JSON record of a run (`runs --json`, `show --json`)."""
+def run_record(row: Any, tools: list[ToolStat], config: Config, now: dt.datetime,
+               budgets: Any = None) -> dict[str, Any]:
+    """The public JSON record of a run (`runs --json`, `show --json`). `row`: a RunRow, or a row
+    of `runs` as the listing reads it (not turned into a RunRow: a page may hold 100,000)."""
     budgets = budgets or effective_budgets(config.profile(row.agent), row)
     end = row.ended_at or now
     top = tools[0] if tools else None
@@ -129,10 +133,10 @@ def run_record(row, tools: list[ToolStat], config: Config, now: dt.datetime, bud
 UNREADABLE = (ValueError, TypeError, ArithmeticError)
 
 
-def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
+def list_runs(conn: Connection, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
               before: str | None = None, on_bad_row: Callable[[str, Exception], None] | None = None,
-              statuses=None, agent: str | None = None, status: str | None = None, host: str | None = None,
-              labels: dict[str, str] | None = None) -> list[dict]:
+              statuses: Iterable[str] | None = None, agent: str | None = None, status: str | None = None,
+              host: str | None = None, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run records, newest first: one page read from the (started_at, id) index; `before`: the
     last run id of the previous page. Ended runs carry their sealed top tool: only the others'
     events (active runs, runs ended since the leader's last tick) are aggregated. A row that
@@ -157,8 +161,9 @@ def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False,
         if at is None:
             raise StoreError(f"run id {before!r}: no such run")
         q = q.where(or_(runs.c.started_at < at, and_(runs.c.started_at == at, runs.c.id < before)))
+    rows: list[Any]
     try:
-        rows = conn.execute(q).all()
+        rows = list(conn.execute(q).all())
     except UNREADABLE:  # read again one row at a time, to name the bad ones and keep the rest
         rows = []
         for (run_id,) in conn.execute(q.with_only_columns(runs.c.id)).all():
@@ -168,9 +173,9 @@ def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False,
                 if on_bad_row is not None:
                     on_bad_row(run_id, exc)
     stats = tool_stats(conn, [r.id for r in rows if r.top_tool_calls is None])
-    memo: dict = {}  # few distinct (agent, own budgets) among many runs
+    memo: dict[tuple[Any, ...], Any] = {}  # few distinct (agent, own budgets) among many runs
 
-    def budgets_of(r):
+    def budgets_of(r: Any) -> Any:
         key = (r.agent, *(r._mapping[b.key] for b in RUN_BUDGETS))
         b = memo.get(key)
         if b is None:
@@ -188,24 +193,26 @@ def list_runs(conn, config: Config, now: dt.datetime, *, all_runs: bool = False,
     return out
 
 
-def sealed_tools(row) -> list[ToolStat]:
+def sealed_tools(row: Any) -> list[ToolStat]:
     """The top tool sealed on an ended run's row (watchdog.store.rollup)."""
     if not row.top_tool:
         return []
     return [ToolStat(row.top_tool, int(row.top_tool_calls), int(row.top_tool_errors or 0))]
 
 
-def load_run(conn, run_id: str):
+def load_run(conn: Connection, run_id: str) -> RunRow:
+    """The run `run_id` (a full id: see resolve_run_id); StoreError when it is missing or unreadable."""
     try:
         row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
     except UNREADABLE as exc:
         raise StoreError(f"run {run_id[:8]}: unreadable row ({' '.join(str(exc).split())[:200]})") from exc
     if row is None:
         raise StoreError(f"run id {run_id!r}: no such run")
-    return row
+    return RunRow.from_mapping(row._mapping)
 
 
-def run_detail(conn, run_id: str, config: Config, now: dt.datetime, *, last_events: int = 15) -> dict:
+def run_detail(conn: Connection, run_id: str, config: Config, now: dt.datetime, *,
+               last_events: int = 15) -> dict[str, Any]:
     row = load_run(conn, run_id)
     stats = tool_stats(conn, [row.id])[row.id]
     try:
@@ -235,7 +242,7 @@ def run_detail(conn, run_id: str, config: Config, now: dt.datetime, *, last_even
     return record
 
 
-def event_json(e) -> dict:
+def event_json(e: Any) -> dict[str, Any]:
     return {
         "seq": e.seq, "at": _iso(e.at), "kind": e.kind, "tool": e.tool, "args_hash": e.args_hash,
         "ok": e.ok, "error_class": e.error_class, "error_msg": e.error_msg, "duration_s": e.duration_s,

@@ -59,7 +59,7 @@ def store_now(conn: Connection) -> dt.datetime:
     return dialects.of(conn).db_now(conn)
 
 
-def active_runs_of(conn: Connection, source: str, host: str) -> list[tuple[str, dict | None]]:
+def active_runs_of(conn: Connection, source: str, host: str) -> list[tuple[str, dict[str, Any] | None]]:
     """(id, labels) of the active runs `source` created on `host`: what a witness rebuilds its
     key → run cache from after a restart."""
     q = select(runs.c.id, runs.c.labels).where(and_(runs.c.source == source, runs.c.host == host,
@@ -74,9 +74,9 @@ def run_ref(conn: Connection, run_id: str) -> RunRef | None:
 
 
 def create_run(conn: Connection, *, run_id: str, agent: str, source: str, host: str, kill_mode: str,
-               labels: dict | None, pid: int | None = None, pid_create_time: float | None = None,
+               labels: dict[str, Any] | None, pid: int | None = None, pid_create_time: float | None = None,
                now: dt.datetime) -> None:
-    sql = _sql(conn.dialect.name)
+    sql = _sql(dialects.of(conn))
     at = sql.dialect.ts(now)
     cur = conn.connection.cursor()
     try:
@@ -122,7 +122,7 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
     steps = [c for c in calls if c.kind == lc.EV_STEP]
     tools = [c for c in calls if c.kind == lc.EV_TOOL]
     unpriced = sum((c.tokens_in or 0) + (c.tokens_out or 0) for c in steps)
-    sql = _sql(conn.dialect.name)
+    sql = _sql(dialects.of(conn))
     at = sql.dialect.ts(now)
     # Plain SQL text rendered once per dialect, on the transaction's own DBAPI cursor (as the SDK's
     # hot path): building Core statements per request cost more than the database.
@@ -168,8 +168,7 @@ class _Sql:
 
 
 @functools.cache
-def _sql(name: str) -> _Sql:
-    d = dialects.for_name(name)
+def _sql(d: Dialect) -> _Sql:
     ph, greatest, json_ph = d.ph, d.greatest, d.json_ph
     active = ", ".join(f"'{s}'" for s in lc.ACTIVE_STATUSES)
     return _Sql(

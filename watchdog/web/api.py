@@ -17,7 +17,7 @@ from watchdog.core.periods import zone
 from watchdog.core.postmortem import render as render_postmortem
 from watchdog.errors import StoreError
 from watchdog.store import views, viewer
-from watchdog.store.engine import read_connection
+from watchdog.store.engine import Connection, Engine, read_connection
 from watchdog.store.ledger import period_report
 from watchdog.core.clock import utcnow
 from watchdog.web import pages
@@ -47,7 +47,7 @@ def _label(filters: dict[str, str]) -> dict[str, str] | None:
 
 
 class Views:
-    def __init__(self, engine: Any, config: Config, *, config_from_file: bool):
+    def __init__(self, engine: Engine, config: Config, *, config_from_file: bool):
         self.engine = engine
         self.config = config
         self.config_from_file = config_from_file
@@ -55,13 +55,13 @@ class Views:
     def _judge_by(self, conn: Any) -> Config:
         return self.config if self.config_from_file else views.published_profiles(conn, self.config)
 
-    def _resolve(self, conn: Any, run_id: str) -> str:
+    def _resolve(self, conn: Connection, run_id: str) -> str:
         try:
             return views.resolve_run_id(conn, run_id)
         except StoreError as exc:
             raise NotFound(str(exc)) from None
 
-    def _list(self, conn: Any, filters: dict[str, str], *, statuses, limit: int, before: str | None) -> list[dict]:
+    def _list(self, conn: Connection, filters: dict[str, str], *, statuses, limit: int, before: str | None) -> list[dict]:
         if before is not None:
             before = self._resolve(conn, before)
         wanted = filters.get("status")
@@ -98,7 +98,7 @@ class Views:
             rid = self._resolve(conn, run_id)
             return views.run_detail(conn, rid, self._judge_by(conn), utcnow(), last_events=last_events)
 
-    def _svg(self, conn: Any, record: dict, now: dt.datetime) -> str:
+    def _svg(self, conn: Connection, record: dict, now: dt.datetime) -> str:
         calls, spend = viewer.timeline(conn, record["id"])
         start = dt.datetime.fromisoformat(record["started_at"])
         end = dt.datetime.fromisoformat(record["ended_at"]) if record["ended_at"] else now

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from watchdog.core.config import Config
+from watchdog.store.engine import Engine
 from watchdog.web import api
 from watchdog.web.api import BadRequest, NotFound
 
@@ -53,7 +54,7 @@ _ROUTES: list[tuple[re.Pattern, str]] = [
 
 
 class WebApp:
-    def __init__(self, engine: Any, config: Config, *, config_from_file: bool, allowed_hosts: Iterable[str] = ()):
+    def __init__(self, engine: Engine, config: Config, *, config_from_file: bool, allowed_hosts: Iterable[str] = ()):
         self.views = api.Views(engine, config, config_from_file=config_from_file)
         # Host names a request may name (DNS rebinding: a page elsewhere must not read the view
         # through a name that resolves to 127.0.0.1). Empty: any.

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 import socketserver
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from watchdog.core.config import Config
 from watchdog.web.app import WebApp
+
+if TYPE_CHECKING:
+    from watchdog.store.engine import Engine
 
 log = logging.getLogger("watchdog.web")
 REQUEST_TIMEOUT_S = 30.0  # a client that stalls mid-request holds one thread that long, never the server
@@ -30,17 +33,11 @@ class _Handler(WSGIRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
 
-def open_store(url: str) -> Any:
+def open_store(url: str) -> Engine:
     """An engine that cannot write: SQLite read-only; PostgreSQL with read-only transactions."""
-    from watchdog.store.engine import make_engine, require_tables
+    from watchdog.store.access import open_read_only
 
-    if url.startswith("sqlite"):
-        engine = make_engine(url, read_only=True)
-    else:
-        engine = make_engine(url, read_only=True,
-                             connect_args={"options": "-c default_transaction_read_only=on"})
-    require_tables(engine, url)
-    return engine
+    return open_read_only(url)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -53,9 +53,8 @@ class Watch:
 
     def beat(self) -> None:
         run = self.s.run
-        d = run.wd.writer.dialect
         try:
-            run.wd.writer.transaction([(run.lineage.beat_sql, (d.seen(utcnow()), *run.lineage.ids))])
+            run.wd.writer.transaction([run.lineage.beat(utcnow())])
             st = read_state(run.wd.writer, run.id)
             if st is not None:
                 self._mine = st.last_seen_at

@@ -34,10 +34,10 @@ def _first(group: BaseExceptionGroup) -> BaseException:
 def _require_run(wd, run_id: str) -> None:
     """A --run that names no run is a mistake to say at start (every call would be refused);
     a store that cannot answer now is an outage: the proxy starts and fails open."""
-    from watchdog.store import joined as witness
+    from watchdog.store import joined
 
     try:
-        state = witness.run_status(wd.engine, run_id)
+        state = joined.run_status(wd.engine, run_id)
     except Exception as exc:  # noqa: BLE001
         logging.getLogger("watchdog.gateways.mcp").warning(
             "agent-watchdog mcp-proxy: cannot check run %s now (%s); starting anyway", run_id[:8], type(exc).__name__)

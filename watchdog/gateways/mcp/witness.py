@@ -29,7 +29,7 @@ from watchdog.sdk.client import Watchdog
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.run import Run
 from watchdog.sdk.toolcall import PendingTool
-from watchdog.store import joined as store
+from watchdog.store import joined
 from watchdog.core.clock import utcnow
 
 from watchdog.gateways.mcp import wording
@@ -120,7 +120,7 @@ class ToolWitness:
         rid = self.joined_id
         assert rid is not None
         try:
-            state = store.run_state(self.wd.engine, rid)
+            state = joined.run_state(self.wd.engine, rid)
         except Exception as exc:  # noqa: BLE001 — a store outage fails open
             self._outage(exc)
             return Admitted(name, args, call_id, rid)
@@ -139,7 +139,7 @@ class ToolWitness:
         guard = self.guard
         with guard._lock:  # the larger of the proxy's count and the run's, never their sum
             guard.used["tool_calls"] = max(guard.used["tool_calls"], state.tool_calls)
-        started = self.wd.writer.dialect.parse_ts(state.started_at) or utcnow()
+        started = state.started_at or utcnow()  # aware UTC, as the store reads it
         elapsed_s = max(0.0, (utcnow() - started).total_seconds())
         try:
             guard.before_tool(name, hash_args(args, tool=name), elapsed_s)
@@ -184,7 +184,7 @@ class ToolWitness:
         if not ok and cls is None:
             cls = "Error"
         try:
-            store.append_witness_event(
+            joined.append_witness_event(
                 self.wd.engine, call.run_id or "", source=SOURCE, kind=lc.EV_TOOL, at=utcnow(), call_id=call.call_id,
                 tool=call.name, args_hash=hash_args(call.args, tool=call.name), ok=ok, error_class=cls,
                 error_msg=msg[:500] if msg else None, duration_s=duration_s)
@@ -228,7 +228,7 @@ class ToolWitness:
 
     def _status(self, run_id: str) -> tuple[str, str | None, str | None] | None:
         try:
-            return store.own_status(self.wd.writer, run_id)
+            return joined.own_status(self.wd.writer, run_id)
         except Exception as exc:  # noqa: BLE001 — a store outage fails open
             self._outage(exc)
             return None
