@@ -32,6 +32,7 @@ from watchdog.sdk.inflight import InflightTools
 from watchdog.store.engine import make_engine, misconfiguration, normalise_url
 from watchdog.store.agent_writes import POOL_SIZE, Writer
 from watchdog.core.clock import utcnow
+from watchdog.store.lineage import Statement
 from watchdog.store.settings import CONFIG_KEY
 
 if TYPE_CHECKING:
@@ -40,9 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("watchdog.client")
 
-# One statement of a record's transaction, and a transaction (watchdog.store.agent_writes.Writer):
-# [(sql, params), ...]; the last statement's first row is what `write` returns.
-Statement = tuple[str, Sequence[Any]]
+# A transaction (watchdog.store.agent_writes.Writer): [(sql, params), ...] (store.lineage.Statement);
+# the last statement's first row is what `write` returns.
 Statements = Sequence[Statement]
 
 BUFFER_MAX_EVENTS = 10_000

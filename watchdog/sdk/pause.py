@@ -28,7 +28,7 @@ from watchdog.sdk.children import obeyed_stop
 from watchdog.core.clock import utcnow
 
 if TYPE_CHECKING:
-    from watchdog.sdk.client import Statement
+    from watchdog.store.lineage import Statement
     from watchdog.sdk.run import Run
 
 log = logging.getLogger("watchdog.client")

@@ -29,7 +29,8 @@ from watchdog.core.clock import utcnow
 
 if TYPE_CHECKING:
     from watchdog.sdk.attest import Attester
-    from watchdog.sdk.client import Statement, Watchdog
+    from watchdog.sdk.client import Watchdog
+    from watchdog.store.lineage import Statement
 
 T = TypeVar("T")
 
@@ -116,7 +117,7 @@ class Run:
             d.seen(now), d.seen(now),  # the store's clock (Dialect.clock_ph)
             self.source,
         )
-        statements = [(self.wd.writer.sql.insert_run, params)]
+        statements: list[Statement] = [(self.wd.writer.sql.insert_run, params)]
         if self.parent_id is not None:
             statements.append(self.lineage.set_parent(self.parent_id))
         try:

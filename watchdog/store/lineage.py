@@ -21,7 +21,7 @@ from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.store.dialects import Dialect
 
-Statement = tuple[str, tuple[Any, ...]]
+Statement = tuple[str, Sequence[Any]]  # (SQL, its parameters): one step of a record's transaction
 
 
 class Writer(Protocol):
