@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
@@ -21,6 +22,11 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from watchdog.core.text import url_without_password
 from watchdog.errors import StoreError
 
+if TYPE_CHECKING:
+    import sqlite3
+
+    from sqlalchemy.pool import ConnectionPoolEntry
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -28,7 +34,7 @@ def _lenient_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
-def _sqlite_pragmas(dbapi_conn, _record, read_only: bool = False):
+def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry, read_only: bool = False) -> None:
     # Let the driver issue no BEGIN of its own: we emit BEGIN IMMEDIATE ourselves.
     dbapi_conn.isolation_level = None
     # SQLite stores whatever bytes a writer hands it as TEXT; the driver's own decoding fails
@@ -45,7 +51,7 @@ def _sqlite_pragmas(dbapi_conn, _record, read_only: bool = False):
     cur.close()
 
 
-def _sqlite_begin(conn):
+def _sqlite_begin(conn: Connection) -> None:
     # A deferred BEGIN that reads then writes fails at once with SQLITE_BUSY_SNAPSHOT,
     # whatever the busy timeout: take the write lock up front. Only connections that
     # promise to read (read_connection) begin deferred, so they never block writers.
@@ -63,7 +69,7 @@ def store_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
-def read_connection(engine: Engine):
+def read_connection(engine: Engine) -> Connection:
     """A connection for reads only, with one consistent snapshot for all its queries.
 
     SQLite: a deferred BEGIN, a WAL snapshot that does not take the write lock.
@@ -111,7 +117,7 @@ def _require_driver(url: str) -> None:
 
 
 def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, create: bool = True,
-                **kw) -> Engine:
+                **kw: Any) -> Engine:
     """An engine with the store's connection discipline for either database.
 
     `must_exist`: a SQLite file that is not there is a StoreError naming the fix, instead
@@ -244,10 +250,11 @@ def misconfiguration(exc: BaseException, url: str) -> str | None:
         return (f"the store at {shown} cannot be written by this process (user {who}: {first[:80]}): add {who} to "
                 f"the store's group "
                 f"and make the file and its -wal and -shm files group-writable (chmod 0660; `agent-watchdog db "
-                f"upgrade` does) in a setgid directory (README: Operator setup)")
+                f"upgrade` does) in a setgid directory (docs/howto/systemd.md, \"Operator setup\")")
     if sqlstate == "42501" or "permission denied" in text:
         return (f"the store at {shown} refuses this role's writes ({first[:160]}): grant it the agents' role "
-                "(sql/postgres-roles.sql, README: Operator setup), after each `agent-watchdog db upgrade`")
+                "(sql/postgres-roles.sql, docs/howto/several-hosts.md, \"The database roles\"), after each "
+                "`agent-watchdog db upgrade`")
     if (sqlstate in ("28P01", "28000") or "password authentication failed" in text
             or ("role" in text and "does not exist" in text)):
         return (f"the store at {shown} refuses the credentials ({_fatal(first)}): fix the user or password in "

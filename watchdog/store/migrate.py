@@ -51,7 +51,10 @@ def head() -> str:
 
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(migrations_dir()))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    newest = ScriptDirectory.from_config(cfg).get_current_head()
+    if newest is None:  # a migrations folder with no revision in it: the same broken install as none
+        raise FileNotFoundError("agent-watchdog's migrations are missing from this installation")
+    return newest
 
 
 def is_older(revision: str | None) -> bool:

@@ -13,16 +13,46 @@ import math
 import os
 import pwd
 import socket
+from typing import Protocol
 
 from sqlalchemy import and_, desc, select, update
+from sqlalchemy.engine import Connection
 
 from watchdog.core import pause as ap
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets, Totals
 from watchdog.core.messages import RunFacts
+from watchdog.core.seal import Sealer
 from watchdog.store.actions import enqueue_alert, queued, record
 from watchdog.store.children import with_top_child
 from watchdog.store.schema import interventions, runs
+
+
+class PausedRun(Protocol):
+    """What pause and resume read of a run: a `runs` row as the tick reads it, or a RunRow."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def stop_reason(self) -> str | None: ...
+    @property
+    def paused_at(self) -> dt.datetime | None: ...
+    @property
+    def started_at(self) -> dt.datetime: ...
+    @property
+    def resumes(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def tool_calls(self) -> int: ...
+    @property
+    def cost_eur(self) -> float: ...
+    @property
+    def tokens_in(self) -> int | None: ...
+    @property
+    def tokens_out(self) -> int | None: ...
 
 
 def operator() -> str:
@@ -38,13 +68,13 @@ def operator() -> str:
     return f"cli@{socket.gethostname()}:{os.getpid()} ({user})"
 
 
-def pause_key(row, paused_at: dt.datetime) -> str:
+def pause_key(row: PausedRun, paused_at: dt.datetime) -> str:
     """The alert key of one pause: a run paused, resumed and paused again gets two alerts."""
     return f"pause:{row.id}:{paused_at.timestamp():.6f}"
 
 
-def request_pause(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str, budgets: Budgets,
-                  run_facts: RunFacts, sealer=None) -> bool:
+def request_pause(conn: Connection, row: PausedRun, *, reason: str, detail: str, now: dt.datetime, by: str,
+                  budgets: Budgets, run_facts: RunFacts, sealer: Sealer | None = None) -> bool:
     """running → paused, with its intervention and its alert (what to answer); False if the run
     is no longer running."""
     res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.RUNNING))
@@ -55,8 +85,8 @@ def request_pause(conn, row, *, reason: str, detail: str, now: dt.datetime, by: 
     return True
 
 
-def acknowledge(conn, row, *, now: dt.datetime, by: str, budgets: Budgets, run_facts: RunFacts,
-                sealer=None) -> bool:
+def acknowledge(conn: Connection, row: PausedRun, *, now: dt.datetime, by: str, budgets: Budgets,
+                run_facts: RunFacts, sealer: Sealer | None = None) -> bool:
     """A paused run whose pause this daemon did not write (its in-process guard paused it):
     record and alert it once. True when it did."""
     if row.paused_at is None or queued(conn, pause_key(row, row.paused_at)):
@@ -70,7 +100,9 @@ def acknowledge(conn, row, *, now: dt.datetime, by: str, budgets: Budgets, run_f
     return True
 
 
-def _announce(conn, row, reason, detail, paused_at, by, budgets, f, *, by_guard: bool, at=None, sealer=None):
+def _announce(conn: Connection, row: PausedRun, reason: str, detail: str, paused_at: dt.datetime, by: str,
+              budgets: Budgets, f: RunFacts, *, by_guard: bool, at: dt.datetime | None = None,
+              sealer: Sealer | None = None) -> None:
     held = "in-process guard paused the run" if by_guard else "paused: held at its next record"
     iid = record(conn, at=at or paused_at, action="paused", by=f"sdk (acknowledged by {by})" if by_guard else by,
                  run_id=row.id, reason=reason, detail=detail,
@@ -80,7 +112,7 @@ def _announce(conn, row, reason, detail, paused_at, by, budgets, f, *, by_guard:
                   intervention_id=iid, sealer=sealer)
 
 
-def resume(conn, row, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Budgets,
+def resume(conn: Connection, row: PausedRun, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Budgets,
            run_facts: RunFacts) -> str:
     """paused → running with the run's budgets raised by `grant`: returns what changed.
     ValueError when the run is not paused or the grant would not lift the pause."""
@@ -109,12 +141,12 @@ def resume(conn, row, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Bu
     return granted  # the daemon alerts it (acknowledge_resume): only the daemon speaks to humans
 
 
-def resume_key(row) -> str:
+def resume_key(row: PausedRun) -> str:
     return f"resume:{row.id}:{row.resumes}"
 
 
-def acknowledge_resume(conn, row, *, now: dt.datetime, budgets: Budgets, run_facts: RunFacts, sealer=None,
-                       sealed: bool = False) -> bool:
+def acknowledge_resume(conn: Connection, row: PausedRun, *, now: dt.datetime, budgets: Budgets, run_facts: RunFacts,
+                       sealer: Sealer | None = None, sealed: bool = False) -> bool:
     """Alert a resume once (the run's `resumes`-th), worded by the daemon from numbers alone:
     the budgets the run is now held to, and whether an operator sealed the resume. The audit
     row's actor and detail are not quoted: any store writer can write one (issue 20)."""

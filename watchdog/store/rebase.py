@@ -10,9 +10,11 @@ next attempt of the alerts not delivered yet (after -1 h it would wait an hour).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable
 
 from sqlalchemy import and_, select, update
+from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.engine import store_unavailable
@@ -21,7 +23,7 @@ from watchdog.store.schema import alerts, runs
 TIME_COLUMNS = ("started_at", "last_seen_at", "paused_at", "stop_requested_at")
 
 
-def _each(conn, fn) -> int:
+def _each(conn: Connection, fn: Callable[[], int]) -> int:
     """`fn()` in a SAVEPOINT of its own: one row written by hand (a time that does not parse, or
     that the checks refuse) is left as it is and costs no other row its rebase."""
     try:
@@ -33,16 +35,16 @@ def _each(conn, fn) -> int:
         return 0
 
 
-def rebase_active_runs(conn, rebased: Callable[[dt.datetime | None], dt.datetime | None]) -> int:
+def rebase_active_runs(conn: Connection, rebased: Callable[[dt.datetime | None], dt.datetime | None]) -> int:
     """Apply `rebased` (watchdog.daemon.clock.Jump.rebased) to the active runs' times; the rows changed."""
     cols = [runs.c[name] for name in TIME_COLUMNS]
     ids = conn.execute(select(runs.c.id).where(runs.c.status.in_(lc.ACTIVE_STATUSES))).scalars().all()
 
-    def one(rid) -> int:
+    def one(rid: str) -> int:
         row = conn.execute(select(runs.c.id, *cols).where(runs.c.id == rid)).first()
         if row is None:
             return 0
-        values = {}
+        values: dict[str, dt.datetime | None] = {}
         for name in TIME_COLUMNS:
             old = getattr(row, name)
             if old is None:
@@ -58,15 +60,15 @@ def rebase_active_runs(conn, rebased: Callable[[dt.datetime | None], dt.datetime
         same = [runs.c[name] == getattr(row, name) for name in values]
         return conn.execute(update(runs).where(and_(runs.c.id == row.id, *same)).values(**values)).rowcount
 
-    return sum(_each(conn, lambda rid=rid: one(rid)) for rid in ids)
+    return sum(_each(conn, functools.partial(one, rid)) for rid in ids)
 
 
-def rebase_pending_alerts(conn, rebased: Callable[[dt.datetime | None], dt.datetime | None]) -> int:
+def rebase_pending_alerts(conn: Connection, rebased: Callable[[dt.datetime | None], dt.datetime | None]) -> int:
     """The same for the next attempt of the alerts not delivered yet; the rows changed."""
     ids = conn.execute(select(alerts.c.id).where(and_(alerts.c.delivered_at.is_(None),
                                                       alerts.c.next_attempt_at.is_not(None)))).scalars().all()
 
-    def one(aid) -> int:
+    def one(aid: int) -> int:
         row = conn.execute(select(alerts.c.id, alerts.c.next_attempt_at).where(alerts.c.id == aid)).first()
         if row is None or row.next_attempt_at is None:
             return 0
@@ -78,4 +80,4 @@ def rebase_pending_alerts(conn, rebased: Callable[[dt.datetime | None], dt.datet
                                                       alerts.c.next_attempt_at == row.next_attempt_at))
                             .values(next_attempt_at=new)).rowcount
 
-    return sum(_each(conn, lambda aid=aid: one(aid)) for aid in ids)
+    return sum(_each(conn, functools.partial(one, aid)) for aid in ids)

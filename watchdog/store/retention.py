@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, delete, exists, func, or_, select
+from sqlalchemy import ColumnElement, Executable, and_, delete, exists, func, or_, select
+from sqlalchemy.engine import Engine
 
 from watchdog.core import lifecycle as lc
 from watchdog.store import dialects
@@ -42,7 +44,7 @@ class PruneReport:
     seconds: float = 0.0
     dry_run: bool = False
     longest_batch_s: float = 0.0
-    by_table: dict = field(default_factory=dict)
+    by_table: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
         verb = "would prune" if self.dry_run else "pruned"
@@ -57,7 +59,7 @@ class PruneReport:
         return text
 
 
-def _prunable(cutoff):
+def _prunable(cutoff: dt.datetime) -> ColumnElement[bool]:
     """Ended before the cutoff, and no alert of theirs still waiting for delivery (a dead
     letter waits for nothing: it goes with its run, as a delivered alert does)."""
     waiting = exists(select(alerts.c.id).where(and_(alerts.c.run_id == runs.c.id, alerts.c.delivered_at.is_(None),
@@ -67,15 +69,15 @@ def _prunable(cutoff):
     return and_(runs.c.ended_at < cutoff, runs.c.status.not_in(lc.ACTIVE_STATUSES), ~waiting)
 
 
-def _loose_interventions(cutoff):
+def _loose_interventions(cutoff: dt.datetime) -> ColumnElement[bool]:
     return and_(interventions.c.run_id.is_(None), interventions.c.at < cutoff)
 
 
-def _loose_alerts(cutoff):
+def _loose_alerts(cutoff: dt.datetime) -> ColumnElement[bool]:
     return and_(alerts.c.run_id.is_(None), or_(alerts.c.delivered_at < cutoff, alerts.c.dead_at < cutoff))
 
 
-def count(engine, cutoff: dt.datetime) -> PruneReport:
+def count(engine: Engine, cutoff: dt.datetime) -> PruneReport:
     """What a prune at `cutoff` would delete (`db prune --dry-run`)."""
     rep = PruneReport(cutoff=cutoff, dry_run=True)
     with read_connection(engine) as conn:
@@ -93,7 +95,8 @@ def count(engine, cutoff: dt.datetime) -> PruneReport:
 class _Batches:
     """Runs each delete in its own transaction, then pauses; stops at the time budget."""
 
-    def __init__(self, engine, rep: PruneReport, budget_s: float | None, sleep=time.sleep):
+    def __init__(self, engine: Engine, rep: PruneReport, budget_s: float | None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.engine = engine
         self.rep = rep
         self.deadline = None if budget_s is None else time.monotonic() + budget_s
@@ -106,7 +109,7 @@ class _Batches:
             return True
         return False
 
-    def run(self, *statements) -> list[int]:
+    def run(self, *statements: Executable) -> list[int]:
         t0 = time.perf_counter()
         with self.engine.begin() as conn:
             counts = [conn.execute(s).rowcount for s in statements]
@@ -117,7 +120,7 @@ class _Batches:
         return counts
 
 
-def prune(engine, cutoff: dt.datetime, *, budget_s: float | None = None, runs_per_batch: int = RUNS_PER_BATCH,
+def prune(engine: Engine, cutoff: dt.datetime, *, budget_s: float | None = None, runs_per_batch: int = RUNS_PER_BATCH,
           rows_per_batch: int | None = None) -> PruneReport:
     """Delete what `count` counts, batch by batch; with `budget_s`, stop after about that long."""
     rows_per_batch = rows_per_batch or dialects.of(engine).prune_rows_per_batch

@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 
@@ -66,7 +66,7 @@ class RunRow:
     asked: Mapping[str, float | None] = field(default_factory=dict)
 
     @classmethod
-    def from_mapping(cls, m: Mapping[Any, Any]) -> RunRow:
+    def from_mapping(cls, m: Mapping[Any, Any]) -> Self:
         return cls(**{k: m[k] for k in _RUN_FIELDS}, asked={k: m[k] for k in RUN_BUDGET_KEYS})
 
     def __getattr__(self, name: str) -> float | None:
@@ -106,7 +106,7 @@ class EventRow:
     call_id: str | None
 
     @classmethod
-    def from_mapping(cls, m: Mapping[Any, Any]) -> EventRow:
+    def from_mapping(cls, m: Mapping[Any, Any]) -> Self:
         return cls(**{k: m[k] for k in _EVENT_FIELDS})
 
 
@@ -128,11 +128,18 @@ class InterventionRow:
     actor: str | None
 
     @classmethod
-    def from_mapping(cls, m: Mapping[Any, Any]) -> InterventionRow:
+    def from_mapping(cls, m: Mapping[Any, Any]) -> Self:
         return cls(**{k: m[k] for k in _INTERVENTION_FIELDS})
 
 
 _INTERVENTION_FIELDS = _fields(InterventionRow)
+
+
+@dataclass(frozen=True)
+class ToolIntervention(InterventionRow):
+    """A circuit breaker's intervention (no run): always about one tool."""
+
+    tool: str
 
 
 @dataclass(frozen=True)
@@ -154,7 +161,7 @@ class AlertRow:
     dead_at: dt.datetime | None
 
     @classmethod
-    def from_mapping(cls, m: Mapping[Any, Any]) -> AlertRow:
+    def from_mapping(cls, m: Mapping[Any, Any]) -> Self:
         return cls(**{k: m[k] for k in _ALERT_FIELDS})
 
 
@@ -178,7 +185,7 @@ class CircuitRow:
     updated_at: dt.datetime
 
     @classmethod
-    def from_mapping(cls, m: Mapping[Any, Any]) -> CircuitRow:
+    def from_mapping(cls, m: Mapping[Any, Any]) -> Self:
         return cls(**{k: m[k] for k in _CIRCUIT_FIELDS})
 
 

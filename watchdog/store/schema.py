@@ -27,6 +27,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.engine import Dialect
 
 from watchdog.core.budgets import RUN_BUDGETS
 from watchdog.core.clock import utcnow  # noqa: F401  (re-exported: the store's modules and tests take it with the tables)
@@ -49,7 +50,7 @@ BigId = BigInteger().with_variant(Integer, "sqlite")
 from watchdog.store.dialects import ISO_GLOB, SQLITE_TS_FORMAT  # noqa: E402,F401  (re-exported)
 
 
-class UTCDateTime(TypeDecorator):
+class UTCDateTime(TypeDecorator[dt.datetime]):
     """Timezone-aware UTC in and out, on both databases.
 
     PostgreSQL stores timestamptz. SQLite has no timezone type: values are
@@ -60,7 +61,7 @@ class UTCDateTime(TypeDecorator):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value, dialect):
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
@@ -70,7 +71,7 @@ class UTCDateTime(TypeDecorator):
             return value.replace(tzinfo=None)
         return value
 
-    def process_result_value(self, value, dialect):
+    def process_result_value(self, value: dt.datetime | str | None, dialect: Dialect) -> dt.datetime | None:
         if value is None:
             return None
         if isinstance(value, str):  # rows written by plain SQL from another language

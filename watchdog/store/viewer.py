@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.timeline_svg import MAX_MARKS, Call, Spend
-from watchdog.store.rows import AlertRow, CircuitRow, EventRow, InterventionRow, OtherRun, RunRow
+from watchdog.store.rows import AlertRow, CircuitRow, EventRow, InterventionRow, OtherRun, RunRow, ToolIntervention
 from watchdog.store.schema import alerts, events, interventions, runs, tool_circuits
 from watchdog.store.settings import get_with_time
 from watchdog.store.views import load_run
@@ -43,7 +43,7 @@ class PostmortemFacts:
     row: RunRow
     events: list[EventRow]
     interventions: list[InterventionRow]
-    circuit: list[InterventionRow]  # circuit-breaker interventions (no run) on this run's tools while it ran
+    circuit: list[ToolIntervention]  # circuit-breaker interventions (no run) on this run's tools while it ran
     others: list[OtherRun]  # the runs that overlapped it
     alerts: list[AlertRow]
 
@@ -60,7 +60,7 @@ def postmortem_facts(conn: Connection, run_id: str, now: dt.datetime) -> Postmor
         select(interventions).where(interventions.c.run_id == row.id).order_by(interventions.c.id))]
     end = row.ended_at or now
     tools = sorted({e.tool for e in evs if e.kind == lc.EV_TOOL and e.tool is not None})
-    circ = [InterventionRow.from_mapping(i._mapping) for i in conn.execute(select(interventions).where(and_(
+    circ = [ToolIntervention.from_mapping(i._mapping) for i in conn.execute(select(interventions).where(and_(
         interventions.c.tool.in_(tools or [""]), interventions.c.run_id.is_(None),
         interventions.c.at >= row.started_at, interventions.c.at <= end)).order_by(interventions.c.id))]
     others = [OtherRun(r.id, r.agent, r.status, r.stop_reason) for r in conn.execute(
