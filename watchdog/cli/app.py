@@ -8,12 +8,17 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from watchdog.core.config import ENV_CONFIG, Config, load, resolve_db_url
 from watchdog.core.scrub import scrub
 from watchdog.errors import ConfigError, StoreError
+
+if TYPE_CHECKING:
+    from watchdog.store.engine import Connection, Engine
 
 EXIT_ERROR = 1
 EXIT_CONFIG = 2
@@ -27,8 +32,8 @@ class App:
         self.config_path = config_path
         self.debug = debug
         self._config: Config | None = None
-        self._engine = None
-        self._read_engine = None
+        self._engine: Engine | None = None
+        self._read_engine: Engine | None = None
 
     @property
     def config(self) -> Config:
@@ -43,7 +48,7 @@ class App:
             raise StoreError(f"no store: pass --db URL, set AGENT_WATCHDOG_DB, or set [store] url in the config (${ENV_CONFIG})")
         return url
 
-    def judge_by(self, conn) -> Config:
+    def judge_by(self, conn: Connection) -> Config:
         """The budgets runs are judged against: the config file if one is given, else what
         the daemon published in the store (so `show` agrees with the daemon).
 
@@ -57,13 +62,13 @@ class App:
         return published_profiles(conn, self.config)
 
     @property
-    def engine(self):
+    def engine(self) -> Engine:
         """The store for a command that writes: it must exist and have its tables."""
         if self._engine is None:
             self._engine = self.open_store(must_exist=True, tables=True)
         return self._engine
 
-    def reader(self):
+    def reader(self) -> Connection:
         """A read connection (one snapshot) for a command that only reads. SQLite is opened
         read-only: a mistyped path is an error naming the fix, never a new empty file."""
         from watchdog.store.engine import read_connection
@@ -72,7 +77,7 @@ class App:
             self._read_engine = self.open_store(read_only=True, tables=True)
         return read_connection(self._read_engine)
 
-    def open_store(self, *, must_exist: bool = False, read_only: bool = False, tables: bool = False):
+    def open_store(self, *, must_exist: bool = False, read_only: bool = False, tables: bool = False) -> Engine:
         """An engine on the store. `tables`: it must have been migrated (`db upgrade`)."""
         from watchdog.store.access import open_store
 
@@ -138,11 +143,12 @@ class _Group(click.Group):
     """click's own errors (a bad option, a ClickException) in the CLI's one error style:
     `agent-watchdog: error: ...`, one line on stderr, instead of click's `Error: ...`."""
 
-    def main(self, *args, standalone_mode: bool = True, **kwargs):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            super().main(*args, standalone_mode=False, **kwargs)
+            super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
         except BrokenPipeError:

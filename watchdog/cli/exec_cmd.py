@@ -25,7 +25,7 @@ class _ExecCommand(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            exc.exit_code = EXIT_FAILED
+            exc.exit_code = EXIT_FAILED  # type: ignore[misc]  # click reads it per instance; typed a ClassVar
             raise
 
 
@@ -85,7 +85,7 @@ def exec_cmd(ctx, agent, labels, max_steps, max_tool_calls, max_cost_eur, max_wa
                      "max_wall_s": max_wall_s},
             kill_mode=kill_mode, verbose=verbose)
     except click.BadParameter as exc:
-        exc.exit_code = EXIT_FAILED
+        exc.exit_code = EXIT_FAILED  # type: ignore[misc]  # click reads it per instance; typed a ClassVar
         raise
     except Exception as exc:  # noqa: BLE001 — a missing store URL, a broken config: exec's own failure
         text = str(exc).strip()

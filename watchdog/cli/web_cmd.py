@@ -9,7 +9,7 @@ from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
 
 @main.command("web")
 @click.option("--listen", default="127.0.0.1:8765", show_default=True, metavar="HOST:PORT",
-              help="Where to serve (loopback by default: put a reverse proxy with authentication in front, docs/web.md).")
+              help="Where to serve (loopback by default: put a reverse proxy with authentication in front, docs/howto/web.md).")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="A Host header to accept besides the listen address (the reverse proxy's name); repeatable.")
 @shared_options
@@ -25,7 +25,7 @@ def web_cmd(app, listen, allowed_hosts):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     server = make(app.db_url, app.config, config_from_file=bool(app.config_path), listen=listen,
                   allowed_hosts=tuple(allowed_hosts))
-    host, port = server.server_address[:2]
+    host, port = server.bound()
     click.echo(f"agent-watchdog web: serving http://{host}:{port}/ (read-only; ctrl-c to stop)", err=True)
 
     def stop(_signum, _frame):  # SIGTERM (systemd, a supervisor): leave as on ctrl-c, exit 0

@@ -174,12 +174,18 @@ class Demo:
         feed.poll(flush=True)
         return False
 
+    def started_daemon(self) -> subprocess.Popen:
+        """The daemon start_daemon started: every step after it relies on one."""
+        if self.daemon is None:
+            raise RuntimeError("the demo's daemon is not started yet (start_daemon first)")
+        return self.daemon
+
     def drain_outbox(self) -> int:
         """Let the daemon try every alert once before it is stopped; how many it has not tried yet."""
         deadline = time.monotonic() + OUTBOX_WAIT_S
         while True:
             left = store.untried_alerts(self.engine)
-            if not left or time.monotonic() > deadline or self.daemon.poll() is not None:
+            if not left or time.monotonic() > deadline or self.started_daemon().poll() is not None:
                 return left
             time.sleep(POLL_S)
 
@@ -223,7 +229,7 @@ def intro(demo: Demo, keep: bool) -> str:
     lines = [
         "agent-watchdog demo — a real daemon, six real agent processes, one scripted chat model.",
         f"  store    {demo.db_url}" + ("" if keep else "  (temporary)"),
-        f"  daemon   pid {demo.daemon.pid}: tick {d.tick_s:g} s; stop → SIGTERM after {d.cancel_grace_s:g} s "
+        f"  daemon   pid {demo.started_daemon().pid}: tick {d.tick_s:g} s; stop → SIGTERM after {d.cancel_grace_s:g} s "
         f"→ SIGKILL after {d.term_grace_s:g} s more",
         f"  budgets  per run: {b['max_steps']} steps, {b['max_tool_calls']} tool calls, {b['max_cost_eur']} EUR, "
         f"{b['max_identical_calls']} identical calls, silent {b['heartbeat_timeout_s']} s, {b['max_wall_s']} s wall",

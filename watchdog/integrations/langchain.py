@@ -39,7 +39,8 @@ Extra `langchain` (langchain-core >= 0.3): `pip install '.[langchain]'` from a c
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 try:
@@ -48,11 +49,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "watchdog.integrations.langchain needs langchain-core (the `langchain` extra): "
         "pip install '.[langchain]' from a checkout of agent-watchdog, or pip install \"$(ls dist/*.whl)[langchain]\" "
-        "with a wheel built from it (docs/install.md)"
+        "with a wheel built from it (docs/howto/langchain.md)"
     ) from exc
 
 from watchdog.errors import RunKilled, ToolUnavailable
 from watchdog.integrations._common import PendingTool, RunBinding, after_tool, before_tool, tool_args
+
+if TYPE_CHECKING:
+    from langchain_core.outputs import LLMResult  # not followed (pyproject): Any to mypy
+
+    from watchdog.sdk.client import Watchdog
+    from watchdog.sdk.run import Run
 
 log = logging.getLogger("watchdog.integrations.langchain")
 
@@ -65,7 +72,7 @@ __all__ = ["WatchdogCallbackHandler", "handler"]
 _MODEL_KEYS = ("model", "model_name", "model_id", "deployment_name")
 
 
-def handler(wd, agent: str, **run_kwargs) -> "WatchdogCallbackHandler":
+def handler(wd: Watchdog, agent: str, **run_kwargs: Any) -> WatchdogCallbackHandler:
     """`callbacks=[handler(wd, agent="support-bot")]`: a handler that opens its own run.
 
     `run_kwargs` are those of `Watchdog.run()` (kill_mode, labels, guards, max_steps, ...)
@@ -95,17 +102,18 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
     raise_error: bool = True  # without it LangChain logs a callback's exception and goes on
     run_inline: bool = True  # async runs call us in order, on the event loop's thread
 
-    def __init__(self, wd=None, *, agent: str | None = None, run=None, estimated_cost_eur: float = 0.0,
-                 circuits: bool = True, subgraph_budgets: dict | None = None, **run_kwargs):
+    def __init__(self, wd: Watchdog | None = None, *, agent: str | None = None, run: Run | None = None,
+                 estimated_cost_eur: float = 0.0, circuits: bool = True,
+                 subgraph_budgets: dict[str, dict[str, Any]] | None = None, **run_kwargs: Any) -> None:
         super().__init__()
         self._bind(wd, agent, run, estimated_cost_eur, run_kwargs)
         self._subgraph_budgets = dict(subgraph_budgets or {})
-        self._subgraphs: dict[str, Any] = {}  # LangGraph checkpoint namespace of a subgraph -> its child run
+        self._subgraphs: dict[str, Run] = {}  # LangGraph checkpoint namespace of a subgraph -> its child run
         self._chain_ns: dict[UUID, str] = {}  # chains in flight inside a graph -> their namespace
         self._circuits = circuits
         self._roots: set[UUID] = set()  # outermost chains in flight
-        self._models: dict[UUID, str | None] = {}  # LangChain run id -> requested model name
-        self._tools: dict[UUID, PendingTool] = {}  # LangChain run id -> tool call in flight
+        self._models: dict[UUID, tuple[str | None, Run]] = {}  # LangChain run id -> requested model, its run
+        self._tools: dict[UUID, tuple[Run, PendingTool]] = {}  # LangChain run id -> tool call in flight
 
     # -- the run's lifecycle (open / end / with: RunBinding) ------------------------
 
@@ -118,7 +126,7 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
 
     # -- LangGraph subgraphs: child runs ------------------------------------------------
 
-    def _run_for(self, kwargs: dict):
+    def _run_for(self, kwargs: dict[str, Any]) -> Run:
         """The run an event is recorded on: the child run of the innermost subgraph it is in
         (opened now if this is its first event), else ours."""
         run = self._open()
@@ -149,7 +157,7 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
         for child in children:  # innermost first
             _end_child(child, error)
 
-    def _obey(self, fn, *args, **kwargs):
+    def _obey(self, fn: Callable[..., object], *args: Any, **kwargs: Any) -> object:
         """Run a recording step. Only stops (and ToolUnavailable) reach the agent: a stop ends our run
         at once unless a chain or `with` block will; any other failure of ours is logged, never raised."""
         try:
@@ -179,7 +187,7 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
             if "|" in ns:  # inside a subgraph: its child run opens with its first node
                 self._obey(self._run_for, kwargs)
 
-    def _root_start(self, run_id: UUID):
+    def _root_start(self, run_id: UUID) -> None:
         self._open()
         with self._lock:
             self._roots.add(run_id)
@@ -195,7 +203,7 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
             self._chain_done(run_id, error)
         self._root_done(run_id, error)
 
-    def _root_done(self, run_id: UUID, error: BaseException | None):
+    def _root_done(self, run_id: UUID, error: BaseException | None) -> None:
         with self._lock:
             if run_id not in self._roots:
                 return
@@ -213,10 +221,10 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
     def on_llm_start(self, serialized, prompts, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
         self._model_start(run_id, kwargs)
 
-    def _model_start(self, run_id: UUID, kwargs: dict):
+    def _model_start(self, run_id: UUID, kwargs: dict[str, Any]) -> None:
         self._obey(self._before_model, run_id, kwargs)
 
-    def _before_model(self, run_id: UUID, kwargs: dict):
+    def _before_model(self, run_id: UUID, kwargs: dict[str, Any]) -> None:
         run = self._run_for(kwargs)
         self._models[run_id] = (_requested_model(kwargs), run)
         # Pre-flight: stop requested, wall clock, max_steps, money: refuse the call before it is made.
@@ -225,10 +233,12 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
     def on_llm_end(self, response, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any):
         self._obey(self._after_model, run_id, response)
 
-    def _after_model(self, run_id: UUID, response):
-        requested, run = self._models.pop(run_id, (None, None))
+    def _after_model(self, run_id: UUID, response: LLMResult) -> None:
+        requested, run = self._models.pop(run_id, (None, self.run))
+        if run is None:  # a child binding's end before any start: no run to count it on
+            return
         served, tokens_in, tokens_out, cached, reasoning = _usage(response)
-        (run or self.run).step(model=requested or served, tokens_in=tokens_in, tokens_out=tokens_out,
+        run.step(model=requested or served, tokens_in=tokens_in, tokens_out=tokens_out,
                                cached_tokens_in=min(cached, tokens_in), reasoning_tokens=min(reasoning, tokens_out))
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
@@ -241,7 +251,8 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
                       inputs: dict | None = None, **kwargs: Any):
         self._obey(self._before_tool, run_id, serialized, input_str, inputs, kwargs)
 
-    def _before_tool(self, run_id: UUID, serialized, input_str, inputs, kwargs):
+    def _before_tool(self, run_id: UUID, serialized: dict[str, Any] | None, input_str: str,
+                     inputs: dict[str, Any] | None, kwargs: dict[str, Any]) -> None:
         run = self._run_for(kwargs)
         name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
         # Before the tool runs: a refusal raised here means the tool never runs.
@@ -267,7 +278,7 @@ class WatchdogCallbackHandler(RunBinding, BaseCallbackHandler):
         self._obey(after_tool, run, pending, ok=False, error=error)
 
 
-def _end_child(child, error: BaseException | None) -> None:
+def _end_child(child: Run, error: BaseException | None) -> None:
     try:
         if error is None:
             child.__exit__(None, None, None)
@@ -277,7 +288,7 @@ def _end_child(child, error: BaseException | None) -> None:
         log.exception("agent-watchdog: could not end child run %s", child.id)
 
 
-def _requested_model(kwargs: dict) -> str | None:
+def _requested_model(kwargs: dict[str, Any]) -> str | None:
     params = kwargs.get("invocation_params") or {}
     for key in _MODEL_KEYS:
         if isinstance(params.get(key), str) and params[key]:
@@ -286,7 +297,7 @@ def _requested_model(kwargs: dict) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _usage(response) -> tuple[str | None, int, int, int, int]:
+def _usage(response: LLMResult) -> tuple[str | None, int, int, int, int]:
     """(model name served, input tokens, output tokens, cached input tokens, reasoning tokens)
     of one LLMResult: usage_metadata's input_token_details.cache_read and
     output_token_details.reasoning, else the OpenAI-style token_usage details."""
@@ -318,14 +329,14 @@ def _usage(response) -> tuple[str | None, int, int, int, int]:
     return (model if isinstance(model, str) and model else None), tokens_in, tokens_out, cached, reasoning
 
 
-def _get(details, key):
+def _get(details: object, key: str) -> object:
     return details.get(key) if isinstance(details, dict) else None
 
 
-def _int(value) -> int:
+def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _message_text(output) -> str:
+def _message_text(output: object) -> str:
     content = getattr(output, "content", output)
     return content if isinstance(content, str) else str(content)

@@ -12,7 +12,7 @@ key's alias; the request's metadata may name it only where the key's metadata al
 (`agent_watchdog_agents: [...]`). A call without a trace id counts against period budgets only.
 Checks run off the proxy's event loop within PRE_CALL_DEADLINE_S; a store outage fails open
 with one warning. A refusal is HTTP 400 (a 429 or 5xx would be retried by OpenAI clients) whose
-message begins `agent-watchdog: run stopped:` and names the reason. See docs/gateways.md.
+message begins `agent-watchdog: run stopped:` and names the reason. See docs/howto/gateways.md.
 """
 
 from __future__ import annotations
@@ -210,11 +210,11 @@ class WatchdogProxyHandler(CustomLogger):
             self._outage(exc)
 
     def record(self, kwargs: dict, response_obj: Any) -> None:
-        trace = kwargs.get("litellm_trace_id")
-        if trace is None:
+        raw_trace = kwargs.get("litellm_trace_id")
+        if raw_trace is None:
             slo = kwargs.get("standard_logging_object") or {}
-            trace = slo.get("trace_id") if isinstance(slo, dict) else None
-        untraced = _name(trace, RUN_ID_MAX_CHARS) is None
+            raw_trace = slo.get("trace_id") if isinstance(slo, dict) else None
+        trace = _name(raw_trace, RUN_ID_MAX_CHARS)
         usage = getattr(response_obj, "usage", None)
         tokens_in = _count(getattr(usage, "prompt_tokens", 0))
         tokens_out = _count(getattr(usage, "completion_tokens", 0))
@@ -223,7 +223,7 @@ class WatchdogProxyHandler(CustomLogger):
         cost_eur = float(usd) * wd.config().pricing.eur_per_usd \
             if isinstance(usd, (int, float)) and not isinstance(usd, bool) and 0 <= usd < 1e9 else None
         model = _name(kwargs.get("model"), MODEL_MAX_CHARS)
-        if untraced:
+        if trace is None:
             self._record_untraced(kwargs, model, tokens_in, tokens_out, cost_eur)
             return
         with self._lock:

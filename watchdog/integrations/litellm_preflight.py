@@ -58,6 +58,8 @@ def preflight(data: dict | None, eur_per_usd: float) -> Estimate:
     prompt = _chars(data["messages"]) // CHARS_PER_TOKEN
     out = data.get("max_tokens") or data.get("max_completion_tokens") or 0
     out = out if isinstance(out, int) and not isinstance(out, bool) and 0 <= out < 2**31 else 0
-    model = data.get("model") if isinstance(data.get("model"), str) else ""
+    model = data.get("model")
+    if not isinstance(model, str):
+        model = ""
     usd_in, usd_out = _prices(model)
     return Estimate(prompt + out, (prompt * usd_in + out * usd_out) * eur_per_usd)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -80,22 +81,26 @@ def hooks(wd, agent: str, **run_kwargs) -> "WatchdogRunHooks":
     return WatchdogRunHooks(wd, agent=agent, **run_kwargs)
 
 
-def make_failure_error_function(formatter=None):
+def make_failure_error_function(
+        formatter: Callable[[Any, Exception], str] | None = None) -> Callable[[Any, Exception], str]:
     """A `failure_error_function` for `@function_tool` that marks the call failed for the hooks.
 
     `formatter(ctx, error) -> str` writes the message the model reads; by default the
     SDK's own `default_tool_error_function` (which does not show the exception).
     """
     if formatter is None:
-        from agents.tool import default_tool_error_function as formatter
+        from agents.tool import default_tool_error_function
 
-    def failure_error_function(ctx, error: Exception):
+        formatter = default_tool_error_function
+    message = formatter
+
+    def failure_error_function(ctx: Any, error: Exception) -> str:
         # The SDK hands the same ToolContext to on_tool_start, here and on_tool_end.
         try:
             setattr(ctx, _ERROR_ATTR, error)
         except Exception:  # noqa: BLE001 - a context we cannot annotate: the call is then recorded as ok
             log.debug("agent-watchdog: cannot mark tool error on %r", ctx)
-        return formatter(ctx, error)
+        return message(ctx, error)
 
     return failure_error_function
 

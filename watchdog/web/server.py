@@ -25,6 +25,11 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def bound(self) -> tuple[str, int]:
+        """The host and port it listens on (asked for port 0: the one the kernel chose)."""
+        host, port = self.socket.getsockname()[:2]
+        return str(host), int(port)
+
 
 class _Handler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_S
@@ -53,7 +58,7 @@ def make(url: str, config: Config, *, config_from_file: bool, listen: str,
     app = WebApp(open_store(url), config, config_from_file=config_from_file)
     server = make_server(host, port, app, server_class=_Server, handler_class=_Handler)
     # The port bound (port 0: the one the kernel chose) is the one a Host header names.
-    app.allowed_hosts = {h.lower() for h in _hosts(host, server.server_address[1], allowed_hosts)}
+    app.allowed_hosts = {h.lower() for h in _hosts(host, server.bound()[1], allowed_hosts)}
     return server
 
 

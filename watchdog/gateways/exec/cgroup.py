@@ -79,7 +79,10 @@ class Placement:
         """Move the gated child into the cgroup (ROOT / DELEGATED; the scope places itself)."""
         if self.systemd:
             return
-        with open(os.path.join(self.directory, "cgroup.procs"), "w") as f:
+        d = self.directory
+        if d is None:  # ROOT and DELEGATED placements are made with their path
+            raise CgroupImpossible(f"no cgroup made for run {self.run_id} to place pid {pid} in")
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
             f.write(str(pid))
 
     def locate(self, pid: int, alive) -> str:
@@ -112,14 +115,17 @@ class Placement:
     def owned(self) -> bool:
         """exec may write the cgroup's cgroup.kill (Linux >= 5.14)."""
         d = self.directory
-        return bool(d) and os.access(os.path.join(d, "cgroup.kill"), os.W_OK)
+        if not d:
+            return False
+        return os.access(os.path.join(d, "cgroup.kill"), os.W_OK)
 
     def kill(self) -> bool:
         """cgroup.kill: SIGKILL to every process of the subtree, forks during the kill included."""
-        if not self.owned():
+        d = self.directory
+        if not d or not self.owned():
             return False
         try:
-            with open(os.path.join(self.directory, "cgroup.kill"), "w") as f:
+            with open(os.path.join(d, "cgroup.kill"), "w") as f:
                 f.write("1")
             return True
         except OSError:

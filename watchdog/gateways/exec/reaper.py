@@ -54,6 +54,11 @@ class Reaper:
     def command_done(self) -> bool:
         return self.status is not None
 
+    def command_running(self) -> bool:
+        """Reap what has exited first, so a command that just exited does not count as running."""
+        self.reap()
+        return not self.command_done
+
 
 def exit_code(status: int) -> int:
     """timeout(1)'s convention: the command's own code, 128+N when it died of signal N."""

@@ -17,15 +17,21 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
+from watchdog.core.config import Config
 from watchdog.gateways.exec import cgroup as cg
 from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
 from watchdog.gateways.exec.environment import command_env, otlp_listen
 from watchdog.gateways.exec.tree import Tree
 from watchdog.gateways.exec.watch import Watch
+
+if TYPE_CHECKING:
+    from watchdog.sdk.client import Watchdog
+    from watchdog.sdk.run import Run
 
 EXIT_STOPPED = 124
 EXIT_FAILED = 125
@@ -41,11 +47,11 @@ class ExecOptions:
     agent: str
     argv: list[str]
     db_url: str
-    config: object  # watchdog.core.config.Config
+    config: Config
     socket: str
     config_path: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
-    budgets: dict[str, float] = field(default_factory=dict)  # max_steps, max_tool_calls, max_cost_eur, max_wall_s
+    budgets: dict[str, float | None] = field(default_factory=dict)  # max_steps, max_tool_calls, max_cost_eur, max_wall_s
     kill_mode: str | None = None  # "tree" | "cgroup" | None (a cgroup where possible, else tree)
     verbose: bool = False
 
@@ -72,9 +78,9 @@ class _Session:
         self.opts = opts
         self.run_id = uuid.uuid4().hex
         self.placement: cg.Placement | None = None
-        self.wd = None  # watchdog.sdk.client.Watchdog, once the store is open
-        self.run = None  # watchdog.sdk.run.Run, once registered
-        self.asked: dict[str, float] = {}  # the budgets the run asks for (never above the profile)
+        self.wd: Watchdog | None = None  # once the store is open
+        self.run: Run | None = None  # once registered
+        self.asked: bud.RunBudgets = {}  # the budgets the run asks for (never above the profile)
 
     def note(self, msg: str) -> None:
         if self.opts.verbose:
@@ -95,7 +101,7 @@ class _Session:
         reaper = rp.Reaper(child.pid)
         try:
             if self.placement is not None and not self.placement.systemd:
-                mode = self._move(child.pid, mode)
+                mode = self._move(self.placement, child.pid, mode)
             self._register(mode)
         except BaseException as exc:
             child.abandon()
@@ -118,7 +124,7 @@ class _Session:
             return code
         if self.placement is not None and self.placement.systemd:
             try:
-                self.placement.locate(child.pid, lambda: reaper.reap() or not reaper.command_done)
+                self.placement.locate(child.pid, reaper.command_running)
                 self.note(f"the command runs in {self.placement.path}")
             except cg.CgroupImpossible as exc:
                 self.note(f"{exc}; the run is watched as a tree")
@@ -147,16 +153,16 @@ class _Session:
         self.note(f"kill mode cgroup: the command runs in {where} ({placement.how})")
         return placement, lc.CGROUP
 
-    def _move(self, pid: int, mode: str) -> str:
+    def _move(self, placement: cg.Placement, pid: int, mode: str) -> str:
         try:
-            self.placement.place(pid)
+            placement.place(pid)
             return mode
         except OSError as exc:
             if self.opts.kill_mode == lc.CGROUP:
                 raise ExecFailed(f"--kill-mode cgroup is impossible here: cannot move the command into "
-                                 f"{self.placement.directory} ({exc.strerror})") from None
-            self.note(f"cannot move the command into {self.placement.directory} ({exc.strerror}); kill mode tree")
-            self.placement.remove()
+                                 f"{placement.directory} ({exc.strerror})") from None
+            self.note(f"cannot move the command into {placement.directory} ({exc.strerror}); kill mode tree")
+            placement.remove()
             self.placement = None
             return lc.TREE
 
@@ -165,15 +171,18 @@ class _Session:
 
         try:
             # Attestation is exec's own (it carries the cgroup): the SDK's is off.
-            self.wd = Watchdog(self.opts.db_url, attest_socket="")
-            profile = self.wd.config().profile(self.opts.agent)
+            self.wd = wd = Watchdog(self.opts.db_url, attest_socket="")
+            profile = wd.config().profile(self.opts.agent)
         except Exception as exc:  # noqa: BLE001 — a bad URL or config: exec's own failure
             self._cleanup()
             raise ExecFailed(_one_line(exc)) from None
-        asked = {}
+        asked: dict[str, float] = {}
         for key, value in self.opts.budgets.items():
             if value is None:
                 continue
+            if key not in bud.RUN_BUDGET_KEYS:
+                self._cleanup()
+                raise ExecFailed(f"--{key.replace('_', '-')}: not a budget a run may ask for")
             try:
                 value = bud.BY_KEY[key].validate(value)
             except ValueError as exc:
@@ -184,18 +193,30 @@ class _Session:
                 self.note(f"--{key.replace('_', '-')} {value:g} is above the profile's {limit:g}: the profile's holds")
                 value = limit
             asked[key] = value
-        self.asked = asked
+        self.asked = cast(bud.RunBudgets, asked)  # every key is a run budget (checked above)
 
-    def _published(self) -> dict:
+    def store(self) -> Watchdog:
+        """The store exec opened: _open_store comes first, so every later step has it."""
+        if self.wd is None:
+            raise ExecFailed("the store is not open")
+        return self.wd
+
+    def registered(self) -> Run:
+        """The run exec registered: the watch starts after _register, so it always has it."""
+        if self.run is None:
+            raise ExecFailed("the run is not registered")
+        return self.run
+
+    def _published(self) -> dict[str, Any]:
         try:
-            return self.wd.settings()
+            return self.store().settings()
         except Exception:  # noqa: BLE001 — no published config: no OTLP
             return {}
 
     def _register(self, mode: str) -> None:
         from watchdog.sdk.run import Run
 
-        wd = self.wd
+        wd = self.store()
         run = wd.run(self.opts.agent, kill_mode=mode, labels=self.opts.labels or None, run_id=self.run_id,
                      guards=False, **self.asked)
         if not isinstance(run, Run):  # pragma: no cover — wd.run returns a Run

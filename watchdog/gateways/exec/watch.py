@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import TYPE_CHECKING, TypeGuard
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.text import one_line
@@ -22,6 +23,10 @@ from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
 from watchdog.store.execrun import ExecRunState, killed_child, read_state
 from watchdog.core.clock import utcnow
+
+if TYPE_CHECKING:
+    from watchdog.gateways.exec.supervisor import _Session
+    from watchdog.gateways.exec.tree import Tree
 
 POLL_S = 0.25
 WAIT_S = 0.1
@@ -32,19 +37,19 @@ SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel sent (the terminal's 
 
 
 class Watch:
-    def __init__(self, session, tree, attested: bool):
+    def __init__(self, session: _Session, tree: Tree, attested: bool) -> None:
         self.s = session
         self.tree = tree
         self.attested = attested
         self.reported = False
-        self._mine = None  # last_seen_at as exec's own keep-alive left it
+        self._mine: object = None  # last_seen_at as exec's own keep-alive left it
         self._warned_store = False
 
     # -- the store -------------------------------------------------------------------
 
     def state(self) -> ExecRunState | None:
         try:
-            return read_state(self.s.wd.writer, self.s.run_id)
+            return read_state(self.s.store().writer, self.s.run_id)
         except Exception as exc:  # noqa: BLE001 — a store blip: the command runs on, asked again
             if not self._warned_store:
                 self._warned_store = True
@@ -52,7 +57,7 @@ class Watch:
             return None
 
     def beat(self) -> None:
-        run = self.s.run
+        run = self.s.registered()
         try:
             run.wd.writer.transaction([run.lineage.beat(utcnow())])
             st = read_state(run.wd.writer, run.id)
@@ -62,7 +67,7 @@ class Watch:
             pass
 
     @staticmethod
-    def stopped(st: ExecRunState | None) -> bool:
+    def stopped(st: ExecRunState | None) -> TypeGuard[ExecRunState]:
         return st is not None and (st.status == lc.STOPPING or st.status not in lc.ACTIVE_STATUSES)
 
     def notice(self, st: ExecRunState) -> None:
@@ -75,7 +80,7 @@ class Watch:
     # -- the loop ----------------------------------------------------------------------
 
     def loop(self) -> int:
-        run = self.s.run
+        run = self.s.registered()
         reaper = self.tree.reaper
         beat_every = min(BEAT_MAX_S, run.budgets.heartbeat_timeout_s / 4)
         next_poll = next_beat = 0.0
@@ -128,7 +133,9 @@ class Watch:
         grace_s = self._grace_s()
         if stop is not None:
             return self.stop(stop, grace_s)
-        code = rp.exit_code(reaper.status)
+        status = reaper.status
+        assert status is not None  # the loop ends on a stop (returned above) or on the command's exit
+        code = rp.exit_code(status)
         if self.tree.members():
             termed, killed = self.tree.take_down(grace_s)
             self.s.note(f"the command exited; {termed} process(es) it left behind got SIGTERM"
@@ -143,27 +150,27 @@ class Watch:
         if code == 0:
             self.s._end(lc.COMPLETED, None)
         else:
-            how = f"killed by signal {code - 128}" if code > 128 and rp.os.WIFSIGNALED(reaper.status) else \
+            how = f"killed by signal {code - 128}" if code > 128 and rp.os.WIFSIGNALED(status) else \
                 f"exit status {code}"
             self.s._end(lc.FAILED, f"command {how}")
         return code
 
     def _tick_s(self) -> float:
         try:
-            return float(self.s.wd.config().daemon.tick_s)
+            return float(self.s.store().config().daemon.tick_s)
         except Exception:  # noqa: BLE001
             return 5.0
 
     def _grace_s(self) -> float:
         """[daemon] term_grace_s as the daemon published it, else exec's config's."""
         try:
-            return float(self.s.wd.config().daemon.term_grace_s)
+            return float(self.s.store().config().daemon.term_grace_s)
         except Exception:  # noqa: BLE001
             return float(self.s.opts.config.daemon.term_grace_s)
 
     def _child_stop(self) -> tuple[str, str | None] | None:
         try:
-            return killed_child(self.s.wd.writer, self.s.run_id)
+            return killed_child(self.s.store().writer, self.s.run_id)
         except Exception:  # noqa: BLE001 — the store is away: the command's own status stands
             return None
 

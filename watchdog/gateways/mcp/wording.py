@@ -12,7 +12,7 @@ from watchdog.core.text import one_line
 PREFIX = "agent-watchdog:"
 DETAIL_MAX_CHARS = 200
 
-_WHAT_NEXT = {
+_WHAT_NEXT: dict[str, str] = {  # by stop reason (a StopReason is its str)
     lc.LOOP_DETECTED: "it was repeating the same call with the same arguments; use the results you already "
                       "have and answer, do not call tools again",
     lc.MAX_TOOL_CALLS: "it used its tool-call budget; answer with what you have",
