@@ -3,7 +3,7 @@
 On SQLite every writer of the store can append events to, or rewrite, any run; no row can
 prove who wrote it. At attestation the daemon hands the run's process a per-run key (only
 that process learns it: over the Unix socket the kernel vouched for), and the process MACs
-each record with it. Only records whose MAC verifies can justify a signal (docs/security-sqlite.md).
+each record with it. Only records whose MAC verifies can justify a signal (docs/explanation/security.md).
 
 Format `aw-ev/1` (what a plain-SQL writer in any language computes):
 

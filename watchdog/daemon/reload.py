@@ -9,7 +9,7 @@ where the daemon listens and keeps its files, its tick) keep their running value
 changed, the log line names them.
 
 The other signals: SIGTERM and SIGINT finish the current tick and exit 0; SIGUSR1 logs one
-status line; SIGUSR2 is ignored (logged). See docs/operations.md.
+status line; SIGUSR2 is ignored (logged). See docs/howto/operations.md.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
     python -m watchdog.demo.agents BEHAVIOUR --db URL --files DIR --run-id ID
 
 The loop is the ordinary one (ask the model, run the tools it asks for, feed
-the results back, stop when it answers) instrumented with the SDK the way the
-README recommends: `check_budget` before each model call, `step` after it,
+the results back, stop when it answers) instrumented with the SDK the way
+docs/howto/instrument.md recommends: `check_budget` before each model call, `step` after it,
 every tool through `run.tool_call`, a tool's error handed to the model as text.
 What differs between behaviours is the script the model follows and, for two
 of them, a deliberately broken agent around the loop.
