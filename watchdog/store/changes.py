@@ -37,9 +37,11 @@ from watchdog.store.schema import runs
 
 # Reads after which a number below the cursor is no longer waited for (PostgreSQL): with one read
 # per tick, that many ticks for a writer's transaction between taking its number and committing.
-LATE_READS = 16
+# A writer's transaction takes its number in its UPDATE (or, for an event, at its COMMIT) and
+# commits within milliseconds: three ticks is ample, and keeps the window's re-read small.
+LATE_READS = 3
 # At `start`, the numbers below the high-water mark that may still commit late (PostgreSQL).
-START_WINDOW = 10_000
+START_WINDOW = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,22 @@ def _light(conn: Connection) -> Any:
                   *(runs.c[k] for k in RUN_BUDGET_KEYS))
 
 
+_ABOVE: dict[str, str] = {}  # dialect name -> the light SELECT of the runs above a number, rendered
+
+
+def _above(conn: Connection) -> str:
+    """The read of every tick, rendered once per backend and run as the driver's own statement:
+    building, compiling and typing a 25-column SELECT each time cost more than the read itself."""
+    sql = _ABOVE.get(conn.dialect.name)
+    if sql is None:
+        stmt = _light(conn).where(runs.c.change_seq > 0).order_by(runs.c.change_seq)
+        text = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        head, sep, tail = text.rpartition("runs.change_seq > 0")
+        assert sep, text
+        sql = _ABOVE[conn.dialect.name] = head + "runs.change_seq > " + dialects.of(conn).ph + tail
+    return sql
+
+
 def _float(value: object) -> float | None:
     """A finite number, else None (a row written by hand may hold text where a number belongs)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -93,21 +111,24 @@ def _float(value: object) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _time(value: object) -> float | None:
+    # The database computed it (epoch_s): a float or NULL; anything else is not a time.
+    return value if value.__class__ is float else _float(value)
+
+
 def _row(r: Sequence[Any]) -> RunChange | None:
     """The light row, or None for a row whose identity is unreadable (not a text id)."""
     rid, agent, status, host, pid, ctime, kill_mode, seq, stage, resumes = r[:10]
-    started, seen, stop_at, signalled, paused = (_float(v) for v in r[10:15])
-    if not isinstance(rid, str) or isinstance(seq, bool) or not isinstance(seq, int):
+    if rid.__class__ is not str or seq.__class__ is not int:
         return None
-    asked = {k: f for k, v in zip(RUN_BUDGET_KEYS, r[15:]) if (f := _float(v)) is not None}
+    asked = {}
+    for k, v in zip(RUN_BUDGET_KEYS, r[15:]):
+        if v is not None and (f := _float(v)) is not None:
+            asked[k] = f
     return RunChange(
-        id=rid, agent=str(agent), status=str(status), host=str(host),
-        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
-        pid_create_time=_float(ctime), kill_mode=str(kill_mode), change_seq=seq,
-        started_s=started, seen_s=seen, stop_requested_s=stop_at, signalled_s=signalled, paused_s=paused,
-        signal_stage=stage if isinstance(stage, str) else None,
-        resumes=resumes if isinstance(resumes, int) and not isinstance(resumes, bool) else 0,
-        asked=asked)
+        rid, str(agent), str(status), str(host), pid if pid.__class__ is int else None, _float(ctime),
+        str(kill_mode), seq, _time(r[10]), _time(r[11]), _time(r[12]), _time(r[13]), _time(r[14]),
+        stage if stage.__class__ is str else None, resumes if resumes.__class__ is int else 0, asked)
 
 
 def high_water(conn: Connection) -> int:
@@ -139,26 +160,34 @@ class ChangeFeed:
         if since is not None and since != self.cursor:
             self._restart(since)
         in_order = dialects.of(conn).commits_in_order
-        low = self.cursor if in_order or not self._lows else min(self._lows[0], self.cursor)
-        rows = conn.execute(_light(conn).where(runs.c.change_seq > low).order_by(runs.c.change_seq)).all()
         cursor, reported = self.cursor, self._reported
+        rows: list[Sequence[Any]] = list(conn.exec_driver_sql(_above(conn), (cursor,)))
+        low = cursor if in_order or not self._lows else min(self._lows[0], cursor)
+        if low < cursor:
+            # The late window: its numbers only (the index alone), whole rows for the few not
+            # reported yet: a number that committed after the cursor passed it.
+            late = [n for n in conn.execute(select(runs.c.change_seq).where(
+                runs.c.change_seq > low, runs.c.change_seq <= cursor)).scalars() if n not in reported]
+            if late:
+                rows = list(conn.execute(_light(conn).where(runs.c.change_seq.in_(late)))) + rows
         out: list[RunChange] = []
+        numbers: list[int] = []  # every number read, unreadable rows' too: none is read twice
         top = cursor
         for r in rows:
-            seq = r[7]
-            if isinstance(seq, int) and seq <= cursor and seq in reported:
-                continue  # re-read in the late window, reported already
             change = _row(r)
             if change is None:
+                if isinstance(r[7], int):
+                    numbers.append(r[7])
                 continue
             out.append(change)
+            numbers.append(change.change_seq)
             top = max(top, change.change_seq)
+        out.sort(key=lambda c: c.change_seq)
         if not in_order:
             # A number reported `late_reads` reads ago is at or below the window's new low end:
             # it leaves the window with the read that reported it.
-            batch = [c.change_seq for c in out]
-            reported.update(batch)
-            self._batches.append(batch)
+            reported.update(numbers)
+            self._batches.append(numbers)
             self._lows.append(cursor)
             while len(self._batches) > self._late_reads:
                 reported.difference_update(self._batches.popleft())
