@@ -19,6 +19,12 @@ dropped at the end), we time:
   base    the same warm ticks by a second Ticker on the same store without the money
           work (`Ticker(..., money=False)`: the tick before it existed), alternating
           which of the two ticks first; warm/base is the cost of the money work.
+  idle    the median of --idle-ticks ticks of the same daemon with nothing written in between
+          (time goes on, every run waits on its model): issue 25's "idle tick".
+  feed    the change feed (watchdog.store.changes.ChangeFeed), the read the tick proportional to
+          what changed starts from: `start` (a restart: the active runs and the high-water
+          mark), a read when nothing changed, and a read after --new-events new events (the
+          runs they touched, each once).
   naive   the article's pseudo-code: each tick `SELECT run_id, count(*), sum(cost)...
           FROM events GROUP BY run_id` over ALL events, then the same policies on
           the aggregates (no writes: every run is healthy).
@@ -34,8 +40,9 @@ of the server backend that serves the engine: "CPU" is their CPU time, "wait"
 their time runnable but not running, "wall-wait" the wall time less that wait
 (an estimate of the tick on an idle machine). The load average is printed too.
 
-Targets checked at the end: warm tick at the largest active count < --target-ms
-(100 ms); the money work at the largest active count <= 1.2x the base tick; warm
+Targets checked at the end (issue 25's goals): warm tick at the largest active count < --target-ms
+(25 ms), idle tick <= --idle-target-ms (5 ms), the feed's read <= 5 ms with --new-events new events
+and <= 1 ms when nothing changed (its share of those two); the money work at the largest active count <= 1.2x the base tick; warm
 tick at the largest history <= 1.2x the smallest; every breached
 run `stopping` after one tick. --profile adds, for the largest configuration on
 each backend, the wall time per phase of the tick (by wrapping the ticker's own
@@ -752,6 +759,51 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
             res["warm_folded"] = statistics.median(folded)
             res["warm_booked"] = statistics.median(booked)
 
+            # Idle: the same daemon, time going on, nothing written (agents waiting on models).
+            idle, idle_acc = [], sched_acc()
+            for _ in range(args.idle_ticks):
+                k += 1
+                at = now + dt.timedelta(seconds=args.tick_s * k)
+                el, rep = checked_tick(ticker, at, idle_acc)
+                idle.append(ms(el))
+            res["idle_median_ms"] = statistics.median(idle)
+            res["idle_net_median_ms"] = statistics.median(idle_acc["net"])
+
+            # The change feed (watchdog.store.changes), the new tick's first read: a restart's
+            # start (the active runs), an idle read, and a read after --new-events new events.
+            from watchdog.store.changes import ChangeFeed
+            from watchdog.store.engine import read_connection
+
+            feed = ChangeFeed()
+            t = time.perf_counter()
+            with read_connection(engine) as conn:
+                started = feed.start(conn)
+            res["feed_start_ms"] = ms(time.perf_counter() - t)
+            if sum(c.active for c in started.changed) != n_active:
+                raise RuntimeError(f"feed start: {len(started.changed)} runs, expected {n_active}")
+            feed_idle, feed_new, feed_changed = [], [], []
+            for _ in range(args.idle_ticks):
+                t = time.perf_counter()
+                with read_connection(engine) as conn:
+                    got = feed.read(conn)
+                feed_idle.append(ms(time.perf_counter() - t))
+                if got.changed:
+                    raise RuntimeError(f"feed idle read: {len(got.changed)} runs changed")
+                k += 1
+                at = now + dt.timedelta(seconds=args.tick_s * k)
+                ev, upd = active.burst(args.new_events, at)
+                be.write_burst(writer, ev, upd)
+                t = time.perf_counter()
+                with read_connection(engine) as conn:
+                    got = feed.read(conn)
+                feed_new.append(ms(time.perf_counter() - t))
+                feed_changed.append(len(got.changed))
+                if len(got.changed) != len(upd):
+                    raise RuntimeError(f"feed read: {len(got.changed)} runs changed, {len(upd)} written")
+            res["feed_idle_ms"] = statistics.median(feed_idle)
+            res["feed_new_ms"] = statistics.median(feed_new)
+            res["feed_changed"] = statistics.median(feed_changed)
+
             if profile_this:
                 phases = PhaseTimer(ticker)
                 for _ in range(args.profile_ticks):
@@ -857,9 +909,21 @@ def book_history(be: Backend, where: str, now: dt.datetime) -> None:
 # --- output -----------------------------------------------------------------------------------
 
 
+# Issue 25's goals (ms), at the largest active count: the warm tick at --new-events new events, the
+# idle tick (nothing new), and the change feed's share of each (its read at --new-events changes,
+# its read when nothing changed). Set from the command line (main).
+TARGETS = {"changed": 25.0, "idle": 5.0, "feed": 5.0, "feed_idle": 1.0}
+
+
+def _mark(value_ms: float, target_ms: float) -> str:
+    return "ok" if value_ms <= target_ms else "MISS"
+
+
 def fmt_table(rows: list[dict]) -> str:
     head = ("backend", "active runs", "history", "events in table", "cold ms", "base p50 ms", "warm p50 ms",
-            "warm/base", "booked/tick", "warm min ms",
+            "warm/base", f"changed tick p50 ms (<= {TARGETS['changed']:g})", f"idle tick p50 ms (<= {TARGETS['idle']:g})",
+            f"feed read ms, N changed (<= {TARGETS['feed']:g})", f"feed idle ms (<= {TARGETS['feed_idle']:g})",
+            "feed start ms", "booked/tick", "warm min ms",
             "warm max ms", "warm CPU p50 ms", "CPU-queue wait p50 ms", "wall-wait p50 ms", "naive p50 ms",
             "naive/warm", "breach -> stopping", "breach tick ms", "next tick ms", "load avg")
     lines = []
@@ -867,7 +931,12 @@ def fmt_table(rows: list[dict]) -> str:
         lines.append((
             r["backend"], f"{r['active']:,}", f"{r['history']:,}", f"{r['events_total']:,}",
             f"{r['cold_ms']:.1f}", f"{r['base_warm_median_ms']:.1f}", f"{r['warm_median_ms']:.1f}",
-            f"{r['warm_median_ms'] / r['base_warm_median_ms']:.2f}x", f"{r['warm_booked']:g}",
+            f"{r['warm_median_ms'] / r['base_warm_median_ms']:.2f}x",
+            f"{r['warm_median_ms']:.1f} {_mark(r['warm_median_ms'], TARGETS['changed'])}",
+            f"{r['idle_median_ms']:.1f} {_mark(r['idle_median_ms'], TARGETS['idle'])}",
+            f"{r['feed_new_ms']:.2f}, {r['feed_changed']:g} {_mark(r['feed_new_ms'], TARGETS['feed'])}",
+            f"{r['feed_idle_ms']:.2f} {_mark(r['feed_idle_ms'], TARGETS['feed_idle'])}",
+            f"{r['feed_start_ms']:.1f}", f"{r['warm_booked']:g}",
             f"{r['warm_min_ms']:.1f}", f"{r['warm_max_ms']:.1f}",
             f"{r['warm_cpu_median_ms']:.1f}", f"{r['warm_wait_median_ms']:.1f}", f"{r['warm_net_median_ms']:.1f}",
             f"{r['naive_median_ms']:.1f}", f"{r['naive_median_ms'] / r['warm_median_ms']:.1f}x",
@@ -901,6 +970,15 @@ def verdicts(rows: list[dict], target_ms: float) -> list[str]:
                        f"{r['warm_median_ms']:.1f} ms (min {r['warm_min_ms']:.1f}, max {r['warm_max_ms']:.1f}; "
                        f"CPU {r['warm_cpu_median_ms']:.1f}, wall-wait {r['warm_net_median_ms']:.1f}) — {verdict} "
                        f"(target < {target_ms:g} ms)")
+    for r in rows:
+        if r["active"] != top_active:
+            continue
+        for key, what, target in (("idle_median_ms", "idle tick (nothing new)", TARGETS["idle"]),
+                                  ("feed_new_ms", f"change feed read ({r['feed_changed']:g} runs changed)",
+                                   TARGETS["feed"]),
+                                  ("feed_idle_ms", "change feed read (nothing changed)", TARGETS["feed_idle"])):
+            out.append(f"- {what}, {r['backend']}, {r['active']:,} active, {r['history']:,} history: "
+                       f"{r[key]:.2f} ms — {'PASS' if r[key] <= target else 'MISS'} (target <= {target:g} ms)")
     for r in rows:
         if r["active"] != top_active:
             continue
@@ -964,7 +1042,11 @@ def main(argv=None) -> int:
     p.add_argument("--tick-s", type=float, default=5.0, help="simulated time between ticks")
     p.add_argument("--local", action="store_true",
                    help="register the active runs on this host with the benchmark's own pid (see the docstring)")
-    p.add_argument("--target-ms", type=float, default=100.0)
+    p.add_argument("--target-ms", type=float, default=TARGETS["changed"],
+                   help="warm tick at the largest active count, with --new-events new events (issue 25: 25 ms)")
+    p.add_argument("--idle-target-ms", type=float, default=TARGETS["idle"],
+                   help="idle tick at the largest active count, nothing new (issue 25: 5 ms)")
+    p.add_argument("--idle-ticks", type=int, default=5, help="idle ticks (and change feed reads) measured")
     p.add_argument("--profile", action="store_true",
                    help="cProfile the warm tick at the largest active count and largest history, per backend")
     p.add_argument("--profile-ticks", type=int, default=5)
@@ -979,6 +1061,7 @@ def main(argv=None) -> int:
             args.events = "10000,100000"
         args.warm_ticks = min(args.warm_ticks, 5)
         args.naive_ticks = min(args.naive_ticks, 2)
+    TARGETS.update(changed=args.target_ms, idle=args.idle_target_ms)
     run_counts = [int(x) for x in args.runs.split(",") if x]
     hist_counts = [int(x) for x in args.events.split(",") if x]
     backends = [x for x in args.backends.split(",") if x]
@@ -1013,7 +1096,9 @@ def main(argv=None) -> int:
                     r["template_load_s"] = load_s
                     rows.append(r)
                     print(f"    {n_active:>6,} active: cold {r['cold_ms']:7.1f} ms, warm p50 "
-                          f"{r['warm_median_ms']:6.1f} ms (without the money work {r['base_warm_median_ms']:6.1f}), naive {r['naive_median_ms']:7.1f} ms, breach "
+                          f"{r['warm_median_ms']:6.1f} ms (without the money work {r['base_warm_median_ms']:6.1f}), idle "
+                          f"{r['idle_median_ms']:6.1f} ms, feed {r['feed_new_ms']:.2f} ms ({r['feed_changed']:g} changed) / "
+                          f"{r['feed_idle_ms']:.2f} ms idle, naive {r['naive_median_ms']:7.1f} ms, breach "
                           f"{r['breach_stopping']}/{r['breach_n']} stopping in one tick "
                           f"({r['breach_tick_ms']:.1f} ms)  [setup {r['add_active_s']:.1f} s]", flush=True)
                 be.drop(template)

@@ -53,6 +53,10 @@ class Dialect:
     # the file (it becomes a WAL database), so its tables are checked read-only first; and the
     # agents' group shares its files (watchdog.store.access).
     embedded: ClassVar[bool] = False
+    # Numbers taken from a counter commit in their order: one writer commits at a time (SQLite).
+    # Where not (PostgreSQL: a sequence's numbers are taken at once, committed in any order), a
+    # reader of "what changed since N" re-reads a window below N (watchdog.store.changes).
+    commits_in_order: ClassVar[bool] = False
 
     def read_only_connect_args(self) -> dict[str, Any]:
         """What makes a connection unable to write, beyond `make_engine(read_only=True)`."""
@@ -107,6 +111,7 @@ class SQLiteDialect(Dialect):
     prune_rows_per_batch = 2000
     prune_pause_ratio = 1.0
     embedded = True
+    commits_in_order = True
 
     def ts(self, value: dt.datetime) -> str:
         # SQLite has no timestamp type: naive UTC text, the format of the table contract.

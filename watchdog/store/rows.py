@@ -63,6 +63,7 @@ class RunRow:
     top_tool: str | None
     top_tool_calls: int | None
     top_tool_errors: int | None
+    change_seq: int  # the number of its latest change (migration 0012, watchdog.store.changes)
     asked: Mapping[str, float | None] = field(default_factory=dict)
 
     @classmethod

@@ -154,6 +154,11 @@ runs = Table(
     Index("ix_runs_unsealed", "ended_at", postgresql_where=text("ended_at IS NOT NULL AND top_tool_calls IS NULL"),
           sqlite_where=text("ended_at IS NOT NULL AND top_tool_calls IS NULL")),
     Index(None, "parent_id"),
+    # The number of the run's latest change (an update of the row, or a new event of the run),
+    # from one store-wide counter, written by the database's triggers, never by a writer
+    # (migration 0012): "which runs changed since N" is one range read (watchdog.store.changes).
+    Column("change_seq", BigInteger, nullable=False, server_default="0"),
+    Index(None, "change_seq"),
 )
 
 events = Table(
@@ -368,4 +373,16 @@ agent_rollup_tools = Table(
     Column("calls", Integer, nullable=False, server_default="0"),
     Column("errors", Integer, nullable=False, server_default="0"),
     Index(None, "bucket_at"),
+)
+
+# SQLite's change counter (migration 0012): one row (id 1), the number the last change of a run
+# took and that run's id; written only by the triggers. PostgreSQL numbers changes with the
+# sequence aw_change_seq instead and leaves this table empty (a row as counter would make every
+# writer wait for the others' commits).
+change_counter = Table(
+    "change_counter",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("run_id", String(32)),
 )

@@ -1,0 +1,288 @@
+"""The change feed (migration 0012, watchdog.store.changes) on both backends, for real.
+
+Every change of a run row and every new event of a run gives the run a new number, written by
+the database; the feed reads the runs numbered above its cursor and nothing else. On
+PostgreSQL, the agents' role (the shipped roles script) can neither set nor rewind the number,
+and a number committed after a later one is still read.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import Engine, make_url
+
+from watchdog import Watchdog
+from watchdog.core import lifecycle as lc
+from watchdog.store import migrate
+from watchdog.store.changes import ChangeFeed, high_water
+from watchdog.store.engine import make_engine, read_connection
+from watchdog.store.schema import runs
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "sql" / "postgres-roles.sql"
+MIGRATION = ROOT / "migrations" / "versions" / "0012_change_feed.py"
+
+
+def _read(engine: Engine, feed: ChangeFeed) -> list[str]:
+    with read_connection(engine) as conn:
+        return [c.id for c in feed.read(conn).changed]
+
+
+def _start(wd: Watchdog, n: int = 1) -> list[str]:
+    ids = []
+    for _ in range(n):
+        run = wd.run(agent="bot", guards=False)
+        run.__enter__()
+        ids.append(run.id)
+    return ids
+
+
+def _raw(engine: Engine):
+    """A DBAPI connection of the store, in autocommit (SQLite: isolation_level None)."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        import sqlite3
+
+        return sqlite3.connect(url.database, isolation_level=None, timeout=30)
+    return psycopg.connect(url.set(drivername="postgresql").render_as_string(hide_password=False), autocommit=True)
+
+
+def test_the_migrations_active_statuses_are_the_lifecycles():
+    spec = importlib.util.spec_from_file_location("_aw_0012", MIGRATION)
+    assert spec is not None and spec.loader is not None
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    assert set(m.ACTIVE) == set(lc.ACTIVE_STATUSES)
+
+
+def test_only_the_runs_that_changed_are_read_and_an_idle_read_reads_nothing(wd, engine):
+    ids = _start(wd, 20)
+    feed = ChangeFeed()
+    assert sorted(_read(engine, feed)) == sorted(ids)  # from 0: every run that changed
+    cursor = feed.cursor
+    assert _read(engine, feed) == [] and feed.cursor == cursor  # nothing new: nothing read, cursor kept
+    touched = ids[3], ids[11], ids[17]
+    with wd.run(agent="bot", guards=False) as other:  # a new run, stepped and ended
+        other.step(model="m", tokens_in=1, tokens_out=1, cost_eur=0.001)
+    raw = _raw(engine)
+    try:
+        ph = "?" if engine.dialect.name == "sqlite" else "%s"
+        for rid in touched:
+            raw.execute(f"UPDATE runs SET progress = 'half way' WHERE id = {ph}", (rid,))
+    finally:
+        raw.close()
+    with read_connection(engine) as conn:
+        batch = feed.read(conn)
+    assert sorted(c.id for c in batch.changed) == sorted([*touched, other.id])
+    assert batch.cursor == feed.cursor > cursor
+    with engine.connect() as conn:
+        assert batch.cursor == high_water(conn)
+    ended = next(c for c in batch.changed if c.id == other.id)
+    assert ended.status == lc.COMPLETED and not ended.active
+    assert [c.change_seq for c in batch.changed] == sorted(c.change_seq for c in batch.changed)
+    assert _read(engine, feed) == []
+
+
+def test_an_event_alone_numbers_its_run(wd, engine):
+    """A plain-SQL writer that appends an event and leaves its run row alone: the run changed."""
+    [rid] = _start(wd)
+    feed = ChangeFeed()
+    _read(engine, feed)
+    raw = _raw(engine)
+    try:
+        ph = "?" if engine.dialect.name == "sqlite" else "%s"
+        raw.execute(f"INSERT INTO events (run_id, seq, at, kind) VALUES ({ph}, 99, '2026-01-01 00:00:00', 'heartbeat')",
+                    (rid,))
+    finally:
+        raw.close()
+    assert _read(engine, feed) == [rid]
+
+
+def test_the_light_row_carries_what_the_deadlines_need(wd, engine):
+    run = wd.run(agent="bot", guards=False, max_wall_s=60.0, heartbeat_timeout_s=30.0)
+    run.__enter__()
+    run.step(model="m", tokens_in=1, tokens_out=1, cost_eur=0.001)
+    with read_connection(engine) as conn:
+        [c] = ChangeFeed().read(conn).changed
+        row = conn.execute(select(runs).where(runs.c.id == run.id)).one()
+    assert (c.id, c.agent, c.status, c.host, c.pid, c.kill_mode) == (run.id, "bot", lc.RUNNING, row.host, row.pid,
+                                                                     row.kill_mode)
+    assert c.asked == {"max_wall_s": 60.0, "heartbeat_timeout_s": 30.0}
+    assert c.started_s == pytest.approx(row.started_at.timestamp(), abs=1e-3)
+    assert c.seen_s == pytest.approx(row.last_seen_at.timestamp(), abs=1e-3)
+    assert c.stop_requested_s is None and c.paused_s is None and c.signal_stage is None and c.resumes == 0
+    run.__exit__(None, None, None)
+
+
+def test_a_restart_reads_from_zero_or_starts_from_one_snapshot(wd, engine):
+    live = _start(wd, 3)
+    with wd.run(agent="bot", guards=False) as done:
+        pass
+    first = ChangeFeed()
+    seen = _read(engine, first)
+    assert set(seen) == {*live, done.id}
+    # A restarted daemon keeps nothing of the feed: a new one from 0 reads the same runs and
+    # reaches the same cursor; `start` gives the active runs and the same high-water mark.
+    again = ChangeFeed()
+    assert set(_read(engine, again)) == set(seen) and again.cursor == first.cursor
+    with read_connection(engine) as conn:
+        batch = ChangeFeed().start(conn)
+    assert sorted(c.id for c in batch.changed) == sorted(live) and batch.cursor == first.cursor
+    # `since` starts a feed over from any cursor.
+    with read_connection(engine) as conn:
+        assert {c.id for c in first.read(conn, since=0).changed} == set(seen)
+
+
+def test_a_number_committed_after_a_later_one_is_still_read(wd, engine):
+    """PostgreSQL commits in any order: the feed re-reads the window below its cursor. (SQLite
+    commits one writer at a time: the same story, in order.)"""
+    a, b = _start(wd, 2)
+    feed = ChangeFeed()
+    _read(engine, feed)
+    slow, fast = _raw(engine), _raw(engine)
+    ph = "?" if engine.dialect.name == "sqlite" else "%s"
+    try:
+        if engine.dialect.name == "sqlite":
+            slow.execute("BEGIN IMMEDIATE")
+            slow.execute(f"UPDATE runs SET progress = 'slow' WHERE id = {ph}", (a,))
+            slow.execute("COMMIT")
+            fast.execute(f"UPDATE runs SET progress = 'fast' WHERE id = {ph}", (b,))
+            assert sorted(_read(engine, feed)) == sorted([a, b])
+            return
+        slow.execute("BEGIN")
+        slow.execute(f"UPDATE runs SET progress = 'slow' WHERE id = {ph}", (a,))  # takes its number now
+        fast.execute(f"UPDATE runs SET progress = 'fast' WHERE id = {ph}", (b,))  # a later one, committed
+        assert _read(engine, feed) == [b]
+        slow.execute("COMMIT")
+        assert _read(engine, feed) == [a]  # below the cursor, read once
+        assert _read(engine, feed) == []
+    finally:
+        slow.close()
+        fast.close()
+
+
+def test_the_sqlite_counter_only_grows(sqlite_url):
+    engine = make_engine(sqlite_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE change_counter SET seq = seq + 5"))
+        for bad in ("UPDATE change_counter SET seq = 0", "DELETE FROM change_counter"):
+            with pytest.raises(Exception, match="change counter"):
+                with engine.begin() as conn:
+                    conn.execute(text(bad))
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT seq FROM change_counter")).scalar() == 5
+    finally:
+        engine.dispose()
+
+
+def test_a_writer_cannot_rewind_its_runs_number_on_sqlite(sqlite_url):
+    """(PostgreSQL: test_an_agent_role_can_neither_set_nor_rewind_the_number.)"""
+    wd, engine = Watchdog(sqlite_url), make_engine(sqlite_url)
+    try:
+        [rid] = _start(wd)
+        feed = ChangeFeed()
+        _read(engine, feed)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE runs SET change_seq = 0, progress = 'hidden' WHERE id = :r"), {"r": rid})
+        assert _read(engine, feed) == [rid]
+        with engine.begin() as conn:  # the counter's own number, forged onto another row: renumbered
+            top = conn.execute(text("SELECT seq FROM change_counter")).scalar()
+            conn.execute(text("UPDATE runs SET change_seq = :n, progress = 'again' WHERE id = :r"), {"n": top, "r": rid})
+        assert _read(engine, feed) == [rid]
+    finally:
+        wd.close()
+        engine.dispose()
+
+
+# --- PostgreSQL: the shipped roles, real logins ------------------------------------------------
+
+
+class _Roles:
+    def __init__(self, server: str, tag: str):
+        self.base = make_url(server)
+        self.db, self.daemon, self.agents, self.gateway, self.viewer = (
+            f"aw_feed_{tag}", f"aw_fd_{tag}", f"aw_fag_{tag}", f"aw_fgw_{tag}", f"aw_fvw_{tag}")
+        self.login = f"aw_fa_{tag}"
+
+    def url(self, user: str) -> str:
+        return self.base.set(username=user, database=self.db).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="module")
+def roles(pg_server_url: str) -> Iterator[_Roles]:
+    r = _Roles(pg_server_url, uuid.uuid4().hex[:8])
+    admin = create_engine(pg_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE ROLE "{r.daemon}" LOGIN'))
+        conn.execute(text(f'CREATE DATABASE "{r.db}" OWNER "{r.daemon}"'))
+    try:
+        engine = make_engine(r.url(r.daemon))
+        migrate.upgrade(engine)  # as the daemon's role: it owns the tables, the sequence, the functions
+        engine.dispose()
+        u = r.base
+        done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={r.agents}",
+                               "-v", f"gateway_role={r.gateway}", "-v", f"viewer_role={r.viewer}",
+                               "-h", u.host or "127.0.0.1", "-p", str(u.port or 5432), "-U", u.username or "postgres",
+                               "-d", r.db, "-f", str(SCRIPT)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE ROLE "{r.login}" LOGIN'))
+            conn.execute(text(f'GRANT "{r.agents}" TO "{r.login}"'))
+        yield r
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{r.db}" WITH (FORCE)'))
+            for role in (r.login, r.agents, r.gateway, r.viewer, r.daemon):
+                conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        admin.dispose()
+
+
+def _pg(url: str):
+    return psycopg.connect(url.replace("+psycopg", ""), autocommit=True)
+
+
+REFUSED = (psycopg.errors.InsufficientPrivilege, psycopg.errors.CheckViolation)
+
+
+def test_an_agent_role_can_neither_set_nor_rewind_the_number(roles):
+    agent_url, daemon_url = roles.url(roles.login), roles.url(roles.daemon)
+    wd = Watchdog(agent_url)
+    try:
+        run = wd.run(agent="bot", guards=False)
+        run.__enter__()
+        run.step(model="m", tokens_in=1, tokens_out=1, cost_eur=0.001)  # the agent's writes are numbered
+        engine = make_engine(daemon_url)
+        feed = ChangeFeed()
+        assert _read(engine, feed) == [run.id]
+        before = feed.cursor
+        with _pg(agent_url) as agent:
+            with pytest.raises(REFUSED):
+                agent.execute("UPDATE runs SET change_seq = 0 WHERE id = %s", (run.id,))
+            for forged in ("SELECT setval('aw_change_seq', 1)", "SELECT nextval('aw_change_seq')",
+                           "ALTER SEQUENCE aw_change_seq RESTART WITH 1", "UPDATE change_counter SET seq = 0",
+                           "DROP TRIGGER zz_aw_change_seq ON runs"):
+                with pytest.raises((*REFUSED, psycopg.errors.UndefinedTable)):
+                    agent.execute(forged)
+            # A number of the writer's choosing at insert is overwritten with the next one.
+            rid = uuid.uuid4().hex
+            agent.execute("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at, change_seq) "
+                          "VALUES (%s, 'bot', 'running', 'cooperative', 'h', now(), now(), 1)", (rid,))
+            agent.execute("UPDATE runs SET progress = 'x' WHERE id = %s", (run.id,))
+        with engine.connect() as conn:
+            changed = {c.id: c.change_seq for c in ChangeFeed(before).read(conn).changed}
+        assert set(changed) == {rid, run.id} and min(changed.values()) > before
+        with engine.connect() as conn:
+            assert high_water(conn) == max(changed.values())
+        engine.dispose()
+        run.__exit__(None, None, None)
+    finally:
+        wd.close()

@@ -1,0 +1,133 @@
+"""The due-queue: every active run's next deadlines, soonest first (issue 25).
+
+The tick evaluates the runs that changed (watchdog.store.changes) and the runs whose deadline
+came (this queue): an idle run costs its place in a heap, nothing per tick. Deadlines are epoch
+seconds on the store's clock, computed by watchdog.core.deadlines; one entry per (run, why),
+a later push for the same pair replacing the earlier one.
+
+Nothing here is trusted to survive a restart: the daemon rebuilds the queue from the active
+runs (ChangeFeed.start) and its own state file. A jump of the wall clock (watchdog.daemon.clock)
+moves every deadline by the jump (`shift`): the deadlines keep their distance from now, as the
+tick keeps durations measured across a jump from tripping (`skip_clock`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from watchdog.core.deadlines import Deadline, Why
+
+__all__ = ["Due", "DueQueue", "Why"]
+
+
+class Due(NamedTuple):
+    at_s: float
+    run_id: str
+    why: Why
+
+
+class DueQueue:
+    """A heap of (deadline, run id, why) with lazy deletion. Not thread-safe (the tick's own)."""
+
+    def __init__(self) -> None:
+        # (deadline less the offset, token, run id, why); an entry is live while its token is
+        # the one `_live` holds for (run id, why).
+        self._heap: list[tuple[float, int, str, Why]] = []
+        self._live: dict[str, dict[Why, tuple[int, float]]] = {}  # run id -> why -> (token, stored deadline)
+        self._token = 0
+        self._count = 0
+        # Added to every stored deadline: a clock jump moves them all at once, without a rebuild.
+        self._offset_s = 0.0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._live
+
+    def push(self, run_id: str, at_s: float, why: Why) -> None:
+        """Schedule (or move) the run's deadline for `why`."""
+        if not math.isfinite(at_s):
+            raise ValueError(f"deadline must be a finite epoch second, got {at_s!r}")
+        why = Why(why)
+        self._token += 1
+        stored = at_s - self._offset_s
+        mine = self._live.setdefault(run_id, {})
+        if why not in mine:
+            self._count += 1
+        mine[why] = (self._token, stored)
+        heapq.heappush(self._heap, (stored, self._token, run_id, why))
+        self._compact()
+
+    def reschedule(self, run_id: str, deadlines: Iterable[Deadline]) -> None:
+        """Replace every deadline of the run with these (none: the run leaves the queue)."""
+        self.discard(run_id)
+        for d in deadlines:
+            self.push(run_id, d.at_s, d.why)
+
+    def discard(self, run_id: str, why: Why | None = None) -> None:
+        """Forget the run's deadline for `why` (None: all of them). Unknown runs are fine."""
+        mine = self._live.get(run_id)
+        if mine is None:
+            return
+        if why is None:
+            self._count -= len(mine)
+            del self._live[run_id]
+            return
+        if mine.pop(Why(why), None) is not None:
+            self._count -= 1
+            if not mine:
+                del self._live[run_id]
+
+    def pop_due(self, now_s: float) -> list[Due]:
+        """Every deadline at or before `now_s`, soonest first, removed from the queue."""
+        heap, out = self._heap, []
+        limit = now_s - self._offset_s
+        while heap and heap[0][0] <= limit:
+            stored, token, run_id, why = heapq.heappop(heap)
+            mine = self._live.get(run_id)
+            if mine is None or mine.get(why, (None,))[0] != token:
+                continue  # replaced or discarded since
+            del mine[why]
+            if not mine:
+                del self._live[run_id]
+            self._count -= 1
+            out.append(Due(stored + self._offset_s, run_id, why))
+        return out
+
+    def peek(self) -> float | None:
+        """The soonest live deadline (epoch seconds), or None: how long the loop may sleep."""
+        heap = self._heap
+        while heap:
+            stored, token, run_id, why = heap[0]
+            mine = self._live.get(run_id)
+            if mine is not None and mine.get(why, (None,))[0] == token:
+                return stored + self._offset_s
+            heapq.heappop(heap)
+        return None
+
+    def deadlines(self, run_id: str) -> list[Due]:
+        """The run's live deadlines, soonest first."""
+        mine = self._live.get(run_id, {})
+        return sorted(Due(stored + self._offset_s, run_id, why) for why, (_t, stored) in mine.items())
+
+    def shift(self, delta_s: float) -> None:
+        """The wall clock jumped by `delta_s` (forward > 0): every deadline moves with it."""
+        if not math.isfinite(delta_s):
+            raise ValueError(f"clock jump must be finite, got {delta_s!r}")
+        self._offset_s += delta_s
+
+    def clear(self) -> None:
+        self._heap.clear()
+        self._live.clear()
+        self._count = 0
+
+    def _compact(self) -> None:
+        """Drop replaced entries once they outnumber the live ones (moved deadlines pile up)."""
+        if len(self._heap) > 2 * self._count + 64:
+            self._heap = [e for e in self._heap
+                          if (m := self._live.get(e[2])) is not None and m.get(e[3], (None,))[0] == e[1]]
+            heapq.heapify(self._heap)

@@ -1,0 +1,222 @@
+"""The change feed: which runs changed since the last look, in one range read (issue 25).
+
+Every INSERT or UPDATE of a run row and every event inserted for a run gives the run the next
+number of one store-wide counter, `runs.change_seq`, written by the database's triggers and
+never by a writer (migration 0012). `ChangeFeed.read` returns the runs numbered above its
+cursor, as light rows (what the tick needs to route a run: its identity, status and the times
+its deadlines are computed from), and moves the cursor: O(changed), never O(active).
+
+Late commits. SQLite commits one writer at a time, so the numbers commit in their order and a
+cursor never passes a number still to come. PostgreSQL takes a number inside the transaction
+and commits transactions in any order: a number below the cursor may become visible after the
+cursor passed it. The feed therefore re-reads the numbers above where its cursor stood
+`late_reads` reads ago and reports those it has not reported yet (a window that is empty when
+nothing changes: an idle read costs one probe of the index). A transaction that stays open
+for longer than that window delays only its own run's change, until the run's next change or
+deadline (the tick keeps a slow full sweep as a backstop, see the wiring notes in the report).
+
+Nothing of the feed is kept in the store: a restarted daemon starts from 0 (`read` returns
+every run that ever changed) or, cheaper, from `start` (the active runs and the high-water
+mark of one snapshot).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.store import dialects
+from watchdog.store.schema import runs
+
+# Reads after which a number below the cursor is no longer waited for (PostgreSQL): with one read
+# per tick, that many ticks for a writer's transaction between taking its number and committing.
+# A writer's transaction takes its number in its UPDATE (or, for an event, at its COMMIT) and
+# commits within milliseconds: three ticks is ample, and keeps the window's re-read small.
+LATE_READS = 3
+# At `start`, the numbers below the high-water mark that may still commit late (PostgreSQL).
+START_WINDOW = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class RunChange:
+    """A run that changed: what the tick needs to route it, the times in epoch seconds (None
+    where the row holds no readable time: the tick's full read reports such a row)."""
+
+    id: str
+    agent: str
+    status: str
+    host: str
+    pid: int | None
+    pid_create_time: float | None
+    kill_mode: str
+    change_seq: int
+    started_s: float | None
+    seen_s: float | None
+    stop_requested_s: float | None
+    signalled_s: float | None
+    paused_s: float | None
+    signal_stage: str | None
+    resumes: int
+    asked: dict[str, float]  # the run's own budget columns that are set (RUN_BUDGET_KEYS)
+
+    @property
+    def active(self) -> bool:
+        return self.status in lc.ACTIVE_STATUSES
+
+
+class ChangeBatch(NamedTuple):
+    changed: tuple[RunChange, ...]  # in the order of their numbers
+    cursor: int  # the feed's cursor after this read: pass it to the next read
+
+
+_IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "kill_mode", "change_seq",
+             "signal_stage", "resumes")
+_TIMES = ("started_at", "last_seen_at", "stop_requested_at", "signalled_at", "paused_at")
+
+
+def _light(conn: Connection) -> Any:
+    backend = dialects.of(conn)
+    return select(*(runs.c[c] for c in _IDENTITY), *(backend.epoch_s(runs.c[t]) for t in _TIMES),
+                  *(runs.c[k] for k in RUN_BUDGET_KEYS))
+
+
+_ABOVE: dict[str, str] = {}  # dialect name -> the light SELECT of the runs above a number, rendered
+
+
+def _above(conn: Connection) -> str:
+    """The read of every tick, rendered once per backend and run as the driver's own statement:
+    building, compiling and typing a 25-column SELECT each time cost more than the read itself."""
+    sql = _ABOVE.get(conn.dialect.name)
+    if sql is None:
+        stmt = _light(conn).where(runs.c.change_seq > 0).order_by(runs.c.change_seq)
+        text = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        head, sep, tail = text.rpartition("runs.change_seq > 0")
+        assert sep, text
+        sql = _ABOVE[conn.dialect.name] = head + "runs.change_seq > " + dialects.of(conn).ph + tail
+    return sql
+
+
+def _float(value: object) -> float | None:
+    """A finite number, else None (a row written by hand may hold text where a number belongs)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _time(value: object) -> float | None:
+    # The database computed it (epoch_s): a float or NULL; anything else is not a time.
+    return value if value.__class__ is float else _float(value)
+
+
+def _row(r: Sequence[Any]) -> RunChange | None:
+    """The light row, or None for a row whose identity is unreadable (not a text id)."""
+    rid, agent, status, host, pid, ctime, kill_mode, seq, stage, resumes = r[:10]
+    if rid.__class__ is not str or seq.__class__ is not int:
+        return None
+    asked = {}
+    for k, v in zip(RUN_BUDGET_KEYS, r[15:]):
+        if v is not None and (f := _float(v)) is not None:
+            asked[k] = f
+    return RunChange(
+        rid, str(agent), str(status), str(host), pid if pid.__class__ is int else None, _float(ctime),
+        str(kill_mode), seq, _time(r[10]), _time(r[11]), _time(r[12]), _time(r[13]), _time(r[14]),
+        stage if stage.__class__ is str else None, resumes if resumes.__class__ is int else 0, asked)
+
+
+def high_water(conn: Connection) -> int:
+    """The highest number any run holds now (0 for none): one probe of the index."""
+    top = conn.execute(select(func.max(runs.c.change_seq))).scalar()
+    return int(top) if isinstance(top, int) else 0
+
+
+class ChangeFeed:
+    """Which runs changed since the cursor. One per reader (it remembers what it reported in
+    the late-commit window); not shared between threads."""
+
+    def __init__(self, since: int = 0, *, late_reads: int = LATE_READS):
+        if since < 0 or late_reads < 1:
+            raise ValueError("since >= 0 and late_reads >= 1")
+        self.cursor = since
+        self._late_reads = late_reads
+        self._lows: deque[int] = deque(maxlen=late_reads)  # the cursor before each of the last reads
+        self._reported: set[int] = set()  # numbers above the window's low end already reported
+        self._batches: deque[list[int]] = deque()  # what each of the last reads added to it
+
+    def high_water(self, conn: Connection) -> int:
+        return high_water(conn)
+
+    def read(self, conn: Connection, since: int | None = None) -> ChangeBatch:
+        """The runs numbered above the cursor (and, where commits come out of order, the late
+        ones below it not reported yet), light, in number order; the cursor moves past them.
+        `since`: start over from that number (0: every run that ever changed)."""
+        if since is not None and since != self.cursor:
+            self._restart(since)
+        in_order = dialects.of(conn).commits_in_order
+        cursor, reported = self.cursor, self._reported
+        rows: list[Sequence[Any]] = list(conn.exec_driver_sql(_above(conn), (cursor,)))
+        low = cursor if in_order or not self._lows else min(self._lows[0], cursor)
+        if low < cursor:
+            # The late window: its numbers only (the index alone), whole rows for the few not
+            # reported yet: a number that committed after the cursor passed it.
+            late = [n for n in conn.execute(select(runs.c.change_seq).where(
+                runs.c.change_seq > low, runs.c.change_seq <= cursor)).scalars() if n not in reported]
+            if late:
+                rows = list(conn.execute(_light(conn).where(runs.c.change_seq.in_(late)))) + rows
+        out: list[RunChange] = []
+        numbers: list[int] = []  # every number read, unreadable rows' too: none is read twice
+        top = cursor
+        for r in rows:
+            change = _row(r)
+            if change is None:
+                if isinstance(r[7], int):
+                    numbers.append(r[7])
+                continue
+            out.append(change)
+            numbers.append(change.change_seq)
+            top = max(top, change.change_seq)
+        out.sort(key=lambda c: c.change_seq)
+        if not in_order:
+            # A number reported `late_reads` reads ago is at or below the window's new low end:
+            # it leaves the window with the read that reported it.
+            reported.update(numbers)
+            self._batches.append(numbers)
+            self._lows.append(cursor)
+            while len(self._batches) > self._late_reads:
+                reported.difference_update(self._batches.popleft())
+        self.cursor = top
+        return ChangeBatch(tuple(out), top)
+
+    def start(self, conn: Connection) -> ChangeBatch:
+        """A restarted reader: the active runs and the high-water mark, from one snapshot (pass
+        a `read_connection`). The late-commit window starts START_WINDOW numbers below the mark,
+        every number visible in it counted as reported, so a transaction that took its number
+        before the snapshot and commits after it is still read."""
+        top = high_water(conn)
+        rows = conn.execute(_light(conn).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+                            .order_by(runs.c.change_seq)).all()
+        active = tuple(c for r in rows if (c := _row(r)) is not None)
+        self._restart(top)
+        if not dialects.of(conn).commits_in_order:
+            floor = max(0, top - START_WINDOW)
+            visible = list(conn.execute(select(runs.c.change_seq).where(
+                runs.c.change_seq > floor, runs.c.change_seq <= top)).scalars().all())
+            self._reported = set(visible)
+            self._batches.append(visible)
+            self._lows.append(floor)
+        return ChangeBatch(active, top)
+
+    def _restart(self, since: int) -> None:
+        if since < 0:
+            raise ValueError("since >= 0")
+        self.cursor = since
+        self._lows.clear()
+        self._batches.clear()
+        self._reported = set()
