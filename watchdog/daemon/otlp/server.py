@@ -172,10 +172,32 @@ class _Handler(BaseHTTPRequestHandler):
                         return b"".join(parts)
             total += size
             if total > max_bytes:
+                self._drain_chunks(size, deadline)
                 raise decode.TooLarge(f"the chunked body is more than {max_bytes} bytes")
             parts.append(self._read(size, deadline))
             if self.rfile.readline(3) not in (b"\r\n", b"\n"):
                 raise _BadFraming("chunked body: a chunk does not end with CRLF")
+
+    def _drain_chunks(self, size: int, deadline: float) -> None:
+        """Read and drop the rest of a refused chunked body (the current chunk's `size` bytes,
+        then whole chunks, up to DRAIN_MAX_BYTES within the deadline), so that an exporter
+        still sending (OTel JS sends chunks) reads our 413 instead of a broken pipe."""
+        left = DRAIN_MAX_BYTES
+        try:
+            while left > 0 and time.monotonic() < deadline:
+                take = min(size + 2, left)  # the chunk's data and its CRLF
+                self._drain(take, deadline)
+                left -= take
+                line = self.rfile.readline(1024)
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    return
+                if size == 0:
+                    self.rfile.readline(1024)  # the empty line after the last chunk
+                    return
+        except OSError:
+            return
 
     def do_GET(self) -> None:  # noqa: N802
         body = decode.error_body(decode.JSON, 12, f"use POST {PATH}")
