@@ -13,14 +13,16 @@ per-record latency (p50/p99), for two implementations:
        Run._record, Watchdog.write, Writer.transaction).
   sdkmac  `sdk` for a run the daemon attested: each record also carries its MAC
        (watchdog.core.evidence_mac, with a per-run key as the attestation hands out).
-  raw  the same two statements (INSERT INTO events + UPDATE runs ... RETURNING,
-       the very SQL text of `watchdog.store.agent_writes.Dialect`) in one transaction on
-       a bare driver connection: sqlite3 with BEGIN IMMEDIATE / COMMIT (same
-       PRAGMAs and busy timeout as the store), psycopg with one transaction
-       per record and the SDK's driver options (no server-side prepared
-       statements: PgBouncer's transaction pooling forbids them). It computes
-       one UTC timestamp per record and nothing else: it is the floor that
-       only the database and the driver cost.
+  raw  the SDK's statements for a record (`watchdog.store.agent_writes.AgentSQL.record`,
+       the very SQL text) on a bare driver connection: sqlite3 with BEGIN IMMEDIATE,
+       INSERT INTO events, UPDATE runs ... RETURNING, COMMIT (same PRAGMAs and busy
+       timeout as the store); psycopg in autocommit with the one statement
+       (WITH ev AS (INSERT INTO events ...) UPDATE runs ... RETURNING) and the SDK's
+       driver options (no server-side prepared statements: PgBouncer's transaction
+       pooling forbids them). Same schema, same login: on `postgresql` both log in as
+       an agent of sql/postgres-roles.sql, so row-level security, the writer triggers
+       and the checks cost both alike. It computes one UTC timestamp per record and
+       nothing else: it is the floor that only the database and the driver cost.
 
 Every process connects, opens its run and records `--warmup` records first
 (connection setup, statement caches and psycopg's prepared statements are then
@@ -69,6 +71,15 @@ PG_SERVER = os.environ.get("AW_BENCH_PG", "postgresql+psycopg://postgres@127.0.0
 PG_ADMIN_DB = "postgres"
 SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # the table contract's (watchdog.store)
 CHILD_TIMEOUT_S = 300
+# The store backend each benchmark backend writes to (watchdog.store.dialects names).
+DIALECT = {"sqlite": "sqlite", "postgresql": "postgresql", "postgresql-owner": "postgresql",
+           "postgresql-agent": "postgresql", "pgbouncer": "postgresql"}
+# Backends whose writers log in as an agent of sql/postgres-roles.sql: row-level security, the
+# writer triggers (migration 0010) and the checks all on, as an agent's records meet them.
+AGENT_LOGIN = ("postgresql", "postgresql-agent")
+# Issue 25's goals for the SDK against the raw driver on the same statements and schema.
+GOAL_P50_RATIO = 1.2
+GOAL_P99_RATIO = 2.0
 
 
 # --- small helpers ---------------------------------------------------------------
@@ -173,7 +184,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
     from watchdog.store.agent_writes import AgentSQL  # SQL text only: the same statements as the SDK
     from watchdog.store.dialects import for_name
 
-    d = AgentSQL(for_name(backend))
+    d = AgentSQL(for_name(DIALECT[backend]))
     run_id = uuid.uuid4().hex
     now = dt.datetime.now(dt.timezone.utc)
     if backend == "sqlite":
@@ -185,7 +196,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
     else:
         import psycopg
 
-        conn = psycopg.connect(url_conninfo(url), prepare_threshold=None)  # as the SDK's
+        conn = psycopg.connect(url_conninfo(url), prepare_threshold=None, autocommit=True)  # as the SDK's
         started = now
         labels = None
     cur = conn.cursor()
@@ -200,7 +211,6 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
         cur.execute("COMMIT")
     else:
         cur.execute(d.insert_run, run_params)
-        conn.commit()
 
     insert_event, update_run = d.insert_event, d.update_run
     from watchdog.store.agent_writes import EVENT_COLUMNS
@@ -214,6 +224,9 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
     now_fn = dt.datetime.now
     errors = collections.Counter()
 
+    # The SDK's statements for a record (AgentSQL.record): on PostgreSQL one statement run in
+    # autocommit (its own transaction), on SQLite two between BEGIN IMMEDIATE and COMMIT.
+    one = d.record_one
     if backend == "sqlite":
         def record(seq):
             at = now_fn(utc).strftime(SQLITE_TS_FORMAT)
@@ -234,15 +247,12 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
         def record(seq):
             at = now_fn(utc)
             try:
-                cur.execute(insert_event, (run_id, seq, at, "tool", "search", args_hash, None, True, None, None,
-                                           None, None, None, None, None, None, *pad))
-                cur.execute(update_run, (0, 1, 0, 0, 0, 0.0, 0, 0, 0, seq, at, None, run_id))
-                row = cur.fetchone()
-                conn.commit()
-                return row
+                cur.execute(one, (run_id, seq, at, "tool", "search", args_hash, None, True, None, None,
+                                  None, None, None, None, None, None, *pad,
+                                  0, 1, 0, 0, 0, 0.0, 0, 0, 0, seq, at, None, run_id))
+                return cur.fetchone()
             except Exception as exc:
                 errors[classify_error(exc)] += 1
-                conn.rollback()
                 return None
 
     seq = 0
@@ -267,7 +277,6 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
         cur.execute("COMMIT")
     else:
         cur.execute(d.end_run, end_params)
-        conn.commit()
     conn.close()
     return {"t_start": t_start, "t_end": t_end, "lat": lat.tobytes(), "errors": dict(errors),
             "buffered_at_end": 0, "dropped": 0, "lost": sum(errors.values())}
@@ -317,7 +326,7 @@ class Store:
             upgrade(engine)
         finally:
             engine.dispose()
-        if backend == "postgresql-agent":  # the writers log in as an agent of sql/postgres-roles.sql
+        if backend in AGENT_LOGIN:  # the writers log in as an agent of sql/postgres-roles.sql
             self._agent_login()
         if backend == "pgbouncer":  # the writers go through it; this script's own checks go direct
             sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
@@ -476,21 +485,39 @@ def combine(backend: str, writers: int, impl: str, parts: list[dict]) -> dict:
     }
 
 
+def ratios(rows: list[dict]) -> dict:
+    """(backend, writers, impl) -> (p50 ratio, p99 ratio) of an SDK row against the raw row."""
+    raw = {(r["backend"], r["writers"]): r for r in rows if r["impl"] == "raw"}
+    out = {}
+    for r in rows:
+        base = raw.get((r["backend"], r["writers"]))
+        if r["impl"] != "raw" and base is not None:
+            out[(r["backend"], r["writers"], r["impl"])] = (r["p50_ms"] / base["p50_ms"], r["p99_ms"] / base["p99_ms"])
+    return out
+
+
+def goal_mark(ratio: float, goal: float) -> str:
+    return f"{ratio:.2f}x {'met' if ratio <= goal else 'MISSED'}"
+
+
 def format_table(rows: list[dict]) -> str:
-    head = ("backend", "writers", "impl", "records/s", "p50 ms", "p99 ms", "max ms", "errors", "SDK p50 / raw p50",
-            "MAC p50 / SDK p50")
-    raw_p50 = {(r["backend"], r["writers"]): r["p50_ms"] for r in rows if r["impl"] == "raw"}
+    head = ("backend", "writers", "impl", "records/s", "p50 ms", "p99 ms", "max ms", "errors",
+            f"p50 / raw (goal <= {GOAL_P50_RATIO:g}x)", f"p99 / raw (goal <= {GOAL_P99_RATIO:g}x)", "MAC p50 / SDK p50")
     sdk_p50 = {(r["backend"], r["writers"]): r["p50_ms"] for r in rows if r["impl"] == "sdk"}
+    vs_raw = ratios(rows)
     lines = []
     for r in rows:
         key = (r["backend"], r["writers"])
-        ratio = f"{r['p50_ms'] / raw_p50[key]:.2f}x" if r["impl"] != "raw" and key in raw_p50 else ""
+        p50_ratio = p99_ratio = ""
+        if (*key, r["impl"]) in vs_raw:
+            r50, r99 = vs_raw[(*key, r["impl"])]
+            p50_ratio, p99_ratio = goal_mark(r50, GOAL_P50_RATIO), goal_mark(r99, GOAL_P99_RATIO)
         mac_ratio = f"{r['p50_ms'] / sdk_p50[key]:.2f}x" if r["impl"] == "sdkmac" and key in sdk_p50 else ""
         errs = str(r["n_errors"]) + (f" ({', '.join(f'{k}={v}' for k, v in r['errors'].items())})" if r["n_errors"] else "")
         if not r["verified"]:
             errs += " UNVERIFIED"
         lines.append((r["backend"], str(r["writers"]), r["impl"], f"{r['records_per_s']:,.0f}", f"{r['p50_ms']:.3f}",
-                      f"{r['p99_ms']:.3f}", f"{r['max_ms']:.1f}", errs, ratio, mac_ratio))
+                      f"{r['p99_ms']:.3f}", f"{r['max_ms']:.1f}", errs, p50_ratio, p99_ratio, mac_ratio))
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
     out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
            "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -512,8 +539,9 @@ def profile(backend: str, records: int, top: int):
     from watchdog import Watchdog
     from watchdog.core.records import hash_args
     from watchdog.core.clock import utcnow
+    from watchdog.store.agent_writes import EVENT_COLUMNS
 
-    if backend == "postgresql":
+    if backend != "sqlite":
         records = min(records, 2000)  # each commit waits for a WAL fsync: keep the profile short
     store = Store(backend)
     try:
@@ -532,40 +560,38 @@ def profile(backend: str, records: int, top: int):
 
         # The layers, from the bare driver up to the public call: median of single calls,
         # interleaved in rounds so that drift (WAL checkpoints, table growth) hits all alike.
-        d = wd.writer.dialect
+        d, sql = wd.writer.dialect, wd.writer.sql
         raw_conn, raw_cur = _raw_connect(backend, store)
-        if backend == "postgresql":
+        if backend != "sqlite":
             # Take the WAL fsync (~ms, and noisy) out of every layer alike: what is left is the
             # client's CPU and one round trip per statement, where the SDK's overhead would show.
             with wd.writer.connection() as sdk_conn:  # the pool's one connection (one thread)
                 for c in (raw_conn, sdk_conn):
-                    c.cursor().execute("SET synchronous_commit TO off")
-                    c.commit()
+                    c.cursor().execute("SET synchronous_commit TO off")  # both in autocommit
             print("(PostgreSQL layers measured with synchronous_commit=off on both connections)\n")
         seq = [10**6]
         zeros = "0" * 64
 
+        pad = (None,) * (len(EVENT_COLUMNS) - 16)
+
         def statements():
             seq[0] += 1
-            at = d.ts(utcnow())
-            return [(d.insert_event, (run.id, seq[0], at, "tool", "search", zeros, None, True, None, None, None, None,
-                                      None, None, None, None)),
-                    (d.update_run, (0, 1, 0, 0, 0, 0.0, seq[0], at, None, run.id))]
+            at = d.seen(utcnow())
+            return sql.record((run.id, seq[0], at, "tool", "search", zeros, None, True, None, None, None, None,
+                               None, None, None, None, *pad), (0, 1, 0, 0, 0, 0.0, 0, 0, 0, seq[0], at, None, run.id))
 
         def raw():
-            (ins, p1), (upd, p2) = statements()
+            stmts = statements()
             if backend == "sqlite":
                 raw_cur.execute("BEGIN IMMEDIATE")
-            raw_cur.execute(ins, p1)
-            raw_cur.execute(upd, p2)
+            for text, params in stmts:
+                raw_cur.execute(text, params)
             raw_cur.fetchone()
             if backend == "sqlite":
                 raw_cur.execute("COMMIT")
-            else:
-                raw_conn.commit()
 
         layers = {
-            "raw driver: BEGIN/INSERT/UPDATE RETURNING/COMMIT": raw,
+            "raw driver: the record's statements (AgentSQL.record)": raw,
             "Writer.transaction()": lambda: wd.writer.transaction(statements()),
             "Watchdog.write()": lambda: wd.write(statements()),
             "Run._record()": lambda: run._record("tool", tool="search", args_hash=zeros, args={"q": 1}, ok=True,
@@ -636,7 +662,8 @@ def _raw_connect(backend, store):
     else:
         import psycopg
 
-        conn = psycopg.connect(pg_conninfo(store.dbname))
+        # As the writers log in (an agent: RLS on), with the SDK's driver options (no prepared statements).
+        conn = psycopg.connect(url_conninfo(store.url), autocommit=True, prepare_threshold=None)
     return conn, conn.cursor()
 
 
@@ -648,8 +675,10 @@ def main(argv=None):
     ap.add_argument("--records", type=int, default=2000, help="timed records per writer process (default 2000)")
     ap.add_argument("--warmup", type=int, default=100, help="untimed records per process first (default 100)")
     ap.add_argument("--backends", default="sqlite,postgresql",
-                    help="comma list of sqlite, postgresql, postgresql-agent (as an agents' login of "
-                         "sql/postgres-roles.sql), pgbouncer (PostgreSQL through a pgbouncer started here)")
+                    help="comma list of sqlite, postgresql (as an agents' login of sql/postgres-roles.sql: "
+                         "row-level security and the writer triggers on; postgresql-agent is the same), "
+                         "postgresql-owner (as the tables' owner: no row-level security), pgbouncer "
+                         "(PostgreSQL through a pgbouncer started here)")
     ap.add_argument("--bouncer-pool", type=int, default=20,
                     help="pgbouncer: server connections to PostgreSQL (default 20)")
     ap.add_argument("--writers", default="1,4,16", help="comma list of concurrent writer processes")
@@ -666,7 +695,7 @@ def main(argv=None):
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in backends:
-        if b not in ("sqlite", "postgresql", "postgresql-agent", "pgbouncer"):
+        if b not in DIALECT:
             ap.error(f"--backends: unknown backend {b!r}")
     writers = [int(w) for w in args.writers.split(",") if w.strip()]
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]

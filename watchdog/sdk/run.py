@@ -467,7 +467,7 @@ class Run:
         )
         counts = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0)
         update = (*counts, cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)
-        statements: list[Statement] = [(sql.insert_event, event), (sql.update_run, update)]
+        statements: list[Statement] = sql.record(event, update)
         if self.lineage.ancestors:  # a child: count on its ancestors too, obey theirs as well as its own status
             statements += self.lineage.record_statements(counts, at)
             ancestor = self.parent

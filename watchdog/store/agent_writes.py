@@ -13,7 +13,10 @@ import functools
 import os
 import threading
 import time
+import weakref
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -28,6 +31,8 @@ from watchdog.store.dialects import Dialect
 POOL_SIZE = 2
 # A thread that finds every connection busy this long gives up (the SDK buffers the record).
 POOL_WAIT_S = 10.0
+
+Statement = tuple[str, Sequence[Any]]  # (SQL, its parameters), as watchdog.store.lineage spells it
 
 # The statuses literal in SQL text, from the lifecycle (never spelled out by hand).
 ACTIVE_SQL = ", ".join(f"'{s}'" for s in ACTIVE_STATUSES)
@@ -49,7 +54,7 @@ RUN_COLUMNS = (
 class AgentSQL:
     """The SDK's statements for one backend, rendered once (see the module's docstring)."""
 
-    def __init__(self, backend: Dialect):
+    def __init__(self, backend: Dialect) -> None:
         self.backend = backend
         ph, clock = backend.ph, backend.clock_ph
         greatest, json_ph = backend.greatest, backend.json_ph
@@ -69,6 +74,12 @@ class AgentSQL:
         )
         if backend.returning:
             self.update_run += " RETURNING status, stop_reason, stop_detail"
+        # A record as one statement where the backend can (PostgreSQL: a data-modifying WITH, one
+        # round trip in autocommit). Row-level security, the checks and the triggers apply to both
+        # writes exactly as to two statements; the run's status comes back by RETURNING.
+        self.record_one: str | None = None
+        if backend.modifying_cte and backend.returning:
+            self.record_one = f"WITH ev AS ({self.insert_event}) {self.update_run}"
         self.select_status = f"SELECT status, stop_reason, stop_detail FROM runs WHERE id = {ph}"
         self.end_run = (
             f"UPDATE runs SET status = {ph}, ended_at = {clock}, "
@@ -90,9 +101,22 @@ class AgentSQL:
         self.mac_event = f"UPDATE events SET mac = {ph} WHERE run_id = {ph} AND seq = {ph} AND mac IS NULL"
 
 
+    def record(self, event: Sequence[Any], update: Sequence[Any]) -> list[Statement]:
+        """A record's writes: the event (EVENT_COLUMNS) and its run's counters (update_run's
+        parameters), whose last statement reads the run's status back where RETURNING exists."""
+        if self.record_one is not None:
+            return [(self.record_one, (*event, *update))]
+        return [(self.insert_event, event), (self.update_run, update)]
+
+
 @functools.cache
 def _agent_sql(name: str) -> AgentSQL:
     return AgentSQL(dialects.for_name(name))
+
+
+# A pooled connection with the one cursor every transaction on it reuses (a cursor per record
+# is setup the raw driver does not pay).
+_Slot = tuple[Any, Any]
 
 
 class Writer:
@@ -102,6 +126,11 @@ class Writer:
     one, the threads beyond wait their turn (a record is one short transaction, so the wait
     is short). Through PgBouncer in transaction pooling mode nothing here keeps session
     state: no SET, no advisory lock, no server-side prepared statement (see make_engine).
+
+    PostgreSQL connections are in autocommit: a statement alone is its own transaction, so a
+    record (one statement there, `AgentSQL.record`) costs one round trip; several statements
+    are wrapped in BEGIN / COMMIT. SQLite takes the write lock up front (BEGIN IMMEDIATE),
+    where the busy timeout waits for it, never mid-transaction where it cannot.
     """
 
     def __init__(self, engine: Engine, pool_size: int = POOL_SIZE):
@@ -111,23 +140,23 @@ class Writer:
         self.dialect = dialects.of(engine)  # the backend: placeholders, the clock, timestamps
         self.sql = _agent_sql(self.dialect.name)  # the SDK's statements, rendered once per backend
         self.pool_size = pool_size
-        self._idle: list = []  # LIFO: the warmest connection first; list.pop/append are atomic
+        self._begin = self.dialect.write_begin
+        self._autocommit = self.dialect.autocommit_writes
+        self._idle: list[_Slot] = []  # LIFO: the warmest connection first; list.pop/append are atomic
         self._open = 0  # connections this process opened and has not dropped (idle or in use)
         self._cond = threading.Condition(threading.Lock())
-        self._pid = os.getpid()
-        self._parents: list = []
+        self._parents: list[list[_Slot]] = []
+        _WRITERS.add(self)
 
     # -- the pool ---------------------------------------------------------------------
 
-    def _take(self):
-        if self._pid != os.getpid():
-            self._after_fork()
+    def _take(self) -> _Slot:
         try:
             return self._idle.pop()  # the hot path: no lock
         except IndexError:
             return self._take_slow()
 
-    def _take_slow(self):
+    def _take_slow(self) -> _Slot:
         deadline = None
         with self._cond:
             while True:
@@ -143,31 +172,36 @@ class Writer:
                                            f"for {POOL_WAIT_S:g} s")
                 self._cond.wait(min(deadline - now, 0.05))  # also polls: a missed notify costs 50 ms at most
         try:
-            return self.engine.raw_connection()
+            conn = self.engine.raw_connection()
+            if self._autocommit:
+                dbapi_conn: Any = conn.dbapi_connection
+                dbapi_conn.rollback()  # a pool's pre-ping may have left a transaction open
+                dbapi_conn.autocommit = True
+            return conn, conn.cursor()
         except BaseException:
             self._forget()
             raise
 
-    def _give(self, conn):
-        self._idle.append(conn)
+    def _give(self, slot: _Slot) -> None:
+        self._idle.append(slot)
         if self._open >= self.pool_size:  # someone may be waiting
             with self._cond:
                 self._cond.notify()
 
-    def _forget(self):
+    def _forget(self) -> None:
         with self._cond:
             self._open -= 1
             self._cond.notify()
 
-    def _drop(self, conn):
+    def _drop(self, slot: _Slot) -> None:
         """A connection that failed is not reused: the next transaction opens a fresh one."""
         try:
-            conn.invalidate()
+            slot[0].invalidate()
         except Exception:  # a connection that is already broken cannot be closed cleanly
             pass
         self._forget()
 
-    def _after_fork(self):
+    def _after_fork(self) -> None:
         # A forked child (multiprocessing) inherits the parent's connections: a shared
         # socket or SQLite handle corrupts both processes' transactions. The child opens
         # its own. The parent's are kept referenced, never used nor closed here: closing
@@ -177,18 +211,18 @@ class Writer:
         self._open = 0
         self._cond = threading.Condition(threading.Lock())  # the parent's may have been held at fork
         self.engine.dispose(close=False)
-        self._pid = os.getpid()
 
     @contextmanager
-    def connection(self):
-        """A pooled DBAPI connection for a few statements of one's own (tests, benchmarks)."""
-        conn = self._take()
+    def connection(self) -> Iterator[Any]:
+        """A pooled DBAPI connection for a few statements of one's own (tests, benchmarks).
+        On PostgreSQL it is in autocommit: a transaction of several statements says BEGIN."""
+        slot = self._take()
         try:
-            yield conn
+            yield slot[0]
         except BaseException:
-            self._drop(conn)
+            self._drop(slot)
             raise
-        self._give(conn)
+        self._give(slot)
 
     @property
     def open_connections(self) -> int:
@@ -196,58 +230,54 @@ class Writer:
 
     # -- statements -------------------------------------------------------------------
 
-    def transaction(self, statements):
+    def transaction(self, statements: Sequence[Statement]) -> Any:
         """Execute [(sql, params), ...] in one transaction; return the last statement's first row."""
-        conn = self._take()
-        cur = None
+        slot = self._take()
+        cur = slot[1]
         row = None
         try:
-            cur = conn.cursor()
-            if self.dialect.begin:
-                cur.execute(self.dialect.begin)
-            for sql, params in statements:
+            if self._autocommit and len(statements) == 1:  # its own transaction: one round trip
+                sql, params = statements[0]
                 cur.execute(sql, params)
                 row = cur.fetchone() if cur.description else None
-            if self.dialect.begin:
-                cur.execute("COMMIT")
             else:
-                conn.commit()
-            cur.close()
+                cur.execute(self._begin)
+                for sql, params in statements:
+                    cur.execute(sql, params)
+                    row = cur.fetchone() if cur.description else None
+                cur.execute("COMMIT")
         except BaseException:
-            self._abort(conn, cur)
+            self._abort(slot)
             raise
-        self._give(conn)
+        self._give(slot)
         return row
 
-    def query(self, sql, params=()):
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """A read outside any write transaction (no write lock taken on SQLite)."""
-        conn = self._take()
-        cur = None
+        slot = self._take()
         try:
-            cur = conn.cursor()
+            cur = slot[1]
             cur.execute(sql, params)
-            rows = cur.fetchall()
-            cur.close()
-            if not self.dialect.begin:
-                conn.rollback()  # the driver began a read transaction: end it, never sit idle in one
+            rows: list[Any] = cur.fetchall()
         except BaseException:
-            self._abort(conn, cur)
+            self._abort(slot)
             raise
-        self._give(conn)
+        self._give(slot)
         return rows
 
-    def _abort(self, conn, cur):
+    def _abort(self, slot: _Slot) -> None:
         # Roll back explicitly before dropping the connection. Closing a sqlite3
         # connection while a cursor of the failed statement is still referenced
         # (by the traceback being raised) leaves a "zombie" connection that keeps
         # the transaction, and with it the database's write lock, until garbage
         # collection: every other agent would then wait out its busy timeout.
-        for step in (lambda: cur.close() if cur is not None else None, conn.rollback):
+        conn, cur = slot
+        for step in (cur.close, conn.rollback):
             try:
                 step()
             except Exception:  # a broken connection cannot be rolled back: it is discarded below
                 pass
-        self._drop(conn)
+        self._drop(slot)
 
     def is_rejection(self, exc: BaseException) -> bool:
         """True when the store refused this record itself (constraint, bad data),
@@ -264,16 +294,26 @@ class Writer:
         exc = getattr(exc, "orig", None) or exc
         return isinstance(exc, self.engine.dialect.loaded_dbapi.IntegrityError)
 
-    def close(self):
+    def close(self) -> None:
         """Close the idle connections (the process is done with the store)."""
-        if self._pid != os.getpid():
-            self._after_fork()  # never close the parent's connections from a child
-            return
         while True:
             try:
-                conn = self._idle.pop()
+                slot = self._idle.pop()
             except IndexError:
                 return
-            self._drop(conn)
+            self._drop(slot)
 
     discard = close  # the name before the pool
+
+
+# Every Writer of this process, for the fork hook below (weakly: a closed Watchdog's goes).
+_WRITERS: weakref.WeakSet[Writer] = weakref.WeakSet()
+
+
+def _writers_after_fork() -> None:
+    for writer in list(_WRITERS):
+        writer._after_fork()
+
+
+# In the child of a fork, before any of its code runs: no record checks its pid on the hot path.
+os.register_at_fork(after_in_child=_writers_after_fork)

@@ -40,8 +40,14 @@ class Dialect:
     # ended_at), as a placeholder: see `seen`.
     clock_ph: ClassVar[str]
     for_update: ClassVar[str]  # a row lock on a SELECT ("" where the write lock is the database's)
-    begin: ClassVar[str | None]  # how a write transaction begins on a raw connection (None: the driver's)
     returning: ClassVar[bool]  # UPDATE ... RETURNING
+    # The SDK's write path (watchdog.store.agent_writes.Writer), on its raw DBAPI connections:
+    write_begin: ClassVar[str]  # how a transaction of several statements begins
+    # The connections are in autocommit: a lone statement is its own transaction (no BEGIN, no
+    # COMMIT, no round trips for either).
+    autocommit_writes: ClassVar[bool]
+    # A WITH clause may INSERT: a record's event and its run's counters are one statement.
+    modifying_cte: ClassVar[bool]
     # Retention: rows per delete, and the pause after a batch as a share of its duration. SQLite:
     # every writer waits while a batch runs, so a batch stays a few tens of ms and the agents get
     # the lock half the time. PostgreSQL locks only the rows it deletes (no agent writes an ended
@@ -106,8 +112,12 @@ class SQLiteDialect(Dialect):
     json_ph = "?"
     clock_ph = "?"
     for_update = ""  # BEGIN IMMEDIATE already holds the database's one write lock
-    begin = "BEGIN IMMEDIATE"
     returning = sqlite3.sqlite_version_info >= (3, 35)
+    # The write lock up front, where the busy timeout waits for it: a deferred BEGIN that reads and
+    # then writes meets SQLITE_BUSY at the upgrade, which no busy handler waits out.
+    write_begin = "BEGIN IMMEDIATE"
+    autocommit_writes = False  # a record is two statements: always BEGIN IMMEDIATE ... COMMIT
+    modifying_cte = False
     prune_rows_per_batch = 2000
     prune_pause_ratio = 1.0
     embedded = True
@@ -115,7 +125,8 @@ class SQLiteDialect(Dialect):
 
     def ts(self, value: dt.datetime) -> str:
         # SQLite has no timestamp type: naive UTC text, the format of the table contract.
-        utc = value.astimezone(dt.timezone.utc)
+        # A UTC time (core.clock.utcnow's, every record's) needs no conversion.
+        utc = value if value.tzinfo is dt.timezone.utc else value.astimezone(dt.timezone.utc)
         if type(utc) is dt.datetime and utc.year >= 1000:
             # isoformat is ~3x cheaper than strftime and, for 4-digit years, spells exactly
             # SQLITE_TS_FORMAT ("%Y-%m-%d %H:%M:%S.%f") followed by "+00:00".
@@ -150,8 +161,10 @@ class PostgresDialect(Dialect):
     # replay tool) wins.
     clock_ph = "COALESCE(%s::timestamptz, now())"
     for_update = " FOR UPDATE"
-    begin = None
     returning = True
+    write_begin = "BEGIN"
+    autocommit_writes = True
+    modifying_cte = True
     prune_rows_per_batch = 10000
     prune_pause_ratio = 0.1
 
