@@ -28,8 +28,25 @@ ERROR_CLASS_MAX_CHARS = 128
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+# The same C encoder, made once instead of on every call (JSONEncoder.encode builds one each
+# time), without the circular-reference bookkeeping: a circular value then overflows the
+# recursion limit, and canonical_json falls back to _CANONICAL to raise its ValueError.
+_C_MAKE_ENCODER = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODE_STR = getattr(json.encoder, "c_encode_basestring", None)
+_FAST_CANONICAL = (
+    _C_MAKE_ENCODER(None, _CANONICAL.default, _C_ENCODE_STR, None, _CANONICAL.key_separator,
+                    _CANONICAL.item_separator, True, False, False)
+    if _C_MAKE_ENCODER is not None and _C_ENCODE_STR is not None else None
+)
+
+
 def canonical_json(args: Any) -> str:
     """Sorted keys, no whitespace: the same arguments always give the same text."""
+    if _FAST_CANONICAL is not None:
+        try:
+            return "".join(_FAST_CANONICAL(args, 0))
+        except RecursionError:
+            pass  # circular (or absurdly deep): the checking encoder says so
     return _CANONICAL.encode(args)
 
 

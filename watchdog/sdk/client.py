@@ -269,10 +269,11 @@ class Watchdog:
         counted instead: retrying it could never succeed, and buffered ahead of
         every later record it would keep the run from ever seeing a stop.
         With `raise_conflict`, an integrity error (a duplicate key) is raised instead."""
-        with self._buffer_lock:
-            if self._buffer and not self._flush():
-                self._enqueue(statements)
-                return None
+        if self._buffer:  # read without the lock first: a record with nothing buffered (the rule) takes none
+            with self._buffer_lock:
+                if self._buffer and not self._flush():
+                    self._enqueue(statements)
+                    return None
         try:
             row: Sequence[Any] | None = self.writer.transaction(statements)
         except Exception as exc:

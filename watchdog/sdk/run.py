@@ -41,6 +41,18 @@ PARTIAL_MAX_CHARS = 2000
 PENDING_MAC_MAX = 10_000
 
 
+# Tool names already found valid in this process: an agent calls the same few tools over and over,
+# and validating a name (printable, one line, fits its column) is work each record would repeat.
+_VALID_TOOLS: set[str] = set()
+VALID_TOOLS_CACHED_MAX = 4096  # distinct names remembered; past that, the rest are checked every time
+
+
+def _valid_tool(name: object) -> None:
+    validate_name("name", name, TOOL_MAX_CHARS)
+    if type(name) is str and len(_VALID_TOOLS) < VALID_TOOLS_CACHED_MAX:
+        _VALID_TOOLS.add(name)  # a plain str only: a subclass could compare equal and hash alike, yet differ
+
+
 class Run:
     """Created by `Watchdog.run()`. Every record is one transaction that also reads
     the run's status back: when the daemon asked the run to stop, it raises RunKilled;
@@ -349,7 +361,8 @@ class Run:
     def record_tool(self, name: str, args: object = None, *, ok: bool = True, error: BaseException | str | None = None,
                     duration_s: float | None = None, attempt: int = 1) -> None:
         """Record a tool call that a framework ran itself (`attempt` > 1: a retry of the same call)."""
-        validate_name("name", name, TOOL_MAX_CHARS)
+        if type(name) is not str or name not in _VALID_TOOLS:
+            _valid_tool(name)
         if duration_s is not None:
             duration_s = validate_amount("duration_s", duration_s)
         args = {} if args is None else args
@@ -366,7 +379,8 @@ class Run:
                   **policy: Unpack[toolcall.ToolPolicy]) -> T:
         """Call `fn(**args)`, record it, return its result; the tool's exception is re-raised.
         `policy`: `retries=`, `retry_on=`, `backoff_s=`, `timeout_s=` (watchdog.sdk.toolcall.call_tool)."""
-        validate_name("name", name, TOOL_MAX_CHARS)  # before the tool runs: it could not be recorded
+        if type(name) is not str or name not in _VALID_TOOLS:  # before the tool runs: it could not be recorded
+            _valid_tool(name)
         return toolcall.call_tool(self, name, {} if args is None else args, fn, read_only=read_only, **policy)
 
     def before_tool(self, name: str, args: dict[str, Any] | None = None, *,
@@ -374,7 +388,8 @@ class Run:
         """For a tool the caller runs itself: the checks `tool_call` makes before the tool runs
         (stop, guards, circuit). Raises RunKilled or ToolUnavailable; else call the tool and
         then `after_tool` with what it returned."""
-        validate_name("name", name, TOOL_MAX_CHARS)
+        if type(name) is not str or name not in _VALID_TOOLS:
+            _valid_tool(name)
         return toolcall.before_tool(self, name, {} if args is None else args, circuits=circuits)
 
     def after_tool(self, pending: toolcall.PendingTool, *, ok: bool = True,
@@ -430,45 +445,53 @@ class Run:
         except Exception:  # noqa: BLE001 — a stop must never fail for want of bookkeeping
             pass
 
-    def _record(self, kind: str, **f: Any) -> None:
-        d, sql = self.wd.writer.dialect, self.wd.writer.sql
+    def _record(self, kind: str, *, tool: str | None = None, args_hash: str | None = None, args: object = None,
+                ok: bool | None = None, error_class: str | None = None, error_msg: str | None = None,
+                duration_s: float | None = None, model: str | None = None, tokens_in: int | None = None,
+                tokens_out: int | None = None, cost_eur: float | None = None, progress: str | None = None,
+                attempt: int | None = None, cached_tokens_in: int | None = None,
+                reasoning_tokens: int | None = None, unpriced: int = 0) -> None:
+        # Every field a named parameter (not **kwargs read back with .get): this runs on every record.
+        writer = self.wd.writer
+        d, sql = writer.dialect, writer.sql
         at = d.seen(utcnow())  # the event's time and the run's last_seen_at: the store's clock, one reading
         record_args = self.wd.record_args  # this process's own choice, never the store's
+        steps = 1 if kind == lc.EV_STEP else 0
+        calls = 1 if kind == lc.EV_TOOL else 0
+        errors = 1 if calls and not ok else 0
+        t_in, t_out, cost = tokens_in or 0, tokens_out or 0, cost_eur or 0.0
         with self._lock:
             self._seq += 1
             seq = self._seq
-            steps, calls = (1, 0) if kind == lc.EV_STEP else (0, 1) if kind == lc.EV_TOOL else (0, 0)
-            errors = 1 if kind == lc.EV_TOOL and not f.get("ok") else 0
             self.steps += steps
             self.tool_calls += calls
             self.tool_errors += errors
             if calls:
-                self.tool_counts[f["tool"]] += 1
-                self.tool_error_counts[f["tool"]] += errors
-            self.tokens_in += f.get("tokens_in") or 0
-            self.tokens_out += f.get("tokens_out") or 0
-            self.cost_eur += f.get("cost_eur") or 0.0
-            self.cost_unpriced_tokens += f.get("unpriced") or 0
-        cached, reasoning = f.get("cached_tokens_in"), f.get("reasoning_tokens")
+                self.tool_counts[tool] += 1  # type: ignore[index]  # a tool record names its tool
+                self.tool_error_counts[tool] += errors  # type: ignore[index]
+            self.tokens_in += t_in
+            self.tokens_out += t_out
+            self.cost_eur += cost
+            self.cost_unpriced_tokens += unpriced
         evmac, pending = self._evmac, self._pending_mac
         mac = None
         if evmac is not None or pending is not None:
-            macd = (kind, f.get("tool"), f.get("args_hash"), f.get("ok"), f.get("model"), f.get("tokens_in"),
-                    f.get("tokens_out"), cached, reasoning, f.get("cost_eur"), f.get("attempt"), at)
+            macd = (kind, tool, args_hash, ok, model, tokens_in, tokens_out, cached_tokens_in, reasoning_tokens,
+                    cost_eur, attempt, at)
             if evmac is not None:
                 mac = evmac.mac(self.id, seq, *macd)
             elif pending is not None and len(pending) < PENDING_MAC_MAX:
                 pending.append((seq, macd))
         event = (
-            self.id, seq, at, kind, f.get("tool"), f.get("args_hash"),
-            d.json(f.get("args")) if record_args else None, f.get("ok"), f.get("error_class"), f.get("error_msg"),
-            f.get("duration_s"), f.get("model"), f.get("tokens_in"), f.get("tokens_out"), f.get("cost_eur"),
-            f.get("progress"), f.get("attempt"), cached, reasoning, mac,
+            self.id, seq, at, kind, tool, args_hash, d.json(args) if record_args else None, ok, error_class,
+            error_msg, duration_s, model, tokens_in, tokens_out, cost_eur, progress, attempt, cached_tokens_in,
+            reasoning_tokens, mac,
         )
-        counts = (steps, calls, errors, f.get("tokens_in") or 0, f.get("tokens_out") or 0, f.get("cost_eur") or 0.0)
-        update = (*counts, cached or 0, reasoning or 0, f.get("unpriced") or 0, seq, at, f.get("progress"), self.id)
+        update = (steps, calls, errors, t_in, t_out, cost, cached_tokens_in or 0, reasoning_tokens or 0, unpriced,
+                  seq, at, progress, self.id)
         statements: list[Statement] = sql.record(event, update)
         if self.lineage.ancestors:  # a child: count on its ancestors too, obey theirs as well as its own status
+            counts = update[:6]
             statements += self.lineage.record_statements(counts, at)
             ancestor = self.parent
             while ancestor is not None:
