@@ -3,6 +3,7 @@ arguments' canonical JSON (a prebuilt encoder) and the tool names already found 
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import math
@@ -61,3 +62,27 @@ def test_a_str_subclass_is_validated_but_never_remembered():
 
     sdk_run._valid_tool(Sneaky("sneaky-subclass"))
     assert "sneaky-subclass" not in sdk_run._VALID_TOOLS
+
+
+@pytest.mark.parametrize("epoch_ns", [
+    0, 999_999, 1_000_000_000, 1_764_806_399_999_999_999, 1_764_806_400_000_000_000, 1_764_806_400_000_001_000,
+    951_782_400_123_456_789,  # 2000-02-29
+    4_102_444_799_999_999_000,  # the last microsecond of 2099
+])
+def test_the_sqlite_time_of_a_record_is_the_table_contracts_text(epoch_ns):
+    from watchdog.store.dialects import for_name
+
+    d = for_name("sqlite")
+    expected = d.ts(dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=epoch_ns // 1000))
+    assert d.ts_of_ns(epoch_ns) == expected
+    assert d.ts_of_ns(epoch_ns) == expected  # again, from the cached second
+
+
+def test_the_sqlite_time_now_falls_between_two_readings_of_the_clock():
+    from watchdog.store.dialects import for_name
+
+    d = for_name("sqlite")
+    before = d.ts(dt.datetime.now(dt.timezone.utc))
+    now = d.seen_now()
+    after = d.ts(dt.datetime.now(dt.timezone.utc))
+    assert before <= now <= after and len(now) == 26

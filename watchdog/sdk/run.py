@@ -454,7 +454,7 @@ class Run:
         # Every field a named parameter (not **kwargs read back with .get): this runs on every record.
         writer = self.wd.writer
         d, sql = writer.dialect, writer.sql
-        at = d.seen(utcnow())  # the event's time and the run's last_seen_at: the store's clock, one reading
+        at = d.seen_now()  # the event's time and the run's last_seen_at: the store's clock, one reading
         record_args = self.wd.record_args  # this process's own choice, never the store's
         steps = 1 if kind == lc.EV_STEP else 0
         calls = 1 if kind == lc.EV_TOOL else 0
@@ -507,6 +507,9 @@ class Run:
 
     def _obey(self, row: Sequence[Any]) -> None:
         """Act on the status a record read back: stopped → RunKilled; paused → wait for a human."""
+        if row[0] == lc.RUNNING and len(row) == 3:  # the rule: its own row, running
+            self.status = lc.RUNNING
+            return
         if len(row) < 4 or row[3] == self.id:
             self.status = row[0]
         stop = children.obeyed_stop(row, self.id)
