@@ -685,6 +685,10 @@ def main(argv=None):
     ap.add_argument("--impls", default="raw,sdk,sdkmac", help="comma list of raw, sdk, sdkmac (default all)")
     ap.add_argument("--no-abba", dest="abba", action="store_false",
                     help="time each implementation in one block (default: two halves, ordered raw, sdk, sdk, raw)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="ABBA rounds (default 1: raw, sdk, sdk, raw; 2: that twice, each part a quarter of "
+                         "--records). More rounds spread a loaded machine's swings (a disk shared with other "
+                         "work) over both implementations more evenly")
     ap.add_argument("--start-method", default="fork" if "fork" in mp.get_all_start_methods() else "spawn",
                     choices=mp.get_all_start_methods())
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
@@ -722,7 +726,10 @@ def main(argv=None):
                 # raw, sdk, sdk, raw, so that a drift of the machine (other work, disk) during
                 # the measurement weighs on both alike instead of on whichever ran last.
                 if args.abba and len(impls) > 1:
-                    order, share = impls + impls[::-1], [args.records // 2, args.records - args.records // 2]
+                    # --rounds times ABBA: 2 x rounds parts per implementation, records split evenly.
+                    halves = 2 * args.rounds
+                    order = (impls + impls[::-1]) * args.rounds
+                    share = [args.records // halves + (1 if i < args.records % halves else 0) for i in range(halves)]
                 else:
                     order, share = impls, [args.records]
                 parts = collections.defaultdict(list)
