@@ -41,7 +41,7 @@ Run.record_tool) interleaved, then the SDK's CPU alone with the database stubbed
 
 Run:  python benchmarks/bench_ingest.py [--records 2000] [--backends sqlite,postgresql,pgbouncer]
                                        [--writers 1,4,16] [--bouncer-pool 20] [--json FILE] [--profile]
-      python benchmarks/bench_ingest.py --backends postgresql,pgbouncer --writers 64 --records 300
+      python benchmarks/bench_ingest.py --backends postgresql-owner,pgbouncer --writers 64 --records 300
 """
 
 from __future__ import annotations
