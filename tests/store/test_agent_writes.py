@@ -104,3 +104,18 @@ def test_a_read_through_the_pool_leaves_no_transaction_open(wd, db_url):
                 assert conn.dbapi_connection.info.transaction_status == TransactionStatus.IDLE
             else:
                 assert conn.in_transaction is False
+
+
+def test_the_writer_fetches_only_after_a_statement_that_returned_rows(wd):
+    """Dialect.has_rows (PostgreSQL: the result's status, not psycopg's costly `description`)."""
+    with wd.run(agent="bot", guards=False) as run:
+        sql, d = wd.writer.sql, wd.writer.dialect
+        with wd.writer.connection() as conn:
+            cur = conn.cursor()
+            cur.execute(sql.select_status, (run.id,))
+            assert d.has_rows(cur) and tuple(cur.fetchone()) == ("running", None, None)
+            cur.execute(sql.select_status, ("no-such-run",))
+            assert d.has_rows(cur) and cur.fetchone() is None  # rows may be none: still a row result
+            cur.execute(sql.set_progress, ("working", run.id))
+            assert not d.has_rows(cur)
+            cur.close()

@@ -234,17 +234,18 @@ class Writer:
         """Execute [(sql, params), ...] in one transaction; return the last statement's first row."""
         slot = self._take()
         cur = slot[1]
+        has_rows = self.dialect.has_rows
         row = None
         try:
             if self._autocommit and len(statements) == 1:  # its own transaction: one round trip
                 sql, params = statements[0]
                 cur.execute(sql, params)
-                row = cur.fetchone() if cur.description else None
+                row = cur.fetchone() if has_rows(cur) else None
             else:
                 cur.execute(self._begin)
                 for sql, params in statements:
                     cur.execute(sql, params)
-                    row = cur.fetchone() if cur.description else None
+                    row = cur.fetchone() if has_rows(cur) else None
                 cur.execute("COMMIT")
         except BaseException:
             self._abort(slot)
