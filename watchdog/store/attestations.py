@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, insert, select
+from sqlalchemy.engine import Connection
 
-from watchdog.store.schema import attestations
+from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.store.schema import attestations, runs
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,31 @@ def load(conn, run_id: str) -> Attestation | None:
         return None
     return Attestation(r.run_id, r.host, r.pid, r.pid_create_time, r.uid, r.kill_mode, r.attested_at, r.mac,
                        r.cgroup)
+
+
+@dataclass(frozen=True)
+class RegisteredRun:
+    """What a run's row registers that an attestation is checked against (as stored: any
+    writer of the row chose it), and the budgets it asked for when attested."""
+
+    id: str
+    host: Any
+    pid: Any
+    pid_create_time: Any
+    kill_mode: Any
+    status: Any
+    budgets: dict[str, Any]
+
+
+def registered(conn: Connection, run_id: str) -> RegisteredRun | None:
+    """The run's registered identity and budgets; None: no such run."""
+    r = conn.execute(select(runs.c.id, runs.c.host, runs.c.pid, runs.c.pid_create_time, runs.c.kill_mode,
+                            runs.c.status, *(runs.c[k] for k in RUN_BUDGET_KEYS))
+                     .where(runs.c.id == run_id)).first()
+    if r is None:
+        return None
+    return RegisteredRun(r.id, r.host, r.pid, r.pid_create_time, r.kill_mode, r.status,
+                         {k: v for k, v in zip(RUN_BUDGET_KEYS, r[6:])})
 
 
 def replace(conn, a: Attestation) -> None:

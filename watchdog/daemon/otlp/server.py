@@ -17,14 +17,12 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from sqlalchemy.engine import Engine
-
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
 from watchdog.daemon.otlp import decode, mapping, sender
 from watchdog.daemon.otlp.ingest import Receiver
 from watchdog.errors import ConfigError
-from watchdog.store.engine import store_unavailable
+from watchdog.store.engine import Engine, store_unavailable
 
 log = logging.getLogger("watchdog.otlp")
 
