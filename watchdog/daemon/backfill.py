@@ -100,7 +100,7 @@ class Backfill:
     def apply(self, engine, found: list, now: dt.datetime) -> BackfillReport:
         """Price the steps `read` found; write what was priced (its own short transaction)."""
         rep = BackfillReport()
-        low = self.low
+        low = self.low or 0  # set by read(), which comes first
         self._seen = {i for i in self._seen if i > low}
         if not found:
             return rep

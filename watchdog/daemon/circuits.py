@@ -48,7 +48,7 @@ class CircuitBreakers:
 
     def update(self, engine, new_events, now: dt.datetime, scanner=None) -> list[tuple[str, str]]:
         """Apply this tick's new events; return the transitions [(tool, new state)]."""
-        changes = []
+        changes: list[tuple[str, str]] = []
         with engine.connect() as conn:
             circuits = {r.tool: r for r in store.all_circuits(conn)}
         failing = {e.tool for e in new_events if e.ok is False}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+from typing import Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.seal import Sealer
@@ -178,7 +179,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         return
     stage = row.signal_stage
     grace = f"{daemon.cancel_grace_s:g} s"
-    common = dict(now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
+    common: dict[str, Any] = dict(now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
 
     if row.kill_mode == lc.COOPERATIVE and getattr(row, "source", None) == lc.Source.OTLP:
         # Seen only through spans, from a sender the kernel did not confirm: never signalled.
@@ -212,6 +213,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         else:  # signalled once, and its attestation is not valid any more: changed since
             _fail(conn, row, stage, lc.Stage.FAILED, "signal_refused", f"{NOT_ATTESTED} any more ({why})", **common)
         return
+    assert sealer is not None  # verified_leader names no one without the daemon's key
 
     cgroup_dir, orphans = _exec_tree(conn, row, leader, killer, sealer, remembered)
     if stage is None:

@@ -114,7 +114,7 @@ class Quarantine:
         if len(self._reported) > _MEMO_MAX:
             self._reported.clear()
         known = _known_run(conn, rid)
-        if queued(conn, key) or (known and d.event_id is None and _recorded(conn, rid)):
+        if queued(conn, key) or (known and rid is not None and d.event_id is None and _recorded(conn, rid)):
             self._reported.add(key)
             return False
         window = int(now.timestamp() // 3600)

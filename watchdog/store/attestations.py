@@ -31,7 +31,7 @@ class Attestation:
     cgroup: str | None = None  # exec's cgroup for the run (kill_mode cgroup), sealed in `mac`
 
 
-def load(conn, run_id: str) -> Attestation | None:
+def load(conn: Connection, run_id: str) -> Attestation | None:
     r = conn.execute(select(attestations).where(attestations.c.run_id == run_id)).first()
     if r is None:
         return None
@@ -64,7 +64,7 @@ def registered(conn: Connection, run_id: str) -> RegisteredRun | None:
                          {k: v for k, v in zip(RUN_BUDGET_KEYS, r[6:])})
 
 
-def replace(conn, a: Attestation) -> None:
+def replace(conn: Connection, a: Attestation) -> None:
     """Write `a` as the run's one attestation (whatever row was there: it may be forged)."""
     conn.execute(delete(attestations).where(attestations.c.run_id == a.run_id))
     conn.execute(insert(attestations).values(

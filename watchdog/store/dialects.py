@@ -100,7 +100,7 @@ class Dialect:
     def integer_sum(self, a: Any, b: Any) -> ColumnElement[Any]:
         """a + b of two integer counter columns; NULL where the backend would add a value that
         is not an integer (a row written by hand) as if it were one."""
-        return a + b  # type: ignore[no-any-return]
+        return a + b
 
 
 class SQLiteDialect(Dialect):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Protocol, Sequence
+from typing import Any, Callable, Collection, Protocol, Sequence, cast
 
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.engine import Connection
@@ -71,7 +71,7 @@ class IsolatedRead(Protocol):
                  key_col: Any, defects: list[Any], suspects: dict[Any, Any], event: bool = False) -> list[Any]: ...
 
 
-def active_light(conn: Connection, hosts: Collection[str] | None = None) -> Sequence[Sequence[Any]]:
+def active_light(conn: Connection, hosts: Collection[str] | None = None) -> list[Any]:
     """Every active run (of `hosts`, None = all), light: the LIGHT columns by position."""
     backend = dialects.of(conn)
     measures: dict[str, Any] = {"tokens": backend.integer_sum(runs.c.tokens_in, runs.c.tokens_out)}
@@ -81,7 +81,7 @@ def active_light(conn: Connection, hosts: Collection[str] | None = None) -> Sequ
                ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
     if hosts is not None:
         q = q.where(runs.c.host.in_(sorted(hosts)))
-    return conn.execute(q).all()
+    return cast(list[Any], conn.execute(q).all())  # a list (fetchall), typed as a Sequence
 
 
 def active_rows(conn: Connection, ids: list[str], *, isolated: IsolatedRead, defects: list[Any],

@@ -151,7 +151,8 @@ class _Handler(BaseHTTPRequestHandler):
         return b"".join(parts)
 
     def _chunked(self, max_bytes: int, deadline: float) -> bytes:
-        parts, total = [], 0
+        parts: list[bytes] = []
+        total = 0
         while True:
             if time.monotonic() > deadline:
                 raise _TooSlow()
