@@ -266,3 +266,14 @@ def test_the_registered_run_an_attestation_is_checked_against(engine):
             "h1", 42, 1.5, "process", lc.RUNNING)
         assert r.budgets["max_steps"] == 7 and set(r.budgets) >= {"max_steps", "max_cost_eur"}
         assert attestations.registered(conn, "z" * 32) is None
+
+
+def test_closing_by_hand_closes_a_circuit_whose_state_was_written_by_hand(engine):
+    from watchdog.core.config import Config
+    from watchdog.daemon.circuits import CircuitBreakers
+
+    with engine.begin() as conn:
+        conn.execute(insert(tool_circuits).values(tool="search", state="bogus", errors_in_window=1, updated_at=T0))
+    assert CircuitBreakers(Config(), by="test").close(engine, "search", T0, "test")
+    with engine.connect() as conn:
+        assert circuits.circuit(conn, "search").state == Circuit.CLOSED

@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import re
 
-from watchdog.core.lifecycle import Circuit
+from watchdog.core.lifecycle import CIRCUIT_STATES, Circuit
 from watchdog.core.scrub import scrub
 from watchdog.store import circuits as store
 from watchdog.store.actions import actor, enqueue_alert, record
@@ -160,7 +160,10 @@ class CircuitBreakers:
             if row is None or row.state == Circuit.CLOSED:
                 return False
             self.by = by
-            self._close(conn, tool, row.state, now, f"closed by hand ({by})")
+            # A state outside the vocabulary (written by hand on SQLite) is closed as an open one:
+            # closing by hand is the operator's way out of such a row.
+            state = row.state if row.state in CIRCUIT_STATES else Circuit.OPEN
+            self._close(conn, tool, state, now, f"closed by hand ({by})")
             return True
 
     def _transition(self, conn, tool, action, detail, outcome, now, title, lines):
