@@ -140,6 +140,38 @@ def can_move(table: Mapping[Any, frozenset[Any]], current: str | None, new: str)
     return new in table.get(current, ())
 
 
+class IllegalMove(AssertionError):
+    """A state move its transition table does not list: a bug in the code that asked for it,
+    never a condition of the data (an AssertionError, so nothing catches it as an outcome)."""
+
+    table_name = "a transition table"
+
+    def __init__(self, current: str | None, new: str) -> None:
+        super().__init__(f"{current} -> {new} is not a transition of lifecycle.{self.table_name}")
+        self.current, self.new = current, new
+
+
+class IllegalStageMove(IllegalMove):
+    table_name = "STAGE_MOVES"
+
+
+class IllegalCircuitMove(IllegalMove):
+    table_name = "CIRCUIT_MOVES"
+
+
+def check_stage_move(current: str | None, new: str) -> None:
+    """Raise IllegalStageMove unless STAGE_MOVES lists current -> new."""
+    if not can_move(STAGE_MOVES, current, new):
+        raise IllegalStageMove(current, new)
+
+
+def check_circuit_move(current: str | None, new: str) -> None:
+    """Raise IllegalCircuitMove unless CIRCUIT_MOVES lists current -> new. None is a tool with
+    no circuit row yet: it moves as a closed one."""
+    if not can_move(CIRCUIT_MOVES, Circuit.CLOSED if current is None else current, new):
+        raise IllegalCircuitMove(current, new)
+
+
 # --- the names the rest of the code has always used -----------------------------
 
 RUNNING, PAUSED, STOPPING = Status.RUNNING, Status.PAUSED, Status.STOPPING

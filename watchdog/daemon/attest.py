@@ -35,17 +35,14 @@ import threading
 import time
 
 import psutil
-from sqlalchemy import select
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.seal import Sealer
 from watchdog.daemon.killer import CREATE_TIME_TOLERANCE_S, ProcessIdentity
 from watchdog.errors import ConfigError
 from watchdog.daemon.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import attestations as rows
 from watchdog.store import evidence as evstore
-from watchdog.store.schema import runs
 from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.attest")
@@ -233,9 +230,7 @@ class AttestServer:
         if uids.real != uid or uids.effective != uid:
             raise Refused("the connecting process changed user")
         with self.engine.begin() as conn:
-            row = conn.execute(select(runs.c.id, runs.c.host, runs.c.pid, runs.c.pid_create_time, runs.c.kill_mode,
-                                      runs.c.status, *(runs.c[k] for k in RUN_BUDGET_KEYS))
-                               .where(runs.c.id == run_id)).first()
+            row = rows.registered(conn, run_id)
             if row is None:
                 raise Refused(f"no run {run_id!r} in the store")
             if row.status not in lc.ACTIVE_STATUSES:
@@ -260,7 +255,7 @@ class AttestServer:
             else:
                 rows.replace(conn, a)
             # A new key for a new identity (or for one whose evidence record is gone or forged).
-            text = new_evidence(self.sealer, run_id, {k: getattr(row, k) for k in RUN_BUDGET_KEYS}, now)
+            text = new_evidence(self.sealer, run_id, row.budgets, now)
             evstore.save(conn, run_id, text)
             sealed = parse_evidence(self.sealer, run_id, text)
         log.info("attested run %s: pid %d uid %d on %s (%s)", run_id[:8], pid, uid, self.host, row.kill_mode)

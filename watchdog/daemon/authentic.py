@@ -29,9 +29,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from sqlalchemy import select
-from sqlalchemy.engine import Connection
-
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
@@ -41,7 +38,8 @@ from watchdog.core.policies import RunSnapshot, Verdict, evaluate
 from watchdog.core.seal import Sealer
 from watchdog.store import evidence as store
 from watchdog.store.actions import enqueue_alert, queued, record
-from watchdog.store.schema import alerts
+from watchdog.store.engine import Connection
+from watchdog.store.sealed_alerts import by_key as sealed_alert
 
 NOT_OWN = "not signalled: the evidence is not the run's own"
 NONCE_BYTES = 16
@@ -175,8 +173,7 @@ def operator_stop(conn: Connection, row: Any, sealer: Sealer | None) -> bool:
     key, is not an acknowledgement of a store request, and names the reason manual."""
     if sealer is None:
         return False
-    a = conn.execute(select(alerts.c.dedupe_key, alerts.c.title, alerts.c.body, alerts.c.mac, alerts.c.created_at)
-                     .where(alerts.c.dedupe_key == f"stop:{row.id}")).first()
+    a = sealed_alert(conn, f"stop:{row.id}")
     if a is None or not isinstance(a.body, str) or not isinstance(a.title, str) or ACK_MARK in a.body:
         return False
     return a.title.endswith(f" — {lc.MANUAL}") and sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at)

@@ -20,21 +20,18 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, case, func, select, update
-
-from watchdog.core import lifecycle as lc
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.prices import PriceBook
 from watchdog.daemon.isolation import Defect, read_isolated
 from watchdog.daemon.scan import ID_OVERLAP
-from watchdog.store.engine import store_unavailable
-from watchdog.store.schema import events, runs
+from watchdog.store import backfill as store
+from watchdog.store.backfill import MAX_PER_TICK as MAX_PER_TICK, UnpricedStep, WriteRefused
+from watchdog.store.scan import newest_event_id
 
 log = logging.getLogger("watchdog.prices")
 
 CHUNK = 500
 TOP_EVERY = 10
-MAX_PER_TICK = 20_000  # unpriced steps examined per tick at most (a backlog drains over ticks)
 
 
 @dataclass
@@ -56,30 +53,9 @@ class BackfillReport:
     unpriced: dict = field(default_factory=dict)  # model -> Unpriced (first seen this tick)
 
 
-_COLS = (events.c.id, events.c.run_id, events.c.at, events.c.model, events.c.tokens_in, events.c.tokens_out,
-         events.c.cached_tokens_in, events.c.reasoning_tokens, runs.c.agent, runs.c.status, runs.c.labels,
-         runs.c.ended_at, runs.c.last_seen_at)
-
-
-def _unpriced_steps(conn, *conds, defects: list | None = None, suspects: dict | None = None):
-    """The unpriced steps matching `conds`, in id order. One step that cannot be read (a timestamp
-    that does not parse, of a step or of its run) costs only itself: it becomes a Defect."""
-    def q_for(cols):
-        return (select(*cols).select_from(events.join(runs, runs.c.id == events.c.run_id))
-                .where(and_(events.c.kind == lc.EV_STEP, events.c.cost_eur.is_(None), runs.c.booked_at.is_(None),
-                            *conds)).order_by(events.c.id).limit(MAX_PER_TICK))
-    try:
-        with conn.begin_nested():
-            return conn.execute(q_for(_COLS)).all()
-    except Exception as exc:  # noqa: BLE001
-        if store_unavailable(exc):
-            raise
-    ids = conn.execute(q_for((events.c.id,))).scalars().all()
-    rows = read_isolated(conn, lambda part: select(*_COLS).select_from(events.join(runs, runs.c.id == events.c.run_id))
-                         .where(events.c.id.in_(part)), list(ids), table=events, key_col=events.c.id,
-                         defects=defects if defects is not None else [], suspects=suspects if suspects is not None else {},
-                         event=True)
-    return sorted(rows, key=lambda r: r.id)
+def _unpriced_steps(conn, defects: list, suspects: dict, *, run_ids=None, above=None) -> list[UnpricedStep]:
+    return store.unpriced_steps(conn, run_ids=run_ids, above=above, isolated=read_isolated, defects=defects,
+                                suspects=suspects)
 
 
 class Backfill:
@@ -98,26 +74,22 @@ class Backfill:
         the range stays bounded when no tool event moves the scanner's mark."""
         self._reads += 1
         if self.low is None or high_water is None or self._reads % TOP_EVERY == 0:
-            top = conn.execute(select(func.max(events.c.id))).scalar() or 0
+            top = newest_event_id(conn) or 0
         else:
             top = high_water
         if self.low is None:
             # Cold start: the unpriced steps of every run not booked yet (active ones and
             # those that ended unbooked), found through the runs' own counter.
-            ids = conn.execute(select(runs.c.id).where(and_(
-                runs.c.status.in_(lc.STATUSES), runs.c.booked_at.is_(None),
-                runs.c.cost_unpriced_tokens > 0))).scalars().all()
+            ids = store.unbooked_unpriced_runs(conn)
             rows = {}
             for i in range(0, len(ids), CHUNK):
-                for r in _unpriced_steps(conn, events.c.run_id.in_(ids[i : i + CHUNK]), defects=self.defects,
-                                         suspects=self._bad):
+                for r in _unpriced_steps(conn, self.defects, self._bad, run_ids=ids[i : i + CHUNK]):
                     rows[r.id] = r
-            for r in _unpriced_steps(conn, events.c.id > max(0, top - ID_OVERLAP), defects=self.defects,
-                                         suspects=self._bad):
+            for r in _unpriced_steps(conn, self.defects, self._bad, above=max(0, top - ID_OVERLAP)):
                 rows[r.id] = r  # rows written by plain SQL that did not count their tokens
             found = sorted(rows.values(), key=lambda r: r.id)
         else:
-            found = _unpriced_steps(conn, events.c.id > self.low, defects=self.defects, suspects=self._bad)
+            found = _unpriced_steps(conn, self.defects, self._bad, above=self.low)
         if len(found) >= MAX_PER_TICK:
             self.low = found[-1].id  # a backlog: go on from there next tick
         else:
@@ -128,7 +100,7 @@ class Backfill:
     def apply(self, engine, found: list, now: dt.datetime) -> BackfillReport:
         """Price the steps `read` found; write what was priced (its own short transaction)."""
         rep = BackfillReport()
-        low = self.low
+        low = self.low or 0  # set by read(), which comes first
         self._seen = {i for i in self._seen if i > low}
         if not found:
             return rep
@@ -159,16 +131,11 @@ class Backfill:
                 # Each step and each run in a SAVEPOINT of its own: a row written by hand that the
                 # store's checks refuse to update costs only itself (it stays unpriced, reported).
                 try:
-                    with conn.begin_nested():
-                        res = conn.execute(update(events).where(and_(events.c.id == r.id,
-                                                                     events.c.cost_eur.is_(None)))
-                                           .values(cost_eur=cost))
-                except Exception as exc:  # noqa: BLE001
-                    if store_unavailable(exc):
-                        raise
+                    priced_now = store.price_step(conn, r.id, cost)
+                except WriteRefused:
                     self.defects.append(Defect(r.run_id, f"event {r.id}: its price cannot be written", r.id))
                     continue
-                if res.rowcount != 1:
+                if not priced_now:
                     continue  # another daemon priced it first
                 acc = per_run[r.run_id]
                 acc[0] += cost
@@ -177,15 +144,9 @@ class Backfill:
                 rep.priced_steps += 1
                 rep.cost_eur += cost
             for rid, (cost, tokens) in sorted(per_run.items()):
-                left = runs.c.cost_unpriced_tokens
                 try:
-                    with conn.begin_nested():
-                        conn.execute(update(runs).where(runs.c.id == rid).values(
-                            cost_eur=runs.c.cost_eur + cost,
-                            cost_unpriced_tokens=case((left > tokens, left - tokens), else_=0)))
-                except Exception as exc:  # noqa: BLE001
-                    if store_unavailable(exc):
-                        raise
+                    store.add_run_cost(conn, rid, cost, tokens)
+                except WriteRefused:
                     self.defects.append(Defect(rid, "its cost cannot be written (a counter the checks refuse)"))
         rep.runs.update(per_run)
         if rep.priced_steps:

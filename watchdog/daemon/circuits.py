@@ -19,18 +19,15 @@ import datetime as dt
 import logging
 import re
 
-from sqlalchemy import and_, delete, func, insert, select, update
-
-from watchdog.core.lifecycle import Circuit
+from watchdog.core.lifecycle import CIRCUIT_STATES, Circuit
 from watchdog.core.scrub import scrub
+from watchdog.store import circuits as store
 from watchdog.store.actions import actor, enqueue_alert, record
 from watchdog.core.config import Config
-from watchdog.store.schema import circuit_probes, events, tool_circuits
+from watchdog.store.circuits import REFUSAL_CLASS as REFUSAL_CLASS
 
 log = logging.getLogger("watchdog.circuits")
 
-# Fail-fast refusals are written as failed tool events: they are not the tool's errors.
-REFUSAL_CLASS = "ToolUnavailable"
 TOOL_RATE_WINDOW_S = 60.0
 _CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
 
@@ -51,9 +48,9 @@ class CircuitBreakers:
 
     def update(self, engine, new_events, now: dt.datetime, scanner=None) -> list[tuple[str, str]]:
         """Apply this tick's new events; return the transitions [(tool, new state)]."""
-        changes = []
+        changes: list[tuple[str, str]] = []
         with engine.connect() as conn:
-            circuits = {r.tool: r for r in conn.execute(select(tool_circuits))}
+            circuits = {r.tool: r for r in store.all_circuits(conn)}
         failing = {e.tool for e in new_events if e.ok is False}
         for tool in sorted(failing):
             row = circuits.get(tool)
@@ -70,12 +67,7 @@ class CircuitBreakers:
         return changes
 
     def _window_errors(self, conn, tool, since):
-        cond = and_(events.c.tool == tool, events.c.at > since, events.c.ok.is_(False),
-                    func.coalesce(events.c.error_class, "") != REFUSAL_CLASS)
-        errors, runs = conn.execute(select(func.count(), func.count(func.distinct(events.c.run_id))).where(cond)).one()
-        common = conn.execute(
-            select(events.c.error_class, events.c.error_msg, func.count().label("n")).where(cond)
-            .group_by(events.c.error_class, events.c.error_msg).order_by(func.count().desc()).limit(1)).first()
+        errors, runs, common = store.error_window(conn, tool, since)
         if common is None:
             return errors, runs, None, None
         cls = error_class_name(common.error_class)
@@ -93,16 +85,10 @@ class CircuitBreakers:
             if errors < pol.errors:
                 return False
             until = now + dt.timedelta(seconds=pol.open_s)
-            values = dict(state=Circuit.OPEN, opened_at=now, open_until=until, errors_in_window=errors,
-                          window_s=pol.window_s, last_error=(common or "")[:500] or None, last_error_class=cls,
-                          probe_run_id=None, probe_at=None, updated_at=now)
-            if row is None:
-                conn.execute(insert(tool_circuits).values(tool=tool, **values))
-            else:
-                done = conn.execute(update(tool_circuits).where(
-                    and_(tool_circuits.c.tool == tool, tool_circuits.c.state == Circuit.CLOSED)).values(**values))
-                if done.rowcount != 1:
-                    return False
+            if not store.open_circuit(conn, tool, None if row is None else row.state, now=now, until=until,
+                                      errors=errors, window_s=pol.window_s, last_error=(common or "")[:500] or None,
+                                      last_error_class=cls):
+                return False
             detail = f"{errors} errors in {pol.window_s:g} s across {runs} runs; most common: {common or '-'}"
             self._transition(conn, tool, "circuit_open", detail, f"open until {until:%H:%M:%S} UTC", now,
                              f"agent-watchdog: circuit OPEN for {tool} — {errors} errors in {pol.window_s:g} s",
@@ -114,48 +100,41 @@ class CircuitBreakers:
             return True
 
     def _claimed_probe(self, conn, row, now):
-        """(run id, claimed at) of this open period's probe: the circuit's own record of
-        it, else the SDK's claim in circuit_probes, mirrored onto the circuit's row."""
+        """This open period's probe claim: the circuit's own record of it, else the SDK's
+        claim in circuit_probes, mirrored onto the circuit's row (which is then half-open)."""
         if row.probe_run_id and row.probe_at:
-            return row.probe_run_id, row.probe_at
+            return store.ProbeClaim(row.probe_run_id, row.probe_at)
         claimable = row.state == Circuit.HALF_OPEN or (row.open_until is not None and row.open_until <= now)
         if row.opened_at is None or not claimable:  # a claim inserted early by hand is not one
-            return None, None
-        claim = conn.execute(select(circuit_probes.c.run_id, circuit_probes.c.claimed_at).where(and_(
-            circuit_probes.c.tool == row.tool, circuit_probes.c.opened_at == row.opened_at))).first()
+            return None
+        claim = store.probe_claim(conn, row.tool, row.opened_at)
         if claim is None:
-            return None, None
-        conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
-            state=Circuit.HALF_OPEN, probe_run_id=claim.run_id, probe_at=claim.claimed_at, updated_at=now))
-        return claim.run_id, claim.claimed_at
+            return None
+        store.mirror_claim(conn, row.tool, row.state, claim, now)
+        return claim
 
     def _follow(self, engine, row, now) -> str | None:
         pol = self.config.circuit.for_tool(row.tool)
         with engine.begin() as conn:
-            probe_run_id, probe_at = self._claimed_probe(conn, row, now)
-            if probe_run_id and probe_at:
-                probe = conn.execute(
-                    select(events.c.ok, events.c.error_class, events.c.error_msg).where(and_(
-                        events.c.tool == row.tool, events.c.run_id == probe_run_id, events.c.at >= probe_at,
-                        func.coalesce(events.c.error_class, "") != REFUSAL_CLASS))
-                    .order_by(events.c.id).limit(1)).first()
+            claim = self._claimed_probe(conn, row, now)
+            if claim is not None and claim.run_id and claim.claimed_at:
+                probe_run_id, probe_at = claim
+                # A claimed probe: the row is half-open now, whatever it said when read.
+                state = Circuit.HALF_OPEN if row.state == Circuit.OPEN else row.state
+                probe = store.probe_result(conn, row.tool, claim)
                 if probe is None:
                     if (now - probe_at).total_seconds() > pol.open_s:  # the probe never reported: free the slot
-                        conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool)
-                                     .values(probe_run_id=None, probe_at=None, updated_at=now))
-                        self._forget_probes(conn, row.tool)
+                        store.free_probe(conn, row.tool, now)
                     return None
                 if probe.ok:
-                    self._close(conn, row.tool, now, f"probe call succeeded (run {probe_run_id[:8]})")
+                    self._close(conn, row.tool, state, now, f"probe call succeeded (run {probe_run_id[:8]})")
                     return Circuit.CLOSED
                 until = now + dt.timedelta(seconds=pol.open_s)
                 msg = (error_class_name(probe.error_class) if self.config.store.record_errors == "class"
                        else scrub(probe.error_msg))
-                conn.execute(update(tool_circuits).where(tool_circuits.c.tool == row.tool).values(
-                    state=Circuit.OPEN, opened_at=now, open_until=until, probe_run_id=None, probe_at=None,
-                    last_error=((msg or row.last_error or "")[:500] or None),
-                    last_error_class=error_class_name(probe.error_class) or row.last_error_class, updated_at=now))
-                self._forget_probes(conn, row.tool)
+                store.reopen(conn, row.tool, state, now=now, until=until,
+                             last_error=((msg or row.last_error or "")[:500] or None),
+                             last_error_class=error_class_name(probe.error_class) or row.last_error_class)
                 self._transition(conn, row.tool, "circuit_open", f"probe failed: {msg}",
                                  f"open again until {until:%H:%M:%S} UTC", now,
                                  f"agent-watchdog: circuit OPEN again for {row.tool} — the probe failed",
@@ -163,33 +142,28 @@ class CircuitBreakers:
                                   f"calls fail fast until {until:%H:%M:%S} UTC"])
                 return Circuit.OPEN
             if row.state == Circuit.OPEN and row.open_until and now >= row.open_until:
-                done = conn.execute(update(tool_circuits).where(and_(
-                    tool_circuits.c.tool == row.tool, tool_circuits.c.state == Circuit.OPEN)).values(
-                    state=Circuit.HALF_OPEN, updated_at=now))
-                if done.rowcount == 1:
+                if store.half_open(conn, row.tool, now):
                     record(conn, at=now, action="circuit_half_open", by=self.by, tool=row.tool,
                            outcome="one probe call will be let through")
                     return Circuit.HALF_OPEN
         return None
 
-    def _forget_probes(self, conn, tool):
-        conn.execute(delete(circuit_probes).where(circuit_probes.c.tool == tool))
-
-    def _close(self, conn, tool, now, why):
-        conn.execute(update(tool_circuits).where(tool_circuits.c.tool == tool).values(
-            state=Circuit.CLOSED, open_until=None, probe_run_id=None, probe_at=None, errors_in_window=0, updated_at=now))
-        self._forget_probes(conn, tool)
+    def _close(self, conn, tool, state, now, why):
+        store.close(conn, tool, state, now)
         self._transition(conn, tool, "circuit_closed", why, "closed", now,
                          f"agent-watchdog: circuit closed for {tool} — {why}", [f"tool {tool}", f"closed: {why}"])
 
     def close(self, engine, tool: str, now: dt.datetime, by: str) -> bool:
         """Close a circuit by hand (`agent-watchdog circuits close TOOL`)."""
         with engine.begin() as conn:
-            row = conn.execute(select(tool_circuits).where(tool_circuits.c.tool == tool)).first()
+            row = store.circuit(conn, tool)
             if row is None or row.state == Circuit.CLOSED:
                 return False
             self.by = by
-            self._close(conn, tool, now, f"closed by hand ({by})")
+            # A state outside the vocabulary (written by hand on SQLite) is closed as an open one:
+            # closing by hand is the operator's way out of such a row.
+            state = row.state if row.state in CIRCUIT_STATES else Circuit.OPEN
+            self._close(conn, tool, state, now, f"closed by hand ({by})")
             return True
 
     def _transition(self, conn, tool, action, detail, outcome, now, title, lines):

@@ -12,13 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from sqlalchemy import select
-
 from watchdog.core import drift
 from watchdog.store.actions import enqueue_alert, queued, record
 from watchdog.store.engine import read_connection
 from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
-from watchdog.store.schema import alerts
+from watchdog.store.sealed_alerts import queued_at
 
 log = logging.getLogger("watchdog.drift")
 
@@ -95,5 +93,5 @@ class DriftWatch:
 
 
 def _sent_since(conn, key: str, since: dt.datetime) -> bool:
-    at = conn.execute(select(alerts.c.created_at).where(alerts.c.dedupe_key == key[:255])).scalar()
+    at = queued_at(conn, key)
     return at is not None and at > since

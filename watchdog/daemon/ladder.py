@@ -17,8 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-
-from sqlalchemy import and_, desc, select, update
+from typing import Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.seal import Sealer
@@ -30,7 +29,7 @@ from watchdog.daemon.authentic import hold_not_own
 from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
 from watchdog.daemon.runtree import directory, remaining, remove_empty
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
-from watchdog.store.schema import interventions, runs
+from watchdog.store import ladder as store
 
 NOT_ATTESTED = "not signalled: identity not attested"
 
@@ -41,17 +40,12 @@ def _since(t: dt.datetime | None, now: dt.datetime) -> float:
     return (now - t).total_seconds() if t else 0.0
 
 
-def _set_stage(conn, row, expected: str | None, stage: str, now: dt.datetime, **extra) -> bool:
-    if not lc.can_move(lc.STAGE_MOVES, expected, stage):
-        raise AssertionError(f"stop ladder: {expected} -> {stage} is not a transition of lifecycle.STAGE_MOVES")
-    cond = runs.c.signal_stage.is_(None) if expected is None else runs.c.signal_stage == expected
-    res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.STOPPING, cond))
-                       .values(signal_stage=stage, **extra))
-    return res.rowcount == 1
+def _set_stage(conn, row, expected: str | None, stage: str, now: dt.datetime) -> bool:
+    return store.set_stage(conn, row.id, expected, stage, signalled_at=now)
 
 
 def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: bool, sealer=None):
-    if not _set_stage(conn, row, stage_from, lc.Stage.DONE, now, status=lc.KILLED, ended_at=now):
+    if not store.finish(conn, row.id, stage_from, now):
         return
     iid = record(conn, at=now, action="ended", by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
     if escalated:  # one more alert only when the ladder went past the cooperative stop
@@ -96,7 +90,7 @@ def hold_unconfirmed(conn, row, *, now, by, facts, budgets, sealer=None) -> None
 
 
 def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budgets, sealer=None):
-    if not _set_stage(conn, row, stage_from, stage_to, now, signalled_at=now):
+    if not _set_stage(conn, row, stage_from, stage_to, now):
         return
     iid = record(conn, at=now, action=action, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
     title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=True)
@@ -127,10 +121,7 @@ def _signalled_targets(conn, row, *, sealer: Sealer, now, by, facts, budgets) ->
     victims for the SIGKILL) are ignored, and reported once per run."""
     found: list[ProcessIdentity] = []
     forged = 0
-    for (detail,) in conn.execute(
-            select(interventions.c.detail)
-            .where(and_(interventions.c.run_id == row.id, interventions.c.action == "sigterm"))
-            .order_by(desc(interventions.c.id))):
+    for detail in store.sigterm_details(conn, row.id):
         parsed = _parse_targets(detail)
         if parsed is not None:
             targets, mac = parsed
@@ -188,11 +179,11 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         return
     stage = row.signal_stage
     grace = f"{daemon.cancel_grace_s:g} s"
-    common = dict(now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
+    common: dict[str, Any] = dict(now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
 
     if row.kill_mode == lc.COOPERATIVE and getattr(row, "source", None) == lc.Source.OTLP:
         # Seen only through spans, from a sender the kernel did not confirm: never signalled.
-        if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now, signalled_at=now):
+        if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now):
             iid = record(conn, at=now, action="not_signalled", by=by, run_id=row.id, reason=row.stop_reason,
                          outcome=SPANS_UNPROVEN)
             title, body = escalation_alert(facts, budgets, row.stop_reason, SPANS_UNPROVEN, failed=True)
@@ -201,7 +192,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         return
 
     if row.kill_mode == lc.COOPERATIVE:
-        if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now, signalled_at=now):
+        if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now):
             outcome = f"did not stop {grace} after the cooperative stop; shares its process with {sharing} other runs"
             iid = record(conn, at=now, action="not_signalled", by=by, run_id=row.id, reason=row.stop_reason,
                          outcome=outcome)
@@ -222,6 +213,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         else:  # signalled once, and its attestation is not valid any more: changed since
             _fail(conn, row, stage, lc.Stage.FAILED, "signal_refused", f"{NOT_ATTESTED} any more ({why})", **common)
         return
+    assert sealer is not None  # verified_leader names no one without the daemon's key
 
     cgroup_dir, orphans = _exec_tree(conn, row, leader, killer, sealer, remembered)
     if stage is None:
@@ -251,7 +243,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         if out.refused:
             _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {out.refused}", **common)
             return
-        if _set_stage(conn, row, None, lc.Stage.TERM, now, signalled_at=now):
+        if _set_stage(conn, row, None, lc.Stage.TERM, now):
             detail = _sealed_detail(sealer, row.id, out.targets, skipped=list(out.skipped))
             record(conn, at=now, action="sigterm", by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
                    outcome=out.summary())
@@ -268,7 +260,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
                     budgets, escalated=True, sealer=sealer)
         elif waited_s >= daemon.term_grace_s:
             out = killer.kill(leader, row.kill_mode, [*targets, *orphans], cgroup_dir=cgroup_dir)
-            if _set_stage(conn, row, lc.Stage.TERM, lc.Stage.KILL, now, signalled_at=now):
+            if _set_stage(conn, row, lc.Stage.TERM, lc.Stage.KILL, now):
                 record(conn, at=now, action="sigkill", by=by, run_id=row.id, reason=row.stop_reason,
                        detail=_sealed_detail(sealer, row.id, out.targets), outcome=out.summary())
     elif stage == lc.Stage.KILL:

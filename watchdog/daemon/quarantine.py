@@ -18,15 +18,13 @@ import logging
 import math
 import shlex
 
-from sqlalchemy import select
-
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.text import one_line
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.scan import LIGHT, MEASURES
 from watchdog.store.actions import enqueue_alert, queued, record
-from watchdog.store.schema import interventions, runs
+from watchdog.store import quarantine as store
 
 log = logging.getLogger("watchdog.tick")
 
@@ -116,7 +114,7 @@ class Quarantine:
         if len(self._reported) > _MEMO_MAX:
             self._reported.clear()
         known = _known_run(conn, rid)
-        if queued(conn, key) or (known and d.event_id is None and _recorded(conn, rid)):
+        if queued(conn, key) or (known and rid is not None and d.event_id is None and _recorded(conn, rid)):
             self._reported.add(key)
             return False
         window = int(now.timestamp() // 3600)
@@ -160,13 +158,11 @@ class Quarantine:
 
 def _recorded(conn, rid: str) -> bool:
     """This run's quarantine was recorded before (an intervention, with or without its alert)."""
-    return conn.execute(select(interventions.c.id).where(
-        interventions.c.run_id == rid, interventions.c.action == QUARANTINED,
-        interventions.c.reason == MALFORMED_ROW).limit(1)).first() is not None
+    return store.recorded(conn, rid, action=QUARANTINED, reason=MALFORMED_ROW)
 
 
 def _known_run(conn, rid: str | None) -> bool:
     """The foreign keys accept only a run that exists (an event may name none)."""
     if rid is None:
         return False
-    return conn.execute(select(runs.c.id).where(runs.c.id == rid)).first() is not None
+    return store.run_exists(conn, rid)

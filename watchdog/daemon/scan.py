@@ -11,38 +11,22 @@ import datetime as dt
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, case, func, select
-
 from watchdog.core import lifecycle as lc
-from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.policies import RunSnapshot
 from watchdog.daemon.evidence import Evidence, merged
 from watchdog.daemon.isolation import CHUNK, Defect, event_defect, read_isolated
-from watchdog.store import dialects
-from watchdog.store.engine import store_unavailable
-from watchdog.store.schema import events, runs
+from watchdog.store import scan as store
+from watchdog.store.scan import EventSelection
+# The light row's columns, by position (the tick's modules index it with `L`).
+from watchdog.store.scan import IDENTITY as IDENTITY, LIGHT as LIGHT, MEASURES as MEASURES
+from watchdog.store.scan import L as L, OWN_BUDGETS as OWN_BUDGETS
+# An event as the fold reads it.
+from watchdog.store.scan import FoldedEvent as NewEvent
 
 RATE_WINDOW_S = 60.0
 # PostgreSQL assigns ids at insert but commits in any order: re-read this many ids
 # below the high-water mark so a late commit is never missed (dedupe by id).
 ID_OVERLAP = 2000
-
-# What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
-# a full evaluation. The two timestamps come back as epoch seconds computed by the
-# database, so no datetime (and no row of 31 columns) is built for a healthy run.
-# Columns are read by position (a Row's attribute access costs at 10,000 runs): `L` names them.
-IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "resumes")
-# The counters the registry's budgets measure, as the run row holds them ("tokens" is in + out).
-MEASURES = ("steps", "tool_calls", "cost_eur", "tokens")
-# parent_id last: the daemon records the parent a run names when it first sees it (issue 20).
-LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s", "parent_id")
-L = {name: i for i, name in enumerate(LIGHT)}
-OWN_BUDGETS = slice(L[RUN_BUDGET_KEYS[0]], L[RUN_BUDGET_KEYS[-1]] + 1)
-
-
-def epoch_s(col, dialect_name: str):
-    """A UTCDateTime column as float seconds since the epoch, computed by the database."""
-    return dialects.for_name(dialect_name).epoch_s(col)
 
 
 @dataclass
@@ -97,38 +81,7 @@ class RunStats:
         return tool, calls, self.tool_errors[tool]
 
 
-def _on_hosts(q, hosts):
-    """Only the events of runs on `hosts` (None: every host's): a join on the run's primary key,
-    cheap for the few events above the high-water mark."""
-    if hosts is None:
-        return q
-    return q.join_from(events, runs, runs.c.id == events.c.run_id).where(runs.c.host.in_(sorted(hosts)))
-
-
-@dataclass(slots=True)
-class NewEvent:
-    id: int
-    run_id: str
-    at: dt.datetime
-    tool: str
-    args_hash: str | None
-    ok: bool | None
-    error_msg: str | None
-    attempt: int | None = None
-    # issue 20: what the evidence fold counts (watchdog.daemon.evidence)
-    kind: str = lc.EV_TOOL
-    tokens_in: int | None = None
-    tokens_out: int | None = None
-    cost_eur: float | None = None
-    source: str | None = None
-    call_id: str | None = None
-
-
-EVENT_COLS = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
-              events.c.error_msg, events.c.attempt, events.c.kind, events.c.tokens_in, events.c.tokens_out,
-              events.c.cost_eur, events.c.source, events.c.call_id)
-# The events the fold reads: tool calls (stats, circuits) and steps (the evidence counters).
-FOLDED = (lc.EV_TOOL, lc.EV_STEP)
+FOLDED = store.FOLDED
 
 
 class Scanner:
@@ -153,48 +106,22 @@ class Scanner:
     def load_active(self, conn, hosts=None) -> list:
         """Every active run (of `hosts`, None = all), light: the LIGHT columns, then started_at
         and last_seen_at in epoch seconds."""
-        name = conn.dialect.name
-        tokens = runs.c.tokens_in + runs.c.tokens_out
-        if name == "sqlite":  # SQLite adds text as 0: a text counter would read as "few tokens"
-            tokens = case((and_(func.typeof(runs.c.tokens_in) == "integer",
-                                func.typeof(runs.c.tokens_out) == "integer"), tokens))
-        measures = {"tokens": tokens}
-        q = select(*(runs.c[c] for c in (*IDENTITY, *RUN_BUDGET_KEYS)),
-                   *(measures.get(m, runs.c[m] if m in runs.c else None) for m in MEASURES),
-                   epoch_s(runs.c.started_at, name), epoch_s(runs.c.last_seen_at, name), runs.c.parent_id
-                   ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
-        if hosts is not None:
-            q = q.where(runs.c.host.in_(sorted(hosts)))
-        return conn.execute(q).all()
+        return store.active_light(conn, hosts)
 
     def load_rows(self, conn, ids: list[str]) -> list:
         """The whole rows of the runs that need an evaluation this tick (if still active); a
         row that cannot be read (a timestamp that does not parse, labels that are not JSON)
         becomes a Defect instead."""
-        return read_isolated(conn, lambda part: select(runs).where(and_(
-            runs.c.id.in_(part), runs.c.status.in_(lc.ACTIVE_STATUSES))), ids,
-            table=runs, key_col=runs.c.id, defects=self.defects, suspects=self._bad_runs)
+        return store.active_rows(conn, ids, isolated=read_isolated, defects=self.defects, suspects=self._bad_runs)
 
-    def _events(self, conn, q_for) -> list["NewEvent"]:
-        """The events of `q_for(columns)`, in id order. The usual case is one query; if it fails
-        (one event whose timestamp does not parse), the ids alone are read (integers always
-        read) and the rows by id, each bad event becoming a Defect: the high-water mark moves
-        past it, it is never read again."""
-        try:
-            with conn.begin_nested():
-                rows = conn.execute(q_for(EVENT_COLS).order_by(events.c.id)).all()
-        except Exception as exc:  # noqa: BLE001
-            if store_unavailable(exc):
-                raise
-            ids = conn.execute(q_for((events.c.id,)).order_by(events.c.id)).scalars().all()
-            rows = read_isolated(conn, lambda part: select(*EVENT_COLS).where(events.c.id.in_(part)), list(ids),
-                                 table=events, key_col=events.c.id, defects=self.defects, suspects={}, event=True)
-            rows.sort(key=lambda r: r[0])
-            # The ids of the bad ones count as read: the high-water mark must pass them.
-            self._unreadable.extend(sorted(set(ids) - {r[0] for r in rows}))
+    def _events(self, conn, selection: EventSelection) -> list[NewEvent]:
+        """The selected events, in id order; each one that cannot be read or used becomes a
+        Defect, and its id counts as read: the high-water mark moves past it, it is never read
+        again."""
+        rows, unreadable = store.read_events(conn, selection, isolated=read_isolated, defects=self.defects)
+        self._unreadable.extend(unreadable)
         out = []
-        for r in rows:
-            e = NewEvent(*r)
+        for e in rows:
             why = event_defect(e)
             if why is None:
                 out.append(e)
@@ -212,30 +139,22 @@ class Scanner:
         self._unreadable: list[int] = []
         if self.high_water is None:
             # Cold start: the full history of the active runs only, never all history.
-            top = conn.execute(select(func.max(events.c.id))).scalar()
+            top = store.newest_event_id(conn)
             for i in range(0, len(active_ids), CHUNK):
-                part = active_ids[i : i + CHUNK]
-                new.extend(self._events(conn, lambda cols, part=part: select(*cols).where(and_(
-                    events.c.run_id.in_(part), events.c.kind.in_(FOLDED)))))
+                new.extend(self._events(conn, EventSelection.of_runs(active_ids[i : i + CHUNK])))
             self.high_water = top or 0
-            overlap = select(events.c.id).where(events.c.id > self.high_water - ID_OVERLAP)
-            self._seen = {r[0] for r in conn.execute(overlap)}
+            self._seen = store.event_ids_above(conn, self.high_water - ID_OVERLAP)
         else:
             # Whole rows only above the high-water mark; in the overlap below it, ids first and
             # whole rows only for the ids never seen (a late PostgreSQL commit: rare).
             low = max(0, self.high_water - ID_OVERLAP)
             seen = self._seen
-            ids = conn.execute(_on_hosts(select(events.c.id).where(and_(
-                events.c.id > low, events.c.id <= self.high_water, events.c.kind.in_(FOLDED))), hosts)
-            ).scalars().all()
+            ids = store.folded_ids_between(conn, low, self.high_water, hosts)
             late = [i for i in ids if i not in seen]
             fresh = []
             for i in range(0, len(late), CHUNK):
-                part = late[i : i + CHUNK]
-                fresh.extend(self._events(conn, lambda cols, part=part: select(*cols).where(events.c.id.in_(part))))
-            high = self.high_water
-            fresh.extend(self._events(conn, lambda cols: _on_hosts(select(*cols).where(and_(
-                events.c.id > high, events.c.kind.in_(FOLDED))), hosts)))
+                fresh.extend(self._events(conn, EventSelection.by_ids(late[i : i + CHUNK])))
+            fresh.extend(self._events(conn, EventSelection.folded_above(self.high_water, hosts)))
             if late:
                 fresh.sort(key=lambda e: e.id)
             new.extend(fresh)

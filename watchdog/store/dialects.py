@@ -15,7 +15,7 @@ import sqlite3
 import time
 from typing import Any, ClassVar
 
-from sqlalchemy import Float, String, case, cast, extract, func, literal
+from sqlalchemy import Float, String, and_, case, cast, extract, func, literal
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects import sqlite as sqlite_sql
 from sqlalchemy.engine import Connection, Engine
@@ -112,6 +112,11 @@ class Dialect:
         """The store's clock now."""
         raise NotImplementedError
 
+    def integer_sum(self, a: Any, b: Any) -> ColumnElement[Any]:
+        """a + b of two integer counter columns; NULL where the backend would add a value that
+        is not an integer (a row written by hand) as if it were one."""
+        return a + b
+
 
 class SQLiteDialect(Dialect):
     name = "sqlite"
@@ -173,6 +178,10 @@ class SQLiteDialect(Dialect):
 
     def db_now(self, conn: Connection) -> dt.datetime:
         return dt.datetime.now(dt.timezone.utc)
+
+    def integer_sum(self, a: Any, b: Any) -> ColumnElement[Any]:
+        # SQLite adds text as 0: a text counter would read as "few tokens".
+        return case((and_(func.typeof(a) == "integer", func.typeof(b) == "integer"), a + b))
 
 
 class PostgresDialect(Dialect):

@@ -22,8 +22,6 @@ import uuid
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
-from sqlalchemy.engine import Engine
-
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
@@ -31,6 +29,7 @@ from watchdog.daemon.otlp import sender
 from watchdog.daemon.otlp.mapping import Call, Group
 from watchdog.store import witness
 from watchdog.store.attestations import Attestation, load as load_attestation
+from watchdog.store.engine import Engine
 from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.otlp")

@@ -17,14 +17,12 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from sqlalchemy.engine import Engine
-
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
 from watchdog.daemon.otlp import decode, mapping, sender
 from watchdog.daemon.otlp.ingest import Receiver
 from watchdog.errors import ConfigError
-from watchdog.store.engine import store_unavailable
+from watchdog.store.engine import Engine, store_unavailable
 
 log = logging.getLogger("watchdog.otlp")
 
@@ -153,7 +151,8 @@ class _Handler(BaseHTTPRequestHandler):
         return b"".join(parts)
 
     def _chunked(self, max_bytes: int, deadline: float) -> bytes:
-        parts, total = [], 0
+        parts: list[bytes] = []
+        total = 0
         while True:
             if time.monotonic() > deadline:
                 raise _TooSlow()

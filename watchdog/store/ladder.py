@@ -1,0 +1,45 @@
+"""The stop ladder's writes and reads on a stopping run: its stage, and what its SIGTERM reached.
+
+Every stage write checks `lifecycle.STAGE_MOVES` first (IllegalStageMove: a bug in the
+caller, raised before anything is written) and is a compare-and-set on the stage the caller
+read, so two daemons never take the same step twice. The transaction is the caller's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import and_, desc, select, update
+from sqlalchemy.engine import Connection
+
+from watchdog.core import lifecycle as lc
+from watchdog.store.schema import interventions, runs
+
+
+def _move(conn: Connection, run_id: str, expected: str | None, stage: str, values: dict[str, Any]) -> bool:
+    lc.check_stage_move(expected, stage)
+    cond = runs.c.signal_stage.is_(None) if expected is None else runs.c.signal_stage == expected
+    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.STOPPING, cond))
+                       .values(signal_stage=stage, **values))
+    return bool(res.rowcount == 1)
+
+
+def set_stage(conn: Connection, run_id: str, expected: str | None, stage: str, *, signalled_at: dt.datetime) -> bool:
+    """expected -> stage on a stopping run, stamped `signalled_at`; False: the run is not at
+    `expected` any more (another daemon moved it, or it ended)."""
+    return _move(conn, run_id, expected, stage, {"signalled_at": signalled_at})
+
+
+def finish(conn: Connection, run_id: str, expected: str | None, now: dt.datetime) -> bool:
+    """expected -> done: the stopping run is killed, ended `now`; False as for set_stage."""
+    return _move(conn, run_id, expected, lc.Stage.DONE, {"status": lc.KILLED, "ended_at": now})
+
+
+def sigterm_details(conn: Connection, run_id: str) -> list[Any]:
+    """The `detail` of each `sigterm` intervention of the run, newest first (as stored: any
+    store writer can insert such a row, the caller verifies each one's seal)."""
+    return list(conn.execute(
+        select(interventions.c.detail)
+        .where(and_(interventions.c.run_id == run_id, interventions.c.action == "sigterm"))
+        .order_by(desc(interventions.c.id))).scalars())

@@ -1,0 +1,164 @@
+"""The tick's reads of active runs and new events (watchdog.daemon.scan folds them).
+
+Each read is one statement on the tick's own read snapshot (the caller's connection). Rows
+anyone may have written by hand can hold values that do not parse: the reads that meet them
+take the caller's `isolated` reader (watchdog.daemon.isolation.read_isolated), which reads a
+failed chunk again key by key so that one bad row costs only itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Protocol, Sequence, cast
+
+from sqlalchemy import Select, and_, func, select
+from sqlalchemy.engine import Connection
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.store import dialects
+from watchdog.store.engine import store_unavailable
+from watchdog.store.schema import events, runs
+
+# What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
+# a full evaluation. The two timestamps come back as epoch seconds computed by the
+# database, so no datetime (and no row of 31 columns) is built for a healthy run.
+# Columns are read by position (a Row's attribute access costs at 10,000 runs): `L` names them.
+IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "resumes")
+# The counters the registry's budgets measure, as the run row holds them ("tokens" is in + out).
+MEASURES = ("steps", "tool_calls", "cost_eur", "tokens")
+# parent_id last: the daemon records the parent a run names when it first sees it (issue 20).
+LIGHT = (*IDENTITY, *RUN_BUDGET_KEYS, *MEASURES, "started_s", "seen_s", "parent_id")
+L = {name: i for i, name in enumerate(LIGHT)}
+OWN_BUDGETS = slice(L[RUN_BUDGET_KEYS[0]], L[RUN_BUDGET_KEYS[-1]] + 1)
+
+# The events the fold reads: tool calls (stats, circuits) and steps (the evidence counters).
+FOLDED = (lc.EV_TOOL, lc.EV_STEP)
+
+
+@dataclass(slots=True)
+class FoldedEvent:
+    """An event as the fold reads it: values as stored (the caller checks them, event_defect)."""
+
+    id: int
+    run_id: str
+    at: dt.datetime
+    tool: str
+    args_hash: str | None
+    ok: bool | None
+    error_msg: str | None
+    attempt: int | None = None
+    # issue 20: what the evidence fold counts (watchdog.daemon.evidence)
+    kind: str = lc.EV_TOOL
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost_eur: float | None = None
+    source: str | None = None
+    call_id: str | None = None
+
+
+_EVENT_COLS = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.c.args_hash, events.c.ok,
+               events.c.error_msg, events.c.attempt, events.c.kind, events.c.tokens_in, events.c.tokens_out,
+               events.c.cost_eur, events.c.source, events.c.call_id)
+
+
+class IsolatedRead(Protocol):
+    """watchdog.daemon.isolation.read_isolated's shape: `query_for(chunk of keys)` per chunk, a
+    failed chunk read again key by key, a key that still fails appended to `defects`."""
+
+    def __call__(self, conn: Connection, query_for: Callable[[list[Any]], Any], keys: list[Any], *, table: Any,
+                 key_col: Any, defects: list[Any], suspects: dict[Any, Any], event: bool = False) -> list[Any]: ...
+
+
+def active_light(conn: Connection, hosts: Collection[str] | None = None) -> list[Any]:
+    """Every active run (of `hosts`, None = all), light: the LIGHT columns by position."""
+    backend = dialects.of(conn)
+    measures: dict[str, Any] = {"tokens": backend.integer_sum(runs.c.tokens_in, runs.c.tokens_out)}
+    q = select(*(runs.c[c] for c in (*IDENTITY, *RUN_BUDGET_KEYS)),
+               *(measures[m] if m in measures else runs.c[m] for m in MEASURES),
+               backend.epoch_s(runs.c.started_at), backend.epoch_s(runs.c.last_seen_at), runs.c.parent_id
+               ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    if hosts is not None:
+        q = q.where(runs.c.host.in_(sorted(hosts)))
+    return cast(list[Any], conn.execute(q).all())  # a list (fetchall), typed as a Sequence
+
+
+def active_rows(conn: Connection, ids: list[str], *, isolated: IsolatedRead, defects: list[Any],
+                suspects: dict[Any, Any]) -> list[Any]:
+    """The whole rows of these runs, if still active; a row that cannot be read becomes a defect."""
+    return isolated(conn, lambda part: select(runs).where(and_(
+        runs.c.id.in_(part), runs.c.status.in_(lc.ACTIVE_STATUSES))), ids,
+        table=runs, key_col=runs.c.id, defects=defects, suspects=suspects)
+
+
+def newest_event_id(conn: Connection) -> int | None:
+    """The largest event id (None: no event yet): one probe of the primary key's index."""
+    top: int | None = conn.execute(select(func.max(events.c.id))).scalar()
+    return top
+
+
+def event_ids_above(conn: Connection, low: int) -> set[int]:
+    """The ids of every event above `low` (the window a late PostgreSQL commit may land in)."""
+    return set(conn.execute(select(events.c.id).where(events.c.id > low)).scalars())
+
+
+def _on_hosts(q: Select[Any], hosts: Collection[str] | None) -> Select[Any]:
+    """Only the events of runs on `hosts` (None: every host's): a join on the run's primary key,
+    cheap for the few events above the high-water mark."""
+    if hosts is None:
+        return q
+    return q.join_from(events, runs, runs.c.id == events.c.run_id).where(runs.c.host.in_(sorted(hosts)))
+
+
+def folded_ids_between(conn: Connection, low: int, high: int, hosts: Collection[str] | None = None) -> list[int]:
+    """The ids of the folded events in (low, high] (of runs on `hosts`), ids only: cheap."""
+    return list(conn.execute(_on_hosts(select(events.c.id).where(and_(
+        events.c.id > low, events.c.id <= high, events.c.kind.in_(FOLDED))), hosts)).scalars())
+
+
+@dataclass(frozen=True)
+class EventSelection:
+    """Which events a read_events call reads (build one with the class methods)."""
+
+    query_for: Callable[[Sequence[Any]], Select[Any]]  # columns -> the SELECT of those columns
+
+    @classmethod
+    def of_runs(cls, run_ids: Sequence[str]) -> EventSelection:
+        """The folded events of these runs (a cold start: all of their history)."""
+        ids = list(run_ids)
+        return cls(lambda cols: select(*cols).where(and_(events.c.run_id.in_(ids), events.c.kind.in_(FOLDED))))
+
+    @classmethod
+    def by_ids(cls, event_ids: Sequence[int]) -> EventSelection:
+        ids = list(event_ids)
+        return cls(lambda cols: select(*cols).where(events.c.id.in_(ids)))
+
+    @classmethod
+    def folded_above(cls, high: int, hosts: Collection[str] | None = None) -> EventSelection:
+        """The folded events above `high` (of runs on `hosts`)."""
+        return cls(lambda cols: _on_hosts(select(*cols).where(and_(events.c.id > high, events.c.kind.in_(FOLDED))),
+                                          hosts))
+
+
+def read_events(conn: Connection, selection: EventSelection, *, isolated: IsolatedRead,
+                defects: list[Any]) -> tuple[list[FoldedEvent], list[int]]:
+    """(the selected events in id order, the ids of those that could not be read at all).
+
+    The usual case is one query; if it fails (one event whose timestamp does not parse), the
+    ids alone are read (integers always read) and the rows by id, each bad event becoming a
+    defect: the caller's high-water mark moves past it, it is never read again."""
+    try:
+        with conn.begin_nested():
+            rows = conn.execute(selection.query_for(_EVENT_COLS).order_by(events.c.id)).all()
+    except Exception as exc:  # noqa: BLE001
+        if store_unavailable(exc):
+            raise
+    else:
+        return [FoldedEvent(*r) for r in rows], []
+    ids = list(conn.execute(selection.query_for((events.c.id,)).order_by(events.c.id)).scalars())
+    rows = isolated(conn, lambda part: select(*_EVENT_COLS).where(events.c.id.in_(part)), ids,
+                    table=events, key_col=events.c.id, defects=defects, suspects={}, event=True)
+    rows.sort(key=lambda r: r[0])
+    unreadable = sorted(set(ids) - {r[0] for r in rows})
+    return [FoldedEvent(*r) for r in rows], unreadable
