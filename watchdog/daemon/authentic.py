@@ -37,9 +37,10 @@ from watchdog.core.messages import ACK_MARK, RunFacts, escalation_alert
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate
 from watchdog.core.seal import Sealer
 from watchdog.store import evidence as store
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store.engine import Connection
-from watchdog.store.sealed_alerts import by_key as sealed_alert
+from watchdog.store.alerts import by_key as sealed_alert
 
 NOT_OWN = "not signalled: the evidence is not the run's own"
 NONCE_BYTES = 16

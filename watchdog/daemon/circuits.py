@@ -22,7 +22,8 @@ import re
 from watchdog.core.lifecycle import CIRCUIT_STATES, Circuit
 from watchdog.core.scrub import scrub
 from watchdog.store import circuits as store
-from watchdog.store.actions import actor, enqueue_alert, record
+from watchdog.store.alerts import enqueue_alert
+from watchdog.store.interventions import actor, record
 from watchdog.core.config import Config
 from watchdog.store.circuits import REFUSAL_CLASS as REFUSAL_CLASS
 

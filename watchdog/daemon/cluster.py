@@ -27,7 +27,8 @@ from sqlalchemy import update
 from watchdog.core.config import Config
 from watchdog.core.messages import no_daemon_alert
 from watchdog.store import leases, retention, rollup
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store.engine import read_connection
 from watchdog.store.leases import Holder
 from watchdog.store.schema import daemons

@@ -13,10 +13,11 @@ import datetime as dt
 import logging
 
 from watchdog.core import drift
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store.engine import read_connection
 from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
-from watchdog.store.sealed_alerts import queued_at
+from watchdog.store.alerts import queued_at
 
 log = logging.getLogger("watchdog.drift")
 

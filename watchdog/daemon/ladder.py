@@ -21,7 +21,9 @@ from typing import Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.seal import Sealer
-from watchdog.store.actions import SPANS_UNPROVEN, enqueue_alert, queued, record
+from watchdog.daemon.stopping import SPANS_UNPROVEN
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.attest import verified_cgroup, verified_leader

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from sqlalchemy import update
 
 from watchdog.core.alert_text import alert_body, alert_title
-from watchdog.core.notify_kind import notify_kind
+from watchdog.core.alert_kinds import notify_kind
 from watchdog.daemon import delivered, lanes
 from watchdog.daemon.notify import Notifier, TargetResult
 from watchdog.store import outbox as rows
-from watchdog.store.actions import enqueue_alert
+from watchdog.store.alerts import enqueue_alert
 from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import alerts
 

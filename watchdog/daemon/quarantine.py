@@ -23,7 +23,8 @@ from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.text import one_line
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.scan import LIGHT, MEASURES
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store import quarantine as store
 
 log = logging.getLogger("watchdog.tick")

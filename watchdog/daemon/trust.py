@@ -21,8 +21,10 @@ from watchdog.core import pause as ap
 from watchdog.core.budgets import BY_KEY, effective, asked
 from watchdog.core.config import Config
 from watchdog.core.text import one_line
-from watchdog.store import trust_rows
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store import interventions as trust_rows
+from watchdog.store.pause import deny_pause
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store.memory import Memory
 
 log = logging.getLogger("watchdog.trust")
@@ -100,7 +102,7 @@ class Trust:
                 prof = self.config.defaults
         raised = False
         if row.resumes:
-            from watchdog.store.trust_rows import budget_columns
+            from watchdog.store.interventions import budget_columns
 
             key = (row.id, row.resumes, budget_columns(row))
             raised = self._raised.get(key)
@@ -178,7 +180,7 @@ class Trust:
                 "the daemon's own counters: the pause is not confirmed and the run is running again, judged "
                 "by every budget. The store's pause text is not quoted.")
         log.warning("run %s: a pause the daemon did not write or confirm: running again", short)
-        return trust_rows.deny_pause(conn, row, now=now, by=self.by, title=title, body=body, sealer=self.sealer)
+        return deny_pause(conn, row, now=now, by=self.by, title=title, body=body, sealer=self.sealer)
 
     def confirms_pause(self, row, snap_totals, budgets) -> bool:
         """A pause the run's own guard wrote, the daemon confirms: a budget that pauses for this
