@@ -13,8 +13,6 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Callable, Sequence
 
-from sqlalchemy.engine import Connection
-
 from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.budgets import Budgets, for_run
@@ -25,6 +23,7 @@ from watchdog.core.text import one_line
 from watchdog.store import stops
 from watchdog.store.alerts import enqueue_alert
 from watchdog.store.children import with_top_child
+from watchdog.store.engine import Connection
 
 # A run seen only through spans whose sender the kernel did not confirm (watchdog.daemon.otlp).
 SPANS_UNPROVEN = "not signalled: spans cannot prove their sender"
