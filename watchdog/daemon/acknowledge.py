@@ -19,6 +19,8 @@ import logging
 import re
 from collections import Counter, deque
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import effective_budgets
 from watchdog.core.messages import requested_stop_alert
@@ -91,7 +93,7 @@ class EndedStops:
         reason, title, body = self._compose(conn, row, now, config)
         iid = stop_intervention(conn, row.id)
         if iid is None:
-            iid = record(conn, at=_asked_at(row, now), action="stop_requested", by=by, run_id=row.id, reason=reason,
+            iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id, reason=reason,
                          outcome="stop requested in the store, not by this daemon; acknowledged after the run ended")
         queued = enqueue_alert(conn, alerts.stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                                sealer=sealer)
@@ -102,7 +104,7 @@ class EndedStops:
 
     def _summary(self, engine, rows, now, config, sealer, by) -> list[str]:
         """One alert for many stops; each still recorded, each with its own (summarised) alert row."""
-        summary_key = f"stops:{now.isoformat()}:{one_line(rows[0].id, 40)}"
+        summary_key = AlertKind.STOPS.key(now.isoformat(), one_line(rows[0].id, 40))
         reasons: Counter = Counter()
         agents: Counter = Counter()
         done = []
@@ -113,7 +115,7 @@ class EndedStops:
                 reason, title, body = self._compose(conn, row, now, config)
                 iid = stop_intervention(conn, row.id)
                 if iid is None:
-                    iid = record(conn, at=_asked_at(row, now), action="stop_requested", by=by, run_id=row.id,
+                    iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id,
                                  reason=reason,
                                  outcome="stop requested in the store, not by this daemon; acknowledged in a summary")
                 alerts.summarised(conn, row.id, title, body, now=now, intervention_id=iid, sealer=sealer,

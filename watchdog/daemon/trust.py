@@ -17,6 +17,8 @@ import datetime as dt
 import logging
 import pwd
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core import pause as ap
 from watchdog.core.budgets import BY_KEY, effective, asked
 from watchdog.core.config import Config
@@ -146,14 +148,14 @@ class Trust:
             return f"uid {uid}"
 
     def _alert_owner(self, conn, row, owner) -> None:
-        key = f"owner:{row.id}"
+        key = AlertKind.OWNER.key(row.id)
         if queued(conn, key):
             return
         who = f"owner {owner}" if owner else "an owner that cannot be proven (no owner column, no sealed attestation)"
         line = (f"run {row.id[:32]} names the profile of agent {agent_shown(row.agent)}, which its {who} may not "
                 f"use: judged by [defaults]")
         log.warning("%s", line)
-        iid = record(conn, at=row.last_seen_at, action="profile_refused", by=self.by, run_id=row.id,
+        iid = record(conn, at=row.last_seen_at, action=Action.PROFILE_REFUSED, by=self.by, run_id=row.id,
                      detail={"owner": owner}, outcome="judged by [defaults]")
         enqueue_alert(conn, key, f"agent-watchdog: run {row.id[:8]} may not use its profile — judged by [defaults]",
                       line + ".\nIts profile's `owners` do not name it. Every budget of [defaults] applies.",
