@@ -74,3 +74,8 @@ def test_urgency_is_the_old_notify_kinds(key):
 
 def test_a_key_that_is_not_text_is_a_warning():
     assert notify_kind(None) is Urgency.WARNING and AlertKind.of_key(3) is None
+
+
+@pytest.mark.parametrize("kind", list(AlertKind))
+def test_each_kind_says_what_it_tells_and_its_keys_shape(kind):
+    assert kind.meaning.startswith(kind.value)
