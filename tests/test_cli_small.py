@@ -12,7 +12,7 @@ from pathlib import Path
 from watchdog import RunKilled, Watchdog
 from watchdog.daemon.notify import Notifier
 from watchdog.daemon.outbox import deliver_due
-from watchdog.store.actions import enqueue_alert
+from watchdog.store.alerts import enqueue_alert
 
 EXE = str(Path(sys.executable).parent / "agent-watchdog")
 

@@ -141,7 +141,7 @@ def test_after_a_jump_a_healthy_run_is_judged_on_the_new_clock(engine, daemon, d
         before = utcnow()
         jump = jump_of(skew_s, before, gap_s=2.0)
         new_now = jump.at
-        from watchdog.store.actions import enqueue_alert
+        from watchdog.store.alerts import enqueue_alert
 
         with engine.begin() as conn:  # an alert queued before the jump, not delivered yet
             assert enqueue_alert(conn, "pending", "t", "b", now=before, sealer=daemon.sealer)

@@ -11,7 +11,7 @@ import time
 from alertsinks import HttpSink
 from watchdog.daemon.notify import Notifier
 from watchdog.daemon.outbox import deliver_due
-from watchdog.store.actions import enqueue_alert
+from watchdog.store.alerts import enqueue_alert
 from watchdog.store.schema import alerts
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)

@@ -306,7 +306,7 @@ def test_a_runaway_writing_signal_stage_done_is_still_sigtermed(db_url, engine, 
 def test_resetting_an_alerts_delivery_state_never_sends_it_again(db_url, engine, http):
     from watchdog.daemon.notify import Notifier
     from watchdog.daemon.outbox import deliver_due
-    from watchdog.store.actions import enqueue_alert
+    from watchdog.store.alerts import enqueue_alert
     from watchdog.store.memory import Memory
 
     sealer, memory = _sealer(), Memory(None)
@@ -342,7 +342,7 @@ def test_the_writers_fast_path_never_lowers_what_a_gateway_saw_first():
 
 
 def test_a_raise_holds_only_with_runs_may_raise_or_a_sealed_resume(db_url, engine):
-    from watchdog.store.trust_rows import seal_grant
+    from watchdog.store.interventions import seal_grant
 
     cfg = config(agents={"bot": {"max_steps": 5}, "lax": {"max_steps": 5, "runs_may_raise": True}})
     lax = _sql_run(engine, agent="lax", max_steps=50, steps=20)

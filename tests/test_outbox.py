@@ -22,7 +22,7 @@ from watchdog.daemon.metrics import Metrics
 from watchdog.daemon.notify import Notifier
 from watchdog.daemon.outbox import CLAIM_MARGIN_S, deliver_due
 from watchdog.store import outbox as outbox_store
-from watchdog.store.actions import enqueue_alert
+from watchdog.store.alerts import enqueue_alert
 from watchdog.store.schema import alerts
 
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)

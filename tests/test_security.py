@@ -351,7 +351,7 @@ def test_a_root_daemon_without_allowed_users_refuses_to_start(store, tmp_path):
 def test_an_alert_row_a_store_writer_inserts_is_never_delivered(store, engine, attestor, users):
     # One without a seal, one with the seal of a genuine alert copied onto other words.
     tk = daemon_for(engine, attestor, users)
-    from watchdog.store.actions import enqueue_alert
+    from watchdog.store.alerts import enqueue_alert
 
     with engine.begin() as conn:
         enqueue_alert(conn, "genuine", "agent-watchdog: a genuine alert", "composed by the daemon", now=utcnow(),

@@ -1,5 +1,5 @@
 """The store verbs of the daemon's circuits, stop ladder, scan, backfill and quarantine
-(watchdog.store.circuits, ladder, scan, backfill, quarantine, sealed_alerts, attestations), on
+(watchdog.store.circuits, ladder, scan, backfill, quarantine, alerts, attestations), on
 both backends, for real: each verb against rows written here with plain inserts, as any writer
 of the table contract could."""
 
@@ -13,7 +13,7 @@ from sqlalchemy import insert, select
 from watchdog.core import lifecycle as lc
 from watchdog.core.lifecycle import Circuit, IllegalCircuitMove, IllegalStageMove
 from watchdog.daemon.isolation import read_isolated
-from watchdog.store import attestations, backfill, circuits, ladder, quarantine, scan, sealed_alerts
+from watchdog.store import alerts as sealed_alerts, attestations, backfill, circuits, ladder, quarantine, scan
 from watchdog.store.schema import alerts, circuit_probes, events, interventions, runs, tool_circuits
 
 T0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)

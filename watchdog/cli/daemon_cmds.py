@@ -103,7 +103,7 @@ def _acquire(daemon, url: str, retry: bool):
 def kill_cmd(app, run_id, reason):
     """Stop one run through the same ladder as the daemon (stop_reason = manual)."""
     from watchdog.core import lifecycle as lc
-    from watchdog.store.actions import facts, request_stop
+    from watchdog.daemon.stopping import facts, stop_run
     from watchdog.store.pause import operator
     from watchdog.errors import StoreError
     from watchdog.core.budgets import effective_budgets
@@ -120,7 +120,7 @@ def kill_cmd(app, run_id, reason):
         stats = tool_stats(conn, [rid])[rid]
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
         budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
-        ok = request_stop(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=operator(), budgets=budgets,
+        ok = stop_run(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=operator(), budgets=budgets,
                           run_facts=facts(row, top, None, now), sealer=_operator_sealer(app),
                           why=f"killed while paused for {row.stop_reason}" if row.status == lc.PAUSED else None)
     if not ok:
@@ -190,7 +190,7 @@ def circuits_cmd(ctx, app, as_json):
 @fail_cleanly
 def circuits_close(app, tool):
     """Close TOOL's circuit by hand (after fixing the tool)."""
-    from watchdog.store.actions import actor
+    from watchdog.store.interventions import actor
     from watchdog.daemon.circuits import CircuitBreakers
     from watchdog.errors import StoreError
 

@@ -51,7 +51,7 @@ def resume_cmd(app, run_id, **adds):
     from watchdog.core.pause import Grant
     from watchdog.core.budgets import effective_budgets
     from watchdog.errors import StoreError
-    from watchdog.store.actions import facts
+    from watchdog.daemon.stopping import facts
     from watchdog.store.pause import operator, resume
     from watchdog.store.views import load_run, resolve_run_id, tool_stats
 
@@ -71,7 +71,7 @@ def resume_cmd(app, run_id, **adds):
         # issue 20: sealed with the daemon's key (root or its user), the raise may pass the
         # profile; anyone else's resume is a row the daemon clamps to the profile.
         from watchdog.cli.daemon_cmds import _operator_sealer
-        from watchdog.store.trust_rows import seal_grant
+        from watchdog.store.interventions import seal_grant
 
         sealer = _operator_sealer(app)
         if sealer is not None:

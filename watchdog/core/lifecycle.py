@@ -159,10 +159,20 @@ class IllegalCircuitMove(IllegalMove):
     table_name = "CIRCUIT_MOVES"
 
 
+class IllegalStatusMove(IllegalMove):
+    table_name = "STATUS_MOVES"
+
+
 def check_stage_move(current: str | None, new: str) -> None:
     """Raise IllegalStageMove unless STAGE_MOVES lists current -> new."""
     if not can_move(STAGE_MOVES, current, new):
         raise IllegalStageMove(current, new)
+
+
+def check_status_move(current: str | None, new: str) -> None:
+    """Raise IllegalStatusMove unless STATUS_MOVES lists current -> new."""
+    if not can_move(STATUS_MOVES, current, new):
+        raise IllegalStatusMove(current, new)
 
 
 def check_circuit_move(current: str | None, new: str) -> None:

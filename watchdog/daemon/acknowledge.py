@@ -19,12 +19,16 @@ import logging
 import re
 from collections import Counter, deque
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import effective_budgets
 from watchdog.core.messages import requested_stop_alert
 from watchdog.core.text import one_line
-from watchdog.store import ended_stops as es
-from watchdog.store.actions import enqueue_alert, facts, record
+from watchdog.daemon.stopping import facts
+from watchdog.store import alerts, stops
+from watchdog.store.alerts import enqueue_alert
+from watchdog.store.interventions import record, stop_intervention
 
 log = logging.getLogger("watchdog.tick")
 
@@ -43,11 +47,11 @@ class EndedStops:
         """Acknowledge the unheard stops among the runs ended since the last look; their ids."""
         since = self.since if self.since is not None else now - dt.timedelta(seconds=LOOKBACK_S)
         with engine.connect() as conn:
-            ended = es.ended_since(conn, since, hosts)
-            todo = es.unheard(conn, [r.id for r in ended])
+            ended = stops.ended_since(conn, since, hosts)
+            todo = alerts.unheard(conn, [r.id for r in ended])
         if ended:
             newest = max(r.ended_at for r in ended)
-            full = len(ended) >= es.BATCH
+            full = len(ended) >= stops.BATCH
             self.since = newest if full else max(since, newest - dt.timedelta(seconds=OVERLAP_S))
         elif self.since is None:
             self.since = since
@@ -76,7 +80,7 @@ class EndedStops:
 
     def _compose(self, conn, row, now, config) -> tuple[str, str, str]:
         budgets = effective_budgets(config.profile(row.agent), row)
-        f = facts(row, es.top_tool(conn, row.id), None, now)
+        f = facts(row, stops.top_tool(conn, row.id), None, now)
         # Writer text (progress, partial answer) is not quoted in an alert the daemon did not decide.
         f = dataclasses.replace(f, progress=None, partial=None, last_error=None)
         reason = row.stop_reason if _identifier(row.stop_reason) else "unknown"
@@ -87,11 +91,11 @@ class EndedStops:
 
     def _one(self, conn, row, now, config, sealer, by) -> bool:
         reason, title, body = self._compose(conn, row, now, config)
-        iid = es.stop_intervention(conn, row.id)
+        iid = stop_intervention(conn, row.id)
         if iid is None:
-            iid = record(conn, at=_asked_at(row, now), action="stop_requested", by=by, run_id=row.id, reason=reason,
+            iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id, reason=reason,
                          outcome="stop requested in the store, not by this daemon; acknowledged after the run ended")
-        queued = enqueue_alert(conn, es.stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
+        queued = enqueue_alert(conn, alerts.stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                                sealer=sealer)
         if queued:
             log.warning("stop heard after the run ended: %s run %s — %s", one_line(row.agent, 64),
@@ -100,21 +104,21 @@ class EndedStops:
 
     def _summary(self, engine, rows, now, config, sealer, by) -> list[str]:
         """One alert for many stops; each still recorded, each with its own (summarised) alert row."""
-        summary_key = f"stops:{now.isoformat()}:{one_line(rows[0].id, 40)}"
+        summary_key = AlertKind.STOPS.key(now.isoformat(), one_line(rows[0].id, 40))
         reasons: Counter = Counter()
         agents: Counter = Counter()
         done = []
         with engine.begin() as conn:
             for row in rows:
-                if es.unheard(conn, [row.id]) != {row.id}:
+                if alerts.unheard(conn, [row.id]) != {row.id}:
                     continue  # heard meanwhile (another daemon of the store)
                 reason, title, body = self._compose(conn, row, now, config)
-                iid = es.stop_intervention(conn, row.id)
+                iid = stop_intervention(conn, row.id)
                 if iid is None:
-                    iid = record(conn, at=_asked_at(row, now), action="stop_requested", by=by, run_id=row.id,
+                    iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id,
                                  reason=reason,
                                  outcome="stop requested in the store, not by this daemon; acknowledged in a summary")
-                es.summarised(conn, row.id, title, body, now=now, intervention_id=iid, sealer=sealer,
+                alerts.summarised(conn, row.id, title, body, now=now, intervention_id=iid, sealer=sealer,
                               summary_key=summary_key)
                 reasons[reason] += 1
                 agents[one_line(row.agent, 64)] += 1

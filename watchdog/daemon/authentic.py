@@ -29,6 +29,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
@@ -37,9 +39,10 @@ from watchdog.core.messages import ACK_MARK, RunFacts, escalation_alert
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate
 from watchdog.core.seal import Sealer
 from watchdog.store import evidence as store
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store.engine import Connection
-from watchdog.store.sealed_alerts import by_key as sealed_alert
+from watchdog.store.alerts import by_key as sealed_alert
 
 NOT_OWN = "not signalled: the evidence is not the run's own"
 NONCE_BYTES = 16
@@ -173,7 +176,7 @@ def operator_stop(conn: Connection, row: Any, sealer: Sealer | None) -> bool:
     key, is not an acknowledgement of a store request, and names the reason manual."""
     if sealer is None:
         return False
-    a = sealed_alert(conn, f"stop:{row.id}")
+    a = sealed_alert(conn, AlertKind.STOP.key(row.id))
     if a is None or not isinstance(a.body, str) or not isinstance(a.title, str) or ACK_MARK in a.body:
         return False
     return a.title.endswith(f" — {lc.MANUAL}") and sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at)
@@ -256,9 +259,9 @@ def hold_not_own(conn: Connection, row: Any, *, now: dt.datetime, by: str, facts
                  sealer: Sealer | None = None) -> None:
     """No signal: the run stays stopped cooperatively (the ladder asks again each tick, and
     signals once the run's own records show a breach). Recorded and alerted once."""
-    key = f"notown:{row.id}"
+    key = AlertKind.NOT_OWN.key(row.id)
     if queued(conn, key):
         return
-    iid = record(conn, at=now, action="signal_held", by=by, run_id=row.id, reason=row.stop_reason, outcome=NOT_OWN)
+    iid = record(conn, at=now, action=Action.SIGNAL_HELD, by=by, run_id=row.id, reason=row.stop_reason, outcome=NOT_OWN)
     title, body = escalation_alert(facts, budgets, row.stop_reason, NOT_OWN, failed=True)
     enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)

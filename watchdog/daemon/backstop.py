@@ -16,7 +16,7 @@ import logging
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.scan import L
 from watchdog.daemon.trust import first_sight_budget_s
-from watchdog.store import trust_rows
+from watchdog.daemon import stopping
 
 log = logging.getLogger("watchdog.tick")
 
@@ -41,7 +41,7 @@ def backstop(tk, light, now: dt.datetime, live, rep, batch) -> None:
         short = rid[:8]
         if gone:
             with batch.run() as conn:
-                if trust_rows.end_unreadable(
+                if stopping.lose_unreadable(
                         conn, rid, now=now, by=tk.by, sealer=tk.sealer,
                         title=f"agent-watchdog: run {short} lost — its process is gone",
                         body=f"run {rid}\nIts process {pid} on {tk.killer.host} is gone without ending the run. "
@@ -55,7 +55,7 @@ def backstop(tk, light, now: dt.datetime, live, rep, batch) -> None:
             continue
         detail = f"watched {watched_s:.0f} s > max_wall_s {limit_s:g} s (from the daemon's first sight)"
         with batch.run() as conn:
-            if trust_rows.stop_unreadable(
+            if stopping.stop_unreadable(
                     conn, rid, reason=lc.WALL_CLOCK, detail=detail, now=now, by=tk.by, sealer=tk.sealer,
                     outcome="cooperative stop requested (its row cannot be read: it will not be signalled)",
                     title=f"agent-watchdog: stopped run {short} — wall_clock (its row cannot be judged)",

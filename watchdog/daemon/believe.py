@@ -9,7 +9,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import effective_budgets
 from watchdog.core.policies import totals
 from watchdog.daemon.evidence import merged
-from watchdog.store.actions import facts
+from watchdog.daemon.stopping import facts
 
 
 def snapshot(tk, row, now):

@@ -19,10 +19,13 @@ import datetime as dt
 import logging
 import re
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core.lifecycle import CIRCUIT_STATES, Circuit
 from watchdog.core.scrub import scrub
 from watchdog.store import circuits as store
-from watchdog.store.actions import actor, enqueue_alert, record
+from watchdog.store.alerts import enqueue_alert
+from watchdog.store.interventions import actor, record
 from watchdog.core.config import Config
 from watchdog.store.circuits import REFUSAL_CLASS as REFUSAL_CLASS
 
@@ -90,7 +93,7 @@ class CircuitBreakers:
                                       last_error_class=cls):
                 return False
             detail = f"{errors} errors in {pol.window_s:g} s across {runs} runs; most common: {common or '-'}"
-            self._transition(conn, tool, "circuit_open", detail, f"open until {until:%H:%M:%S} UTC", now,
+            self._transition(conn, tool, Action.CIRCUIT_OPEN, detail, f"open until {until:%H:%M:%S} UTC", now,
                              f"agent-watchdog: circuit OPEN for {tool} — {errors} errors in {pol.window_s:g} s",
                              [f"tool {tool}", f"errors {errors} in {pol.window_s:g} s (threshold {pol.errors})",
                               f"most common error: {common or '-'}", f"runs affected: {runs}",
@@ -135,7 +138,7 @@ class CircuitBreakers:
                 store.reopen(conn, row.tool, state, now=now, until=until,
                              last_error=((msg or row.last_error or "")[:500] or None),
                              last_error_class=error_class_name(probe.error_class) or row.last_error_class)
-                self._transition(conn, row.tool, "circuit_open", f"probe failed: {msg}",
+                self._transition(conn, row.tool, Action.CIRCUIT_OPEN, f"probe failed: {msg}",
                                  f"open again until {until:%H:%M:%S} UTC", now,
                                  f"agent-watchdog: circuit OPEN again for {row.tool} — the probe failed",
                                  [f"tool {row.tool}", f"probe error: {msg or '-'}",
@@ -143,14 +146,14 @@ class CircuitBreakers:
                 return Circuit.OPEN
             if row.state == Circuit.OPEN and row.open_until and now >= row.open_until:
                 if store.half_open(conn, row.tool, now):
-                    record(conn, at=now, action="circuit_half_open", by=self.by, tool=row.tool,
+                    record(conn, at=now, action=Action.CIRCUIT_HALF_OPEN, by=self.by, tool=row.tool,
                            outcome="one probe call will be let through")
                     return Circuit.HALF_OPEN
         return None
 
     def _close(self, conn, tool, state, now, why):
         store.close(conn, tool, state, now)
-        self._transition(conn, tool, "circuit_closed", why, "closed", now,
+        self._transition(conn, tool, Action.CIRCUIT_CLOSED, why, "closed", now,
                          f"agent-watchdog: circuit closed for {tool} — {why}", [f"tool {tool}", f"closed: {why}"])
 
     def close(self, engine, tool: str, now: dt.datetime, by: str) -> bool:
@@ -183,9 +186,9 @@ class CircuitBreakers:
             self._rate_alarmed[tool] = now
             window = int(now.timestamp() // TOOL_RATE_WINDOW_S)
             with engine.begin() as conn:
-                iid = record(conn, at=now, action="rate_alarm", by=self.by, tool=tool, reason="tool_rate",
+                iid = record(conn, at=now, action=Action.RATE_ALARM, by=self.by, tool=tool, reason="tool_rate",
                              detail=f"{calls} calls/min over all runs > {limit}", outcome="alert only")
-                enqueue_alert(conn, f"toolrate:{tool}:{window}",
+                enqueue_alert(conn, AlertKind.TOOL_RATE.key(tool, window),
                               f"agent-watchdog: LOOP? tool {tool}: {calls} calls/min over all runs",
                               f"tool {tool}\n{calls} calls/min over all runs > max_calls_per_min {limit}",
                               now=now, intervention_id=iid, sealer=self.sealer)

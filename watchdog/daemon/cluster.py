@@ -20,17 +20,21 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from sqlalchemy import update
-
+from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.config import Config
+from watchdog.core.interventions import Action
+from watchdog.core.seal import Sealer
 from watchdog.core.messages import no_daemon_alert
 from watchdog.store import leases, retention, rollup
-from watchdog.store.actions import enqueue_alert, queued, record
-from watchdog.store.engine import read_connection
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
+from watchdog.store.engine import Engine, read_connection
 from watchdog.store.leases import Holder
-from watchdog.store.schema import daemons
+
+if TYPE_CHECKING:
+    from watchdog.daemon.lease import Lease
 
 log = logging.getLogger("watchdog.cluster")
 
@@ -44,7 +48,7 @@ class Role:
     """This daemon's part in the store for one tick."""
 
     leader: bool
-    hosts: frozenset  # whose active runs it judges: its own, and (leader) the adopted ones
+    hosts: frozenset[str]  # whose active runs it judges: its own, and (leader) the adopted ones
     adopted: Mapping[str, Holder | None] = field(default_factory=dict)  # host -> its last daemon (None: never had one)
     active: Mapping[str, int] = field(default_factory=dict)  # active runs per adopted host
     grew: bool = False  # hosts were added since the last tick: their runs' history is not folded yet
@@ -53,49 +57,50 @@ class Role:
 class Membership:
     """Leadership and the judged hosts, refreshed at the start of each tick."""
 
-    def __init__(self, engine, host: str, lease=None):
+    def __init__(self, engine: Engine, host: str, lease: Lease | None = None) -> None:
         self.engine = engine
         self.host = host
         self.lease = lease
-        self._hosts: frozenset | None = None
+        self._hosts: frozenset[str] | None = None
 
     def refresh(self) -> Role:
         leader = self.lease.refresh() if self.lease is not None else True
-        adopted: dict = {}
-        active: dict = {}
+        adopted: dict[str, Holder | None] = {}
+        active: dict[str, int] = {}
         if leader:
             with read_connection(self.engine) as conn:
                 active = leases.active_hosts(conn, exclude=self.host)
                 adopted = leases.orphans(conn, active)
         hosts = frozenset({self.host, *adopted})
-        grew = self._hosts is not None and not hosts <= self._hosts
-        if grew:
-            log.warning("adopting the runs of %s (no live daemon there)", ", ".join(sorted(hosts - self._hosts)))
+        before = self._hosts
+        grew = before is not None and not hosts <= before
+        if before is not None and grew:
+            log.warning("adopting the runs of %s (no live daemon there)", ", ".join(sorted(hosts - before)))
         self._hosts = hosts
         return Role(leader=leader, hosts=hosts, adopted=adopted, active={h: active[h] for h in adopted}, grew=grew)
 
-    def touch(self, now: dt.datetime, last_event_id) -> None:
+    def touch(self, now: dt.datetime, last_event_id: int | None) -> None:
         """After a tick: extend the lease (it expires LEASE_TICKS ticks after the last good one)."""
         if self.lease is not None:
             self.lease.touch(now, last_event_id)
             return
         with self.engine.begin() as conn:  # no lease (tests, --once): keep the row's bookkeeping if any
-            conn.execute(update(daemons).where(daemons.c.host == self.host)
-                         .values(last_tick_at=now, last_event_id=last_event_id))
+            leases.record_tick(conn, self.host, now=now, last_event_id=last_event_id)
 
 
 @dataclass
 class DutyTick:
     now: dt.datetime
     role: Role
-    new_events: list  # the tool events this tick folded (all hosts' on the leader)
-    scanner: object  # the ticker's Scanner (the all-runs tool rate)
+    new_events: list[Any]  # the tool events this tick folded (all hosts' on the leader)
+    scanner: Any  # the ticker's Scanner (the all-runs tool rate)
 
 
 class ClusterDuties:
     """What exactly one daemon of the store does each tick: the leader."""
 
-    def __init__(self, engine, config: Config, *, circuits=None, by: str, sealer=None):
+    def __init__(self, engine: Engine, config: Config, *, circuits: Any = None, by: str,
+                 sealer: Sealer | None = None) -> None:
         self.engine = engine
         self.config = config
         self.circuits = circuits
@@ -126,7 +131,8 @@ class ClusterDuties:
 
     def alert_adopted(self, t: DutyTick) -> None:
         for host, last in sorted(t.role.adopted.items()):
-            key = f"nodaemon:{host}:" + (f"{last.pid}:{last.started_at.timestamp():.0f}" if last else "never")
+            key = (AlertKind.NO_DAEMON.key(host, last.pid, f"{last.started_at.timestamp():.0f}") if last
+                   else AlertKind.NO_DAEMON.key(host, "never"))
             if key in self._alerted:
                 continue
             last_tick = f"{last.last_tick_at:%Y-%m-%d %H:%M:%S} UTC" if last and last.last_tick_at else None
@@ -134,7 +140,7 @@ class ClusterDuties:
                                           self.by)
             with self.engine.begin() as conn:
                 if not queued(conn, key):
-                    iid = record(conn, at=t.now, action="no_daemon", by=self.by, detail=f"host {host}",
+                    iid = record(conn, at=t.now, action=Action.NO_DAEMON, by=self.by, detail=f"host {host}",
                                  outcome="runs adopted: cooperative stops only, no signal")
                     enqueue_alert(conn, key, title, body, now=t.now, intervention_id=iid, sealer=self.sealer)
                     log.warning("host %s has no live daemon: adopting its %d active runs (cooperative stops only)",

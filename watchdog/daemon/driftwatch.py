@@ -12,11 +12,14 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core import drift
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store.engine import read_connection
 from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
-from watchdog.store.sealed_alerts import queued_at
+from watchdog.store.alerts import queued_at
 
 log = logging.getLogger("watchdog.drift")
 
@@ -67,18 +70,18 @@ class DriftWatch:
         lines = []
         window_no = int(now.timestamp() // self.cfg.window_s)
         for agent, w, verdicts, top in found:
-            key = f"drift:{agent}:{window_no}"
+            key = AlertKind.DRIFT.key(agent, window_no)
             if key in self._alerted:
                 continue
             title, body = drift.alert(agent, verdicts, w, baseline.get(agent, drift.Totals()), self.cfg, top)
             with engine.begin() as conn:
                 # Sent already (by a daemon before a restart, or on another host), or sent in the
                 # previous window less than a window ago: once per window_s, not per clock hour.
-                if queued(conn, key) or _sent_since(conn, f"drift:{agent}:{window_no - 1}",
+                if queued(conn, key) or _sent_since(conn, AlertKind.DRIFT.key(agent, window_no - 1),
                                                     now - dt.timedelta(seconds=self.cfg.window_s)):
                     self._remember(key)
                     continue
-                iid = record(conn, at=now, action="drift_alarm", by=self.by, tool=top[0] if top else None,
+                iid = record(conn, at=now, action=Action.DRIFT_ALARM, by=self.by, tool=top[0] if top else None,
                              detail=body.splitlines()[0], outcome="alert only")
                 enqueue_alert(conn, key, title, body, now=now, intervention_id=iid, sealer=self.sealer)
             self._remember(key)

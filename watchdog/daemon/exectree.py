@@ -14,7 +14,7 @@ import logging
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.attest import verified_cgroup, verified_leader
 from watchdog.daemon.runtree import TreeMemory, directory, remaining
-from watchdog.store.actions import request_stop
+from watchdog.daemon.stopping import stop_run
 from watchdog.store.engine import read_connection
 from watchdog.store.execrun import active_exec_roots
 
@@ -52,7 +52,7 @@ class ExecTrees:
 
     def stop_orphaned(self, conn, row, *, budgets, facts, now, rep) -> None:
         detail = f"exec (pid {row.pid} on {row.host}) is gone; its process tree is still running"
-        if request_stop(conn, row, reason=lc.PROCESS_GONE, detail=detail, now=now, by=self.tk.by, budgets=budgets,
+        if stop_run(conn, row, reason=lc.PROCESS_GONE, detail=detail, now=now, by=self.tk.by, budgets=budgets,
                         run_facts=facts, sealer=self.tk.sealer):
             self.tk._decided.add(row.id)  # the daemon's own decision: its ladder may signal
             rep.stops.append((row.id, lc.PROCESS_GONE))

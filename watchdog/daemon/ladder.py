@@ -19,9 +19,13 @@ import datetime as dt
 import json
 from typing import Any
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.seal import Sealer
-from watchdog.store.actions import SPANS_UNPROVEN, enqueue_alert, queued, record
+from watchdog.daemon.stopping import SPANS_UNPROVEN
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.attest import verified_cgroup, verified_leader
@@ -47,10 +51,10 @@ def _set_stage(conn, row, expected: str | None, stage: str, now: dt.datetime) ->
 def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: bool, sealer=None):
     if not store.finish(conn, row.id, stage_from, now):
         return
-    iid = record(conn, at=now, action="ended", by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
+    iid = record(conn, at=now, action=Action.ENDED, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
     if escalated:  # one more alert only when the ladder went past the cooperative stop
         title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=False)
-        enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+        enqueue_alert(conn, AlertKind.ESCALATE.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                       sealer=sealer)
 
 
@@ -81,10 +85,10 @@ def hold_unconfirmed(conn, row, *, now, by, facts, budgets, sealer=None) -> None
     CAP_KILL over another run. The stage stays where it is: the ladder asks again each tick,
     and signals once the daemon's own policies agree (a run that swallowed its stop goes
     silent and trips heartbeat_timeout). Recorded and alerted once."""
-    key = f"unconfirmed:{row.id}"
+    key = AlertKind.UNCONFIRMED.key(row.id)
     if queued(conn, key):
         return
-    iid = record(conn, at=now, action="signal_held", by=by, run_id=row.id, reason=row.stop_reason, outcome=UNCONFIRMED)
+    iid = record(conn, at=now, action=Action.SIGNAL_HELD, by=by, run_id=row.id, reason=row.stop_reason, outcome=UNCONFIRMED)
     title, body = escalation_alert(facts, budgets, row.stop_reason, UNCONFIRMED, failed=True)
     enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
 
@@ -94,7 +98,7 @@ def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budg
         return
     iid = record(conn, at=now, action=action, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
     title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=True)
-    enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+    enqueue_alert(conn, AlertKind.ESCALATE.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                   sealer=sealer)
 
 
@@ -138,10 +142,10 @@ def _signalled_targets(conn, row, *, sealer: Sealer, now, by, facts, budgets) ->
 
 def _report_forged(conn, row, kind: str, what: str, *, now, by, facts, budgets, sealer):
     """One intervention and one alert per run and kind of forgery, however often it is seen."""
-    key = f"forged:{row.id}:{kind}"
+    key = AlertKind.FORGED.key(row.id, kind)
     if queued(conn, key):
         return
-    iid = record(conn, at=now, action="forged_row", by=by, run_id=row.id, reason=row.stop_reason, outcome=what[:255])
+    iid = record(conn, at=now, action=Action.FORGED_ROW, by=by, run_id=row.id, reason=row.stop_reason, outcome=what[:255])
     title, body = forged_alert(facts, budgets, what)
     enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
 
@@ -184,34 +188,34 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
     if row.kill_mode == lc.COOPERATIVE and getattr(row, "source", None) == lc.Source.OTLP:
         # Seen only through spans, from a sender the kernel did not confirm: never signalled.
         if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now):
-            iid = record(conn, at=now, action="not_signalled", by=by, run_id=row.id, reason=row.stop_reason,
+            iid = record(conn, at=now, action=Action.NOT_SIGNALLED, by=by, run_id=row.id, reason=row.stop_reason,
                          outcome=SPANS_UNPROVEN)
             title, body = escalation_alert(facts, budgets, row.stop_reason, SPANS_UNPROVEN, failed=True)
-            enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+            enqueue_alert(conn, AlertKind.ESCALATE.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                           sealer=sealer)
         return
 
     if row.kill_mode == lc.COOPERATIVE:
         if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now):
             outcome = f"did not stop {grace} after the cooperative stop; shares its process with {sharing} other runs"
-            iid = record(conn, at=now, action="not_signalled", by=by, run_id=row.id, reason=row.stop_reason,
+            iid = record(conn, at=now, action=Action.NOT_SIGNALLED, by=by, run_id=row.id, reason=row.stop_reason,
                          outcome=outcome)
             title, body = cooperative_alert(facts, budgets, row.stop_reason, daemon.cancel_grace_s, sharing)
-            enqueue_alert(conn, f"escalate:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
+            enqueue_alert(conn, AlertKind.ESCALATE.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                           sealer=sealer)
         return
 
     if row.pid is None or row.pid_create_time is None:
-        _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", "not signalled: the run registered no process identity",
+        _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, "not signalled: the run registered no process identity",
               **common)
         return
     # The identity the daemon attested, never the row's own word; the row only says which run.
     leader, why = verified_leader(conn, row, sealer)
     if leader is None:
         if stage is None:
-            _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"{NOT_ATTESTED} ({why})", **common)
+            _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"{NOT_ATTESTED} ({why})", **common)
         else:  # signalled once, and its attestation is not valid any more: changed since
-            _fail(conn, row, stage, lc.Stage.FAILED, "signal_refused", f"{NOT_ATTESTED} any more ({why})", **common)
+            _fail(conn, row, stage, lc.Stage.FAILED, Action.SIGNAL_REFUSED, f"{NOT_ATTESTED} any more ({why})", **common)
         return
     assert sealer is not None  # verified_leader names no one without the daemon's key
 
@@ -225,7 +229,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
                     budgets, escalated=False, sealer=sealer)
             return
         if refusal:
-            _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {refusal}", **common)
+            _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {refusal}", **common)
             return
         if confirmed is not None and not confirmed():
             hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
@@ -241,11 +245,11 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
                     budgets, escalated=False, sealer=sealer)
             return
         if out.refused:
-            _fail(conn, row, None, lc.Stage.REFUSED, "signal_refused", f"not signalled: {out.refused}", **common)
+            _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {out.refused}", **common)
             return
         if _set_stage(conn, row, None, lc.Stage.TERM, now):
             detail = _sealed_detail(sealer, row.id, out.targets, skipped=list(out.skipped))
-            record(conn, at=now, action="sigterm", by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
+            record(conn, at=now, action=Action.SIGTERM, by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
                    outcome=out.summary())
         return
 
@@ -261,7 +265,7 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
         elif waited_s >= daemon.term_grace_s:
             out = killer.kill(leader, row.kill_mode, [*targets, *orphans], cgroup_dir=cgroup_dir)
             if _set_stage(conn, row, lc.Stage.TERM, lc.Stage.KILL, now):
-                record(conn, at=now, action="sigkill", by=by, run_id=row.id, reason=row.stop_reason,
+                record(conn, at=now, action=Action.SIGKILL, by=by, run_id=row.id, reason=row.stop_reason,
                        detail=_sealed_detail(sealer, row.id, out.targets), outcome=out.summary())
     elif stage == lc.Stage.KILL:
         if not alive:
@@ -270,5 +274,5 @@ def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets
                     now, by, facts, budgets, escalated=True, sealer=sealer)
         elif waited_s >= KILL_CONFIRM_S:
             pids = ", ".join(str(t.pid) for t in alive)
-            _fail(conn, row, lc.Stage.KILL, lc.Stage.FAILED, "stop_failed",
+            _fail(conn, row, lc.Stage.KILL, lc.Stage.FAILED, Action.STOP_FAILED,
                   f"still alive {waited_s:.0f} s after SIGKILL (pids {pids}; uninterruptible?)", **common)

@@ -17,16 +17,17 @@ SQLite: one host, one daemon, which is also the leader.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import time
-
-from sqlalchemy.exc import DBAPIError
+from typing import Any, Callable
 
 from watchdog.core.procid import current_create_time
 from watchdog.errors import StoreError
 from watchdog.store import leases as sql
-from watchdog.store.leases import Holder
+from watchdog.store.engine import Connection, Engine
+from watchdog.store.leases import DriverError, Holder
 
 log = logging.getLogger("watchdog.lease")
 
@@ -45,7 +46,7 @@ def lease_s_for(tick_s: float) -> float:
 class AlreadyRunning(StoreError):
     """Another live daemon holds this host's lease: this one must not run (and exits 0)."""
 
-    def __init__(self, host: str, holder: Holder | None, pid: int | None = None):
+    def __init__(self, host: str, holder: Holder | None, pid: int | None = None) -> None:
         self.host = host
         self.holder = holder
         self.pid = pid if pid is not None else (holder.pid if holder is not None else None)
@@ -64,7 +65,8 @@ class LeaseLost(StoreError):
 class Lease:
     """The host lease and the leadership of one daemon process."""
 
-    def __init__(self, engine, host: str, *, tick_s: float, alive=None):
+    def __init__(self, engine: Engine, host: str, *, tick_s: float,
+                 alive: Callable[[Holder], bool] | None = None) -> None:
         self.engine = engine
         self.host = host
         self.pid = os.getpid()
@@ -84,19 +86,19 @@ class Lease:
         """At the start of a tick: still ours? Leader now? -> leader. Raises LeaseLost."""
         raise NotImplementedError
 
-    def touch(self, now, last_event_id) -> None:
+    def touch(self, now: dt.datetime, last_event_id: int | None) -> None:
         """After a tick: extend the lease (and record the tick). Raises LeaseLost."""
         raise NotImplementedError
 
     def release(self) -> None:
         raise NotImplementedError
 
-    def _mine(self) -> dict:
+    def _mine(self) -> dict[str, Any]:
         return dict(host=self.host, pid=self.pid, create_time=self.create_time)
 
 
-def lease_for(engine, host: str, *, tick_s: float, alive=None) -> Lease:
-    if engine.dialect.name == "postgresql":
+def lease_for(engine: Engine, host: str, *, tick_s: float, alive: Callable[[Holder], bool] | None = None) -> Lease:
+    if sql.is_postgres(engine):
         return PgLease(engine, host, tick_s=tick_s)
     return SqliteLease(engine, host, tick_s=tick_s, alive=alive)
 
@@ -115,11 +117,7 @@ class SqliteLease(Lease):
         self.leader = True
         return True
 
-    def touch(self, now, last_event_id) -> None:
-        from sqlalchemy import and_, update
-
-        from watchdog.store.schema import daemons
-
+    def touch(self, now: dt.datetime, last_event_id: int | None) -> None:
         with self.engine.begin() as conn:
             if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True):
                 row = sql.holder(conn, self.host)
@@ -128,8 +126,7 @@ class SqliteLease(Lease):
                             f"pid {row.pid}" if row is not None else "nobody")
                 sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
                 sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True)
-            conn.execute(update(daemons).where(and_(daemons.c.host == self.host, daemons.c.pid == self.pid))
-                         .values(last_tick_at=now, last_event_id=last_event_id))
+            sql.record_tick(conn, self.host, now=now, last_event_id=last_event_id, pid=self.pid)
 
     def release(self) -> None:
         if not self.held:
@@ -142,17 +139,17 @@ class SqliteLease(Lease):
 class PgLease(Lease):
     """Advisory locks on a connection of our own, in autocommit (never an open transaction)."""
 
-    def __init__(self, engine, host: str, *, tick_s: float):
+    def __init__(self, engine: Engine, host: str, *, tick_s: float) -> None:
         super().__init__(engine, host, tick_s=tick_s)
-        self._conn = None
+        self._conn: Connection | None = None
         self._host_locked = False
         self._key = sql.host_key(host)
 
-    def _connect(self):
-        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    def _connect(self) -> Connection:
+        conn = sql.open_session(self.engine)
         try:
             sql.session_keepalives(conn, max(1, int(min(self.tick_s, 30))))
-        except DBAPIError:
+        except DriverError:
             log.debug("could not set the lease session's keepalives", exc_info=True)
         return conn
 
@@ -161,7 +158,7 @@ class PgLease(Lease):
         it (never letting it reconnect silently) makes the next tick take them afresh."""
         conn, self._conn = self._conn, None
         self.leader = False
-        _end_session(conn)
+        sql.end_session(conn)
 
     def acquire(self) -> None:
         conn = self._connect()
@@ -178,12 +175,12 @@ class PgLease(Lease):
                           f"pid {row.pid}" if row is not None else "no daemons row", self.host)
             sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
         except BaseException:
-            _end_session(conn)  # frees whatever it took
+            sql.end_session(conn)  # frees whatever it took
             raise
         self._conn = conn
         self.held = True
 
-    def _wait_for_holder(self, conn) -> Holder | None:
+    def _wait_for_holder(self, conn: Connection) -> Holder | None:
         """The row of the session holding the lock: it writes it right after locking."""
         deadline = time.monotonic() + HOLDER_WAIT_S
         while True:
@@ -204,12 +201,14 @@ class PgLease(Lease):
                          "" if self._host_locked else " (its host lock is held by another session)")
             elif not self._host_locked:
                 self._host_locked = sql.try_lock(self._conn, self._key)
+            assert self._conn is not None  # set just above
+            conn = self._conn
             if self.leader:
-                self._conn.exec_driver_sql("SELECT 1")  # our session lives: its locks are ours
+                sql.ping(conn)  # our session lives: its locks are ours
             else:
-                self.leader = sql.try_lock(self._conn, sql.LEADER_KEY)
+                self.leader = sql.try_lock(conn, sql.LEADER_KEY)
                 if self.leader:
-                    sql.renew(self._conn, **self._mine(), lease_s=self.lease_s, leader=True)
+                    sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True)
                     log.info("leader of the store: this daemon now does the cluster duties")
         except LeaseLost:
             raise
@@ -218,20 +217,16 @@ class PgLease(Lease):
             raise
         return self.leader
 
-    def touch(self, now, last_event_id) -> None:
-        from sqlalchemy import and_, update
-
-        from watchdog.store.schema import daemons
-
-        if self._conn is None:
+    def touch(self, now: dt.datetime, last_event_id: int | None) -> None:
+        conn = self._conn
+        if conn is None:
             return
         try:
-            if not sql.renew(self._conn, **self._mine(), lease_s=self.lease_s, leader=self.leader):
+            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=self.leader):
                 # We hold the lock, so nobody else could take the row: it was deleted or
                 # edited by hand. Write it again.
-                sql.write_holder(self._conn, **self._mine(), lease_s=self.lease_s)
-            self._conn.execute(update(daemons).where(and_(daemons.c.host == self.host, daemons.c.pid == self.pid))
-                               .values(last_tick_at=now, last_event_id=last_event_id))
+                sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
+            sql.record_tick(conn, self.host, now=now, last_event_id=last_event_id, pid=self.pid)
         except Exception:
             self._drop()
             raise
@@ -247,19 +242,5 @@ class PgLease(Lease):
         finally:
             conn, self._conn = self._conn, None
             self.held = self.leader = False
-            _end_session(conn)  # both locks are freed with the session
+            sql.end_session(conn)  # both locks are freed with the session
 
-
-def _end_session(conn) -> None:
-    """Close the DBAPI connection itself: returned to the pool, the session (and the
-    advisory locks it holds) would live on."""
-    if conn is None:
-        return
-    try:
-        conn.invalidate()
-    except Exception:  # noqa: BLE001 — already broken
-        pass
-    try:
-        conn.close()
-    except Exception:  # noqa: BLE001
-        pass

@@ -34,7 +34,8 @@ from watchdog.daemon.backfill import Backfill, BackfillReport
 from watchdog.daemon.driftwatch import DriftWatch
 from watchdog.daemon.prices import PriceBook
 from watchdog.store import ledger
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store import settings as published
 from watchdog.store.schema import runs
 

@@ -28,16 +28,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import update
-
+from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.alert_text import alert_body, alert_title
-from watchdog.core.notify_kind import notify_kind
+from watchdog.core.alert_kinds import notify_kind
 from watchdog.daemon import delivered, lanes
 from watchdog.daemon.notify import Notifier, TargetResult
 from watchdog.store import outbox as rows
-from watchdog.store.actions import enqueue_alert
+from watchdog.store.alerts import enqueue_alert
 from watchdog.store.engine import store_unavailable
-from watchdog.store.schema import alerts
 
 log = logging.getLogger("watchdog.alerts")
 
@@ -90,8 +88,9 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
         work: dict = {t: [] for t in notifier.targets}
         for alert_id, row, unreadable in rows.read(engine, ids):
             try:
-                outcome = unreadable or rows.problem(row)
-                if outcome is not None:
+                outcome = unreadable if row is None else rows.problem(row)
+                if row is None or outcome is not None:
+                    outcome = outcome or "unusable row: it cannot be read"
                     _dead(engine, token, alert_id, now, outcome, UNUSABLE, report, on_dead)
                 elif not sealer.alert_ok(row.mac, row.dedupe_key, row.title, row.body, row.created_at):
                     refused.append(alert_id)
@@ -260,13 +259,11 @@ def _refuse(engine, token, ids, now: dt.datetime, sealer) -> None:
     log.warning("refused %d alert row(s) not sealed by this daemon (ids %s): not delivered", len(ids),
                 ", ".join(map(str, ids[:20])))
     with engine.begin() as conn:
-        conn.execute(update(alerts).where(alerts.c.id.in_(ids))
-                     .values(delivered_at=now, last_error=REFUSED, attempts=alerts.c.attempts + 1,
-                             claimed_by=None, claimed_until=None))
+        rows.refuse(conn, ids, now=now, reason=REFUSED)
         window = int(now.timestamp() // REFUSED_REPORT_S)
         shown = ", ".join(map(str, ids[:20])) + (" …" if len(ids) > 20 else "")
         # Their text is never repeated: it is exactly what someone wanted a human to read.
-        enqueue_alert(conn, f"forged-alerts:{sealer.host}:{window}",
+        enqueue_alert(conn, AlertKind.FORGED_ALERTS.key(sealer.host, window),
                       f"agent-watchdog: refused {len(ids)} alert row(s) this daemon did not compose",
                       f"host {sealer.host}\n{len(ids)} row(s) of the alerts table carry no valid seal of this "
                       f"daemon: someone who can write the store inserted or changed them. Not delivered.\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from watchdog.store import trust_rows
+from watchdog.store import stops
 
 log = logging.getLogger("watchdog.tick")
 
@@ -34,13 +34,13 @@ def restore(conn, row, own: tuple):
     """The row with the daemon's stage written back; returns the row read again."""
     log.warning("run %s: its signal_stage %r is not the stage this daemon reached (%r): put back",
                 row.id[:8], str(row.signal_stage)[:20], own[0])
-    trust_rows.restore_stage(conn, row.id, own[0], own[1])
-    return trust_rows.run_row(conn, row.id) or row
+    stops.restore_stage(conn, row.id, own[0], own[1])
+    return stops.run_row(conn, row.id) or row
 
 
 def remember(conn, memory, row, before) -> None:
     """After the ladder acted in `conn`'s transaction: record the stage it reached."""
-    now = trust_rows.stage_of(conn, row.id)
+    now = stops.stage_of(conn, row.id)
     if now is None or now.signal_stage is None or now.signal_stage == before:
         return
     at = now.signalled_at

@@ -13,7 +13,7 @@ import logging
 
 from watchdog.core import pause as ap
 from watchdog.core.policies import evaluate
-from watchdog.store.actions import mark_lost, request_stop
+from watchdog.daemon.stopping import lose_run, stop_run
 from watchdog.store.pause import acknowledge, acknowledge_resume, pause_key, request_pause
 
 log = logging.getLogger("watchdog.tick")
@@ -37,7 +37,7 @@ def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep, stop_onl
             log.warning("paused: %s run %s — %s (%s); waiting for resume or kill", row.agent, row.id[:8],
                         v.reason, v.detail)
         return action, v, done
-    done = request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
+    done = stop_run(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
                         run_facts=facts, sealer=tk.sealer, own_parent=tk.trust.parent_ok)
     if done:
         rep.stops.append((row.id, v.reason))
@@ -49,7 +49,7 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
     """One paused run: lost, stopped (a loop, silence, no answer in time), or still waiting."""
     if tk._gone(row, live, now):
         with batch.run() as conn:
-            if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run "
+            if lose_run(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run "
                                             f"(it was paused for {row.stop_reason})",
                          now=now, by=tk.by, budgets=budgets, run_facts=facts, sealer=tk.sealer):
                 rep.lost.append(row.id)
@@ -65,7 +65,7 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
         v = stops[0]
         tk._decided.add(row.id)  # this daemon's own decision: it may signal for it
         with batch.run() as conn:
-            if request_stop(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
+            if stop_run(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
                             run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer,
                             own_parent=tk.trust.parent_ok):
                 rep.stops.append((row.id, v.reason))
@@ -83,7 +83,7 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
                else "paused without a pause time or reason")
         tk._decided.add(row.id)
         with batch.run() as conn:
-            if request_stop(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
+            if stop_run(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
                             run_facts=facts, why=why, sealer=tk.sealer, own_parent=tk.trust.parent_ok):
                 rep.stops.append((row.id, reason))
                 log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
@@ -91,7 +91,7 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
 
 def announce_resume(tk, row, *, budgets, facts, now, batch) -> None:
     """A run a human resumed (`agent-watchdog resume`, which queues no alert): say so, once."""
-    from watchdog.store.trust_rows import grant_ok
+    from watchdog.store.interventions import grant_ok
 
     with batch.run() as conn:
         acknowledge_resume(conn, row, now=now, budgets=budgets, run_facts=facts, sealer=tk.sealer,

@@ -18,17 +18,20 @@ import logging
 import math
 import shlex
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.text import one_line
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.scan import LIGHT, MEASURES
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store import quarantine as store
 
 log = logging.getLogger("watchdog.tick")
 
-QUARANTINED = "quarantined"
+QUARANTINED = Action.QUARANTINED
 # One alert per bad row, up to this many an hour; past it, the rows are recorded (interventions)
 # and one summary alert an hour counts them: 10,000 bad rows are not 10,000 pages.
 ALERTS_PER_HOUR = 20
@@ -98,7 +101,7 @@ class Quarantine:
     @staticmethod
     def key(d: Defect) -> str:
         rid = d.run_id if isinstance(d.run_id, str) else None
-        return f"quarantine:{'event' if d.event_id is not None else 'run'}:{rid or d.event_id}"[:255]
+        return AlertKind.QUARANTINE.key("event" if d.event_id is not None else "run", rid or d.event_id)[:255]
 
     def known(self, d: Defect) -> bool:
         """Already reported by this daemon: nothing to read or write for it this tick."""
@@ -148,7 +151,7 @@ class Quarantine:
 
     def _summary(self, conn, now: dt.datetime, window: int) -> None:
         """One alert an hour for the rows past ALERTS_PER_HOUR (its count is the first moment's)."""
-        enqueue_alert(conn, f"quarantine-many:{self.by}:{window}"[:255],
+        enqueue_alert(conn, AlertKind.QUARANTINE_MANY.key(self.by, window)[:255],
                       f"agent-watchdog: more than {ALERTS_PER_HOUR} malformed rows this hour — quarantined",
                       f"More than {ALERTS_PER_HOUR} rows or events of the store could not be judged this hour; each "
                       f"is recorded as a `quarantined` intervention (not alerted one by one). Every other run is "

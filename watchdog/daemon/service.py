@@ -27,7 +27,8 @@ from watchdog.daemon.loop import Periodic
 from watchdog.daemon.attest import AttestServer
 from watchdog.daemon.cluster import Membership
 from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
-from watchdog.store.actions import actor, enqueue_alert
+from watchdog.store.alerts import enqueue_alert
+from watchdog.store.interventions import actor
 from watchdog.store.leases import db_now
 from watchdog.store.rebase import rebase_active_runs, rebase_pending_alerts
 from watchdog.core.config import Config

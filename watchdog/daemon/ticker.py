@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import and_, select
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import actor, enqueue_alert, mark_lost, queued, record, stop_plan
+from watchdog.daemon.stopping import lose_run, stop_plan
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import actor, record
 from watchdog.core.config import Config
 from watchdog.daemon.acknowledge import EndedStops
 from watchdog.daemon.backfill import BackfillReport
@@ -328,7 +330,7 @@ class Ticker:
                     self.exec_trees.stop_orphaned(conn, row, budgets=budgets, facts=f, now=now, rep=rep)
                 return
             with batch.run() as conn:
-                if mark_lost(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
+                if lose_run(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
                              now=now, by=self.by, budgets=budgets, run_facts=f, sealer=self.sealer):
                     rep.lost.append(row.id)
             return

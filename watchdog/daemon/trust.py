@@ -17,12 +17,16 @@ import datetime as dt
 import logging
 import pwd
 
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core import pause as ap
 from watchdog.core.budgets import BY_KEY, effective, asked
 from watchdog.core.config import Config
 from watchdog.core.text import one_line
-from watchdog.store import trust_rows
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store import interventions as trust_rows
+from watchdog.store.pause import deny_pause
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store.memory import Memory
 
 log = logging.getLogger("watchdog.trust")
@@ -100,7 +104,7 @@ class Trust:
                 prof = self.config.defaults
         raised = False
         if row.resumes:
-            from watchdog.store.trust_rows import budget_columns
+            from watchdog.store.interventions import budget_columns
 
             key = (row.id, row.resumes, budget_columns(row))
             raised = self._raised.get(key)
@@ -144,14 +148,14 @@ class Trust:
             return f"uid {uid}"
 
     def _alert_owner(self, conn, row, owner) -> None:
-        key = f"owner:{row.id}"
+        key = AlertKind.OWNER.key(row.id)
         if queued(conn, key):
             return
         who = f"owner {owner}" if owner else "an owner that cannot be proven (no owner column, no sealed attestation)"
         line = (f"run {row.id[:32]} names the profile of agent {agent_shown(row.agent)}, which its {who} may not "
                 f"use: judged by [defaults]")
         log.warning("%s", line)
-        iid = record(conn, at=row.last_seen_at, action="profile_refused", by=self.by, run_id=row.id,
+        iid = record(conn, at=row.last_seen_at, action=Action.PROFILE_REFUSED, by=self.by, run_id=row.id,
                      detail={"owner": owner}, outcome="judged by [defaults]")
         enqueue_alert(conn, key, f"agent-watchdog: run {row.id[:8]} may not use its profile — judged by [defaults]",
                       line + ".\nIts profile's `owners` do not name it. Every budget of [defaults] applies.",
@@ -178,7 +182,7 @@ class Trust:
                 "the daemon's own counters: the pause is not confirmed and the run is running again, judged "
                 "by every budget. The store's pause text is not quoted.")
         log.warning("run %s: a pause the daemon did not write or confirm: running again", short)
-        return trust_rows.deny_pause(conn, row, now=now, by=self.by, title=title, body=body, sealer=self.sealer)
+        return deny_pause(conn, row, now=now, by=self.by, title=title, body=body, sealer=self.sealer)
 
     def confirms_pause(self, row, snap_totals, budgets) -> bool:
         """A pause the run's own guard wrote, the daemon confirms: a budget that pauses for this

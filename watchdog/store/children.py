@@ -1,26 +1,26 @@
-"""Child runs in the store: a run's descendants, the stop that reaches them, the child that spent most.
+"""Child runs in the store: a run's descendants, its lock order, the child that spent most.
 
 A child's steps, tool calls and spend are added to its ancestors' rows by the SDK in
 the child's own record transaction (watchdog.sdk.children), so the daemon judges a
 parent on its totals without reading its children. What is here runs only when a run
-is stopped or shown.
+is stopped (watchdog.store.stops.stop_children) or shown.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
+from typing import Any
 
-from sqlalchemy import and_, desc, literal, select, update
+from sqlalchemy import and_, desc, literal, select
+from sqlalchemy.engine import Connection, Row
 
-from watchdog.core import lifecycle as lc
 from watchdog.core.messages import RunFacts
 from watchdog.store.schema import runs
 
 MAX_DEPTH = 32  # a parent_id chain (or cycle, in a row written by hand) is never followed further
 
 
-def descendants(conn, run_id: str) -> list:
+def descendants(conn: Connection, run_id: str) -> list[Row[Any]]:
     """Every run below `run_id` (children, grandchildren...), each once, cycles cut."""
     tree = select(runs.c.id, literal(1).label("depth")).where(runs.c.parent_id == run_id).cte("tree", recursive=True)
     tree = tree.union(select(runs.c.id, (tree.c.depth + 1).label("depth"))
@@ -28,10 +28,10 @@ def descendants(conn, run_id: str) -> list:
     ids = {r[0] for r in conn.execute(select(tree.c.id))} - {run_id}
     if not ids:
         return []
-    return conn.execute(select(runs).where(runs.c.id.in_(sorted(ids)))).all()
+    return list(conn.execute(select(runs).where(runs.c.id.in_(sorted(ids)))).all())
 
 
-def lock_family(conn, run_id: str) -> None:
+def lock_family(conn: Connection, run_id: str) -> None:
     """PostgreSQL: lock the run's descendants, deepest first, before the run itself is written.
     An agent's record locks its own run, then its ancestors (the roll-up); a stop that wrote the
     parent first, then its children, would lock them the other way round: a deadlock."""
@@ -40,7 +40,7 @@ def lock_family(conn, run_id: str) -> None:
     tree = select(runs.c.id, literal(1).label("depth")).where(runs.c.parent_id == run_id).cte("tree", recursive=True)
     tree = tree.union(select(runs.c.id, (tree.c.depth + 1).label("depth"))
                       .where(and_(runs.c.parent_id == tree.c.id, tree.c.depth < MAX_DEPTH)))
-    deepest = {}
+    deepest: dict[str, int] = {}
     for rid, depth in conn.execute(select(tree.c.id, tree.c.depth)):
         deepest[rid] = max(depth, deepest.get(rid, 0))
     for rid in sorted(deepest, key=lambda r: (-deepest[r], r)):
@@ -48,38 +48,19 @@ def lock_family(conn, run_id: str) -> None:
             conn.execute(select(runs.c.id).where(runs.c.id == rid).with_for_update())
 
 
-def stop_descendants(conn, row, *, reason: str, detail: str, now: dt.datetime, by: str) -> list:
-    """The active descendants of a run being stopped go to `stopping` too (each with its audit row),
-    with the parent's reason: cooperatively, and through the ladder by signal for a child that owns
-    its process. Returns the rows stopped (the caller alerts them)."""
-    from watchdog.store.actions import record
-
-    stopped = []
-    for child in descendants(conn, row.id):
-        if child.status not in lc.STOPPABLE_STATUSES:
-            continue
-        why = f"its parent run {row.id[:8]} ({row.agent}) was stopped: {reason}: {detail}"[:2000]
-        res = conn.execute(update(runs).where(and_(runs.c.id == child.id, runs.c.status.in_(lc.STOPPABLE_STATUSES)))
-                           .values(status=lc.STOPPING, stop_reason=reason, stop_detail=why, stop_requested_at=now))
-        if res.rowcount == 1:
-            record(conn, at=now, action="stop_requested", by=by, run_id=child.id, reason=reason, detail=why,
-                   outcome="stopped with its parent")
-            stopped.append((child, why))
-    return stopped
-
-
-def children_of(conn, run_id: str) -> list:
+def children_of(conn: Connection, run_id: str) -> list[Row[Any]]:
     """The direct children of a run, oldest first."""
-    return conn.execute(select(runs).where(runs.c.parent_id == run_id).order_by(runs.c.started_at, runs.c.id)).all()
+    return list(conn.execute(select(runs).where(runs.c.parent_id == run_id)
+                             .order_by(runs.c.started_at, runs.c.id)).all())
 
 
-def child_line(child) -> str:
+def child_line(child: Any) -> str:
     outcome = child.status + (f" ({child.stop_reason})" if child.stop_reason else "")
     return (f"{child.agent} run {child.id[:8]}: {child.cost_eur:.4f} EUR, {child.steps} steps, "
             f"{child.tool_calls} tool calls, {outcome}")
 
 
-def with_top_child(conn, row, f: RunFacts) -> RunFacts:
+def with_top_child(conn: Connection, row: Any, f: RunFacts) -> RunFacts:
     """The facts of a parent run with its child that spent most (money, then steps) named."""
     top = conn.execute(select(runs).where(runs.c.parent_id == row.id)
                        .order_by(desc(runs.c.cost_eur), desc(runs.c.steps), desc(runs.c.tool_calls)).limit(1)).first()

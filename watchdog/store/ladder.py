@@ -12,15 +12,21 @@ from typing import Any
 
 from sqlalchemy import and_, desc, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from watchdog.core import lifecycle as lc
+from watchdog.core.interventions import Action
+from watchdog.store import statuses
 from watchdog.store.schema import interventions, runs
+
+
+def _cond(expected: str | None) -> ColumnElement[bool]:
+    return runs.c.signal_stage.is_(None) if expected is None else runs.c.signal_stage == expected
 
 
 def _move(conn: Connection, run_id: str, expected: str | None, stage: str, values: dict[str, Any]) -> bool:
     lc.check_stage_move(expected, stage)
-    cond = runs.c.signal_stage.is_(None) if expected is None else runs.c.signal_stage == expected
-    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.STOPPING, cond))
+    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.STOPPING, _cond(expected)))
                        .values(signal_stage=stage, **values))
     return bool(res.rowcount == 1)
 
@@ -33,7 +39,9 @@ def set_stage(conn: Connection, run_id: str, expected: str | None, stage: str, *
 
 def finish(conn: Connection, run_id: str, expected: str | None, now: dt.datetime) -> bool:
     """expected -> done: the stopping run is killed, ended `now`; False as for set_stage."""
-    return _move(conn, run_id, expected, lc.Stage.DONE, {"status": lc.KILLED, "ended_at": now})
+    lc.check_stage_move(expected, lc.Stage.DONE)
+    return statuses.move(conn, run_id, lc.KILLED, was=lc.STOPPING, when=_cond(expected), signal_stage=lc.Stage.DONE,
+                         ended_at=now)
 
 
 def sigterm_details(conn: Connection, run_id: str) -> list[Any]:
@@ -41,5 +49,5 @@ def sigterm_details(conn: Connection, run_id: str) -> list[Any]:
     store writer can insert such a row, the caller verifies each one's seal)."""
     return list(conn.execute(
         select(interventions.c.detail)
-        .where(and_(interventions.c.run_id == run_id, interventions.c.action == "sigterm"))
+        .where(and_(interventions.c.run_id == run_id, interventions.c.action == Action.SIGTERM))
         .order_by(desc(interventions.c.id))).scalars())

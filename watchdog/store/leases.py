@@ -19,8 +19,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from dataclasses import dataclass
+from typing import Any, Iterable
 
 from sqlalchemy import String, and_, case, func, insert, literal, select, text, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import ColumnElement
 
 from watchdog.core import lifecycle as lc
 from watchdog.store import dialects
@@ -44,6 +48,10 @@ def host_key(host: str) -> int:
 
 LEADER_KEY = lock_key("leader")
 
+# The driver's own errors (a broken session, a refused SET), for callers that may not import
+# SQLAlchemy: the daemon's lease treats them as "this session is gone".
+DriverError = DBAPIError
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -56,22 +64,22 @@ class Holder:
     leader_since: dt.datetime | None
 
     @classmethod
-    def of(cls, row) -> "Holder":
+    def of(cls, row: Any) -> "Holder":
         return cls(row.host, row.pid, row.pid_create_time, row.started_at, row.last_tick_at, row.expires_at,
                    row.leader_since)
 
 
-def holder(conn, host: str) -> Holder | None:
+def holder(conn: Connection, host: str) -> Holder | None:
     row = conn.execute(select(daemons).where(daemons.c.host == host)).first()
     return Holder.of(row) if row is not None else None
 
 
-def db_now(conn) -> dt.datetime:
+def db_now(conn: Connection) -> dt.datetime:
     """The database's clock (PostgreSQL); this host's clock on SQLite (one host)."""
     return dialects.of(conn).db_now(conn)
 
 
-def _expiry(conn, lease_s: float):
+def _expiry(conn: Connection, lease_s: float) -> Any:
     if conn.dialect.name == "postgresql":
         return text("clock_timestamp() + make_interval(secs => :lease_s)").bindparams(lease_s=float(lease_s))
     return utcnow() + dt.timedelta(seconds=lease_s)
@@ -80,15 +88,15 @@ def _expiry(conn, lease_s: float):
 # --- PostgreSQL advisory locks (on the lease's own connection) --------------------------
 
 
-def try_lock(conn, key: int) -> bool:
+def try_lock(conn: Connection, key: int) -> bool:
     return bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
 
 
-def unlock(conn, key: int) -> None:
+def unlock(conn: Connection, key: int) -> None:
     conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
 
 
-def held_keys(conn) -> set[int]:
+def held_keys(conn: Connection) -> set[int]:
     """The advisory lock keys (bigint form) some session of this database holds now."""
     rows = conn.execute(text(
         "SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
@@ -100,7 +108,7 @@ def held_keys(conn) -> set[int]:
     return keys
 
 
-def session_keepalives(conn, idle_s: int) -> None:
+def session_keepalives(conn: Connection, idle_s: int) -> None:
     """Let the SERVER notice a vanished host within a few ticks (its TCP keepalives; the
     default is the OS's two hours), so the locks of a dead host's daemon are freed."""
     idle_s = max(1, int(idle_s))
@@ -112,7 +120,7 @@ def session_keepalives(conn, idle_s: int) -> None:
 # --- the row --------------------------------------------------------------------------
 
 
-def write_holder(conn, *, host: str, pid: int, create_time: float, lease_s: float) -> None:
+def write_holder(conn: Connection, *, host: str, pid: int, create_time: float, lease_s: float) -> None:
     """Make this process the named holder of `host`'s row (the caller holds the lease)."""
     values = dict(pid=pid, pid_create_time=create_time, started_at=utcnow(), last_tick_at=None,
                   expires_at=_expiry(conn, lease_s), leader_since=None)
@@ -121,10 +129,10 @@ def write_holder(conn, *, host: str, pid: int, create_time: float, lease_s: floa
         conn.execute(insert(daemons).values(host=host, **values))
 
 
-def renew(conn, *, host: str, pid: int, create_time: float, lease_s: float, leader: bool) -> bool:
+def renew(conn: Connection, *, host: str, pid: int, create_time: float, lease_s: float, leader: bool) -> bool:
     """Extend the lease row if it still names this process; False if another took it."""
     mine = and_(daemons.c.host == host, daemons.c.pid == pid, daemons.c.pid_create_time == create_time)
-    values = {"expires_at": _expiry(conn, lease_s)}
+    values: dict[str, Any] = {"expires_at": _expiry(conn, lease_s)}
     if not leader:
         values["leader_since"] = None
     done = conn.execute(update(daemons).where(mine).values(**values))
@@ -136,24 +144,25 @@ def renew(conn, *, host: str, pid: int, create_time: float, lease_s: float, lead
     return True
 
 
-def release(conn, *, host: str, pid: int) -> None:
+def release(conn: Connection, *, host: str, pid: int) -> None:
     """The lease ends now; the row stays, naming the last holder (for the no-daemon alert)."""
     conn.execute(update(daemons).where(and_(daemons.c.host == host, daemons.c.pid == pid))
                  .values(expires_at=utcnow() if conn.dialect.name == "sqlite" else func.clock_timestamp(),
                          leader_since=None))
 
 
-def other_live_leader(conn, host: str) -> str | None:
+def other_live_leader(conn: Connection, host: str) -> str | None:
     """SQLite: the host of another daemon whose lease is live and that leads, if any."""
     now = db_now(conn)
-    return conn.execute(select(daemons.c.host).where(and_(
+    leader: str | None = conn.execute(select(daemons.c.host).where(and_(
         daemons.c.host != host, daemons.c.leader_since.is_not(None), daemons.c.expires_at > now))).scalar()
+    return leader
 
 
 # --- hosts without a live daemon ---------------------------------------------------------
 
 
-def active_hosts(conn, exclude: str) -> dict[str, int]:
+def active_hosts(conn: Connection, exclude: str) -> dict[str, int]:
     """Hosts with active runs (but `exclude`), with how many (an index-only scan)."""
     q = (select(runs.c.host, func.count()).where(and_(runs.c.status.in_(lc.ACTIVE_STATUSES), runs.c.host != exclude))
          .group_by(runs.c.host))
@@ -165,10 +174,10 @@ def active_hosts(conn, exclude: str) -> dict[str, int]:
 MAX_LEASE_S = 86400.0
 
 
-def orphans(conn, hosts) -> dict[str, Holder | None]:
+def orphans(conn: Connection, hosts_in: Iterable[str]) -> dict[str, Holder | None]:
     """Of `hosts`, those without a live daemon: no row, a lease past its expiry, or (PostgreSQL)
     a host lock no session holds any more (its daemon died moments ago). -> {host: last holder}."""
-    hosts = list(hosts)
+    hosts = list(hosts_in)
     if not hosts:
         return {}
     now = db_now(conn)
@@ -176,6 +185,7 @@ def orphans(conn, hosts) -> dict[str, Holder | None]:
     # found dead, each on its own: a lease row anyone wrote by hand (an expiry that does not
     # parse, or 'infinity') must not fail the tick, and it counts as expired, never as live.
     exp = daemons.c.expires_at
+    fresh: ColumnElement[Any]
     if conn.dialect.name == "sqlite":
         jnow = func.julianday(literal(now.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"), String()))
         fresh = case((exp.op("GLOB")(literal(ISO_GLOB, String())),
@@ -185,7 +195,7 @@ def orphans(conn, hosts) -> dict[str, Holder | None]:
         fresh = and_(func.isfinite(exp), exp > now, exp <= now + dt.timedelta(seconds=MAX_LEASE_S))
     live_of = dict(conn.execute(select(daemons.c.host, fresh).where(daemons.c.host.in_(hosts))).all())
     held = held_keys(conn) if conn.dialect.name == "postgresql" else None
-    out = {}
+    out: dict[str, Holder | None] = {}
     for h in hosts:
         live = bool(live_of.get(h))
         if live and held is not None and host_key(h) not in held:
@@ -195,7 +205,7 @@ def orphans(conn, hosts) -> dict[str, Holder | None]:
     return out
 
 
-def _holder(conn, host: str) -> Holder | None:
+def _holder(conn: Connection, host: str) -> Holder | None:
     """The last holder of a host's lease, if its row reads at all."""
     try:
         with conn.begin_nested():
@@ -207,7 +217,49 @@ def _holder(conn, host: str) -> Holder | None:
         return None
 
 
-def live_daemons(conn) -> list[Holder]:
+def live_daemons(conn: Connection) -> list[Holder]:
     now = db_now(conn)
     q = select(daemons).where(daemons.c.expires_at > now).order_by(daemons.c.host)
     return [Holder.of(r) for r in conn.execute(q)]
+
+
+def record_tick(conn: Connection, host: str, *, now: dt.datetime, last_event_id: int | None,
+                pid: int | None = None) -> None:
+    """After a tick: when it ended and the newest event it folded, on the host's row (only if
+    the row still names `pid`, when given: a row another daemon took is not written)."""
+    mine = daemons.c.host == host if pid is None else and_(daemons.c.host == host, daemons.c.pid == pid)
+    conn.execute(update(daemons).where(mine).values(last_tick_at=now, last_event_id=last_event_id))
+
+
+# --- the lease's own session (PostgreSQL) ------------------------------------------------
+
+
+def is_postgres(engine: Engine) -> bool:
+    """Advisory locks on a session of their own (PostgreSQL), or the row under SQLite's write lock."""
+    return engine.dialect.name == "postgresql"
+
+
+def open_session(engine: Engine) -> Connection:
+    """A connection of the lease's own, in autocommit: it never holds a transaction open, and
+    its session-level locks live as long as it does."""
+    return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+
+def ping(conn: Connection) -> None:
+    """Raises when the session is gone (and its locks with it)."""
+    conn.exec_driver_sql("SELECT 1")
+
+
+def end_session(conn: Connection | None) -> None:
+    """Close the DBAPI connection itself: returned to the pool, the session (and the
+    advisory locks it holds) would live on."""
+    if conn is None:
+        return
+    try:
+        conn.invalidate()
+    except Exception:  # noqa: BLE001 — already broken
+        pass
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001
+        pass

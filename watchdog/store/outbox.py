@@ -21,9 +21,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import uuid
+from typing import Any, Iterable, NamedTuple, Sequence
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import Column, and_, func, or_, select, update
+from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import ColumnElement
 
 from watchdog.store.schema import alerts
 
@@ -41,14 +44,14 @@ def lane_holder(host: str) -> str:
     return f"{host}:{os.getpid()}:lanes"[-255:]
 
 
-def _unclaimed(now: dt.datetime, ttl_s: float):
+def _unclaimed(now: dt.datetime, ttl_s: float) -> ColumnElement[bool]:
     # Two passes read the clock a moment apart: a claim is from the future (a clock set back)
     # only beyond twice its length, never because the other pass's `now` was a little later.
     return or_(alerts.c.claimed_until.is_(None), alerts.c.claimed_until < now,
                alerts.c.claimed_until > now + dt.timedelta(seconds=2 * ttl_s))
 
 
-def claim(engine, token: str, *, host: str, now: dt.datetime, ttl_s: float, expire_before: dt.datetime,
+def claim(engine: Engine, token: str, *, host: str, now: dt.datetime, ttl_s: float, expire_before: dt.datetime,
           limit: int) -> list[int]:
     """Claim up to `limit` open alerts of `host` that are due (or expired: they are to be
     dead-lettered, whatever their backoff says); the ids this pass now holds."""
@@ -67,29 +70,38 @@ def claim(engine, token: str, *, host: str, now: dt.datetime, ttl_s: float, expi
                                  .order_by(alerts.c.id)).scalars())
 
 
-def release(engine, token: str) -> None:
+def release(engine: Engine, token: str) -> None:
     """End this pass's claims that are still held (rows it could not record)."""
     with engine.begin() as conn:
         conn.execute(update(alerts).where(alerts.c.claimed_by == token).values(claimed_by=None, claimed_until=None))
 
 
-def record(conn, token: str, alert_id: int, values: dict) -> bool:
+def record(conn: Connection, token: str, alert_id: int, values: dict[str, Any]) -> bool:
     """Write a pass's result for one row and end its claim; False if the claim was lost
     (it expired and another pass took the row)."""
     res = conn.execute(update(alerts).where(and_(alerts.c.id == alert_id, alerts.c.claimed_by == token))
                        .values(**values, claimed_by=None, claimed_until=None))
-    return res.rowcount == 1
+    return bool(res.rowcount == 1)
 
 
-def hold(conn, token: str, alert_id: int, values: dict, *, host: str, until: dt.datetime) -> bool:
+def hold(conn: Connection, token: str, alert_id: int, values: dict[str, Any], *, host: str, until: dt.datetime) -> bool:
     """A row still being sent in a lane: its results so far, claimed for this process until
     `until` (a crashed daemon's hold expires: the promise across a crash is at least once)."""
     res = conn.execute(update(alerts).where(and_(alerts.c.id == alert_id, alerts.c.claimed_by == token))
                        .values(**values, claimed_by=lane_holder(host), claimed_until=until))
-    return res.rowcount == 1
+    return bool(res.rowcount == 1)
 
 
-def waiting_before(conn, *, host: str, below_id: int, exclude: list[int], limit: int = 1000) -> list:
+class Waiting(NamedTuple):
+    """An open alert older than a pass's own, as read (any writer may have put these values)."""
+
+    id: int
+    delivered_targets: Any
+    next_attempt_at: Any
+
+
+def waiting_before(conn: Connection, *, host: str, below_id: int, exclude: list[int],
+                   limit: int = 1000) -> list[Waiting]:
     """Open alerts of `host` older than `below_id` that this pass did not claim (in their
     backoff): (id, delivered_targets, next_attempt_at). A target gets nothing newer first."""
     q = (select(alerts.c.id, alerts.c.delivered_targets, alerts.c.next_attempt_at)
@@ -97,24 +109,35 @@ def waiting_before(conn, *, host: str, below_id: int, exclude: list[int], limit:
                      or_(alerts.c.sealed_by == host, alerts.c.sealed_by.is_(None)), alerts.c.id.not_in(exclude)))
          .order_by(alerts.c.id).limit(limit))
     try:
-        return conn.execute(q).all()
+        return [Waiting(*r) for r in conn.execute(q)]
     except DBAPIError:
         raise
     except Exception:  # noqa: BLE001 — a bad value in a row: order is not enforced past it this pass
         return []
 
 
-def dead_letter(engine, token: str, alert_id: int, now: dt.datetime, reason: str) -> bool:
+def refuse(conn: Connection, ids: list[int], *, now: dt.datetime, reason: str) -> None:
+    """Rows whose seal does not verify: closed as handled (never delivered), with why, claims ended."""
+    conn.execute(update(alerts).where(alerts.c.id.in_(ids))
+                 .values(delivered_at=now, last_error=reason[:_ERROR_CHARS], attempts=alerts.c.attempts + 1,
+                         claimed_by=None, claimed_until=None))
+
+
+def dead_letter(engine: Engine, token: str, alert_id: int, now: dt.datetime, reason: str) -> bool:
     """Kept, marked, never retried; its claim ends. Writes no column it read: a bad value
     in one of them cannot stop this."""
     with engine.begin() as conn:
         return record(conn, token, alert_id, {"dead_at": now, "last_error": reason[:_ERROR_CHARS]})
 
 
-def read(engine_or_conn, ids: list[int], columns=None) -> list[tuple[int, object | None, str | None]]:
+Read = tuple[int, Row[Any] | None, str | None]  # (id, the row, what failed): one of the two is None
+
+
+def read(engine_or_conn: Engine | Connection, ids: list[int],
+         columns: Iterable[Column[Any]] | None = None) -> list[Read]:
     """(id, row, None) for each row that reads, (id, None, what failed) for each that does not.
     A store that is down raises: only a row that fails where its neighbours read is bad."""
-    cols = list(columns) if columns is not None else list(alerts.c)
+    cols: list[Column[Any]] = list(columns) if columns is not None else list(alerts.c)
     if alerts.c.id not in cols:
         cols.insert(0, alerts.c.id)
     try:
@@ -123,7 +146,7 @@ def read(engine_or_conn, ids: list[int], columns=None) -> list[tuple[int, object
         return [(r.id, r, None) for r in rows]
     except Exception:  # noqa: BLE001 — one bad row; find it below
         pass
-    out = []
+    out: list[Read] = []
     for alert_id in ids:
         try:
             with _conn(engine_or_conn) as conn:
@@ -136,7 +159,8 @@ def read(engine_or_conn, ids: list[int], columns=None) -> list[tuple[int, object
     return out
 
 
-def _what_failed(engine_or_conn, alert_id: int, cols, exc: Exception) -> str:
+def _what_failed(engine_or_conn: Engine | Connection, alert_id: int, cols: Sequence[Column[Any]],
+                 exc: Exception) -> str:
     bad = []
     for col in cols:
         try:
@@ -155,22 +179,22 @@ class _conn:
     """A connection of its own from an engine (a failed read leaves nothing behind), or the
     caller's connection as is (the CLI's one read snapshot)."""
 
-    def __init__(self, engine_or_conn):
+    def __init__(self, engine_or_conn: Engine | Connection) -> None:
         self._src = engine_or_conn
-        self._mine = None
+        self._mine: Connection | None = None
 
-    def __enter__(self):
-        if hasattr(self._src, "connect"):
+    def __enter__(self) -> Connection:
+        if isinstance(self._src, Engine):
             self._mine = self._src.connect()
             return self._mine
         return self._src
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self._mine is not None:
             self._mine.close()
 
 
-def problem(row) -> str | None:
+def problem(row: Any) -> str | None:
     """What makes a readable row unusable, by column and type (never its value), or None."""
     checks = (
         ("dedupe_key", lambda v: isinstance(v, str) and v != "", "a non-empty string"),
@@ -186,7 +210,7 @@ def problem(row) -> str | None:
     return "unusable row: " + "; ".join(bad) if bad else None
 
 
-def _kind(value) -> str:
+def _kind(value: object) -> str:
     if value is None:
         return "NULL"
     if isinstance(value, list):
@@ -200,12 +224,10 @@ LISTED = ("dedupe_key", "run_id", "created_at", "attempts", "next_attempt_at", "
           "last_error", "title")
 
 
-def undelivered(conn, *, dead_only: bool, limit: int) -> tuple[list[dict], int]:
+def undelivered(conn: Connection, *, dead_only: bool, limit: int) -> tuple[list[dict[str, Any]], int]:
     """The alerts not delivered (waiting or dead letters), oldest first, as plain values for
     a listing; a row that cannot be read is listed by its id with what failed. And how many
     more there are beyond `limit`."""
-    from sqlalchemy import func
-
     which = alerts.c.dead_at.is_not(None) if dead_only else alerts.c.delivered_at.is_(None)
     light = conn.execute(select(alerts.c.id, alerts.c.dead_at.is_not(None).label("dead")).where(which)
                          .order_by(alerts.c.id).limit(limit)).all()
@@ -213,7 +235,7 @@ def undelivered(conn, *, dead_only: bool, limit: int) -> tuple[list[dict], int]:
     dead = {r.id: bool(r.dead) for r in light}
     out = []
     for alert_id, row, unreadable in read(conn, [r.id for r in light], [alerts.c[c] for c in LISTED]):
-        record = {"id": alert_id, "state": "dead" if dead.get(alert_id) else "waiting"}
+        record: dict[str, Any] = {"id": alert_id, "state": "dead" if dead.get(alert_id) else "waiting"}
         if row is None:
             record.update({c: None for c in LISTED}, last_error=unreadable)
         else:
@@ -226,23 +248,21 @@ HISTORY = ("dedupe_key", "run_id", "created_at", "attempts", "delivered_at", "de
            "last_error", "title")
 
 
-def history(conn, *, limit: int) -> tuple[list[dict], int]:
+def history(conn: Connection, *, limit: int) -> tuple[list[dict[str, Any]], int]:
     """Every alert, newest first (`alerts --all`), with its state and, per target, when it was
     recorded as delivered (`at:<target>:<time>` entries of delivered_targets); and how many more."""
-    from sqlalchemy import func
-
     ids = [r for (r,) in conn.execute(select(alerts.c.id).order_by(alerts.c.id.desc()).limit(limit))]
     total = conn.execute(select(func.count()).select_from(alerts)).scalar_one()
     out = []
     for alert_id, row, unreadable in sorted(read(conn, ids, [alerts.c[c] for c in HISTORY]), key=lambda x: -x[0]):
-        record = {"id": alert_id}
+        record: dict[str, Any] = {"id": alert_id}
         if row is None:
             record.update({c: None for c in HISTORY}, state="unreadable", last_error=unreadable, targets={})
             out.append(record)
             continue
         record.update({c: getattr(row, c) for c in HISTORY})
         done = row.delivered_targets if isinstance(row.delivered_targets, list) else []
-        targets: dict = {}
+        targets: dict[str, str] = {}
         for entry in done:
             if not isinstance(entry, str):
                 continue

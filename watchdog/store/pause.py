@@ -1,7 +1,7 @@
 """Pause and approve in the store: running → paused, paused → running with more budget.
 
 Each state change is written with its audit row and its alert in one transaction, like
-every stop (watchdog.store.actions). The decisions are watchdog.core.pause'; who
+every stop (watchdog.daemon.stopping). The decisions are watchdog.core.pause'; who
 pauses is the daemon (its tick) or the run's own in-process guard (which writes only
 the status: the daemon records and alerts what it did not request, `acknowledge`).
 """
@@ -13,18 +13,23 @@ import math
 import os
 import pwd
 import socket
-from typing import Protocol
+from typing import Any, Protocol
 
-from sqlalchemy import and_, desc, select, update
+from sqlalchemy import and_, desc, select
 from sqlalchemy.engine import Connection
 
 from watchdog.core import pause as ap
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets, Totals
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.interventions import Action
 from watchdog.core.messages import RunFacts
 from watchdog.core.seal import Sealer
-from watchdog.store.actions import enqueue_alert, queued, record
+from watchdog.store import statuses
+from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.interventions import record
 from watchdog.store.children import with_top_child
+from watchdog.store.stops import run_row
 from watchdog.store.schema import interventions, runs
 
 
@@ -70,16 +75,15 @@ def operator() -> str:
 
 def pause_key(row: PausedRun, paused_at: dt.datetime) -> str:
     """The alert key of one pause: a run paused, resumed and paused again gets two alerts."""
-    return f"pause:{row.id}:{paused_at.timestamp():.6f}"
+    return AlertKind.PAUSE.key(row.id, f"{paused_at.timestamp():.6f}")
 
 
 def request_pause(conn: Connection, row: PausedRun, *, reason: str, detail: str, now: dt.datetime, by: str,
                   budgets: Budgets, run_facts: RunFacts, sealer: Sealer | None = None) -> bool:
     """running → paused, with its intervention and its alert (what to answer); False if the run
     is no longer running."""
-    res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.RUNNING))
-                       .values(status=lc.PAUSED, stop_reason=reason, stop_detail=detail, paused_at=now))
-    if res.rowcount != 1:
+    if not statuses.move(conn, row.id, lc.PAUSED, was=lc.RUNNING, stop_reason=reason, stop_detail=detail,
+                         paused_at=now):
         return False
     _announce(conn, row, reason, detail, now, by, budgets, run_facts, by_guard=False, sealer=sealer)
     return True
@@ -104,7 +108,7 @@ def _announce(conn: Connection, row: PausedRun, reason: str, detail: str, paused
               budgets: Budgets, f: RunFacts, *, by_guard: bool, at: dt.datetime | None = None,
               sealer: Sealer | None = None) -> None:
     held = "in-process guard paused the run" if by_guard else "paused: held at its next record"
-    iid = record(conn, at=at or paused_at, action="paused", by=f"sdk (acknowledged by {by})" if by_guard else by,
+    iid = record(conn, at=at or paused_at, action=Action.PAUSED, by=f"sdk (acknowledged by {by})" if by_guard else by,
                  run_id=row.id, reason=reason, detail=detail,
                  outcome=f"{held}; waiting up to {budgets.approval_timeout_s:g} s for resume or kill")
     title, body = ap.pause_alert(with_top_child(conn, row, f), budgets, reason, detail, by_guard)
@@ -128,21 +132,19 @@ def resume(conn: Connection, row: PausedRun, grant: ap.Grant, *, now: dt.datetim
     why = ap.still_over(row.stop_reason, used, columns, grant)
     if why:
         raise ValueError(why)
-    res = conn.execute(update(runs).where(and_(runs.c.id == row.id, runs.c.status == lc.PAUSED))
-                       .values(status=lc.RUNNING, stop_reason=None, stop_detail=None, paused_at=None,
-                               resumes=runs.c.resumes + 1, **columns))
-    if res.rowcount != 1:
+    if not statuses.move(conn, row.id, lc.RUNNING, was=lc.PAUSED, stop_reason=None, stop_detail=None,
+                         paused_at=None, resumes=runs.c.resumes + 1, **dict[str, Any](columns)):
         raise ValueError(f"run {row.id[:8]} was stopped or resumed meanwhile")
     granted = grant.describe(budgets, columns)
     if paused_s >= 1:
         granted += f" (the {math.ceil(paused_s)} s it was paused do not count against max_wall_s)"
-    record(conn, at=now, action="resumed", by=by, run_id=row.id, reason=row.stop_reason, detail=granted,
+    record(conn, at=now, action=Action.RESUMED, by=by, run_id=row.id, reason=row.stop_reason, detail=granted,
            outcome=f"resumed after {paused_s:.0f} s paused")
     return granted  # the daemon alerts it (acknowledge_resume): only the daemon speaks to humans
 
 
 def resume_key(row: PausedRun) -> str:
-    return f"resume:{row.id}:{row.resumes}"
+    return AlertKind.RESUME.key(row.id, row.resumes)
 
 
 def acknowledge_resume(conn: Connection, row: PausedRun, *, now: dt.datetime, budgets: Budgets, run_facts: RunFacts,
@@ -154,7 +156,7 @@ def acknowledge_resume(conn: Connection, row: PausedRun, *, now: dt.datetime, bu
     if not row.resumes or queued(conn, key):
         return False
     iv = conn.execute(select(interventions).where(and_(interventions.c.run_id == row.id,
-                                                       interventions.c.action == "resumed"))
+                                                       interventions.c.action == Action.RESUMED))
                       .order_by(desc(interventions.c.id)).limit(1)).first()
     if iv is None:
         return False
@@ -167,3 +169,18 @@ def acknowledge_resume(conn: Connection, row: PausedRun, *, now: dt.datetime, bu
           "a row in the store, not sealed by an operator: its budgets stay within its profile")
     title, body = ap.resume_alert(run_facts, budgets, reason, f"now held to {held}", by)
     return enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iv.id, sealer=sealer)
+
+
+def deny_pause(conn: Connection, row: PausedRun, *, now: dt.datetime, by: str, title: str, body: str,
+               sealer: Sealer | None = None) -> Any:
+    """paused -> running for a pause the daemon neither wrote nor confirms (a store writer's
+    claim): recorded, alerted once per run in the daemon's words; the row read again (or None)."""
+    if not statuses.move(conn, row.id, lc.RUNNING, was=lc.PAUSED, paused_at=None, stop_reason=None,
+                         stop_detail=None):
+        return None
+    key = AlertKind.PAUSE_DENIED.key(row.id)
+    if not queued(conn, key):
+        iid = record(conn, at=now, action=Action.PAUSE_DENIED, by=by, run_id=row.id,
+                     outcome="paused in the store, not confirmed by the daemon's counters: running again")
+        enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+    return run_row(conn, row.id)

@@ -1,5 +1,5 @@
 """The reads the quarantine of malformed rows makes before it records one (its writes are an
-intervention and an alert: watchdog.store.actions)."""
+intervention and an alert: watchdog.store.interventions, watchdog.store.alerts)."""
 
 from __future__ import annotations
 

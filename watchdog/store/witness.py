@@ -15,11 +15,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
-from watchdog.store.actions import record
+from watchdog.core.interventions import Action
+from watchdog.store import statuses
+from watchdog.store.interventions import record
 from watchdog.store import dialects
 from watchdog.store.dialects import Dialect
 from watchdog.store.joined import WITNESS_SEQ_BASE
@@ -191,17 +193,13 @@ def _sql(d: Dialect) -> _Sql:
 
 def complete(conn: Connection, run_id: str, *, now: dt.datetime) -> bool:
     """A running run the witness saw end (its root span) or that went silent: completed, no alert."""
-    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.RUNNING))
-                       .values(status=lc.COMPLETED, ended_at=now))
-    return res.rowcount == 1
+    return statuses.move(conn, run_id, lc.COMPLETED, was=lc.RUNNING, ended_at=now)
 
 
 def end_stopped(conn: Connection, run_id: str, *, now: dt.datetime, by: str, outcome: str) -> bool:
     """A stopping run nobody can signal whose witness went silent: killed (its stop took effect)."""
-    res = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status == lc.STOPPING,
-                                               runs.c.signal_stage.in_(lc.WAITING_STAGES)))
-                       .values(status=lc.KILLED, ended_at=now, signal_stage=lc.Stage.DONE))
-    if res.rowcount != 1:
+    if not statuses.move(conn, run_id, lc.KILLED, was=lc.STOPPING, when=runs.c.signal_stage.in_(lc.WAITING_STAGES),
+                         ended_at=now, signal_stage=lc.Stage.DONE):
         return False
-    record(conn, at=now, action="ended", by=by, run_id=run_id, outcome=outcome[:255])
+    record(conn, at=now, action=Action.ENDED, by=by, run_id=run_id, outcome=outcome[:255])
     return True
