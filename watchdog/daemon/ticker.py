@@ -8,7 +8,8 @@ tick's ThisTick), `_read` (one read snapshot: the active runs, their new events,
 pre-filter, the money's read), `_money_judge` (prices and period budgets, the leader's),
 `_judge_rows` (each due run, in one write batch) and `_end` (late stops, the books, the
 duties, forgetting the runs that ended). What the Ticker remembers between ticks is its
-TickState (watchdog.daemon.tickstate); it speaks no SQL (watchdog.store.run_reads).
+TickState (watchdog.daemon.tickstate). A stopping run is watchdog.daemon.stopping's, a
+paused one watchdog.daemon.pause's. The tick speaks no SQL: it calls named store verbs.
 """
 
 from __future__ import annotations
@@ -24,30 +25,28 @@ from typing import Any, NamedTuple
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import Config
-from watchdog.core.messages import ACK_MARK, RunFacts, rate_alert, requested_stop_alert
+from watchdog.core.messages import RunFacts, rate_alert
 from watchdog.core.periods import PeriodState
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate, rate_alarm, with_period
 from watchdog.core.text import one_line
-from watchdog.daemon import believe, ownstage
+from watchdog.daemon import believe
 from watchdog.daemon.acknowledge import EndedStops
 from watchdog.daemon.authentic import OwnEvidence
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership, Role
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.killer import Killer, ProcessIdentity
-from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
-from watchdog.daemon.ladder import due as ladder_due
 from watchdog.daemon.lease import LeaseLost
 from watchdog.daemon.money import Money
 from watchdog.daemon.otlp import silence
 from watchdog.daemon.pause import act_on_breach, announce_resume, judge_paused
+from watchdog.daemon.stopping import judge_stopping
 from watchdog.daemon.prefilter import PreFilter
 from watchdog.daemon.quarantine import Malformed, Quarantine, check_actionable
 from watchdog.daemon.scan import L, RATE_WINDOW_S, NewEvent, Scanner
 from watchdog.daemon.tickstate import PeriodStop, ThisTick, TickReport, TickState
-from watchdog.store.actions import actor, enqueue_alert, mark_lost, queued, record, stop_plan
+from watchdog.store.actions import actor, enqueue_alert, mark_lost, queued, record
 from watchdog.store.engine import Connection, Engine, read_connection, store_unavailable
-from watchdog.store.run_reads import stop_alert, stop_request_id
 
 __all__ = ["Ticker", "TickReport"]
 
@@ -269,7 +268,7 @@ class Ticker:
                                  gone=lambda: self.gone(row, this)):
             return
         if row.status == lc.STOPPING:
-            self._stopping(row, this, batch, budgets, f)
+            judge_stopping(self, this, row, batch, budgets, f)
             return
         self_paused = False
         if row.status == lc.PAUSED and not believe.pause_is_known(self, row, now, budgets):
@@ -289,37 +288,6 @@ class Ticker:
             return
         self._judge_running(row, this, batch, budgets, f, self_paused)
 
-    def _stopping(self, row: Row, this: ThisTick, batch: Batch, budgets: Budgets, f: RunFacts) -> None:
-        """A stopping run: acknowledged once, then its ladder (or its end, when its process is gone)."""
-        now = this.now
-        this.rep.stopping += 1
-        own = ownstage.own_stage(self.memory, row.id)
-        if ownstage.differs(row, own):  # the ladder goes by the daemon's record (issue 20)
-            batch.commit()
-            with self.engine.begin() as conn:
-                row = ownstage.restore(conn, row, own)
-        if row.id not in self.state.acked:
-            self._acknowledge(row, f, budgets, now, batch)
-        gone = (row.signal_stage in (None, *WAITING_STAGES) and self.gone(row, this)
-                and not self.exec_trees.left(row))
-        if not gone and not ladder_due(row, now, self.config.daemon, self.killer.host):
-            return  # nothing to do yet: no transaction (on SQLite, no write lock)
-        batch.commit()  # first: on SQLite the batch holds the write lock this transaction needs
-        with self.engine.begin() as conn:  # its own transaction: it may signal a process
-            if gone:
-                # It ended without saying so: after the cooperative stop (no need to wait for the
-                # grace), or after a signal that was refused / not allowed / did not work.
-                exited(conn, row, now=now, by=self.by, facts=f, budgets=budgets, sealer=self.sealer)
-                return
-            own_evidence = self.own_evidence
-            advance(conn, row, killer=self.killer, daemon=self.config.daemon, budgets=budgets, facts=f,
-                    now=now, by=self.by, sharing=this.sharing[(row.host, row.pid)] - 1, sealer=self.sealer,
-                    confirmed=lambda: self._confirms(conn, row, budgets, this),
-                    remembered=self.exec_trees.remembered(row.id),
-                    own_evidence=None if own_evidence is None else lambda: own_evidence.justifies(
-                        conn, row, now, skip_clock=this.skip_clock))
-            ownstage.remember(conn, self.memory, row, row.signal_stage)
-
     def _gone_running(self, row: Row, this: ThisTick, batch: Batch, budgets: Budgets, f: RunFacts) -> None:
         """A running run whose process is gone: lost, or stopped when exec left its tree behind."""
         if self.exec_trees.left(row):  # exec is gone, not its tree: stopped, the ladder takes it down
@@ -338,7 +306,7 @@ class Ticker:
         """A running run: stopped (or paused) over a budget, else maybe a rate alarm."""
         now = this.now
         snap = self._snapshot(row, now)
-        period = self._closing(row, this)
+        period = self.closing(row, this)
         if this.judged is not None and row.host not in this.judged:
             # Due only because a spent period budget covers it (the leader's duty): that stop
             # alone; its own host's daemon judges everything else about it.
@@ -360,7 +328,7 @@ class Ticker:
         if alarm:
             self._alarm(row, alarm, snap, budgets, f, this, batch)
 
-    def _closing(self, row: Row, this: ThisTick) -> PeriodState | None:
+    def closing(self, row: Row, this: ThisTick) -> PeriodState | None:
         """The spent period budget covering the run (the leader's money work), or None."""
         return this.money.closing(row.id, row.agent) if this.money is not None else None
 
@@ -383,45 +351,6 @@ class Ticker:
             if enqueue_alert(conn, f"rate:{row.id}:{window}", title, body, now=now, run_id=row.id,
                              intervention_id=iid, sealer=self.sealer):
                 this.rep.alarms.append(row.id)
-
-    def _confirms(self, conn: Connection, row: Row, budgets: Budgets, this: ThisTick) -> bool:
-        """Before the first signal: did this daemon decide the stop, or do its own budgets say
-        the run is over one now? A stop only written into the store (any store writer can
-        write one for any run) never leads to a signal by itself."""
-        if row.id in self.state.decided or self._sealed_stop(conn, row):
-            return True
-        return bool(with_period(evaluate(self._snapshot(row, this.now), budgets, this.now,
-                                         skip_clock=this.skip_clock), self._closing(row, this)))
-
-    def _sealed_stop(self, conn: Connection, row: Row) -> bool:
-        """The stop's alert was sealed with this daemon's key by someone who is not acknowledging
-        a store request: this daemon in an earlier life, or an operator running `kill` as the
-        daemon's user. Only the key's holders can write such a row."""
-        if self.sealer is None:
-            return False
-        # On the caller's connection: a second one would wait for the write lock the caller holds.
-        a = stop_alert(conn, row.id)
-        if a is None or not isinstance(a.body, str) or ACK_MARK in a.body:
-            return False
-        return bool(self.sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at))
-
-    def _acknowledge(self, row: Row, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> None:
-        """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
-        any store writer): record it if nobody did and alert it, worded by the daemon from
-        the store's numbers. Once per run: remembered, and its alert key is unique."""
-        with batch.run() as conn:
-            if not queued(conn, f"stop:{row.id}"):
-                reason = row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"
-                iid = stop_request_id(conn, row.id)
-                if iid is None:
-                    iid = record(conn, at=now, action="stop_requested", by=self.by, run_id=row.id, reason=reason,
-                                 outcome="stop requested in the store, not by this daemon; acknowledged")
-                plan = stop_plan(row.kill_mode)
-                title, body = requested_stop_alert(f, budgets, reason, plan)
-                enqueue_alert(conn, f"stop:{row.id}", title, body, now=now, run_id=row.id, intervention_id=iid,
-                              sealer=self.sealer)
-                log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
-        self.state.acked.add(row.id)
 
     # -- issue 20: what the daemon believes of a row (watchdog.daemon.believe) ---------------
 
