@@ -20,7 +20,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
@@ -28,6 +28,7 @@ from watchdog.core.config import Config
 from watchdog.core.messages import RunFacts, rate_alert
 from watchdog.core.periods import PeriodState
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate, rate_alarm, with_period
+from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
 from watchdog.daemon import believe
 from watchdog.daemon.acknowledge import EndedStops
@@ -48,6 +49,9 @@ from watchdog.daemon.tickstate import PeriodStop, ThisTick, TickReport, TickStat
 from watchdog.store.actions import actor, enqueue_alert, mark_lost, queued, record
 from watchdog.store.engine import Connection, Engine, read_connection, store_unavailable
 
+if TYPE_CHECKING:
+    from watchdog.store.memory import Memory
+
 __all__ = ["Ticker", "TickReport"]
 
 log = logging.getLogger("watchdog.tick")
@@ -67,7 +71,8 @@ class _Read(NamedTuple):
 
 class Ticker:
     def __init__(self, engine: Engine, config: Config, killer: Killer, *, circuits: Any = None, by: str | None = None,
-                 money: bool = True, sealer: Any = None, membership: Membership | None = None, memory: Any = None):
+                 money: bool = True, sealer: Sealer | None = None, membership: Membership | None = None,
+                 memory: Memory | None = None):
         self.engine = engine
         self.config = config
         self.killer = killer
@@ -95,15 +100,15 @@ class Ticker:
         self.own_evidence = OwnEvidence(config, sealer) if engine.dialect.name == "sqlite" else None
         # issue 20: the daemon's own memory (state file) and its evidence rules (watchdog.daemon.trust)
         from watchdog.daemon.trust import Trust
-        from watchdog.store.memory import Memory
+        from watchdog.store.memory import Memory as StateFile
 
         # The Daemon passes its state file; a bare Ticker (tests, tools) keeps one only in a state_dir
         # it was given, never in this process's default (the system's, as root).
         from watchdog.core.config import resolve_paths
 
         state_dir = getattr(config.daemon, "state_dir", None)
-        self.memory = memory or Memory.for_daemon(state_dir if state_dir != resolve_paths().state_dir else None,
-                                                  engine.url)
+        self.memory = memory or StateFile.for_daemon(state_dir if state_dir != resolve_paths().state_dir else None,
+                                                     engine.url)
         self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
         self.ended_stops = EndedStops()  # issue 19: stops heard after their runs ended
 
