@@ -10,26 +10,33 @@ stop is cooperative: no row that cannot be read leads to a signal.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core import lifecycle as lc
+from watchdog.daemon.batch import Batch
 from watchdog.daemon.scan import L
 from watchdog.daemon.trust import first_sight_budget_s
 from watchdog.daemon import stopping
+from watchdog.daemon.tickstate import ThisTick
+
+if TYPE_CHECKING:
+    from watchdog.daemon.ticker import Ticker
 
 log = logging.getLogger("watchdog.tick")
 
 
-def backstop(tk, light, now: dt.datetime, live, rep, batch) -> None:
-    """For each run the tick could not judge this tick (rep.quarantined)."""
+def backstop(tk: Ticker, this: ThisTick, light: Sequence[Any], batch: Batch) -> None:
+    """For each run the tick could not judge this tick (this.rep.quarantined)."""
+    now, live, rep = this.now, this.live, this.rep
     bad = {rid for rid in rep.quarantined if isinstance(rid, str)}
     if not bad:
         return
     now_s = now.timestamp()
     i_id, i_status, i_host, i_pid, i_ctime, i_agent = (L[k] for k in ("id", "status", "host", "pid",
                                                                        "pid_create_time", "agent"))
-    done = tk._backstopped
+    done = tk.state.backstopped
     for r in light:
         rid = r[i_id]
         if rid not in bad or rid in done:

@@ -1,20 +1,23 @@
 """The tick's money work: price what the SDK could not, book ended runs, judge period budgets,
 report unpriced models, publish what the SDK checks at run start, and the drift alarms.
 
-Order within a tick (watchdog.daemon.ticker drives it):
+Money holds what it remembers between ticks; each tick drives it through a MoneyTick
+(`Money.begin`, watchdog.daemon.moneytick), which enforces the order of its steps:
 
-1. inside the tick's read snapshot, `read` (the unpriced steps written since the last tick,
-   the ended runs not booked yet, the ledger's spend for the current day and month) and
-   `learn_labels`; the ticker's one pass over the active runs sums their live cost (LiveSpend);
-2. after it, `price` prices the unpriced steps (their cost lands on the runs, and in this
-   tick's sums), then `judge`: every period budget's spend = ledger + unbooked + live — one
+1. `read`, inside the tick's read snapshot: the unpriced steps written since the last tick,
+   the ended runs not booked yet, the ledger's spend for the current day and month, and the
+   labels of the runs first seen; the pre-filter's one pass over the active runs sums their
+   live cost (LiveSpend);
+2. `judge`, after it: `price` prices the unpriced steps (their cost lands on the runs, and in
+   this tick's sums), then every period budget's spend = ledger + unbooked + live — one
    snapshot, so each run counts once and concurrent first runs are summed, never each
-   compared with an empty ledger;
-3. `publish_closed` (a new `wd.run()` is refused from then on), then the ticker stops the
-   running runs of closed scopes (`closing`) like any verdict, and `book`s the ended runs
-   (a compare-and-set each: exactly once over all daemons);
-4. `after`: warn / closed alerts (once per period), unpriced-model alerts (once per model
-   and day), the published state (spend, burn rates), drift.
+   compared with an empty ledger; then `publish_closed` (a new `wd.run()` is refused from
+   then on), and the ticker stops the running runs of closed scopes (`closing`) like any verdict;
+3. `finish`, after the stops: `book` the ended runs (a compare-and-set each: exactly once over
+   all daemons), then `after`: warn / closed alerts (once per period), unpriced-model alerts
+   (once per model and day), the published state (spend, burn rates), drift.
+
+The step methods below are MoneyTick's; nothing else calls them.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import defaultdict
-
-from sqlalchemy import Text, cast, select
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core import forecast
 from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
@@ -36,8 +39,15 @@ from watchdog.daemon.prices import PriceBook
 from watchdog.store import ledger
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import record
-from watchdog.store import settings as published
-from watchdog.store.schema import runs
+from watchdog.store.engine import Connection, Engine
+from watchdog.store.run_reads import labels_of
+from watchdog.store.settings import put as publish_setting
+
+if TYPE_CHECKING:
+    from watchdog.core.budgets import Budgets
+    from watchdog.core.config import Config
+    from watchdog.core.seal import Sealer
+    from watchdog.daemon.moneytick import MoneyTick
 
 log = logging.getLogger("watchdog.money")
 
@@ -45,12 +55,11 @@ STATE_REFRESH_S = 30.0  # the published rates are refreshed this often (closed s
 PRUNE_EVERY_S = 3600.0
 BOOK_EVERY_S = 30.0  # ended runs are booked into the ledger and rollups this often...
 BOOK_BACKLOG = 500  # ...or as soon as this many wait
-CHUNK = 500
 MAX_REMEMBERED = 10_000
 
 
 class Money:
-    def __init__(self, config, by: str, sealer=None):
+    def __init__(self, config: Config, by: str, sealer: Sealer | None = None):
         self.config = config
         self.by = by
         self.sealer = sealer  # the daemon's key: seals the alerts queued here
@@ -63,23 +72,30 @@ class Money:
         self.run_scopes: dict[str, tuple[str, ...]] = {}  # active run id -> the label budgets covering it
         self.states: list[PeriodState] = []
         self.closed: dict[str, PeriodState] = {}  # scope key -> the closed period (day first)
-        self._unbooked: list = []  # (agent, labels, cost ended today, this month) of the unbooked runs
+        # (agent, labels, cost ended today, this month) of the unbooked runs
+        self._unbooked: list[tuple[str, Any, float, float]] = []
         self._n_unbooked = 0
-        self._spend: dict = {}
+        self._spend: dict[Any, float] = {}
         self._keys: dict[str, str] = {}
         self._alerted: set[str] = set()
-        self._published: tuple | None = None
+        self._published: tuple[tuple[str, str, str, str], ...] | None = None
         self._published_at: dt.datetime | None = None
         self._closed_at: dt.datetime | None = None
         self._pruned_at: dt.datetime | None = None
         self._booked_at: dt.datetime | None = None
         self._warned_bad: set[str] = set()
         self.last_backfill = BackfillReport()
-        self._found: list = []
+        self._found: list[Any] = []
+
+    def begin(self, now: dt.datetime) -> MoneyTick:
+        """This tick's money work, its steps in their order (watchdog.daemon.moneytick)."""
+        from watchdog.daemon.moneytick import MoneyTick
+
+        return MoneyTick(self, now)
 
     # -- 1. inside the tick's read snapshot ---------------------------------------------------
 
-    def read(self, conn, now: dt.datetime, high_water: int | None = None) -> None:
+    def read(self, conn: Connection, now: dt.datetime, high_water: int | None = None) -> None:
         """The unpriced steps written since the last tick; the ledger's side of the spend: what
         it holds for the current periods, and the ended runs it does not hold yet (summed in
         the database: a few rows whatever their number)."""
@@ -95,7 +111,7 @@ class Money:
         """What the tick's one pass over the active runs fills (PreFilter.due), for `judge`."""
         return LiveSpend(self.run_scopes if self.label_budgets else None)
 
-    def learn_labels(self, conn, spend: "LiveSpend") -> None:
+    def learn_labels(self, conn: Connection, spend: "LiveSpend") -> None:
         """In the snapshot: the label budgets of the runs first seen this tick, and their live cost."""
         if spend.new:
             for scope, cost in self._learn_labels(conn, spend.new):
@@ -106,7 +122,7 @@ class Money:
 
     # -- 2. after it: price, then judge ------------------------------------------------------
 
-    def price(self, engine, now: dt.datetime) -> BackfillReport:
+    def price(self, engine: Engine, now: dt.datetime) -> BackfillReport:
         """Price the unpriced steps `read` found (a write only when some were priced)."""
         self.last_backfill = self.backfill.apply(engine, self._found, now) if self._found else BackfillReport()
         self._found = []
@@ -134,7 +150,7 @@ class Money:
         by_scope.update(labelled)
         spent, agents = sum_spend(self._spend, self._unbooked, by_scope, self.label_budgets)
 
-        def rate_of(scope, period, key, s, start):
+        def rate_of(scope: Any, period: str, key: str, s: float, start: dt.datetime) -> Any:
             return self.rates.rate(scope, period, key, s, now, start)
 
         states = build_states(spent, agents, self.config.profile, self.label_budgets, now, self.tz, rate_of)
@@ -146,7 +162,7 @@ class Money:
                 self.closed[s.scope.key] = s
         return states
 
-    def book(self, engine, now: dt.datetime) -> int:
+    def book(self, engine: Engine, now: dt.datetime) -> int:
         """Book the ended runs the snapshot found unbooked (a compare-and-set each: exactly once).
 
         Every BOOK_EVERY_S (or at once for a backlog), not every tick: until booked, a run is
@@ -178,19 +194,14 @@ class Money:
             log.warning("a run of %s has a bad cost_eur (negative, infinite or NaN): counted as 0", key)
         return total
 
-    def _learn_labels(self, conn, new: list[tuple[str, float]]):
+    def _learn_labels(self, conn: Connection, new: list[tuple[str, float]]) -> Iterator[tuple[str, float]]:
         """Read the labels of runs seen for the first time; yield (label scope, cost) of each match."""
         cost_of = dict(new)
-        ids = list(cost_of)
-        for i in range(0, len(ids), CHUNK):
-            # As text, parsed here: the JSON type would fail the whole read on one hand-written value.
-            q = select(runs.c.id, cast(runs.c.labels, Text)).where(runs.c.id.in_(ids[i : i + CHUNK]))
-            for rid, raw in conn.execute(q):
-                labels = ledger.parse_labels(raw)
-                scopes = tuple(b.scope for b in self.label_budgets if b.matches(labels))
-                self.run_scopes[rid] = scopes
-                for scope in scopes:
-                    yield scope, cost_of[rid]
+        for rid, labels in labels_of(conn, list(cost_of)):
+            scopes = tuple(b.scope for b in self.label_budgets if b.matches(labels))
+            self.run_scopes[rid] = scopes
+            for scope in scopes:
+                yield scope, cost_of[rid]
 
     # -- 4. which running runs a closed budget stops -------------------------------------------
 
@@ -207,15 +218,15 @@ class Money:
                 return s
         return None
 
-    def states_of(self, agent: str, labels=None) -> list[PeriodState]:
+    def states_of(self, agent: str, labels: Any = None) -> list[PeriodState]:
         """The period states that cover a run of `agent` (for the forecast lines of its alerts)."""
         keys = {scope_agent(agent)} | {b.scope for b in self.label_budgets if b.matches(labels)}
         return [s for s in self.states if s.scope.key in keys and s.budget_eur > 0]
 
-    def forecast_lines(self, row, budgets, now: dt.datetime) -> tuple[str, ...]:
+    def forecast_lines(self, row: Any, budgets: Budgets, now: dt.datetime) -> tuple[str, ...]:
         """The burn-rate lines of a run's alerts: the run against its max_cost_eur, then every
         period budget covering it ("support-bot's daily budget runs out at 16:40 UTC")."""
-        lines = []
+        lines: list[str] = []
         run = forecast.run_line(row.cost_eur or 0.0, budgets.max_cost_eur,
                                 max(0.0, (now - row.started_at).total_seconds()))
         if run:
@@ -226,7 +237,7 @@ class Money:
 
     # -- 5. alerts and what the SDK reads -------------------------------------------------------
 
-    def after(self, engine, now: dt.datetime, stopped: dict[str, list[str]] | None = None) -> None:
+    def after(self, engine: Engine, now: dt.datetime, stopped: dict[str, list[str]] | None = None) -> None:
         """`stopped`: scope key -> the run ids the tick stopped for that scope's budget."""
         stopped = stopped or {}
         for s in self.states:
@@ -239,7 +250,7 @@ class Money:
         self.drift.check(engine, now)
         self._prune(engine, now)
 
-    def _period_alert(self, engine, s: PeriodState, now, kind: str, stopped: list[str]) -> None:
+    def _period_alert(self, engine: Engine, s: PeriodState, now: dt.datetime, kind: str, stopped: list[str]) -> None:
         from watchdog.core.money_alerts import period_alert
 
         key = f"budget-{kind}:{s.scope.key}:{s.period}:{s.key}"
@@ -255,7 +266,7 @@ class Money:
                 log.warning("%s", title)
         self._remember(key)
 
-    def _unpriced_alerts(self, engine, now) -> None:
+    def _unpriced_alerts(self, engine: Engine, now: dt.datetime) -> None:
         from watchdog.core.money_alerts import unpriced_alert
 
         day = period_key(DAY, now, self.tz)
@@ -272,10 +283,10 @@ class Money:
                     log.warning("%s", title)
             self._remember(key)
 
-    def published_state(self) -> dict:
+    def published_state(self) -> dict[str, Any]:
         return {"tz": self.config.pricing.budget_tz, "periods": [s.to_json() for s in self.states]}
 
-    def publish_closed(self, engine, now: dt.datetime) -> bool:
+    def publish_closed(self, engine: Engine, now: dt.datetime) -> bool:
         """The spent budgets, for the SDK's check at run start: written when they change, and
         before the tick stops the runs they cover — an agent that sees its run stopped for
         daily_budget and asks for a new one is refused, never let through by a race."""
@@ -286,11 +297,11 @@ class Money:
         if ident == self._published and fresh:
             return False
         with engine.begin() as conn:
-            published.put(conn, CLOSED_KEY, closed, now)
+            publish_setting(conn, CLOSED_KEY, closed, now)
         self._published, self._closed_at = ident, now
         return True
 
-    def _publish(self, engine, now) -> None:
+    def _publish(self, engine: Engine, now: dt.datetime) -> None:
         """Every period budget's state, with burn rates for `budgets` and `top`, every STATE_REFRESH_S."""
         changed = self.publish_closed(engine, now)
         fresh = self._published_at is not None and 0 <= (now - self._published_at).total_seconds() < STATE_REFRESH_S
@@ -299,10 +310,10 @@ class Money:
         state = self.published_state()
         state["at"] = now.isoformat()
         with engine.begin() as conn:
-            published.put(conn, STATE_KEY, state, now)
+            publish_setting(conn, STATE_KEY, state, now)
         self._published_at = now
 
-    def _prune(self, engine, now) -> None:
+    def _prune(self, engine: Engine, now: dt.datetime) -> None:
         if self._pruned_at is not None and 0 <= (now - self._pruned_at).total_seconds() < PRUNE_EVERY_S:
             return
         self._pruned_at = now
@@ -323,10 +334,10 @@ class LiveSpend:
 
     __slots__ = ("per_agent", "labelled", "covered", "new", "light", "i_id")
 
-    def __init__(self, covered: dict | None):
+    def __init__(self, covered: dict[str, tuple[str, ...]] | None):
         self.per_agent: dict[str, float] = defaultdict(float)
         self.labelled: dict[str, float] = defaultdict(float)
         self.covered = covered  # run id -> the label budgets covering it; None: no [[budgets]]
         self.new: list[tuple[str, float]] = []  # (run id, live cost) of runs first seen
-        self.light: list = []  # the tick's light rows (for forgetting the runs that ended)
+        self.light: Sequence[Any] = []  # the tick's light rows (for forgetting the runs that ended)
         self.i_id = 0

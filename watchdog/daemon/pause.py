@@ -9,21 +9,33 @@ reason it paused for.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core import pause as ap
-from watchdog.core.policies import evaluate
+from watchdog.core.budgets import Budgets
+from watchdog.core.messages import RunFacts
+from watchdog.core.policies import Verdict, evaluate
+from watchdog.daemon.batch import Batch
+from watchdog.daemon.believe import snapshot
 from watchdog.daemon.stopping import lose_run, stop_run
+from watchdog.daemon.tickstate import ThisTick
+from watchdog.store.engine import Connection
 from watchdog.store.pause import acknowledge, acknowledge_resume, pause_key, request_pause
+
+if TYPE_CHECKING:
+    from watchdog.daemon.ticker import Ticker
 
 log = logging.getLogger("watchdog.tick")
 
 
-def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep, stop_only: bool = False
-                  ) -> tuple[str, object, bool]:
+def act_on_breach(tk: Ticker, this: ThisTick, conn: Connection, row: Any, verdicts: list[Verdict], *,
+                  budgets: Budgets, facts: RunFacts, stop_only: bool = False) -> tuple[str, Verdict, bool]:
     """Pause or stop a running run over budget (one transaction, the caller's):
     ("pause" | "stop", the verdict acted on, whether this tick did it). `stop_only`: a run
     that paused itself without the daemon's confirmation (it cannot be paused again: stopped)."""
+    now, rep = this.now, this.rep
     action, v = ap.decide(verdicts, budgets)
     if stop_only:
         action = "stop"
@@ -32,7 +44,7 @@ def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep, stop_onl
                              run_facts=facts, sealer=tk.sealer)
         if done:
             rep.pauses.append((row.id, v.reason))
-            tk._pause_seen.add(pause_key(row, now))
+            tk.state.pause_seen.add(pause_key(row, now))
             tk.trust.mark_pause(row.id, row.resumes, now.timestamp())  # the daemon's own pause (issue 20)
             log.warning("paused: %s run %s — %s (%s); waiting for resume or kill", row.agent, row.id[:8],
                         v.reason, v.detail)
@@ -45,9 +57,10 @@ def act_on_breach(tk, conn, row, verdicts, *, budgets, facts, now, rep, stop_onl
     return action, v, done
 
 
-def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
+def judge_paused(tk: Ticker, this: ThisTick, row: Any, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
     """One paused run: lost, stopped (a loop, silence, no answer in time), or still waiting."""
-    if tk._gone(row, live, now):
+    now, rep = this.now, this.rep
+    if tk.gone(row, this):
         with batch.run() as conn:
             if lose_run(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run "
                                             f"(it was paused for {row.stop_reason})",
@@ -56,44 +69,53 @@ def judge_paused(tk, row, *, budgets, facts, now, rep, live, batch) -> None:
         return
     rep.paused += 1
     key = pause_key(row, row.paused_at) if row.paused_at is not None else None
-    if key is not None and key not in tk._pause_seen:
+    if key is not None and key not in tk.state.pause_seen:
         with batch.run() as conn:  # paused by the run's own guard: say so once
             acknowledge(conn, row, now=now, by=tk.by, budgets=budgets, run_facts=facts, sealer=tk.sealer)
-        tk._pause_seen.add(key)
-    stops = ap.stops_while_paused(evaluate(tk._snapshot(row, now), budgets, now, skip_clock=tk._skip_clock))
+        tk.state.pause_seen.add(key)
+    stops = ap.stops_while_paused(evaluate(snapshot(tk, row, now), budgets, now, skip_clock=this.skip_clock))
     if stops:
         v = stops[0]
-        tk._decided.add(row.id)  # this daemon's own decision: it may signal for it
+        tk.state.decided.add(row.id)  # this daemon's own decision: it may signal for it
         with batch.run() as conn:
             if stop_run(conn, row, reason=v.reason, detail=v.detail, now=now, by=tk.by, budgets=budgets,
                             run_facts=facts, why=f"stopped while paused for {row.stop_reason}", sealer=tk.sealer,
                             own_parent=tk.trust.parent_ok):
                 rep.stops.append((row.id, v.reason))
         return
+    _timeout(tk, this, row, budgets=budgets, facts=facts, batch=batch)
+
+
+def _timeout(tk: Ticker, this: ThisTick, row: Any, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
+    """A paused run nobody answered in time (or nobody could answer): stopped with its reason."""
+    now = this.now
     # Waited since the daemon paused it or confirmed the pause (its state file), never since a
     # paused_at its writer could set ahead (issue 20).
     since_s = tk.trust.pause_mark(row.id, row.resumes)
     waited_s = (now.timestamp() - since_s) if since_s is not None else (
         (now - row.paused_at).total_seconds() if row.paused_at is not None else None)
-    if row.paused_at is None or row.stop_reason not in ap.BY_REASON or waited_s >= budgets.approval_timeout_s:
-        # No answer in time (or a paused row nobody could answer: no pause time, no pausable reason).
-        reason = row.stop_reason if row.stop_reason in ap.BY_REASON else "manual"
-        detail = ap.measured_detail(reason, facts, budgets)  # never the row's stop_detail (issue 20)
-        why = (ap.timeout_plan(budgets, "stopped with the reason it paused for") if waited_s is not None
-               else "paused without a pause time or reason")
-        tk._decided.add(row.id)
-        with batch.run() as conn:
-            if stop_run(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
-                            run_facts=facts, why=why, sealer=tk.sealer, own_parent=tk.trust.parent_ok):
-                rep.stops.append((row.id, reason))
-                log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
+    if not (row.paused_at is None or row.stop_reason not in ap.BY_REASON
+            or (waited_s is not None and waited_s >= budgets.approval_timeout_s)):
+        return  # still waiting for a human
+    # No answer in time (or a paused row nobody could answer: no pause time, no pausable reason).
+    reason = row.stop_reason if row.stop_reason in ap.BY_REASON else "manual"
+    detail = ap.measured_detail(reason, facts, budgets)  # never the row's stop_detail (issue 20)
+    why = (ap.timeout_plan(budgets, "stopped with the reason it paused for") if waited_s is not None
+           else "paused without a pause time or reason")
+    tk.state.decided.add(row.id)
+    with batch.run() as conn:
+        if stop_run(conn, row, reason=reason, detail=detail, now=now, by=tk.by, budgets=budgets,
+                     run_facts=facts, why=why, sealer=tk.sealer, own_parent=tk.trust.parent_ok):
+            this.rep.stops.append((row.id, reason))
+            log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
 
 
-def announce_resume(tk, row, *, budgets, facts, now, batch) -> None:
+def announce_resume(tk: Ticker, row: Any, *, budgets: Budgets, facts: RunFacts, now: dt.datetime,
+                    batch: Batch) -> None:
     """A run a human resumed (`agent-watchdog resume`, which queues no alert): say so, once."""
     from watchdog.store.interventions import grant_ok
 
     with batch.run() as conn:
         acknowledge_resume(conn, row, now=now, budgets=budgets, run_facts=facts, sealer=tk.sealer,
                            sealed=grant_ok(conn, row, tk.sealer))
-    tk._resume_seen.add((row.id, row.resumes))
+    tk.state.resume_seen.add((row.id, row.resumes))

@@ -10,13 +10,18 @@ malformed becomes a Defect (this run only; quarantine.py reports it).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, effective
 from watchdog.core.config import Config
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.quarantine import FUTURE_S, MAX_AGE_S, light_defect
-from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S
+from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, RunStats
+
+if TYPE_CHECKING:
+    from watchdog.daemon.money import LiveSpend
 
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
 # floats, the policies compare datetimes; early only costs one full evaluation.
@@ -26,9 +31,9 @@ SLACK_S = 1.0
 class PreFilter:
     def __init__(self, config: Config):
         self.config = config
-        self._budget_memo: dict[tuple, tuple] = {}
+        self._budget_memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
-    def limits_of(self, r, raised: bool = False, defaults: bool = False) -> tuple:
+    def limits_of(self, r: Sequence[Any], raised: bool = False, defaults: bool = False) -> tuple[Any, ...]:
         """(budgets, [(light index, limit) of each counter budget], age limit, silence limit,
         identical-calls limit, rate limit), memoised per (agent, own budgets). `raised`: a sealed
         operator resume raised them (the row's `resumes` alone is a claim, issue 20)."""
@@ -46,8 +51,13 @@ class PreFilter:
             self._budget_memo[key] = memo
         return memo
 
-    def due(self, light, now, live, spend=None, *, stats, host: str, judged, resume_seen, skip_clock: bool,
-            defects: list, evidence=None, first=None, new_seen=None, raised=None, owner_ok=None) -> list[str]:
+    def due(self, light: Sequence[Any], now: dt.datetime, live: set[int] | None, spend: LiveSpend | None = None, *,
+            stats: Mapping[str, RunStats], host: str, judged: Collection[str] | None,
+            resume_seen: Collection[tuple[str, int]], skip_clock: bool, defects: list[Defect],
+            evidence: Mapping[str, Any] | None = None, first: Mapping[str, float] | None = None,
+            new_seen: list[tuple[str, float, Any]] | None = None,
+            raised: Callable[[str, int, tuple[Any, ...]], bool] | None = None,
+            owner_ok: Callable[[str], bool | None] | None = None) -> list[str]:
         """Ids of the runs `_one` might act on: a superset of them, never fewer.
 
         A healthy running run is skipped without building a row, a snapshot or facts:
@@ -60,6 +70,10 @@ class PreFilter:
         is judged by the larger counters and its age from its first sight at the latest.
         `raised`: (run id, resumes, own budgets) -> a sealed operator resume raised its budgets;
         `owner_ok`: run id -> its owner may use its profile (None: not checked yet: due).
+
+        One loop, its locals bound once: at 10,000 active runs every attribute lookup and
+        call per run shows in the tick; the rare paths (a run first seen, a profile with
+        `owners`) are the helpers below.
         """
         now_s = now.timestamp()
         horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
@@ -67,23 +81,17 @@ class PreFilter:
         my_host = host
         i_id, i_status, i_host, i_pid, i_ctime = L["id"], L["status"], L["host"], L["pid"], L["pid_create_time"]
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
-        i_cost, i_resumes, i_parent = L["cost_eur"], L["resumes"], L["parent_id"]
-        per_agent = spend.per_agent if spend is not None else None
-        covered = spend.covered if spend is not None else None
-        if spend is not None:
-            spend.light, spend.i_id = light, i_id
-            labelled, new = spend.labelled, spend.new
+        i_cost, i_resumes = L["cost_eur"], L["resumes"]
         i_steps, i_calls, i_tokens = L["steps"], L["tool_calls"], L["tokens"]
-        due = []
-        tallies = evidence if evidence is not None else {}
+        per_agent, labelled, new, covered_get, unknown = _spend_sinks(spend, light, i_id)
+        first_get = (first if first is not None else _NOTHING).get
+        due: list[str] = []
+        tallies = evidence if evidence is not None else _NOTHING
         for r in light:
             rid = r[i_id]
-            seen_first = None
-            if first is not None and rid.__class__ is str:
-                seen_first = first.get(rid)
-                if seen_first is None:
-                    seen_first = now_s
-                    new_seen.append((rid, now_s, r[i_parent]))
+            seen_first = first_get(rid)
+            if seen_first is None:  # first seen now (rare): remembered from now
+                seen_first = _first_sight(r, now_s, first, new_seen)
             try:
                 # What the comparisons below cannot see by themselves: a NaN or negative counter,
                 # a non-finite or absurd timestamp all compare as "under budget" (fail closed).
@@ -101,13 +109,12 @@ class PreFilter:
                     cost = tally.values[4]  # the period budgets count what its events show it spent
                 if per_agent is not None:
                     per_agent[r[i_agent]] += cost
-                    if covered is not None:
-                        scopes = covered.get(rid)
-                        if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
-                            new.append((rid, cost))
-                        elif scopes:
-                            for scope in scopes:
-                                labelled[scope] += cost
+                    scopes = covered_get(rid, unknown)
+                    if scopes is None:  # first seen: its labels are read once (LiveSpend.new)
+                        new.append((rid, cost))
+                    else:
+                        for scope in scopes:
+                            labelled[scope] += cost
                 if judged is not None and r[i_host] not in judged:
                     continue  # another host's run: its own daemon judges it (only its spend counted here)
                 if r[i_status] != lc.RUNNING or (r[i_resumes] and (rid, r[i_resumes]) not in resume_seen):
@@ -121,26 +128,22 @@ class PreFilter:
                         due.append(rid)  # its row shows less than its events: judged whole, by the larger
                         continue
                 up = raised(rid, r[i_resumes], r[OWN_BUDGETS]) if (raised is not None and r[i_resumes]) else False
-                _b, counters, age_limit, silence_limit, identical_limit, rate_limit, bound = self.limits_of(r, up)
-                if bound and owner_ok is not None:  # a profile with `owners`: checked on the whole row once
-                    ok = owner_ok(rid)
-                    if ok is None:
+                limits = self.limits_of(r, up)
+                if limits[6] and owner_ok is not None:  # a profile with `owners` (rare)
+                    owned = self._owner_limits(r, up, owner_ok(rid))
+                    if owned is None:  # not checked yet: checked on the whole row once
                         due.append(rid)
                         continue
-                    if not ok:
-                        _b, counters, age_limit, silence_limit, identical_limit, rate_limit, _ = self.limits_of(
-                            r, up, defaults=True)
+                    limits = owned
+                _b, counters, age_limit, silence_limit, identical_limit, rate_limit, _bound = limits
                 over = not skip_clock and (age_s > age_limit or silent_s > silence_limit)
                 for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
                     if over or r[i] > limit:
                         over = True
                         break
-                if over:
-                    due.append(rid)
-                    continue
                 st = stats.get(rid)
-                if st is not None and (st.max_signature >= identical_limit
-                                       or st.recent_upper_bound(horizon) > rate_limit):
+                if over or (st is not None and (st.max_signature >= identical_limit
+                                                or st.recent_upper_bound(horizon) > rate_limit)):
                     due.append(rid)
                     continue
                 host, pid, ctime = r[i_host], r[i_pid], r[i_ctime]
@@ -151,11 +154,34 @@ class PreFilter:
                 defects.append(Defect(rid if isinstance(rid, str) else None, light_defect(r, now_s)))
         return due
 
-    @staticmethod
-    def closing(light, due: list[str], money) -> list[str]:
-        """`due` plus the running runs a spent period budget covers (a second pass, only then)."""
-        seen = set(due)
-        i_id, i_agent, i_status = L["id"], L["agent"], L["status"]
-        extra = [r[i_id] for r in light if r[i_status] == lc.RUNNING and r[i_id] not in seen
-                 and money.closing(r[i_id], r[i_agent]) is not None]
-        return due + extra
+    def _owner_limits(self, r: Sequence[Any], up: bool, ok: bool | None) -> tuple[Any, ...] | None:
+        """A run whose profile names its `owners`: None while its owner is not checked yet (due);
+        the [defaults]' limits when its owner may not use the profile, else the profile's."""
+        if ok is None:
+            return None
+        return self.limits_of(r, up) if ok else self.limits_of(r, up, defaults=True)
+
+
+_NOTHING: dict[Any, Any] = {}  # stands in for a map not given: every lookup misses
+
+
+def _first_sight(r: Sequence[Any], now_s: float, first: Mapping[str, float] | None,
+                 new_seen: list[tuple[str, float, Any]] | None) -> float | None:
+    """A run the daemon sees for the first time: its first sight is now (None: not tracked)."""
+    rid = r[L["id"]]
+    if first is None or new_seen is None or rid.__class__ is not str:
+        return None
+    new_seen.append((rid, now_s, r[L["parent_id"]]))
+    return now_s
+
+
+def _spend_sinks(spend: LiveSpend | None, light: Sequence[Any], i_id: int) -> tuple[Any, Any, Any, Any, Any]:
+    """Where the pass adds each run's live cost: (per agent, per label budget, runs first seen,
+    the lookup of a run's label budgets, what it returns for a run whose labels are unknown).
+    Without [[budgets]] every run is covered by none: the lookup always answers ()."""
+    if spend is None:
+        return None, None, None, _NOTHING.get, ()
+    spend.light, spend.i_id = light, i_id
+    if spend.covered is None:
+        return spend.per_agent, spend.labelled, spend.new, _NOTHING.get, ()
+    return spend.per_agent, spend.labelled, spend.new, spend.covered.get, None

@@ -23,7 +23,7 @@ from watchdog.core import pause as ap
 from watchdog.core.budgets import BY_KEY, effective, asked
 from watchdog.core.config import Config
 from watchdog.core.text import one_line
-from watchdog.store import interventions as trust_rows
+from watchdog.store import interventions
 from watchdog.store.pause import deny_pause
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import record
@@ -110,7 +110,7 @@ class Trust:
             raised = self._raised.get(key)
             if raised is None:
                 with connect() as conn:
-                    raised = trust_rows.grant_ok(conn, row, self.sealer)
+                    raised = interventions.grant_ok(conn, row, self.sealer)
                 if len(self._raised) > _MEMO_MAX:
                     self._raised.clear()
                 self._raised[key] = raised
@@ -139,7 +139,7 @@ class Trust:
         owner = getattr(row, "owner", None)  # PostgreSQL: session_user, set by the database (0010)
         if isinstance(owner, str) and owner:
             return owner
-        uid = trust_rows.attested_uid(conn, row.id, self.sealer)
+        uid = interventions.attested_uid(conn, row.id, self.sealer)
         if uid is None:
             return None
         try:

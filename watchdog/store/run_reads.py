@@ -1,0 +1,58 @@
+"""The tick's small reads of one run's rows: its labels, its stop's alert and audit row.
+
+The Ticker and Money speak no SQL (issue 21): these are their statements, named. Each
+runs on the caller's connection — inside the tick's read snapshot, or inside the write
+transaction that holds SQLite's lock (a second connection would wait for it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import Text, and_, cast, select
+from sqlalchemy.engine import Connection
+
+from watchdog.store.ledger import parse_labels
+from watchdog.store.schema import alerts, interventions, runs
+
+CHUNK = 500  # ids per IN (...): well under every backend's bound-parameter limit
+
+
+class RunLabels(NamedTuple):
+    run_id: str
+    labels: dict[str, Any] | None  # None when the stored value is not a JSON object
+
+
+class StopAlert(NamedTuple):
+    """A run's `stop:<id>` alert as its seal covers it (watchdog.core.seal.Sealer.alert_ok)."""
+
+    dedupe_key: str
+    title: Any  # text, or whatever a hand-written row holds: the seal check says
+    body: Any
+    mac: Any
+    created_at: dt.datetime | None
+
+
+def labels_of(conn: Connection, run_ids: Sequence[str]) -> Iterator[RunLabels]:
+    """The labels of these runs, read as text and parsed here: the JSON type would fail the
+    whole read on one hand-written value."""
+    for i in range(0, len(run_ids), CHUNK):
+        q = select(runs.c.id, cast(runs.c.labels, Text)).where(runs.c.id.in_(run_ids[i : i + CHUNK]))
+        for rid, raw in conn.execute(q):
+            yield RunLabels(rid, parse_labels(raw))
+
+
+def stop_alert(conn: Connection, run_id: str) -> StopAlert | None:
+    """The run's stop alert (`stop:<run id>`), or None when none is queued."""
+    a = conn.execute(select(alerts.c.dedupe_key, alerts.c.title, alerts.c.body, alerts.c.mac, alerts.c.created_at)
+                     .where(alerts.c.dedupe_key == f"stop:{run_id}")).first()
+    return None if a is None else StopAlert(a.dedupe_key, a.title, a.body, a.mac, a.created_at)
+
+
+def stop_request_id(conn: Connection, run_id: str) -> int | None:
+    """The id of the run's `stop_requested` audit row, or None when nobody recorded one."""
+    iid = conn.execute(select(interventions.c.id).where(and_(
+        interventions.c.run_id == run_id, interventions.c.action == "stop_requested"))).scalar()
+    return None if iid is None else int(iid)
