@@ -98,9 +98,9 @@ class AttestServer:
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> "AttestServer":
-        self._sock = _bind(self.path)
-        self._sock.settimeout(0.5)  # so stop() is seen without a connection
-        self._thread = threading.Thread(target=self._serve, name="attest", daemon=True)
+        self._sock = sock = _bind(self.path)
+        sock.settimeout(0.5)  # so stop() is seen without a connection
+        self._thread = threading.Thread(target=self._serve, args=(sock,), name="attest", daemon=True)
         self._thread.start()
         log.info("attesting run identities on %s", self.path)
         return self
@@ -126,10 +126,10 @@ class AttestServer:
 
     # -- serving -------------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def _serve(self, sock: socket.socket) -> None:
         while not self._stop.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = sock.accept()
             except socket.timeout:
                 continue
             except OSError:
@@ -250,14 +250,17 @@ class AttestServer:
             current = evstore.load(conn, run_id)
             if current is not None and current.mac == mac:  # asked twice: the same key again
                 sealed = parse_evidence(self.sealer, run_id, current.evidence)
-                if sealed is not None:
-                    return rows.load(conn, run_id), run_key(self.sealer, run_id, sealed)
+                stored = rows.load(conn, run_id)  # the row `current` is, as its typed record
+                if sealed is not None and stored is not None:
+                    return stored, run_key(self.sealer, run_id, sealed)
             else:
                 rows.replace(conn, a)
             # A new key for a new identity (or for one whose evidence record is gone or forged).
             text = new_evidence(self.sealer, run_id, row.budgets, now)
             evstore.save(conn, run_id, text)
             sealed = parse_evidence(self.sealer, run_id, text)
+            if sealed is None:  # this daemon's own record, sealed a line above: it always verifies
+                raise RuntimeError(f"run {run_id}: the evidence record just sealed does not verify")
         log.info("attested run %s: pid %d uid %d on %s (%s)", run_id[:8], pid, uid, self.host, row.kill_mode)
         return a, run_key(self.sealer, run_id, sealed)
 

@@ -68,7 +68,8 @@ class Metrics:
             self.interventions.labels(reason).inc()
         if rep.lost:
             self.lost.inc(len(rep.lost))
-        calls, errors = Counter(), Counter()
+        calls: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
         for e in getattr(rep, "events", ()):
             calls[self._tool(e.tool)] += 1
             if e.ok is False:

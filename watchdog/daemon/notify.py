@@ -296,7 +296,7 @@ class _DeliveryLog(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.reason: str | None = None
-        self._token = None
+        self._token: contextvars.Token[_DeliveryLog | None] | None = None  # while entered
 
     def emit(self, record: logging.LogRecord) -> None:
         if _delivery.get() is not self:
@@ -341,6 +341,7 @@ class _DeliveryLog(logging.Handler):
                     _APPRISE_LOG.setLevel(level)
                     _APPRISE_LOG.propagate = propagate
                 _host_view = None
+        assert self._token is not None, "__exit__ without __enter__"
         _delivery.reset(self._token)
 
 

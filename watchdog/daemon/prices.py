@@ -85,7 +85,9 @@ class PriceBook:
         return found
 
     def known(self, model: str | None) -> bool:
-        return bool(model) and model != NO_MODEL and (model in self.overrides or self.match(model) is not None)
+        if not model:
+            return False
+        return model != NO_MODEL and (model in self.overrides or self.match(model) is not None)
 
     def cost_eur(self, model: str | None, at: dt.datetime, tokens_in: int, tokens_out: int,
                  cached_tokens_in: int = 0, reasoning_tokens: int = 0) -> float | None:

@@ -63,6 +63,8 @@ def attest_refusal(run_id: str, path: str, exec_pid: int, exec_create_time: floa
     err = rules.run_cgroup_error(path, run_id, mount)
     if err is not None:
         return err
+    if mount is None:  # refused by run_cgroup_error already: said again for the type
+        return "this host has no cgroup2 mount"
     d = directory(run_id, path, mount)
     if d is None:
         return f"{path!r} is not a cgroup directory under {mount}"

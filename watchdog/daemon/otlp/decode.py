@@ -229,7 +229,8 @@ def _from_json(body: bytes, max_spans: int) -> tuple[list[ResourceSpans], int]:
     for rs in _list(_get(req, "resourceSpans", "resource_spans")):
         if not isinstance(rs, dict):
             raise BadRequest("resourceSpans: expected objects")
-        resource = rs.get("resource") if isinstance(rs.get("resource"), dict) else {}
+        raw_resource = rs.get("resource")
+        resource = raw_resource if isinstance(raw_resource, dict) else {}
         spans = []
         for ss in _list(_get(rs, "scopeSpans", "scope_spans")):
             if not isinstance(ss, dict):
@@ -241,7 +242,8 @@ def _from_json(body: bytes, max_spans: int) -> tuple[list[ResourceSpans], int]:
                     dropped += 1
                     continue
                 kept += 1
-                status = s.get("status") if isinstance(s.get("status"), dict) else {}
+                raw_status = s.get("status")
+                status = raw_status if isinstance(raw_status, dict) else {}
                 code = status.get("code", 0)
                 spans.append(Span(
                     _hex(_get(s, "traceId", "trace_id"), "traceId"), _hex(_get(s, "spanId", "span_id"), "spanId"),

@@ -101,6 +101,7 @@ class Receiver:
         exec_ok = {g.key: self._inside_exec_tree(g, peer) for g in groups if g.key[0] == "run"}
         with self._lock, self.engine.begin() as conn:
             now = witness.store_now(conn)
+            run_id: str | None
             for g in groups:
                 if g.key[0] == "run":
                     why = exec_ok[g.key]
@@ -173,18 +174,19 @@ class Receiver:
         run_id = uuid.uuid4().hex
         labels = {KEY_LABELS[g.key[0]]: g.key[1]}
         pinned, why = None, ""
-        if self.config.otlp.kill_mode == lc.PROCESS and self.sealer is not None:
+        sealer = self.sealer
+        if self.config.otlp.kill_mode == lc.PROCESS and sealer is not None:
             pinned, why = sender.confirm_claim(peer, g.claimed_pid)
             if pinned is None:
                 log.info("otlp run %s: cooperative, %s", run_id[:8], why)
-        if pinned is None:
+        if pinned is None or sealer is None:  # (a pinned sender implies a sealer)
             witness.create_run(conn, run_id=run_id, agent=g.agent, source=lc.Source.OTLP, host=self.host,
                                kill_mode=lc.COOPERATIVE, labels=labels, now=now)
         else:
             witness.create_run(conn, run_id=run_id, agent=g.agent, source=lc.Source.OTLP, host=self.host,
                                kill_mode=lc.PROCESS, labels=labels, pid=pinned.pid,
                                pid_create_time=pinned.create_time, now=now)
-            mac = self.sealer.identity(run_id, self.host, pinned.pid, pinned.create_time, pinned.uid, lc.PROCESS)
+            mac = sealer.identity(run_id, self.host, pinned.pid, pinned.create_time, pinned.uid, lc.PROCESS)
             witness.pin_process(conn, Attestation(run_id, self.host, pinned.pid, pinned.create_time, pinned.uid,
                                                   lc.PROCESS, utcnow(), mac))
             log.info("otlp run %s: sender pid %d (uid %d) confirmed by the kernel", run_id[:8], pinned.pid,
