@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import Engine
-
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
 from watchdog.daemon import keyfile, outbox, sdnotify
@@ -33,6 +31,7 @@ from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
 from watchdog.store.alerts import enqueue_alert
 from watchdog.store.interventions import actor
 from watchdog.store.leases import db_now
+from watchdog.store.engine import Engine
 from watchdog.store.rebase import rebase_active_runs, rebase_pending_alerts
 from watchdog.core.config import Config
 from watchdog.errors import ConfigError

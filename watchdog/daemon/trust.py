@@ -107,13 +107,14 @@ class Trust:
             from watchdog.store.interventions import budget_columns
 
             key = (row.id, row.resumes, budget_columns(row))
-            raised = self._raised.get(key)
-            if raised is None:
+            granted = self._raised.get(key)
+            if granted is None:
                 with connect() as conn:
-                    raised = trust_rows.grant_ok(conn, row, self.sealer)
+                    granted = trust_rows.grant_ok(conn, row, self.sealer)
                 if len(self._raised) > _MEMO_MAX:
                     self._raised.clear()
-                self._raised[key] = raised
+                self._raised[key] = granted
+            raised = granted
         return effective(prof, asked(row), raised=raised)
 
     def owner_ok(self, rid: str) -> bool | None:

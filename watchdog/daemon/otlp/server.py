@@ -272,9 +272,9 @@ class OtlpServer:
     @property
     def address(self) -> tuple[str, int]:
         assert self._server is not None
-        addr = self._server.server_address  # (host, port), or over IPv6 (host, port, flowinfo, scope_id)
-        assert isinstance(addr, tuple)
-        return addr[0], addr[1]
+        host, port = self._server.server_address[:2]  # IPv6 adds (flowinfo, scope_id)
+        assert isinstance(host, str)  # an AF_INET/AF_INET6 name is text (the stub allows bytes too)
+        return host, port
 
     def start(self) -> "OtlpServer":
         listen = self.config.otlp.listen
