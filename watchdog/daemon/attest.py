@@ -44,6 +44,7 @@ from watchdog.daemon.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import attestations as rows
 from watchdog.store import evidence as evstore
 from watchdog.core.clock import utcnow
+from watchdog.store.engine import Engine
 
 log = logging.getLogger("watchdog.attest")
 
@@ -82,7 +83,7 @@ def verified_leader(conn, row, sealer: Sealer | None) -> tuple[ProcessIdentity |
 class AttestServer:
     """Listens on `path` in a thread of the daemon; `attest()` is the whole decision."""
 
-    def __init__(self, engine, sealer: Sealer, path: str, host: str):
+    def __init__(self, engine: Engine, sealer: Sealer, path: str, host: str) -> None:
         self.engine = engine
         self.sealer = sealer
         self.path = path
@@ -118,10 +119,10 @@ class AttestServer:
             except OSError:
                 pass
 
-    def __enter__(self):
+    def __enter__(self) -> AttestServer:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- serving -------------------------------------------------------------------

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 import apprise
@@ -137,7 +138,7 @@ def _one_line(text: str) -> str:
     return text if len(text) <= _MAX_REASON_CHARS else text[: _MAX_REASON_CHARS - 1] + "…"
 
 
-def _load(url: str, asset=None):
+def _load(url: str, asset: apprise.AppriseAsset | None = None) -> tuple[Any, str | None]:
     """(apprise plugin, None) or (None, one-line secret-free reason)."""
     _guard_apprise_log()
     if not isinstance(url, str) or not url.strip():

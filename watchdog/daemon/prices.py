@@ -16,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass
+from collections.abc import Iterator
+from types import ModuleType
 from typing import Mapping
 
 from watchdog.core.pricing import NO_MODEL, Price
@@ -35,13 +37,13 @@ class Match:
     model_id: str
 
 
-def _genai():
+def _genai() -> ModuleType:
     import genai_prices  # noqa: F401 — a dependency of the daemon only
 
     return genai_prices
 
 
-def _candidates(model: str):
+def _candidates(model: str) -> Iterator[tuple[str, str | None]]:
     """The spellings to try: as given; "provider/model" and "provider:model" with the provider named."""
     yield model, None
     for sep in ("/", ":"):

@@ -27,6 +27,8 @@ from sqlalchemy.engine import URL
 
 log = logging.getLogger("watchdog.memory")
 
+StoreUrl = str | URL  # a store URL as text or parsed (an engine's `url`)
+
 DELIVERED_KEEP_S = 30 * 86400.0  # deliveries remembered this long (far past any alert_expire_s)
 
 _SCHEMA = """
@@ -40,7 +42,7 @@ CREATE TABLE IF NOT EXISTS marks (kind TEXT NOT NULL, key TEXT NOT NULL, value T
 """
 
 
-def store_key(url: str | URL) -> str:
+def store_key(url: StoreUrl) -> str:
     """A stable name for one store: the URL without its password, hashed (16 hex)."""
     from sqlalchemy.engine import make_url
 
@@ -54,7 +56,7 @@ def store_key(url: str | URL) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def state_path(state_dir: str, url: str | URL, suffix: str) -> str:
+def state_path(state_dir: str, url: StoreUrl, suffix: str) -> str:
     return os.path.join(state_dir, f"store-{store_key(url)}.{suffix}")
 
 
@@ -102,7 +104,7 @@ class Memory:
         return db
 
     @classmethod
-    def for_daemon(cls, state_dir: str | None, url: str | URL) -> Memory:
+    def for_daemon(cls, state_dir: str | None, url: StoreUrl) -> Memory:
         """The state file of this store in `state_dir`; in memory when the directory is not usable."""
         if state_dir and os.path.isdir(state_dir) and os.access(state_dir, os.W_OK):
             try:

@@ -304,5 +304,5 @@ class OtlpServer:
     def __enter__(self) -> "OtlpServer":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
