@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Mapping
+from typing import Any, Mapping
 
 from watchdog.core.pricing import NO_MODEL, Price
 
@@ -129,9 +129,9 @@ class PriceBook:
                                genai_request_timestamp=now).model_price
         except (LookupError, ValueError):
             return None
-        limit = None
+        limit: int | None = None  # input tokens the flat price holds up to (a tiered price)
 
-        def eur(value):
+        def eur(value: Any) -> float | None:  # genai-prices' Decimal or TieredPrices (not followed: Any)
             nonlocal limit
             if value is None:
                 return None
