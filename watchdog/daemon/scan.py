@@ -94,7 +94,8 @@ class Scanner:
         self.stats: dict[str, RunStats] = {}
         self.high_water: int | None = None  # largest event id folded in
         self._seen: set[int] = set()
-        self.all_recent: deque[tuple[dt.datetime, str]] = deque()  # (at, tool) over all runs: many runs hammering one tool
+        # (at, tool) over all runs: many runs hammering one tool
+        self.all_recent: deque[tuple[dt.datetime, str]] = deque()
         self.defects: list[Defect] = []  # what could not be read since the tick last took them
         self._bad_runs: dict[str, str] = {}  # run id -> why its whole row did not read (read_isolated)
         self.evidence = Evidence()  # the daemon's own counters per active run (issue 20)

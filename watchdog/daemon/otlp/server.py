@@ -247,7 +247,8 @@ class _Server(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
-    def handle_error(self, request: _Request, client_address: tuple[Any, ...]) -> None:  # a peer's misbehaviour is not the daemon's error
+    # A peer's misbehaviour is not the daemon's error.
+    def handle_error(self, request: _Request, client_address: tuple[Any, ...]) -> None:
         log.debug("otlp: connection from %s ended badly", client_address, exc_info=True)
 
 
