@@ -27,8 +27,8 @@ from watchdog.core.budgets import effective_budgets
 from watchdog.core.messages import requested_stop_alert
 from watchdog.core.text import one_line
 from watchdog.daemon.stopping import facts
-from watchdog.store import alerts, stops
-from watchdog.store.alerts import enqueue_alert
+from watchdog.store import stops
+from watchdog.store.alerts import enqueue_alert, stop_key, summarised, unheard
 from watchdog.store.interventions import record, stop_intervention
 from watchdog.store.engine import Connection, Engine
 
@@ -55,7 +55,7 @@ class EndedStops:
         since = self.since if self.since is not None else now - dt.timedelta(seconds=LOOKBACK_S)
         with engine.connect() as conn:
             ended = stops.ended_since(conn, since, hosts)
-            todo = alerts.unheard(conn, [r.id for r in ended])
+            todo = unheard(conn, [r.id for r in ended])
         if ended:
             newest = max(r.ended_at for r in ended)
             full = len(ended) >= stops.BATCH
@@ -102,7 +102,7 @@ class EndedStops:
         if iid is None:
             iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id, reason=reason,
                          outcome="stop requested in the store, not by this daemon; acknowledged after the run ended")
-        queued = enqueue_alert(conn, alerts.stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
+        queued = enqueue_alert(conn, stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                                sealer=sealer)
         if queued:
             log.warning("stop heard after the run ended: %s run %s — %s", one_line(row.agent, 64),
@@ -118,7 +118,7 @@ class EndedStops:
         done: list[str] = []
         with engine.begin() as conn:
             for row in rows:
-                if alerts.unheard(conn, [row.id]) != {row.id}:
+                if unheard(conn, [row.id]) != {row.id}:
                     continue  # heard meanwhile (another daemon of the store)
                 reason, title, body = self._compose(conn, row, now, config)
                 iid = stop_intervention(conn, row.id)
@@ -126,8 +126,8 @@ class EndedStops:
                     iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id,
                                  reason=reason,
                                  outcome="stop requested in the store, not by this daemon; acknowledged in a summary")
-                alerts.summarised(conn, row.id, title, body, now=now, intervention_id=iid, sealer=sealer,
-                              summary_key=summary_key)
+                summarised(conn, row.id, title, body, now=now, intervention_id=iid, sealer=sealer,
+                           summary_key=summary_key)
                 reasons[reason] += 1
                 agents[one_line(row.agent, 64)] += 1
                 done.append(row.id)

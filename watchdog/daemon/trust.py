@@ -26,10 +26,9 @@ from watchdog.core import pause as ap
 from watchdog.core.budgets import BY_KEY, Budgets, effective, asked
 from watchdog.core.config import Config
 from watchdog.core.text import one_line
-from watchdog.store import interventions as trust_rows
 from watchdog.store.pause import deny_pause
 from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import record
+from watchdog.store.interventions import attested_uid, grant_ok, record
 from watchdog.store.engine import Connection
 from watchdog.store.memory import Memory
 
@@ -117,7 +116,7 @@ class Trust:
             granted = self._raised.get(key)
             if granted is None:
                 with connect() as conn:
-                    granted = trust_rows.grant_ok(conn, row, self.sealer)
+                    granted = grant_ok(conn, row, self.sealer)
                 if len(self._raised) > _MEMO_MAX:
                     self._raised.clear()
                 self._raised[key] = granted
@@ -147,7 +146,7 @@ class Trust:
         owner = getattr(row, "owner", None)  # PostgreSQL: session_user, set by the database (0010)
         if isinstance(owner, str) and owner:
             return owner
-        uid = trust_rows.attested_uid(conn, row.id, self.sealer)
+        uid = attested_uid(conn, row.id, self.sealer)
         if uid is None:
             return None
         try:
