@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 import re
 from collections import Counter, deque
+from typing import TYPE_CHECKING
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
@@ -26,9 +27,14 @@ from watchdog.core.budgets import effective_budgets
 from watchdog.core.messages import requested_stop_alert
 from watchdog.core.text import one_line
 from watchdog.daemon.stopping import facts
-from watchdog.store import alerts, stops
-from watchdog.store.alerts import enqueue_alert
+from watchdog.store import stops
+from watchdog.store.alerts import enqueue_alert, stop_key, summarised, unheard
 from watchdog.store.interventions import record, stop_intervention
+from watchdog.store.engine import Connection, Engine
+
+if TYPE_CHECKING:
+    from watchdog.core.config import Config
+    from watchdog.core.seal import Sealer
 
 log = logging.getLogger("watchdog.tick")
 
@@ -41,14 +47,15 @@ SUMMARY_SHOWN = 10  # reasons / agents named in a summary
 class EndedStops:
     def __init__(self) -> None:
         self.since: dt.datetime | None = None
-        self._sent: deque = deque()  # when this daemon queued each individual alert (the rate)
+        self._sent: deque[dt.datetime] = deque()  # when this daemon queued each individual alert (the rate)
 
-    def run(self, engine, now: dt.datetime, *, hosts, config, sealer, by: str) -> list[str]:
+    def run(self, engine: Engine, now: dt.datetime, *, hosts: frozenset[str] | None, config: Config,
+            sealer: Sealer | None, by: str) -> list[str]:
         """Acknowledge the unheard stops among the runs ended since the last look; their ids."""
         since = self.since if self.since is not None else now - dt.timedelta(seconds=LOOKBACK_S)
         with engine.connect() as conn:
             ended = stops.ended_since(conn, since, hosts)
-            todo = alerts.unheard(conn, [r.id for r in ended])
+            todo = unheard(conn, [r.id for r in ended])
         if ended:
             newest = max(r.ended_at for r in ended)
             full = len(ended) >= stops.BATCH
@@ -62,7 +69,7 @@ class EndedStops:
             self._sent.popleft()
         room = max(0, PER_MIN - len(self._sent))
         alone, grouped = rows[:room], rows[room:]
-        done = []
+        done: list[str] = []
         for row in alone:
             try:
                 with engine.begin() as conn:
@@ -78,7 +85,7 @@ class EndedStops:
             done += self._summary(engine, grouped, now, config, sealer, by)
         return done
 
-    def _compose(self, conn, row, now, config) -> tuple[str, str, str]:
+    def _compose(self, conn: Connection, row, now: dt.datetime, config: Config) -> tuple[str, str, str]:
         budgets = effective_budgets(config.profile(row.agent), row)
         f = facts(row, stops.top_tool(conn, row.id), None, now)
         # Writer text (progress, partial answer) is not quoted in an alert the daemon did not decide.
@@ -89,28 +96,29 @@ class EndedStops:
         title, body = requested_stop_alert(f, budgets, reason, plan)
         return reason, title, body
 
-    def _one(self, conn, row, now, config, sealer, by) -> bool:
+    def _one(self, conn: Connection, row, now: dt.datetime, config: Config, sealer: Sealer, by: str) -> bool:
         reason, title, body = self._compose(conn, row, now, config)
         iid = stop_intervention(conn, row.id)
         if iid is None:
             iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id, reason=reason,
                          outcome="stop requested in the store, not by this daemon; acknowledged after the run ended")
-        queued = enqueue_alert(conn, alerts.stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
+        queued = enqueue_alert(conn, stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                                sealer=sealer)
         if queued:
             log.warning("stop heard after the run ended: %s run %s — %s", one_line(row.agent, 64),
                         one_line(row.id, 40)[:8], reason)
         return queued
 
-    def _summary(self, engine, rows, now, config, sealer, by) -> list[str]:
+    def _summary(self, engine: Engine, rows: list, now: dt.datetime, config: Config, sealer: Sealer,
+                 by: str) -> list[str]:
         """One alert for many stops; each still recorded, each with its own (summarised) alert row."""
         summary_key = AlertKind.STOPS.key(now.isoformat(), one_line(rows[0].id, 40))
-        reasons: Counter = Counter()
-        agents: Counter = Counter()
-        done = []
+        reasons: Counter[str] = Counter()
+        agents: Counter[str] = Counter()
+        done: list[str] = []
         with engine.begin() as conn:
             for row in rows:
-                if alerts.unheard(conn, [row.id]) != {row.id}:
+                if unheard(conn, [row.id]) != {row.id}:
                     continue  # heard meanwhile (another daemon of the store)
                 reason, title, body = self._compose(conn, row, now, config)
                 iid = stop_intervention(conn, row.id)
@@ -118,8 +126,8 @@ class EndedStops:
                     iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id,
                                  reason=reason,
                                  outcome="stop requested in the store, not by this daemon; acknowledged in a summary")
-                alerts.summarised(conn, row.id, title, body, now=now, intervention_id=iid, sealer=sealer,
-                              summary_key=summary_key)
+                summarised(conn, row.id, title, body, now=now, intervention_id=iid, sealer=sealer,
+                           summary_key=summary_key)
                 reasons[reason] += 1
                 agents[one_line(row.agent, 64)] += 1
                 done.append(row.id)
@@ -150,13 +158,13 @@ def summary_alert(n: int, reasons: Counter, agents: Counter, per_min: int) -> tu
     return title, body
 
 
-def _asked_at(row, now: dt.datetime) -> dt.datetime:
+def _asked_at(row, now: dt.datetime) -> dt.datetime:  # row: an ended run (store.ended_stops)
     """When the stop was asked for (the store's clock), for its audit row; else now."""
     at = row.stop_requested_at or row.ended_at
     return at if isinstance(at, dt.datetime) and at <= now else now
 
 
-def _identifier(value) -> bool:
+def _identifier(value: object) -> bool:
     """A stop reason as the SDK and gateways spell them (lowercase words): safe to name."""
     return isinstance(value, str) and (value in lc.STOP_REASONS or re.fullmatch(r"[a-z][a-z_]{0,31}", value) is not None)
 

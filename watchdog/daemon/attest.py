@@ -44,6 +44,7 @@ from watchdog.daemon.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import attestations as rows
 from watchdog.store import evidence as evstore
 from watchdog.core.clock import utcnow
+from watchdog.store.engine import Engine
 
 log = logging.getLogger("watchdog.attest")
 
@@ -82,7 +83,7 @@ def verified_leader(conn, row, sealer: Sealer | None) -> tuple[ProcessIdentity |
 class AttestServer:
     """Listens on `path` in a thread of the daemon; `attest()` is the whole decision."""
 
-    def __init__(self, engine, sealer: Sealer, path: str, host: str):
+    def __init__(self, engine: Engine, sealer: Sealer, path: str, host: str) -> None:
         self.engine = engine
         self.sealer = sealer
         self.path = path
@@ -98,9 +99,9 @@ class AttestServer:
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> "AttestServer":
-        self._sock = _bind(self.path)
-        self._sock.settimeout(0.5)  # so stop() is seen without a connection
-        self._thread = threading.Thread(target=self._serve, name="attest", daemon=True)
+        self._sock = sock = _bind(self.path)
+        sock.settimeout(0.5)  # so stop() is seen without a connection
+        self._thread = threading.Thread(target=self._serve, args=(sock,), name="attest", daemon=True)
         self._thread.start()
         log.info("attesting run identities on %s", self.path)
         return self
@@ -118,18 +119,18 @@ class AttestServer:
             except OSError:
                 pass
 
-    def __enter__(self):
+    def __enter__(self) -> AttestServer:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- serving -------------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def _serve(self, sock: socket.socket) -> None:
         while not self._stop.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = sock.accept()
             except socket.timeout:
                 continue
             except OSError:
@@ -250,14 +251,17 @@ class AttestServer:
             current = evstore.load(conn, run_id)
             if current is not None and current.mac == mac:  # asked twice: the same key again
                 sealed = parse_evidence(self.sealer, run_id, current.evidence)
-                if sealed is not None:
-                    return rows.load(conn, run_id), run_key(self.sealer, run_id, sealed)
+                stored = rows.load(conn, run_id)  # the row `current` is, as its typed record
+                if sealed is not None and stored is not None:
+                    return stored, run_key(self.sealer, run_id, sealed)
             else:
                 rows.replace(conn, a)
             # A new key for a new identity (or for one whose evidence record is gone or forged).
             text = new_evidence(self.sealer, run_id, row.budgets, now)
             evstore.save(conn, run_id, text)
             sealed = parse_evidence(self.sealer, run_id, text)
+            if sealed is None:  # this daemon's own record, sealed a line above: it always verifies
+                raise RuntimeError(f"run {run_id}: the evidence record just sealed does not verify")
         log.info("attested run %s: pid %d uid %d on %s (%s)", run_id[:8], pid, uid, self.host, row.kill_mode)
         return a, run_key(self.sealer, run_id, sealed)
 

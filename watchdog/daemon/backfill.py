@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from watchdog.core.pricing import NO_MODEL
@@ -26,6 +27,7 @@ from watchdog.daemon.isolation import Defect, read_isolated
 from watchdog.daemon.scan import ID_OVERLAP
 from watchdog.store import backfill as store
 from watchdog.store.backfill import MAX_PER_TICK as MAX_PER_TICK, UnpricedStep, WriteRefused
+from watchdog.store.engine import Connection, Engine
 from watchdog.store.scan import newest_event_id
 
 log = logging.getLogger("watchdog.prices")
@@ -38,7 +40,7 @@ TOP_EVERY = 10
 class Unpriced:
     """A model no table prices, as seen this tick: who uses it and how many tokens."""
 
-    agents: set = field(default_factory=set)
+    agents: set[str] = field(default_factory=set)
     tokens: int = 0
     steps: int = 0
 
@@ -47,27 +49,29 @@ class Unpriced:
 class BackfillReport:
     priced_steps: int = 0
     cost_eur: float = 0.0
-    runs: set = field(default_factory=set)  # runs whose cost changed
-    deltas: list = field(default_factory=list)  # (the found row of the run, cost added): for this tick's sums
-    learned: list = field(default_factory=list)  # models newly in the published price table
-    unpriced: dict = field(default_factory=dict)  # model -> Unpriced (first seen this tick)
+    runs: set[str] = field(default_factory=set)  # runs whose cost changed
+    # (the found row of the run, cost added): for this tick's sums
+    deltas: list[tuple[UnpricedStep, float]] = field(default_factory=list)
+    learned: list[str] = field(default_factory=list)  # models newly in the published price table
+    unpriced: dict[str, Unpriced] = field(default_factory=dict)  # model -> Unpriced (first seen this tick)
 
 
-def _unpriced_steps(conn, defects: list, suspects: dict, *, run_ids=None, above=None) -> list[UnpricedStep]:
+def _unpriced_steps(conn: Connection, defects: list[Defect], suspects: dict[int, str], *,
+                    run_ids: Sequence[str] | None = None, above: int | None = None) -> list[UnpricedStep]:
     return store.unpriced_steps(conn, run_ids=run_ids, above=above, isolated=read_isolated, defects=defects,
                                 suspects=suspects)
 
 
 class Backfill:
-    def __init__(self, book: PriceBook):
+    def __init__(self, book: PriceBook) -> None:
         self.book = book
         self.low: int | None = None  # the next tick reads the unpriced steps above this event id
         self._seen: set[int] = set()  # unpriced events already reported (within the overlap)
         self._reads = 0
-        self.defects: list = []  # steps that could not be read (the tick reports them: quarantine.py)
+        self.defects: list[Defect] = []  # steps that could not be read (the tick reports them: quarantine.py)
         self._bad: dict[int, str] = {}  # their ids, read alone while they stay bad (scan.read_isolated)
 
-    def read(self, conn, high_water: int | None = None) -> list:
+    def read(self, conn: Connection, high_water: int | None = None) -> list[UnpricedStep]:
         """The unpriced steps written since the last read, on the tick's own read snapshot (no
         transaction of its own). `high_water`: the largest event id the tick saw (the scanner's):
         the next read starts ID_OVERLAP below it; the true top is asked every TOP_EVERY reads, so
@@ -81,7 +85,7 @@ class Backfill:
             # Cold start: the unpriced steps of every run not booked yet (active ones and
             # those that ended unbooked), found through the runs' own counter.
             ids = store.unbooked_unpriced_runs(conn)
-            rows = {}
+            rows: dict[int, UnpricedStep] = {}
             for i in range(0, len(ids), CHUNK):
                 for r in _unpriced_steps(conn, self.defects, self._bad, run_ids=ids[i : i + CHUNK]):
                     rows[r.id] = r
@@ -97,14 +101,14 @@ class Backfill:
             self.low = max(self.low or 0, top - ID_OVERLAP, 0)
         return found
 
-    def apply(self, engine, found: list, now: dt.datetime) -> BackfillReport:
+    def apply(self, engine: Engine, found: list[UnpricedStep], now: dt.datetime) -> BackfillReport:
         """Price the steps `read` found; write what was priced (its own short transaction)."""
         rep = BackfillReport()
         low = self.low or 0  # set by read(), which comes first
         self._seen = {i for i in self._seen if i > low}
         if not found:
             return rep
-        priced = []
+        priced: list[tuple[UnpricedStep, float]] = []
         for r in found:
             model = r.model or NO_MODEL
             cost = self.book.cost_eur(r.model, r.at, r.tokens_in or 0, r.tokens_out or 0, r.cached_tokens_in or 0,
@@ -118,14 +122,15 @@ class Backfill:
                     u.steps += 1
                 continue
             priced.append((r, cost))
-            if self.book.learn(r.model, now):
+            if r.model is not None and self.book.learn(r.model, now):  # (priced: it has a model)
                 rep.learned.append(r.model)
         if priced:
             self._write(engine, priced, rep)
         return rep
 
-    def _write(self, engine, priced, rep: BackfillReport) -> None:
-        per_run: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    def _write(self, engine: Engine, priced: list[tuple[UnpricedStep, float]], rep: BackfillReport) -> None:
+        cost_of: dict[str, float] = defaultdict(float)  # run id -> the cost priced now
+        tokens_of: dict[str, int] = defaultdict(int)  # run id -> the tokens of those steps
         with engine.begin() as conn:
             for r, cost in priced:
                 # Each step and each run in a SAVEPOINT of its own: a row written by hand that the
@@ -137,18 +142,17 @@ class Backfill:
                     continue
                 if not priced_now:
                     continue  # another daemon priced it first
-                acc = per_run[r.run_id]
-                acc[0] += cost
-                acc[1] += (r.tokens_in or 0) + (r.tokens_out or 0)
+                cost_of[r.run_id] += cost
+                tokens_of[r.run_id] += (r.tokens_in or 0) + (r.tokens_out or 0)
                 rep.deltas.append((r, cost))
                 rep.priced_steps += 1
                 rep.cost_eur += cost
-            for rid, (cost, tokens) in sorted(per_run.items()):
+            for rid in sorted(cost_of):
                 try:
-                    store.add_run_cost(conn, rid, cost, tokens)
+                    store.add_run_cost(conn, rid, cost_of[rid], tokens_of[rid])
                 except WriteRefused:
                     self.defects.append(Defect(rid, "its cost cannot be written (a counter the checks refuse)"))
-        rep.runs.update(per_run)
+        rep.runs.update(cost_of)
         if rep.priced_steps:
             log.info("priced %d step(s) the SDK could not (%.4f EUR) in %d run(s)", rep.priced_steps, rep.cost_eur,
-                     len(per_run))
+                     len(cost_of))

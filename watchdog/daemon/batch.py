@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
+
+from watchdog.store.engine import Connection, Engine
+
+
+class _Transaction(Protocol):
+    def commit(self) -> None: ...
 
 
 class Batch:
@@ -10,36 +18,41 @@ class Batch:
     transaction, opened at the first write, with a SAVEPOINT per run so a failing run rolls
     back only its own rows: one commit per tick instead of one per run."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.conn = None
-        self.tx = None
+        # The open connection and its transaction: both set at the first write, both None after.
+        self._open: tuple[Connection, _Transaction] | None = None
+
+    @property
+    def conn(self) -> Connection | None:
+        return None if self._open is None else self._open[0]
 
     @contextmanager
-    def run(self):
-        if self.conn is None:
-            self.conn = self.engine.connect()
-            self.tx = self.conn.begin()
-        sp = self.conn.begin_nested()
+    def run(self) -> Iterator[Connection]:
+        if self._open is None:
+            conn = self.engine.connect()
+            self._open = (conn, conn.begin())
+        conn = self._open[0]
+        sp = conn.begin_nested()
         try:
-            yield self.conn
+            yield conn
         except BaseException:
             sp.rollback()
             raise
         sp.commit()
 
-    def commit(self):
-        if self.conn is None:
+    def commit(self) -> None:
+        if self._open is None:
             return
         try:
-            self.tx.commit()
+            self._open[1].commit()
         finally:
             self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Without a commit: what is pending is rolled back."""
-        if self.conn is not None:
+        if self._open is not None:
             try:
-                self.conn.close()
+                self._open[0].close()
             finally:
-                self.conn = self.tx = None
+                self._open = None

@@ -18,6 +18,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
@@ -28,6 +30,12 @@ from watchdog.store.alerts import enqueue_alert
 from watchdog.store.interventions import actor, record
 from watchdog.core.config import Config
 from watchdog.store.circuits import REFUSAL_CLASS as REFUSAL_CLASS
+from watchdog.store.engine import Connection, Engine
+from watchdog.store.rows import CircuitRow
+
+if TYPE_CHECKING:
+    from watchdog.core.seal import Sealer
+    from watchdog.daemon.scan import NewEvent, Scanner
 
 log = logging.getLogger("watchdog.circuits")
 
@@ -35,7 +43,7 @@ TOOL_RATE_WINDOW_S = 60.0
 _CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
 
 
-def error_class_name(value) -> str | None:
+def error_class_name(value: object) -> str | None:
     """An exception class name as another run's model may read it; anything else is 'Error'."""
     if not value:
         return None
@@ -43,13 +51,14 @@ def error_class_name(value) -> str | None:
 
 
 class CircuitBreakers:
-    def __init__(self, config: Config, by: str | None = None, sealer=None):
+    def __init__(self, config: Config, by: str | None = None, sealer: Sealer | None = None) -> None:
         self.config = config
         self.by = by or actor()
         self.sealer = sealer
         self._rate_alarmed: dict[str, dt.datetime] = {}
 
-    def update(self, engine, new_events, now: dt.datetime, scanner=None) -> list[tuple[str, str]]:
+    def update(self, engine: Engine, new_events: Iterable[NewEvent], now: dt.datetime,
+               scanner: Scanner | None = None) -> list[tuple[str, str]]:
         """Apply this tick's new events; return the transitions [(tool, new state)]."""
         changes: list[tuple[str, str]] = []
         with engine.connect() as conn:
@@ -69,7 +78,9 @@ class CircuitBreakers:
             self._tool_rate(engine, scanner, now)
         return changes
 
-    def _window_errors(self, conn, tool, since):
+    def _window_errors(self, conn: Connection, tool: str, since: dt.datetime
+                       ) -> tuple[int, int, str | None, str | None]:
+        """(errors, runs, the most common error as shown, its class) in the window since `since`."""
         errors, runs, common = store.error_window(conn, tool, since)
         if common is None:
             return errors, runs, None, None
@@ -78,7 +89,7 @@ class CircuitBreakers:
             return errors, runs, cls, cls
         return errors, runs, scrub(common.error_msg), cls
 
-    def _maybe_open(self, engine, tool, row, now) -> bool:
+    def _maybe_open(self, engine: Engine, tool: str, row: CircuitRow | None, now: dt.datetime) -> bool:
         pol = self.config.circuit.for_tool(tool)
         since = now - dt.timedelta(seconds=pol.window_s)
         if row is not None and row.updated_at and row.updated_at > since:
@@ -102,7 +113,7 @@ class CircuitBreakers:
             log.warning("circuit open: %s (%s)", tool, detail)
             return True
 
-    def _claimed_probe(self, conn, row, now):
+    def _claimed_probe(self, conn: Connection, row: CircuitRow, now: dt.datetime) -> store.ProbeClaim | None:
         """This open period's probe claim: the circuit's own record of it, else the SDK's
         claim in circuit_probes, mirrored onto the circuit's row (which is then half-open)."""
         if row.probe_run_id and row.probe_at:
@@ -116,7 +127,7 @@ class CircuitBreakers:
         store.mirror_claim(conn, row.tool, row.state, claim, now)
         return claim
 
-    def _follow(self, engine, row, now) -> str | None:
+    def _follow(self, engine: Engine, row: CircuitRow, now: dt.datetime) -> str | None:
         pol = self.config.circuit.for_tool(row.tool)
         with engine.begin() as conn:
             claim = self._claimed_probe(conn, row, now)
@@ -151,12 +162,12 @@ class CircuitBreakers:
                     return Circuit.HALF_OPEN
         return None
 
-    def _close(self, conn, tool, state, now, why):
+    def _close(self, conn: Connection, tool: str, state: str, now: dt.datetime, why: str) -> None:
         store.close(conn, tool, state, now)
         self._transition(conn, tool, Action.CIRCUIT_CLOSED, why, "closed", now,
                          f"agent-watchdog: circuit closed for {tool} — {why}", [f"tool {tool}", f"closed: {why}"])
 
-    def close(self, engine, tool: str, now: dt.datetime, by: str) -> bool:
+    def close(self, engine: Engine, tool: str, now: dt.datetime, by: str) -> bool:
         """Close a circuit by hand (`agent-watchdog circuits close TOOL`)."""
         with engine.begin() as conn:
             row = store.circuit(conn, tool)
@@ -169,12 +180,13 @@ class CircuitBreakers:
             self._close(conn, tool, state, now, f"closed by hand ({by})")
             return True
 
-    def _transition(self, conn, tool, action, detail, outcome, now, title, lines):
+    def _transition(self, conn: Connection, tool: str, action: str, detail: str, outcome: str, now: dt.datetime,
+                    title: str, lines: list[str]) -> None:
         iid = record(conn, at=now, action=action, by=self.by, tool=tool, detail=detail, outcome=outcome)
         enqueue_alert(conn, f"{action}:{tool}:{now.isoformat()}", title, "\n".join(lines), now=now,
                       intervention_id=iid, sealer=self.sealer)
 
-    def _tool_rate(self, engine, scanner, now):
+    def _tool_rate(self, engine: Engine, scanner: Scanner, now: dt.datetime) -> None:
         """Many runs hammering one tool: the per-run rate figure, aggregated over all runs."""
         for tool, calls in scanner.tool_rates(now).items():
             limit = self.config.circuit.for_tool(tool).max_calls_per_min

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import overload
 
 
 # Smaller disagreements are not worth a tick without clock budgets: no budget is that fine,
@@ -44,6 +45,13 @@ class Jump:
         return value <= self.before and not (self.at - dt.timedelta(seconds=self.monotonic_delta_s) <= value
                                              <= self.at)
 
+    @overload
+    def rebased(self, value: dt.datetime) -> dt.datetime: ...
+    @overload
+    def rebased(self, value: None) -> None: ...
+    @overload
+    def rebased(self, value: dt.datetime | None) -> dt.datetime | None: ...
+
     def rebased(self, value: dt.datetime | None) -> dt.datetime | None:
         """`value` on the new clock: a time read before the jump moves with it (a run that
         started 10 s before a +1 h jump is 10 s old, not 3,610 s)."""
@@ -61,7 +69,7 @@ class JumpDetector:
     previous reading, or None. `tolerance_s` (one tick): smaller disagreements are the time
     between the two readings (a slow query) rather than a step of the clock."""
 
-    def __init__(self, tolerance_s: float):
+    def __init__(self, tolerance_s: float) -> None:
         if not tolerance_s > 0:
             raise ValueError(f"tolerance_s: expected > 0, got {tolerance_s!r}")
         self.tolerance_s = float(tolerance_s)

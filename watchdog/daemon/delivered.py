@@ -9,16 +9,22 @@ twice; the alert's key is its dedupe key and its sealed creation time.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from watchdog.daemon.notify import Target
+    from watchdog.store.memory import Memory
 
 log = logging.getLogger("watchdog.outbox")
 
 
-def _key(dedupe_key: str, created_at) -> str:
+def _key(dedupe_key: str, created_at: object) -> str:
     stamp = created_at.isoformat() if hasattr(created_at, "isoformat") else str(created_at)
     return f"{dedupe_key}@{stamp}"
 
 
-def already(memory, row, targets) -> set:
+def already(memory: Memory | None, row, targets: Iterable[Target]) -> set[str]:  # row: the outbox's alert row
     """The ids of the targets this daemon delivered this alert to (none without a memory)."""
     if memory is None:
         return set()
@@ -30,7 +36,7 @@ def already(memory, row, targets) -> set:
         return set()
 
 
-def sent(memory, dedupe_key: str, created_at, target_id: str) -> None:
+def sent(memory: Memory | None, dedupe_key: str, created_at: object, target_id: str) -> None:
     if memory is None:
         return
     try:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 
+from watchdog.core.config import DaemonConfig
 from watchdog.errors import ConfigError
 
 
-def ensure(daemon) -> None:
+def ensure(daemon: DaemonConfig) -> None:
     """Create state_dir, the key file's directory and the socket's directory if missing;
     one line naming the key when that is impossible."""
     for key, path, mode in (("state_dir", daemon.state_dir, 0o700),

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from typing import TYPE_CHECKING
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import drift
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import record
-from watchdog.store.engine import read_connection
+from watchdog.store.engine import Connection, Engine, read_connection
 from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
 from watchdog.store.alerts import queued_at
+
+if TYPE_CHECKING:
+    from watchdog.core.seal import Sealer
 
 log = logging.getLogger("watchdog.drift")
 
@@ -28,12 +32,12 @@ MAX_REMEMBERED = 10_000
 
 
 class DriftWatch:
-    def __init__(self, cfg: drift.DriftConfig, by: str, sealer=None):
+    def __init__(self, cfg: drift.DriftConfig, by: str, sealer: Sealer | None = None) -> None:
         self.cfg = cfg
         self.by = by
         self.sealer = sealer  # the daemon's key: seals the alerts queued here
         self._last: dt.datetime | None = None
-        self._baseline: tuple[dt.datetime, dict] | None = None  # (window start, totals per agent)
+        self._baseline: tuple[dt.datetime, dict[str, drift.Totals]] | None = None  # (window start, totals per agent)
         self._alerted: set[str] = set()
 
     def dirty(self, oldest_booked_bucket: dt.datetime | None, now: dt.datetime) -> None:
@@ -45,7 +49,7 @@ class DriftWatch:
     def window_start(self, now: dt.datetime) -> dt.datetime:
         return first_bucket_after(now - dt.timedelta(seconds=self.cfg.window_s))
 
-    def check(self, engine, now: dt.datetime, *, force: bool = False) -> list[str]:
+    def check(self, engine: Engine, now: dt.datetime, *, force: bool = False) -> list[str]:
         """Alert the agents that drifted; return their alert lines (the title of each)."""
         if self.cfg.factor <= 0:
             return []
@@ -62,12 +66,12 @@ class DriftWatch:
             if self._baseline is None or self._baseline[0] != ws:
                 self._baseline = (ws, rollup_totals(conn, b0, ws))
             baseline = self._baseline[1]
-            found = []
+            found: list[tuple[str, drift.Totals, list[drift.DriftVerdict], tuple[str, int] | None]] = []
             for agent, w in sorted(busy.items()):
                 verdicts = drift.evaluate(w, baseline.get(agent, drift.Totals()), self.cfg)
                 if verdicts:
                     found.append((agent, w, verdicts, top_tool(conn, agent, ws)))
-        lines = []
+        lines: list[str] = []
         window_no = int(now.timestamp() // self.cfg.window_s)
         for agent, w, verdicts, top in found:
             key = AlertKind.DRIFT.key(agent, window_no)
@@ -95,6 +99,6 @@ class DriftWatch:
         self._alerted.add(key)
 
 
-def _sent_since(conn, key: str, since: dt.datetime) -> bool:
+def _sent_since(conn: Connection, key: str, since: dt.datetime) -> bool:
     at = queued_at(conn, key)
     return at is not None and at > since

@@ -16,6 +16,7 @@ counted at the largest amount a witness gave it.
 from __future__ import annotations
 
 import math
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from watchdog.core import lifecycle as lc
@@ -28,7 +29,7 @@ SLOTS = 5
 MAX_CALL_IDS = 50_000
 
 
-def _amount(v) -> float:
+def _amount(v: object) -> float:
     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         return 0.0
     return float(v)
@@ -36,12 +37,16 @@ def _amount(v) -> float:
 
 @dataclass
 class Tally:
-    by_source: dict = field(default_factory=dict)  # source ("" = the run's own writer) -> [5 numbers]
-    by_call: dict = field(default_factory=dict)  # (is step, call id) -> [5 numbers], the largest per witness
-    ids: list = field(default_factory=lambda: [0, 0, 0, 0, 0.0])  # the sums over distinct call ids
-    values: list = field(default_factory=lambda: [0, 0, 0, 0, 0.0])  # the folded counters
+    # source ("" = the run's own writer) -> [5 numbers]
+    by_source: dict[str, list[float]] = field(default_factory=dict)
+    # (is step, call id) -> [5 numbers], the largest per witness
+    by_call: dict[tuple[bool, str], list[float]] = field(default_factory=dict)
+    ids: list[float] = field(default_factory=lambda: [0, 0, 0, 0, 0.0])  # the sums over distinct call ids
+    values: list[float] = field(default_factory=lambda: [0, 0, 0, 0, 0.0])  # the folded counters
 
-    def add(self, kind: str, source, call_id, ok, tokens_in, tokens_out, cost) -> None:
+    # The event's columns as stored: any value a writer put there (a bad one counts as nothing).
+    def add(self, kind: str, source: object, call_id: object, ok: object, tokens_in: object, tokens_out: object,
+            cost: object) -> None:
         """O(1): every number only grows, so the maxima are kept as they go."""
         own = self.by_source
         if source is None and call_id is None and (not own or (len(own) == 1 and "" in own)):
@@ -71,7 +76,7 @@ class Tally:
                     if ids[i] > values[i]:
                         values[i] = ids[i]
 
-    def _own(self, step: bool, ok, tokens_in, tokens_out, cost) -> None:
+    def _own(self, step: bool, ok: object, tokens_in: object, tokens_out: object, cost: object) -> None:
         """The usual case, unrolled: the run's own writer alone, no call ids (its counts are the tally)."""
         per = self.by_source.get("")
         if per is None:
@@ -105,10 +110,11 @@ class Tally:
 class Evidence:
     """Tallies of the active runs (rebuilt from their whole history on a cold start, like the caches)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.tallies: dict[str, Tally] = {}
 
-    def fold(self, run_id: str, kind: str, source, call_id, ok, tokens_in, tokens_out, cost) -> None:
+    def fold(self, run_id: str, kind: str, source: object, call_id: object, ok: object, tokens_in: object,
+             tokens_out: object, cost: object) -> None:
         t = self.tallies.get(run_id)
         if t is None:
             t = self.tallies[run_id] = Tally()
@@ -119,11 +125,11 @@ class Evidence:
         if t is not None:
             t.add_cost(cost_eur)
 
-    def keep(self, active: set) -> None:
+    def keep(self, active: Container[str]) -> None:
         for rid in [r for r in self.tallies if r not in active]:
             del self.tallies[rid]
 
-    def get(self, run_id: str) -> list | None:
+    def get(self, run_id: str) -> list[float] | None:
         t = self.tallies.get(run_id)
         return None if t is None else t.values
 

@@ -18,7 +18,7 @@ import os
 import time
 
 from watchdog.errors import ConfigError, StoreError
-from watchdog.store.memory import state_path
+from watchdog.store.memory import StoreUrl, state_path
 
 
 PID_WAIT_S = 2.0  # how long a refused daemon waits for the holder to write its pid into the lock file
@@ -35,7 +35,7 @@ class HostLockHeld(StoreError):
 
 
 class HostLock:
-    def __init__(self, state_dir: str, url):
+    def __init__(self, state_dir: str, url: StoreUrl) -> None:
         self.path = state_path(state_dir, url, "lock")
         self.state_dir = state_dir
         self._fd: int | None = None

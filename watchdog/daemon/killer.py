@@ -140,8 +140,8 @@ class Killer:
         except (psutil.NoSuchProcess, ValueError):
             return None
 
-    def _inspect(self, ident: ProcessIdentity) -> tuple[str | None, tuple[int, int] | None]:
-        """(why ident does not name a running local process, its real and effective uids)."""
+    def _inspect(self, ident: ProcessIdentity) -> tuple[str, None] | tuple[None, tuple[int, int]]:
+        """(why ident does not name a running local process, None) or (None, its real and effective uids)."""
         if ident.host != self.host:
             return f"on another host ({ident.host})", None
         if ident.pid <= 0:
@@ -172,9 +172,10 @@ class Killer:
             return "is the watchdog itself"
         if ident.pid == os.getppid():
             return "is the watchdog's parent"
-        reason, uids = self._inspect(ident)
-        if reason is not None:
-            return reason
+        inspected = self._inspect(ident)
+        if inspected[0] is not None:
+            return inspected[0]
+        uids = inspected[1]
         if ident.uid is not None and uids != (ident.uid, ident.uid):
             return f"runs as uid {uids[0]} (effective {uids[1]}), attested as uid {ident.uid}"
         # Real and effective user both: a setuid program an agent started is not the agent's.

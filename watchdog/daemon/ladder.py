@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from watchdog.core.alert_kinds import AlertKind
@@ -34,8 +35,12 @@ from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
 from watchdog.daemon.runtree import directory, remaining, remove_empty
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
 from watchdog.store import ladder as store
+from watchdog.store.engine import Connection
 
 NOT_ATTESTED = "not signalled: identity not attested"
+
+# The processes the daemon attributes to an exec'd run's attested root (runtree.TreeMemory).
+Remembered = Callable[[ProcessIdentity], Iterable[ProcessIdentity]]
 
 KILL_CONFIRM_S = 10.0  # a process still there this long after SIGKILL is stuck (D state): say so
 
@@ -44,11 +49,12 @@ def _since(t: dt.datetime | None, now: dt.datetime) -> float:
     return (now - t).total_seconds() if t else 0.0
 
 
-def _set_stage(conn, row, expected: str | None, stage: str, now: dt.datetime) -> bool:
+def _set_stage(conn: Connection, row, expected: str | None, stage: str, now: dt.datetime) -> bool:
     return store.set_stage(conn, row.id, expected, stage, signalled_at=now)
 
 
-def _finish(conn, row, stage_from, outcome, now, by, facts, budgets, escalated: bool, sealer=None):
+def _finish(conn: Connection, row, stage_from: str | None, outcome: str, now: dt.datetime, by: str, facts: RunFacts,
+            budgets: Budgets, escalated: bool, sealer: Sealer | None = None) -> None:
     if not store.finish(conn, row.id, stage_from, now):
         return
     iid = record(conn, at=now, action=Action.ENDED, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
@@ -69,7 +75,8 @@ _EXITED = {
 }
 
 
-def exited(conn, row, *, now, by, facts, budgets, sealer=None):
+def exited(conn: Connection, row, *, now: dt.datetime, by: str, facts: RunFacts, budgets: Budgets,
+           sealer: Sealer | None = None) -> None:
     """The process ended without ending its run (after the cooperative stop, or after a
     refused / impossible / failed signal): the run is killed."""
     _finish(conn, row, row.signal_stage, _EXITED[row.signal_stage], now, by, facts, budgets, escalated=False,
@@ -79,7 +86,8 @@ def exited(conn, row, *, now, by, facts, budgets, sealer=None):
 UNCONFIRMED = "not signalled: the stop was requested in the store and the daemon's own budgets do not confirm it"
 
 
-def hold_unconfirmed(conn, row, *, now, by, facts, budgets, sealer=None) -> None:
+def hold_unconfirmed(conn: Connection, row, *, now: dt.datetime, by: str, facts: RunFacts, budgets: Budgets,
+                     sealer: Sealer | None = None) -> None:
     """A stop someone wrote into the store (a guard, the CLI, any store writer) that the
     daemon's own budgets do not confirm: no signal, so a row cannot lend anyone the daemon's
     CAP_KILL over another run. The stage stays where it is: the ladder asks again each tick,
@@ -93,7 +101,8 @@ def hold_unconfirmed(conn, row, *, now, by, facts, budgets, sealer=None) -> None
     enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
 
 
-def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budgets, sealer=None):
+def _fail(conn: Connection, row, stage_from: str | None, stage_to: str, action: str, outcome: str, now: dt.datetime,
+          by: str, facts: RunFacts, budgets: Budgets, sealer: Sealer | None = None) -> None:
     if not _set_stage(conn, row, stage_from, stage_to, now):
         return
     iid = record(conn, at=now, action=action, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
@@ -102,15 +111,15 @@ def _fail(conn, row, stage_from, stage_to, action, outcome, now, by, facts, budg
                   sealer=sealer)
 
 
-def _sealable(targets) -> list[tuple]:
+def _sealable(targets: Iterable[ProcessIdentity]) -> list[tuple[str, int, float, int]]:
     return [(t.host, t.pid, t.create_time, -1 if t.uid is None else t.uid) for t in targets]
 
 
-def _sealed_detail(sealer: Sealer, run_id: str, targets, **extra) -> dict:
+def _sealed_detail(sealer: Sealer, run_id: str, targets: Sequence[ProcessIdentity], **extra: Any) -> dict[str, Any]:
     return {"targets": [t.to_json() for t in targets], **extra, "mac": sealer.targets(run_id, _sealable(targets))}
 
 
-def _parse_targets(detail) -> tuple[list[ProcessIdentity], object] | None:
+def _parse_targets(detail: Any) -> tuple[list[ProcessIdentity], object] | None:
     try:
         d = json.loads(detail)
         return [ProcessIdentity.from_json(t) for t in d["targets"]], d.get("mac")
@@ -118,7 +127,8 @@ def _parse_targets(detail) -> tuple[list[ProcessIdentity], object] | None:
         return None
 
 
-def _signalled_targets(conn, row, *, sealer: Sealer, now, by, facts, budgets) -> list[ProcessIdentity]:
+def _signalled_targets(conn: Connection, row, *, sealer: Sealer, now: dt.datetime, by: str, facts: RunFacts,
+                       budgets: Budgets) -> list[ProcessIdentity]:
     """What the SIGTERM reached, from the newest `sigterm` row whose seal verifies.
 
     Rows that do not verify (inserted by anyone who can write the store, to name
@@ -140,7 +150,8 @@ def _signalled_targets(conn, row, *, sealer: Sealer, now, by, facts, budgets) ->
     return found
 
 
-def _report_forged(conn, row, kind: str, what: str, *, now, by, facts, budgets, sealer):
+def _report_forged(conn: Connection, row, kind: str, what: str, *, now: dt.datetime, by: str, facts: RunFacts,
+                   budgets: Budgets, sealer: Sealer | None) -> None:
     """One intervention and one alert per run and kind of forgery, however often it is seen."""
     key = AlertKind.FORGED.key(row.id, kind)
     if queued(conn, key):
@@ -150,7 +161,8 @@ def _report_forged(conn, row, kind: str, what: str, *, now, by, facts, budgets, 
     enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
 
 
-def _exec_tree(conn, row, leader, killer: Killer, sealer, remembered) -> tuple[str | None, list[ProcessIdentity]]:
+def _exec_tree(conn: Connection, row, leader: ProcessIdentity, killer: Killer, sealer: Sealer | None,
+               remembered: Remembered | None) -> tuple[str | None, list[ProcessIdentity]]:
     """(the run's cgroup directory, the live processes of its tree besides what is enumerated
     from the leader) for an exec'd run: from the verified attestation's cgroup and the daemon's
     own memory of the attested root's descendants, never from a row."""
@@ -171,9 +183,10 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
     return row.kill_mode == lc.COOPERATIVE or row.host == host
 
 
-def advance(conn, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
-            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None, confirmed=None,
-            remembered=None, own_evidence=None) -> None:
+def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
+            now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None,
+            confirmed: Callable[[], bool] | None = None, remembered: Remembered | None = None,
+            own_evidence: Callable[[], bool] | None = None) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come.
     `remembered(leader)`: the processes the daemon attributes to an exec'd run's attested root
     (watchdog.daemon.runtree.TreeMemory), which outlive exec's death.

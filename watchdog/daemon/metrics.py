@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from watchdog.daemon.notify import TargetResult
+    from watchdog.daemon.ticker import TickReport
 
 MAX_TOOL_LABELS = 200  # tools beyond this share the label "other": cardinality stays bounded
 
 
 class Metrics:
-    def __init__(self, registry=None):
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         try:
             from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
         except ImportError:
@@ -59,7 +66,7 @@ class Metrics:
     def _tool(self, name: str) -> str:
         return self._bounded(self._tools, name)
 
-    def observe_tick(self, rep) -> None:
+    def observe_tick(self, rep: TickReport) -> None:
         self.tick.observe(rep.duration_s)
         self.last_tick.set_to_current_time()
         self.active.labels("running").set(rep.active - rep.stopping)
@@ -68,7 +75,8 @@ class Metrics:
             self.interventions.labels(reason).inc()
         if rep.lost:
             self.lost.inc(len(rep.lost))
-        calls, errors = Counter(), Counter()
+        calls: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
         for e in getattr(rep, "events", ()):
             calls[self._tool(e.tool)] += 1
             if e.ok is False:
@@ -110,7 +118,7 @@ class Metrics:
     def clock_jumped(self) -> None:
         self.clock_jumps.inc()
 
-    def alert_result(self, result) -> None:
+    def alert_result(self, result: TargetResult) -> None:
         self.alerts.labels("delivered" if result.ok else "failed").inc()
 
     def alert_dead(self, reason: str) -> None:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 import apprise
@@ -137,7 +138,7 @@ def _one_line(text: str) -> str:
     return text if len(text) <= _MAX_REASON_CHARS else text[: _MAX_REASON_CHARS - 1] + "…"
 
 
-def _load(url: str, asset=None):
+def _load(url: str, asset: apprise.AppriseAsset | None = None) -> tuple[Any, str | None]:
     """(apprise plugin, None) or (None, one-line secret-free reason)."""
     _guard_apprise_log()
     if not isinstance(url, str) or not url.strip():
@@ -296,7 +297,7 @@ class _DeliveryLog(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.reason: str | None = None
-        self._token = None
+        self._token: contextvars.Token[_DeliveryLog | None] | None = None  # while entered
 
     def emit(self, record: logging.LogRecord) -> None:
         if _delivery.get() is not self:
@@ -341,6 +342,7 @@ class _DeliveryLog(logging.Handler):
                     _APPRISE_LOG.setLevel(level)
                     _APPRISE_LOG.propagate = propagate
                 _host_view = None
+        assert self._token is not None, "__exit__ without __enter__"
         _delivery.reset(self._token)
 
 

@@ -13,11 +13,16 @@ import datetime as dt
 import logging
 
 from watchdog.store import stops
+from watchdog.store.engine import Connection
+from watchdog.store.memory import Memory
 
 log = logging.getLogger("watchdog.tick")
 
+# (the last stage the daemon reached, when), or (None, None): none yet.
+OwnStage = tuple[str | None, dt.datetime | None]
 
-def own_stage(memory, run_id: str) -> tuple:
+
+def own_stage(memory: Memory, run_id: str) -> OwnStage:
     """(stage or None, when) of the last stage the daemon reached for this run."""
     stages = memory.stages(run_id)
     if not stages:
@@ -26,11 +31,11 @@ def own_stage(memory, run_id: str) -> tuple:
     return stage, dt.datetime.fromtimestamp(at_s, dt.timezone.utc)
 
 
-def differs(row, own: tuple) -> bool:
+def differs(row, own: OwnStage) -> bool:
     return (row.signal_stage or None) != own[0]
 
 
-def restore(conn, row, own: tuple):
+def restore(conn: Connection, row, own: OwnStage):
     """The row with the daemon's stage written back; returns the row read again."""
     log.warning("run %s: its signal_stage %r is not the stage this daemon reached (%r): put back",
                 row.id[:8], str(row.signal_stage)[:20], own[0])
@@ -38,7 +43,7 @@ def restore(conn, row, own: tuple):
     return stops.run_row(conn, row.id) or row
 
 
-def remember(conn, memory, row, before) -> None:
+def remember(conn: Connection, memory: Memory, row, before: str | None) -> None:
     """After the ladder acted in `conn`'s transaction: record the stage it reached."""
     now = stops.stage_of(conn, row.id)
     if now is None or now.signal_stage is None or now.signal_stage == before:

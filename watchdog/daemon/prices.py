@@ -16,7 +16,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any, Mapping
 
 from watchdog.core.pricing import NO_MODEL, Price
 
@@ -35,13 +37,13 @@ class Match:
     model_id: str
 
 
-def _genai():
+def _genai() -> ModuleType:
     import genai_prices  # noqa: F401 — a dependency of the daemon only
 
     return genai_prices
 
 
-def _candidates(model: str):
+def _candidates(model: str) -> Iterator[tuple[str, str | None]]:
     """The spellings to try: as given; "provider/model" and "provider:model" with the provider named."""
     yield model, None
     for sep in ("/", ":"):
@@ -85,7 +87,9 @@ class PriceBook:
         return found
 
     def known(self, model: str | None) -> bool:
-        return bool(model) and model != NO_MODEL and (model in self.overrides or self.match(model) is not None)
+        if not model:
+            return False
+        return model != NO_MODEL and (model in self.overrides or self.match(model) is not None)
 
     def cost_eur(self, model: str | None, at: dt.datetime, tokens_in: int, tokens_out: int,
                  cached_tokens_in: int = 0, reasoning_tokens: int = 0) -> float | None:
@@ -125,9 +129,9 @@ class PriceBook:
                                genai_request_timestamp=now).model_price
         except (LookupError, ValueError):
             return None
-        limit = None
+        limit: int | None = None  # input tokens the flat price holds up to (a tiered price)
 
-        def eur(value):
+        def eur(value: Any) -> float | None:  # genai-prices' Decimal or TieredPrices (not followed: Any)
             nonlocal limit
             if value is None:
                 return None

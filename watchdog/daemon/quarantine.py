@@ -17,6 +17,7 @@ import datetime as dt
 import logging
 import math
 import shlex
+from typing import TYPE_CHECKING
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
@@ -28,6 +29,10 @@ from watchdog.daemon.scan import LIGHT, MEASURES
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import record
 from watchdog.store import quarantine as store
+from watchdog.store.engine import Connection
+
+if TYPE_CHECKING:
+    from watchdog.core.seal import Sealer
 
 log = logging.getLogger("watchdog.tick")
 
@@ -89,7 +94,7 @@ def check_actionable(row) -> None:
 class Quarantine:
     """What this daemon reported, so a bad row costs one query at most once per run."""
 
-    def __init__(self, by: str, sealer=None):
+    def __init__(self, by: str, sealer: Sealer | None = None) -> None:
         self.by = by
         self.sealer = sealer
         self._reported: set[str] = set()
@@ -107,7 +112,7 @@ class Quarantine:
         """Already reported by this daemon: nothing to read or write for it this tick."""
         return self.key(d) in self._reported
 
-    def report(self, conn, d: Defect, now: dt.datetime) -> bool:
+    def report(self, conn: Connection, d: Defect, now: dt.datetime) -> bool:
         """Record and alert `d` unless its run (or, for an event of no run, the event) already
         was; True if it was reported now."""
         rid = d.run_id if isinstance(d.run_id, str) else None
@@ -149,7 +154,7 @@ class Quarantine:
                       intervention_id=iid, sealer=self.sealer)
         return True
 
-    def _summary(self, conn, now: dt.datetime, window: int) -> None:
+    def _summary(self, conn: Connection, now: dt.datetime, window: int) -> None:
         """One alert an hour for the rows past ALERTS_PER_HOUR (its count is the first moment's)."""
         enqueue_alert(conn, AlertKind.QUARANTINE_MANY.key(self.by, window)[:255],
                       f"agent-watchdog: more than {ALERTS_PER_HOUR} malformed rows this hour — quarantined",
@@ -159,12 +164,12 @@ class Quarantine:
                       f"(agent-watchdog show RUN) and at the writers of the store.", now=now, sealer=self.sealer)
 
 
-def _recorded(conn, rid: str) -> bool:
+def _recorded(conn: Connection, rid: str) -> bool:
     """This run's quarantine was recorded before (an intervention, with or without its alert)."""
     return store.recorded(conn, rid, action=QUARANTINED, reason=MALFORMED_ROW)
 
 
-def _known_run(conn, rid: str | None) -> bool:
+def _known_run(conn: Connection, rid: str | None) -> bool:
     """The foreign keys accept only a run that exists (an event may name none)."""
     if rid is None:
         return False

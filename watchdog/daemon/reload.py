@@ -18,10 +18,17 @@ import dataclasses
 import logging
 import signal
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from watchdog.core.config import Config, alert_urls, load
 from watchdog.core.text import one_line
 from watchdog.errors import ConfigError
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from watchdog.daemon.notify import Notifier
+    from watchdog.daemon.service import Daemon
 
 log = logging.getLogger("watchdog.daemon")
 
@@ -33,7 +40,7 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("[daemon] key_file", lambda c: c.daemon.key_file),
     ("[daemon] state_dir", lambda c: c.daemon.state_dir),
     ("[metrics] listen", lambda c: c.metrics_listen),
-    ("[otlp] listen", lambda c: getattr(getattr(c, "otlp", None), "listen", None)),
+    ("[otlp] listen", lambda c: c.otlp.listen),
     ("[pricing]", lambda c: c.pricing),
     ("[prices]", lambda c: dict(c.prices)),
     ("[drift]", lambda c: c.drift),
@@ -41,7 +48,7 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
 )
 
 
-def reload(daemon, path: str | None) -> bool:
+def reload(daemon: Daemon, path: str | None) -> bool:
     """Load `path` and apply it to the running `daemon`; False (logged, one line) if refused."""
     from watchdog.daemon.notify import Notifier, url_error
     from watchdog.daemon.preflight import check
@@ -79,14 +86,11 @@ def _keep_restart_only(new: Config, old: Config) -> Config:
     d = dataclasses.replace(new.daemon, tick_s=old.daemon.tick_s, socket=old.daemon.socket,
                             key_file=old.daemon.key_file, state_dir=old.daemon.state_dir)
     store = dataclasses.replace(new.store, url=old.store.url, record_errors=old.store.record_errors)
-    kept = {"daemon": d, "store": store, "metrics_listen": old.metrics_listen, "pricing": old.pricing,
-            "prices": old.prices, "drift": old.drift}
-    if hasattr(old, "otlp"):
-        kept["otlp"] = old.otlp
-    return dataclasses.replace(new, **kept)
+    return dataclasses.replace(new, daemon=d, store=store, metrics_listen=old.metrics_listen, pricing=old.pricing,
+                               prices=old.prices, drift=old.drift, otlp=old.otlp)
 
 
-def apply(daemon, config: Config, notifier=None) -> None:
+def apply(daemon: Daemon, config: Config, notifier: Notifier | None = None) -> None:
     """Every part of the running daemon that reads the config, on the new one."""
     from watchdog.daemon.killer import default_allowed_users
     from watchdog.daemon.prefilter import PreFilter
@@ -111,7 +115,7 @@ def apply(daemon, config: Config, notifier=None) -> None:
         log.warning("SIGHUP: could not publish the new profiles yet (%s); the next tick does", type(exc).__name__)
 
 
-def status_line(daemon) -> str:
+def status_line(daemon: Daemon) -> str:
     rep = daemon.last_report
     if rep is None:
         return "SIGUSR1: no tick completed yet"
@@ -120,12 +124,12 @@ def status_line(daemon) -> str:
             f"busy {len(daemon.notifier.busy())}")
 
 
-def install(daemon) -> None:
+def install(daemon: Daemon) -> None:
     """The handlers beside SIGTERM/SIGINT: SIGHUP asks the main loop to reload (within its
     one-second wait), SIGUSR1 logs a status line, SIGUSR2 is ignored."""
     daemon.reload_requested = False
 
-    def on_hup(_signum, _frame):
+    def on_hup(_signum: int, _frame: FrameType | None) -> None:
         daemon.reload_requested = True
 
     signal.signal(signal.SIGHUP, on_hup)

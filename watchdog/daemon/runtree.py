@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import psutil
 
 from watchdog.core import cgroups as rules
 from watchdog.daemon.killer import CREATE_TIME_TOLERANCE_S, ProcessIdentity
+
+if TYPE_CHECKING:
+    from watchdog.daemon.killer import Killer
 
 MOUNTINFO = "/proc/self/mountinfo"
 MAX_REMEMBERED = 10_000  # processes per run: a fork bomb must not grow the daemon without bound
@@ -63,6 +67,8 @@ def attest_refusal(run_id: str, path: str, exec_pid: int, exec_create_time: floa
     err = rules.run_cgroup_error(path, run_id, mount)
     if err is not None:
         return err
+    if mount is None:  # refused by run_cgroup_error already: said again for the type
+        return "this host has no cgroup2 mount"
     d = directory(run_id, path, mount)
     if d is None:
         return f"{path!r} is not a cgroup directory under {mount}"
@@ -126,9 +132,9 @@ def remove_empty(d: str | None) -> None:
             return
 
 
-def cgroup_members(killer, d: str | None) -> list[ProcessIdentity]:
+def cgroup_members(killer: Killer, d: str | None) -> list[ProcessIdentity]:
     """Identities (pid + create time now) of the processes in cgroup directory `d`."""
-    found = []
+    found: list[ProcessIdentity] = []
     for pid in cgroup_pids(d):
         ident = killer.identity(pid)
         if ident is not None:
@@ -136,7 +142,7 @@ def cgroup_members(killer, d: str | None) -> list[ProcessIdentity]:
     return found
 
 
-def guarded_cgroup_kill(killer, d: str | None) -> bool:
+def guarded_cgroup_kill(killer: Killer, d: str | None) -> bool:
     """cgroup.kill, only where the daemon may write it and every process in the cgroup is one
     the killer may signal anyway (cgroup.kill spares nobody: root, other users, the daemon)."""
     from watchdog.daemon.killer import GONE_REASONS
@@ -147,7 +153,7 @@ def guarded_cgroup_kill(killer, d: str | None) -> bool:
     return cgroup_kill(d)
 
 
-def remaining(killer, idents: Iterable[ProcessIdentity], d: str | None = None) -> list[ProcessIdentity]:
+def remaining(killer: Killer, idents: Iterable[ProcessIdentity], d: str | None = None) -> list[ProcessIdentity]:
     """The live ones of `idents`, plus whatever is in the run's cgroup directory `d` now."""
     seen = {i.pid: i for i in killer.alive(idents)}
     for m in killer.alive(cgroup_members(killer, d)):

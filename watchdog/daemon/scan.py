@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter, deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.policies import RunSnapshot
 from watchdog.daemon.evidence import Evidence, merged
 from watchdog.daemon.isolation import CHUNK, Defect, event_defect, read_isolated
 from watchdog.store import scan as store
+from watchdog.store.engine import Connection
 from watchdog.store.scan import EventSelection
 # The light row's columns, by position (the tick's modules index it with `L`).
 from watchdog.store.scan import IDENTITY as IDENTITY, LIGHT as LIGHT, MEASURES as MEASURES
@@ -31,15 +34,15 @@ ID_OVERLAP = 2000
 
 @dataclass
 class RunStats:
-    signatures: Counter = field(default_factory=Counter)
-    tools: Counter = field(default_factory=Counter)
-    tool_errors: Counter = field(default_factory=Counter)
-    last_error: dict = field(default_factory=dict)
-    recent: deque = field(default_factory=deque)  # (at, tool) of tool calls, for the rate
+    signatures: Counter[tuple[str, str | None]] = field(default_factory=Counter)  # (tool, args hash)
+    tools: Counter[str] = field(default_factory=Counter)
+    tool_errors: Counter[str] = field(default_factory=Counter)
+    last_error: dict[str, str] = field(default_factory=dict)
+    recent: deque[tuple[dt.datetime, str]] = field(default_factory=deque)  # (at, tool) of tool calls, for the rate
     max_signature: int = 0  # the top signature's count, kept as calls are added (counts only grow)
 
     def add(self, at: dt.datetime, tool: str, args_hash: str | None, ok: bool | None, error_msg: str | None,
-            retry: bool = False):
+            retry: bool = False) -> None:
         self.tools[tool] += 1
         if not retry:  # a retry attempt repeats a call the agent asked for once: not a loop
             n = self.signatures[(tool, args_hash)] + 1
@@ -87,40 +90,41 @@ FOLDED = store.FOLDED
 class Scanner:
     """Loads active runs and folds new tool events into per-run stats."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.stats: dict[str, RunStats] = {}
         self.high_water: int | None = None  # largest event id folded in
         self._seen: set[int] = set()
-        self.all_recent: deque = deque()  # (at, tool) over all runs: many runs hammering one tool
+        # (at, tool) over all runs: many runs hammering one tool
+        self.all_recent: deque[tuple[dt.datetime, str]] = deque()
         self.defects: list[Defect] = []  # what could not be read since the tick last took them
         self._bad_runs: dict[str, str] = {}  # run id -> why its whole row did not read (read_isolated)
         self.evidence = Evidence()  # the daemon's own counters per active run (issue 20)
 
-    def tool_rates(self, now: dt.datetime) -> Counter:
+    def tool_rates(self, now: dt.datetime) -> Counter[str]:
         """Tool calls per tool over all runs in the last minute."""
         horizon = now - dt.timedelta(seconds=RATE_WINDOW_S)
         while self.all_recent and self.all_recent[0][0] < horizon:
             self.all_recent.popleft()
         return Counter(tool for at, tool in self.all_recent if at <= now)
 
-    def load_active(self, conn, hosts=None) -> list:
+    def load_active(self, conn: Connection, hosts: Collection[str] | None = None) -> list[Any]:
         """Every active run (of `hosts`, None = all), light: the LIGHT columns, then started_at
         and last_seen_at in epoch seconds."""
         return store.active_light(conn, hosts)
 
-    def load_rows(self, conn, ids: list[str]) -> list:
+    def load_rows(self, conn: Connection, ids: list[str]) -> list[Any]:
         """The whole rows of the runs that need an evaluation this tick (if still active); a
         row that cannot be read (a timestamp that does not parse, labels that are not JSON)
         becomes a Defect instead."""
         return store.active_rows(conn, ids, isolated=read_isolated, defects=self.defects, suspects=self._bad_runs)
 
-    def _events(self, conn, selection: EventSelection) -> list[NewEvent]:
+    def _events(self, conn: Connection, selection: EventSelection) -> list[NewEvent]:
         """The selected events, in id order; each one that cannot be read or used becomes a
         Defect, and its id counts as read: the high-water mark moves past it, it is never read
         again."""
         rows, unreadable = store.read_events(conn, selection, isolated=read_isolated, defects=self.defects)
         self._unreadable.extend(unreadable)
-        out = []
+        out: list[NewEvent] = []
         for e in rows:
             why = event_defect(e)
             if why is None:
@@ -131,7 +135,7 @@ class Scanner:
                 self._unreadable.append(e.id)
         return out
 
-    def fold(self, conn, active_ids: list[str], hosts=None) -> list[NewEvent]:
+    def fold(self, conn: Connection, active_ids: list[str], hosts: Collection[str] | None = None) -> list[NewEvent]:
         """Fold the tool events written since the last tick; return them (the circuits need them too).
         With `hosts`, only the events of runs on those hosts are read (a daemon that is not the
         leader needs no other host's events). Events that cannot be used become Defects."""
@@ -151,7 +155,7 @@ class Scanner:
             seen = self._seen
             ids = store.folded_ids_between(conn, low, self.high_water, hosts)
             late = [i for i in ids if i not in seen]
-            fresh = []
+            fresh: list[NewEvent] = []
             for i in range(0, len(late), CHUNK):
                 fresh.extend(self._events(conn, EventSelection.by_ids(late[i : i + CHUNK])))
             fresh.extend(self._events(conn, EventSelection.folded_above(self.high_water, hosts)))

@@ -17,7 +17,8 @@ import os
 import signal
 import threading
 import time
-
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
@@ -30,14 +31,23 @@ from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
 from watchdog.store.alerts import enqueue_alert
 from watchdog.store.interventions import actor
 from watchdog.store.leases import db_now
+from watchdog.store.engine import Engine
 from watchdog.store.rebase import rebase_active_runs, rebase_pending_alerts
 from watchdog.core.config import Config
 from watchdog.errors import ConfigError
 from watchdog.daemon.killer import Killer
 from watchdog.daemon.notify import Notifier
-from watchdog.store import settings as published
+from watchdog.store.settings import CONFIG_KEY
+from watchdog.store.settings import get as published_value
+from watchdog.store.settings import put as publish_value
 from watchdog.core.clock import utcnow
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.ticker import TickReport, Ticker
+
+if TYPE_CHECKING:
+    from watchdog.daemon.hostlock import HostLock
+    from watchdog.daemon.metrics import Metrics
+    from watchdog.daemon.otlp.server import OtlpServer
+    from watchdog.store.memory import Memory
 
 log = logging.getLogger("watchdog.daemon")
 
@@ -48,8 +58,8 @@ __all__ = ["AlreadyRunning", "Daemon", "LeaseLost", "check_allowed_users"]
 
 
 class Daemon:
-    def __init__(self, engine, config: Config, *, killer: Killer | None = None, notifier: Notifier | None = None,
-                 metrics=None):
+    def __init__(self, engine: Engine, config: Config, *, killer: Killer | None = None,
+                 notifier: Notifier | None = None, metrics: Metrics | None = None) -> None:
         check_allowed_users(config)
         self.engine = engine
         self.config = config
@@ -69,7 +79,7 @@ class Daemon:
         self.notifier = notifier
         self.metrics = metrics
         self.attest_server: AttestServer | None = None
-        self.otlp_server = None  # [otlp] listen: watchdog.daemon.otlp.server.OtlpServer
+        self.otlp_server: OtlpServer | None = None  # [otlp] listen
         from watchdog.daemon.circuits import CircuitBreakers
 
         self.membership = Membership(engine, self.killer.host)
@@ -77,12 +87,14 @@ class Daemon:
                              by=actor(), sealer=self.sealer, membership=self.membership,
                              memory=_state_file(config, engine))  # issue 20: the daemon's own memory
         self._published_at = 0.0
-        self._published_value: dict | None = None
+        self._published_value: dict[str, Any] | None = None
         self._stop = threading.Event()
         self.jumps = JumpDetector(tolerance_s=max(config.daemon.tick_s, MIN_JUMP_S))
         self.last_jump: Jump | None = None
-        self.last_report = None
+        self.last_report: TickReport | None = None
         self.lost_lease: str | None = None
+        self.host_lock: HostLock | None = None  # the flock of this store's lease (acquire)
+        self.reload_requested = False  # SIGHUP (watchdog.daemon.reload)
 
     # -- the lease: one daemon per store and host, one leader per store -------
 
@@ -146,7 +158,7 @@ class Daemon:
 
     # -- [otlp]: the OTLP/HTTP receiver (watchdog.daemon.otlp), threads of this process ----------
 
-    def start_otlp(self):
+    def start_otlp(self) -> OtlpServer | None:
         """Receive OTLP/HTTP spans on `[otlp] listen` (off when ""); a ConfigError names the key."""
         if self.otlp_server is None and self.config.otlp.listen:
             from watchdog.daemon.otlp.server import OtlpServer
@@ -168,7 +180,7 @@ class Daemon:
         except Exception:  # noqa: BLE001 — the lease expires by itself; the lock goes with the session
             log.warning("could not release the daemon lease", exc_info=True)
         finally:
-            lock, self.host_lock = getattr(self, "host_lock", None), None
+            lock, self.host_lock = self.host_lock, None
             if lock is not None:
                 lock.release()
 
@@ -188,14 +200,14 @@ class Daemon:
         if self.ticker.money is not None:  # the models genai-prices priced for it so far, overrides winning
             value["prices"] = self.ticker.money.prices.published()
         with self.engine.begin() as conn:
-            published.put(conn, published.CONFIG_KEY, value, now)
+            publish_value(conn, CONFIG_KEY, value, now)
         self._published_at = time.monotonic()
         self._published_value = json.loads(json.dumps(value))  # as it reads back (lists, not tuples)
 
     def _settings_intact(self) -> bool:
         """One small read per tick: the settings row still holds what this daemon wrote."""
         with self.engine.connect() as conn:
-            stored = published.get(conn, published.CONFIG_KEY)
+            stored = published_value(conn, CONFIG_KEY)
         return stored == self._published_value
 
     def store_now(self) -> dt.datetime:
@@ -244,7 +256,7 @@ class Daemon:
             log.warning("%s jumped %+.0f s (%s); could not move the active runs' times or queue the alert: %s",
                         where, jump.skew_s, jump.describe(), _one_line(exc))
 
-    def tick_job(self, now: dt.datetime | None = None):
+    def tick_job(self, now: dt.datetime | None = None) -> TickReport | None:
         """One tick; a database blip or bad row is logged, never fatal."""
         try:
             self.publish()
@@ -282,13 +294,16 @@ class Daemon:
         from watchdog.store.engine import read_connection
         from watchdog.store.viewer import circuit_counts
 
+        metrics = self.metrics
+        if metrics is None:
+            return
         try:
             with read_connection(self.engine) as conn:
                 counts = circuit_counts(conn)
         except Exception as exc:  # noqa: BLE001 — metrics never fail the tick
             log.debug("circuit metrics: %s", _one_line(exc))
             return
-        self.metrics.observe_circuits(counts, self.config.daemon.tick_s)
+        metrics.observe_circuits(counts, self.config.daemon.tick_s)
 
     def deliver_job(self, now: dt.datetime | None = None):
         # Each daemon delivers the alerts it sealed (watchdog.daemon.outbox): several daemons
@@ -309,7 +324,7 @@ class Daemon:
             log.error("alert delivery failed, retrying next tick: %s", _one_line(exc))
             return None
 
-    def once(self, now: dt.datetime | None = None):
+    def once(self, now: dt.datetime | None = None) -> TickReport | None:
         rep = self.tick_job(now)
         self.deliver_job(now)
         return rep
@@ -322,15 +337,15 @@ class Daemon:
         # a SIGTERM at any moment (even during start-up) is honoured.
         tick_s = self.config.daemon.tick_s
 
-        def skipped(job: str):
-            def on_skip(n: int):
+        def skipped(job: str) -> Callable[[int], None]:
+            def on_skip(n: int) -> None:
                 log.warning("%s job skipped %d time(s): the previous one is still running", job, n)
                 if self.metrics and job == "tick":
                     for _ in range(n):
                         self.metrics.tick_skipped()
             return on_skip
 
-        def on_signal(signum, _frame):
+        def on_signal(signum: int, _frame: object) -> None:
             log.info("%s: finishing the current tick and exiting", signal.Signals(signum).name)
             self._stop.set()
 
@@ -354,7 +369,7 @@ class Daemon:
                  self.engine.url.render_as_string(hide_password=True), tick_s, self.killer.host, os.getpid())
         try:
             while not self._stop.wait(1.0):
-                if getattr(self, "reload_requested", False):
+                if self.reload_requested:
                     self.reload_requested = False
                     reloading.reload(self, self.config.path)
         finally:
@@ -367,7 +382,7 @@ class Daemon:
         return 1 if self.lost_lease else 0
 
 
-def _state_file(config: Config, engine):
+def _state_file(config: Config, engine: Engine) -> Memory:
     """The daemon's state file in state_dir (made 0700 if missing); loud when it cannot be."""
     from watchdog.store.memory import Memory, state_path
 

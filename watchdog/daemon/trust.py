@@ -16,25 +16,31 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import pwd
+from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import pause as ap
-from watchdog.core.budgets import BY_KEY, effective, asked
+from watchdog.core.budgets import BY_KEY, Budgets, effective, asked
 from watchdog.core.config import Config
 from watchdog.core.text import one_line
-from watchdog.store import interventions
 from watchdog.store.pause import deny_pause
 from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import record
+from watchdog.store.interventions import attested_uid, grant_ok, record
+from watchdog.store.engine import Connection
 from watchdog.store.memory import Memory
+
+if TYPE_CHECKING:
+    from watchdog.core.seal import Sealer
 
 log = logging.getLogger("watchdog.trust")
 
 _MEMO_MAX = 50_000
 
 
-def agent_shown(name) -> str:
+def agent_shown(name: object) -> str:
     """An agent or tool name as alerts show it: bounded, scrubbed, one line, marked as the agent's."""
     from watchdog.core.scrub import scrub
 
@@ -42,13 +48,13 @@ def agent_shown(name) -> str:
 
 
 class Trust:
-    def __init__(self, config: Config, memory: Memory, *, sealer=None, by: str = ""):
+    def __init__(self, config: Config, memory: Memory, *, sealer: Sealer | None = None, by: str = "") -> None:
         self.config = config
         self.memory = memory
         self.sealer = sealer
         self.by = by
-        self.new_seen: list = []
-        self._raised: dict[tuple, bool] = {}
+        self.new_seen: list[tuple[str, float, object]] = []  # (run id, first sight, the parent it names)
+        self._raised: dict[tuple[object, ...], bool] = {}  # (run id, resumes, its budgets) -> grant verified
         self._owner_ok: dict[str, bool] = {}
 
     # -- first sight ------------------------------------------------------------------
@@ -57,7 +63,7 @@ class Trust:
     def first(self) -> dict[str, float]:
         return self.memory.first
 
-    def flush(self, active: set) -> None:
+    def flush(self, active: Collection[str]) -> None:
         """Remember this tick's first sights (run id, when, the parent it names then: the daemon's
         own record of the link); forget the runs no longer active."""
         seen, self.new_seen = self.new_seen, []
@@ -86,11 +92,11 @@ class Trust:
 
     # -- budgets -------------------------------------------------------------------------
 
-    def raised_key(self, rid, r_resumes, own_budgets) -> bool:
+    def raised_key(self, rid: str, r_resumes: object, own_budgets: Iterable[object]) -> bool:
         """For the pre-filter: a sealed resume was verified for these exact budgets."""
         return self._raised.get((rid, r_resumes, tuple(own_budgets)), False)
 
-    def budgets(self, connect, row):
+    def budgets(self, connect: Callable[[], AbstractContextManager[Connection]], row) -> Budgets:
         """What the run is held to: its profile (or [defaults] for an owner it does not bind),
         lowered by its own request, raised only by a sealed operator resume. `connect()`: a
         transaction, opened only when a cache misses (once per run, resume and budgets)."""
@@ -107,19 +113,20 @@ class Trust:
             from watchdog.store.interventions import budget_columns
 
             key = (row.id, row.resumes, budget_columns(row))
-            raised = self._raised.get(key)
-            if raised is None:
+            granted = self._raised.get(key)
+            if granted is None:
                 with connect() as conn:
-                    raised = interventions.grant_ok(conn, row, self.sealer)
+                    granted = grant_ok(conn, row, self.sealer)
                 if len(self._raised) > _MEMO_MAX:
                     self._raised.clear()
-                self._raised[key] = raised
+                self._raised[key] = granted
+            raised = granted
         return effective(prof, asked(row), raised=raised)
 
     def owner_ok(self, rid: str) -> bool | None:
         return self._owner_ok.get(rid)
 
-    def profile_of(self, conn, row):
+    def profile_of(self, conn: Connection, row) -> Budgets:
         prof = self.config.profile(row.agent)
         owners = getattr(prof, "owners", ())
         if not owners:
@@ -135,11 +142,11 @@ class Trust:
                 self._alert_owner(conn, row, owner)
         return prof if ok else self.config.defaults
 
-    def _owner(self, conn, row) -> str | None:
+    def _owner(self, conn: Connection, row) -> str | None:
         owner = getattr(row, "owner", None)  # PostgreSQL: session_user, set by the database (0010)
         if isinstance(owner, str) and owner:
             return owner
-        uid = interventions.attested_uid(conn, row.id, self.sealer)
+        uid = attested_uid(conn, row.id, self.sealer)
         if uid is None:
             return None
         try:
@@ -147,7 +154,7 @@ class Trust:
         except KeyError:
             return f"uid {uid}"
 
-    def _alert_owner(self, conn, row, owner) -> None:
+    def _alert_owner(self, conn: Connection, row, owner: str | None) -> None:
         key = AlertKind.OWNER.key(row.id)
         if queued(conn, key):
             return
@@ -163,10 +170,10 @@ class Trust:
 
     # -- pauses ----------------------------------------------------------------------------
 
-    def mark_pause(self, rid: str, resumes, at_s: float) -> None:
+    def mark_pause(self, rid: str, resumes: int | None, at_s: float) -> None:
         self.memory.mark("pause", f"{rid}:{resumes or 0}", repr(at_s))
 
-    def pause_mark(self, rid: str, resumes) -> float | None:
+    def pause_mark(self, rid: str, resumes: int | None) -> float | None:
         """When the daemon paused this run (or confirmed its guard's pause), per resume; None: a claim."""
         v = self.memory.marked("pause", f"{rid}:{resumes or 0}")
         try:
@@ -184,7 +191,7 @@ class Trust:
         log.warning("run %s: a pause the daemon did not write or confirm: running again", short)
         return deny_pause(conn, row, now=now, by=self.by, title=title, body=body, sealer=self.sealer)
 
-    def confirms_pause(self, row, snap_totals, budgets) -> bool:
+    def confirms_pause(self, row, snap_totals: object, budgets: Budgets) -> bool:
         """A pause the run's own guard wrote, the daemon confirms: a budget that pauses for this
         profile is at (or over) its limit by the daemon's own counters."""
         budget = ap.BY_REASON.get(row.stop_reason)
@@ -194,7 +201,7 @@ class Trust:
         return limit is not None and getattr(snap_totals, budget.measure) >= limit
 
 
-def first_sight_budget_s(config: Config, agent) -> float:
+def first_sight_budget_s(config: Config, agent: object) -> float:
     """The wall clock a run whose row cannot be read is held to: its profile's, else [defaults]'."""
     prof = config.profile(agent) if isinstance(agent, str) else config.defaults
     if getattr(prof, "owners", ()):  # whose it is cannot be told from an unreadable row

@@ -38,7 +38,7 @@ class UnpricedStep(NamedTuple):
     status: str
     labels: Any
     ended_at: dt.datetime | None
-    last_seen_at: dt.datetime | None
+    last_seen_at: dt.datetime  # runs.last_seen_at is NOT NULL
 
 
 class WriteRefused(Exception):

@@ -9,24 +9,37 @@ ids (each at the largest amount a witness gave it) when that is larger; never th
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from sqlalchemy import Float, and_, case, cast, func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.schema import events
 
 CHUNK = 500
-# (steps, tool calls, tool errors, tokens, cost_eur)
 
 
-def _num(col):
+class EventTotals(NamedTuple):
+    """What one run's events show: the counters the ledger books at least."""
+
+    steps: int
+    tool_calls: int
+    tool_errors: int
+    tokens: int
+    cost_eur: float
+
+
+def _num(col: ColumnElement[Any]) -> ColumnElement[float]:
     """A hand-written bad amount (negative, text) counts as 0 (SQLite adds text as 0 anyway)."""
     return case((col >= 0, cast(col, Float)), else_=0.0)
 
 
-def event_totals(conn, run_ids: list[str]) -> dict[str, tuple]:
+def event_totals(conn: Connection, run_ids: Sequence[str]) -> dict[str, EventTotals]:
     """run id -> (steps, tool_calls, tool_errors, tokens, cost_eur) its events show."""
-    out: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+    out: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
     step = case((events.c.kind == lc.EV_STEP, 1), else_=0)
     tool = case((events.c.kind == lc.EV_TOOL, 1), else_=0)
     err = case((and_(events.c.kind == lc.EV_TOOL, events.c.ok.is_(False)), 1), else_=0)
@@ -52,4 +65,4 @@ def event_totals(conn, run_ids: list[str]) -> dict[str, tuple]:
             acc = out[rid]
             for j, v in enumerate(vals):
                 acc[j] = max(acc[j], float(v or 0) if j == 4 else int(v or 0))
-    return {rid: tuple(v) for rid, v in out.items()}
+    return {rid: EventTotals(int(v[0]), int(v[1]), int(v[2]), int(v[3]), v[4]) for rid, v in out.items()}

@@ -20,15 +20,25 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Unpack
 
-from sqlalchemy import Text, and_, case, cast, delete, desc, func, literal, or_, select, union_all, update
+from sqlalchemy import Table, Text, and_, case, cast, delete, desc, func, literal, or_, select, union_all, update
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.sql import Select
+from sqlalchemy.sql.elements import ColumnElement
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.drift import Totals
 from watchdog.core.periods import MONTH, PERIODS, LabelBudget, end_of, period_key, scope_agent, scopes_of
-from watchdog.store.evidence_rows import event_totals
+from watchdog.store import dialects
+from watchdog.store.evidence_rows import EventTotals, event_totals
 from watchdog.store.schema import agent_rollup_tools, agent_rollups, events, runs, spend_ledger
+
+if TYPE_CHECKING:
+    from watchdog.core.config import Config
+    from watchdog.core.periods import PeriodState
 
 BUCKET_S = 300  # rollup granularity: an hour's window is exact to within 5 minutes
 BOOK_LIMIT = 5000  # ended runs booked per tick at most (a backlog drains over ticks)
@@ -38,6 +48,12 @@ STOPPED = (lc.KILLED, lc.LOST)
 
 UNBOOKED_COLS = ("id", "agent", "labels", "status", "steps", "tool_calls", "tool_errors", "tokens_in", "tokens_out",
                  "cost_eur", "cost_unpriced_tokens", "ended_at", "last_seen_at")
+
+# The ledger's cost per (scope, period) of the current period keys.
+Spend = dict[tuple[str, str], float]
+# The ended runs not booked yet, summed per (agent, labels): (agent, labels, cost ended today,
+# cost ended this month). A plain tuple: the tick appends its own live rows to the same list.
+UnbookedSpend = tuple[str, dict[str, Any] | None, float, float]
 
 
 def bucket_of(at: dt.datetime) -> dt.datetime:
@@ -51,12 +67,12 @@ def first_bucket_after(at: dt.datetime) -> dt.datetime:
     return b if b == at else b + dt.timedelta(seconds=BUCKET_S)
 
 
-def sane_cost(value) -> float:
+def sane_cost(value: object) -> float:
     """A run's cost as the sums take it: a bad value written by hand counts as 0."""
     return float(value) if isinstance(value, (int, float)) and 0 <= value < MAX_COST_EUR else 0.0
 
 
-def read_unbooked(conn, limit: int = BOOK_LIMIT) -> list:
+def read_unbooked(conn: Connection, limit: int = BOOK_LIMIT) -> Sequence[Row[Any]]:
     """Ended runs the ledger does not hold yet, the latest first (they matter to today's budgets)."""
     q = (select(*(runs.c[c] for c in UNBOOKED_COLS))
          .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
@@ -64,14 +80,16 @@ def read_unbooked(conn, limit: int = BOOK_LIMIT) -> list:
     return conn.execute(q).all()
 
 
-def read_period_spend(conn, keys: dict[str, str], day_start: dt.datetime, month_start: dt.datetime
-                      ) -> tuple[dict, list, int]:
+def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.datetime, month_start: dt.datetime
+                      ) -> tuple[Spend, list[UnbookedSpend], int]:
     """read_spend and read_unbooked_spend in one statement (one round trip per tick):
     (ledger spend, unbooked sums, unbooked runs)."""
     ledger_q = select(literal("L"), spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur,
                       literal(0.0), literal(0)).where(_current(keys))
     rows = conn.execute(union_all(ledger_q, _unbooked_query(day_start, month_start, literal("U")))).all()
-    spend, unbooked, n = {}, [], 0
+    spend: Spend = {}
+    unbooked: list[UnbookedSpend] = []
+    n = 0
     for kind, a, b, c, d, count in rows:
         if kind == "L":
             spend[(a, b)] = float(c or 0.0)
@@ -81,21 +99,24 @@ def read_period_spend(conn, keys: dict[str, str], day_start: dt.datetime, month_
     return spend, unbooked, n
 
 
-def _current(keys: dict[str, str]):
+def _current(keys: Mapping[str, str]) -> ColumnElement[bool]:
     return or_(*(and_(spend_ledger.c.period == p, spend_ledger.c.period_key == k) for p, k in keys.items()))
 
 
-def read_unbooked_spend(conn, day_start: dt.datetime, month_start: dt.datetime) -> tuple[list, int]:
+def read_unbooked_spend(conn: Connection, day_start: dt.datetime, month_start: dt.datetime
+                        ) -> tuple[list[UnbookedSpend], int]:
     """The ended runs not booked yet, summed in the database per (agent, labels): a few rows
     whatever their number. ([(agent, labels, cost ended today, cost ended this month)], runs)."""
-    out, n = [], 0
+    out: list[UnbookedSpend] = []
+    n = 0
     for agent, text, day_cost, month_cost, count in conn.execute(_unbooked_query(day_start, month_start)):
         out.append((agent, parse_labels(text), float(day_cost or 0.0), float(month_cost or 0.0)))
         n += int(count)
     return out, n
 
 
-def _unbooked_query(day_start: dt.datetime, month_start: dt.datetime, *tag):
+def _unbooked_query(day_start: dt.datetime, month_start: dt.datetime, *tag: ColumnElement[str]
+                    ) -> Select[Unpack[tuple[Any, ...]]]:
     end = func.coalesce(runs.c.ended_at, runs.c.last_seen_at)
     labels = cast(runs.c.labels, Text)  # PostgreSQL cannot group by json; the text groups alike
     # A cost written by hand that is negative, infinite or NaN (PostgreSQL orders NaN above all)
@@ -107,12 +128,14 @@ def _unbooked_query(day_start: dt.datetime, month_start: dt.datetime, *tag):
             .group_by(runs.c.agent, labels))
 
 
-def parse_labels(text):
+def parse_labels(text: object) -> dict[str, Any] | None:
     """A run's labels from their stored text; None if they are not a JSON table."""
     if text is None:
         return None
     if isinstance(text, dict):
         return text
+    if not isinstance(text, (str, bytes, bytearray)):  # what json.loads refuses anyway
+        return None
     try:
         value = json.loads(text)
     except Exception:  # noqa: BLE001 — a row written by hand (not JSON, or nested past the recursion limit)
@@ -120,7 +143,7 @@ def parse_labels(text):
     return value if isinstance(value, dict) else None
 
 
-def read_spend(conn, keys: dict[str, str]) -> dict[tuple[str, str], float]:
+def read_spend(conn: Connection, keys: Mapping[str, str]) -> Spend:
     """The ledger's cost per (scope, period) for the current period keys ({"day": "2025-01-31", ...})."""
     q = select(spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur).where(_current(keys))
     return {(scope, period): float(cost or 0.0) for scope, period, cost in conn.execute(q)}
@@ -128,17 +151,17 @@ def read_spend(conn, keys: dict[str, str]) -> dict[tuple[str, str], float]:
 
 @dataclass
 class Booking:
-    booked: list = field(default_factory=list)  # the rows this daemon booked
+    booked: list[Row[Any]] = field(default_factory=list)  # the rows this daemon booked
     oldest_bucket: dt.datetime | None = None
 
 
-def _claim(conn, ids: list[str], now: dt.datetime) -> set[str]:
+def _claim(conn: Connection, ids: list[str], now: dt.datetime) -> set[str]:
     """Set booked_at on those of `ids` nobody booked yet; the ids this transaction claimed."""
     if conn.dialect.update_returning:
         q = (update(runs).where(and_(runs.c.id.in_(ids), runs.c.booked_at.is_(None)))
              .values(booked_at=now).returning(runs.c.id))
         return {r[0] for r in conn.execute(q)}
-    claimed = set()
+    claimed: set[str] = set()
     for rid in ids:  # an old SQLite without RETURNING: one compare-and-set per run
         res = conn.execute(update(runs).where(and_(runs.c.id == rid, runs.c.booked_at.is_(None))).values(booked_at=now))
         if res.rowcount == 1:
@@ -146,9 +169,9 @@ def _claim(conn, ids: list[str], now: dt.datetime) -> set[str]:
     return claimed
 
 
-def _tool_counts(conn, ids: list[str]) -> dict[str, list[tuple[str, int, int]]]:
+def _tool_counts(conn: Connection, ids: list[str]) -> dict[str, list[tuple[str, int, int]]]:
     bad = func.sum(case((events.c.ok.is_(False), 1), else_=0))
-    out: dict[str, list] = defaultdict(list)
+    out: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
     q = (select(events.c.run_id, events.c.tool, func.count(), bad)
          .where(and_(events.c.run_id.in_(ids), events.c.kind == lc.EV_TOOL))
          .group_by(events.c.run_id, events.c.tool))
@@ -157,22 +180,25 @@ def _tool_counts(conn, ids: list[str]) -> dict[str, list[tuple[str, int, int]]]:
     return out
 
 
-def _at_least(r, ev: tuple):
-    """The row with its counters raised to what its events show (a plain namespace: rows are read-only)."""
-    from types import SimpleNamespace
+def _counters(r: Row[Any], ev: EventTotals | None) -> tuple[Any, Any, Any]:
+    """The row's (steps, tool_calls, tool_errors), each raised to what its events show."""
+    own = (r.steps, r.tool_calls, r.tool_errors)
+    if ev is None:
+        return own
+    s, t, e = (max(v or 0, shown) if isinstance(v, (int, float)) else shown for v, shown in zip(own, ev[:3]))
+    return s, t, e
 
-    d = r._asdict() if hasattr(r, "_asdict") else dict(r._mapping)
-    for col, v in zip(("steps", "tool_calls", "tool_errors"), ev[:3]):
-        d[col] = max(d.get(col) or 0, v) if isinstance(d.get(col), (int, float)) else v
-    return SimpleNamespace(**d)
 
-
-def book(conn, rows: list, now: dt.datetime, tz: dt.tzinfo, label_budgets: tuple[LabelBudget, ...] = ()) -> Booking:
+def book(conn: Connection, rows: Sequence[Row[Any]], now: dt.datetime, tz: dt.tzinfo,
+         label_budgets: tuple[LabelBudget, ...] = ()) -> Booking:
     """Book ended runs (read by read_unbooked) into the ledger and the rollups, in `conn`'s transaction."""
     out = Booking()
-    ledger: dict[tuple, list] = defaultdict(lambda: [0.0, 0, 0, 0])
-    rollups: dict[tuple, list] = defaultdict(lambda: [0, 0, 0, 0, 0, 0.0, 0, 0])
-    tools: dict[tuple, list] = defaultdict(lambda: [0, 0])
+    # (scope, period, period key) -> [cost_eur, runs, tokens, unpriced_tokens]
+    ledger: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0, 0, 0])
+    # (agent, bucket) -> [runs, stopped, steps, tool_calls, tool_errors, cost_eur, tokens, unpriced_tokens]
+    rollups: dict[tuple[str, dt.datetime], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0.0, 0, 0])
+    # (agent, bucket, tool) -> [calls, errors]
+    tools: dict[tuple[str, dt.datetime, str], list[int]] = defaultdict(lambda: [0, 0])
     for i in range(0, len(rows), CHUNK):
         chunk = rows[i : i + CHUNK]
         claimed = _claim(conn, [r.id for r in chunk], now)
@@ -186,9 +212,9 @@ def book(conn, rows: list, now: dt.datetime, tz: dt.tzinfo, label_budgets: tuple
             tokens = max(0, (r.tokens_in or 0) + (r.tokens_out or 0))
             cost = sane_cost(r.cost_eur)
             ev = shown.get(r.id)
+            steps, tool_calls, tool_errors = _counters(r, ev)
             if ev is not None:  # a run that zeroed its own counters is booked by its events
-                r = _at_least(r, ev)
-                tokens, cost = max(tokens, ev[3]), max(cost, sane_cost(ev[4]))
+                tokens, cost = max(tokens, ev.tokens), max(cost, sane_cost(ev.cost_eur))
             for scope in scopes_of(r.agent, r.labels, label_budgets):
                 for period in PERIODS:
                     acc = ledger[(scope, period, period_key(period, end, tz))]
@@ -199,7 +225,7 @@ def book(conn, rows: list, now: dt.datetime, tz: dt.tzinfo, label_budgets: tuple
             b = bucket_of(end)
             out.oldest_bucket = b if out.oldest_bucket is None else min(out.oldest_bucket, b)
             acc = rollups[(r.agent, b)]
-            for j, v in enumerate((1, int(r.status in STOPPED), r.steps, r.tool_calls, r.tool_errors, cost,
+            for j, v in enumerate((1, int(r.status in STOPPED), steps, tool_calls, tool_errors, cost,
                                    tokens, r.cost_unpriced_tokens)):
                 acc[j] += max(0, v or 0)
             for tool, calls, errors in counts.get(r.id, ()):
@@ -223,13 +249,10 @@ def book(conn, rows: list, now: dt.datetime, tz: dt.tzinfo, label_budgets: tuple
     return out
 
 
-def _upsert(conn, table, keys: tuple[str, ...], rows: list[dict], *, add=(), replace=()):
+def _upsert(conn: Connection, table: Table, keys: tuple[str, ...], rows: list[dict[str, Any]], *,
+            add: Iterable[str] = (), replace: Iterable[str] = ()) -> None:
     """INSERT ... ON CONFLICT DO UPDATE SET col = col + excluded.col: concurrent bookers add, never overwrite."""
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    stmt = dialect_insert(table)
+    stmt = dialects.of(conn).insert(table)
     sets = {c: table.c[c] + stmt.excluded[c] for c in add}
     sets.update({c: stmt.excluded[c] for c in replace})
     stmt = stmt.on_conflict_do_update(index_elements=[table.c[k] for k in keys], set_=sets)
@@ -242,7 +265,7 @@ def _upsert(conn, table, keys: tuple[str, ...], rows: list[dict], *, add=(), rep
 # -- reads for drift, `budgets` and `top` ------------------------------------------------
 
 
-def rollup_totals(conn, since: dt.datetime, until: dt.datetime | None = None, agent: str | None = None
+def rollup_totals(conn: Connection, since: dt.datetime, until: dt.datetime | None = None, agent: str | None = None
                   ) -> dict[str, Totals]:
     c = agent_rollups.c
     cond = [c.bucket_at >= since]
@@ -256,7 +279,7 @@ def rollup_totals(conn, since: dt.datetime, until: dt.datetime | None = None, ag
             for a, n, s, st, tc, cost in conn.execute(q)}
 
 
-def top_tool(conn, agent: str, since: dt.datetime) -> tuple[str, int] | None:
+def top_tool(conn: Connection, agent: str, since: dt.datetime) -> tuple[str, int] | None:
     c = agent_rollup_tools.c
     q = (select(c.tool, func.sum(c.calls).label("n")).where(and_(c.agent == agent, c.bucket_at >= since))
          .group_by(c.tool).order_by(desc("n"), c.tool).limit(1))
@@ -264,12 +287,12 @@ def top_tool(conn, agent: str, since: dt.datetime) -> tuple[str, int] | None:
     return (row[0], int(row[1])) if row else None
 
 
-def ledger_rows(conn, keys: dict[str, str]) -> list:
+def ledger_rows(conn: Connection, keys: Mapping[str, str]) -> Sequence[Row[Any]]:
     cond = or_(*(and_(spend_ledger.c.period == p, spend_ledger.c.period_key == k) for p, k in keys.items()))
     return conn.execute(select(spend_ledger).where(cond).order_by(spend_ledger.c.scope, spend_ledger.c.period)).all()
 
 
-def prune(conn, rollups_before: dt.datetime, ledger_before_month: str) -> None:
+def prune(conn: Connection, rollups_before: dt.datetime, ledger_before_month: str) -> None:
     """Rollups older than the drift baseline, ledger periods older than a year: they only grow otherwise."""
     conn.execute(delete(agent_rollups).where(agent_rollups.c.bucket_at < rollups_before))
     conn.execute(delete(agent_rollup_tools).where(agent_rollup_tools.c.bucket_at < rollups_before))
@@ -282,7 +305,8 @@ def month_key_ago(now: dt.datetime, tz: dt.tzinfo, months: int = 13) -> str:
     return period_key(MONTH, dt.datetime(y, m + 1, 1, tzinfo=dt.timezone.utc), dt.timezone.utc)
 
 
-def period_report(conn, config, now: dt.datetime, published: dict | None = None) -> list:
+def period_report(conn: Connection, config: Config, now: dt.datetime, published: Mapping[str, Any] | None = None
+                  ) -> list[PeriodState]:
     """Every period budget's state as the daemon computes it, from the store alone (for `budgets`).
 
     `published`: the daemon's last "budget_state" (its burn rates; omitted when stale)."""
@@ -298,14 +322,14 @@ def period_report(conn, config, now: dt.datetime, published: dict | None = None)
     labels = {r.id: parse_labels(r.labels) for r in active}
     live = live_by_scope([(r.id, r.agent, r.cost_eur) for r in active], label_budgets, labels.get)
     spent, agents = sum_spend(read_spend(conn, keys), unbooked, live, label_budgets)
-    rates = {}
+    rates: dict[tuple[object, ...], object] = {}
     for p in (published or {}).get("periods") or []:
         if isinstance(p, dict) and p.get("rate_eur_per_min") is not None:
             rates[(p.get("scope"), p.get("name"), p.get("period"), p.get("key"))] = p["rate_eur_per_min"]
     by_key = {scope_agent(a): ("agent", a) for a in agents}
     by_key.update({b.scope: ("labels", b.name) for b in label_budgets})
 
-    def rate_of(scope, period, key, s, start):
+    def rate_of(scope: str, period: str, key: str, s: float, start: dt.datetime) -> float | None:
         kind, name = by_key.get(scope, (None, None))
         r = rates.get((kind, name, period, key))
         return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else None

@@ -15,17 +15,19 @@ Without a usable directory (a Ticker driven by tests) it lives in memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import hashlib
 import logging
 import os
 import sqlite3
 import threading
 import time
-from typing import Iterable
+from collections.abc import Callable, Iterable
+
+from sqlalchemy.engine import URL
 
 log = logging.getLogger("watchdog.memory")
+
+StoreUrl = str | URL  # a store URL as text or parsed (an engine's `url`)
 
 DELIVERED_KEEP_S = 30 * 86400.0  # deliveries remembered this long (far past any alert_expire_s)
 
@@ -40,7 +42,7 @@ CREATE TABLE IF NOT EXISTS marks (kind TEXT NOT NULL, key TEXT NOT NULL, value T
 """
 
 
-def store_key(url) -> str:
+def store_key(url: StoreUrl) -> str:
     """A stable name for one store: the URL without its password, hashed (16 hex)."""
     from sqlalchemy.engine import make_url
 
@@ -54,14 +56,14 @@ def store_key(url) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def state_path(state_dir: str, url, suffix: str) -> str:
+def state_path(state_dir: str, url: StoreUrl, suffix: str) -> str:
     return os.path.join(state_dir, f"store-{store_key(url)}.{suffix}")
 
 
 class Memory:
     """The daemon's state file; every method is one short transaction (thread-safe)."""
 
-    def __init__(self, path: str | None):
+    def __init__(self, path: str | None) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._sent = 0
@@ -84,7 +86,7 @@ class Memory:
         self.first: dict[str, float] = dict(self._db.execute("SELECT run_id, at_s FROM first_seen"))
 
     @staticmethod
-    def _open(path: str):
+    def _open(path: str) -> sqlite3.Connection:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             os.fchmod(fd, 0o600)  # whatever the umask said
@@ -102,7 +104,7 @@ class Memory:
         return db
 
     @classmethod
-    def for_daemon(cls, state_dir: str | None, url) -> "Memory":
+    def for_daemon(cls, state_dir: str | None, url: StoreUrl) -> Memory:
         """The state file of this store in `state_dir`; in memory when the directory is not usable."""
         if state_dir and os.path.isdir(state_dir) and os.access(state_dir, os.W_OK):
             try:
@@ -133,7 +135,7 @@ class Memory:
         for rid, at in rows:
             self.first.setdefault(rid, at)
 
-    def rebase_first(self, moved: "Callable[[float], float]") -> int:
+    def rebase_first(self, moved: Callable[[float], float]) -> int:
         """A clock jump: every first sight read off the old clock moves with the runs' own times
         (watchdog.store.rebase), or a healthy run would look an hour old. Returns how many moved."""
         changed = [(new, rid) for rid, at in self.first.items() if (new := moved(at)) != at]

@@ -8,7 +8,11 @@ then `views.list_runs` computes the top tool from the events, as before.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import and_, bindparam, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.sql.elements import ColumnElement
 
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import runs
@@ -17,19 +21,19 @@ from watchdog.store.views import tool_stats
 SEAL_BATCH = 500
 
 
-def unsealed():
+def unsealed() -> ColumnElement[bool]:
     # Spelled as the partial index ix_runs_unsealed's predicate, so both databases use it.
     return and_(runs.c.ended_at.is_not(None), runs.c.top_tool_calls.is_(None))
 
 
-def seal_ended(engine, limit: int = SEAL_BATCH) -> int:
+def seal_ended(engine: Engine, limit: int = SEAL_BATCH) -> int:
     """Seal up to `limit` ended runs (the oldest first); returns how many."""
     with read_connection(engine) as conn:
         ids = conn.execute(select(runs.c.id).where(unsealed()).order_by(runs.c.ended_at).limit(limit)).scalars().all()
         if not ids:
             return 0
         stats = tool_stats(conn, ids)
-    params = []
+    params: list[dict[str, Any]] = []
     for rid in ids:
         top = stats[rid][0] if stats[rid] else None
         params.append({"rid": rid, "b_tool": top.name if top else None, "b_calls": top.calls if top else 0,

@@ -14,7 +14,11 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # protobuf messages (not followed by mypy: Any)
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -93,7 +97,7 @@ def decode(body: bytes, kind: str, max_spans: int) -> tuple[list[ResourceSpans],
 # -- protobuf ------------------------------------------------------------------------------
 
 
-def _pb_value(v, depth: int = 0) -> Any:
+def _pb_value(v: AnyValue, depth: int = 0) -> Any:
     which = v.WhichOneof("value")
     if which is None or depth > MAX_DEPTH:
         return None
@@ -108,7 +112,7 @@ def _pb_value(v, depth: int = 0) -> Any:
     return getattr(v, which)
 
 
-def _pb_attrs(kvs) -> dict[str, Any]:
+def _pb_attrs(kvs: Iterable[KeyValue]) -> dict[str, Any]:
     return {kv.key[:256]: _pb_value(kv.value) for kv in kvs}
 
 
@@ -141,7 +145,7 @@ def _from_protobuf(body: bytes, max_spans: int) -> tuple[list[ResourceSpans], in
 # -- JSON ------------------------------------------------------------------------------------
 
 
-def _j_value(v, depth: int = 0) -> Any:
+def _j_value(v: object, depth: int = 0) -> Any:
     if not isinstance(v, dict) or depth > MAX_DEPTH:
         return None
     for key in ("stringValue", "string_value"):
@@ -173,7 +177,7 @@ def _j_value(v, depth: int = 0) -> Any:
     return None
 
 
-def _list(v) -> list:
+def _list(v: object) -> list[Any]:
     if v is None:
         return []
     if not isinstance(v, list):
@@ -181,7 +185,7 @@ def _list(v) -> list:
     return v
 
 
-def _int(v, what: str) -> int:
+def _int(v: object, what: str) -> int:
     if isinstance(v, bool):
         raise BadRequest(f"{what}: expected an integer")
     if isinstance(v, int):
@@ -193,7 +197,7 @@ def _int(v, what: str) -> int:
     raise BadRequest(f"{what}: expected an integer (or its decimal string)")
 
 
-def _hex(v, what: str) -> str:
+def _hex(v: object, what: str) -> str:
     if v is None or v == "":
         return ""
     if not isinstance(v, str) or len(v) > 64:
@@ -205,7 +209,7 @@ def _hex(v, what: str) -> str:
     return v.lower()
 
 
-def _j_attrs(kvs, depth: int = 0) -> dict[str, Any]:
+def _j_attrs(kvs: object, depth: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kv in _list(kvs):
         if isinstance(kv, dict) and isinstance(kv.get("key"), str):
@@ -213,7 +217,7 @@ def _j_attrs(kvs, depth: int = 0) -> dict[str, Any]:
     return out
 
 
-def _get(d: dict, camel: str, snake: str) -> Any:
+def _get(d: dict[str, Any], camel: str, snake: str) -> Any:
     return d.get(camel, d.get(snake))
 
 
@@ -229,7 +233,8 @@ def _from_json(body: bytes, max_spans: int) -> tuple[list[ResourceSpans], int]:
     for rs in _list(_get(req, "resourceSpans", "resource_spans")):
         if not isinstance(rs, dict):
             raise BadRequest("resourceSpans: expected objects")
-        resource = rs.get("resource") if isinstance(rs.get("resource"), dict) else {}
+        raw_resource = rs.get("resource")
+        resource = raw_resource if isinstance(raw_resource, dict) else {}
         spans = []
         for ss in _list(_get(rs, "scopeSpans", "scope_spans")):
             if not isinstance(ss, dict):
@@ -241,7 +246,8 @@ def _from_json(body: bytes, max_spans: int) -> tuple[list[ResourceSpans], int]:
                     dropped += 1
                     continue
                 kept += 1
-                status = s.get("status") if isinstance(s.get("status"), dict) else {}
+                raw_status = s.get("status")
+                status = raw_status if isinstance(raw_status, dict) else {}
                 code = status.get("code", 0)
                 spans.append(Span(
                     _hex(_get(s, "traceId", "trace_id"), "traceId"), _hex(_get(s, "spanId", "span_id"), "spanId"),

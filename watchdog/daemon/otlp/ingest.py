@@ -16,11 +16,14 @@ The key → run cache is rebuilt from the store at start (the runs' labels name 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 import threading
 import uuid
 from collections import Counter, OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
@@ -29,7 +32,7 @@ from watchdog.daemon.otlp import sender
 from watchdog.daemon.otlp.mapping import Call, Group
 from watchdog.store import witness
 from watchdog.store.attestations import Attestation, load as load_attestation
-from watchdog.store.engine import Engine
+from watchdog.store.engine import Connection, Engine
 from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.otlp")
@@ -39,12 +42,16 @@ MAX_KEYS = 100_000  # keys, traces and span ids remembered (oldest forgotten fir
 KEY_LABELS = {"conversation": "gen_ai.conversation.id", "trace": "otel.trace_id"}
 
 
-class _Lru(OrderedDict):
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _Lru(OrderedDict[K, V]):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
 
-    def put(self, key, value) -> None:
+    def put(self, key: K, value: V) -> None:
         self[key] = value
         self.move_to_end(key)
         while len(self) > self.size:
@@ -77,11 +84,13 @@ class Receiver:
         self.sealer = sealer
         self.host = host
         self._lock = threading.Lock()  # one writer at a time: keys resolve to one run
-        self._runs: _Lru = _Lru(MAX_KEYS)  # (kind, value) -> run id
-        self._traces: _Lru = _Lru(MAX_KEYS)  # trace id -> run id
-        self._spans: _Lru = _Lru(MAX_KEYS)  # (run id, span id) already counted (an exporter's retry)
+        self._runs: _Lru[tuple[str, str], str] = _Lru(MAX_KEYS)  # (kind, value) -> run id
+        self._traces: _Lru[str, str] = _Lru(MAX_KEYS)  # trace id -> run id
+        # (run id, span id) already counted (an exporter's retry)
+        self._spans: _Lru[tuple[str, str], bool] = _Lru(MAX_KEYS)
         self._owner: dict[str, int | None] = {}  # run id -> sender uid
-        self._tree: _Lru = _Lru(4096)  # (socket inode, run id) -> inside exec's tree
+        # (socket inode, run id) -> why the sender is not inside exec's tree ("": it is)
+        self._tree: _Lru[tuple[int | None, str], str] = _Lru(4096)
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -101,6 +110,7 @@ class Receiver:
         exec_ok = {g.key: self._inside_exec_tree(g, peer) for g in groups if g.key[0] == "run"}
         with self._lock, self.engine.begin() as conn:
             now = witness.store_now(conn)
+            run_id: str | None
             for g in groups:
                 if g.key[0] == "run":
                     why = exec_ok[g.key]
@@ -160,7 +170,7 @@ class Receiver:
     def _forget(self, run_id: str) -> None:
         self._owner.pop(run_id, None)
 
-    def _start(self, conn, g: Group, peer: sender.Peer, now, out: Outcome) -> str | None:
+    def _start(self, conn: Connection, g: Group, peer: sender.Peer, now: dt.datetime, out: Outcome) -> str | None:
         """A new span-only run for the group's key, or None (refused: the sender has too many)."""
         uid = peer.uid
         if uid is not None or peer.address:
@@ -173,18 +183,19 @@ class Receiver:
         run_id = uuid.uuid4().hex
         labels = {KEY_LABELS[g.key[0]]: g.key[1]}
         pinned, why = None, ""
-        if self.config.otlp.kill_mode == lc.PROCESS and self.sealer is not None:
+        sealer = self.sealer
+        if self.config.otlp.kill_mode == lc.PROCESS and sealer is not None:
             pinned, why = sender.confirm_claim(peer, g.claimed_pid)
             if pinned is None:
                 log.info("otlp run %s: cooperative, %s", run_id[:8], why)
-        if pinned is None:
+        if pinned is None or sealer is None:  # (a pinned sender implies a sealer)
             witness.create_run(conn, run_id=run_id, agent=g.agent, source=lc.Source.OTLP, host=self.host,
                                kill_mode=lc.COOPERATIVE, labels=labels, now=now)
         else:
             witness.create_run(conn, run_id=run_id, agent=g.agent, source=lc.Source.OTLP, host=self.host,
                                kill_mode=lc.PROCESS, labels=labels, pid=pinned.pid,
                                pid_create_time=pinned.create_time, now=now)
-            mac = self.sealer.identity(run_id, self.host, pinned.pid, pinned.create_time, pinned.uid, lc.PROCESS)
+            mac = sealer.identity(run_id, self.host, pinned.pid, pinned.create_time, pinned.uid, lc.PROCESS)
             witness.pin_process(conn, Attestation(run_id, self.host, pinned.pid, pinned.create_time, pinned.uid,
                                                   lc.PROCESS, utcnow(), mac))
             log.info("otlp run %s: sender pid %d (uid %d) confirmed by the kernel", run_id[:8], pinned.pid,
@@ -192,7 +203,7 @@ class Receiver:
         self._owner[run_id] = uid
         return run_id
 
-    def _prune(self, conn) -> None:
+    def _prune(self, conn: Connection) -> None:
         """Forget the owners of runs that ended (by silence, a stop, their root span)."""
         active = {rid for rid, _ in witness.active_runs_of(conn, lc.Source.OTLP, self.host)}
         for rid in [r for r in self._owner if r not in active]:
@@ -224,6 +235,6 @@ class Receiver:
         return why
 
 
-def sender_counts(receiver: Receiver) -> Counter:
+def sender_counts(receiver: Receiver) -> Counter[int | None]:
     """Active span-only runs per sender uid (for tests and metrics)."""
     return Counter(receiver._owner.values())

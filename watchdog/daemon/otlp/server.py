@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
@@ -212,6 +213,9 @@ class _BadFraming(Exception):
     pass
 
 
+_Request = socket.socket | tuple[bytes, socket.socket]  # socketserver's request: what a server hands a handler
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -223,11 +227,13 @@ class _Server(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         super().__init__(address, _Handler)
 
-    def process_request(self, request: socket.socket, client_address: tuple) -> None:
+    # The request is the connected socket (a stream server's; the tuple is a datagram server's).
+    def process_request(self, request: _Request, client_address: tuple[Any, ...]) -> None:
         if not self._slots.acquire(blocking=False):
+            conn = request if isinstance(request, socket.socket) else request[1]
             try:  # busy: the exporter retries after Retry-After
-                request.settimeout(1.0)
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+                conn.settimeout(1.0)
+                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
                                 b"Connection: close\r\n\r\n")
             except OSError:
                 pass
@@ -235,13 +241,14 @@ class _Server(ThreadingHTTPServer):
             return
         super().process_request(request, client_address)
 
-    def process_request_thread(self, request: socket.socket, client_address: tuple) -> None:
+    def process_request_thread(self, request: _Request, client_address: tuple[Any, ...]) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
 
-    def handle_error(self, request: socket.socket, client_address: tuple) -> None:  # a peer's misbehaviour is not the daemon's error
+    # A peer's misbehaviour is not the daemon's error.
+    def handle_error(self, request: _Request, client_address: tuple[Any, ...]) -> None:
         log.debug("otlp: connection from %s ended badly", client_address, exc_info=True)
 
 
@@ -266,7 +273,9 @@ class OtlpServer:
     @property
     def address(self) -> tuple[str, int]:
         assert self._server is not None
-        return self._server.server_address[:2]
+        host, port = self._server.server_address[:2]  # IPv6 adds (flowinfo, scope_id)
+        assert isinstance(host, str)  # an AF_INET/AF_INET6 name is text (the stub allows bytes too)
+        return host, port
 
     def start(self) -> "OtlpServer":
         listen = self.config.otlp.listen
@@ -296,5 +305,5 @@ class OtlpServer:
     def __enter__(self) -> "OtlpServer":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -10,11 +10,14 @@ Called by the tick for each run it evaluates (watchdog.daemon.ticker), before it
 from __future__ import annotations
 
 import datetime as dt
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
 from watchdog.store import witness
+
+if TYPE_CHECKING:
+    from watchdog.daemon.batch import Batch
 
 # The sources whose runs end by silence: witnesses outside the run's process.
 SPAN_ONLY = frozenset({lc.Source.OTLP})
@@ -29,7 +32,7 @@ def silent(row, budgets: Budgets, now: dt.datetime) -> bool:
     return (now - row.last_seen_at).total_seconds() >= limit  # never after heartbeat_timeout would judge it
 
 
-def end_if_silent(batch, row, budgets: Budgets, now: dt.datetime, by: str,
+def end_if_silent(batch: Batch, row, budgets: Budgets, now: dt.datetime, by: str,
                   gone: Callable[[], bool] | None = None) -> bool:
     """End the run if it is a silent span-only run; True when it was ended (nothing more to judge).
     `gone`: whether its pinned sender's process is gone (kill_mode process): a running span-only
