@@ -234,36 +234,8 @@ def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budg
 
     cgroup_dir, orphans = _exec_tree(conn, row, leader, killer, sealer, remembered)
     if stage is None:
-        refusal = killer.refusal(leader)
-        if refusal in GONE_REASONS and orphans:
-            refusal = None  # exec is gone, its tree is not: the daemon takes it down itself
-        if refusal in GONE_REASONS:
-            _finish(conn, row, None, f"process exited after the cooperative stop ({refusal})", now, by, facts,
-                    budgets, escalated=False, sealer=sealer)
-            return
-        if refusal:
-            _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {refusal}", **common)
-            return
-        if confirmed is not None and not confirmed():
-            hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
-            return
-        if own_evidence is not None and not own_evidence():
-            hold_not_own(conn, row, **common)
-            return
-        out = killer.terminate(leader, row.kill_mode, extra=orphans, cgroup_dir=cgroup_dir)
-        if out.refused in GONE_REASONS and out.targets:
-            out = dataclasses.replace(out, refused=None)  # exec was gone; its tree got the signal
-        if out.refused in GONE_REASONS:  # it exited between the check and the signal
-            _finish(conn, row, None, f"process exited after the cooperative stop ({out.refused})", now, by, facts,
-                    budgets, escalated=False, sealer=sealer)
-            return
-        if out.refused:
-            _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {out.refused}", **common)
-            return
-        if _set_stage(conn, row, None, lc.Stage.TERM, now):
-            detail = _sealed_detail(sealer, row.id, out.targets, skipped=list(out.skipped))
-            record(conn, at=now, action=Action.SIGTERM, by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
-                   outcome=out.summary())
+        _first_signal(conn, row, leader, cgroup_dir, orphans, killer=killer, confirmed=confirmed,
+                      own_evidence=own_evidence, common=common)
         return
 
     targets = _signalled_targets(conn, row, **common) or [leader]
@@ -289,3 +261,41 @@ def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budg
             pids = ", ".join(str(t.pid) for t in alive)
             _fail(conn, row, lc.Stage.KILL, lc.Stage.FAILED, Action.STOP_FAILED,
                   f"still alive {waited_s:.0f} s after SIGKILL (pids {pids}; uninterruptible?)", **common)
+
+
+def _first_signal(conn: Connection, row: Any, leader: ProcessIdentity, cgroup_dir: Any, orphans: list[Any], *,
+                  killer: Killer, confirmed: Callable[[], bool] | None, own_evidence: Callable[[], bool] | None,
+                  common: dict[str, Any]) -> None:
+    """The ladder's first step (SIGTERM), once the process is checked and the stop confirmed the
+    daemon's own; or why there is none (gone, refused, unconfirmed, not the run's own evidence)."""
+    now, by, facts, budgets, sealer = common["now"], common["by"], common["facts"], common["budgets"], common["sealer"]
+    refusal = killer.refusal(leader)
+    if refusal in GONE_REASONS and orphans:
+        refusal = None  # exec is gone, its tree is not: the daemon takes it down itself
+    if refusal in GONE_REASONS:
+        _finish(conn, row, None, f"process exited after the cooperative stop ({refusal})", now, by, facts,
+                budgets, escalated=False, sealer=sealer)
+        return
+    if refusal:
+        _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {refusal}", **common)
+        return
+    if confirmed is not None and not confirmed():
+        hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
+        return
+    if own_evidence is not None and not own_evidence():
+        hold_not_own(conn, row, **common)
+        return
+    out = killer.terminate(leader, row.kill_mode, extra=orphans, cgroup_dir=cgroup_dir)
+    if out.refused in GONE_REASONS and out.targets:
+        out = dataclasses.replace(out, refused=None)  # exec was gone; its tree got the signal
+    if out.refused in GONE_REASONS:  # it exited between the check and the signal
+        _finish(conn, row, None, f"process exited after the cooperative stop ({out.refused})", now, by, facts,
+                budgets, escalated=False, sealer=sealer)
+        return
+    if out.refused:
+        _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {out.refused}", **common)
+        return
+    if _set_stage(conn, row, None, lc.Stage.TERM, now):
+        detail = _sealed_detail(sealer, row.id, out.targets, skipped=list(out.skipped))
+        record(conn, at=now, action=Action.SIGTERM, by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
+               outcome=out.summary())
