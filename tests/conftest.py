@@ -16,9 +16,9 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, text
 
+from pg_support import BACKENDS, PG_ADMIN_URL, empty_pg
 from watchdog.store import migrate
 from watchdog.store.engine import make_engine
-from watchdog.store.schema import metadata
 
 pytest_plugins = ("noskip",)  # under CI=true a skip is a failure
 
@@ -33,8 +33,6 @@ for _d in (os.environ["STATE_DIRECTORY"], os.environ["RUNTIME_DIRECTORY"]):
     os.makedirs(_d, mode=0o700, exist_ok=True)
 atexit.register(shutil.rmtree, _SESSION_DIRS, True)
 
-PG_ADMIN_URL = os.environ.get("AGENT_WATCHDOG_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-BACKENDS = ["sqlite", "postgresql"]
 
 
 @pytest.fixture(scope="session")
@@ -62,14 +60,6 @@ def pg_migrated(pg_server_url):
     return pg_server_url
 
 
-def _empty_pg(url):
-    engine = make_engine(url)
-    with engine.begin() as conn:
-        names = ", ".join(t.name for t in metadata.sorted_tables)
-        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
-    engine.dispose()
-
-
 @pytest.fixture(params=BACKENDS)
 def db_url(request, tmp_path):
     """A migrated, empty store on each backend."""
@@ -81,7 +71,7 @@ def db_url(request, tmp_path):
         yield url
     else:
         url = request.getfixturevalue("pg_migrated")
-        _empty_pg(url)
+        empty_pg(url)
         yield url
 
 

@@ -19,7 +19,7 @@ from attest_support import LocalUsers, foreign_python
 from watchdog.core import paths
 from watchdog.store.schema import runs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "docs" / "howto" / "try-the-daemon.md"
 
 
