@@ -20,12 +20,14 @@ from pg_support import BACKENDS, PG_ADMIN_URL, empty_pg
 from watchdog.store import migrate
 from watchdog.store.engine import make_engine
 
-pytest_plugins = ("noskip",)  # under CI=true a skip is a failure
+# noskip: under CI=true a skip is a failure; hermetic: a test touching the host's own
+# agent-watchdog paths (/var/lib/agent-watchdog, ...) fails.
+pytest_plugins = ("noskip", "hermetic")
 
 # Hermetic defaults: as root (CI) the daemon's default state directory and socket are the
 # host's /var/lib/agent-watchdog and /run/agent-watchdog (watchdog.core.paths). A test that
 # forgets to name its own gets a directory of this test session instead, exactly as systemd
-# would hand one over, never the host's.
+# would hand one over, never the host's (and tests/hermetic.py fails one that still reaches them).
 _SESSION_DIRS = tempfile.mkdtemp(prefix="aw-test-dirs-")
 os.environ.setdefault("STATE_DIRECTORY", os.path.join(_SESSION_DIRS, "state"))
 os.environ.setdefault("RUNTIME_DIRECTORY", os.path.join(_SESSION_DIRS, "run"))
