@@ -160,3 +160,34 @@ def attest(monkeypatch):
     yield start
     for a in made:
         a.close()
+
+
+# --- the order files are handed out in ----------------------------------------------------------
+
+# CI runs `-n 2 --dist loadfile`: xdist hands whole files to its two workers in collection order.
+# The long files go first so that the last file a worker gets is short; were test_readme.py (a
+# fresh venv) last, one worker would run it alone while the other idles. Heaviest first, as far as
+# their real processes, venvs and wheels say (a file not named is ordered by its kind: system,
+# chaos and integrations, then store, then unit, whose small files fill the end).
+HEAVY_FIRST = (
+    "system/test_readme.py", "system/test_docs.py", "chaos/test_chaos.py", "system/test_packaging.py",
+    "system/test_demo.py", "system/test_ladder.py", "system/test_evidence_mac.py",
+    "integrations/test_langchain.py", "integrations/test_openai_agents.py", "system/test_cluster.py",
+    "system/test_clock_jump.py", "system/test_exec_status.py", "system/test_mcp_proxy.py",
+    "system/test_killer.py", "system/test_security.py", "system/test_ops.py", "system/test_daemon.py",
+)
+KIND_ORDER = {"system": 0, "chaos": 0, "integrations": 0, "store": 1, "unit": 2}
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def file_rank(path: str) -> tuple[int, int]:
+    """Where a test file goes in the run: the named heavy ones in their order, then by kind."""
+    rel = os.path.relpath(path, _TESTS_DIR).replace(os.sep, "/")
+    if rel in HEAVY_FIRST:
+        return (0, HEAVY_FIRST.index(rel))
+    return (1, KIND_ORDER.get(rel.split("/", 1)[0], 0))
+
+
+def pytest_collection_modifyitems(items):
+    # A stable sort by file: each file's tests stay together and in their own order.
+    items.sort(key=lambda item: file_rank(str(item.path)))
