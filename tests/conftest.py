@@ -13,17 +13,6 @@ import shutil
 import tempfile
 import uuid
 
-import pytest
-from sqlalchemy import create_engine, text
-
-from pg_support import BACKENDS, PG_ADMIN_URL, empty_pg
-from watchdog.store import migrate
-from watchdog.store.engine import make_engine
-
-# noskip: under CI=true a skip is a failure; hermetic: a test touching the host's own
-# agent-watchdog paths (/var/lib/agent-watchdog, ...) fails.
-pytest_plugins = ("noskip", "hermetic")
-
 # Hermetic defaults: as root (CI) the daemon's default state directory and socket are the
 # host's /var/lib/agent-watchdog and /run/agent-watchdog (watchdog.core.paths). A test that
 # forgets to name its own gets a directory of this test session instead, exactly as systemd
@@ -33,8 +22,24 @@ os.environ.setdefault("STATE_DIRECTORY", os.path.join(_SESSION_DIRS, "state"))
 os.environ.setdefault("RUNTIME_DIRECTORY", os.path.join(_SESSION_DIRS, "run"))
 for _d in (os.environ["STATE_DIRECTORY"], os.environ["RUNTIME_DIRECTORY"]):
     os.makedirs(_d, mode=0o700, exist_ok=True)
+# An agent's own default is the host's /run/agent-watchdog/attest.sock (watchdog.core.paths): a run
+# with kill_mode "process" would attest to a daemon running on this machine. It looks where a
+# daemon of this session listens by default instead (tests that start one still name theirs).
+os.environ.setdefault("AGENT_WATCHDOG_SOCKET", os.path.join(os.environ["RUNTIME_DIRECTORY"], "attest.sock"))
 atexit.register(shutil.rmtree, _SESSION_DIRS, True)
 
+# Imported only now: the package resolves its default paths when it is imported (Config's
+# DaemonConfig() default), so the directories above must be set first.
+import pytest  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
+
+from pg_support import BACKENDS, PG_ADMIN_URL, empty_pg  # noqa: E402
+from watchdog.store import migrate  # noqa: E402
+from watchdog.store.engine import make_engine  # noqa: E402
+
+# noskip: under CI=true a skip is a failure; hermetic: a test touching the host's own
+# agent-watchdog paths (/var/lib/agent-watchdog, ...) fails.
+pytest_plugins = ("noskip", "hermetic")
 
 
 @pytest.fixture(scope="session")
