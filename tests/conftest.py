@@ -13,28 +13,33 @@ import shutil
 import tempfile
 import uuid
 
-import pytest
-from sqlalchemy import create_engine, text
-
-from watchdog.store import migrate
-from watchdog.store.engine import make_engine
-from watchdog.store.schema import metadata
-
-pytest_plugins = ("noskip",)  # under CI=true a skip is a failure
-
 # Hermetic defaults: as root (CI) the daemon's default state directory and socket are the
 # host's /var/lib/agent-watchdog and /run/agent-watchdog (watchdog.core.paths). A test that
 # forgets to name its own gets a directory of this test session instead, exactly as systemd
-# would hand one over, never the host's.
+# would hand one over, never the host's (and tests/hermetic.py fails one that still reaches them).
 _SESSION_DIRS = tempfile.mkdtemp(prefix="aw-test-dirs-")
 os.environ.setdefault("STATE_DIRECTORY", os.path.join(_SESSION_DIRS, "state"))
 os.environ.setdefault("RUNTIME_DIRECTORY", os.path.join(_SESSION_DIRS, "run"))
 for _d in (os.environ["STATE_DIRECTORY"], os.environ["RUNTIME_DIRECTORY"]):
     os.makedirs(_d, mode=0o700, exist_ok=True)
+# An agent's own default is the host's /run/agent-watchdog/attest.sock (watchdog.core.paths): a run
+# with kill_mode "process" would attest to a daemon running on this machine. It looks where a
+# daemon of this session listens by default instead (tests that start one still name theirs).
+os.environ.setdefault("AGENT_WATCHDOG_SOCKET", os.path.join(os.environ["RUNTIME_DIRECTORY"], "attest.sock"))
 atexit.register(shutil.rmtree, _SESSION_DIRS, True)
 
-PG_ADMIN_URL = os.environ.get("AGENT_WATCHDOG_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-BACKENDS = ["sqlite", "postgresql"]
+# Imported only now: the package resolves its default paths when it is imported (Config's
+# DaemonConfig() default), so the directories above must be set first.
+import pytest  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
+
+from pg_support import BACKENDS, PG_ADMIN_URL, empty_pg  # noqa: E402
+from watchdog.store import migrate  # noqa: E402
+from watchdog.store.engine import make_engine  # noqa: E402
+
+# noskip: under CI=true a skip is a failure; hermetic: a test touching the host's own
+# agent-watchdog paths (/var/lib/agent-watchdog, ...) fails.
+pytest_plugins = ("noskip", "hermetic")
 
 
 @pytest.fixture(scope="session")
@@ -62,14 +67,6 @@ def pg_migrated(pg_server_url):
     return pg_server_url
 
 
-def _empty_pg(url):
-    engine = make_engine(url)
-    with engine.begin() as conn:
-        names = ", ".join(t.name for t in metadata.sorted_tables)
-        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
-    engine.dispose()
-
-
 @pytest.fixture(params=BACKENDS)
 def db_url(request, tmp_path):
     """A migrated, empty store on each backend."""
@@ -81,7 +78,7 @@ def db_url(request, tmp_path):
         yield url
     else:
         url = request.getfixturevalue("pg_migrated")
-        _empty_pg(url)
+        empty_pg(url)
         yield url
 
 
@@ -168,3 +165,34 @@ def attest(monkeypatch):
     yield start
     for a in made:
         a.close()
+
+
+# --- the order files are handed out in ----------------------------------------------------------
+
+# CI runs `-n 2 --dist loadfile`: xdist hands whole files to its two workers in collection order.
+# The long files go first so that the last file a worker gets is short; were test_readme.py (a
+# fresh venv) last, one worker would run it alone while the other idles. Heaviest first, as far as
+# their real processes, venvs and wheels say (a file not named is ordered by its kind: system,
+# chaos and integrations, then store, then unit, whose small files fill the end).
+HEAVY_FIRST = (
+    "system/test_readme.py", "system/test_docs.py", "chaos/test_chaos.py", "system/test_packaging.py",
+    "system/test_demo.py", "system/test_ladder.py", "system/test_evidence_mac.py",
+    "integrations/test_langchain.py", "integrations/test_openai_agents.py", "system/test_cluster.py",
+    "system/test_clock_jump.py", "system/test_exec_status.py", "system/test_mcp_proxy.py",
+    "system/test_killer.py", "system/test_security.py", "system/test_ops.py", "system/test_daemon.py",
+)
+KIND_ORDER = {"system": 0, "chaos": 0, "integrations": 0, "store": 1, "unit": 2}
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def file_rank(path: str) -> tuple[int, int]:
+    """Where a test file goes in the run: the named heavy ones in their order, then by kind."""
+    rel = os.path.relpath(path, _TESTS_DIR).replace(os.sep, "/")
+    if rel in HEAVY_FIRST:
+        return (0, HEAVY_FIRST.index(rel))
+    return (1, KIND_ORDER.get(rel.split("/", 1)[0], 0))
+
+
+def pytest_collection_modifyitems(items):
+    # A stable sort by file: each file's tests stay together and in their own order.
+    items.sort(key=lambda item: file_rank(str(item.path)))

@@ -38,7 +38,7 @@ def config(**sections):
     # The daemon's own files (lease lock, state file) next to its key: never the system's.
     daemon.setdefault("state_dir", os.path.dirname(daemon["key_file"]))
     # The model the test runs record: priced (at nothing), so that the daemon's "model has no
-    # price" alert does not join the alerts a test counts. tests/test_money.py tests that alert.
+    # price" alert does not join the alerts a test counts. tests/system/test_money.py tests that alert.
     raw.setdefault("prices", {"gpt-x": {"input_eur_per_mtok": 0.0, "output_eur_per_mtok": 0.0}})
     return parse(raw)
 

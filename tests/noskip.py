@@ -3,7 +3,7 @@
 A skip that is harmless on a laptop (no systemd-analyze, an extra not installed)
 would let CI pass without ever running the test. CI installs everything the suite
 needs (see .ci/run), so there a skip can only mean something is missing: say what.
-Loaded by conftest.py; tested by tests/test_noskip.py.
+Loaded by conftest.py; tested by tests/system/test_noskip.py.
 """
 
 from __future__ import annotations

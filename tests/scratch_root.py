@@ -3,7 +3,8 @@
 `ScratchRoot(base).run(steps)` runs shell snippets in private mount and pid namespaces
 (`unshare`, we are root) where:
 
-- /etc is a copy kept in BASE/root/etc, so `useradd` writes BASE/root/etc/passwd;
+- /etc is a copy kept in BASE/root/etc, so `useradd` writes BASE/root/etc/passwd; the copy
+  has none of this machine's own agent-watchdog install (/etc/agent-watchdog, its users);
 - /opt, /var/lib and /usr/local/bin show this machine's entries (bind mounts), but
   anything created there lands in BASE/root/opt, BASE/root/var/lib, ... instead;
 - /run is an empty tmpfs, /proc shows only the namespace's processes;
@@ -48,7 +49,14 @@ shadow() {  # $1 shows this machine's entries; new ones are created in $R$1
     done
     mount --rbind "$upper" "$dir"
 }
-[[ -d "$R/etc" ]] || cp -a /etc "$R/etc"
+if [[ ! -d "$R/etc" ]]; then
+    cp -a /etc "$R/etc"
+    # Not this machine's own install either (its config, its users): the steps make theirs.
+    rm -rf "$R/etc/agent-watchdog"
+    for f in passwd group shadow gshadow; do
+        [[ -f "$R/etc/$f" ]] && sed -i -E '/^(agent-watchdog|agent-watchdog-store|agents):/d' "$R/etc/$f"
+    done
+fi
 mount --bind "$R/etc" /etc
 shadow /opt
 shadow /var/lib

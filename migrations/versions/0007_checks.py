@@ -22,7 +22,7 @@ trigger is. Existing rows are never re-checked.
 
 from alembic import op
 
-# Self-contained: a migration never imports the application. tests/test_migrations.py
+# Self-contained: a migration never imports the application. tests/store/test_migrations.py
 # checks these lists against watchdog.core.lifecycle and the budget registry: a new status
 # or budget needs a new revision, never an edit of this one.
 STATUSES = ("running", "paused", "stopping", "completed", "failed", "killed", "lost")

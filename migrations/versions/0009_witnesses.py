@@ -31,7 +31,7 @@ down_revision = '0008'
 branch_labels = None
 depends_on = None
 
-# tests/test_failsafe.py checks these lists against watchdog.core.lifecycle.
+# tests/system/test_failsafe.py checks these lists against watchdog.core.lifecycle.
 KILL_MODES = ("cooperative", "process", "tree", "cgroup")
 SOURCES = ("sdk", "exec", "otlp", "litellm", "mcp", "sql")
 

@@ -24,7 +24,7 @@ The daemon's role and superusers are not restricted: the daemon stops, books, se
 rebases any row. On SQLite the column exists and stays NULL: all writers of a file share one
 trust domain there (DESIGN.md).
 
-Self-contained: the status lists below are the lifecycle's (tests/test_owners_pg.py checks them).
+Self-contained: the status lists below are the lifecycle's (tests/system/test_owners_pg.py checks them).
 """
 
 from __future__ import annotations

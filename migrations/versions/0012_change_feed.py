@@ -29,7 +29,7 @@ active runs (issue 25: a tick that costs what changed). The database writes it, 
   as counter would make every agent's transaction wait for the others' commits.
 
 Existing active runs are numbered by the upgrade; ended runs keep 0 (no tick waits on them).
-Self-contained: the active statuses are the lifecycle's (tests/test_migrations.py checks them).
+Self-contained: the active statuses are the lifecycle's (tests/store/test_migrations.py checks them).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ has installed the package already: the suite's own venv (every extra a page inst
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -176,6 +177,19 @@ systemctl status agent-watchdog || true
 '''
 
 
+HOST_INSTALL = ("/var/lib/agent-watchdog", "/opt/agent-watchdog", "/etc/agent-watchdog", "/run/agent-watchdog")
+
+
+def _host_install() -> tuple:
+    """This machine's own agent-watchdog install, as far as the steps could change it: which of its
+    directories exist and when they last changed (stat only: tests/hermetic.py forbids reading
+    them), and its users' lines."""
+    dirs = tuple((p, os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in HOST_INSTALL if os.path.exists(p))
+    users = tuple(line for line in Path("/etc/passwd").read_text().splitlines()
+                  if line.startswith(("agent-watchdog:", "agents:")))
+    return dirs, users
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_systemd_steps_run_in_a_scratch_root(http):
@@ -183,6 +197,7 @@ def test_the_systemd_steps_run_in_a_scratch_root(http):
     if why:
         pytest.skip(f"a scratch root {why}")
     first, second = _operator_blocks()
+    host_before = _host_install()
     base = Path(tempfile.mkdtemp(prefix="aw-docs-root-", dir="/tmp"))
     try:
         checkout = copy_checkout(base / "agent-watchdog")
@@ -222,8 +237,8 @@ def test_the_systemd_steps_run_in_a_scratch_root(http):
         assert oct(db.stat().st_mode & 0o777) == "0o660"
         with sqlite3.connect(db) as conn:
             assert conn.execute("SELECT version_num FROM alembic_version").fetchone() is not None
-        # And nothing of it on this machine.
-        assert not Path("/var/lib/agent-watchdog").exists() and not Path("/opt/agent-watchdog").exists()
-        assert "agent-watchdog:" not in Path("/etc/passwd").read_text()
+        # And nothing of it on this machine: whatever this machine had (a daemon once run here)
+        # is as it was, used by nothing above.
+        assert _host_install() == host_before
     finally:
         shutil.rmtree(base, ignore_errors=True)

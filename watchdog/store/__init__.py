@@ -1,8 +1,9 @@
 """All SQL of agent-watchdog: the table contract, engines, the SDK's hot statements,
-audit writes and read models. The tables and the engine helpers are re-exported here."""
+audit writes and read models. The engine helpers are re-exported here; the tables are not
+(`watchdog.store.schema` holds them, and only the store imports it): a table re-exported under
+the name of a store module (`alerts`, `interventions`, `settings`) made
+`from watchdog.store import alerts` bind the table or the module depending on import order."""
 
 from watchdog.store.engine import make_engine, normalise_url, read_connection
-from watchdog.store.schema import alerts, daemons, events, interventions, metadata, runs, settings, tool_circuits, utcnow
 
-__all__ = ["make_engine", "normalise_url", "read_connection", "alerts", "daemons", "events", "interventions",
-           "metadata", "runs", "settings", "tool_circuits", "utcnow"]
+__all__ = ["make_engine", "normalise_url", "read_connection"]

@@ -31,8 +31,8 @@ from watchdog.store import migrate
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import runs, utcnow
 
-SCRIPT = Path(__file__).resolve().parents[1] / "sql" / "postgres-roles.sql"
-MIGRATION = Path(__file__).resolve().parents[1] / "migrations" / "versions" / "0010_owners.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "sql" / "postgres-roles.sql"
+MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0010_owners.py"
 INSERT = ("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at{cols}) "
           "VALUES (%s, 'bot', 'running', 'cooperative', 'h', now(), now(){vals})")
 

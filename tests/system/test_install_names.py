@@ -11,8 +11,8 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SELF = "tests/test_install_names.py"
+REPO = Path(__file__).resolve().parents[2]
+SELF = "tests/system/test_install_names.py"
 
 # PyPI normalises -, _ and . alike: all three spell the stranger's project.
 _THEIRS = r"(?<![\w./-])['\"]?agent[-_.]watchdog(?![\w.-]*\w)"

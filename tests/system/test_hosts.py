@@ -2,7 +2,7 @@
 per-host judgement and the adoption of hosts whose daemon is gone.
 
 Hosts are simulated by name here (`Killer(host=...)`, run rows written with that
-host); tests/test_cluster.py runs real daemons in real UTS namespaces. Races use
+host); tests/system/test_cluster.py runs real daemons in real UTS namespaces. Races use
 real processes started together on a barrier.
 """
 
@@ -195,7 +195,7 @@ def test_postgresql_a_leader_whose_session_died_is_replaced_and_steps_down(db_ur
 
 def test_a_daemons_row_rewritten_by_a_store_writer_is_written_again_never_obeyed(sqlite_url):
     """The lease is the daemon's lock file (issue 20): a row pointing at another process only
-    gets written again; the daemon goes on leading (tests/test_lease_flock.py: the real daemon)."""
+    gets written again; the daemon goes on leading (tests/system/test_lease_flock.py: the real daemon)."""
     engine = make_engine(sqlite_url)
     try:
         lease = SqliteLease(engine, "h1", tick_s=1.0)

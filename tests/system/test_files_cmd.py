@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from conftest import PG_ADMIN_URL
+from pg_support import PG_ADMIN_URL
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXE = str(Path(sys.executable).parent / "agent-watchdog")
 
 pytestmark = pytest.mark.postgres

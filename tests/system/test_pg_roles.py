@@ -21,13 +21,13 @@ from watchdog import RunKilled, Watchdog
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import circuit_probes, events, runs, tool_circuits, utcnow
 
-SCRIPT = Path(__file__).resolve().parents[1] / "sql" / "postgres-roles.sql"
+SCRIPT = Path(__file__).resolve().parents[2] / "sql" / "postgres-roles.sql"
 
 
 @pytest.fixture
 def roles(pg_migrated):
     """(agents' role, an agent's login role, its store URL), dropped afterwards."""
-    from conftest import _empty_pg
+    from pg_support import empty_pg as _empty_pg
 
     _empty_pg(pg_migrated)
     tag = uuid.uuid4().hex[:8]

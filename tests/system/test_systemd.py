@@ -22,7 +22,7 @@ import pytest
 
 import scratch_root
 
-SYSTEMD_DIR = Path(__file__).resolve().parents[1] / "systemd"
+SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD_DIR / "agent-watchdog.service"
 EXAMPLE = SYSTEMD_DIR / "config.example.toml"
 

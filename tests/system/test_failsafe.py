@@ -260,7 +260,7 @@ def test_the_migrations_checks_name_every_status_kill_mode_event_kind_and_budget
 
     from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS
 
-    path = Path(__file__).resolve().parents[1] / "migrations" / "versions" / "0007_checks.py"
+    path = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0007_checks.py"
     spec = importlib.util.spec_from_file_location("checks_0007", path)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)

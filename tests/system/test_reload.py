@@ -75,5 +75,5 @@ def test_sighup_applies_a_changed_profile_to_the_next_run_and_refuses_a_bad_file
 def test_the_unit_reloads_with_sighup():
     from pathlib import Path
 
-    unit = (Path(__file__).resolve().parents[1] / "systemd" / "agent-watchdog.service").read_text()
+    unit = (Path(__file__).resolve().parents[2] / "systemd" / "agent-watchdog.service").read_text()
     assert "ExecReload=/bin/kill -HUP $MAINPID" in unit

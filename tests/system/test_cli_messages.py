@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, insert, text
 
 from alertsinks import closed_port
 from daemon_support import daemon_toml
-from conftest import PG_ADMIN_URL
+from pg_support import PG_ADMIN_URL
 from watchdog import ToolUnavailable, Watchdog
 from watchdog.cli import main
 from watchdog.store import migrate
@@ -364,7 +364,7 @@ def test_a_skipped_job_is_logged_once(tmp_path, sqlite_url):
 def test_the_circuit_example_leaves_no_temporary_folder(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
     env["TMPDIR"] = str(tmp_path)
-    example = Path(__file__).resolve().parents[1] / "examples" / "circuit_recovery.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "circuit_recovery.py"
     res = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=180, env=env,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -30,7 +30,7 @@ from watchdog.daemon.killer import Killer
 from watchdog.daemon.ticker import Ticker
 from watchdog.store.schema import events, runs
 
-SERVER = str(Path(__file__).with_name("mcp_server.py"))
+SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
 CLI = [sys.executable, "-m", "watchdog.cli"]
 DEADLINE_S = 30.0
 
@@ -54,7 +54,7 @@ def _env(tmp_path, db_url):
     cfg.write_text(CONFIG_TOML)
     e = {k: v for k, v in os.environ.items() if k != "AGENT_WATCHDOG_RUN"}
     e.update(AGENT_WATCHDOG_DB=db_url, AGENT_WATCHDOG_CONFIG=str(cfg), MCP_TEST_LOG=str(tmp_path / "calls.jsonl"),
-             MCP_TEST_PIDFILE=str(tmp_path / "pids"), PYTHONPATH=str(Path(__file__).parents[1]))
+             MCP_TEST_PIDFILE=str(tmp_path / "pids"), PYTHONPATH=str(Path(__file__).parents[2]))
     return e
 
 

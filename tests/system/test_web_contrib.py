@@ -21,7 +21,7 @@ from attest_support import short_dir
 from daemon_support import ME
 from watchdog import Watchdog
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "contrib" / "grafana" / "agent-watchdog.json"
 RULES = REPO / "contrib" / "prometheus" / "alerts.yml"
 CLI = shutil.which("agent-watchdog", path=str(Path(sys.executable).parent)) or "agent-watchdog"

@@ -19,7 +19,7 @@ from attest_support import LocalUsers, foreign_python
 from watchdog.core import paths
 from watchdog.store.schema import runs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "docs" / "howto" / "try-the-daemon.md"
 
 
@@ -48,7 +48,8 @@ def test_a_plain_user_runs_the_try_the_daemon_recipe_unchanged():
         for name, code in (("agent-watchdog", f'exec {exe} -m watchdog.cli "$@"\n'), ("python", f'exec {exe} "$@"\n')):
             (bindir / name).write_text("#!/bin/sh\n" + code)
             (bindir / name).chmod(0o755)
-        env = {k: v for k, v in env.items() if not k.startswith(("XDG_", "STATE_DIRECTORY", "RUNTIME_DIRECTORY"))}
+        env = {k: v for k, v in env.items()
+               if not k.startswith(("XDG_", "STATE_DIRECTORY", "RUNTIME_DIRECTORY", "AGENT_WATCHDOG_SOCKET"))}
         env.update(HOME=str(home), PATH=f"{bindir}:/usr/bin:/bin", USER=user, LOGNAME=user)
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", _block(RECIPE)], user=user, env=env, cwd=home,
                               capture_output=True, text=True, timeout=180)

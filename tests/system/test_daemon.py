@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import create_engine, event, select, text
 
 from agent_procs import wait_until
-from conftest import PG_ADMIN_URL
+from pg_support import PG_ADMIN_URL
 from attest_support import short_dir
 from daemon_support import ME, SEALER, actions, alerts_of, config, later, run_row, ticker
 from watchdog import RunKilled, Watchdog

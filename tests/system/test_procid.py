@@ -14,7 +14,7 @@ import pytest
 
 from watchdog.core import procid
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc formula")
 
 

@@ -26,7 +26,7 @@ from sqlalchemy import select
 from agent_procs import AgentProcs, process_gone, wait_until, sigterm_pending
 from alertsinks import HttpSink
 from attest_support import Attestor, LocalUsers, foreign_python, shared_sqlite, short_dir
-from conftest import _empty_pg
+from pg_support import empty_pg as _empty_pg
 from daemon_support import actions, alerts_of, config, interventions_of, later, run_row
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.killer import Killer

@@ -1,12 +1,9 @@
-"""TOML config → frozen dataclasses; one-line ConfigErrors; `agent-watchdog check-config`."""
+"""TOML config → frozen dataclasses; one-line ConfigErrors; `agent-watchdog check-config` in process
+(its console script as a real process: tests/system/test_config_console.py)."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -372,31 +369,6 @@ def test_check_config_error_is_one_line_exit_2_no_traceback(tmp_path, body, key)
     assert len(lines) == 1, result.stderr
     assert str(path) in lines[0] and key in lines[0]
     assert "Traceback" not in result.output
-
-
-def console_script() -> str:
-    found = shutil.which("agent-watchdog", path=os.path.dirname(sys.executable))
-    assert found, "the agent-watchdog console script is not installed next to this Python"
-    return found
-
-
-def test_check_config_console_script(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
-    good = write(tmp_path, PROFILES)
-    ok = subprocess.run([console_script(), "check-config", str(good)], capture_output=True, text=True,
-                        timeout=60, cwd="/", env=env)
-    assert ok.returncode == 0, ok.stderr
-    assert "[agents.support-bot]" in ok.stdout and "max_tool_calls=20" in ok.stdout
-    bad = write(tmp_path, "[agents.support-bot]\nmax_steps = -3\n", name="bad.toml")
-    err = subprocess.run([console_script(), "check-config", str(bad)], capture_output=True, text=True,
-                         timeout=60, cwd="/", env=env)
-    assert err.returncode == 2
-    assert err.stdout == ""
-    assert err.stderr.count("\n") == 1 and "Traceback" not in err.stderr
-    assert str(bad) in err.stderr and "agents.support-bot.max_steps" in err.stderr
-    missing = subprocess.run([console_script(), "check-config", str(tmp_path / "nope.toml")], capture_output=True,
-                             text=True, timeout=60, cwd="/", env=env)
-    assert missing.returncode == 2 and "nope.toml" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_alert_urls_file_is_read_from_the_credentials_directory_when_alerts_are_sent(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ import pytest
 
 from watchdog.store import migrate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TABLES = {"runs", "events", "interventions", "alerts", "tool_circuits", "settings", "daemons"}
 
 pytestmark = pytest.mark.slow

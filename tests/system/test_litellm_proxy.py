@@ -64,7 +64,7 @@ def gateway(tmp_path_factory):
     (folder / "watchdog.toml").write_text(WATCHDOG_TOML)
     port = free_port()
     env = {**os.environ, "AGENT_WATCHDOG_DB": url, "AGENT_WATCHDOG_CONFIG": str(folder / "watchdog.toml"),
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(Path(__file__).parents[1])}
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(Path(__file__).parents[2])}
     log = open(folder / "litellm.log", "wb")
     proc = subprocess.Popen([LITELLM, "--config", str(folder / "litellm.yaml"), "--host", "127.0.0.1",
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
