@@ -19,6 +19,7 @@ from watchdog.daemon.moneytick import MoneyOrderError, Phase
 from watchdog.daemon.prefilter import PreFilter
 from watchdog.daemon.scan import Scanner
 from watchdog.store import run_reads, settings
+from watchdog.store.interventions import stop_intervention
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import alerts, interventions, runs
 
@@ -96,21 +97,21 @@ def test_labels_of_reads_many_runs_and_tells_a_non_table_apart(engine):
     assert got[ids[1]] == ACME and got[ids[0]] is None and got["n" * 32] is None
 
 
-def test_stop_alert_and_stop_request_id(engine):
+def test_stop_alert_and_stop_intervention(engine):
     now = _now()
     rid, other = "s" * 32, "t" * 32
     with engine.begin() as conn:
         _run(conn, rid, cost=0.0, labels=None, now=now)
         _run(conn, other, cost=0.0, labels=None, now=now)
-        assert run_reads.stop_alert(conn, rid) is None and run_reads.stop_request_id(conn, rid) is None
+        assert run_reads.stop_alert(conn, rid) is None and stop_intervention(conn, rid) is None
         iid = conn.execute(insert(interventions).values(at=now, run_id=rid, action="stop_requested", reason="manual")
                            .returning(interventions.c.id)).scalar_one()
         conn.execute(insert(interventions).values(at=now, run_id=other, action="pause_requested"))
         conn.execute(insert(alerts).values(dedupe_key=f"stop:{rid}", created_at=now, run_id=rid, title="t",
                                            body="b", mac="m" * 64))
     with engine.connect() as conn:
-        assert run_reads.stop_request_id(conn, rid) == iid
-        assert run_reads.stop_request_id(conn, other) is None
+        assert stop_intervention(conn, rid) == iid
+        assert stop_intervention(conn, other) is None
         a = run_reads.stop_alert(conn, rid)
         assert a is not None and (a.dedupe_key, a.title, a.body, a.mac) == (f"stop:{rid}", "t", "b", "m" * 64)
         assert a.created_at is not None and abs((a.created_at - now).total_seconds()) < 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
@@ -72,6 +72,18 @@ def test_stop_children_stops_the_active_descendants_with_the_parents_reason(engi
     assert [_status(engine, r) for r in (P, C, G, DONE)] == [lc.RUNNING, lc.STOPPING, lc.STOPPING, lc.COMPLETED]
     assert sorted(r for r, a, o in _ivs(engine) if a == Action.STOP_REQUESTED and o == "stopped with its parent") \
         == [C, G]
+
+
+def test_a_parents_name_cannot_add_a_line_to_its_childrens_stop(engine):
+    # The agent name is the parent writer's own text; the children's stop detail (and alert) quote
+    # it on one line, so `bot)\nall clear` cannot forge a line of the daemon's alert.
+    with engine.begin() as conn:
+        _run(conn, P)
+        _run(conn, C, parent=P)
+        conn.execute(update(runs).where(runs.c.id == P).values(agent="bot)\nall clear: nothing was done"))
+        parent = stops.run_row(conn, P)
+        ((_child, why),) = stops.stop_children(conn, parent, reason=lc.MAX_COST, detail="d", now=T0, by="t")
+    assert "\n" not in why and "all clear" in why
 
 
 def test_mark_lost_ends_an_active_run_once(engine):

@@ -16,7 +16,6 @@ from pg_support import PG_ADMIN_URL
 
 PAGE = d.DOCS / "howto" / "develop.md"
 TESTS = Path(__file__).resolve().parents[1]
-INNER_LOOP_MAX_S = 90  # "seconds": about 5 s alone, well under this on a loaded 2-core box
 
 
 def _block(name: str) -> str:
@@ -39,7 +38,10 @@ def test_the_inner_loop_runs_the_unit_folder_in_seconds(tmp_path):
     took = time.monotonic() - start
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]
-    assert took < INNER_LOOP_MAX_S, f"tests/unit took {took:.0f} s: it must stay the inner loop"
+    # No time limit here (tests are never timed: this one shares 2 cores with a system test); what
+    # keeps the folder fast is tests/unit/conftest.py's guard, which fails any unit test that opens
+    # a socket, a process or a database. The time is printed for whoever reads the log.
+    print(f"tests/unit took {took:.1f} s")
 
 
 STORE_TEST = textwrap.dedent('''

@@ -27,9 +27,9 @@ from watchdog.daemon.ladder import due as ladder_due
 from watchdog.daemon.tickstate import ThisTick
 from watchdog.daemon.stopping import stop_plan
 from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import record
+from watchdog.store.interventions import record, stop_intervention
 from watchdog.store.engine import Connection
-from watchdog.store.run_reads import stop_alert, stop_request_id
+from watchdog.store.run_reads import stop_alert
 
 if TYPE_CHECKING:
     from watchdog.daemon.ticker import Ticker
@@ -99,7 +99,7 @@ def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: d
     with batch.run() as conn:
         if not queued(conn, AlertKind.STOP.key(row.id)):
             reason = row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"
-            iid = stop_request_id(conn, row.id)
+            iid = stop_intervention(conn, row.id)
             if iid is None:
                 iid = record(conn, at=now, action=Action.STOP_REQUESTED, by=tk.by, run_id=row.id, reason=reason,
                              outcome="stop requested in the store, not by this daemon; acknowledged")

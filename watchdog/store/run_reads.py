@@ -11,11 +11,12 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Text, and_, cast, select
+from sqlalchemy import Text, cast, select
 from sqlalchemy.engine import Connection
 
+from watchdog.store.alerts import stop_key
 from watchdog.store.ledger import parse_labels
-from watchdog.store.schema import alerts, interventions, runs
+from watchdog.store.schema import alerts, runs
 
 CHUNK = 500  # ids per IN (...): well under every backend's bound-parameter limit
 
@@ -47,12 +48,6 @@ def labels_of(conn: Connection, run_ids: Sequence[str]) -> Iterator[RunLabels]:
 def stop_alert(conn: Connection, run_id: str) -> StopAlert | None:
     """The run's stop alert (`stop:<run id>`), or None when none is queued."""
     a = conn.execute(select(alerts.c.dedupe_key, alerts.c.title, alerts.c.body, alerts.c.mac, alerts.c.created_at)
-                     .where(alerts.c.dedupe_key == f"stop:{run_id}")).first()
+                     .where(alerts.c.dedupe_key == stop_key(run_id))).first()
     return None if a is None else StopAlert(a.dedupe_key, a.title, a.body, a.mac, a.created_at)
 
-
-def stop_request_id(conn: Connection, run_id: str) -> int | None:
-    """The id of the run's `stop_requested` audit row, or None when nobody recorded one."""
-    iid = conn.execute(select(interventions.c.id).where(and_(
-        interventions.c.run_id == run_id, interventions.c.action == "stop_requested"))).scalar()
-    return None if iid is None else int(iid)
