@@ -169,7 +169,7 @@ def attest(monkeypatch):
 
 # --- the order files are handed out in ----------------------------------------------------------
 
-# CI runs `-n 2 --dist loadfile`: xdist hands whole files to its two workers in collection order.
+# CI runs `-n 3 --dist loadfile`: xdist hands whole files to its three workers in collection order.
 # The long files go first so that the last file a worker gets is short; were test_readme.py (a
 # fresh venv) last, one worker would run it alone while the other idles. Heaviest first, as far as
 # their real processes, venvs and wheels say (a file not named is ordered by its kind: system,
