@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from watchdog.core.interventions import STOP_ACTIONS
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.store.children import MAX_DEPTH, children_of
@@ -23,7 +24,7 @@ from watchdog.store.schema import events, interventions, runs
 
 _SIGNALS = {"sigterm": "SIGTERM", "sigkill": "SIGKILL", "signal_refused": None, "not_signalled": None,
             "stop_failed": "SIGKILL"}
-_STOPS = ("stop_requested", "guard_stop")
+_STOPS = STOP_ACTIONS  # the run asked to stop: by the daemon, the CLI or its own guard
 
 
 def _iso(value: dt.datetime | None) -> str | None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from watchdog.core.interventions import LADDER_ACTIONS
 from watchdog.core import forecast
 from watchdog.core.scrub import scrub
 from watchdog.web.html import bar, esc, href, page, run_href, status_badge, table, when
 
 # The ladder's rungs among a run's interventions, in the order they happen.
-LADDER = ("stop_requested", "sigterm", "sigkill", "signal_refused", "not_signalled", "stop_failed", "lost", "ended")
+LADDER = LADDER_ACTIONS  # the steps of a stop, as the ladder writes them
 FILTERS = ("agent", "status", "label", "host")
 STATUS_CHOICES = ("", "running", "paused", "stopping", "completed", "failed", "killed", "lost")
 
