@@ -142,7 +142,8 @@ def can_move(table: Mapping[Any, frozenset[Any]], current: str | None, new: str)
 
 class IllegalMove(AssertionError):
     """A state move its transition table does not list: a bug in the code that asked for it,
-    never a condition of the data (an AssertionError, so nothing catches it as an outcome)."""
+    never a condition of the data (an AssertionError, so no caller treats it as an outcome; in the
+    tick, the per-run isolation quarantines that one run and the backstop still watches it)."""
 
     table_name = "a transition table"
 

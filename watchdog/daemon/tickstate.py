@@ -87,7 +87,8 @@ class PeriodStop:
 
 @dataclass
 class ThisTick:
-    """What one tick knows and only it: dropped when the tick ends."""
+    """What one tick knows and only it: replaced by the next tick's (the Ticker keeps the last one,
+    for its report), never read as memory across ticks."""
 
     now: dt.datetime
     rep: TickReport

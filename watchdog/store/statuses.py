@@ -1,5 +1,6 @@
-"""The one writer of `runs.status`: every move the store makes is checked against
-`lifecycle.STATUS_MOVES` before anything is written, and is a compare-and-set on the
+"""The writer of `runs.status` for the daemon, the CLI and the gateways (the SDK's pre-rendered
+hot statements in agent_writes and lineage make their few fixed moves themselves): every move
+is checked against `lifecycle.STATUS_MOVES` before anything is written, and is a compare-and-set on the
 status (or statuses) the caller expects, so two writers never make the same move twice.
 
 A move the table does not list raises IllegalStatusMove (a bug in the caller, never a
