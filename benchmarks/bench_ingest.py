@@ -26,7 +26,7 @@ per-record latency (p50/p99), for two implementations:
 
 Every process connects, opens its run and records `--warmup` records first
 (connection setup, statement caches and psycopg's prepared statements are then
-warm); all the writers of a measurement then start together on a barrier and
+warm) and collects the set-up's garbage (gc.collect); all the writers of a measurement then start together on a barrier and
 only the records after it are timed. Each implementation's records are timed
 in two halves, ordered raw, sdk, sdk, raw (ABBA), so that drift of the machine
 weighs on both alike, in `--rounds` ABBA rounds (default 3): the p50 ratio is the
@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
+import gc
 import json
 import math
 import multiprocessing as mp
@@ -163,6 +164,11 @@ def _sdk_writer(backend, url, agent, records, warmup, barrier, mac=False):
     lat = array("d", bytes(8 * records))
     record_tool = run.record_tool
     pc = time.perf_counter
+    # Collect what setting up left behind (the SDK's engine and pool, imports), as the raw writer
+    # does: else a generation-1 collection of it (~1.3 ms in the SDK's process) lands in the timed
+    # records, and at one writer, where the WAL checkpoints make ~0.7 % of records 3-5 ms, one
+    # more slow record moves the p99 onto them.
+    gc.collect()
     barrier.wait(timeout=CHILD_TIMEOUT_S)
     t_start = pc()
     for i in range(records):
@@ -268,6 +274,7 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
         record(seq)
     lat = array("d", bytes(8 * records))
     pc = time.perf_counter
+    gc.collect()  # the set-up's garbage (as in the SDK writer): not a record's cost
     barrier.wait(timeout=CHILD_TIMEOUT_S)
     t_start = pc()
     for i in range(records):
