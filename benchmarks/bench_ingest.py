@@ -84,6 +84,12 @@ AGENT_LOGIN = ("postgresql", "postgresql-agent")
 # Issue 25's goals for the SDK against the raw driver on the same statements and schema.
 GOAL_P50_RATIO = 1.2
 GOAL_P99_RATIO = 2.0
+# `rawcpu`: the raw writer plus this much busy CPU per record before its transaction, about what
+# the SDK's Python costs per record outside the write lock on the project's machine (argument
+# hash, counters, the record's tuples; ~10 us in the real loop, ~5 us hot in timeit). Beside
+# `sdk` it tells whether the SDK's ratio comes from its time outside the lock (then rawcpu's
+# ratio matches it) or from holding the lock longer (then it does not).
+RAW_CPU_US = 12.0
 # ABBA rounds by default: on a shared 2-core machine the SDK's p50 ratio of one ABBA round moved between
 # 0.8x and 1.3x from run to run of the same commit; the median of an odd number of rounds' own ratios
 # leaves out a round that a burst of other work spoiled.
@@ -193,7 +199,7 @@ def _counting(note, errors, also=None):
     return counting_note
 
 
-def _raw_writer(backend, url, agent, records, warmup, barrier):
+def _raw_writer(backend, url, agent, records, warmup, barrier, cpu_us=0.0):
     from watchdog.store.agent_writes import AgentSQL  # SQL text only: the same statements as the SDK
     from watchdog.store.dialects import for_name
 
@@ -240,8 +246,14 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
     # The SDK's statements for a record (AgentSQL.record): on PostgreSQL one statement run in
     # autocommit (its own transaction), on SQLite two between BEGIN IMMEDIATE and COMMIT.
     one = d.record_one
+    spin_s = cpu_us / 1e6
+    pc = time.perf_counter
     if backend == "sqlite":
         def record(seq):
+            if spin_s:  # rawcpu: the CPU of an SDK's record, outside the transaction (see RAW_CPU_US)
+                until = pc() + spin_s
+                while pc() < until:
+                    pass
             at = now_fn(utc).strftime(SQLITE_TS_FORMAT)
             try:
                 cur.execute("BEGIN IMMEDIATE")
@@ -258,6 +270,10 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
                 return None
     else:
         def record(seq):
+            if spin_s:
+                until = pc() + spin_s
+                while pc() < until:
+                    pass
             at = now_fn(utc)
             try:
                 cur.execute(one, (run_id, seq, at, "tool", "search", args_hash, None, True, None, None,
@@ -296,10 +312,10 @@ def _raw_writer(backend, url, agent, records, warmup, barrier):
             "buffered_at_end": 0, "dropped": 0, "lost": sum(errors.values())}
 
 
-def writer_main(impl, backend, url, agent, records, warmup, barrier, out_q, index):
+def writer_main(impl, backend, url, agent, records, warmup, barrier, out_q, index, cpu_us=0.0):
     try:
-        if impl == "raw":
-            result = _raw_writer(backend, url, agent, records, warmup, barrier)
+        if impl in ("raw", "rawcpu"):
+            result = _raw_writer(backend, url, agent, records, warmup, barrier, cpu_us if impl == "rawcpu" else 0.0)
         else:
             result = _sdk_writer(backend, url, agent, records, warmup, barrier, mac=impl == "sdkmac")
         out_q.put(("ok", index, result))
@@ -431,12 +447,12 @@ class Store:
                 admin.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
-def measure(ctx, store: Store, impl: str, writers: int, records: int, warmup: int) -> dict:
+def measure(ctx, store: Store, impl: str, writers: int, records: int, warmup: int, cpu_us: float = 0.0) -> dict:
     agent = f"bench-{impl}-{writers}-{uuid.uuid4().hex[:6]}"
     barrier = ctx.Barrier(writers)
     out_q = ctx.Queue()
     procs = [ctx.Process(target=writer_main, name=f"{impl}-{i}",
-                         args=(impl, store.backend, store.url, agent, records, warmup, barrier, out_q, i))
+                         args=(impl, store.backend, store.url, agent, records, warmup, barrier, out_q, i, cpu_us))
              for i in range(writers)]
     for p in procs:
         p.start()
@@ -721,7 +737,11 @@ def main(argv=None):
     ap.add_argument("--bouncer-pool", type=int, default=20,
                     help="pgbouncer: server connections to PostgreSQL (default 20)")
     ap.add_argument("--writers", default="1,4,16", help="comma list of concurrent writer processes")
-    ap.add_argument("--impls", default="raw,sdk,sdkmac", help="comma list of raw, sdk, sdkmac (default all)")
+    ap.add_argument("--impls", default="raw,sdk,sdkmac",
+                    help="comma list of raw, sdk, sdkmac (default: these three), rawcpu (raw plus --raw-cpu-us "
+                         "of busy CPU before each record)")
+    ap.add_argument("--raw-cpu-us", type=float, default=RAW_CPU_US,
+                    help=f"rawcpu: microseconds of CPU per record outside the transaction (default {RAW_CPU_US:g})")
     ap.add_argument("--no-abba", dest="abba", action="store_false",
                     help="time each implementation in one block (default: two halves, ordered raw, sdk, sdk, raw)")
     ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
@@ -776,7 +796,7 @@ def main(argv=None):
                 for impl in order:
                     store.settle()
                     n = share[len(parts[impl])]
-                    parts[impl].append(measure(ctx, store, impl, w, n, args.warmup))
+                    parts[impl].append(measure(ctx, store, impl, w, n, args.warmup, args.raw_cpu_us))
                 for impl in impls:
                     r = combine(backend, w, impl, parts[impl], per_round=2 if args.abba and len(impls) > 1 else 0)
                     rows.append(r)
