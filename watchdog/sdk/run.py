@@ -206,7 +206,7 @@ class Run:
 
     def end(self, status: str, reason: str | None, detail: str | None) -> None:
         d = self.wd.writer.dialect
-        self.wd.write([(self.wd.writer.sql.end_run, (status, d.seen(utcnow()), reason, detail, self.id))])
+        self.wd.write([self.wd.writer.sql.end(self.id, status, d.seen(utcnow()), reason, detail)])
         self.status = status
 
     @property

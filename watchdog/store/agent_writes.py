@@ -22,6 +22,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.core import lifecycle as lc
 from watchdog.core.lifecycle import ACTIVE_STATUSES, Circuit
 from watchdog.store import dialects
 from watchdog.store.dialects import Dialect
@@ -43,6 +44,10 @@ EVENT_COLUMNS = (
     "cached_tokens_in", "reasoning_tokens",
     "mac",  # the run's attested process's MAC of the record (watchdog.core.evidence_mac), or NULL
 )  # fmt: skip
+
+# How a run ends itself (AgentSQL.end): it left its block, failed, or obeyed a stop. Never `lost`:
+# that is the daemon's verdict on a run whose process is gone, not something a live run says.
+END_STATUSES = (lc.COMPLETED, lc.FAILED, lc.KILLED)
 
 # The run's own budgets follow its identity, in the registry's order (Run.start passes them so).
 RUN_COLUMNS = (
@@ -81,6 +86,11 @@ class AgentSQL:
         if backend.modifying_cte and backend.returning:
             self.record_one = f"WITH ev AS ({self.insert_event}) {self.update_run}"
         self.select_status = f"SELECT status, stop_reason, stop_detail FROM runs WHERE id = {ph}"
+        # Its status is a parameter, one of END_STATUSES, from any active status: every such move is
+        # checked against lifecycle.STATUS_MOVES here, once per backend, not on each run's end.
+        for current in ACTIVE_STATUSES:
+            for end in END_STATUSES:
+                lc.check_status_move(current, end)
         self.end_run = (
             f"UPDATE runs SET status = {ph}, ended_at = {clock}, "
             f"stop_reason = COALESCE(stop_reason, {ph}), stop_detail = COALESCE(stop_detail, {ph}) "
@@ -100,6 +110,13 @@ class AgentSQL:
         # The MAC of a record written before the run was attested (its key came later).
         self.mac_event = f"UPDATE events SET mac = {ph} WHERE run_id = {ph} AND seq = {ph} AND mac IS NULL"
 
+
+    def end(self, run_id: str, status: str, at: Any, reason: str | None, detail: str | None) -> Statement:
+        """The run ends itself (`at`: Dialect.seen): only as one of END_STATUSES, the moves end_run
+        was checked for; any other status is the caller's bug and raises IllegalStatusMove."""
+        if status not in END_STATUSES:
+            raise lc.IllegalStatusMove(lc.RUNNING, status)
+        return self.end_run, (status, at, reason, detail, run_id)
 
     def record(self, event: Sequence[Any], update: Sequence[Any]) -> list[Statement]:
         """A record's writes: the event (EVENT_COLUMNS) and its run's counters (update_run's

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -36,6 +36,22 @@ _STOPPED = ", ".join(f"'{s}'" for s in (lc.STOPPING, lc.KILLED, lc.LOST))
 # The status a child's records see first: a stop anywhere in its lineage, then a pause, then its own.
 _RANK = f"CASE WHEN status IN ({_STOPPED}) THEN 0 WHEN status = '{lc.PAUSED}' THEN 1 ELSE 2 END"
 _HELD = f"'{lc.RUNNING}', '{lc.PAUSED}'"
+
+
+def status_move_sql(to: lc.Status, was: lc.Status | Iterable[lc.Status], sets: str, ph: str) -> str:
+    """`UPDATE runs SET status = 'to', <sets> WHERE id = <ph> AND status IN (<was>)`: a fixed status
+    move the SDK renders once and then executes on its hot path without watchdog.store.statuses.move
+    (which would check it on every write). Each was -> to is checked against lifecycle.STATUS_MOVES
+    here, when the SQL is rendered: a move the table does not list raises IllegalStatusMove at once,
+    never a record later. The parameters: those of `sets`, then the run's id."""
+    froms = (was,) if isinstance(was, str) else tuple(was)
+    if not froms:
+        raise ValueError("was: a status move needs at least one status it moves from")
+    for current in froms:
+        lc.check_status_move(current, to)
+    listed = ", ".join(f"'{s}'" for s in froms)
+    cond = f"status = {listed}" if len(froms) == 1 else f"status IN ({listed})"
+    return f"UPDATE runs SET status = '{to}', {sets} WHERE id = {ph} AND {cond}"
 
 
 class RunStatus(NamedTuple):
@@ -76,10 +92,8 @@ class Lineage:
         self.budgets_sql = (f"SELECT {', '.join(bud.RUN_BUDGET_KEYS)}, resumes FROM runs WHERE id = {ph}")
         # The guard's pause: running → paused (the daemon records and alerts it); a pause nobody
         # answered, with no daemon to stop it: paused → stopping; a partial result.
-        self.pause_sql = (f"UPDATE runs SET status = '{lc.PAUSED}', stop_reason = {ph}, stop_detail = {ph}, "
-                          f"paused_at = {clock} WHERE id = {ph} AND status = '{lc.RUNNING}'")
-        self.give_up_sql = (f"UPDATE runs SET status = '{lc.STOPPING}', stop_requested_at = {clock} "
-                            f"WHERE id = {ph} AND status = '{lc.PAUSED}'")
+        self.pause_sql = _pause_sql(dialect)
+        self.give_up_sql = _give_up_sql(dialect)
         self.partial_sql = f"UPDATE runs SET partial = {ph} WHERE id = {ph}"
 
     def record_statements(self, counts: tuple[Any, ...], at: Any) -> list[Statement]:
@@ -130,11 +144,22 @@ class Lineage:
         return {k: v for k, v in zip(bud.RUN_BUDGET_KEYS, values) if v is not None}, int(resumes or 0)
 
 
+# The run's own status moves, rendered once per backend (not per run: the lineage plays no part).
+@functools.cache
+def _pause_sql(d: Dialect) -> str:
+    return status_move_sql(lc.PAUSED, lc.RUNNING, f"stop_reason = {d.ph}, stop_detail = {d.ph}, paused_at = {d.clock_ph}",
+                           d.ph)
+
+
+@functools.cache
+def _give_up_sql(d: Dialect) -> str:
+    return status_move_sql(lc.STOPPING, lc.PAUSED, f"stop_requested_at = {d.clock_ph}", d.ph)
+
+
 @functools.cache
 def _stop_request_sql(d: Dialect) -> str:
-    ph = d.ph
-    return (f"UPDATE runs SET status = '{lc.STOPPING}', stop_reason = {ph}, stop_detail = {ph}, "
-            f"stop_requested_at = {d.clock_ph} WHERE id = {ph} AND status = '{lc.RUNNING}'")
+    return status_move_sql(lc.STOPPING, lc.RUNNING, f"stop_reason = {d.ph}, stop_detail = {d.ph}, "
+                           f"stop_requested_at = {d.clock_ph}", d.ph)
 
 
 @functools.cache
