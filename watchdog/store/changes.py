@@ -74,6 +74,20 @@ class RunChange:
 class ChangeBatch(NamedTuple):
     changed: tuple[RunChange, ...]  # in the order of their numbers
     cursor: int  # the feed's cursor after this read: pass it to the next read
+    unreadable: int = 0  # rows numbered in this read whose identity did not read (not in `changed`)
+
+
+class ChangedRows(NamedTuple):
+    rows: list[Sequence[Any]]  # the caller's columns of each changed run whose id and number read
+    ids: frozenset[str]
+    cursor: int
+    unreadable: int = 0
+
+
+class ChangedIds(NamedTuple):
+    ids: frozenset[str]  # the runs that changed (ended ones too)
+    cursor: int
+    unreadable: int = 0  # rows numbered in this read whose id or number did not read
 
 
 _IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "kill_mode", "change_seq",
@@ -87,20 +101,25 @@ def _light(conn: Connection) -> Any:
                   *(runs.c[k] for k in RUN_BUDGET_KEYS))
 
 
-_ABOVE: dict[str, str] = {}  # dialect name -> the light SELECT of the runs above a number, rendered
+# (dialect name, what) -> a SELECT of the runs above a number, rendered
+_ABOVE: dict[tuple[str, str], str] = {}
 
 
-def _above(conn: Connection) -> str:
-    """The read of every tick, rendered once per backend and run as the driver's own statement:
+def _rendered(conn: Connection, what: str, columns: Any) -> str:
+    """A read of every tick, rendered once per backend and run as the driver's own statement:
     building, compiling and typing a 25-column SELECT each time cost more than the read itself."""
-    sql = _ABOVE.get(conn.dialect.name)
+    sql = _ABOVE.get((conn.dialect.name, what))
     if sql is None:
-        stmt = _light(conn).where(runs.c.change_seq > 0).order_by(runs.c.change_seq)
+        stmt = columns.where(runs.c.change_seq > 0).order_by(runs.c.change_seq)
         text = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
         head, sep, tail = text.rpartition("runs.change_seq > 0")
         assert sep, text
-        sql = _ABOVE[conn.dialect.name] = head + "runs.change_seq > " + dialects.of(conn).ph + tail
+        sql = _ABOVE[(conn.dialect.name, what)] = head + "runs.change_seq > " + dialects.of(conn).ph + tail
     return sql
+
+
+def _above(conn: Connection) -> str:
+    return _rendered(conn, "feed light", _light(conn))
 
 
 def _float(value: object) -> float | None:
@@ -157,25 +176,15 @@ class ChangeFeed:
         """The runs numbered above the cursor (and, where commits come out of order, the late
         ones below it not reported yet), light, in number order; the cursor moves past them.
         `since`: start over from that number (0: every run that ever changed)."""
-        if since is not None and since != self.cursor:
-            self._restart(since)
-        in_order = dialects.of(conn).commits_in_order
-        cursor, reported = self.cursor, self._reported
-        rows: list[Sequence[Any]] = list(conn.exec_driver_sql(_above(conn), (cursor,)))
-        low = cursor if in_order or not self._lows else min(self._lows[0], cursor)
-        if low < cursor:
-            # The late window: its numbers only (the index alone), whole rows for the few not
-            # reported yet: a number that committed after the cursor passed it.
-            late = [n for n in conn.execute(select(runs.c.change_seq).where(
-                runs.c.change_seq > low, runs.c.change_seq <= cursor)).scalars() if n not in reported]
-            if late:
-                rows = list(conn.execute(_light(conn).where(runs.c.change_seq.in_(late)))) + rows
+        rows = self._fetch(conn, since, _above(conn), _light(conn), 7)
         out: list[RunChange] = []
         numbers: list[int] = []  # every number read, unreadable rows' too: none is read twice
-        top = cursor
+        top = self.cursor
+        unreadable = 0
         for r in rows:
             change = _row(r)
             if change is None:
+                unreadable += 1
                 if isinstance(r[7], int):
                     numbers.append(r[7])
                 continue
@@ -183,26 +192,87 @@ class ChangeFeed:
             numbers.append(change.change_seq)
             top = max(top, change.change_seq)
         out.sort(key=lambda c: c.change_seq)
-        if not in_order:
+        self._moved(conn, numbers, top)
+        return ChangeBatch(tuple(out), top, unreadable)
+
+    def read_ids(self, conn: Connection, since: int | None = None) -> ChangedIds:
+        """`read` for a reader that needs only which runs changed: their ids."""
+        got = self.read_rows(conn, "feed ids", select(runs.c.id, runs.c.change_seq), i_id=0, i_seq=1, since=since)
+        return ChangedIds(got.ids, got.cursor, got.unreadable)
+
+    def read_rows(self, conn: Connection, what: str, columns: Any, *, i_id: int, i_seq: int,
+                  since: int | None = None) -> ChangedRows:
+        """`read` with the caller's columns (a SELECT of `runs` holding its id and change_seq at
+        `i_id` and `i_seq`; `what` names it, unique per SELECT: it is rendered once): for a reader that wants its own
+        row of each changed run (the tick's light row, watchdog.store.scan.changed_light)
+        without a second read by id. Ended runs are among them."""
+        rows = self._fetch(conn, since, _rendered(conn, what, columns), columns, i_seq)
+        ids: set[str] = set()
+        good: list[Sequence[Any]] = []
+        numbers: list[int] = []
+        top = self.cursor
+        unreadable = 0
+        for r in rows:
+            rid, seq = r[i_id], r[i_seq]
+            if seq.__class__ is not int:
+                unreadable += 1
+                continue
+            numbers.append(seq)
+            if rid.__class__ is not str:
+                unreadable += 1
+                continue
+            ids.add(rid)
+            good.append(r)
+            if seq > top:
+                top = seq
+        self._moved(conn, numbers, top)
+        return ChangedRows(good, frozenset(ids), top, unreadable)
+
+    def _fetch(self, conn: Connection, since: int | None, above: str, columns: Any, i_seq: int
+               ) -> list[Sequence[Any]]:
+        """The rows numbered above the cursor, and the late ones of the window (see `read`)."""
+        if since is not None and since != self.cursor:
+            self._restart(since)
+        in_order = dialects.of(conn).commits_in_order
+        cursor, reported = self.cursor, self._reported
+        rows: list[Sequence[Any]] = list(conn.exec_driver_sql(above, (cursor,)))
+        low = cursor if in_order or not self._lows else min(self._lows[0], cursor)
+        if low < cursor:
+            # The late window: its numbers only (the index alone), whole rows for the few not
+            # reported yet: a number that committed after the cursor passed it.
+            late = [n for n in conn.execute(select(runs.c.change_seq).where(
+                runs.c.change_seq > low, runs.c.change_seq <= cursor)).scalars() if n not in reported]
+            if late:
+                rows = list(conn.execute(columns.where(runs.c.change_seq.in_(late)))) + rows
+        return rows
+
+    def _moved(self, conn: Connection, numbers: list[int], top: int) -> None:
+        if not dialects.of(conn).commits_in_order:
             # A number reported `late_reads` reads ago is at or below the window's new low end:
             # it leaves the window with the read that reported it.
-            reported.update(numbers)
+            self._reported.update(numbers)
             self._batches.append(numbers)
-            self._lows.append(cursor)
+            self._lows.append(self.cursor)
             while len(self._batches) > self._late_reads:
-                reported.difference_update(self._batches.popleft())
+                self._reported.difference_update(self._batches.popleft())
         self.cursor = top
-        return ChangeBatch(tuple(out), top)
 
     def start(self, conn: Connection) -> ChangeBatch:
         """A restarted reader: the active runs and the high-water mark, from one snapshot (pass
         a `read_connection`). The late-commit window starts START_WINDOW numbers below the mark,
         every number visible in it counted as reported, so a transaction that took its number
         before the snapshot and commits after it is still read."""
-        top = high_water(conn)
+        top = self.mark(conn)
         rows = conn.execute(_light(conn).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
                             .order_by(runs.c.change_seq)).all()
         active = tuple(c for r in rows if (c := _row(r)) is not None)
+        return ChangeBatch(active, top)
+
+    def mark(self, conn: Connection) -> int:
+        """`start` for a reader that read the active runs itself in this snapshot (the tick's full
+        read): the cursor moves to the high-water mark, the late-commit window set up as `start`
+        does. Returns the mark."""
+        top = high_water(conn)
         self._restart(top)
         if not dialects.of(conn).commits_in_order:
             floor = max(0, top - START_WINDOW)
@@ -211,7 +281,7 @@ class ChangeFeed:
             self._reported = set(visible)
             self._batches.append(visible)
             self._lows.append(floor)
-        return ChangeBatch(active, top)
+        return top
 
     def _restart(self, since: int) -> None:
         if since < 0:
