@@ -184,21 +184,32 @@ def test_a_run_that_starts_while_a_tick_reads_is_not_missed(engine, wd):
     # PostgreSQL reads committed rows statement by statement: a run (and its first tool calls)
     # committed between the tick's "active runs" query and its "new events" query must still
     # have those calls counted on the next tick.
+    # The tick's first read is the active runs (a full tick) or the change feed (an incremental
+    # one, issue 25): the run commits right after whichever it is.
     tk = ticker(engine)
     tk.tick(utcnow())  # warm: later ticks read only new events
-    load_active = tk.scanner.load_active
+    load_active, read_feed = tk.scanner.load_active, tk.active.feed.read_rows
     late = []
 
-    def load_then_a_run_starts(conn, hosts=None):
-        rows = load_active(conn, hosts)
+    def a_run_starts():
         if not late:
             run = wd.run("bot", guards=False).start()
             for _ in range(3):
                 run.record_tool("verify_iban", {"iban": "DE00 0000"})
             late.append(run)
+
+    def load_then_a_run_starts(conn, hosts=None):
+        rows = load_active(conn, hosts)
+        a_run_starts()
         return rows
 
+    def feed_then_a_run_starts(*args, **kwargs):
+        got = read_feed(*args, **kwargs)
+        a_run_starts()
+        return got
+
     tk.scanner.load_active = load_then_a_run_starts
+    tk.active.feed.read_rows = feed_then_a_run_starts
     assert tk.tick(utcnow()).stops == []  # the run was not active yet when this tick looked
     (run,) = late
     assert tk.tick(utcnow()).stops == [(run.id, lc.LOOP_DETECTED)]

@@ -11,7 +11,7 @@ stop is cooperative: no row that cannot be read leads to a signal.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core import lifecycle as lc
@@ -27,19 +27,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("watchdog.tick")
 
 
-def backstop(tk: Ticker, this: ThisTick, light: Sequence[Any], batch: Batch) -> None:
-    """For each run the tick could not judge this tick (this.rep.quarantined)."""
+def backstop(tk: Ticker, this: ThisTick, light: Mapping[str, Any], batch: Batch) -> None:
+    """For each run the tick could not judge this tick (this.rep.quarantined); `light`: the active
+    runs' light rows by id (watchdog.daemon.activeset), so the cost is that of the few bad ones."""
     now, live, rep = this.now, this.live, this.rep
     bad = {rid for rid in rep.quarantined if isinstance(rid, str)}
     if not bad:
         return
     now_s = now.timestamp()
-    i_id, i_status, i_host, i_pid, i_ctime, i_agent = (L[k] for k in ("id", "status", "host", "pid",
-                                                                       "pid_create_time", "agent"))
+    i_status, i_host, i_pid, i_ctime, i_agent = (L[k] for k in ("status", "host", "pid", "pid_create_time",
+                                                                 "agent"))
     done = tk.state.backstopped
-    for r in light:
-        rid = r[i_id]
-        if rid not in bad or rid in done:
+    for rid in sorted(bad):
+        r = light.get(rid)
+        if r is None or rid in done:
             continue
         first = tk.trust.first.get(rid, now_s)
         pid, ctime = r[i_pid], r[i_ctime]

@@ -63,13 +63,18 @@ class Membership:
         self.lease = lease
         self._hosts: frozenset[str] | None = None
 
-    def refresh(self) -> Role:
+    def refresh(self, known: Mapping[str, int] | None = None) -> Role:
+        """`known`: the active runs per host as the tick's ActiveSet counted them at its last read
+        (watchdog.daemon.activeset), which spares a count over every active run; None: count them."""
         leader = self.lease.refresh() if self.lease is not None else True
         adopted: dict[str, Holder | None] = {}
         active: dict[str, int] = {}
         if leader:
             with read_connection(self.engine) as conn:
-                active = leases.active_hosts(conn, exclude=self.host)
+                if known is None:
+                    active = leases.active_hosts(conn, exclude=self.host)
+                else:
+                    active = {h: n for h, n in known.items() if n > 0 and h != self.host}
                 adopted = leases.orphans(conn, active)
         hosts = frozenset({self.host, *adopted})
         before = self._hosts

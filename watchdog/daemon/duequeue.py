@@ -68,6 +68,25 @@ class DueQueue:
         for d in deadlines:
             self.push(run_id, d.at_s, d.why)
 
+    def load(self, deadlines: Iterable[tuple[str, Deadline]]) -> None:
+        """Replace the whole queue with these (run id, deadline): one heapify, not a push each
+        (a full tick reschedules every active run)."""
+        self.clear()
+        self._offset_s = 0.0
+        heap, live = self._heap, self._live
+        for run_id, d in deadlines:
+            if not math.isfinite(d.at_s):
+                continue  # no such time: the run is looked at when it changes, and by the full tick
+            why = Why(d.why)
+            self._token += 1
+            mine = live.setdefault(run_id, {})
+            if why not in mine:
+                self._count += 1
+            mine[why] = (self._token, d.at_s)
+            heap.append((d.at_s, self._token, run_id, why))
+        heapq.heapify(heap)
+        self._compact()
+
     def discard(self, run_id: str, why: Why | None = None) -> None:
         """Forget the run's deadline for `why` (None: all of them). Unknown runs are fine."""
         mine = self._live.get(run_id)

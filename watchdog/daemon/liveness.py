@@ -25,7 +25,7 @@ import logging
 import os
 import resource
 import select
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from watchdog.daemon.killer import Killer, ProcessIdentity
@@ -113,6 +113,12 @@ class Liveness:
                 except OSError:
                     pass
             os.close(w.fd)
+
+    def keep(self, run_ids: Collection[str]) -> None:
+        """Stop watching every run not in `run_ids` (they ended, or left this daemon)."""
+        for rid in [r for r in self._watches if r not in run_ids]:
+            self.unwatch(rid)
+        self._ended = [r for r in self._ended if r in run_ids]
 
     def dead(self, timeout_s: float = 0.0) -> list[str]:
         """The runs whose process ended since the last call, each once (no longer watched).

@@ -86,6 +86,7 @@ class Money:
         self._warned_bad: set[str] = set()
         self.last_backfill = BackfillReport()
         self._found: list[Any] = []
+        self._booked_since_read = True  # the books moved since the ledger was last read
 
     def begin(self, now: dt.datetime) -> MoneyTick:
         """This tick's money work, its steps in their order (watchdog.daemon.moneytick)."""
@@ -95,12 +96,20 @@ class Money:
 
     # -- 1. inside the tick's read snapshot ---------------------------------------------------
 
-    def read(self, conn: Connection, now: dt.datetime, high_water: int | None = None) -> None:
+    def read(self, conn: Connection, now: dt.datetime, high_water: int | None = None, *,
+             quiet: bool = False) -> None:
         """The unpriced steps written since the last tick; the ledger's side of the spend: what
         it holds for the current periods, and the ended runs it does not hold yet (summed in
-        the database: a few rows whatever their number)."""
+        the database: a few rows whatever their number). `quiet`: no run was written since the
+        last read (the change feed, issue 25): no new step, no run ended; unless the period
+        changed or this daemon booked runs since, what was read then still holds."""
+        keys = {p: period_key(p, now, self.tz) for p in PERIODS}
+        if quiet and keys == self._keys and not self._booked_since_read:
+            self._found = []
+            return
+        self._booked_since_read = False
         self._found = self.backfill.read(conn, high_water)
-        self._keys = {p: period_key(p, now, self.tz) for p in PERIODS}
+        self._keys = keys
         starts = {p: period_bounds(p, now, self.tz)[0] for p in PERIODS}
         self._spend, self._unbooked, self._n_unbooked = ledger.read_period_spend(conn, self._keys, starts[DAY],
                                                                                  starts[MONTH])
@@ -174,6 +183,7 @@ class Money:
                or not 0 <= (now - self._booked_at).total_seconds() < BOOK_EVERY_S)
         if not due:
             return 0
+        self._booked_since_read = True  # whatever came of it: the next read is not skipped
         with engine.begin() as conn:
             booking = ledger.book(conn, ledger.read_unbooked(conn), now, self.tz, self.label_budgets)
         self._booked_at = now

@@ -70,13 +70,13 @@ class MoneyTick:
         if to is not None:
             self.phase = to
 
-    def read(self, conn: Connection, high_water: int | None) -> list[Defect]:
+    def read(self, conn: Connection, high_water: int | None, *, quiet: bool = False) -> list[Defect]:
         """In the tick's read snapshot, after the pre-filter summed the live spend: the unpriced
         steps, the ledger's spend, the labels of runs first seen. Returns the steps that could
-        not be read (reported with the tick's other defects)."""
+        not be read (reported with the tick's other defects). `quiet`: see Money.read."""
         self._step(Phase.BEGUN, Phase.READ)
         m = self.money
-        m.read(conn, self.now, high_water)
+        m.read(conn, self.now, high_water, quiet=quiet)
         defects, m.backfill.defects = list(m.backfill.defects), []
         m.learn_labels(conn, self.spend)
         return defects

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, effective
 from watchdog.core.config import Config
+from watchdog.core.deadlines import Deadline, Why
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.quarantine import FUTURE_S, MAX_AGE_S, light_defect
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, RunStats
@@ -57,7 +58,8 @@ class PreFilter:
             evidence: Mapping[str, Any] | None = None, first: Mapping[str, float] | None = None,
             new_seen: list[tuple[str, float, Any]] | None = None,
             raised: Callable[[str, int, tuple[Any, ...]], bool] | None = None,
-            owner_ok: Callable[[str], bool | None] | None = None) -> list[str]:
+            owner_ok: Callable[[str], bool | None] | None = None,
+            wake: dict[str, Deadline] | None = None, costs: dict[str, float] | None = None) -> list[str]:
         """Ids of the runs `_one` might act on: a superset of them, never fewer.
 
         A healthy running run is skipped without building a row, a snapshot or facts:
@@ -70,6 +72,9 @@ class PreFilter:
         is judged by the larger counters and its age from its first sight at the latest.
         `raised`: (run id, resumes, own budgets) -> a sealed operator resume raised its budgets;
         `owner_ok`: run id -> its owner may use its profile (None: not checked yet: due).
+        issue 25, for the incremental tick (watchdog.daemon.activeset): `wake` gets each judged
+        running run's next clock deadline (when its wall clock or its silence will make it due:
+        the same comparisons, solved for the time), `costs` each run's live cost as summed here.
 
         One loop, its locals bound once: at 10,000 active runs every attribute lookup and
         call per run shows in the tick; the rare paths (a run first seen, a profile with
@@ -107,6 +112,8 @@ class PreFilter:
                 tally = tallies.get(rid)
                 if tally is not None and tally.values[4] > cost:
                     cost = tally.values[4]  # the period budgets count what its events show it spent
+                if costs is not None:
+                    costs[rid] = cost
                 if per_agent is not None:
                     per_agent[r[i_agent]] += cost
                     scopes = covered_get(rid, unknown)
@@ -136,6 +143,10 @@ class PreFilter:
                         continue
                     limits = owned
                 _b, counters, age_limit, silence_limit, identical_limit, rate_limit, _bound = limits
+                if wake is not None:  # due once age_s > age_limit or silent_s > silence_limit
+                    wall_s, quiet_s = now_s + age_limit - age_s, now_s + silence_limit - silent_s
+                    wake[rid] = (Deadline(wall_s, Why.WALL_CLOCK) if wall_s <= quiet_s
+                                 else Deadline(quiet_s, Why.SILENCE))
                 over = not skip_clock and (age_s > age_limit or silent_s > silence_limit)
                 for i, limit in counters:  # a plain loop: any(generator) costs twice as much per run
                     if over or r[i] > limit:

@@ -99,6 +99,7 @@ class Scanner:
         self.defects: list[Defect] = []  # what could not be read since the tick last took them
         self._bad_runs: dict[str, str] = {}  # run id -> why its whole row did not read (read_isolated)
         self.evidence = Evidence()  # the daemon's own counters per active run (issue 20)
+        self.touched: set[str] = set()  # the runs of the events the last fold read
 
     def tool_rates(self, now: dt.datetime) -> Counter[str]:
         """Tool calls per tool over all runs in the last minute."""
@@ -135,17 +136,20 @@ class Scanner:
                 self._unreadable.append(e.id)
         return out
 
-    def fold(self, conn: Connection, active_ids: list[str], hosts: Collection[str] | None = None) -> list[NewEvent]:
+    def fold(self, conn: Connection, active_ids: Collection[str], hosts: Collection[str] | None = None
+             ) -> list[NewEvent]:
         """Fold the tool events written since the last tick; return them (the circuits need them too).
         With `hosts`, only the events of runs on those hosts are read (a daemon that is not the
-        leader needs no other host's events). Events that cannot be used become Defects."""
+        leader needs no other host's events). Events that cannot be used become Defects.
+        `touched` is then the ids of the runs any folded event belongs to."""
         new: list[NewEvent] = []
         self._unreadable: list[int] = []
         if self.high_water is None:
             # Cold start: the full history of the active runs only, never all history.
             top = store.newest_event_id(conn)
-            for i in range(0, len(active_ids), CHUNK):
-                new.extend(self._events(conn, EventSelection.of_runs(active_ids[i : i + CHUNK])))
+            ordered = list(active_ids)
+            for i in range(0, len(ordered), CHUNK):
+                new.extend(self._events(conn, EventSelection.of_runs(ordered[i : i + CHUNK])))
             self.high_water = top or 0
             self._seen = store.event_ids_above(conn, self.high_water - ID_OVERLAP)
         else:
@@ -153,7 +157,8 @@ class Scanner:
             # whole rows only for the ids never seen (a late PostgreSQL commit: rare).
             low = max(0, self.high_water - ID_OVERLAP)
             seen = self._seen
-            ids = store.folded_ids_between(conn, low, self.high_water, hosts)
+            late_ok = store.commits_late(conn)  # SQLite: no window to read again (its ~2,000 ids cost)
+            ids = store.folded_ids_between(conn, low, self.high_water, hosts) if late_ok else []
             late = [i for i in ids if i not in seen]
             fresh: list[NewEvent] = []
             for i in range(0, len(late), CHUNK):
@@ -165,9 +170,12 @@ class Scanner:
             read = [e.id for e in fresh] + self._unreadable
             if read:
                 self.high_water = max(self.high_water, max(read))
-            self._seen = {i for i in self._seen if i > self.high_water - ID_OVERLAP}
-            self._seen.update(read)
-        active = set(active_ids)
+            if late_ok:
+                self._seen = {i for i in self._seen if i > self.high_water - ID_OVERLAP}
+                self._seen.update(read)
+        # A set (or the ActiveSet's) is used as it is: building one of 10,000 ids each tick shows.
+        active = active_ids if isinstance(active_ids, (set, frozenset)) else set(active_ids)
+        self.touched = {e.run_id for e in new if e.run_id.__class__ is str}
         stats = self.stats
         evidence = self.evidence
         # The all-runs tool rate is the leader's (it reads every host's events and trims the
@@ -195,9 +203,9 @@ class Scanner:
                     st.add(e.at, e.tool, e.args_hash, e.ok, e.error_msg, bool(e.attempt and e.attempt > 1))
                 except Exception:  # noqa: BLE001 — event_defect let through what RunStats cannot fold
                     self.defects.append(Defect(e.run_id, f"event {e.id}: it cannot be counted", e.id))
-        for rid in list(self.stats):
-            if rid not in active:
-                del self.stats[rid]
+        if len(stats) > len(active):  # the runs that ended (or left this daemon): forgotten
+            for rid in [r for r in stats if r not in active]:
+                del stats[rid]
         if len(evidence.tallies) > len(active):
             evidence.keep(active)
         return tools

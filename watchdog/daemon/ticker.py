@@ -33,7 +33,9 @@ from watchdog.core.policies import RunSnapshot, Verdict, evaluate, rate_alarm, w
 from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
 from watchdog.daemon import believe
+from watchdog.daemon import tickread
 from watchdog.daemon.acknowledge import EndedStops
+from watchdog.daemon.activeset import ActiveSet
 from watchdog.daemon.authentic import OwnEvidence
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership, Role
@@ -48,6 +50,7 @@ from watchdog.daemon.quarantine import Malformed, Quarantine, check_actionable
 from watchdog.daemon.stopping import lose_run
 from watchdog.daemon.stopping_runs import judge_stopping
 from watchdog.daemon.scan import L, RATE_WINDOW_S, NewEvent, Scanner
+from watchdog.daemon.tickread import TickRead
 from watchdog.daemon.tickstate import PeriodStop, ThisTick, TickReport, TickState
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import actor, record
@@ -61,16 +64,6 @@ __all__ = ["Ticker", "TickReport"]
 log = logging.getLogger("watchdog.tick")
 
 Row = Any  # a `runs` row as the tick reads it whole (watchdog.store.scan.active_rows)
-
-
-class _Read(NamedTuple):
-    """What `_read` found in the tick's one read snapshot."""
-
-    light: list[Any]  # every active run's light row (watchdog.store.scan.LIGHT) this daemon reads
-    mine: list[Any]  # those of the hosts it judges
-    new: list[NewEvent]  # the tool events folded this tick
-    due: list[str]  # the runs the pre-filter says may need something
-    rows: list[Row]  # their whole rows
 
 
 class Ticker:
@@ -115,18 +108,25 @@ class Ticker:
                                                      engine.url)
         self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
         self.ended_stops = EndedStops()  # issue 19: stops heard after their runs ended
+        # issue 25: the active runs kept between ticks, so that a tick costs what changed.
+        self.active = ActiveSet(killer)
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
         (wall_clock, heartbeat_timeout) are not judged this tick."""
         t0 = time.perf_counter()
         this, role = self._begin(now, skip_clock)
-        read = self._read(this, role)
+        read = tickread.read(self, this, role)
         rows = self._money_judge(this, read) if this.money is not None else read.rows
         rep = this.rep
-        rep.new_events, rep.events, rep.active = len(read.new), read.new, len(read.mine)
+        rep.new_events, rep.events, rep.active = len(read.new), read.new, read.mine
+        rep.full, rep.looked = read.full, len(read.looked)
         self._judge_rows(this, read.light, rows)
         self._end(this, role, read)
+        # What the next incremental tick needs of this one: the deadlines, the sticky runs.
+        self.active.settle(() if read.full else read.looked, wake=read.wake, due=read.due,
+                           unreadable=rep.quarantined)
+        self.active.ticked(now.timestamp())
         rep.duration_s = time.perf_counter() - t0
         return rep
 
@@ -135,7 +135,7 @@ class Ticker:
     def _begin(self, now: dt.datetime, skip_clock: bool) -> tuple[ThisTick, Role]:
         """Leadership and the judged hosts, the process table, the exec trees: this tick's ThisTick."""
         rep = TickReport(at=now)
-        role = self.membership.refresh()
+        role = self.membership.refresh(self.active.host_counts())
         rep.leader, rep.adopted = role.leader, tuple(sorted(role.adopted))
         if role.grew:  # newly adopted hosts: rebuild the caches from their active runs' history too
             self.scanner = Scanner()
@@ -149,30 +149,7 @@ class Ticker:
         self.this = this
         return this, role
 
-    def _read(self, this: ThisTick, role: Role) -> _Read:
-        """One read snapshot: the active runs, their new events, the pre-filter (which sums the
-        live spend), the money's read, and the whole rows of the runs that may need something."""
-        mt = this.money
-        with self._read_snapshot() as conn:
-            light = self.scanner.load_active(conn, None if mt is not None else role.hosts)
-            i_host = L["host"]
-            mine = light if mt is None else [r for r in light if r[i_host] in role.hosts]
-            # The leader reads every host's tool events (circuits, the all-runs rate); the others their own.
-            new = self.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else role.hosts)
-            due = self.prefilter.due(light, this.now, this.live, mt.spend if mt is not None else None,
-                                     stats=self.scanner.stats, host=self.killer.host, judged=this.judged,
-                                     resume_seen=self.state.resume_seen, skip_clock=this.skip_clock,
-                                     defects=self.scanner.defects, evidence=self.scanner.evidence.tallies,
-                                     first=self.trust.first, new_seen=self.trust.new_seen,
-                                     raised=self.trust.raised_key, owner_ok=self.trust.owner_ok)
-            if mt is not None:  # unreadable steps: reported with the rest
-                self.scanner.defects.extend(mt.read(conn, self.scanner.high_water))
-            # Only the runs that may need something this tick are read whole and evaluated.
-            rows = self.scanner.load_rows(conn, due)
-            self.trust.flush({r[L["id"]] for r in light})  # first sights and parent links (issue 20)
-        return _Read(light, mine, new, due, rows)
-
-    def _money_judge(self, this: ThisTick, read: _Read) -> list[Row]:
+    def _money_judge(self, this: ThisTick, read: TickRead) -> list[Row]:
         """Price what the SDK could not, judge the period budgets, publish the spent ones; return
         the rows to evaluate: the repriced runs (read again: their cost changed) and those a
         spent budget covers are added to them."""
@@ -206,15 +183,17 @@ class Ticker:
             raise
         batch.commit()
 
-    def _end(self, this: ThisTick, role: Role, read: _Read) -> None:
+    def _end(self, this: ThisTick, role: Role, read: TickRead) -> None:
         """After the stops: stops heard late, forgetting the runs that ended, the books, the
         cluster duties, the lease."""
         now = this.now
-        # -- issue 19: stops whose runs ended before this daemon saw them stopping (acknowledge.py)
-        self._safely(lambda engine, at: self.ended_stops.run(engine, at, hosts=this.judged, config=self.config,
-                                                             sealer=self.sealer, by=self.by), now)
+        # -- issue 19: stops whose runs ended before this daemon saw them stopping (acknowledge.py);
+        # none to hear when no run changed since the last tick (issue 25)
+        if not self.active.quiet:
+            self._safely(lambda engine, at: self.ended_stops.run(
+                engine, at, hosts=this.judged, config=self.config, sealer=self.sealer, by=self.by), now)
         if self.state.holds_runs():  # forget the runs that ended
-            self.state.forget({r[L["id"]] for r in read.light})
+            self.state.forget(self.active.rows)
         if this.money is not None:
             stopped: dict[str, list[str]] = {}
             for s in this.period_stops:
@@ -373,7 +352,7 @@ class Ticker:
     def _backstop(self, light: list[Any], this: ThisTick, batch: Batch) -> None:
         from watchdog.daemon.backstop import backstop
 
-        backstop(self, this, light, batch)
+        backstop(self, this, self.active.rows, batch)
 
     def _read_snapshot(self) -> Connection:
         """One snapshot for the active runs and their new events: a run started between the

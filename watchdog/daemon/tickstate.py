@@ -43,9 +43,10 @@ class TickState:
 
     def forget(self, active_ids: Collection[str]) -> None:
         """Forget the runs that are no longer active; bound the pause keys."""
-        self.acked &= set(active_ids)
-        self.decided &= set(active_ids)
-        self.backstopped &= set(active_ids)
+        # Only what is held is looked up: a set of the 10,000 active ids is not built for it.
+        self.acked = {r for r in self.acked if r in active_ids}
+        self.decided = {r for r in self.decided if r in active_ids}
+        self.backstopped = {r for r in self.backstopped if r in active_ids}
         for rid in [k for k in self.rate_alarmed if k not in active_ids]:
             del self.rate_alarmed[rid]
         if len(self.pause_seen) > MAX_PAUSE_KEYS or len(self.resume_seen) > MAX_PAUSE_KEYS:
@@ -74,6 +75,8 @@ class TickReport:
     leader: bool = True  # this daemon did the cluster duties this tick
     adopted: tuple[str, ...] = ()  # hosts without a live daemon whose runs it judged too
     quarantined: list[str | None] = field(default_factory=list)  # run ids (None: an event of no run) not judged
+    full: bool = True  # this tick read every active run (False: only what changed, issue 25)
+    looked: int = 0  # the runs the pre-filter looked at (all of them on a full tick)
 
 
 @dataclass

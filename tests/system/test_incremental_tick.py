@@ -1,0 +1,165 @@
+"""The tick that costs what changed (issue 25), against real stores and real processes.
+
+Between full ticks the Ticker looks only at the runs that changed, came due or lost their
+process (watchdog.daemon.activeset). These tests hold it to the promise that this changes
+nothing a user can see: a run that writes nothing is still stopped on time, a dead process is
+still found, a row that cannot be read is still watched, the period budgets still count every
+run; and that an idle tick really looks at no run.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import insert, text, update
+
+from daemon_support import SEALER, config, later, run_row, ticker
+from failsafe_support import constraints_off
+from watchdog.core import lifecycle as lc
+from watchdog.daemon import activeset
+from watchdog.daemon.killer import Killer
+from watchdog.store.schema import runs, utcnow
+
+
+def _sql_run(engine, *, agent="bot", **values) -> str:
+    rid = uuid.uuid4().hex
+    now = utcnow()
+    with engine.begin() as conn:
+        conn.execute(insert(runs).values(id=rid, agent=agent, status="running", kill_mode="cooperative",
+                                         host=Killer().host, started_at=now, last_seen_at=now, **values))
+    return rid
+
+
+def test_an_idle_tick_looks_at_no_run_and_a_write_brings_back_only_its_run(engine, wd):
+    tk = ticker(engine)
+    quiet = [wd.run("bot", guards=False).start() for _ in range(20)]
+    busy = wd.run("bot", guards=False).start()
+    now = utcnow()
+    first = tk.tick(now)
+    assert first.full and first.active == 21 and first.looked == 21
+    idle = tk.tick(later(now, 2))
+    assert not idle.full and idle.active == 21 and idle.looked == 0
+    busy.record_tool("search", {"q": "refund"})
+    rep = tk.tick(later(now, 4))
+    assert not rep.full and rep.looked == 1 and rep.new_events == 1
+    assert tk.tick(later(now, 6)).looked == 0
+    for run in quiet:
+        run.__exit__(None, None, None)  # the end of its `with` block: completed
+    rep = tk.tick(later(now, 8))
+    assert rep.active == 1 and not rep.full
+
+
+def test_a_run_that_writes_nothing_is_stopped_when_its_wall_clock_runs_out(engine, wd):
+    tk = ticker(engine, config(agents={"bot": {"max_wall_s": 20.0}}))
+    run = wd.run("bot", guards=False).start()
+    now = utcnow()
+    assert tk.tick(now).full
+    rep = tk.tick(later(now, 10))
+    assert not rep.full and rep.looked == 0 and rep.stops == []
+    rep = tk.tick(later(now, 25))  # its deadline came: looked at, with no write of its own
+    assert not rep.full and rep.looked == 1
+    assert rep.stops == [(run.id, lc.WALL_CLOCK)]
+    assert run_row(engine, run.id).status == lc.STOPPING
+
+
+def test_a_silent_run_is_stopped_when_its_silence_runs_out(engine, wd):
+    tk = ticker(engine, config(agents={"bot": {"heartbeat_timeout_s": 15.0}}))
+    run = wd.run("bot", guards=False).start()
+    talker = wd.run("bot", guards=False).start()
+    now = utcnow()
+    tk.tick(now)
+    talker.heartbeat()
+    assert tk.tick(later(now, 10)).stops == []
+    rep = tk.tick(later(now, 17))
+    assert not rep.full
+    assert (run.id, lc.HEARTBEAT_TIMEOUT) in rep.stops
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_process_that_dies_between_full_ticks_is_found_by_its_pidfd(db_url, engine, procs):
+    agent = procs.start("runaway", db_url, kill_mode="cooperative", steps=1, then="hang")
+    tk = ticker(engine)
+    now = utcnow()
+    assert tk.tick(now).lost == []
+    assert tk.tick(later(now, 1)).looked == 0
+    agent.proc.kill()
+    agent.proc.wait()
+    rep = tk.tick(later(now, 2))
+    assert not rep.full and rep.lost == [agent.run_id]
+    assert run_row(engine, agent.run_id).status == lc.LOST
+
+
+def test_a_run_that_cannot_be_read_stays_watched_and_is_stopped_from_first_sight(engine):
+    cfg = config(agents={"bot": {"max_wall_s": 30.0}})
+    rid = _sql_run(engine, steps=1)
+    # Its cost is not a number (text on SQLite, NaN on PostgreSQL): the pre-filter cannot judge it.
+    bad = "'NaN'::float" if engine.dialect.name == "postgresql" else "'a lot'"
+    with constraints_off(engine) as conn:
+        conn.execute(text(f"UPDATE runs SET cost_eur = {bad} WHERE id = :r"), {"r": rid})
+    tk = ticker(engine, cfg)
+    now = utcnow()
+    assert rid in tk.tick(now).quarantined
+    rep = tk.tick(later(now, 10))
+    assert not rep.full and rid in rep.quarantined and rep.stops == []
+    rep = tk.tick(later(now, 31))
+    assert not rep.full and rep.stops == [(rid, lc.WALL_CLOCK)]
+
+
+def test_the_period_budgets_count_every_run_not_only_those_looked_at(engine, wd):
+    cfg = config(agents={"bot": {"max_cost_eur_per_day": 1000.0}},
+                 prices={"gpt-x": {"input_eur_per_mtok": 0.0, "output_eur_per_mtok": 0.0}})
+    tk = ticker(engine, cfg)
+    spenders = [wd.run("bot", guards=False).start() for _ in range(5)]
+    for i, run in enumerate(spenders):
+        run.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=0.25 * (i + 1))
+    now = utcnow()
+    tk.tick(now)
+    spenders[0].step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=1.0)
+    rep = tk.tick(later(now, 2))
+    assert not rep.full and rep.looked == 1
+    assert tk.this is not None and tk.this.money is not None
+    incremental = dict(tk.this.money.spend.per_agent)
+    fresh = ticker(engine, cfg)
+    fresh.tick(later(now, 2))
+    assert fresh.this is not None and fresh.this.money is not None
+    assert incremental == pytest.approx(dict(fresh.this.money.spend.per_agent))
+    assert incremental["bot"] == pytest.approx(0.25 * 15 + 1.0)
+
+
+def test_a_full_tick_comes_back_after_a_clock_jump_a_reload_a_failure_and_a_minute(engine, wd, monkeypatch):
+    wd.run("bot", guards=False).start()
+    tk = ticker(engine)
+    now = utcnow()
+    assert tk.tick(now).full
+    assert not tk.tick(later(now, 1)).full
+    assert tk.tick(later(now, 2), skip_clock=True).full
+    assert not tk.tick(later(now, 3)).full
+    assert tk.tick(later(now, 3 + activeset.FULL_EVERY_S)).full  # the backstop
+    assert tk.tick(later(now, 1)).full  # the clock went back
+    from watchdog.daemon.prefilter import PreFilter
+
+    tk.prefilter = PreFilter(tk.config)  # what a SIGHUP reload does (watchdog.daemon.reload)
+    assert tk.tick(later(now, 2)).full
+    fold = tk.scanner.fold
+
+    def fails(*a, **kw):
+        raise RuntimeError("a bug in the fold")
+
+    tk.scanner.fold = fails
+    with pytest.raises(RuntimeError):
+        tk.tick(later(now, 3))
+    tk.scanner.fold = fold
+    assert tk.tick(later(now, 4)).full  # the tick that failed left nothing half-known
+
+
+def test_a_writer_that_rewrites_its_counters_is_judged_at_the_next_tick(engine, wd):
+    tk = ticker(engine, config(agents={"bot": {"max_steps": 5}}))
+    run = wd.run("bot", guards=False).start()
+    now = utcnow()
+    tk.tick(now)
+    assert not tk.tick(later(now, 1)).full
+    with engine.begin() as conn:  # any store writer: the change feed numbers it all the same
+        conn.execute(update(runs).where(runs.c.id == run.id).values(steps=50))
+    rep = tk.tick(later(now, 2))
+    assert not rep.full and rep.stops == [(run.id, lc.MAX_STEPS)]

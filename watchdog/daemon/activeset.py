@@ -1,0 +1,291 @@
+"""The active runs a daemon keeps between ticks, so that a tick costs what changed (issue 25).
+
+A *full* tick reads every active run's light row and passes all of them through the
+pre-filter: O(active runs), 10,000 rows each tick for a daemon whose runs mostly wait on
+their models. Between full ticks the Ticker keeps those rows here and an *incremental* tick
+looks only at the runs that may need something:
+
+* the runs the change feed numbers above its cursor (watchdog.store.changes: every write of a
+  run row and every event of a run renumbers it, by the database's triggers);
+* the runs whose deadline came (watchdog.daemon.duequeue: when the wall clock or the silence
+  of a run that writes nothing will make it due, as the pre-filter computed it);
+* the runs whose process ended (watchdog.daemon.liveness: a pidfd per local process);
+* the runs that were due or could not be read at the last look ("sticky": a run over budget,
+  stopping, paused or quarantined is looked at every tick, as before).
+
+Every other run costs its place in the queue. The period budgets still count every run's
+live cost: `SpendIndex` keeps each one's, so their sums cost O(changed runs + agents).
+
+Nothing here is trusted across what it cannot see: a full tick rebuilds it all from the store
+at the first tick, after a tick that failed, when the hosts judged or the leadership or the
+config change, when the clock jumps or goes back, when the feed meets a row it cannot read,
+when most runs changed anyway, and every FULL_EVERY_S as a backstop (a writer that bypassed
+the feed's triggers is then seen within that time, as it was each tick before).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from watchdog.core.deadlines import Deadline
+from watchdog.daemon.duequeue import DueQueue
+from watchdog.daemon.scan import L
+from watchdog.store import scan as store_scan
+from watchdog.store.changes import ChangeFeed
+from watchdog.store.engine import Connection
+
+if TYPE_CHECKING:
+    from watchdog.daemon.killer import Killer
+    from watchdog.daemon.liveness import Liveness
+    from watchdog.daemon.money import LiveSpend
+
+log = logging.getLogger("watchdog.tick")
+
+# The backstop: a full tick at least this often, whatever the feed says.
+FULL_EVERY_S = 60.0
+# More changed runs than this share of the active ones: one full read is cheaper than reads by id.
+MOSTLY_CHANGED = 0.5
+
+_ID, _AGENT, _HOST, _PID, _CTIME = L["id"], L["agent"], L["host"], L["pid"], L["pid_create_time"]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a tick reads and judges; a change of any of it makes the next tick full."""
+
+    hosts: frozenset[str] | None  # the hosts whose runs it reads (None: every host: the leader's money)
+    judged: frozenset[str] | None  # the hosts whose runs it judges (None: every host)
+    config: object  # the pre-filter, compared by identity (a new one per config: SIGHUP changes the budgets)
+
+
+class SpendIndex:
+    """Each active run's live cost (as PreFilter.due counts it), by agent and by label budget."""
+
+    def __init__(self) -> None:
+        self._agent_of: dict[str, str] = {}
+        self._scopes_of: dict[str, tuple[str, ...]] = {}
+        self._by_agent: dict[str, dict[str, float]] = defaultdict(dict)
+        self._by_scope: dict[str, dict[str, float]] = defaultdict(dict)
+        self._unscoped: dict[str, float] = {}  # run id -> cost, its label budgets not known yet
+
+    def __len__(self) -> int:
+        return len(self._agent_of)
+
+    def put(self, rid: str, agent: str, cost: float, covered: Mapping[str, tuple[str, ...]] | None) -> None:
+        self.drop(rid)
+        self._agent_of[rid] = agent
+        self._by_agent[agent][rid] = cost
+        scopes = () if covered is None else covered.get(rid)
+        if scopes is None:
+            self._unscoped[rid] = cost  # its labels are read this tick (LiveSpend.new): counted from the next
+            return
+        self._scope(rid, scopes, cost)
+
+    def drop(self, rid: str) -> None:
+        agent = self._agent_of.pop(rid, None)
+        if agent is None:
+            return
+        del self._by_agent[agent][rid]
+        self._unscoped.pop(rid, None)
+        for scope in self._scopes_of.pop(rid, ()):
+            self._by_scope[scope].pop(rid, None)
+
+    def learn(self, covered: Mapping[str, tuple[str, ...]] | None) -> None:
+        """The runs whose label budgets the money work learned since they were put."""
+        for rid in [r for r in self._unscoped if covered is None or r in covered]:
+            self._scope(rid, () if covered is None else covered[rid], self._unscoped.pop(rid))
+
+    def fill(self, spend: LiveSpend) -> None:
+        """The sums over every run, in place of the pre-filter's over the few it looked at."""
+        spend.per_agent.clear()
+        spend.labelled.clear()
+        for agent, costs in self._by_agent.items():
+            if costs:
+                spend.per_agent[agent] = sum(costs.values())
+        for scope, costs in self._by_scope.items():
+            if costs:
+                spend.labelled[scope] = sum(costs.values())
+
+    def _scope(self, rid: str, scopes: tuple[str, ...], cost: float) -> None:
+        if scopes:
+            self._scopes_of[rid] = scopes
+            for scope in scopes:
+                self._by_scope[scope][rid] = cost
+
+
+class ActiveSet:
+    """The Ticker's picture of the active runs between full ticks. Not thread-safe (the tick's)."""
+
+    def __init__(self, killer: Killer, *, use_pidfd: bool = True) -> None:
+        self._killer = killer
+        self.host = killer.host
+        self._use_pidfd = use_pidfd
+        self.rows: dict[str, Any] = {}  # run id -> its light row (watchdog.store.scan.LIGHT), every host read
+        self.mine: set[str] = set()  # those on the hosts this daemon judges
+        self.by_host: Counter[str] = Counter()  # host -> its runs in `rows`
+        self.quiet = False  # this tick's feed named no run: nothing was written to any run since the last
+        self.feed = ChangeFeed()
+        self.queue = DueQueue()
+        self.sticky: set[str] = set()  # due or unreadable at the last look: looked at every tick
+        self.dead: set[str] = set()  # their process ended (liveness): looked at until they end
+        self.spend = SpendIndex()
+        self.liveness: Liveness | None = None
+        self.valid = False  # False: the next tick is full (set by the Ticker once a tick went through)
+        self._scope: Scope | None = None
+        self._full_s = 0.0
+        self._last_s: float | None = None
+
+    # -- which kind of tick ----------------------------------------------------------------
+
+    def host_counts(self) -> Mapping[str, int] | None:
+        """The active runs per host at the last read, when it read every host's (else None)."""
+        if not self.valid or self._scope is None or self._scope.hosts is not None:
+            return None
+        return self.by_host
+
+    def full_reason(self, now_s: float, scope: Scope, skip_clock: bool) -> str | None:
+        """Why this tick must read every active run (None: it may look only at what changed)."""
+        if not self.valid:
+            return "first tick, or the last one failed"
+        if skip_clock:
+            return "the clock jumped"
+        if scope != self._scope:
+            return "the hosts judged, the leadership or the config changed"
+        if self._last_s is not None and now_s < self._last_s:
+            return "the clock went back"
+        if now_s - self._full_s >= FULL_EVERY_S:
+            return "backstop"
+        return None
+
+    def changes(self, conn: Connection, scope: Scope) -> set[str] | None:
+        """In the tick's read snapshot: the runs the feed says changed, their light rows read
+        again (those no longer active, or on a host not read, leave). Returns the ids of those
+        still here; None when the tick must read everything instead (a row the feed could not
+        read, or most runs changed anyway)."""
+        fresh, ids, unreadable = store_scan.changed_light(conn, self.feed, scope.hosts)
+        if unreadable:
+            return None
+        self.quiet = not ids
+        if len(ids) > MOSTLY_CHANGED * len(self.rows) + 100:
+            return None
+        kept: set[str] = set()
+        for r in fresh:
+            rid = r[_ID]
+            if rid.__class__ is str:
+                kept.add(rid)
+                self._put(r, scope.judged)
+        for rid in ids - kept:
+            self._drop(rid)
+        return kept
+
+    def candidates(self, now_s: float, changed: Collection[str]) -> list[Any]:
+        """The light rows of the runs this incremental tick looks at, in id order."""
+        ids = set(changed)
+        ids.update(d.run_id for d in self.queue.pop_due(now_s))
+        if self.liveness is not None:
+            self.dead.update(self.liveness.dead())
+        ids.update(self.sticky)
+        ids.update(self.dead)
+        rows = self.rows
+        return [rows[rid] for rid in sorted(ids) if rid in rows]
+
+    # -- after the pre-filter ----------------------------------------------------------------
+
+    def rebuild(self, light: Sequence[Any], scope: Scope, now_s: float, *, wake: Mapping[str, Deadline],
+                due: Collection[str], costs: Mapping[str, float] | None,
+                covered: Mapping[str, tuple[str, ...]] | None) -> None:
+        """After a full read's pre-filter (and the money's read): everything from what it read."""
+        self.rows, self.mine, self.dead = {}, set(), set()
+        self.by_host, self.quiet = Counter(), False
+        self.spend = SpendIndex()
+        for r in light:
+            if r[_ID].__class__ is str:
+                self._put(r, scope.judged)
+        if self.liveness is not None:
+            self.liveness.keep(self.rows)
+        self.queue.load((rid, d) for rid, d in wake.items() if rid in self.rows)
+        self.sticky = {rid for rid in due if rid in self.rows}
+        if costs is not None:
+            self.spend_looked((), costs, covered)
+        self._scope, self._full_s = scope, now_s
+
+    def spend_looked(self, looked: Collection[str], costs: Mapping[str, float],
+                     covered: Mapping[str, tuple[str, ...]] | None) -> None:
+        """The live cost of the runs the pre-filter looked at, as it counted them (`costs`)."""
+        spend, rows = self.spend, self.rows
+        for rid in looked:
+            if rid not in costs:
+                spend.drop(rid)  # unreadable now: it counts nothing, as in a full pass
+        for rid, cost in costs.items():
+            r = rows.get(rid)
+            if r is not None:
+                spend.put(rid, r[_AGENT], cost, covered)
+
+    def settle(self, looked: Collection[str], *, wake: Mapping[str, Deadline], due: Collection[str],
+               unreadable: Collection[str | None]) -> None:
+        """At the end of a tick: the next deadline of each run looked at, and which runs stay
+        sticky (due, or found unreadable anywhere in the tick)."""
+        queue = self.queue
+        for rid in looked:
+            d = wake.get(rid)
+            if d is None:
+                queue.discard(rid)
+            else:
+                queue.reschedule(rid, (d,))
+        rows = self.rows
+        self.sticky = {rid for rid in due if rid in rows}
+        self.sticky.update(rid for rid in unreadable if isinstance(rid, str) and rid in rows)
+
+    def ticked(self, now_s: float) -> None:
+        self._last_s = now_s
+        self.valid = True
+
+    # -- the cache -------------------------------------------------------------------------
+
+    def _put(self, r: Any, judged: frozenset[str] | None) -> None:
+        rid = r[_ID]
+        old = self.rows.get(rid)
+        if old is not None:
+            self.by_host[old[_HOST]] -= 1
+        self.rows[rid] = r
+        self.by_host[r[_HOST]] += 1
+        if judged is None or r[_HOST] in judged:
+            self.mine.add(rid)
+        else:
+            self.mine.discard(rid)
+        pid, ctime = r[_PID], r[_CTIME]
+        if r[_HOST] == self.host and pid.__class__ is int and pid > 0 and isinstance(ctime, float):
+            self._watch(rid, pid, ctime)
+        elif self.liveness is not None:
+            self.liveness.unwatch(rid)
+
+    def _drop(self, rid: str) -> None:
+        old = self.rows.pop(rid, None)
+        if old is not None:
+            self.by_host[old[_HOST]] -= 1
+        self.mine.discard(rid)
+        self.queue.discard(rid)
+        self.sticky.discard(rid)
+        self.dead.discard(rid)
+        self.spend.drop(rid)
+        if self.liveness is not None:
+            self.liveness.unwatch(rid)
+
+    def _watch(self, rid: str, pid: int, ctime: float) -> None:
+        if self.liveness is None:
+            from watchdog.daemon.liveness import Liveness
+
+            self.liveness = Liveness(self._killer, use_pidfd=self._use_pidfd)
+        try:
+            self.liveness.watch(rid, pid, ctime)
+        except OSError as exc:  # no watch: the full tick's process check still finds it
+            log.debug("cannot watch process %d of run %s: %s", pid, rid[:8], exc)
+
+    def close(self) -> None:
+        if self.liveness is not None:
+            self.liveness.close()
+            self.liveness = None

@@ -1,0 +1,109 @@
+"""The tick's read: one snapshot, full or incremental (issue 25).
+
+A full read is the tick as it always was: every active run's light row, the new events, the
+pre-filter over all of them. An incremental read (watchdog.daemon.activeset) looks only at the
+runs that changed, came due, lost their process or were due last time; the light rows of the
+others are the ones the ActiveSet kept. Both end the same way: the whole rows of the runs the
+pre-filter says may need something, which the Ticker judges exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from watchdog.core.deadlines import Deadline
+from watchdog.daemon.activeset import Scope
+from watchdog.daemon.cluster import Role
+from watchdog.daemon.scan import L, NewEvent
+from watchdog.daemon.tickstate import ThisTick
+from watchdog.store.engine import Connection
+
+if TYPE_CHECKING:
+    from watchdog.daemon.ticker import Ticker
+
+
+class TickRead(NamedTuple):
+    """What the tick's read found in its one snapshot."""
+
+    light: list[Any]  # every active run's light row (watchdog.store.scan.LIGHT) this daemon reads
+    mine: int  # how many of them are on the hosts it judges
+    new: list[NewEvent]  # the tool events folded this tick
+    due: list[str]  # the runs the pre-filter says may need something
+    rows: list[Any]  # their whole rows
+    looked: list[str]  # the runs the pre-filter looked at (every active run in a full read)
+    wake: dict[str, Deadline]  # their next clock deadlines, from the pre-filter
+    full: bool
+
+
+def scope_of(tk: Ticker, this: ThisTick, role: Role) -> Scope:
+    """The leader reads every host's runs (the period budgets sum them all); the others their own."""
+    return Scope(None if this.money is not None else role.hosts, role.hosts, tk.prefilter)
+
+
+def read(tk: Ticker, this: ThisTick, role: Role) -> TickRead:
+    """One read snapshot: incremental when the ActiveSet allows it, else full."""
+    act, scope = tk.active, scope_of(tk, this, role)
+    now_s = this.now.timestamp()
+    with tk._read_snapshot() as conn:
+        reason = act.full_reason(now_s, scope, this.skip_clock)
+        act.valid = False  # until this tick went through (Ticker.tick)
+        changed = act.changes(conn, scope) if reason is None else None
+        if changed is None:
+            return _full(tk, conn, this, role, scope)
+        return _incremental(tk, conn, this, role, changed)
+
+
+def _full(tk: Ticker, conn: Connection, this: ThisTick, role: Role, scope: Scope) -> TickRead:
+    mt, act = this.money, tk.active
+    light = tk.scanner.load_active(conn, scope.hosts)
+    act.feed.mark(conn)  # the feed starts from this snapshot: what commits after it is a change
+    i_host, hosts = L["host"], role.hosts
+    mine = light if mt is None or hosts is None else [r for r in light if r[i_host] in hosts]
+    new = tk.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else hosts)
+    wake: dict[str, Deadline] = {}
+    costs: dict[str, float] | None = {} if mt is not None else None
+    due = _prefilter(tk, this, light, this.live, wake, costs)
+    if mt is not None:  # unreadable steps: reported with the rest
+        tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water))
+    rows = tk.scanner.load_rows(conn, due)
+    act.rebuild(light, scope, this.now.timestamp(), wake=wake, due=due, costs=costs,
+                covered=mt.spend.covered if mt is not None else None)
+    tk.trust.flush(act.rows)  # first sights and parent links (issue 20)
+    looked = [rid for r in light if (rid := r[L["id"]]).__class__ is str]
+    return TickRead(light, len(mine), new, due, rows, looked, wake, True)
+
+
+def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, changed: set[str]) -> TickRead:
+    mt, act = this.money, tk.active
+    new = tk.scanner.fold(conn, act.mine, hosts=None if role.leader else role.hosts)
+    changed.update(tk.scanner.touched)  # a run with an event folded is looked at, whatever the feed said
+    cand = act.candidates(this.now.timestamp(), changed)
+    looked = [r[L["id"]] for r in cand]
+    wake: dict[str, Deadline] = {}
+    costs: dict[str, float] | None = {} if mt is not None else None
+    # The processes: their ends come from the ActiveSet's watches, not a check of every local run.
+    due = _prefilter(tk, this, cand, None, wake, costs)
+    listed = set(due)
+    due.extend(rid for rid in sorted(act.dead) if rid in act.mine and rid not in listed)
+    light = list(act.rows.values())
+    if mt is not None:
+        covered = mt.spend.covered
+        act.spend_looked(looked, costs or {}, covered)
+        act.spend.learn(covered)
+        act.spend.fill(mt.spend)  # every run's live cost, not only the few looked at
+        mt.spend.light = light
+        tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, quiet=act.quiet))
+    rows = tk.scanner.load_rows(conn, due)
+    tk.trust.flush(act.rows)
+    return TickRead(light, len(act.mine), new, due, rows, looked, wake, False)
+
+
+def _prefilter(tk: Ticker, this: ThisTick, light: list[Any], live: set[int] | None, wake: dict[str, Deadline],
+               costs: dict[str, float] | None) -> list[str]:
+    mt, trust = this.money, tk.trust
+    return tk.prefilter.due(light, this.now, live, mt.spend if mt is not None else None,
+                            stats=tk.scanner.stats, host=tk.killer.host, judged=this.judged,
+                            resume_seen=tk.state.resume_seen, skip_clock=this.skip_clock,
+                            defects=tk.scanner.defects, evidence=tk.scanner.evidence.tallies,
+                            first=trust.first, new_seen=trust.new_seen, raised=trust.raised_key,
+                            owner_ok=trust.owner_ok, wake=wake, costs=costs)
