@@ -117,3 +117,21 @@ def test_unwatch_and_rewatch(children, mode):
         live.unwatch("never")
         os.kill(other_pid, signal.SIGKILL)
         assert live.dead(timeout_s=0.2) == [] and len(live) == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keep_stops_watching_the_runs_that_left_and_forgets_their_ends(children, mode):
+    # The incremental tick (watchdog.daemon.activeset) keeps only the runs still active: an
+    # ended run's process is no longer watched, and its end is never reported.
+    with _liveness(mode) as live:
+        procs = {f"run{k}": _spawn(children) for k in range(3)}
+        for rid, (pid, ctime) in procs.items():
+            assert live.watch(rid, pid, ctime)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        assert not live.watch("ended", gone.pid, 1.0)  # already gone: reported by the next dead()...
+        live.keep({"run0", "run2"})  # ...unless the run left first
+        assert len(live) == 2 and "run1" not in live
+        for pid, _ctime in procs.values():
+            os.kill(pid, signal.SIGKILL)
+        assert _until_dead(live, {"run0", "run2"}) == {"run0", "run2"}

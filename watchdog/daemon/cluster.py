@@ -99,6 +99,7 @@ class DutyTick:
     role: Role
     new_events: list[Any]  # the tool events this tick folded (all hosts' on the leader)
     scanner: Any  # the ticker's Scanner (the all-runs tool rate)
+    quiet: bool = False  # no run was written since the last tick (the change feed, issue 25)
 
 
 class ClusterDuties:
@@ -113,6 +114,7 @@ class ClusterDuties:
         self.sealer = sealer  # the daemon's key: its alerts are sealed (no key: none is queued)
         self._alerted: set[str] = set()
         self._next_prune_at: dt.datetime | None = None
+        self._sealed_all = False  # the last seal left no ended run unsealed
         self.last_prune: retention.PruneReport | None = None
         self.jobs: list[tuple[str, Callable[[DutyTick], None]]] = [
             ("adopted hosts", self.alert_adopted),
@@ -157,7 +159,9 @@ class ClusterDuties:
             self.circuits.update(self.engine, t.new_events, t.now, t.scanner)
 
     def seal(self, t: DutyTick) -> None:
-        rollup.seal_ended(self.engine)
+        if t.quiet and self._sealed_all:
+            return  # no run ended since the last seal found none left
+        self._sealed_all = rollup.seal_ended(self.engine) < rollup.SEAL_BATCH
 
     def prune(self, t: DutyTick) -> None:
         keep_days = self.config.store.keep_days

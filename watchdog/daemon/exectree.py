@@ -35,13 +35,17 @@ class ExecTrees:
         self.by = by
         self.sealer = sealer
         self.memory = TreeMemory(killer.host)
+        self._roots: list[Any] | None = None  # the roots the last read found
 
-    def observe(self) -> None:
-        """Once a tick: the descendants of each tree-mode exec of this host (cheap when none)."""
+    def observe(self, *, reuse: bool = False) -> None:
+        """Once a tick: the descendants of each tree-mode exec of this host (cheap when none).
+        `reuse`: no run was written since the last tick (the change feed): the roots read then
+        are still the roots; only their descendants are looked at again."""
         try:
-            with read_connection(self.engine) as conn:  # never the write lock the tick's batch may hold
-                roots = active_exec_roots(conn, self.killer.host, lc.TREE)
-            self.memory.observe(roots)
+            if not reuse or self._roots is None:
+                with read_connection(self.engine) as conn:  # never the write lock the tick's batch may hold
+                    self._roots = active_exec_roots(conn, self.killer.host, lc.TREE)
+            self.memory.observe(self._roots)
         except Exception as exc:  # noqa: BLE001 — a memory, not a decision: next tick again
             log.debug("exec trees not observed this tick (%s)", type(exc).__name__)
 

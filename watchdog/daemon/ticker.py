@@ -117,6 +117,7 @@ class Ticker:
         t0 = time.perf_counter()
         this, role = self._begin(now, skip_clock)
         read = tickread.read(self, this, role)
+        self.exec_trees.observe(reuse=self.active.quiet)  # before any run is judged gone
         rows = self._money_judge(this, read) if this.money is not None else read.rows
         rep = this.rep
         rep.new_events, rep.events, rep.active = len(read.new), read.new, read.mine
@@ -140,7 +141,6 @@ class Ticker:
         if role.grew:  # newly adopted hosts: rebuild the caches from their active runs' history too
             self.scanner = Scanner()
         this = ThisTick(now=now, rep=rep, skip_clock=skip_clock, judged=role.hosts, live=self._live_pids())
-        self.exec_trees.observe()
         # Money (prices, the ledger, period budgets, drift) is a cluster duty: the leader's. It
         # sums the live spend of EVERY host's active runs, so the leader reads them all (and
         # judges only its own and the adopted hosts'); the others read their host's only.
@@ -200,7 +200,7 @@ class Ticker:
                 stopped.setdefault(s.scope, []).append(s.run_id)
             this.rep.booked = this.money.finish(self.engine, stopped)
         if role.leader:  # the cluster duties: exactly one daemon of the store does them
-            self.duties.run(DutyTick(now, role, read.new, self.scanner))
+            self.duties.run(DutyTick(now, role, read.new, self.scanner, quiet=self.active.quiet))
         self._touch_lease(now)
 
     # -- defects ---------------------------------------------------------------------------

@@ -75,7 +75,10 @@ def _full(tk: Ticker, conn: Connection, this: ThisTick, role: Role, scope: Scope
 
 def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, changed: set[str]) -> TickRead:
     mt, act = this.money, tk.active
-    new = tk.scanner.fold(conn, act.mine, hosts=None if role.leader else role.hosts)
+    if act.quiet:  # no run renumbered: no event was written since the last read (an event renumbers its run)
+        new, tk.scanner.touched = [], set()
+    else:
+        new = tk.scanner.fold(conn, act.mine, hosts=None if role.leader else role.hosts)
     changed.update(tk.scanner.touched)  # a run with an event folded is looked at, whatever the feed said
     cand = act.candidates(this.now.timestamp(), changed)
     looked = [r[L["id"]] for r in cand]

@@ -241,7 +241,7 @@ class ChangeFeed:
             # The late window: its numbers only (the index alone), whole rows for the few not
             # reported yet: a number that committed after the cursor passed it.
             late = [n for n in conn.execute(select(runs.c.change_seq).where(
-                runs.c.change_seq > low, runs.c.change_seq <= cursor)).scalars() if n not in reported]
+                runs.c.change_seq > low, runs.c.change_seq <= cursor)).scalars().all() if n not in reported]
             if late:
                 rows = list(conn.execute(columns.where(runs.c.change_seq.in_(late)))) + rows
         return rows
