@@ -14,7 +14,7 @@ import uuid
 import pytest
 from sqlalchemy import insert, text, update
 
-from daemon_support import SEALER, config, later, run_row, ticker
+from daemon_support import config, later, run_row, ticker
 from failsafe_support import constraints_off
 from watchdog.core import lifecycle as lc
 from watchdog.daemon import activeset

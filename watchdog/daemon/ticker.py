@@ -1,11 +1,13 @@
 """`Ticker.tick(now)`: one scan of the active runs. The daemon's whole job, drivable from tests.
 
-Cost per tick: O(active runs + events since the last tick). Stop requests are
-written before any alert is delivered, so a slow alert target never delays a stop.
+Cost per tick: O(runs that changed, came due or lost their process + events since the last
+tick) between full ticks, O(active runs) on a full one (watchdog.daemon.activeset says when;
+watchdog.daemon.tickread reads either way). Stop requests are written before any alert is
+delivered, so a slow alert target never delays a stop.
 
 A tick is five steps, each its own method: `_begin` (leadership, the process table, this
-tick's ThisTick), `_read` (one read snapshot: the active runs, their new events, the
-pre-filter, the money's read), `_money_judge` (prices and period budgets, the leader's),
+tick's ThisTick), the read (tickread.read: one read snapshot: the runs to look at, their new
+events, the pre-filter, the money's read), `_money_judge` (prices and period budgets, the leader's),
 `_judge_rows` (each due run, in one write batch) and `_end` (late stops, the books, the
 duties, forgetting the runs that ended). What the Ticker remembers between ticks is its
 TickState (watchdog.daemon.tickstate). A stopping run is watchdog.daemon.stopping's, a
@@ -20,7 +22,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
@@ -49,7 +51,7 @@ from watchdog.daemon.prefilter import PreFilter
 from watchdog.daemon.quarantine import Malformed, Quarantine, check_actionable
 from watchdog.daemon.stopping import lose_run
 from watchdog.daemon.stopping_runs import judge_stopping
-from watchdog.daemon.scan import L, RATE_WINDOW_S, NewEvent, Scanner
+from watchdog.daemon.scan import L, RATE_WINDOW_S, Scanner
 from watchdog.daemon.tickread import TickRead
 from watchdog.daemon.tickstate import PeriodStop, ThisTick, TickReport, TickState
 from watchdog.store.alerts import enqueue_alert, queued
