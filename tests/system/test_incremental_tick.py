@@ -164,3 +164,35 @@ def test_a_writer_that_rewrites_its_counters_is_judged_at_the_next_tick(engine, 
         conn.execute(update(runs).where(runs.c.id == run.id).values(steps=50))
     rep = tk.tick(later(now, 2))
     assert not rep.full and rep.stops == [(run.id, lc.MAX_STEPS)]
+
+
+# -- rows written to break the bookkeeping (found by review) ----------------------------------------
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # PostgreSQL's pid column is int4
+def test_a_pid_no_process_can_have_costs_only_its_own_run(db_url, engine):
+    import time
+
+    good, bad = _sql_run(engine, steps=50), _sql_run(engine, steps=1)
+    with engine.begin() as conn:  # a plain INSERT may write any integer: 2**31 overflows pidfd_open
+        conn.execute(update(runs).where(runs.c.id == bad).values(pid=2**31, pid_create_time=time.time()))
+    tk = ticker(engine, config(agents={"bot": {"max_steps": 5}}))
+    now = utcnow()
+    assert tk.tick(now).stops == [(good, lc.MAX_STEPS)]
+    assert not tk.tick(later(now, 1)).full
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the constraint that refuses inf is lifted
+def test_infinite_budgets_of_its_own_give_a_run_no_deadline_and_break_no_tick(db_url, engine):
+    cfg = config(agents={"bot": {"runs_may_raise": True, "max_steps": 5}})
+    rid, other = _sql_run(engine, steps=1), _sql_run(engine, steps=1)
+    with constraints_off(engine) as conn:
+        conn.execute(text("UPDATE runs SET max_wall_s = 9e999, heartbeat_timeout_s = 9e999 WHERE id = :r"),
+                     {"r": rid})
+    tk = ticker(engine, cfg)
+    now = utcnow()
+    assert tk.tick(now).full
+    with engine.begin() as conn:  # both write: both are looked at, one with no finite deadline
+        conn.execute(update(runs).where(runs.c.id.in_([rid, other])).values(steps=9))
+    rep = tk.tick(later(now, 2))
+    assert not rep.full and sorted(rep.stops) == sorted([(rid, lc.MAX_STEPS), (other, lc.MAX_STEPS)])

@@ -48,6 +48,7 @@ class EndedStops:
     def __init__(self) -> None:
         self.since: dt.datetime | None = None
         self._sent: deque[dt.datetime] = deque()  # when this daemon queued each individual alert (the rate)
+        self.backlog = False  # the last look found a whole batch: more ended runs wait
 
     def run(self, engine: Engine, now: dt.datetime, *, hosts: frozenset[str] | None, config: Config,
             sealer: Sealer | None, by: str) -> list[str]:
@@ -56,9 +57,10 @@ class EndedStops:
         with engine.connect() as conn:
             ended = stops.ended_since(conn, since, hosts)
             todo = unheard(conn, [r.id for r in ended])
+        self.backlog = False
         if ended:
             newest = max(r.ended_at for r in ended)
-            full = len(ended) >= stops.BATCH
+            full = self.backlog = len(ended) >= stops.BATCH
             self.since = newest if full else max(since, newest - dt.timedelta(seconds=OVERLAP_S))
         elif self.since is None:
             self.since = since

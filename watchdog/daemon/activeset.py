@@ -14,7 +14,9 @@ looks only at the runs that may need something:
   stopping, paused or quarantined is looked at every tick, as before).
 
 Every other run costs its place in the queue. The period budgets still count every run's
-live cost: `SpendIndex` keeps each one's, so their sums cost O(changed runs + agents).
+live cost: `SpendIndex` keeps each one's, updated for the runs looked at; the sums are one
+C-level sum over each agent's and label budget's costs (no Python per run). What stays
+O(active) per tick is a list of the kept rows (a pointer copy) and the process table's pids.
 
 Nothing here is trusted across what it cannot see: a full tick rebuilds it all from the store
 at the first tick, after a tick that failed, when the hosts judged or the leadership or the
@@ -26,6 +28,7 @@ the feed's triggers is then seen within that time, as it was each tick before).
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +52,9 @@ log = logging.getLogger("watchdog.tick")
 FULL_EVERY_S = 60.0
 # More changed runs than this share of the active ones: one full read is cheaper than reads by id.
 MOSTLY_CHANGED = 0.5
+# The largest pid Linux gives (PID_MAX_LIMIT, 2**22): a row's larger pid names no process, and
+# would overflow pidfd_open.
+MAX_PID = 4_194_304
 
 _ID, _AGENT, _HOST, _PID, _CTIME = L["id"], L["agent"], L["host"], L["pid"], L["pid_create_time"]
 
@@ -170,7 +176,11 @@ class ActiveSet:
         if unreadable:
             return None
         self.quiet = not ids
-        if len(ids) > MOSTLY_CHANGED * len(self.rows) + 100:
+        if self.quiet and self.feed.high_water(conn) < self.feed.cursor:
+            # Numbers went back (a writer rewound the counter, or retention pruned the newest): a
+            # change numbered below the cursor would never be read. Read everything, start over.
+            return None
+        if len(fresh) > MOSTLY_CHANGED * len(self.rows) + 100:  # (the hosts this daemon reads only)
             return None
         kept: set[str] = set()
         for r in fresh:
@@ -232,7 +242,7 @@ class ActiveSet:
         queue = self.queue
         for rid in looked:
             d = wake.get(rid)
-            if d is None:
+            if d is None or not math.isfinite(d.at_s):  # no such time (an infinite budget): no deadline
                 queue.discard(rid)
             else:
                 queue.reschedule(rid, (d,))
@@ -258,7 +268,9 @@ class ActiveSet:
         else:
             self.mine.discard(rid)
         pid, ctime = r[_PID], r[_CTIME]
-        if r[_HOST] == self.host and pid.__class__ is int and pid > 0 and isinstance(ctime, float):
+        if old is not None and (old[_PID], old[_CTIME]) != (pid, ctime):
+            self.dead.discard(rid)  # another process now: its own end is what counts
+        if r[_HOST] == self.host and pid.__class__ is int and 0 < pid <= MAX_PID and isinstance(ctime, float):
             self._watch(rid, pid, ctime)
         elif self.liveness is not None:
             self.liveness.unwatch(rid)
@@ -276,14 +288,14 @@ class ActiveSet:
             self.liveness.unwatch(rid)
 
     def _watch(self, rid: str, pid: int, ctime: float) -> None:
-        if self.liveness is None:
-            from watchdog.daemon.liveness import Liveness
-
-            self.liveness = Liveness(self._killer, use_pidfd=self._use_pidfd)
         try:
+            if self.liveness is None:
+                from watchdog.daemon.liveness import Liveness
+
+                self.liveness = Liveness(self._killer, use_pidfd=self._use_pidfd)
             self.liveness.watch(rid, pid, ctime)
-        except OSError as exc:  # no watch: the full tick's process check still finds it
-            log.debug("cannot watch process %d of run %s: %s", pid, rid[:8], exc)
+        except Exception as exc:  # noqa: BLE001 — any row's pid: no watch, the full tick's process check finds it
+            log.debug("cannot watch process %d of run %s: %s", pid, rid[:8], type(exc).__name__)
 
     def close(self) -> None:
         if self.liveness is not None:

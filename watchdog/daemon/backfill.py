@@ -68,6 +68,7 @@ class Backfill:
         self.low: int | None = None  # the next tick reads the unpriced steps above this event id
         self._seen: set[int] = set()  # unpriced events already reported (within the overlap)
         self._reads = 0
+        self.backlog = False  # the last read stopped at MAX_PER_TICK: more wait above it
         self.defects: list[Defect] = []  # steps that could not be read (the tick reports them: quarantine.py)
         self._bad: dict[int, str] = {}  # their ids, read alone while they stay bad (scan.read_isolated)
 
@@ -94,7 +95,8 @@ class Backfill:
             found = sorted(rows.values(), key=lambda r: r.id)
         else:
             found = _unpriced_steps(conn, self.defects, self._bad, above=self.low)
-        if len(found) >= MAX_PER_TICK:
+        self.backlog = len(found) >= MAX_PER_TICK
+        if self.backlog:
             self.low = found[-1].id  # a backlog: go on from there next tick
         else:
             # Re-read ID_OVERLAP ids below the top: a PostgreSQL commit can land below it late.

@@ -89,8 +89,8 @@ class Membership:
         if self.lease is not None:
             self.lease.touch(now, last_event_id)
             return
-        with self.engine.begin() as conn:  # no lease (tests, --once): keep the row's bookkeeping if any
-            leases.record_tick(conn, self.host, now=now, last_event_id=last_event_id)
+        # No lease (tests, --once): keep the row's bookkeeping if any.
+        leases.note_tick(self.engine, self.host, now=now, last_event_id=last_event_id)
 
 
 @dataclass

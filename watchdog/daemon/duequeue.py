@@ -5,10 +5,10 @@ came (this queue): an idle run costs its place in a heap, nothing per tick. Dead
 seconds on the store's clock, computed by watchdog.core.deadlines; one entry per (run, why),
 a later push for the same pair replacing the earlier one.
 
-Nothing here is trusted to survive a restart: the daemon rebuilds the queue from the active
-runs (ChangeFeed.start) and its own state file. A jump of the wall clock (watchdog.daemon.clock)
-moves every deadline by the jump (`shift`): the deadlines keep their distance from now, as the
-tick keeps durations measured across a jump from tripping (`skip_clock`).
+Nothing here is trusted to survive a restart: the tick rebuilds the queue at each full tick
+from every active run's light row (`load`, watchdog.daemon.activeset), a restart and a jump of
+the wall clock included. `shift` (every deadline moved by a jump, keeping its distance from now)
+is for a holder that keeps its queue across a jump.
 """
 
 from __future__ import annotations

@@ -90,13 +90,18 @@ class Liveness:
                 os.close(fd)
             self._ended.append(run_id)
             return False
+        if fd is not None:
+            assert self._epoll is not None
+            try:
+                self._epoll.register(fd, select.EPOLLIN)
+            except OSError:  # no room in the epoll (ENOMEM, ENOSPC): watched by polling instead
+                os.close(fd)
+                fd = None
+            else:
+                self._by_fd[fd] = run_id
         self._watches[run_id] = _Watch(ident, fd)
         if fd is None:
             self._polled.add(run_id)
-        else:
-            assert self._epoll is not None
-            self._epoll.register(fd, select.EPOLLIN)
-            self._by_fd[fd] = run_id
         return True
 
     def unwatch(self, run_id: str) -> None:
@@ -146,6 +151,13 @@ class Liveness:
         if self._epoll is not None:
             self._epoll.close()
             self._epoll = None
+
+    def __del__(self) -> None:
+        # A Ticker dropped without closing its watches (tools, tests) must not leak its pidfds.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 — at interpreter exit os or select may be gone already
+            pass
 
     def __enter__(self) -> Liveness:
         return self

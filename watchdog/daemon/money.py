@@ -104,7 +104,7 @@ class Money:
         last read (the change feed, issue 25): no new step, no run ended; unless the period
         changed or this daemon booked runs since, what was read then still holds."""
         keys = {p: period_key(p, now, self.tz) for p in PERIODS}
-        if quiet and keys == self._keys and not self._booked_since_read:
+        if quiet and keys == self._keys and not self._booked_since_read and not self.backfill.backlog:
             self._found = []
             return
         self._booked_since_read = False

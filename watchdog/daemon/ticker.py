@@ -179,7 +179,7 @@ class Ticker:
             for row in rows:
                 self._one_isolated(row, this, batch)
             self._report_defects(this, batch)
-            self._backstop(light, this, batch)
+            self._backstop(this, batch)
         except BaseException:
             batch.close()  # rolled back: the next tick finds the same runs over budget
             raise
@@ -191,7 +191,7 @@ class Ticker:
         now = this.now
         # -- issue 19: stops whose runs ended before this daemon saw them stopping (acknowledge.py);
         # none to hear when no run changed since the last tick (issue 25)
-        if not self.active.quiet:
+        if not self.active.quiet or self.ended_stops.backlog:
             self._safely(lambda engine, at: self.ended_stops.run(
                 engine, at, hosts=this.judged, config=self.config, sealer=self.sealer, by=self.by), now)
         if self.state.holds_runs():  # forget the runs that ended
@@ -351,7 +351,7 @@ class Ticker:
                now: dt.datetime) -> RunFacts:
         return believe.run_facts(self, row, top, last_error, now)
 
-    def _backstop(self, light: list[Any], this: ThisTick, batch: Batch) -> None:
+    def _backstop(self, this: ThisTick, batch: Batch) -> None:
         from watchdog.daemon.backstop import backstop
 
         backstop(self, this, self.active.rows, batch)

@@ -13,7 +13,7 @@ cursor passed it. The feed therefore re-reads the numbers above where its cursor
 `late_reads` reads ago and reports those it has not reported yet (a window that is empty when
 nothing changes: an idle read costs one probe of the index). A transaction that stays open
 for longer than that window delays only its own run's change, until the run's next change or
-deadline (the tick keeps a slow full sweep as a backstop, see the wiring notes in the report).
+deadline (the tick reads every active run at least once a minute: watchdog.daemon.activeset).
 
 Nothing of the feed is kept in the store: a restarted daemon starts from 0 (`read` returns
 every run that ever changed) or, cheaper, from `start` (the active runs and the high-water
@@ -22,6 +22,7 @@ mark of one snapshot).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.store import dialects
 from watchdog.store.schema import runs
+
+log = logging.getLogger("watchdog.changes")
 
 # Reads after which a number below the cursor is no longer waited for (PostgreSQL): with one read
 # per tick, that many ticks for a writer's transaction between taking its number and committing.
@@ -84,21 +87,22 @@ class ChangedRows(NamedTuple):
     unreadable: int = 0
 
 
-class ChangedIds(NamedTuple):
-    ids: frozenset[str]  # the runs that changed (ended ones too)
-    cursor: int
-    unreadable: int = 0  # rows numbered in this read whose id or number did not read
-
-
 _IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "kill_mode", "change_seq",
              "signal_stage", "resumes")
 _TIMES = ("started_at", "last_seen_at", "stop_requested_at", "signalled_at", "paused_at")
 
 
+_LIGHT: dict[str, Any] = {}  # dialect name -> the light SELECT (built once: building it cost ~2 ms)
+
+
 def _light(conn: Connection) -> Any:
-    backend = dialects.of(conn)
-    return select(*(runs.c[c] for c in _IDENTITY), *(backend.epoch_s(runs.c[t]) for t in _TIMES),
-                  *(runs.c[k] for k in RUN_BUDGET_KEYS))
+    q = _LIGHT.get(conn.dialect.name)
+    if q is None:
+        backend = dialects.of(conn)
+        q = _LIGHT[conn.dialect.name] = select(*(runs.c[c] for c in _IDENTITY),
+                                               *(backend.epoch_s(runs.c[t]) for t in _TIMES),
+                                               *(runs.c[k] for k in RUN_BUDGET_KEYS))
+    return q
 
 
 # (dialect name, what) -> a SELECT of the runs above a number, rendered
@@ -195,11 +199,6 @@ class ChangeFeed:
         self._moved(conn, numbers, top)
         return ChangeBatch(tuple(out), top, unreadable)
 
-    def read_ids(self, conn: Connection, since: int | None = None) -> ChangedIds:
-        """`read` for a reader that needs only which runs changed: their ids."""
-        got = self.read_rows(conn, "feed ids", select(runs.c.id, runs.c.change_seq), i_id=0, i_seq=1, since=since)
-        return ChangedIds(got.ids, got.cursor, got.unreadable)
-
     def read_rows(self, conn: Connection, what: str, columns: Any, *, i_id: int, i_seq: int,
                   since: int | None = None) -> ChangedRows:
         """`read` with the caller's columns (a SELECT of `runs` holding its id and change_seq at
@@ -273,9 +272,17 @@ class ChangeFeed:
         read): the cursor moves to the high-water mark, the late-commit window set up as `start`
         does. Returns the mark."""
         top = high_water(conn)
+        before = self.cursor
+        # The window's low end as the reads before this one left it: a number taken before this
+        # snapshot by a transaction still open is not lost to the mark's move (a full tick's).
+        prior = min(self._lows[0], before) if self._lows else before
+        if top < before:  # retention pruned the newest numbered runs, or a writer rewound the counter
+            log.info("change numbers went back (%d after %d): the feed goes on from %d", top, before, top)
         self._restart(top)
         if not dialects.of(conn).commits_in_order:
             floor = max(0, top - START_WINDOW)
+            if 0 < prior < floor:
+                floor = prior
             visible = list(conn.execute(select(runs.c.change_seq).where(
                 runs.c.change_seq > floor, runs.c.change_seq <= top)).scalars().all())
             self._reported = set(visible)

@@ -180,21 +180,24 @@ def orphans(conn: Connection, hosts_in: Iterable[str]) -> dict[str, Holder | Non
     hosts = list(hosts_in)
     if not hosts:
         return {}
-    now = db_now(conn)
     # Liveness is computed by the database and the rows' other columns read only for the hosts
     # found dead, each on its own: a lease row anyone wrote by hand (an expiry that does not
     # parse, or 'infinity') must not fail the tick, and it counts as expired, never as live.
+    # (The leader asks this every tick: one statement, the database's clock read inside it.)
     exp = daemons.c.expires_at
     fresh: ColumnElement[Any]
     if conn.dialect.name == "sqlite":
+        now = db_now(conn)
         jnow = func.julianday(literal(now.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"), String()))
         fresh = case((exp.op("GLOB")(literal(ISO_GLOB, String())),
                       and_(func.julianday(exp) > jnow, func.julianday(exp) <= jnow + MAX_LEASE_S / 86400.0)),
                      else_=False)
     else:
-        fresh = and_(func.isfinite(exp), exp > now, exp <= now + dt.timedelta(seconds=MAX_LEASE_S))
+        clock = func.clock_timestamp()
+        fresh = and_(func.isfinite(exp), exp > clock, exp <= clock + dt.timedelta(seconds=MAX_LEASE_S))
     live_of = dict(conn.execute(select(daemons.c.host, fresh).where(daemons.c.host.in_(hosts))).all())
-    held = held_keys(conn) if conn.dialect.name == "postgresql" else None
+    # The locks matter only for a host whose row says live (no row, or an expired one: dead anyway).
+    held = held_keys(conn) if conn.dialect.name == "postgresql" and any(live_of.values()) else None
     out: dict[str, Holder | None] = {}
     for h in hosts:
         live = bool(live_of.get(h))
@@ -241,8 +244,18 @@ def is_postgres(engine: Engine) -> bool:
 
 def open_session(engine: Engine) -> Connection:
     """A connection of the lease's own, in autocommit: it never holds a transaction open, and
-    its session-level locks live as long as it does."""
-    return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    its session-level locks live as long as it does. Its writes (the lease row, each tick) do not
+    wait for the log flush: a database crash may lose the last renewal, which the next tick writes."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    dialects.of(conn).commit_without_flush(conn, session=True)
+    return conn
+
+
+def note_tick(engine: Engine, host: str, *, now: dt.datetime, last_event_id: int | None) -> None:
+    """`record_tick` in a transaction of its own, for a daemon without a lease (tests, --once)."""
+    with engine.begin() as conn:
+        dialects.of(conn).commit_without_flush(conn)
+        record_tick(conn, host, now=now, last_event_id=last_event_id)
 
 
 def ping(conn: Connection) -> None:
