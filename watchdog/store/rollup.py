@@ -14,6 +14,7 @@ from sqlalchemy import and_, bindparam, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ColumnElement
 
+from watchdog.store import dialects
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import runs
 from watchdog.store.views import tool_stats
@@ -39,6 +40,10 @@ def seal_ended(engine: Engine, limit: int = SEAL_BATCH) -> int:
         params.append({"rid": rid, "b_tool": top.name if top else None, "b_calls": top.calls if top else 0,
                        "b_errors": top.errors if top else 0})
     with engine.begin() as conn:
+        # What is written here is read back from the events whenever it is missing (the partial
+        # index finds the run unsealed again): a commit that a database crash loses costs a re-seal,
+        # so it does not wait for the log flush (an fsync each tick that runs ended).
+        dialects.of(conn).commit_without_flush(conn)
         conn.execute(update(runs).where(and_(runs.c.id == bindparam("rid"), runs.c.top_tool_calls.is_(None)))
                      .values(top_tool=bindparam("b_tool"), top_tool_calls=bindparam("b_calls"),
                              top_tool_errors=bindparam("b_errors")), params)
