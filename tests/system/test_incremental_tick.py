@@ -196,3 +196,27 @@ def test_infinite_budgets_of_its_own_give_a_run_no_deadline_and_break_no_tick(db
         conn.execute(update(runs).where(runs.c.id.in_([rid, other])).values(steps=9))
     rep = tk.tick(later(now, 2))
     assert not rep.full and sorted(rep.stops) == sorted([(rid, lc.MAX_STEPS), (other, lc.MAX_STEPS)])
+
+
+def test_a_run_that_ends_between_ticks_counts_in_the_day_spend_at_the_next(engine, wd):
+    # The ledger's side of the period budgets is read again only when a run ended (issue 25):
+    # an ended run's cost moves from the live sum to the ledger's in one tick, never lost.
+    cfg = config(agents={"bot": {"max_cost_eur": 100.0, "max_cost_eur_per_day": 1000.0}})
+    tk = ticker(engine, cfg)
+    a, b = wd.run("bot", guards=False).start(), wd.run("bot", guards=False).start()
+    a.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=2.0)
+    b.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=3.0)
+    now = utcnow()
+    tk.tick(now)
+
+    def spent() -> float:
+        assert tk.this is not None and tk.this.money is not None
+        (day,) = [s for s in tk.this.rep.periods if s.scope.key == "agent:bot" and s.period == "day"]
+        return day.spent_eur
+
+    assert tk.tick(later(now, 1)).looked == 0 and spent() == pytest.approx(5.0)
+    a.__exit__(None, None, None)  # completed: its 2.00 leaves the live sum for the unbooked runs
+    rep = tk.tick(later(now, 2))
+    assert not rep.full and spent() == pytest.approx(5.0)
+    b.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=1.0)
+    assert tk.tick(later(now, 3)).looked == 1 and spent() == pytest.approx(6.0)

@@ -134,6 +134,7 @@ class ActiveSet:
         self.mine: set[str] = set()  # those on the hosts this daemon judges
         self.by_host: Counter[str] = Counter()  # host -> its runs in `rows`
         self.quiet = False  # this tick's feed named no run: nothing was written to any run since the last
+        self.none_ended = False  # no run the feed named has left the active ones (none ended, none deleted)
         self.feed = ChangeFeed()
         self.queue = DueQueue()
         self.sticky: set[str] = set()  # due or unreadable at the last look: looked at every tick
@@ -172,10 +173,10 @@ class ActiveSet:
         again (those no longer active, or on a host not read, leave). Returns the ids of those
         still here; None when the tick must read everything instead (a row the feed could not
         read, or most runs changed anyway)."""
-        fresh, ids, unreadable = store_scan.changed_light(conn, self.feed, scope.hosts)
+        fresh, ids, ended, unreadable = store_scan.changed_light(conn, self.feed, scope.hosts)
         if unreadable:
             return None
-        self.quiet = not ids
+        self.quiet, self.none_ended = not ids, not ended
         if self.quiet and self.feed.high_water(conn) < self.feed.cursor:
             # Numbers went back (a writer rewound the counter, or retention pruned the newest): a
             # change numbered below the cursor would never be read. Read everything, start over.
@@ -210,7 +211,7 @@ class ActiveSet:
                 covered: Mapping[str, tuple[str, ...]] | None) -> None:
         """After a full read's pre-filter (and the money's read): everything from what it read."""
         self.rows, self.mine, self.dead = {}, set(), set()
-        self.by_host, self.quiet = Counter(), False
+        self.by_host, self.quiet, self.none_ended = Counter(), False, False
         self.spend = SpendIndex()
         for r in light:
             if r[_ID].__class__ is str:

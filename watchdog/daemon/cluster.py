@@ -99,7 +99,7 @@ class DutyTick:
     role: Role
     new_events: list[Any]  # the tool events this tick folded (all hosts' on the leader)
     scanner: Any  # the ticker's Scanner (the all-runs tool rate)
-    quiet: bool = False  # no run was written since the last tick (the change feed, issue 25)
+    none_ended: bool = False  # no run ended since the last tick (the change feed, issue 25)
 
 
 class ClusterDuties:
@@ -159,7 +159,7 @@ class ClusterDuties:
             self.circuits.update(self.engine, t.new_events, t.now, t.scanner)
 
     def seal(self, t: DutyTick) -> None:
-        if t.quiet and self._sealed_all:
+        if t.none_ended and self._sealed_all:
             return  # no run ended since the last seal found none left
         self._sealed_all = rollup.seal_ended(self.engine) < rollup.SEAL_BATCH
 

@@ -97,18 +97,18 @@ class Money:
     # -- 1. inside the tick's read snapshot ---------------------------------------------------
 
     def read(self, conn: Connection, now: dt.datetime, high_water: int | None = None, *,
-             quiet: bool = False) -> None:
+             quiet: bool = False, none_ended: bool = False) -> None:
         """The unpriced steps written since the last tick; the ledger's side of the spend: what
         it holds for the current periods, and the ended runs it does not hold yet (summed in
-        the database: a few rows whatever their number). `quiet`: no run was written since the
-        last read (the change feed, issue 25): no new step, no run ended; unless the period
-        changed or this daemon booked runs since, what was read then still holds."""
+        the database: a few rows whatever their number). The change feed (issue 25) spares
+        reads whose answer cannot have changed: `quiet`, no run was written since the last read,
+        so no step either (a step renumbers its run); `none_ended`, no run ended (nor was
+        deleted), so the ledger's side holds unless the period changed or this daemon booked."""
         keys = {p: period_key(p, now, self.tz) for p in PERIODS}
-        if quiet and keys == self._keys and not self._booked_since_read and not self.backfill.backlog:
-            self._found = []
+        self._found = [] if quiet and not self.backfill.backlog else self.backfill.read(conn, high_water)
+        if none_ended and keys == self._keys and not self._booked_since_read:
             return
         self._booked_since_read = False
-        self._found = self.backfill.read(conn, high_water)
         self._keys = keys
         starts = {p: period_bounds(p, now, self.tz)[0] for p in PERIODS}
         self._spend, self._unbooked, self._n_unbooked = ledger.read_period_spend(conn, self._keys, starts[DAY],
@@ -155,6 +155,7 @@ class Money:
                 end = r.ended_at or r.last_seen_at
                 today, month = (period_key(p, end, self.tz) == self._keys[p] for p in (DAY, MONTH))
                 self._unbooked.append((r.agent, r.labels, cost if today else 0.0, cost if month else 0.0))
+                self._booked_since_read = True  # this tick's own addition: the next read replaces it
         by_scope = {scope_agent(a): c for a, c in live.items()}
         by_scope.update(labelled)
         spent, agents = sum_spend(self._spend, self._unbooked, by_scope, self.label_budgets)

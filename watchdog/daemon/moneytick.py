@@ -70,13 +70,14 @@ class MoneyTick:
         if to is not None:
             self.phase = to
 
-    def read(self, conn: Connection, high_water: int | None, *, quiet: bool = False) -> list[Defect]:
+    def read(self, conn: Connection, high_water: int | None, *, quiet: bool = False,
+             none_ended: bool = False) -> list[Defect]:
         """In the tick's read snapshot, after the pre-filter summed the live spend: the unpriced
         steps, the ledger's spend, the labels of runs first seen. Returns the steps that could
-        not be read (reported with the tick's other defects). `quiet`: see Money.read."""
+        not be read (reported with the tick's other defects). `quiet`, `none_ended`: see Money.read."""
         self._step(Phase.BEGUN, Phase.READ)
         m = self.money
-        m.read(conn, self.now, high_water, quiet=quiet)
+        m.read(conn, self.now, high_water, quiet=quiet, none_ended=none_ended)
         defects, m.backfill.defects = list(m.backfill.defects), []
         m.learn_labels(conn, self.spend)
         return defects

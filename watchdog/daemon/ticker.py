@@ -190,8 +190,8 @@ class Ticker:
         cluster duties, the lease."""
         now = this.now
         # -- issue 19: stops whose runs ended before this daemon saw them stopping (acknowledge.py);
-        # none to hear when no run changed since the last tick (issue 25)
-        if not self.active.quiet or self.ended_stops.backlog:
+        # none to hear when no run ended since the last tick (issue 25)
+        if not self.active.none_ended or self.ended_stops.backlog:
             self._safely(lambda engine, at: self.ended_stops.run(
                 engine, at, hosts=this.judged, config=self.config, sealer=self.sealer, by=self.by), now)
         if self.state.holds_runs():  # forget the runs that ended
@@ -202,7 +202,7 @@ class Ticker:
                 stopped.setdefault(s.scope, []).append(s.run_id)
             this.rep.booked = this.money.finish(self.engine, stopped)
         if role.leader:  # the cluster duties: exactly one daemon of the store does them
-            self.duties.run(DutyTick(now, role, read.new, self.scanner, quiet=self.active.quiet))
+            self.duties.run(DutyTick(now, role, read.new, self.scanner, none_ended=self.active.none_ended))
         self._touch_lease(now)
 
     # -- defects ---------------------------------------------------------------------------

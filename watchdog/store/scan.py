@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Protocol, Sequence, cast
+from typing import Any, Callable, Collection, NamedTuple, Protocol, Sequence, cast
 
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.engine import Connection
@@ -93,17 +93,24 @@ def _light_select(conn: Connection, *, with_seq: bool = False) -> Any:
 _I_SEQ = len(LIGHT)  # changed_light's rows: the LIGHT columns, then change_seq
 
 
-def changed_light(conn: Connection, feed: ChangeFeed, hosts: Collection[str] | None = None
-                  ) -> tuple[list[Any], frozenset[str], int]:
-    """The change feed's read, as light rows (issue 25): (the light rows of the changed runs still
-    active, of `hosts`; the ids of every run that changed, ended ones too; how many changed rows
-    could not be read). One range read of the change_seq index: O(changed)."""
+class ChangedLight(NamedTuple):
+    rows: list[Any]  # the light rows of the changed runs still active, of the hosts asked for
+    ids: frozenset[str]  # every run that changed, ended ones and other hosts' too
+    ended: bool  # some of them are no longer active (ended, or deleted)
+    unreadable: int  # changed rows whose id or number could not be read
+
+
+def changed_light(conn: Connection, feed: ChangeFeed, hosts: Collection[str] | None = None) -> ChangedLight:
+    """The change feed's read, as light rows (issue 25). One range read of the change_seq index:
+    O(changed)."""
     got = feed.read_rows(conn, "tick light", _light_select(conn, with_seq=True),
                          i_id=L["id"], i_seq=_I_SEQ)
-    i_status, i_host = L["status"], L["host"]
+    i_id, i_status, i_host = L["id"], L["status"], L["host"]
     wanted = None if hosts is None else frozenset(hosts)
-    rows = [r for r in got.rows if r[i_status] in lc.ACTIVE_STATUSES and (wanted is None or r[i_host] in wanted)]
-    return rows, got.ids, got.unreadable
+    active = [r for r in got.rows if r[i_status] in lc.ACTIVE_STATUSES]
+    rows = active if wanted is None else [r for r in active if r[i_host] in wanted]
+    ended = len({r[i_id] for r in active}) < len(got.ids)
+    return ChangedLight(rows, got.ids, ended, got.unreadable)
 
 
 def active_light(conn: Connection, hosts: Collection[str] | None = None) -> list[Any]:
