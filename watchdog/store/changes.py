@@ -122,10 +122,6 @@ def _rendered(conn: Connection, what: str, columns: Any) -> str:
     return sql
 
 
-def _above(conn: Connection) -> str:
-    return _rendered(conn, "feed light", _light(conn))
-
-
 def _float(value: object) -> float | None:
     """A finite number, else None (a row written by hand may hold text where a number belongs)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -180,24 +176,9 @@ class ChangeFeed:
         """The runs numbered above the cursor (and, where commits come out of order, the late
         ones below it not reported yet), light, in number order; the cursor moves past them.
         `since`: start over from that number (0: every run that ever changed)."""
-        rows = self._fetch(conn, since, _above(conn), _light(conn), 7)
-        out: list[RunChange] = []
-        numbers: list[int] = []  # every number read, unreadable rows' too: none is read twice
-        top = self.cursor
-        unreadable = 0
-        for r in rows:
-            change = _row(r)
-            if change is None:
-                unreadable += 1
-                if isinstance(r[7], int):
-                    numbers.append(r[7])
-                continue
-            out.append(change)
-            numbers.append(change.change_seq)
-            top = max(top, change.change_seq)
-        out.sort(key=lambda c: c.change_seq)
-        self._moved(conn, numbers, top)
-        return ChangeBatch(tuple(out), top, unreadable)
+        got = self.read_rows(conn, "feed light", _light(conn), i_id=0, i_seq=7, since=since)
+        out = sorted((c for r in got.rows if (c := _row(r)) is not None), key=lambda c: c.change_seq)
+        return ChangeBatch(tuple(out), got.cursor, got.unreadable)
 
     def read_rows(self, conn: Connection, what: str, columns: Any, *, i_id: int, i_seq: int,
                   since: int | None = None) -> ChangedRows:
