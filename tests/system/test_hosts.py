@@ -180,6 +180,20 @@ def test_exactly_one_leader_and_the_next_takes_over_when_it_goes(db_url, engine)
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_postgresql_a_released_lease_frees_its_locks_before_release_returns(db_url, engine):
+    """Closing the socket frees the locks only once the server's backend has exited: the
+    survivors' next try could still fail. release() frees them in its session first."""
+    lease = _lease(engine, "ha")
+    assert lease.refresh()  # the only daemon: leader
+    keys = {leases.host_key("ha"), leases.LEADER_KEY}
+    with engine.connect() as conn:
+        assert keys <= leases.held_keys(conn)
+    lease.release()
+    with engine.connect() as conn:
+        assert not keys & leases.held_keys(conn)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_postgresql_a_leader_whose_session_died_is_replaced_and_steps_down(db_url, engine):
     a, b = _lease(engine, "ha"), _lease(engine, "hb")
     assert a.refresh() and not b.refresh()

@@ -237,6 +237,8 @@ class PgLease(Lease):
             return
         try:
             sql.release(self._conn, host=self.host, pid=self.pid)
+            # Freed before the socket closes, so the next leader can take over at once.
+            sql.unlock_all(self._conn)
         except Exception:  # noqa: BLE001 — closing the session frees the locks anyway
             log.warning("could not mark the lease released", exc_info=True)
         finally:

@@ -96,6 +96,13 @@ def unlock(conn: Connection, key: int) -> None:
     conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
 
 
+def unlock_all(conn: Connection) -> None:
+    """Free every advisory lock of this session now. Closing the socket frees them too, but
+    only once the server's backend has noticed and exited: a moment later, long enough for a
+    survivor's try at the next tick to fail."""
+    conn.execute(text("SELECT pg_advisory_unlock_all()"))
+
+
 def held_keys(conn: Connection) -> set[int]:
     """The advisory lock keys (bigint form) some session of this database holds now."""
     rows = conn.execute(text(
