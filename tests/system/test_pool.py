@@ -180,3 +180,35 @@ def test_more_agent_processes_than_the_server_allows_all_write_through_pgbouncer
     finally:
         admin.close()
     assert sorted(rows) == [("completed", 30, 30)] * AGENTS
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_postgresql_a_pooled_session_the_server_ended_is_replaced_at_checkout_without_a_ping(db_url):
+    """The pool checks a PostgreSQL connection by its socket, not by a SELECT 1 per checkout:
+    an idle session the server ended (a restart, pg_terminate_backend) is replaced, never
+    handed out; a live one is handed out without a round trip."""
+    from sqlalchemy import event, text
+
+    from watchdog.store.engine import make_engine
+
+    engine = make_engine(db_url, pool_size=1, max_overflow=0)
+    sent: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+    try:
+        with engine.connect() as conn:
+            first = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+        sent.clear()
+        with engine.connect() as conn:  # the same live session, and no ping before the query
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar() == first
+        assert sent == ["SELECT pg_backend_pid()"]
+        with psycopg.connect(make_url(db_url).set(drivername="postgresql").render_as_string(False),
+                             autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+            deadline = time.monotonic() + 30
+            while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (first,)).fetchone()[0]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        with engine.connect() as conn:  # no error: a new session
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar() != first
+    finally:
+        engine.dispose()

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, event
 # Engine and Connection are re-exported: the type of an engine and a connection on the sides that
 # never import SQLAlchemy (the CLI, the web view, the demo, the gateways, the SDK).
 from sqlalchemy.engine import Connection as Connection, Engine as Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core.text import url_without_password
@@ -49,6 +49,26 @@ def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def _pg_checkout(dbapi_conn: Any, _record: ConnectionPoolEntry, _proxy: Any) -> None:
+    """A pooled PostgreSQL connection is alive unless its socket has something to say: an idle
+    session receives nothing until it sends a query, so a readable socket means the server ended
+    it (a restart, pg_terminate_backend, a crash's EOF). The pool then opens a new one. This
+    replaces `pool_pre_ping`'s SELECT 1, a round trip per checkout (several per tick); a silent
+    network loss is caught by the query itself, whose error invalidates the pool all the same."""
+    import select
+
+    try:
+        if dbapi_conn.closed or dbapi_conn.broken:
+            raise DisconnectionError("the connection is closed")
+        readable, _, _ = select.select([dbapi_conn.fileno()], [], [], 0)
+    except DisconnectionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — no usable socket: a new connection, never an error
+        raise DisconnectionError(f"the connection's socket cannot be polled ({type(exc).__name__})") from exc
+    if readable:
+        raise DisconnectionError("the server sent something to an idle connection: it ended the session")
 
 
 def _sqlite_begin(conn: Connection) -> None:
@@ -131,12 +151,14 @@ def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, 
     kw.setdefault("hide_parameters", True)
     if not url.startswith("sqlite"):
         _require_driver(url)
-        kw.setdefault("pool_pre_ping", True)
         # No server-side prepared statements (psycopg prepares a query after 5 runs): behind
         # PgBouncer in transaction pooling mode the next transaction may land on a server
         # connection that never saw the PREPARE.
         kw.setdefault("connect_args", {}).setdefault("prepare_threshold", None)
-        return create_engine(url, **kw)
+        pg_engine = create_engine(url, **kw)
+        if not kw.get("pool_pre_ping"):  # a caller asking for the ping gets it; ours costs no round trip
+            event.listen(pg_engine, "checkout", _pg_checkout)
+        return pg_engine
     path = sqlite_path(url)
     if (must_exist or read_only) and path is not None and not os.path.exists(path):
         raise StoreError(f"no store at {path}: create it with `agent-watchdog db upgrade --db {url}`, "
