@@ -65,6 +65,10 @@ host with the benchmark's own pid and create time: `_gone()` then takes its
 fast path — the pid is in psutil.pids() and the run wrote within 2 ticks — and
 the killer would refuse to signal the benchmark itself anyway.)
 
+Lease. Both tickers tick under one real lease of this host (watchdog.daemon.lease: PostgreSQL's
+advisory locks on a session of its own, SQLite's row), as a daemon does: its refresh, the leader's
+read of the hosts without a daemon and its renewal are part of every tick measured.
+
 Loading. Every (backend, history) store is built ONCE as a template (bulk
 insert: one sqlite3 executemany transaction; psycopg COPY), then every
 configuration gets a fresh copy of it (SQLite: a file copy; PostgreSQL:
@@ -670,7 +674,7 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
     tag = f"r{n_active}_h{n_hist}"
     where = be.copy(template, tag)
     res = {"backend": be.name, "active": n_active, "history": n_hist}
-    engine = None
+    engine = lease = None
     try:
         now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
         clock = Clock(be.name, now)
@@ -689,8 +693,16 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
             res["events_total"] = conn.execute(select(func.count()).select_from(events)).scalar()
         # The same store, the same writes, two daemons' ticks: `base` is the tick without the money
         # work (what main ran before prices, the ledger, period budgets and drift), `ticker` has it.
-        ticker = Ticker(engine, config, Killer())
-        base = Ticker(engine, config, Killer(), money=False)
+        # A daemon ticks under its lease (watchdog.daemon.lease): the leader's per-tick lease work is
+        # part of its tick. Both tickers share one, so both pay it.
+        from watchdog.daemon.cluster import Membership
+        from watchdog.daemon.lease import lease_for
+
+        killer = Killer()
+        lease = lease_for(engine, killer.host, tick_s=args.tick_s)
+        lease.acquire()
+        ticker = Ticker(engine, config, killer, membership=Membership(engine, killer.host, lease))
+        base = Ticker(engine, config, Killer(), money=False, membership=Membership(engine, killer.host, lease))
 
         def checked_tick(tk, at, acc):
             c0, w0 = sched.read()
@@ -869,6 +881,8 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
         finally:
             writer.close()
     finally:
+        if lease is not None:
+            lease.release()
         if engine is not None:
             engine.dispose()
         be.drop(where)

@@ -41,6 +41,10 @@ log = logging.getLogger("watchdog.cluster")
 PRUNE_EVERY_S = 300.0  # after a prune that finished; one that ran out of time goes on next tick
 PRUNE_BUDGET_MAX_S = 2.0
 PRUNE_BUDGET_SHARE = 0.2  # of tick_s: the prune never makes a tick late
+# Ended runs are sealed in batches at most this often (a backlog goes on every tick): until then
+# a listing reads their top tool from their events, so only the tick's cost changes (issue 25:
+# several round trips on every tick where a run ended, for what no stop depends on).
+SEAL_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -70,12 +74,15 @@ class Membership:
         adopted: dict[str, Holder | None] = {}
         active: dict[str, int] = {}
         if leader:
-            with read_connection(self.engine) as conn:
-                if known is None:
+            if known is None:
+                with read_connection(self.engine) as conn:
                     active = leases.active_hosts(conn, exclude=self.host)
-                else:
-                    active = {h: n for h, n in known.items() if n > 0 and h != self.host}
-                adopted = leases.orphans(conn, active)
+            else:
+                active = {h: n for h, n in known.items() if n > 0 and h != self.host}
+            if active:
+                # On the lease's own session where it has one (PostgreSQL): one round trip.
+                adopted = (self.lease.read(lambda conn: leases.orphans(conn, active)) if self.lease is not None
+                           else _orphans(self.engine, active))
         hosts = frozenset({self.host, *adopted})
         before = self._hosts
         grew = before is not None and not hosts <= before
@@ -91,6 +98,11 @@ class Membership:
             return
         # No lease (tests, --once): keep the row's bookkeeping if any.
         leases.note_tick(self.engine, self.host, now=now, last_event_id=last_event_id)
+
+
+def _orphans(engine: Engine, active: Mapping[str, int]) -> dict[str, Holder | None]:
+    with read_connection(engine) as conn:
+        return leases.orphans(conn, active)
 
 
 @dataclass
@@ -115,6 +127,7 @@ class ClusterDuties:
         self._alerted: set[str] = set()
         self._next_prune_at: dt.datetime | None = None
         self._sealed_all = False  # the last seal left no ended run unsealed
+        self._last_seal_at: dt.datetime | None = None
         self.last_prune: retention.PruneReport | None = None
         self.jobs: list[tuple[str, Callable[[DutyTick], None]]] = [
             ("adopted hosts", self.alert_adopted),
@@ -159,9 +172,14 @@ class ClusterDuties:
             self.circuits.update(self.engine, t.new_events, t.now, t.scanner)
 
     def seal(self, t: DutyTick) -> None:
-        if t.none_ended and self._sealed_all:
-            return  # no run ended since the last seal found none left
+        if self._sealed_all:
+            if t.none_ended:
+                return  # no run ended since the last seal found none left
+            last = self._last_seal_at
+            if last is not None and 0 <= (t.now - last).total_seconds() < SEAL_EVERY_S:
+                return  # the runs that ended since wait for the next batch (read from events until then)
         self._sealed_all = rollup.seal_ended(self.engine) < rollup.SEAL_BATCH
+        self._last_seal_at = t.now
 
     def prune(self, t: DutyTick) -> None:
         keep_days = self.config.store.keep_days

@@ -21,15 +21,17 @@ import datetime as dt
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from watchdog.core.procid import current_create_time
 from watchdog.errors import StoreError
 from watchdog.store import leases as sql
-from watchdog.store.engine import Connection, Engine
+from watchdog.store.engine import Connection, Engine, read_connection
 from watchdog.store.leases import DriverError, Holder
 
 log = logging.getLogger("watchdog.lease")
+
+T = TypeVar("T")
 
 # A lease lives this many ticks past the daemon's last completed tick (and never less than
 # LEASE_MIN_S): a tick that is slow once does not make the other daemons adopt the host.
@@ -93,6 +95,11 @@ class Lease:
     def release(self) -> None:
         raise NotImplementedError
 
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """`fn` on a read snapshot of the store (PostgreSQL: on the lease's own session)."""
+        with read_connection(self.engine) as conn:
+            return fn(conn)
+
     def _mine(self) -> dict[str, Any]:
         return dict(host=self.host, pid=self.pid, create_time=self.create_time)
 
@@ -119,14 +126,13 @@ class SqliteLease(Lease):
 
     def touch(self, now: dt.datetime, last_event_id: int | None) -> None:
         with self.engine.begin() as conn:
-            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True):
+            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True, tick=(now, last_event_id)):
                 row = sql.holder(conn, self.host)
                 log.warning("the daemons row of %s was rewritten by a store writer (it named %s): written again; "
                             "the lease is this daemon's lock file, not the row", self.host,
                             f"pid {row.pid}" if row is not None else "nobody")
                 sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
-                sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True)
-            sql.record_tick(conn, self.host, now=now, last_event_id=last_event_id, pid=self.pid)
+                sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True, tick=(now, last_event_id))
 
     def release(self) -> None:
         if not self.held:
@@ -222,11 +228,25 @@ class PgLease(Lease):
         if conn is None:
             return
         try:
-            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=self.leader):
+            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=self.leader,
+                             tick=(now, last_event_id)):
                 # We hold the lock, so nobody else could take the row: it was deleted or
                 # edited by hand. Write it again.
                 sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
-            sql.record_tick(conn, self.host, now=now, last_event_id=last_event_id, pid=self.pid)
+                sql.record_tick(conn, self.host, now=now, last_event_id=last_event_id, pid=self.pid)
+        except Exception:
+            self._drop()
+            raise
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """`fn` on the lease's own session: one round trip per statement, no checkout, no
+        transaction (the leader's per-tick read of the hosts without a daemon). Its failure
+        ends the session, as any other on it does: the next tick takes the locks afresh."""
+        conn = self._conn
+        if conn is None:
+            return super().read(fn)
+        try:
+            return fn(conn)
         except Exception:
             self._drop()
             raise

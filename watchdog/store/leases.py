@@ -136,18 +136,21 @@ def write_holder(conn: Connection, *, host: str, pid: int, create_time: float, l
         conn.execute(insert(daemons).values(host=host, **values))
 
 
-def renew(conn: Connection, *, host: str, pid: int, create_time: float, lease_s: float, leader: bool) -> bool:
-    """Extend the lease row if it still names this process; False if another took it."""
+def renew(conn: Connection, *, host: str, pid: int, create_time: float, lease_s: float, leader: bool,
+          tick: tuple[dt.datetime, int | None] | None = None) -> bool:
+    """Extend the lease row if it still names this process; False if another took it. `tick`:
+    (when it ended, the newest event id it folded), recorded by the same statement (one round
+    trip per tick on the lease's session, see record_tick)."""
     mine = and_(daemons.c.host == host, daemons.c.pid == pid, daemons.c.pid_create_time == create_time)
-    values: dict[str, Any] = {"expires_at": _expiry(conn, lease_s)}
-    if not leader:
-        values["leader_since"] = None
+    values: dict[str, Any] = {"expires_at": _expiry(conn, lease_s),
+                              # a leader keeps the time it became one; a follower holds none
+                              "leader_since": func.coalesce(daemons.c.leader_since, literal(utcnow(), daemons.c.leader_since.type))
+                              if leader else None}
+    if tick is not None:
+        values.update(last_tick_at=tick[0], last_event_id=tick[1])
     done = conn.execute(update(daemons).where(mine).values(**values))
     if done.rowcount != 1:
         return False
-    if leader:
-        conn.execute(update(daemons).where(and_(mine, daemons.c.leader_since.is_(None)))
-                     .values(leader_since=utcnow()))
     return True
 
 
@@ -218,8 +221,12 @@ def orphans(conn: Connection, hosts_in: Iterable[str]) -> dict[str, Holder | Non
 def _holder(conn: Connection, host: str) -> Holder | None:
     """The last holder of a host's lease, if its row reads at all."""
     try:
-        with conn.begin_nested():
-            row = conn.execute(select(daemons).where(daemons.c.host == host)).first()
+        q = select(daemons).where(daemons.c.host == host)
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            row = conn.execute(q).first()  # the lease's session: a failed statement aborts nothing
+        else:
+            with conn.begin_nested():
+                row = conn.execute(q).first()
         return Holder.of(row) if row is not None else None
     except Exception as exc:  # noqa: BLE001 — a hand-written row: its holder is unknown
         if store_unavailable(exc):
