@@ -220,3 +220,36 @@ def test_a_run_that_ends_between_ticks_counts_in_the_day_spend_at_the_next(engin
     assert not rep.full and spent() == pytest.approx(5.0)
     b.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=1.0)
     assert tk.tick(later(now, 3)).looked == 1 and spent() == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_ended_runs_are_sealed_in_batches_and_listed_the_same_before(db_url, engine, wd):
+    """The top tool of an ended run is written on its row at most every SEAL_EVERY_S (a tick
+    where runs ended costs no seal's round trips); until then a listing reads it from events."""
+    from sqlalchemy import select
+
+    from watchdog.daemon.cluster import SEAL_EVERY_S
+    from watchdog.store.views import list_runs
+
+    tk = ticker(engine)
+    now = utcnow()
+    tk.tick(now)
+
+    def end_one(tool: str) -> str:
+        with wd.run("bot", guards=False) as run:
+            run.record_tool(tool, {"q": 1})
+            run.record_tool(tool, {"q": 2})
+        return run.id
+
+    def sealed(rid: str):
+        with engine.connect() as conn:
+            return conn.execute(select(runs.c.top_tool, runs.c.top_tool_calls).where(runs.c.id == rid)).one()
+
+    ended = end_one("fetch")
+    tk.tick(later(now, 2))
+    assert sealed(ended) == (None, None)  # waits for the batch
+    with engine.connect() as conn:
+        listed = {r["id"]: r["top_tool"] for r in list_runs(conn, config(), later(now, 2), all_runs=True)}
+    assert listed[ended] == {"name": "fetch", "calls": 2, "errors": 0}  # read from its events meanwhile
+    tk.tick(later(now, SEAL_EVERY_S))
+    assert sealed(ended) == ("fetch", 2)
