@@ -194,6 +194,22 @@ def test_postgresql_a_released_lease_frees_its_locks_before_release_returns(db_u
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_postgresql_a_leaders_read_of_other_hosts_is_its_session_check(db_url, engine):
+    """With other hosts to check, the leader skips its ping: the read on its lease's session
+    proves the session alive, and a dead one fails the tick's start as the ping would."""
+    a = _lease(engine, "ha")
+    member = Membership(engine, "ha", a)
+    assert member.refresh({"hb": 3}).leader  # hb: no daemon ever, adopted
+    _kill_session(engine, a)
+    with pytest.raises(Exception):
+        member.refresh({"hb": 3})
+    assert not a.leader
+    role = member.refresh({"hb": 3})  # the next tick takes the locks on a new session
+    assert role.leader and "hb" in role.adopted
+    a.release()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_postgresql_a_leader_whose_session_died_is_replaced_and_steps_down(db_url, engine):
     a, b = _lease(engine, "ha"), _lease(engine, "hb")
     assert a.refresh() and not b.refresh()

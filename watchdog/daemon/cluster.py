@@ -70,15 +70,16 @@ class Membership:
     def refresh(self, known: Mapping[str, int] | None = None) -> Role:
         """`known`: the active runs per host as the tick's ActiveSet counted them at its last read
         (watchdog.daemon.activeset), which spares a count over every active run; None: count them."""
-        leader = self.lease.refresh() if self.lease is not None else True
+        others = None if known is None else {h: n for h, n in known.items() if n > 0 and h != self.host}
+        # A leader with other hosts to check reads them on its lease's session at once: that read
+        # proves the session (and so its locks) alive, as the ping would.
+        leader = self.lease.refresh(ping=not others) if self.lease is not None else True
         adopted: dict[str, Holder | None] = {}
-        active: dict[str, int] = {}
+        active: dict[str, int] = others or {}
         if leader:
             if known is None:
                 with read_connection(self.engine) as conn:
                     active = leases.active_hosts(conn, exclude=self.host)
-            else:
-                active = {h: n for h, n in known.items() if n > 0 and h != self.host}
             if active:
                 # On the lease's own session where it has one (PostgreSQL): one round trip.
                 adopted = (self.lease.read(lambda conn: leases.orphans(conn, active)) if self.lease is not None

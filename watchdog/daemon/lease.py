@@ -84,8 +84,10 @@ class Lease:
     def acquire(self) -> None:
         raise NotImplementedError
 
-    def refresh(self) -> bool:
-        """At the start of a tick: still ours? Leader now? -> leader. Raises LeaseLost."""
+    def refresh(self, *, ping: bool = True) -> bool:
+        """At the start of a tick: still ours? Leader now? -> leader. Raises LeaseLost. `ping`:
+        prove a leader's session alive now; False when the caller's next statement on it (`read`)
+        does."""
         raise NotImplementedError
 
     def touch(self, now: dt.datetime, last_event_id: int | None) -> None:
@@ -120,7 +122,7 @@ class SqliteLease(Lease):
             sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
         self.held = True
 
-    def refresh(self) -> bool:
+    def refresh(self, *, ping: bool = True) -> bool:
         self.leader = True
         return True
 
@@ -197,7 +199,7 @@ class PgLease(Lease):
                 return row
             time.sleep(0.1)
 
-    def refresh(self) -> bool:
+    def refresh(self, *, ping: bool = True) -> bool:
         try:
             if self._conn is None:  # the session was lost (a database blip): take the locks again
                 conn = self._connect()
@@ -210,7 +212,8 @@ class PgLease(Lease):
             assert self._conn is not None  # set just above
             conn = self._conn
             if self.leader:
-                sql.ping(conn)  # our session lives: its locks are ours
+                if ping:
+                    sql.ping(conn)  # our session lives: its locks are ours
             else:
                 self.leader = sql.try_lock(conn, sql.LEADER_KEY)
                 if self.leader:
