@@ -173,11 +173,11 @@ class ActiveSet:
         again (those no longer active, or on a host not read, leave). Returns the ids of those
         still here; None when the tick must read everything instead (a row the feed could not
         read, or most runs changed anyway)."""
-        fresh, ids, ended, unreadable = store_scan.changed_light(conn, self.feed, scope.hosts)
+        fresh, ids, ended, unreadable, high_water = store_scan.changed_light(conn, self.feed, scope.hosts)
         if unreadable:
             return None
         self.quiet, self.none_ended = not ids, not ended
-        if self.quiet and self.feed.high_water(conn) < self.feed.cursor:
+        if self.quiet and high_water < self.feed.cursor:
             # Numbers went back (a writer rewound the counter, or retention pruned the newest): a
             # change numbered below the cursor would never be read. Read everything, start over.
             return None

@@ -85,6 +85,7 @@ class ChangedRows(NamedTuple):
     ids: frozenset[str]
     cursor: int
     unreadable: int = 0
+    high_water: int = 0  # the highest number any run held in this read's snapshot (see high_water)
 
 
 _IDENTITY = ("id", "agent", "status", "host", "pid", "pid_create_time", "kill_mode", "change_seq",
@@ -152,8 +153,16 @@ def _row(r: Sequence[Any]) -> RunChange | None:
 
 def high_water(conn: Connection) -> int:
     """The highest number any run holds now (0 for none): one probe of the index."""
-    top = conn.execute(select(func.max(runs.c.change_seq))).scalar()
+    return _number(conn.execute(select(func.max(runs.c.change_seq))).scalar())
+
+
+def _number(top: object) -> int:
     return int(top) if isinstance(top, int) else 0
+
+
+# Read with the rows above the cursor, in the same round trip (Dialect.read_batch).
+_TOP = "SELECT max(change_seq) FROM runs"
+_WINDOW = "SELECT change_seq FROM runs WHERE change_seq > {ph} AND change_seq <= {ph}"
 
 
 class ChangeFeed:
@@ -186,7 +195,7 @@ class ChangeFeed:
         `i_id` and `i_seq`; `what` names it, unique per SELECT: it is rendered once): for a reader that wants its own
         row of each changed run (the tick's light row, watchdog.store.scan.changed_light)
         without a second read by id. Ended runs are among them."""
-        rows = self._fetch(conn, since, _rendered(conn, what, columns), columns, i_seq)
+        rows, probed = self._fetch(conn, since, _rendered(conn, what, columns), columns)
         ids: set[str] = set()
         good: list[Sequence[Any]] = []
         numbers: list[int] = []
@@ -206,25 +215,30 @@ class ChangeFeed:
             if seq > top:
                 top = seq
         self._moved(conn, numbers, top)
-        return ChangedRows(good, frozenset(ids), top, unreadable)
+        return ChangedRows(good, frozenset(ids), top, unreadable, probed)
 
-    def _fetch(self, conn: Connection, since: int | None, above: str, columns: Any, i_seq: int
-               ) -> list[Sequence[Any]]:
-        """The rows numbered above the cursor, and the late ones of the window (see `read`)."""
+    def _fetch(self, conn: Connection, since: int | None, above: str, columns: Any
+               ) -> tuple[list[Sequence[Any]], int]:
+        """The rows numbered above the cursor, and the late ones of the window (see `read`);
+        and the high-water mark, probed in the same round trip."""
         if since is not None and since != self.cursor:
             self._restart(since)
-        in_order = dialects.of(conn).commits_in_order
+        backend = dialects.of(conn)
         cursor, reported = self.cursor, self._reported
-        rows: list[Sequence[Any]] = list(conn.exec_driver_sql(above, (cursor,)))
-        low = cursor if in_order or not self._lows else min(self._lows[0], cursor)
+        low = cursor if backend.commits_in_order or not self._lows else min(self._lows[0], cursor)
+        reads: list[tuple[str, tuple[Any, ...]]] = [(above, (cursor,)), (_TOP, ())]
         if low < cursor:
             # The late window: its numbers only (the index alone), whole rows for the few not
             # reported yet: a number that committed after the cursor passed it.
-            late = [n for n in conn.execute(select(runs.c.change_seq).where(
-                runs.c.change_seq > low, runs.c.change_seq <= cursor)).scalars().all() if n not in reported]
+            reads.append((_WINDOW.format(ph=backend.ph), (low, cursor)))
+        got = backend.read_batch(conn, reads)
+        rows: list[Sequence[Any]] = got[0]
+        probed = _number(got[1][0][0]) if got[1] else 0
+        if low < cursor:
+            late = [n for (n,) in got[2] if n not in reported]
             if late:
                 rows = list(conn.execute(columns.where(runs.c.change_seq.in_(late)))) + rows
-        return rows
+        return rows, probed
 
     def _moved(self, conn: Connection, numbers: list[int], top: int) -> None:
         if not dialects.of(conn).commits_in_order:

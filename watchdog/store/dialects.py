@@ -91,6 +91,11 @@ class Dialect:
         """The DBAPI cursor's last statement returned rows (the SDK's Writer fetches then)."""
         return cursor.description is not None
 
+    def read_batch(self, conn: Connection, reads: list[tuple[str, tuple[Any, ...]]]) -> list[list[Any]]:
+        """Pre-rendered SELECTs (the driver's placeholders), their rows each, in the connection's
+        transaction. A server sends them in one round trip where its driver can."""
+        return [list(conn.exec_driver_sql(sql, params).fetchall()) for sql, params in reads]
+
     def json(self, value: Any) -> str | None:
         return None if value is None else json.dumps(value, sort_keys=True, default=str)
 
@@ -230,6 +235,29 @@ class PostgresDialect(Dialect):
         # a record's RETURNING row); the result's status says the same in a tenth of a us.
         result = cursor.pgresult
         return result is not None and result.status == _PGRES_TUPLES_OK
+
+    def read_batch(self, conn: Connection, reads: list[tuple[str, tuple[Any, ...]]]) -> list[list[Any]]:
+        # psycopg's pipeline mode: the transaction's BEGIN (when this is its first statement)
+        # and every read go out together, one round trip where each costs ~0.5 ms on a busy host
+        # (the change feed's reads, every tick). Errors are raised as SQLAlchemy's, as
+        # exec_driver_sql would (store_unavailable tells an outage from a bad row by them).
+        import psycopg
+        from sqlalchemy.exc import DBAPIError
+
+        fairy = conn.connection
+        raw = fairy.driver_connection
+        try:
+            with raw.pipeline():
+                cursors = [raw.cursor() for _ in reads]
+                for cur, (sql, params) in zip(cursors, reads):
+                    cur.execute(sql, params)
+            return [cur.fetchall() for cur in cursors]
+        except psycopg.Error as exc:
+            lost = raw.closed or raw.broken
+            if lost:
+                conn.invalidate(exc)  # as SQLAlchemy does on a disconnect: never back to the pool
+            raise DBAPIError.instance(reads[0][0], None, exc, psycopg.Error, hide_parameters=True,
+                                      connection_invalidated=lost, dialect=conn.dialect) from exc
 
     def insert(self, table: Any) -> Any:
         return pg.insert(table)

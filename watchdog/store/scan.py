@@ -98,6 +98,7 @@ class ChangedLight(NamedTuple):
     ids: frozenset[str]  # every run that changed, ended ones and other hosts' too
     ended: bool  # some of them are no longer active (ended, or deleted)
     unreadable: int  # changed rows whose id or number could not be read
+    high_water: int  # the highest change number in this snapshot (ChangeFeed: numbers that went back)
 
 
 def changed_light(conn: Connection, feed: ChangeFeed, hosts: Collection[str] | None = None) -> ChangedLight:
@@ -110,7 +111,7 @@ def changed_light(conn: Connection, feed: ChangeFeed, hosts: Collection[str] | N
     active = [r for r in got.rows if r[i_status] in lc.ACTIVE_STATUSES]
     rows = active if wanted is None else [r for r in active if r[i_host] in wanted]
     ended = len({r[i_id] for r in active}) < len(got.ids)
-    return ChangedLight(rows, got.ids, ended, got.unreadable)
+    return ChangedLight(rows, got.ids, ended, got.unreadable, got.high_water)
 
 
 def active_light(conn: Connection, hosts: Collection[str] | None = None) -> list[Any]:
