@@ -4,6 +4,7 @@ and the polling fallback says the same."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -135,3 +136,71 @@ def test_keep_stops_watching_the_runs_that_left_and_forgets_their_ends(children,
         for pid, _ctime in procs.values():
             os.kill(pid, signal.SIGKILL)
         assert _until_dead(live, {"run0", "run2"}) == {"run0", "run2"}
+
+
+# Run in a child Python: lowering RLIMIT_NOFILE here would leak into the tests that follow.
+_UNDER_A_LOW_LIMIT = r"""
+import json, os, resource, signal, subprocess, sys
+from watchdog.core.procid import create_time
+from watchdog.daemon.liveness import FD_RESERVE, Liveness
+
+soft, reserve, n = (int(a) for a in sys.argv[1:])
+children = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]  # spawned before the limit bites
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, soft))  # the hard one too: it cannot be raised
+
+def pidfds_held():  # what the kernel says is open, not what Liveness counts
+    return sum(os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+               for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+out = {"base_fds": len(os.listdir("/proc/self/fd"))}
+try:
+    with Liveness(fd_reserve=reserve) as live:
+        out["polled_after"] = []
+        for k, c in enumerate(children):
+            assert live.watch(f"run{k}", c.pid, create_time(c.pid))
+            out["polled_after"].append(live.polled())
+        out.update(held=pidfds_held(), counted=live.pidfds(), watched=len(live))
+        os.kill(children[0].pid, signal.SIGKILL)  # the first watched holds a pidfd...
+        os.kill(children[-1].pid, signal.SIGKILL)  # ...the last is polled
+        dead = set()
+        for _ in range(200):
+            dead.update(live.dead(timeout_s=0.05))
+            if len(dead) >= 2:
+                break
+        out.update(dead=sorted(dead), still=len(live))
+        files = []
+        try:
+            while len(files) < reserve:
+                files.append(open(os.devnull))
+        except OSError:
+            pass
+        out["opened"] = len(files)
+        for f in files:
+            f.close()
+    with Liveness() as live:  # FD_RESERVE by default: more than this whole soft limit
+        c = children[1]
+        assert live.watch("default", c.pid, create_time(c.pid))
+        out.update(default_reserve=FD_RESERVE, default_pidfds=live.pidfds(), default_polled=live.polled())
+finally:
+    for c in children:
+        c.kill()
+        c.wait()
+print(json.dumps(out))
+"""
+
+
+def test_pidfds_leave_a_reserve_of_descriptors_and_the_rest_are_polled():
+    soft, reserve, n = 64, 32, 40
+    done = subprocess.run([sys.executable, "-c", _UNDER_A_LOW_LIMIT, str(soft), str(reserve), str(n)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    budget = soft - reserve
+    # The first `budget` processes get a pidfd, each one after that is polled.
+    assert out["polled_after"] == [max(0, k + 1 - budget) for k in range(n)]
+    assert out["held"] == out["counted"] == budget and out["watched"] == n
+    # A pidfd-watched and a polled process that end are both reported, and nothing else.
+    assert out["dead"] == ["run0", f"run{n - 1}"] and out["still"] == n - 2
+    # What the reserve is for: the daemon can still open files (all of it, less what it held).
+    assert out["opened"] >= reserve - out["base_fds"] - 1  # - 1: the epoll
+    assert out["default_reserve"] >= soft and (out["default_pidfds"], out["default_polled"]) == (0, 1)

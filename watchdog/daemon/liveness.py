@@ -16,6 +16,10 @@ check passes, the pidfd is that process's for good: a later reuse of the pid can
 Fallback. Where pidfds are unavailable (no os.pidfd_open, ENOSYS, or no file descriptor left
 even after raising the soft limit), a process is watched by polling: `dead()` checks its
 identity each call, O(processes watched that way) — what the tick pays for all of them today.
+
+Reserve. Pidfds must not take the daemon's last descriptors (database sockets, SQLite and log
+files, alert connections, psutil's reads of /proc would fail with EMFILE), so at most the soft
+limit less `fd_reserve` are held, counted by us; past that, after raising the limit, polling.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ from watchdog.daemon.killer import Killer, ProcessIdentity
 
 log = logging.getLogger("watchdog.liveness")
 
+# Descriptors (not bytes) of RLIMIT_NOFILE's soft limit that pidfds leave to the rest of the
+# daemon: a few pools of sockets, SQLite files, logs, alert connections, with room to spare.
+FD_RESERVE = 256
+
 Alive = Callable[[Iterable[ProcessIdentity]], list[ProcessIdentity]]
 
 
@@ -44,12 +52,15 @@ class _Watch:
 class Liveness:
     """The processes of this host's active runs, one per run id. Not thread-safe."""
 
-    def __init__(self, killer: Killer | None = None, *, use_pidfd: bool = True, alive: Alive | None = None):
+    def __init__(self, killer: Killer | None = None, *, use_pidfd: bool = True, alive: Alive | None = None,
+                 fd_reserve: int = FD_RESERVE):
         self.killer = killer or Killer()
         self.host = self.killer.host
         self._alive: Alive = alive or self.killer.alive  # the killer's identity test: one rule
         self._pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None) if use_pidfd else None
         self._epoll: select.epoll | None = select.epoll() if self._pidfd_open is not None else None
+        self._fd_reserve = max(0, fd_reserve)
+        self._budget = _pidfd_budget(self._fd_reserve)  # pidfds we may hold; re-read only when we raise the limit
         self._watches: dict[str, _Watch] = {}
         self._by_fd: dict[int, str] = {}
         self._polled: set[str] = set()  # run ids watched without a pidfd
@@ -74,6 +85,10 @@ class Liveness:
     def polled(self) -> int:
         """How many processes are watched by polling (no pidfd for them)."""
         return len(self._polled)
+
+    def pidfds(self) -> int:
+        """How many pidfds are held (never more than the soft limit minus the reserve)."""
+        return len(self._by_fd)
 
     def watch(self, run_id: str, pid: int, create_time: float) -> bool:
         """Watch the run's process (pid + create time). False when it is already gone (or the
@@ -171,13 +186,18 @@ class Liveness:
         """A pidfd for pid; None to poll it instead; -1 when there is no such process."""
         if self._pidfd_open is None or pid <= 0:
             return None if pid > 0 else -1
+        if len(self._by_fd) >= self._budget and not (self._raise_limit() and len(self._by_fd) < self._budget):
+            if not self._polled:
+                log.warning("%d pidfds held, the soft limit of open files less %d kept for the daemon: "
+                            "polling further processes instead", len(self._by_fd), self._fd_reserve)
+            return None
         for attempt in (0, 1):
             try:
                 return self._pidfd_open(pid)
             except ProcessLookupError:
                 return -1
             except OSError as e:
-                if e.errno == errno.EMFILE and attempt == 0 and _raise_fd_limit():
+                if e.errno == errno.EMFILE and attempt == 0 and self._raise_limit():
                     continue
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOSYS, errno.EPERM, errno.EINVAL):
                     if not self._polled:
@@ -185,6 +205,20 @@ class Liveness:
                     return None
                 raise
         return None
+
+    def _raise_limit(self) -> bool:
+        """Raise the soft limit of open files, and the budget with it; True if it went up."""
+        if raised := _raise_fd_limit():
+            self._budget = _pidfd_budget(self._fd_reserve)
+        return raised
+
+
+def _pidfd_budget(reserve: int) -> int:
+    """How many pidfds fit under the soft limit of open files, `reserve` descriptors kept."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 62  # no limit to keep a reserve under (the kernel's nr_open still applies)
+    return max(0, soft - reserve)
 
 
 def _raise_fd_limit() -> bool:
