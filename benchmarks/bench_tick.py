@@ -20,7 +20,9 @@ dropped at the end), we time:
           work (`Ticker(..., money=False)`: the tick before it existed), alternating
           which of the two ticks first; warm/base is the cost of the money work.
   idle    the median of --idle-ticks ticks of the same daemon with nothing written in between
-          (time goes on, every run waits on its model): issue 25's "idle tick".
+          (time goes on, every run waits on its model): issue 25's "idle tick". The runs that
+          ended in the warm ticks are booked and sealed first, by two unmeasured ticks after
+          their 30 s pace: that is the churn's work, not an idle tick's.
   feed    the change feed (watchdog.store.changes.ChangeFeed), the read the tick proportional to
           what changed starts from: `start` (a restart: the active runs and the high-water
           mark), a read when nothing changed, and a read after --new-events new events (the
@@ -771,7 +773,17 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
             res["warm_folded"] = statistics.median(folded)
             res["warm_booked"] = statistics.median(booked)
 
-            # Idle: the same daemon, time going on, nothing written (agents waiting on models).
+            # Idle: the same daemon, time going on, nothing written (agents waiting on models). The
+            # runs that ended in the warm ticks are booked and sealed first, at their own 30 s pace
+            # (watchdog.daemon.money, watchdog.daemon.cluster.SEAL_EVERY_S): that is their churn's
+            # work, not an idle tick's. These settling ticks are not measured.
+            from watchdog.daemon.cluster import SEAL_EVERY_S
+
+            k += int(SEAL_EVERY_S // args.tick_s) + 1
+            for _ in range(2):
+                k += 1
+                at = now + dt.timedelta(seconds=args.tick_s * k)
+                checked_tick(ticker, at, sched_acc())
             idle, idle_acc = [], sched_acc()
             for _ in range(args.idle_ticks):
                 k += 1

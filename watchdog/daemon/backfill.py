@@ -28,7 +28,7 @@ from watchdog.daemon.scan import ID_OVERLAP
 from watchdog.store import backfill as store
 from watchdog.store.backfill import MAX_PER_TICK as MAX_PER_TICK, UnpricedStep, WriteRefused
 from watchdog.store.engine import Connection, Engine
-from watchdog.store.scan import newest_event_id
+from watchdog.store.scan import commits_late, newest_event_id
 
 log = logging.getLogger("watchdog.prices")
 
@@ -100,7 +100,9 @@ class Backfill:
             self.low = found[-1].id  # a backlog: go on from there next tick
         else:
             # Re-read ID_OVERLAP ids below the top: a PostgreSQL commit can land below it late.
-            self.low = max(self.low or 0, top - ID_OVERLAP, 0)
+            # SQLite commits in id order: nothing lands below it (the window cost a range read).
+            overlap = ID_OVERLAP if commits_late(conn) else 0
+            self.low = max(self.low or 0, top - overlap, 0)
         return found
 
     def apply(self, engine: Engine, found: list[UnpricedStep], now: dt.datetime) -> BackfillReport:

@@ -203,10 +203,13 @@ class Scanner:
                     st.add(e.at, e.tool, e.args_hash, e.ok, e.error_msg, bool(e.attempt and e.attempt > 1))
                 except Exception:  # noqa: BLE001 — event_defect let through what RunStats cannot fold
                     self.defects.append(Defect(e.run_id, f"event {e.id}: it cannot be counted", e.id))
-        if len(stats) > len(active):  # the runs that ended (or left this daemon): forgotten
+        # The runs that ended (or left this daemon) are forgotten once they are a few: a pass over
+        # every run's entry each tick a run ended would make the tick O(active) again (issue 25).
+        slack = len(active) // 8 + 64
+        if len(stats) > len(active) + slack:
             for rid in [r for r in stats if r not in active]:
                 del stats[rid]
-        if len(evidence.tallies) > len(active):
+        if len(evidence.tallies) > len(active) + slack:
             evidence.keep(active)
         return tools
 
