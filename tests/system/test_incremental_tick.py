@@ -22,12 +22,12 @@ from watchdog.daemon.killer import Killer
 from watchdog.store.schema import runs, utcnow
 
 
-def _sql_run(engine, *, agent="bot", **values) -> str:
+def _sql_run(engine, *, agent="bot", host=None, **values) -> str:
     rid = uuid.uuid4().hex
     now = utcnow()
     with engine.begin() as conn:
         conn.execute(insert(runs).values(id=rid, agent=agent, status="running", kill_mode="cooperative",
-                                         host=Killer().host, started_at=now, last_seen_at=now, **values))
+                                         host=host or Killer().host, started_at=now, last_seen_at=now, **values))
     return rid
 
 
@@ -253,3 +253,25 @@ def test_ended_runs_are_sealed_in_batches_and_listed_the_same_before(db_url, eng
     assert listed[ended] == {"name": "fetch", "calls": 2, "errors": 0}  # read from its events meanwhile
     tk.tick(later(now, SEAL_EVERY_S))
     assert sealed(ended) == ("fetch", 2)
+
+
+def test_the_exec_roots_are_read_again_only_when_a_run_of_this_host_changed(engine, wd):
+    """Between full ticks the exec roots (this host's exec'd runs) are read again when a run of
+    this host was written or ended, not when only other hosts' runs were."""
+    tk = ticker(engine)
+    elsewhere = _sql_run(engine, host="far-away")
+    here = wd.run("bot", guards=False).start()
+    now = utcnow()
+    assert tk.tick(now).full
+    with engine.begin() as conn:
+        conn.execute(update(runs).where(runs.c.id == elsewhere).values(steps=3))
+    tk.tick(later(now, 2))
+    assert tk.active.local_quiet  # only another host's run changed: the roots read before hold
+    here.step(tokens_in=1)
+    tk.tick(later(now, 4))
+    assert not tk.active.local_quiet
+    tk.tick(later(now, 6))
+    assert tk.active.local_quiet  # nothing at all changed
+    here.__exit__(None, None, None)  # ended: the roots change
+    tk.tick(later(now, 8))
+    assert not tk.active.local_quiet

@@ -135,6 +135,7 @@ class ActiveSet:
         self.by_host: Counter[str] = Counter()  # host -> its runs in `rows`
         self.quiet = False  # this tick's feed named no run: nothing was written to any run since the last
         self.none_ended = False  # no run the feed named has left the active ones (none ended, none deleted)
+        self.local_quiet = False  # nor was any run of this host named (the exec roots hold: watchdog.daemon.exectree)
         self.feed = ChangeFeed()
         self.queue = DueQueue()
         self.sticky: set[str] = set()  # due or unreadable at the last look: looked at every tick
@@ -184,13 +185,21 @@ class ActiveSet:
         if len(fresh) > MOSTLY_CHANGED * len(self.rows) + 100:  # (the hosts this daemon reads only)
             return None
         kept: set[str] = set()
+        local, rows = self.host, self.rows
+        touched_here = False
         for r in fresh:
             rid = r[_ID]
             if rid.__class__ is str:
                 kept.add(rid)
+                if not touched_here:
+                    old = rows.get(rid)
+                    touched_here = r[_HOST] == local or (old is not None and old[_HOST] == local)
                 self._put(r, scope.judged)
         for rid in ids - kept:
+            old = rows.get(rid)
+            touched_here = touched_here or (old is not None and old[_HOST] == local)
             self._drop(rid)
+        self.local_quiet = not touched_here
         return kept
 
     def candidates(self, now_s: float, changed: Collection[str]) -> list[Any]:
@@ -211,7 +220,7 @@ class ActiveSet:
                 covered: Mapping[str, tuple[str, ...]] | None) -> None:
         """After a full read's pre-filter (and the money's read): everything from what it read."""
         self.rows, self.mine, self.dead = {}, set(), set()
-        self.by_host, self.quiet, self.none_ended = Counter(), False, False
+        self.by_host, self.quiet, self.none_ended, self.local_quiet = Counter(), False, False, False
         self.spend = SpendIndex()
         for r in light:
             if r[_ID].__class__ is str:

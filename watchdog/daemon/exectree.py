@@ -39,8 +39,8 @@ class ExecTrees:
 
     def observe(self, *, reuse: bool = False) -> None:
         """Once a tick: the descendants of each tree-mode exec of this host (cheap when none).
-        `reuse`: no run was written since the last tick (the change feed): the roots read then
-        are still the roots; only their descendants are looked at again."""
+        `reuse`: no run of this host was written since the last tick (the change feed): the roots
+        read then are still the roots; only their descendants are looked at again."""
         try:
             if not reuse or self._roots is None:
                 with read_connection(self.engine) as conn:  # never the write lock the tick's batch may hold

@@ -119,7 +119,7 @@ class Ticker:
         t0 = time.perf_counter()
         this, role = self._begin(now, skip_clock)
         read = tickread.read(self, this, role)
-        self.exec_trees.observe(reuse=self.active.quiet)  # before any run is judged gone
+        self.exec_trees.observe(reuse=self.active.local_quiet)  # before any run is judged gone
         rows = self._money_judge(this, read) if this.money is not None else read.rows
         rep = this.rep
         rep.new_events, rep.events, rep.active = len(read.new), read.new, read.mine
