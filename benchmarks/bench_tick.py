@@ -703,8 +703,13 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
         killer = Killer()
         lease = lease_for(engine, killer.host, tick_s=args.tick_s)
         lease.acquire()
-        ticker = Ticker(engine, config, killer, membership=Membership(engine, killer.host, lease))
-        base = Ticker(engine, config, Killer(), money=False, membership=Membership(engine, killer.host, lease))
+        # ...and freezes its heap after a full tick (watchdog.daemon.heap): one freezer, as one daemon.
+        from watchdog.daemon.heap import HeapFreezer
+
+        heap = HeapFreezer()
+        ticker = Ticker(engine, config, killer, membership=Membership(engine, killer.host, lease), heap=heap)
+        base = Ticker(engine, config, Killer(), money=False, membership=Membership(engine, killer.host, lease),
+                      heap=heap)
 
         def checked_tick(tk, at, acc):
             c0, w0 = sched.read()

@@ -81,11 +81,13 @@ class Daemon:
         self.attest_server: AttestServer | None = None
         self.otlp_server: OtlpServer | None = None  # [otlp] listen
         from watchdog.daemon.circuits import CircuitBreakers
+        from watchdog.daemon.heap import HeapFreezer
 
         self.membership = Membership(engine, self.killer.host)
         self.ticker = Ticker(engine, config, self.killer, circuits=CircuitBreakers(config, sealer=self.sealer),
                              by=actor(), sealer=self.sealer, membership=self.membership,
-                             memory=_state_file(config, engine))  # issue 20: the daemon's own memory
+                             memory=_state_file(config, engine),  # issue 20: the daemon's own memory
+                             heap=HeapFreezer())  # issue 25: no full collection of the kept runs every few ticks
         self._published_at = 0.0
         self._published_value: dict[str, Any] | None = None
         self._stop = threading.Event()

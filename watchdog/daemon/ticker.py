@@ -41,6 +41,7 @@ from watchdog.daemon.activeset import ActiveSet
 from watchdog.daemon.authentic import OwnEvidence
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.cluster import ClusterDuties, DutyTick, Membership, Role
+from watchdog.daemon.heap import HeapFreezer
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.killer import Killer, ProcessIdentity
 from watchdog.daemon.lease import LeaseLost
@@ -71,7 +72,7 @@ Row = Any  # a `runs` row as the tick reads it whole (watchdog.store.scan.active
 class Ticker:
     def __init__(self, engine: Engine, config: Config, killer: Killer, *, circuits: Any = None, by: str | None = None,
                  money: bool = True, sealer: Sealer | None = None, membership: Membership | None = None,
-                 memory: Memory | None = None):
+                 memory: Memory | None = None, heap: HeapFreezer | None = None):
         self.engine = engine
         self.config = config
         self.killer = killer
@@ -112,6 +113,7 @@ class Ticker:
         self.ended_stops = EndedStops()  # issue 19: stops heard after their runs ended
         # issue 25: the active runs kept between ticks, so that a tick costs what changed.
         self.active = ActiveSet(killer)
+        self.heap = heap  # the daemon's: its heap frozen after a full tick (watchdog.daemon.heap)
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.clock): durations measured on it
@@ -131,6 +133,8 @@ class Ticker:
                            unreadable=rep.quarantined)
         self.active.ticked(now.timestamp())
         rep.duration_s = time.perf_counter() - t0
+        if read.full and self.heap is not None:
+            self.heap.after_full_tick()  # after the report's duration: not the tick's own work
         return rep
 
     # -- the five steps of a tick ----------------------------------------------------------
