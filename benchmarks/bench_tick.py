@@ -704,12 +704,15 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
         lease = lease_for(engine, killer.host, tick_s=args.tick_s)
         lease.acquire()
         # ...and freezes its heap after a full tick (watchdog.daemon.heap): one freezer, as one daemon.
-        from watchdog.daemon.heap import HeapFreezer
+        try:
+            from watchdog.daemon.heap import HeapFreezer
 
-        heap = HeapFreezer()
-        ticker = Ticker(engine, config, killer, membership=Membership(engine, killer.host, lease), heap=heap)
+            heap: dict = {"heap": HeapFreezer()}
+        except ImportError:  # a version before it (this script measures before and after alike)
+            heap = {}
+        ticker = Ticker(engine, config, killer, membership=Membership(engine, killer.host, lease), **heap)
         base = Ticker(engine, config, Killer(), money=False, membership=Membership(engine, killer.host, lease),
-                      heap=heap)
+                      **heap)
 
         def checked_tick(tk, at, acc):
             c0, w0 = sched.read()
@@ -782,8 +785,10 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
             # runs that ended in the warm ticks are booked and sealed first, at their own 30 s pace
             # (watchdog.daemon.money, watchdog.daemon.cluster.SEAL_EVERY_S): that is their churn's
             # work, not an idle tick's. These settling ticks are not measured.
-            from watchdog.daemon.cluster import SEAL_EVERY_S
-
+            try:
+                from watchdog.daemon.cluster import SEAL_EVERY_S
+            except ImportError:  # a version that sealed every tick
+                SEAL_EVERY_S = 30.0
             k += int(SEAL_EVERY_S // args.tick_s) + 1
             for _ in range(2):
                 k += 1

@@ -30,7 +30,7 @@ from watchdog.daemon.stopping import facts
 from watchdog.store import stops
 from watchdog.store.alerts import enqueue_alert, stop_key, summarised, unheard
 from watchdog.store.interventions import record, stop_intervention
-from watchdog.store.engine import Connection, Engine
+from watchdog.store.engine import Connection, Engine, statement_reads
 
 if TYPE_CHECKING:
     from watchdog.core.config import Config
@@ -54,7 +54,7 @@ class EndedStops:
             sealer: Sealer | None, by: str) -> list[str]:
         """Acknowledge the unheard stops among the runs ended since the last look; their ids."""
         since = self.since if self.since is not None else now - dt.timedelta(seconds=LOOKBACK_S)
-        with engine.connect() as conn:
+        with statement_reads(engine) as conn:  # every tick a run ended: no BEGIN/ROLLBACK round trips
             ended = stops.ended_since(conn, since, hosts)
             todo = unheard(conn, [r.id for r in ended])
         self.backlog = False

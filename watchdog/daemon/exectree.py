@@ -22,7 +22,7 @@ from watchdog.daemon.attest import verified_cgroup, verified_leader
 from watchdog.daemon.killer import Killer
 from watchdog.daemon.runtree import TreeMemory, directory, remaining
 from watchdog.daemon.stopping import stop_run
-from watchdog.store.engine import Connection, Engine, read_connection
+from watchdog.store.engine import Connection, Engine, read_connection, statement_reads
 from watchdog.store.execrun import active_exec_roots
 
 log = logging.getLogger("watchdog.tick")
@@ -43,7 +43,7 @@ class ExecTrees:
         read then are still the roots; only their descendants are looked at again."""
         try:
             if not reuse or self._roots is None:
-                with read_connection(self.engine) as conn:  # never the write lock the tick's batch may hold
+                with statement_reads(self.engine) as conn:  # never the write lock the tick's batch may hold
                     self._roots = active_exec_roots(conn, self.killer.host, lc.TREE)
             self.memory.observe(self._roots)
         except Exception as exc:  # noqa: BLE001 — a memory, not a decision: next tick again

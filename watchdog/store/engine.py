@@ -101,6 +101,15 @@ def read_connection(engine: Engine) -> Connection:
     return conn.execution_options(watchdog_read_only=True)
 
 
+def statement_reads(engine: Engine) -> Connection:
+    """A connection for reads that need no snapshot across statements (each is consistent on its
+    own). PostgreSQL: autocommit, so no BEGIN and no ROLLBACK round trips around them; SQLite:
+    read_connection (its BEGIN costs nothing over a socket)."""
+    if engine.dialect.name == "postgresql":
+        return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    return read_connection(engine)
+
+
 def normalise_url(url: str) -> str:
     """Accept `postgresql://` as psycopg 3 (the driver we ship), check the URL parses."""
     if not url or not isinstance(url, str):
