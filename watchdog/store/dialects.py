@@ -237,15 +237,17 @@ class PostgresDialect(Dialect):
         return result is not None and result.status == _PGRES_TUPLES_OK
 
     def read_batch(self, conn: Connection, reads: list[tuple[str, tuple[Any, ...]]]) -> list[list[Any]]:
-        # psycopg's pipeline mode: the transaction's BEGIN (when this is its first statement)
-        # and every read go out together, one round trip where each costs ~0.5 ms on a busy host
-        # (the change feed's reads, every tick). Errors are raised as SQLAlchemy's, as
-        # exec_driver_sql would (store_unavailable tells an outage from a bad row by them).
+        # psycopg's pipeline mode: the reads go out together, one round trip where each costs
+        # ~0.5 ms on a busy host (the change feed's reads, every tick); psycopg syncs once more
+        # after the transaction's BEGIN when this is its first statement. Errors are raised as
+        # SQLAlchemy's, as exec_driver_sql would (store_unavailable tells an outage from a bad
+        # row by them).
         import psycopg
         from sqlalchemy.exc import DBAPIError
 
-        fairy = conn.connection
-        raw = fairy.driver_connection
+        raw: Any = conn.connection.driver_connection
+        if raw is None:  # never for a live connection; the plain reads say why if it were
+            return super().read_batch(conn, reads)
         try:
             with raw.pipeline():
                 cursors = [raw.cursor() for _ in reads]
