@@ -210,6 +210,21 @@ def test_postgresql_a_leaders_read_of_other_hosts_is_its_session_check(db_url, e
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_postgresql_a_read_that_fails_on_what_it_read_keeps_the_lease_session(db_url, engine):
+    """Only an outage ends the lease's session (and frees its locks): a read on it that failed
+    on its rows (which any store writer can shape) costs the tick, never the leadership."""
+    a = _lease(engine, "ha")
+    assert a.refresh()
+    with pytest.raises(Exception):
+        a.read(lambda conn: conn.execute(text("SELECT 1 / 0")).scalar())
+    assert a._conn is not None and a.leader
+    with engine.connect() as conn:
+        assert {leases.host_key("ha"), leases.LEADER_KEY} <= leases.held_keys(conn)
+    assert a.refresh()
+    a.release()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_postgresql_a_leader_whose_session_died_is_replaced_and_steps_down(db_url, engine):
     a, b = _lease(engine, "ha"), _lease(engine, "hb")
     assert a.refresh() and not b.refresh()

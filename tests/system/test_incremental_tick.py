@@ -251,7 +251,8 @@ def test_ended_runs_are_sealed_in_batches_and_listed_the_same_before(db_url, eng
     with engine.connect() as conn:
         listed = {r["id"]: r["top_tool"] for r in list_runs(conn, config(), later(now, 2), all_runs=True)}
     assert listed[ended] == {"name": "fetch", "calls": 2, "errors": 0}  # read from its events meanwhile
-    tk.tick(later(now, SEAL_EVERY_S))
+    tk.tick(later(now, 4))  # a quiet tick in between: the ended run is still due at the batch
+    tk.tick(later(now, SEAL_EVERY_S + 1))
     assert sealed(ended) == ("fetch", 2)
 
 
@@ -275,3 +276,27 @@ def test_the_exec_roots_are_read_again_only_when_a_run_of_this_host_changed(engi
     here.__exit__(None, None, None)  # ended: the roots change
     tk.tick(later(now, 8))
     assert not tk.active.local_quiet
+
+
+def test_exec_roots_that_failed_to_read_are_read_again_at_the_next_tick(engine, wd, monkeypatch):
+    """A failed read of the roots is not kept as "nothing changed": the next tick reads them,
+    whether a run of this host changed or not."""
+    from watchdog.daemon import exectree
+
+    tk = ticker(engine)
+    now = utcnow()
+    tk.tick(now)
+    calls = []
+    real = exectree.active_exec_roots
+
+    def failing(*a, **kw):
+        calls.append(1)
+        raise RuntimeError("store blip")
+
+    monkeypatch.setattr(exectree, "active_exec_roots", failing)
+    wd.run("bot", guards=False).start()  # a run of this host: the roots are read (and fail)
+    tk.tick(later(now, 2))
+    assert calls and tk.exec_trees._roots is None
+    monkeypatch.setattr(exectree, "active_exec_roots", lambda *a, **kw: (calls.append(2), real(*a, **kw))[1])
+    tk.tick(later(now, 4))  # nothing changed since, but the last read failed: read again
+    assert calls[-1] == 2 and tk.exec_trees._roots is not None

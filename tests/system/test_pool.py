@@ -212,3 +212,34 @@ def test_postgresql_a_pooled_session_the_server_ended_is_replaced_at_checkout_wi
             assert conn.execute(text("SELECT pg_backend_pid()")).scalar() != first
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_postgresql_a_session_on_a_descriptor_above_1024_is_handed_out(db_url):
+    """The checkout's socket check works for any descriptor: a daemon holding a pidfd per local
+    run has its database sockets above 1024, where select() would refuse every checkout."""
+    import os
+    import resource
+
+    from sqlalchemy import text
+
+    from watchdog.store.engine import make_engine
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2048 if hard == resource.RLIM_INFINITY else min(hard, 2048)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    held = []
+    engine = make_engine(db_url)
+    try:
+        while len(held) < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        for _ in range(2):  # a new session, then the same one checked out again
+            with engine.connect() as conn:
+                assert conn.connection.driver_connection.fileno() >= 1024
+                assert conn.execute(text("SELECT 1")).scalar() == 1
+    finally:
+        engine.dispose()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

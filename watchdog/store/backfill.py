@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.engine import store_unavailable
+from watchdog.store.isolated import chunk_read
 from watchdog.store.scan import IsolatedRead
 from watchdog.store.schema import events, runs
 
@@ -66,7 +67,7 @@ def unpriced_steps(conn: Connection, *, run_ids: Sequence[str] | None = None, ab
         return select(*cols).select_from(_JOINED).where(and_(*conds)).order_by(events.c.id).limit(MAX_PER_TICK)
 
     try:
-        with conn.begin_nested():
+        with chunk_read(conn):
             rows = conn.execute(q_for(_COLS)).all()
     except Exception as exc:  # noqa: BLE001
         if store_unavailable(exc):

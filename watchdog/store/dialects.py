@@ -64,6 +64,11 @@ class Dialect:
     # Where not (PostgreSQL: a sequence's numbers are taken at once, committed in any order), a
     # reader of "what changed since N" re-reads a window below N (watchdog.store.changes).
     commits_in_order: ClassVar[bool] = False
+    # A read of rows anyone may have written fails, when one value is bad, in the driver after the
+    # server answered (PostgreSQL: a date past year 9999): its transaction stays usable, so such
+    # reads need no SAVEPOINT round trips (watchdog.store.isolated.chunk_read). SQLite parses
+    # inside the engine: a savepoint, local and free, keeps a failed read from costing the rest.
+    reads_fail_in_driver: ClassVar[bool] = False
 
     def read_only_connect_args(self) -> dict[str, Any]:
         """What makes a connection unable to write, beyond `make_engine(read_only=True)`."""
@@ -95,6 +100,11 @@ class Dialect:
         """Pre-rendered SELECTs (the driver's placeholders), their rows each, in the connection's
         transaction. A server sends them in one round trip where its driver can."""
         return [list(conn.exec_driver_sql(sql, params).fetchall()) for sql, params in reads]
+
+    def transaction_failed(self, conn: Connection) -> bool:
+        """Whether the server failed the connection's transaction (it refuses every later
+        statement), as opposed to a value the driver could not turn into Python."""
+        return False
 
     def json(self, value: Any) -> str | None:
         return None if value is None else json.dumps(value, sort_keys=True, default=str)
@@ -212,6 +222,7 @@ class PostgresDialect(Dialect):
     modifying_cte = True
     prune_rows_per_batch = 10000
     prune_pause_ratio = 0.1
+    reads_fail_in_driver = True
 
     def read_only_connect_args(self) -> dict[str, Any]:
         # Every transaction read-only, whatever the role may do (the web view's viewer role cannot
@@ -246,7 +257,7 @@ class PostgresDialect(Dialect):
         from sqlalchemy.exc import DBAPIError
 
         raw: Any = conn.connection.driver_connection
-        if raw is None:  # never for a live connection; the plain reads say why if it were
+        if raw is None or not _pipelines():  # pipeline mode needs libpq 14: else the reads in turn
             return super().read_batch(conn, reads)
         try:
             with raw.pipeline():
@@ -261,6 +272,10 @@ class PostgresDialect(Dialect):
             raise DBAPIError.instance(reads[0][0], None, exc, psycopg.Error, hide_parameters=True,
                                       connection_invalidated=lost, dialect=conn.dialect) from exc
 
+    def transaction_failed(self, conn: Connection) -> bool:
+        raw: Any = conn.connection.driver_connection
+        return raw is None or raw.info.transaction_status == _PQTRANS_INERROR
+
     def insert(self, table: Any) -> Any:
         return pg.insert(table)
 
@@ -274,7 +289,15 @@ class PostgresDialect(Dialect):
         return value.astimezone(dt.timezone.utc)
 
 
+@functools.cache
+def _pipelines() -> bool:
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
+
+
 _PGRES_TUPLES_OK = 2  # libpq's ExecStatusType of a statement that returned rows (psycopg.pq.ExecStatus)
+_PQTRANS_INERROR = 3  # libpq's PGTransactionStatusType of a failed transaction (psycopg.pq.TransactionStatus)
 
 _BACKENDS: dict[str, type[Dialect]] = {"sqlite": SQLiteDialect, "postgresql": PostgresDialect}
 

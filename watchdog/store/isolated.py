@@ -8,13 +8,17 @@ what still fails becomes a Defect, which the tick reports once (watchdog.daemon.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from sqlalchemy import Table, select
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql import ColumnElement, Executable
 
+from watchdog.store import dialects
 from watchdog.store.engine import store_unavailable
 from watchdog.store.schema import events
 
@@ -31,6 +35,30 @@ class Defect:
     run_id: str | None
     detail: str
     event_id: int | None = None
+
+
+class _Savepoints:
+    always = False  # this process met a read the server itself failed: savepoints from then on
+
+
+@contextmanager
+def chunk_read(conn: Connection) -> Iterator[None]:
+    """Around one read of rows that may hold a bad value, so that its failure leaves the
+    snapshot usable for the reads after it. Where such a failure happens in the driver
+    (Dialect.reads_fail_in_driver), no SAVEPOINT and RELEASE round trips around every read:
+    should the server fail one after all (its transaction then refuses every later statement),
+    that is raised as an outage (the tick is retried) and this process uses savepoints from then on."""
+    if not dialects.of(conn).reads_fail_in_driver or _Savepoints.always:
+        with conn.begin_nested():
+            yield
+        return
+    try:
+        yield
+    except Exception as exc:
+        if not store_unavailable(exc) and dialects.of(conn).transaction_failed(conn):
+            _Savepoints.always = True
+            raise OperationalError("a chunk read the server failed", None, exc) from exc
+        raise
 
 
 def _probe(conn: Connection, table: Table, key_col: ColumnElement[Any], key: Any, cols: Sequence[str]) -> str:
@@ -85,7 +113,7 @@ def read_isolated(conn: Connection, query_for: Callable[[list[Any]], Executable]
     for i in range(0, len(rest), CHUNK):
         part = rest[i : i + CHUNK]
         try:
-            with conn.begin_nested():
+            with chunk_read(conn):
                 out.extend(conn.execute(query_for(part)).all())
             continue
         except Exception as exc:  # noqa: BLE001

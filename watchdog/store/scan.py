@@ -20,6 +20,7 @@ from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.store import dialects
 from watchdog.store.changes import ChangeFeed
 from watchdog.store.engine import store_unavailable
+from watchdog.store.isolated import chunk_read
 from watchdog.store.schema import events, runs
 
 # What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
@@ -195,7 +196,7 @@ def read_events(conn: Connection, selection: EventSelection, *, isolated: Isolat
     ids alone are read (integers always read) and the rows by id, each bad event becoming a
     defect: the caller's high-water mark moves past it, it is never read again."""
     try:
-        with conn.begin_nested():
+        with chunk_read(conn):
             rows = conn.execute(selection.query_for(_EVENT_COLS).order_by(events.c.id)).all()
     except Exception as exc:  # noqa: BLE001
         if store_unavailable(exc):
