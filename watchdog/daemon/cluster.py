@@ -129,6 +129,7 @@ class ClusterDuties:
         self._next_prune_at: dt.datetime | None = None
         self._sealed_all = False  # the last seal left no ended run unsealed
         self._last_seal_at: dt.datetime | None = None
+        self._ended_since_seal = False  # a run ended after the last seal: due at the next batch
         self.last_prune: retention.PruneReport | None = None
         self.jobs: list[tuple[str, Callable[[DutyTick], None]]] = [
             ("adopted hosts", self.alert_adopted),
@@ -173,14 +174,15 @@ class ClusterDuties:
             self.circuits.update(self.engine, t.new_events, t.now, t.scanner)
 
     def seal(self, t: DutyTick) -> None:
+        self._ended_since_seal = self._ended_since_seal or not t.none_ended
         if self._sealed_all:
-            if t.none_ended:
+            if not self._ended_since_seal:
                 return  # no run ended since the last seal found none left
             last = self._last_seal_at
             if last is not None and 0 <= (t.now - last).total_seconds() < SEAL_EVERY_S:
                 return  # the runs that ended since wait for the next batch (read from events until then)
         self._sealed_all = rollup.seal_ended(self.engine) < rollup.SEAL_BATCH
-        self._last_seal_at = t.now
+        self._last_seal_at, self._ended_since_seal = t.now, False
 
     def prune(self, t: DutyTick) -> None:
         keep_days = self.config.store.keep_days

@@ -47,6 +47,7 @@ class ExecTrees:
                     self._roots = active_exec_roots(conn, self.killer.host, lc.TREE)
             self.memory.observe(self._roots)
         except Exception as exc:  # noqa: BLE001 — a memory, not a decision: next tick again
+            self._roots = None  # read again next tick, whatever changed by then
             log.debug("exec trees not observed this tick (%s)", type(exc).__name__)
 
     def remembered(self, run_id: str) -> Callable[[Any], Any]:

@@ -26,7 +26,7 @@ from typing import Any, Callable, TypeVar
 from watchdog.core.procid import current_create_time
 from watchdog.errors import StoreError
 from watchdog.store import leases as sql
-from watchdog.store.engine import Connection, Engine, read_connection
+from watchdog.store.engine import Connection, Engine, read_connection, store_unavailable
 from watchdog.store.leases import DriverError, Holder
 
 log = logging.getLogger("watchdog.lease")
@@ -250,8 +250,11 @@ class PgLease(Lease):
             return super().read(fn)
         try:
             return fn(conn)
-        except Exception:
-            self._drop()
+        except Exception as exc:
+            # Only a session that may be gone is ended: a read that failed on what it read (rows
+            # any store writer can add) must not cost this daemon its locks.
+            if store_unavailable(exc) or conn.invalidated or conn.closed:
+                self._drop()
             raise
 
     def release(self) -> None:

@@ -96,6 +96,9 @@ class Watchdog:
         # The writer keeps its pool_size connections checked out of the engine's pool; the one
         # overflow connection serves the SQLAlchemy statements (circuit probes): bounded per process.
         self.url = url  # as given (the engine's may be rewritten: a SQLite file URI that never creates it)
+        # The ping before each checkout (PostgreSQL): a connection a failover left half-open is
+        # replaced before an agent's record fails on it (the daemon checks sockets instead).
+        kw.setdefault("pool_pre_ping", True)
         self.engine = make_engine(url, pool_size=pool_size, max_overflow=1, pool_timeout=PG_CONNECT_TIMEOUT_S * 2,
                                   create=False, **kw)
         self.writer = Writer(self.engine, pool_size)

@@ -56,13 +56,18 @@ def _pg_checkout(dbapi_conn: Any, _record: ConnectionPoolEntry, _proxy: Any) -> 
     session receives nothing until it sends a query, so a readable socket means the server ended
     it (a restart, pg_terminate_backend, a crash's EOF). The pool then opens a new one. This
     replaces `pool_pre_ping`'s SELECT 1, a round trip per checkout (several per tick); a silent
-    network loss is caught by the query itself, whose error invalidates the pool all the same."""
+    network loss is caught by the query itself, whose error invalidates the pool all the same
+    (the daemon retries the tick; the SDK keeps the ping: an agent's call should not fail on it)."""
     import select
 
     try:
         if dbapi_conn.closed or dbapi_conn.broken:
             raise DisconnectionError("the connection is closed")
-        readable, _, _ = select.select([dbapi_conn.fileno()], [], [], 0)
+        # poll, never select(): select refuses a descriptor >= 1024, and a daemon holding a pidfd
+        # per local run has its sockets up there (every checkout would be refused).
+        poller = select.poll()
+        poller.register(dbapi_conn.fileno(), select.POLLIN | select.POLLPRI)
+        readable = poller.poll(0)  # errors and hang-ups are always reported
     except DisconnectionError:
         raise
     except Exception as exc:  # noqa: BLE001 — no usable socket: a new connection, never an error

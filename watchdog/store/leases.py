@@ -179,6 +179,10 @@ def active_hosts(conn: Connection, exclude: str) -> dict[str, int]:
     return {h: int(n) for h, n in conn.execute(q)}
 
 
+# Hosts per read of their leases: the drivers bind at most 65,535 values a statement, and an agent
+# may name as many hosts as it starts runs.
+HOSTS_PER_READ = 1000
+
 # No daemon writes a lease this long (a few ticks): an expiry further out was written by hand,
 # and must not keep a dead host "live" (its runs never adopted) for ever.
 MAX_LEASE_S = 86400.0
@@ -205,7 +209,10 @@ def orphans(conn: Connection, hosts_in: Iterable[str]) -> dict[str, Holder | Non
     else:
         clock = func.clock_timestamp()
         fresh = and_(func.isfinite(exp), exp > clock, exp <= clock + dt.timedelta(seconds=MAX_LEASE_S))
-    live_of = dict(conn.execute(select(daemons.c.host, fresh).where(daemons.c.host.in_(hosts))).all())
+    live_of: dict[str, Any] = {}
+    for i in range(0, len(hosts), HOSTS_PER_READ):  # any writer names hosts: never one bound value per host
+        part = hosts[i : i + HOSTS_PER_READ]
+        live_of.update(conn.execute(select(daemons.c.host, fresh).where(daemons.c.host.in_(part))).all())
     # The locks matter only for a host whose row says live (no row, or an expired one: dead anyway).
     held = held_keys(conn) if conn.dialect.name == "postgresql" and any(live_of.values()) else None
     out: dict[str, Holder | None] = {}
