@@ -202,3 +202,21 @@ def test_the_period_boundary_is_the_end_of_the_budget_day():
     found = deadlines(Row(started_s=now.timestamp(), seen_s=now.timestamp()), PROF, DAEMON, now.timestamp(),
                       period_end_s=end)
     assert (Why.PERIOD_BOUNDARY, end) in [(d.why, d.at_s) for d in found]
+
+
+def test_a_deadline_moved_later_waits_there_without_a_heap_push_and_one_moved_earlier_comes_first() -> None:
+    q = DueQueue()
+    q.push("a", 100.0, Why.SILENCE)
+    q.push("b", 150.0, Why.WALL_CLOCK)
+    heap_size = len(q._heap)
+    for at_s in (110.0, 120.0, 200.0):  # a run that keeps writing: its silence moves later each time
+        q.reschedule("a", [Deadline(at_s, Why.SILENCE)])
+    assert len(q._heap) == heap_size  # no entry per move
+    assert q.peek() == 150.0 and len(q) == 2
+    assert q.pop_due(199.0) == [Due(150.0, "b", Why.WALL_CLOCK)]  # not at a's old times
+    assert q.pop_due(200.0) == [Due(200.0, "a", Why.SILENCE)]
+    q.push("c", 300.0, Why.SILENCE)
+    q.reschedule("c", [Deadline(250.0, Why.WALL_CLOCK)])  # another reason, earlier: the old one goes
+    q.push("c", 240.0, Why.WALL_CLOCK)  # earlier still
+    assert q.deadlines("c") == [Due(240.0, "c", Why.WALL_CLOCK)] and len(q) == 1
+    assert q.pop_due(1000.0) == [Due(240.0, "c", Why.WALL_CLOCK)] and len(q) == 0 and q.peek() is None

@@ -49,24 +49,39 @@ class DueQueue:
         return run_id in self._live
 
     def push(self, run_id: str, at_s: float, why: Why) -> None:
-        """Schedule (or move) the run's deadline for `why`."""
+        """Schedule (or move) the run's deadline for `why`. A deadline moved later keeps its
+        heap entry, which `pop_due` moves when it comes (a run that writes moves its silence
+        deadline later at every write: no heap push for it)."""
         if not math.isfinite(at_s):
             raise ValueError(f"deadline must be a finite epoch second, got {at_s!r}")
-        why = Why(why)
-        self._token += 1
+        if why.__class__ is not Why:
+            why = Why(why)
         stored = at_s - self._offset_s
-        mine = self._live.setdefault(run_id, {})
-        if why not in mine:
+        mine = self._live.get(run_id)
+        if mine is None:
+            mine = self._live[run_id] = {}
+        was = mine.get(why)
+        if was is None:
             self._count += 1
+        elif stored >= was[1]:
+            mine[why] = (was[0], stored)  # later (or the same): the entry in the heap stays live
+            return
+        self._token += 1
         mine[why] = (self._token, stored)
         heapq.heappush(self._heap, (stored, self._token, run_id, why))
         self._compact()
 
     def reschedule(self, run_id: str, deadlines: Iterable[Deadline]) -> None:
         """Replace every deadline of the run with these (none: the run leaves the queue)."""
-        self.discard(run_id)
+        keep: dict[Why, float] = {}
         for d in deadlines:
-            self.push(run_id, d.at_s, d.why)
+            keep[d.why if d.why.__class__ is Why else Why(d.why)] = d.at_s
+        mine = self._live.get(run_id)
+        if mine is not None:
+            for why in [w for w in mine if w not in keep]:
+                self.discard(run_id, why)
+        for why, at_s in keep.items():
+            self.push(run_id, at_s, why)
 
     def load(self, deadlines: Iterable[tuple[str, Deadline]]) -> None:
         """Replace the whole queue with these (run id, deadline): one heapify, not a push each
@@ -108,8 +123,12 @@ class DueQueue:
         while heap and heap[0][0] <= limit:
             stored, token, run_id, why = heapq.heappop(heap)
             mine = self._live.get(run_id)
-            if mine is None or mine.get(why, (None,))[0] != token:
+            live = None if mine is None else mine.get(why)
+            if mine is None or live is None or live[0] != token:
                 continue  # replaced or discarded since
+            if live[1] > stored:  # moved later since it was pushed: it waits there
+                heapq.heappush(heap, (live[1], token, run_id, why))
+                continue
             del mine[why]
             if not mine:
                 del self._live[run_id]
@@ -123,8 +142,12 @@ class DueQueue:
         while heap:
             stored, token, run_id, why = heap[0]
             mine = self._live.get(run_id)
-            if mine is not None and mine.get(why, (None,))[0] == token:
-                return stored + self._offset_s
+            live = None if mine is None else mine.get(why)
+            if live is not None and live[0] == token:
+                if live[1] <= stored:
+                    return stored + self._offset_s
+                heapq.heapreplace(heap, (live[1], token, run_id, why))  # moved later: put it there
+                continue
             heapq.heappop(heap)
         return None
 
@@ -147,6 +170,8 @@ class DueQueue:
     def _compact(self) -> None:
         """Drop replaced entries once they outnumber the live ones (moved deadlines pile up)."""
         if len(self._heap) > 2 * self._count + 64:
-            self._heap = [e for e in self._heap
-                          if (m := self._live.get(e[2])) is not None and m.get(e[3], (None,))[0] == e[1]]
+            # The live entries, each at its deadline now (one moved later waited at the old one).
+            self._heap = [(live[1], e[1], e[2], e[3]) for e in self._heap
+                          if (m := self._live.get(e[2])) is not None and (live := m.get(e[3])) is not None
+                          and live[0] == e[1]]
             heapq.heapify(self._heap)
