@@ -254,6 +254,10 @@ def test_ended_runs_are_sealed_in_batches_and_listed_the_same_before(db_url, eng
     tk.tick(later(now, 4))  # a quiet tick in between: the ended run is still due at the batch
     tk.tick(later(now, SEAL_EVERY_S + 1))
     assert sealed(ended) == ("fetch", 2)
+    again = end_one("read")
+    tk.duties.follow()  # a tick it did not lead (another daemon did): what ended meanwhile is due
+    tk.tick(later(now, SEAL_EVERY_S + 3))
+    assert sealed(again) == ("read", 2)
 
 
 def test_the_exec_roots_are_read_again_only_when_a_run_of_this_host_changed(engine, wd):

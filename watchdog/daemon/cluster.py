@@ -173,6 +173,10 @@ class ClusterDuties:
         if self.circuits is not None:
             self.circuits.update(self.engine, t.new_events, t.now, t.scanner)
 
+    def follow(self) -> None:
+        """A tick this daemon did not lead: what ended meanwhile is sealed when it leads again."""
+        self._sealed_all = False
+
     def seal(self, t: DutyTick) -> None:
         self._ended_since_seal = self._ended_since_seal or not t.none_ended
         if self._sealed_all:

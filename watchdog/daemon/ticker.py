@@ -207,6 +207,8 @@ class Ticker:
             this.rep.booked = this.money.finish(self.engine, stopped)
         if role.leader:  # the cluster duties: exactly one daemon of the store does them
             self.duties.run(DutyTick(now, role, read.new, self.scanner, none_ended=self.active.none_ended))
+        else:
+            self.duties.follow()
         self._touch_lease(now)
 
     # -- defects ---------------------------------------------------------------------------

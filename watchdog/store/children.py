@@ -15,7 +15,7 @@ from sqlalchemy import and_, desc, literal, select
 from sqlalchemy.engine import Connection, Row
 
 from watchdog.core.messages import RunFacts
-from watchdog.store.schema import runs
+from watchdog.store.schema import runs, WHOLE_RUN
 
 MAX_DEPTH = 32  # a parent_id chain (or cycle, in a row written by hand) is never followed further
 
@@ -28,7 +28,7 @@ def descendants(conn: Connection, run_id: str) -> list[Row[Any]]:
     ids = {r[0] for r in conn.execute(select(tree.c.id))} - {run_id}
     if not ids:
         return []
-    return list(conn.execute(select(runs).where(runs.c.id.in_(sorted(ids)))).all())
+    return list(conn.execute(select(*WHOLE_RUN).where(runs.c.id.in_(sorted(ids)))).all())
 
 
 def lock_family(conn: Connection, run_id: str) -> None:
@@ -50,7 +50,7 @@ def lock_family(conn: Connection, run_id: str) -> None:
 
 def children_of(conn: Connection, run_id: str) -> list[Row[Any]]:
     """The direct children of a run, oldest first."""
-    return list(conn.execute(select(runs).where(runs.c.parent_id == run_id)
+    return list(conn.execute(select(*WHOLE_RUN).where(runs.c.parent_id == run_id)
                              .order_by(runs.c.started_at, runs.c.id)).all())
 
 
@@ -62,6 +62,6 @@ def child_line(child: Any) -> str:
 
 def with_top_child(conn: Connection, row: Any, f: RunFacts) -> RunFacts:
     """The facts of a parent run with its child that spent most (money, then steps) named."""
-    top = conn.execute(select(runs).where(runs.c.parent_id == row.id)
+    top = conn.execute(select(*WHOLE_RUN).where(runs.c.parent_id == row.id)
                        .order_by(desc(runs.c.cost_eur), desc(runs.c.steps), desc(runs.c.tool_calls)).limit(1)).first()
     return dataclasses.replace(f, top_child=child_line(top)) if top is not None else f

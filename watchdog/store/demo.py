@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from watchdog.store.engine import Engine
 from watchdog.store.rows import AlertRow, InterventionRow, RunRow
-from watchdog.store.schema import alerts, daemons, interventions, runs
+from watchdog.store.schema import alerts, daemons, interventions, runs, WHOLE_RUN
 from watchdog.store.settings import CONFIG_KEY, get as published_value
 from watchdog.store.views import ToolStat, tool_stats
 
@@ -35,7 +35,7 @@ def news(engine: Engine, run_ids: Collection[str], *, interventions_after: int, 
     on one connection."""
     with engine.connect() as conn:
         found = {r.id: RunRow.from_mapping(r._mapping)
-                 for r in conn.execute(select(runs).where(runs.c.id.in_(list(run_ids))))}
+                 for r in conn.execute(select(*WHOLE_RUN).where(runs.c.id.in_(list(run_ids))))}
         ivs = [InterventionRow.from_mapping(i._mapping) for i in conn.execute(
             select(interventions).where(interventions.c.id > interventions_after).order_by(interventions.c.id))]
         als = [AlertRow.from_mapping(a._mapping) for a in conn.execute(
@@ -63,7 +63,7 @@ class Ending(NamedTuple):
 def ending(engine: Engine, run_ids: Collection[str]) -> Ending:
     with engine.connect() as conn:
         found = {r.id: RunRow.from_mapping(r._mapping)
-                 for r in conn.execute(select(runs).where(runs.c.id.in_(list(run_ids))))}
+                 for r in conn.execute(select(*WHOLE_RUN).where(runs.c.id.in_(list(run_ids))))}
         tools = tool_stats(conn, list(found))
         acts = [Action(r.run_id, r.action, r.tool, r.outcome) for r in conn.execute(
             select(interventions.c.run_id, interventions.c.action, interventions.c.tool, interventions.c.outcome))]

@@ -89,9 +89,21 @@ def _sqlite_begin(conn: Connection) -> None:
 def store_unavailable(exc: BaseException) -> bool:
     """The store is down, unreachable or locked (as opposed to one row being bad): the
     caller retries everything later instead of passing over a row."""
-    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError)):
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+    if isinstance(exc, OperationalError) and _sqlstate(exc)[:2] in NOT_OUTAGE_CLASSES:
+        return False  # the server refused this statement for what it read: the rows decide, not the store
+    return isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError))
+
+
+# SQLSTATE classes the drivers raise as OperationalError that say nothing of the store being down:
+# 54, a program limit exceeded (a row past 1 GB: a writer's text, "out of memory" to the reader).
+NOT_OUTAGE_CLASSES = frozenset({"54"})
+
+
+def _sqlstate(exc: BaseException) -> str:
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return code if isinstance(code, str) else ""
 
 
 def read_connection(engine: Engine) -> Connection:

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.interventions import Action
 from watchdog.core.seal import Sealer
-from watchdog.store.schema import attestations, interventions, runs
+from watchdog.store.schema import attestations, interventions, runs, WHOLE_RUN
 
 GRANT_TAG = "sealed grant/1 "
 _GRANT = re.compile(r"sealed grant/1 ([0-9a-f]{64})")
@@ -60,7 +60,7 @@ def budget_columns(row: Any) -> tuple[Any, ...]:
 def seal_grant(conn: Connection, run_id: str, sealer: Sealer) -> bool:
     """After `resume` (the CLI, as root or the daemon's user): seal what it left on the row into
     its `resumed` intervention's outcome. False when the run or the intervention is not there."""
-    row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    row = conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
     iv = conn.execute(select(interventions.c.id, interventions.c.outcome).where(and_(
         interventions.c.run_id == run_id, interventions.c.action == Action.RESUMED))
         .order_by(desc(interventions.c.id)).limit(1)).first()

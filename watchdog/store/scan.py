@@ -21,7 +21,7 @@ from watchdog.store import dialects
 from watchdog.store.changes import ChangeFeed
 from watchdog.store.engine import store_unavailable
 from watchdog.store.isolated import chunk_read
-from watchdog.store.schema import events, runs
+from watchdog.store.schema import events, runs, WHOLE_RUN
 
 # What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
 # a full evaluation. The two timestamps come back as epoch seconds computed by the
@@ -126,7 +126,7 @@ def active_light(conn: Connection, hosts: Collection[str] | None = None) -> list
 def active_rows(conn: Connection, ids: list[str], *, isolated: IsolatedRead, defects: list[Any],
                 suspects: dict[Any, Any]) -> list[Any]:
     """The whole rows of these runs, if still active; a row that cannot be read becomes a defect."""
-    return isolated(conn, lambda part: select(runs).where(and_(
+    return isolated(conn, lambda part: select(*WHOLE_RUN).where(and_(
         runs.c.id.in_(part), runs.c.status.in_(lc.ACTIVE_STATUSES))), ids,
         table=runs, key_col=runs.c.id, defects=defects, suspects=suspects)
 

@@ -8,6 +8,7 @@ The SDK's hot path does not go through these Table objects (see
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -160,6 +161,23 @@ runs = Table(
     Column("change_seq", BigInteger, nullable=False, server_default="0"),
     Index(None, "change_seq"),
 )
+
+# A whole-row read of `runs` takes this much of the writer's free text (stop_detail, progress,
+# partial: no length check holds them). A writer that stored two 540 MB texts made every read of
+# its whole row fail on PostgreSQL (a result row is at most 1 GB: "out of memory", an outage to
+# the tick, every tick) and fill the reader's memory on SQLite. What is shown or alerted of them
+# is far shorter (watchdog.core.messages).
+RUN_TEXT_READ_MAX_CHARS = 20_000
+
+
+def _whole_run() -> tuple[Any, ...]:
+    from sqlalchemy import func
+
+    return tuple(func.substr(c, 1, RUN_TEXT_READ_MAX_CHARS).label(c.name) if isinstance(c.type, Text) else c
+                 for c in runs.c)
+
+
+WHOLE_RUN = _whole_run()  # select(*WHOLE_RUN): every column of `runs`, its free text bounded
 
 events = Table(
     "events",

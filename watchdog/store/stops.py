@@ -20,7 +20,7 @@ from watchdog.core.text import one_line
 from watchdog.store import statuses
 from watchdog.store.children import descendants, lock_family
 from watchdog.store.interventions import record
-from watchdog.store.schema import events, runs
+from watchdog.store.schema import events, runs, WHOLE_RUN
 
 # How many ended runs one look reads at most: the rest are read on the next tick.
 BATCH = 2000
@@ -90,7 +90,7 @@ def ended_since(conn: Connection, since: dt.datetime, hosts: frozenset[str] | No
                 limit: int = BATCH) -> list[Row[Any]]:
     """Runs that ended at or after `since` with a stop (killed, or a stop was requested before
     they ended), oldest end first; `lost` runs have an alert of their own."""
-    q = (select(runs).where(and_(runs.c.ended_at >= since, runs.c.status != lc.LOST,
+    q = (select(*WHOLE_RUN).where(and_(runs.c.ended_at >= since, runs.c.status != lc.LOST,
                                  or_(runs.c.status == lc.KILLED, runs.c.stop_requested_at.is_not(None))))
          .order_by(runs.c.ended_at, runs.c.id).limit(limit))
     if hosts is not None:
@@ -112,7 +112,7 @@ def top_tool(conn: Connection, run_id: str) -> ToolCount | None:
 
 def run_row(conn: Connection, run_id: str) -> Row[Any] | None:
     """The run's whole row as the caller's transaction sees it."""
-    return conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    return conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
 
 
 def restore_stage(conn: Connection, run_id: str, stage: Any, signalled_at: Any) -> None:

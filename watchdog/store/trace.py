@@ -20,7 +20,7 @@ from watchdog.core.interventions import STOP_ACTIONS
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.store.children import MAX_DEPTH, children_of
-from watchdog.store.schema import events, interventions, runs
+from watchdog.store.schema import events, interventions, runs, WHOLE_RUN
 
 _SIGNALS = {"sigterm": "SIGTERM", "sigkill": "SIGKILL", "signal_refused": None, "not_signalled": None,
             "stop_failed": "SIGKILL"}
@@ -40,7 +40,7 @@ def _sort_key(at: dt.datetime | None) -> dt.datetime:
 
 def run_lines(conn: Connection, run_id: str, *, children: bool = True) -> Iterator[Line]:
     """The trace of one run (and, with `children`, of its child runs after it)."""
-    row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    row = conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
     if row is None:
         return
     yield from _tree(conn, row, children, seen=set(), depth=0)

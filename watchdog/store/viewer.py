@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from watchdog.core import lifecycle as lc
 from watchdog.core.timeline_svg import MAX_MARKS, Call, Spend
 from watchdog.store.rows import AlertRow, CircuitRow, EventRow, InterventionRow, OtherRun, RunRow, ToolIntervention
-from watchdog.store.schema import alerts, events, interventions, runs, tool_circuits
+from watchdog.store.schema import alerts, events, interventions, runs, tool_circuits, WHOLE_RUN
 from watchdog.store.settings import get_with_time
 from watchdog.store.views import load_run
 
@@ -117,7 +117,7 @@ def circuits(conn: Connection) -> list[CircuitRow]:
 def active_runs(conn: Connection) -> list[RunRow]:
     """Every active run (running, paused, stopping): what `top` shows."""
     return [RunRow.from_mapping(r._mapping)
-            for r in conn.execute(select(runs).where(runs.c.status.in_(lc.ACTIVE_STATUSES)))]
+            for r in conn.execute(select(*WHOLE_RUN).where(runs.c.status.in_(lc.ACTIVE_STATUSES)))]
 
 
 def tool_calls_since(conn: Connection, run_ids: Sequence[str], since: dt.datetime) -> dict[str, int]:

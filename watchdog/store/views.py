@@ -21,7 +21,7 @@ from watchdog.core.config import Config
 from watchdog.errors import StoreError
 from watchdog.store.settings import CONFIG_KEY, get as published_value
 from watchdog.store.rows import RunRow
-from watchdog.store.schema import events, interventions, runs
+from watchdog.store.schema import events, interventions, runs, WHOLE_RUN
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def list_runs(conn: Connection, config: Config, now: dt.datetime, *, all_runs: b
     cannot be read is passed to `on_bad_row(run_id, error)` and left out: one bad row never
     hides the others. Filters (the web view's): `statuses` (overrides all_runs), `agent`,
     `host`, `labels` (each key = value)."""
-    q = select(runs).order_by(desc(runs.c.started_at), desc(runs.c.id)).limit(limit)
+    q = select(*WHOLE_RUN).order_by(desc(runs.c.started_at), desc(runs.c.id)).limit(limit)
     if statuses is not None:
         q = q.where(runs.c.status.in_(list(statuses)))
     elif status is not None:  # one status, active or ended (`runs --status killed`)
@@ -168,7 +168,7 @@ def list_runs(conn: Connection, config: Config, now: dt.datetime, *, all_runs: b
         rows = []
         for (run_id,) in conn.execute(q.with_only_columns(runs.c.id)).all():
             try:
-                rows.append(conn.execute(select(runs).where(runs.c.id == run_id)).one())
+                rows.append(conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).one())
             except UNREADABLE as exc:
                 if on_bad_row is not None:
                     on_bad_row(run_id, exc)
@@ -203,7 +203,7 @@ def sealed_tools(row: Any) -> list[ToolStat]:
 def load_run(conn: Connection, run_id: str) -> RunRow:
     """The run `run_id` (a full id: see resolve_run_id); StoreError when it is missing or unreadable."""
     try:
-        row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+        row = conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
     except UNREADABLE as exc:
         raise StoreError(f"run {run_id[:8]}: unreadable row ({' '.join(str(exc).split())[:200]})") from exc
     if row is None:
