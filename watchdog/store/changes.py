@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
@@ -151,18 +151,23 @@ def _row(r: Sequence[Any]) -> RunChange | None:
         stage if stage.__class__ is str else None, resumes if resumes.__class__ is int else 0, asked)
 
 
+# The high-water probe (one probe of the index), and the late window's numbers: the tick reads
+# both with the rows above the cursor, in the same round trip (Dialect.read_batch).
+_TOP = "SELECT max(change_seq) FROM runs"
+_WINDOW = "SELECT change_seq FROM runs WHERE change_seq > {ph} AND change_seq <= {ph}"
+
+
+def _window(backend: dialects.Dialect) -> str:
+    return _WINDOW.format(ph=backend.ph)
+
+
 def high_water(conn: Connection) -> int:
-    """The highest number any run holds now (0 for none): one probe of the index."""
-    return _number(conn.execute(select(func.max(runs.c.change_seq))).scalar())
+    """The highest number any run holds now (0 for none)."""
+    return _number(conn.exec_driver_sql(_TOP).scalar())
 
 
 def _number(top: object) -> int:
     return int(top) if isinstance(top, int) else 0
-
-
-# Read with the rows above the cursor, in the same round trip (Dialect.read_batch).
-_TOP = "SELECT max(change_seq) FROM runs"
-_WINDOW = "SELECT change_seq FROM runs WHERE change_seq > {ph} AND change_seq <= {ph}"
 
 
 class ChangeFeed:
@@ -177,9 +182,6 @@ class ChangeFeed:
         self._lows: deque[int] = deque(maxlen=late_reads)  # the cursor before each of the last reads
         self._reported: set[int] = set()  # numbers above the window's low end already reported
         self._batches: deque[list[int]] = deque()  # what each of the last reads added to it
-
-    def high_water(self, conn: Connection) -> int:
-        return high_water(conn)
 
     def read(self, conn: Connection, since: int | None = None) -> ChangeBatch:
         """The runs numbered above the cursor (and, where commits come out of order, the late
@@ -230,7 +232,7 @@ class ChangeFeed:
         if low < cursor:
             # The late window: its numbers only (the index alone), whole rows for the few not
             # reported yet: a number that committed after the cursor passed it.
-            reads.append((_WINDOW.format(ph=backend.ph), (low, cursor)))
+            reads.append((_window(backend), (low, cursor)))
         got = backend.read_batch(conn, reads)
         rows: list[Sequence[Any]] = got[0]
         probed = _number(got[1][0][0]) if got[1] else 0
@@ -274,12 +276,12 @@ class ChangeFeed:
         if top < before:  # retention pruned the newest numbered runs, or a writer rewound the counter
             log.info("change numbers went back (%d after %d): the feed goes on from %d", top, before, top)
         self._restart(top)
-        if not dialects.of(conn).commits_in_order:
+        backend = dialects.of(conn)
+        if not backend.commits_in_order:
             floor = max(0, top - START_WINDOW)
             if 0 < prior < floor:
                 floor = prior
-            visible = list(conn.execute(select(runs.c.change_seq).where(
-                runs.c.change_seq > floor, runs.c.change_seq <= top)).scalars().all())
+            visible = [n for (n,) in backend.read_batch(conn, [(_window(backend), (floor, top))])[0]]
             self._reported = set(visible)
             self._batches.append(visible)
             self._lows.append(floor)
