@@ -82,10 +82,16 @@ class SpendIndex:
         return len(self._agent_of)
 
     def put(self, rid: str, agent: str, cost: float, covered: Mapping[str, tuple[str, ...]] | None) -> None:
+        scopes = () if covered is None else covered.get(rid)
+        if (scopes is not None and self._agent_of.get(rid) == agent and rid not in self._unscoped
+                and self._scopes_of.get(rid, ()) == scopes):  # the usual case: only its cost moved
+            self._by_agent[agent][rid] = cost
+            for scope in scopes:
+                self._by_scope[scope][rid] = cost
+            return
         self.drop(rid)
         self._agent_of[rid] = agent
         self._by_agent[agent][rid] = cost
-        scopes = () if covered is None else covered.get(rid)
         if scopes is None:
             self._unscoped[rid] = cost  # its labels are read this tick (LiveSpend.new): counted from the next
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, NamedTuple, Sequence
 
-from sqlalchemy import and_, case, select, update
+from sqlalchemy import and_, bindparam, case, select, update
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
@@ -50,6 +50,24 @@ _COLS = (events.c.id, events.c.run_id, events.c.at, events.c.model, events.c.tok
          events.c.cached_tokens_in, events.c.reasoning_tokens, runs.c.agent, runs.c.status, runs.c.labels,
          runs.c.ended_at, runs.c.last_seen_at)
 _JOINED = events.join(runs, runs.c.id == events.c.run_id)
+_QUERIES: dict[tuple[bool, bool, bool], Any] = {}
+
+
+def _unpriced_query(whole: bool, by_runs: bool, by_id: bool) -> Any:
+    """The unpriced steps' read (whole rows or only ids; of `run_ids` and/or `above` an id),
+    built once per shape with bound parameters: the tick runs it whenever something was
+    written, and building it anew cost more than the database's work."""
+    key = (whole, by_runs, by_id)
+    q = _QUERIES.get(key)
+    if q is None:
+        conds: list[Any] = [events.c.kind == lc.EV_STEP, events.c.cost_eur.is_(None), runs.c.booked_at.is_(None)]
+        if by_runs:
+            conds.append(events.c.run_id.in_(bindparam("run_ids", expanding=True)))
+        if by_id:
+            conds.append(events.c.id > bindparam("above", type_=events.c.id.type))
+        q = _QUERIES[key] = (select(*(_COLS if whole else (events.c.id,))).select_from(_JOINED).where(and_(*conds))
+                             .order_by(events.c.id).limit(MAX_PER_TICK))
+    return q
 
 
 def unpriced_steps(conn: Connection, *, run_ids: Sequence[str] | None = None, above: int | None = None,
@@ -57,24 +75,21 @@ def unpriced_steps(conn: Connection, *, run_ids: Sequence[str] | None = None, ab
     """The unpriced steps of runs not booked yet, of `run_ids` and/or with an id above `above`,
     in id order, at most MAX_PER_TICK. One step that cannot be read (a timestamp that does not
     parse, of a step or of its run) costs only itself: it becomes a defect."""
-    conds: list[Any] = [events.c.kind == lc.EV_STEP, events.c.cost_eur.is_(None), runs.c.booked_at.is_(None)]
+    params: dict[str, Any] = {}
     if run_ids is not None:
-        conds.append(events.c.run_id.in_(list(run_ids)))
+        params["run_ids"] = list(run_ids)
     if above is not None:
-        conds.append(events.c.id > above)
-
-    def q_for(cols: Sequence[Any]) -> Any:
-        return select(*cols).select_from(_JOINED).where(and_(*conds)).order_by(events.c.id).limit(MAX_PER_TICK)
-
+        params["above"] = above
+    shape = (run_ids is not None, above is not None)
     try:
         with chunk_read(conn):
-            rows = conn.execute(q_for(_COLS)).all()
+            rows = conn.execute(_unpriced_query(True, *shape), params).all()
     except Exception as exc:  # noqa: BLE001
         if store_unavailable(exc):
             raise
     else:
         return [UnpricedStep(*r) for r in rows]
-    ids = list(conn.execute(q_for((events.c.id,))).scalars())
+    ids = list(conn.execute(_unpriced_query(False, *shape), params).scalars())
     found = isolated(conn, lambda part: select(*_COLS).select_from(_JOINED).where(events.c.id.in_(part)), ids,
                      table=events, key_col=events.c.id, defects=defects, suspects=suspects, event=True)
     return sorted((UnpricedStep(*r) for r in found), key=lambda r: r.id)

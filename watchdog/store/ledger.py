@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Unpack
 
-from sqlalchemy import Table, Text, and_, case, cast, delete, desc, func, literal, or_, select, union_all, update
+from sqlalchemy import (Table, Text, and_, bindparam, case, cast, delete, desc, func, literal, or_, select, union_all,
+                        update)
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
@@ -84,9 +85,7 @@ def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.d
                       ) -> tuple[Spend, list[UnbookedSpend], int]:
     """read_spend and read_unbooked_spend in one statement (one round trip per tick):
     (ledger spend, unbooked sums, unbooked runs)."""
-    ledger_q = select(literal("L"), spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur,
-                      literal(0.0), literal(0)).where(_current(keys))
-    rows = conn.execute(union_all(ledger_q, _unbooked_query(day_start, month_start, literal("U")))).all()
+    rows = conn.execute(_PERIOD_SPEND, _spend_params(keys, day_start, month_start)).all()
     spend: Spend = {}
     unbooked: list[UnbookedSpend] = []
     n = 0
@@ -99,33 +98,55 @@ def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.d
     return spend, unbooked, n
 
 
-def _current(keys: Mapping[str, str]) -> ColumnElement[bool]:
-    return or_(*(and_(spend_ledger.c.period == p, spend_ledger.c.period_key == k) for p, k in keys.items()))
-
-
 def read_unbooked_spend(conn: Connection, day_start: dt.datetime, month_start: dt.datetime
                         ) -> tuple[list[UnbookedSpend], int]:
     """The ended runs not booked yet, summed in the database per (agent, labels): a few rows
     whatever their number. ([(agent, labels, cost ended today, cost ended this month)], runs)."""
     out: list[UnbookedSpend] = []
     n = 0
-    for agent, text, day_cost, month_cost, count in conn.execute(_unbooked_query(day_start, month_start)):
+    for agent, text, day_cost, month_cost, count in conn.execute(_UNBOOKED_SPEND,
+                                                                 _spend_params({}, day_start, month_start)):
         out.append((agent, parse_labels(text), float(day_cost or 0.0), float(month_cost or 0.0)))
         n += int(count)
     return out, n
 
 
-def _unbooked_query(day_start: dt.datetime, month_start: dt.datetime, *tag: ColumnElement[str]
-                    ) -> Select[Unpack[tuple[Any, ...]]]:
+# The statements above, built once with bound parameters: the tick runs them whenever a run ended,
+# and building them anew cost more than the database's work (SQLAlchemy caches the compiled SQL
+# per statement object; a new object is walked again for its cache key).
+_DAY_START = bindparam("day_start", type_=runs.c.ended_at.type)
+_MONTH_START = bindparam("month_start", type_=runs.c.ended_at.type)
+
+
+def _spend_params(keys: Mapping[str, str], day_start: dt.datetime, month_start: dt.datetime) -> dict[str, Any]:
+    params: dict[str, Any] = {f"{p}_key": keys.get(p) for p in PERIODS}
+    params.update(day_start=day_start, month_start=month_start)
+    return params
+
+
+def _current() -> ColumnElement[bool]:
+    """The ledger's rows of the current period keys (bound as `day_key`, `month_key`)."""
+    return or_(*(and_(spend_ledger.c.period == p, spend_ledger.c.period_key == bindparam(f"{p}_key", type_=spend_ledger.c.period_key.type))
+                 for p in PERIODS))
+
+
+def _unbooked_query(*tag: ColumnElement[str]) -> Select[Unpack[tuple[Any, ...]]]:
     end = func.coalesce(runs.c.ended_at, runs.c.last_seen_at)
     labels = cast(runs.c.labels, Text)  # PostgreSQL cannot group by json; the text groups alike
     # A cost written by hand that is negative, infinite or NaN (PostgreSQL orders NaN above all)
     # counts as 0: it must neither poison nor lower the sums.
     cost = case((and_(runs.c.cost_eur >= 0, runs.c.cost_eur < MAX_COST_EUR), runs.c.cost_eur), else_=0.0)
-    return (select(*tag, runs.c.agent, labels, func.sum(case((end >= day_start, cost), else_=0.0)),
-                   func.sum(case((end >= month_start, cost), else_=0.0)), func.count())
+    return (select(*tag, runs.c.agent, labels, func.sum(case((end >= _DAY_START, cost), else_=0.0)),
+                   func.sum(case((end >= _MONTH_START, cost), else_=0.0)), func.count())
             .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
             .group_by(runs.c.agent, labels))
+
+
+_SPEND = select(spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur).where(_current())
+_UNBOOKED_SPEND = _unbooked_query()
+_PERIOD_SPEND = union_all(select(literal("L"), spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur,
+                                 literal(0.0), literal(0)).where(_current()),
+                          _unbooked_query(literal("U")))
 
 
 def parse_labels(text: object) -> dict[str, Any] | None:
@@ -145,8 +166,8 @@ def parse_labels(text: object) -> dict[str, Any] | None:
 
 def read_spend(conn: Connection, keys: Mapping[str, str]) -> Spend:
     """The ledger's cost per (scope, period) for the current period keys ({"day": "2025-01-31", ...})."""
-    q = select(spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur).where(_current(keys))
-    return {(scope, period): float(cost or 0.0) for scope, period, cost in conn.execute(q)}
+    return {(scope, period): float(cost or 0.0)
+            for scope, period, cost in conn.execute(_SPEND, {f"{p}_key": keys.get(p) for p in PERIODS})}
 
 
 @dataclass

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Text, bindparam, cast, select
 from sqlalchemy.engine import Connection
 
 from watchdog.store.alerts import stop_key
@@ -40,9 +40,12 @@ def labels_of(conn: Connection, run_ids: Sequence[str]) -> Iterator[RunLabels]:
     """The labels of these runs, read as text and parsed here: the JSON type would fail the
     whole read on one hand-written value."""
     for i in range(0, len(run_ids), CHUNK):
-        q = select(runs.c.id, cast(runs.c.labels, Text)).where(runs.c.id.in_(run_ids[i : i + CHUNK]))
-        for rid, raw in conn.execute(q):
+        for rid, raw in conn.execute(_LABELS, {"ids": list(run_ids[i : i + CHUNK])}):
             yield RunLabels(rid, parse_labels(raw))
+
+
+# Built once (the money work reads the labels of the runs first seen on every tick that saw one).
+_LABELS = select(runs.c.id, cast(runs.c.labels, Text)).where(runs.c.id.in_(bindparam("ids", expanding=True)))
 
 
 def stop_alert(conn: Connection, run_id: str) -> StopAlert | None:
