@@ -1,5 +1,5 @@
 """The incremental tick's bookkeeping (issue 25), pure: each run's live cost by agent and label
-budget (activeset.SpendIndex), and the due-queue loaded in one go (DueQueue.load)."""
+budget (spendindex.SpendIndex), and the due-queue loaded in one go (DueQueue.load)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from watchdog.core.deadlines import Deadline, Why
-from watchdog.daemon.activeset import SpendIndex
+from watchdog.daemon.spendindex import SpendIndex
 from watchdog.daemon.duequeue import DueQueue
 from watchdog.daemon.money import LiveSpend
 
@@ -51,6 +51,46 @@ def test_without_label_budgets_runs_count_per_agent_only():
     index.put("a", "bot", 1.0, None)
     index.learn(None)
     assert _sums(index) == ({"bot": 1.0}, {})
+
+
+def test_a_cost_of_infinity_that_came_and_went_leaves_the_exact_sum():
+    covered = {"a": ("tenant=x",), "b": ("tenant=x",)}
+    index = SpendIndex()
+    index.put("a", "bot", 1.25, covered)
+    index.put("b", "bot", math.inf, covered)  # a hand-written row: the pre-filter lets inf through
+    assert _sums(index) == ({"bot": math.inf}, {"tenant=x": math.inf})
+    index.put("b", "bot", 2.5, covered)  # inf - inf would leave NaN in a running total
+    assert _sums(index) == ({"bot": 3.75}, {"tenant=x": 3.75})
+    index.drop("b")
+    assert _sums(index) == ({"bot": 1.25}, {"tenant=x": 1.25})
+
+
+def test_running_totals_stay_at_the_exact_sum_and_forget_an_agent_without_runs():
+    import random
+
+    from watchdog.daemon.spendindex import RESUM_EVERY
+
+    rng = random.Random(7)
+    covered = {f"r{i}": ("tenant=x",) if i % 2 else () for i in range(200)}
+    index = SpendIndex()
+    truth: dict[str, float] = {}
+    for tick in range(3 * RESUM_EVERY):
+        for _ in range(50):
+            rid = f"r{rng.randrange(200)}"
+            if rng.random() < 0.1:
+                index.drop(rid)
+                truth.pop(rid, None)
+            else:
+                truth[rid] = rng.random() * 10 ** rng.randrange(-6, 4)
+                index.put(rid, "bot", truth[rid], covered)
+        per_agent, labelled = _sums(index)
+        exact = math.fsum(truth.values())
+        assert per_agent["bot"] == pytest.approx(exact, rel=1e-12, abs=1e-12)
+        labelled_exact = math.fsum(c for r, c in truth.items() if covered[r])
+        assert labelled.get("tenant=x", 0.0) == pytest.approx(labelled_exact, rel=1e-12, abs=1e-12)
+    for rid in list(truth):
+        index.drop(rid)
+    assert _sums(index) == ({}, {}) and len(index) == 0
 
 
 def test_a_loaded_queue_pops_what_a_pushed_one_would():

@@ -14,8 +14,8 @@ looks only at the runs that may need something:
   stopping, paused or quarantined is looked at every tick, as before).
 
 Every other run costs its place in the queue. The period budgets still count every run's
-live cost: `SpendIndex` keeps each one's, updated for the runs looked at; the sums are one
-C-level sum over each agent's and label budget's costs (no Python per run). What stays
+live cost: `SpendIndex` (watchdog.daemon.spendindex) keeps each one's, updated for the runs
+looked at, and a running total per agent and label budget (no Python per run). What stays
 O(active) per tick is a list of the kept rows (a pointer copy) and the process table's pids.
 
 Nothing here is trusted across what it cannot see: a full tick rebuilds it all from the store
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from watchdog.core.deadlines import Deadline
 from watchdog.daemon.duequeue import DueQueue
 from watchdog.daemon.scan import L
+from watchdog.daemon.spendindex import SpendIndex
 from watchdog.store import scan as store_scan
 from watchdog.store.changes import ChangeFeed
 from watchdog.store.engine import Connection
@@ -44,7 +45,6 @@ from watchdog.store.engine import Connection
 if TYPE_CHECKING:
     from watchdog.daemon.killer import Killer
     from watchdog.daemon.liveness import Liveness
-    from watchdog.daemon.money import LiveSpend
 
 log = logging.getLogger("watchdog.tick")
 
@@ -66,67 +66,6 @@ class Scope:
     hosts: frozenset[str] | None  # the hosts whose runs it reads (None: every host: the leader's money)
     judged: frozenset[str] | None  # the hosts whose runs it judges (None: every host)
     config: object  # the pre-filter, compared by identity (a new one per config: SIGHUP changes the budgets)
-
-
-class SpendIndex:
-    """Each active run's live cost (as PreFilter.due counts it), by agent and by label budget."""
-
-    def __init__(self) -> None:
-        self._agent_of: dict[str, str] = {}
-        self._scopes_of: dict[str, tuple[str, ...]] = {}
-        self._by_agent: dict[str, dict[str, float]] = defaultdict(dict)
-        self._by_scope: dict[str, dict[str, float]] = defaultdict(dict)
-        self._unscoped: dict[str, float] = {}  # run id -> cost, its label budgets not known yet
-
-    def __len__(self) -> int:
-        return len(self._agent_of)
-
-    def put(self, rid: str, agent: str, cost: float, covered: Mapping[str, tuple[str, ...]] | None) -> None:
-        scopes = () if covered is None else covered.get(rid)
-        if (scopes is not None and self._agent_of.get(rid) == agent and rid not in self._unscoped
-                and self._scopes_of.get(rid, ()) == scopes):  # the usual case: only its cost moved
-            self._by_agent[agent][rid] = cost
-            for scope in scopes:
-                self._by_scope[scope][rid] = cost
-            return
-        self.drop(rid)
-        self._agent_of[rid] = agent
-        self._by_agent[agent][rid] = cost
-        if scopes is None:
-            self._unscoped[rid] = cost  # its labels are read this tick (LiveSpend.new): counted from the next
-            return
-        self._scope(rid, scopes, cost)
-
-    def drop(self, rid: str) -> None:
-        agent = self._agent_of.pop(rid, None)
-        if agent is None:
-            return
-        del self._by_agent[agent][rid]
-        self._unscoped.pop(rid, None)
-        for scope in self._scopes_of.pop(rid, ()):
-            self._by_scope[scope].pop(rid, None)
-
-    def learn(self, covered: Mapping[str, tuple[str, ...]] | None) -> None:
-        """The runs whose label budgets the money work learned since they were put."""
-        for rid in [r for r in self._unscoped if covered is None or r in covered]:
-            self._scope(rid, () if covered is None else covered[rid], self._unscoped.pop(rid))
-
-    def fill(self, spend: LiveSpend) -> None:
-        """The sums over every run, in place of the pre-filter's over the few it looked at."""
-        spend.per_agent.clear()
-        spend.labelled.clear()
-        for agent, costs in self._by_agent.items():
-            if costs:
-                spend.per_agent[agent] = sum(costs.values())
-        for scope, costs in self._by_scope.items():
-            if costs:
-                spend.labelled[scope] = sum(costs.values())
-
-    def _scope(self, rid: str, scopes: tuple[str, ...], cost: float) -> None:
-        if scopes:
-            self._scopes_of[rid] = scopes
-            for scope in scopes:
-                self._by_scope[scope][rid] = cost
 
 
 class ActiveSet:

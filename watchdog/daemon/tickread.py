@@ -36,8 +36,9 @@ class TickRead(NamedTuple):
 
 
 def scope_of(tk: Ticker, this: ThisTick, role: Role) -> Scope:
-    """The leader reads every host's runs (the period budgets sum them all); the others their own."""
-    return Scope(None if this.money is not None else role.hosts, role.hosts, tk.prefilter)
+    """The leader reads every host's runs (the period budgets sum them all, and their counts per host
+    spare the membership a count over every active run); the others their own."""
+    return Scope(None if role.leader else role.hosts, role.hosts, tk.prefilter)
 
 
 def read(tk: Ticker, this: ThisTick, role: Role) -> TickRead:
