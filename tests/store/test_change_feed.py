@@ -169,6 +169,47 @@ def test_a_number_committed_after_a_later_one_is_still_read(wd, engine):
         fast.close()
 
 
+def test_an_event_committed_after_a_later_one_is_still_folded(wd, engine):
+    """The fold reads the events above its high-water mark; on PostgreSQL an event that took a
+    lower id commits after a higher one it already folded: the window below the mark is checked
+    (its count and id sum against the ids read there) and the late event is folded once."""
+    from watchdog.daemon.scan import Scanner
+
+    (a,) = _start(wd, 1)
+    scanner = Scanner()
+    with read_connection(engine) as conn:
+        scanner.fold(conn, {a})
+    slow, fast = _raw(engine), _raw(engine)
+    ph = "?" if engine.dialect.name == "sqlite" else "%s"
+    now = "strftime('%Y-%m-%d %H:%M:%f', 'now')" if engine.dialect.name == "sqlite" else "now()"
+    insert = (f"INSERT INTO events (run_id, seq, at, kind, tool, args_hash, ok) "
+              f"VALUES ({ph}, {ph}, {now}, 'tool', {ph}, 'h', true)")
+
+    def fold() -> list[str]:
+        with read_connection(engine) as conn:
+            return [e.tool for e in scanner.fold(conn, {a})]
+
+    try:
+        if engine.dialect.name == "sqlite":  # one writer at a time: in order
+            slow.execute(insert, (a, 101, "slow_tool"))
+            fast.execute(insert, (a, 102, "fast_tool"))
+            assert fold() == ["slow_tool", "fast_tool"]
+            assert fold() == []
+            return
+        slow.execute("BEGIN")
+        slow.execute(insert, (a, 101, "slow_tool"))  # takes its id now
+        fast.execute(insert, (a, 102, "fast_tool"))  # a higher one, committed first
+        assert fold() == ["fast_tool"]
+        assert fold() == []  # the window holds what was read: no re-read of its ids
+        slow.execute("COMMIT")
+        assert fold() == ["slow_tool"]  # below the mark, folded once
+        assert fold() == []
+        assert scanner.stats[a].tools == {"fast_tool": 1, "slow_tool": 1}  # each counted once
+    finally:
+        slow.close()
+        fast.close()
+
+
 def test_the_sqlite_counter_only_grows(sqlite_url):
     engine = make_engine(sqlite_url)
     try:

@@ -187,9 +187,11 @@ def test_the_event_reads_select_the_folded_events_in_id_order(engine):
                _event(conn, "b" * 32, 1, kind=lc.EV_STEP, tokens_in=5), _event(conn, "a" * 32, 3, tool="t")]
     with engine.connect() as conn:
         assert scan.newest_event_id(conn) == ids[-1]
-        assert scan.event_ids_above(conn, ids[1]) == {ids[2], ids[3]}
         assert scan.folded_ids_between(conn, 0, ids[2]) == [ids[0], ids[2]]
         assert scan.folded_ids_between(conn, 0, ids[3], {"h1"}) == [ids[0], ids[3]]
+        assert scan.folded_sum_between(conn, 0, ids[2]) == (2, ids[0] + ids[2])
+        assert scan.folded_sum_between(conn, 0, ids[3], {"h2"}) == (1, ids[2])
+        assert scan.folded_sum_between(conn, ids[3], ids[3] + 10) == (0, 0)
 
         def read(sel):
             found, unreadable = scan.read_events(conn, sel, isolated=read_isolated, defects=[])

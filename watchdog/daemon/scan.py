@@ -151,14 +151,20 @@ class Scanner:
             for i in range(0, len(ordered), CHUNK):
                 new.extend(self._events(conn, EventSelection.of_runs(ordered[i : i + CHUNK])))
             self.high_water = top or 0
-            self._seen = store.event_ids_above(conn, self.high_water - ID_OVERLAP)
+            # The window below the mark as the next folds check it (the folded events of `hosts`).
+            self._seen = (set(store.folded_ids_between(conn, max(0, self.high_water - ID_OVERLAP), self.high_water,
+                                                       hosts)) if store.commits_late(conn) else set())
         else:
             # Whole rows only above the high-water mark; in the overlap below it, ids first and
             # whole rows only for the ids never seen (a late PostgreSQL commit: rare).
             low = max(0, self.high_water - ID_OVERLAP)
             seen = self._seen
             late_ok = store.commits_late(conn)  # SQLite: no window to read again (its ~2,000 ids cost)
-            ids = store.folded_ids_between(conn, low, self.high_water, hosts) if late_ok else []
+            ids: list[int] = []
+            # The window's count and id sum first (one row): equal to those of the ids read there,
+            # nothing committed late, and its ~2,000 ids are not read again (issue 25).
+            if late_ok and store.folded_sum_between(conn, low, self.high_water, hosts) != _count_sum(seen, low):
+                ids = store.folded_ids_between(conn, low, self.high_water, hosts)
             late = [i for i in ids if i not in seen]
             fresh: list[NewEvent] = []
             for i in range(0, len(late), CHUNK):
@@ -225,3 +231,10 @@ class Scanner:
             steps=steps, tool_calls=calls, tool_errors=errors, cost_eur=cost,
             tokens=tokens, top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
         )
+
+
+def _count_sum(ids: set[int], low: int) -> tuple[int, int]:
+    """(how many, their sum) of the ids above `low` (the fold's window: the set holds no id above
+    its high-water mark)."""
+    inside = [i for i in ids if i > low]
+    return len(inside), sum(inside)

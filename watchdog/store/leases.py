@@ -21,7 +21,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from sqlalchemy import String, and_, case, func, insert, literal, select, text, update
+from sqlalchemy import String, and_, bindparam, case, func, insert, literal, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
@@ -141,17 +141,38 @@ def renew(conn: Connection, *, host: str, pid: int, create_time: float, lease_s:
     """Extend the lease row if it still names this process; False if another took it. `tick`:
     (when it ended, the newest event id it folded), recorded by the same statement (one round
     trip per tick on the lease's session, see record_tick)."""
-    mine = and_(daemons.c.host == host, daemons.c.pid == pid, daemons.c.pid_create_time == create_time)
-    values: dict[str, Any] = {"expires_at": _expiry(conn, lease_s),
-                              # a leader keeps the time it became one; a follower holds none
-                              "leader_since": func.coalesce(daemons.c.leader_since, literal(utcnow(), daemons.c.leader_since.type))
-                              if leader else None}
+    pg = conn.dialect.name == "postgresql"
+    params: dict[str, Any] = {"b_host": host, "b_pid": pid, "b_ctime": create_time, "b_now": utcnow()}
+    params["b_lease_s" if pg else "b_expires"] = float(lease_s) if pg else utcnow() + dt.timedelta(seconds=lease_s)
     if tick is not None:
-        values.update(last_tick_at=tick[0], last_event_id=tick[1])
-    done = conn.execute(update(daemons).where(mine).values(**values))
-    if done.rowcount != 1:
-        return False
-    return True
+        params.update(b_tick_at=tick[0], b_event_id=tick[1])
+    done = conn.execute(_renew_statement(pg, leader, tick is not None), params)
+    return done.rowcount == 1
+
+
+_RENEW: dict[tuple[bool, bool, bool], Any] = {}
+
+
+def _renew_statement(pg: bool, leader: bool, with_tick: bool) -> Any:
+    """renew's UPDATE, built once per shape (every tick runs it: building it anew cost more
+    than the database's work)."""
+    key = (pg, leader, with_tick)
+    q = _RENEW.get(key)
+    if q is None:
+        c = daemons.c
+        mine = and_(c.host == bindparam("b_host"), c.pid == bindparam("b_pid"),
+                    c.pid_create_time == bindparam("b_ctime"))
+        values: dict[str, Any] = {
+            "expires_at": (text("clock_timestamp() + make_interval(secs => :b_lease_s)") if pg
+                           else bindparam("b_expires", type_=c.expires_at.type)),
+            # a leader keeps the time it became one; a follower holds none
+            "leader_since": func.coalesce(c.leader_since, bindparam("b_now", type_=c.leader_since.type))
+            if leader else None}
+        if with_tick:
+            values.update(last_tick_at=bindparam("b_tick_at", type_=c.last_tick_at.type),
+                          last_event_id=bindparam("b_event_id", type_=c.last_event_id.type))
+        q = _RENEW[key] = update(daemons).where(mine).values(**values)
+    return q
 
 
 def release(conn: Connection, *, host: str, pid: int) -> None:
@@ -198,21 +219,14 @@ def orphans(conn: Connection, hosts_in: Iterable[str]) -> dict[str, Holder | Non
     # found dead, each on its own: a lease row anyone wrote by hand (an expiry that does not
     # parse, or 'infinity') must not fail the tick, and it counts as expired, never as live.
     # (The leader asks this every tick: one statement, the database's clock read inside it.)
-    exp = daemons.c.expires_at
-    fresh: ColumnElement[Any]
-    if conn.dialect.name == "sqlite":
-        now = db_now(conn)
-        jnow = func.julianday(literal(now.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"), String()))
-        fresh = case((exp.op("GLOB")(literal(ISO_GLOB, String())),
-                      and_(func.julianday(exp) > jnow, func.julianday(exp) <= jnow + MAX_LEASE_S / 86400.0)),
-                     else_=False)
-    else:
-        clock = func.clock_timestamp()
-        fresh = and_(func.isfinite(exp), exp > clock, exp <= clock + dt.timedelta(seconds=MAX_LEASE_S))
+    sqlite = conn.dialect.name == "sqlite"
+    params: dict[str, Any] = {}
+    if sqlite:
+        params["b_now"] = db_now(conn).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
     live_of: dict[str, Any] = {}
     for i in range(0, len(hosts), HOSTS_PER_READ):  # any writer names hosts: never one bound value per host
-        part = hosts[i : i + HOSTS_PER_READ]
-        live_of.update(conn.execute(select(daemons.c.host, fresh).where(daemons.c.host.in_(part))).all())
+        params["b_hosts"] = hosts[i : i + HOSTS_PER_READ]
+        live_of.update(conn.execute(_live_statement(sqlite), params).all())
     # The locks matter only for a host whose row says live (no row, or an expired one: dead anyway).
     held = held_keys(conn) if conn.dialect.name == "postgresql" and any(live_of.values()) else None
     out: dict[str, Holder | None] = {}
@@ -223,6 +237,28 @@ def orphans(conn: Connection, hosts_in: Iterable[str]) -> dict[str, Holder | Non
         if not live:
             out[h] = _holder(conn, h) if h in live_of else None
     return out
+
+
+_LIVE: dict[bool, Any] = {}
+
+
+def _live_statement(sqlite: bool) -> Any:
+    """(host, whether its lease is live) of the hosts bound as `b_hosts`, the liveness computed
+    by the database; built once (the leader asks it every tick)."""
+    q = _LIVE.get(sqlite)
+    if q is None:
+        exp = daemons.c.expires_at
+        fresh: ColumnElement[Any]
+        if sqlite:  # this host's clock, bound as `b_now` (one host: db_now)
+            jnow = func.julianday(bindparam("b_now", type_=String()))
+            fresh = case((exp.op("GLOB")(literal(ISO_GLOB, String())),
+                          and_(func.julianday(exp) > jnow, func.julianday(exp) <= jnow + MAX_LEASE_S / 86400.0)),
+                         else_=False)
+        else:
+            clock = func.clock_timestamp()
+            fresh = and_(func.isfinite(exp), exp > clock, exp <= clock + dt.timedelta(seconds=MAX_LEASE_S))
+        q = _LIVE[sqlite] = select(daemons.c.host, fresh).where(daemons.c.host.in_(bindparam("b_hosts", expanding=True)))
+    return q
 
 
 def _holder(conn: Connection, host: str) -> Holder | None:

@@ -9,10 +9,10 @@ failed chunk again key by key so that one bad row costs only itself.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, NamedTuple, Protocol, Sequence, cast
 
-from sqlalchemy import Select, and_, func, select
+from sqlalchemy import Select, and_, bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
@@ -143,49 +143,85 @@ def commits_late(conn: Connection) -> bool:
     return not dialects.of(conn).commits_in_order
 
 
-def event_ids_above(conn: Connection, low: int) -> set[int]:
-    """The ids of every event above `low` (the window a late PostgreSQL commit may land in)."""
-    # .all(): one fetchall, not a fetch per id (thousands of them)
-    return set(conn.execute(select(events.c.id).where(events.c.id > low)).scalars().all())
-
-
-def _on_hosts(q: Select[Any], hosts: Collection[str] | None) -> Select[Any]:
-    """Only the events of runs on `hosts` (None: every host's): a join on the run's primary key,
+def _on_hosts(q: Select[Any], on_hosts: bool) -> Select[Any]:
+    """Only the events of runs on the hosts bound as `b_hosts`: a join on the run's primary key,
     cheap for the few events above the high-water mark."""
-    if hosts is None:
+    if not on_hosts:
         return q
-    return q.join_from(events, runs, runs.c.id == events.c.run_id).where(runs.c.host.in_(sorted(hosts)))
+    return q.join_from(events, runs, runs.c.id == events.c.run_id).where(
+        runs.c.host.in_(bindparam("b_hosts", expanding=True)))
+
+
+_FOLDED: dict[tuple[str, bool, bool], Any] = {}
+
+
+def _folded_between(what: str, on_hosts: bool, bounded: bool) -> Any:
+    """The folded events with an id above `b_low` (and, `bounded`, at most `b_high`), of runs on
+    `b_hosts` (`on_hosts`), in id order: their whole rows ("rows"), their ids ("ids"), or their
+    count and id sum ("sum"). Built once per shape: the tick reads them every time."""
+    key = (what, on_hosts, bounded)
+    q = _FOLDED.get(key)
+    if q is None:
+        cond = and_(events.c.id > bindparam("b_low", type_=events.c.id.type), events.c.kind.in_(FOLDED))
+        if bounded:
+            cond = and_(cond, events.c.id <= bindparam("b_high", type_=events.c.id.type))
+        if what == "sum":
+            q = _on_hosts(select(func.count(), func.coalesce(func.sum(events.c.id), 0)).where(cond), on_hosts)
+        else:
+            cols = _EVENT_COLS if what == "rows" else (events.c.id,)
+            q = _on_hosts(select(*cols).where(cond), on_hosts).order_by(events.c.id)
+        _FOLDED[key] = q
+    return q
+
+
+def _folded_params(low: int, high: int | None, hosts: Collection[str] | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"b_low": low, "b_high": high}
+    if hosts is not None:
+        params["b_hosts"] = sorted(hosts)
+    return params
 
 
 def folded_ids_between(conn: Connection, low: int, high: int, hosts: Collection[str] | None = None) -> list[int]:
     """The ids of the folded events in (low, high] (of runs on `hosts`), ids only: cheap (read with
     one fetchall: a fetch per id cost more than the query, at ~2,000 ids each tick)."""
-    return list(conn.execute(_on_hosts(select(events.c.id).where(and_(
-        events.c.id > low, events.c.id <= high, events.c.kind.in_(FOLDED))), hosts)).scalars().all())
+    q = _folded_between("ids", hosts is not None, True)
+    return list(conn.execute(q, _folded_params(low, high, hosts)).scalars().all())
+
+
+def folded_sum_between(conn: Connection, low: int, high: int, hosts: Collection[str] | None = None
+                       ) -> tuple[int, int]:
+    """(how many, the sum of their ids) of the folded events in (low, high] (of runs on `hosts`):
+    one row, where folded_ids_between returns thousands; equal to a reader's own count and sum of
+    the ids it read there, nothing it has not read committed since."""
+    q = _folded_between("sum", hosts is not None, True)
+    n, total = conn.execute(q, _folded_params(low, high, hosts)).one()
+    return int(n), int(total)
 
 
 @dataclass(frozen=True)
 class EventSelection:
     """Which events a read_events call reads (build one with the class methods)."""
 
-    query_for: Callable[[Sequence[Any]], Select[Any]]  # columns -> the SELECT of those columns
+    query_for: Callable[[Sequence[Any]], Select[Any]]  # columns -> the SELECT of those columns, in id order
+    params: dict[str, Any] = field(default_factory=dict)  # its bound values
 
     @classmethod
     def of_runs(cls, run_ids: Sequence[str]) -> EventSelection:
         """The folded events of these runs (a cold start: all of their history)."""
         ids = list(run_ids)
-        return cls(lambda cols: select(*cols).where(and_(events.c.run_id.in_(ids), events.c.kind.in_(FOLDED))))
+        return cls(lambda cols: select(*cols).where(and_(events.c.run_id.in_(ids), events.c.kind.in_(FOLDED)))
+                   .order_by(events.c.id))
 
     @classmethod
     def by_ids(cls, event_ids: Sequence[int]) -> EventSelection:
         ids = list(event_ids)
-        return cls(lambda cols: select(*cols).where(events.c.id.in_(ids)))
+        return cls(lambda cols: select(*cols).where(events.c.id.in_(ids)).order_by(events.c.id))
 
     @classmethod
     def folded_above(cls, high: int, hosts: Collection[str] | None = None) -> EventSelection:
-        """The folded events above `high` (of runs on `hosts`)."""
-        return cls(lambda cols: _on_hosts(select(*cols).where(and_(events.c.id > high, events.c.kind.in_(FOLDED))),
-                                          hosts))
+        """The folded events above `high` (of runs on `hosts`): the read of every tick."""
+        return cls(lambda cols: _folded_between("rows" if cols is _EVENT_COLS else "ids", hosts is not None, False),
+                   _folded_params(high, None, hosts))
 
 
 def read_events(conn: Connection, selection: EventSelection, *, isolated: IsolatedRead,
@@ -197,13 +233,13 @@ def read_events(conn: Connection, selection: EventSelection, *, isolated: Isolat
     defect: the caller's high-water mark moves past it, it is never read again."""
     try:
         with chunk_read(conn):
-            rows = conn.execute(selection.query_for(_EVENT_COLS).order_by(events.c.id)).all()
+            rows = conn.execute(selection.query_for(_EVENT_COLS), selection.params).all()
     except Exception as exc:  # noqa: BLE001
         if store_unavailable(exc):
             raise
     else:
         return [FoldedEvent(*r) for r in rows], []
-    ids = list(conn.execute(selection.query_for((events.c.id,)).order_by(events.c.id)).scalars())
+    ids = list(conn.execute(selection.query_for((events.c.id,)), selection.params).scalars())
     rows = isolated(conn, lambda part: select(*_EVENT_COLS).where(events.c.id.in_(part)), ids,
                     table=events, key_col=events.c.id, defects=defects, suspects={}, event=True)
     rows.sort(key=lambda r: r[0])

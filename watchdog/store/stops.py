@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import Integer, and_, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Row
 
 from watchdog.core import lifecycle as lc
@@ -90,12 +90,26 @@ def ended_since(conn: Connection, since: dt.datetime, hosts: frozenset[str] | No
                 limit: int = BATCH) -> list[Row[Any]]:
     """Runs that ended at or after `since` with a stop (killed, or a stop was requested before
     they ended), oldest end first; `lost` runs have an alert of their own."""
-    q = (select(*WHOLE_RUN).where(and_(runs.c.ended_at >= since, runs.c.status != lc.LOST,
-                                 or_(runs.c.status == lc.KILLED, runs.c.stop_requested_at.is_not(None))))
-         .order_by(runs.c.ended_at, runs.c.id).limit(limit))
+    params: dict[str, Any] = {"b_since": since, "b_limit": limit}
     if hosts is not None:
-        q = q.where(runs.c.host.in_(sorted(hosts)))
-    return list(conn.execute(q).all())
+        params["b_hosts"] = sorted(hosts)
+    return list(conn.execute(_ended_statement(hosts is not None), params).all())
+
+
+_ENDED: dict[bool, Any] = {}
+
+
+def _ended_statement(on_hosts: bool) -> Any:
+    """ended_since's SELECT, built once per shape (every tick runs it)."""
+    q = _ENDED.get(on_hosts)
+    if q is None:
+        cond = and_(runs.c.ended_at >= bindparam("b_since", type_=runs.c.ended_at.type), runs.c.status != lc.LOST,
+                    or_(runs.c.status == lc.KILLED, runs.c.stop_requested_at.is_not(None)))
+        if on_hosts:
+            cond = and_(cond, runs.c.host.in_(bindparam("b_hosts", expanding=True)))
+        q = _ENDED[on_hosts] = (select(*WHOLE_RUN).where(cond).order_by(runs.c.ended_at, runs.c.id)
+                                .limit(bindparam("b_limit", type_=Integer())))
+    return q
 
 
 def top_tool(conn: Connection, run_id: str) -> ToolCount | None:
