@@ -304,3 +304,33 @@ def test_exec_roots_that_failed_to_read_are_read_again_at_the_next_tick(engine, 
     monkeypatch.setattr(exectree, "active_exec_roots", lambda *a, **kw: (calls.append(2), real(*a, **kw))[1])
     tk.tick(later(now, 4))  # nothing changed since, but the last read failed: read again
     assert calls[-1] == 2 and tk.exec_trees._roots is not None
+
+
+def test_the_steps_left_to_price_are_read_only_when_the_fold_saw_one(engine, wd):
+    """The money work reads the unpriced steps written since the last tick only when the tick's
+    fold (which reads every step written since) saw a step without a cost: a priced step costs
+    no read, an unpriced one is priced at the next tick as before."""
+    from sqlalchemy import event
+
+    tk = ticker(engine)
+    run = wd.run("bot", guards=False).start()  # started before any price is published: the SDK knows none
+    now = utcnow()
+    assert tk.tick(now).full
+    reads: list[str] = []
+
+    def spy(conn, cursor, statement, *args):
+        if "cost_eur IS NULL" in statement and "FROM events" in statement:
+            reads.append(statement)
+
+    event.listen(engine, "before_cursor_execute", spy)
+    try:
+        run.step(model="gpt-4o", tokens_in=10, tokens_out=1, cost_eur=0.5)  # priced by the agent
+        rep = tk.tick(later(now, 2))
+        assert not rep.full and rep.new_events == 0 and rep.priced_steps == 0 and reads == []
+        run.step(model="gpt-4o", tokens_in=100_000, tokens_out=20_000)  # the SDK has no price for it
+        rep = tk.tick(later(now, 4))
+        assert not rep.full and rep.priced_steps == 1 and len(reads) == 1
+    finally:
+        event.remove(engine, "before_cursor_execute", spy)
+    row = run_row(engine, run.id)
+    assert row.cost_unpriced_tokens == 0 and row.cost_eur > 0.5

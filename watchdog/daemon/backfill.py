@@ -105,6 +105,15 @@ class Backfill:
             self.low = max(self.low or 0, top - overlap, 0)
         return found
 
+    def skip(self, conn: Connection, high_water: int | None) -> None:
+        """`read` when the tick's fold read every event written since the last read (and the late
+        ones of its window) and none is an unpriced step: nothing new to price; the range moves
+        on as `read` would move it."""
+        if self.low is None or high_water is None or self.backlog:
+            return  # a cold start, or a backlog: the next read goes on from where it is
+        overlap = ID_OVERLAP if commits_late(conn) else 0
+        self.low = max(self.low, high_water - overlap, 0)
+
     def apply(self, engine: Engine, found: list[UnpricedStep], now: dt.datetime) -> BackfillReport:
         """Price the steps `read` found; write what was priced (its own short transaction)."""
         rep = BackfillReport()

@@ -97,15 +97,22 @@ class Money:
     # -- 1. inside the tick's read snapshot ---------------------------------------------------
 
     def read(self, conn: Connection, now: dt.datetime, high_water: int | None = None, *,
-             quiet: bool = False, none_ended: bool = False) -> None:
+             quiet: bool = False, none_ended: bool = False, unpriced: bool = True) -> None:
         """The unpriced steps written since the last tick; the ledger's side of the spend: what
         it holds for the current periods, and the ended runs it does not hold yet (summed in
         the database: a few rows whatever their number). The change feed (issue 25) spares
         reads whose answer cannot have changed: `quiet`, no run was written since the last read,
         so no step either (a step renumbers its run); `none_ended`, no run ended (nor was
-        deleted), so the ledger's side holds unless the period changed or this daemon booked."""
+        deleted), so the ledger's side holds unless the period changed or this daemon booked;
+        `unpriced` False: the tick's fold read every event since the last read and none is a step
+        without a cost (nor unreadable), so none is left to price."""
         keys = {p: period_key(p, now, self.tz) for p in PERIODS}
-        self._found = [] if quiet and not self.backfill.backlog else self.backfill.read(conn, high_water)
+        if (quiet or not unpriced) and not self.backfill.backlog:
+            self._found = []
+            if not quiet:
+                self.backfill.skip(conn, high_water)
+        else:
+            self._found = self.backfill.read(conn, high_water)
         if none_ended and keys == self._keys and not self._booked_since_read:
             return
         self._booked_since_read = False

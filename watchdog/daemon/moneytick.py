@@ -71,13 +71,14 @@ class MoneyTick:
             self.phase = to
 
     def read(self, conn: Connection, high_water: int | None, *, quiet: bool = False,
-             none_ended: bool = False) -> list[Defect]:
+             none_ended: bool = False, unpriced: bool = True) -> list[Defect]:
         """In the tick's read snapshot, after the pre-filter summed the live spend: the unpriced
         steps, the ledger's spend, the labels of runs first seen. Returns the steps that could
-        not be read (reported with the tick's other defects). `quiet`, `none_ended`: see Money.read."""
+        not be read (reported with the tick's other defects). `quiet`, `none_ended`, `unpriced`:
+        see Money.read."""
         self._step(Phase.BEGUN, Phase.READ)
         m = self.money
-        m.read(conn, self.now, high_water, quiet=quiet, none_ended=none_ended)
+        m.read(conn, self.now, high_water, quiet=quiet, none_ended=none_ended, unpriced=unpriced)
         defects, m.backfill.defects = list(m.backfill.defects), []
         m.learn_labels(conn, self.spend)
         return defects

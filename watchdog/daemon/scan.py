@@ -100,6 +100,9 @@ class Scanner:
         self._bad_runs: dict[str, str] = {}  # run id -> why its whole row did not read (read_isolated)
         self.evidence = Evidence()  # the daemon's own counters per active run (issue 20)
         self.touched: set[str] = set()  # the runs of the events the last fold read
+        # The last fold read a step without a cost, or could not read an event (watchdog.daemon.money:
+        # without either, nothing new is left for the backfill to price).
+        self.unpriced = True
 
     def tool_rates(self, now: dt.datetime) -> Counter[str]:
         """Tool calls per tool over all runs in the last minute."""
@@ -182,6 +185,7 @@ class Scanner:
         # A set (or the ActiveSet's) is used as it is: building one of 10,000 ids each tick shows.
         active = active_ids if isinstance(active_ids, (set, frozenset)) else set(active_ids)
         self.touched = {e.run_id for e in new if e.run_id.__class__ is str}
+        self.unpriced = bool(self._unreadable) or any(e.kind == lc.EV_STEP and e.cost_eur is None for e in new)
         stats = self.stats
         evidence = self.evidence
         # The all-runs tool rate is the leader's (it reads every host's events and trims the

@@ -96,7 +96,8 @@ def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, chang
         act.spend.learn(covered)
         act.spend.fill(mt.spend)  # every run's live cost, not only the few looked at
         mt.spend.light = light
-        tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, quiet=act.quiet, none_ended=act.none_ended))
+        tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, quiet=act.quiet, none_ended=act.none_ended,
+                                          unpriced=act.quiet or tk.scanner.unpriced))
     rows = tk.scanner.load_rows(conn, due)
     tk.trust.flush(act.rows)
     return TickRead(light, len(act.mine), new, due, rows, looked, wake, False)
