@@ -127,6 +127,36 @@ def test_the_period_budgets_count_every_run_not_only_those_looked_at(engine, wd)
     assert incremental["bot"] == pytest.approx(0.25 * 15 + 1.0)
 
 
+def test_a_run_first_seen_between_full_ticks_counts_for_its_label_budget(engine, wd):
+    """A run that starts between full ticks: its labels are read at the tick that first sees it,
+    its cost counts for its label budget from then on, as a full tick would count it."""
+    cfg = config(agents={"bot": {"max_cost_eur": 100.0}},
+                 budgets=[{"labels": {"tenant": "acme"}, "max_cost_eur_per_day": 1000.0}])
+    tk = ticker(engine, cfg)
+    old = wd.run("bot", labels={"tenant": "acme"}, guards=False).start()
+    old.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=1.5)
+    now = utcnow()
+    assert tk.tick(now).full
+    new = wd.run("bot", labels={"tenant": "acme"}, guards=False).start()
+    new.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=2.0)
+    other = wd.run("bot", labels={"tenant": "globex"}, guards=False).start()
+    other.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=4.0)
+
+    def sums(t) -> tuple[dict[str, float], dict[str, float]]:
+        assert t.this is not None and t.this.money is not None
+        return dict(t.this.money.spend.per_agent), dict(t.this.money.spend.labelled)
+
+    for k in (2, 4):  # the tick that first sees them, and the next (their labels known by then)
+        rep = tk.tick(later(now, k))
+        assert not rep.full
+        fresh = ticker(engine, cfg)
+        assert fresh.tick(later(now, k)).full
+        (agents, labelled), (agents_full, labelled_full) = sums(tk), sums(fresh)
+        assert agents == pytest.approx(agents_full) and agents["bot"] == pytest.approx(7.5)
+        assert labelled == pytest.approx(labelled_full)
+        assert list(labelled.values()) == pytest.approx([3.5])  # the acme budget: old and new, not globex
+
+
 def test_a_full_tick_comes_back_after_a_clock_jump_a_reload_a_failure_and_a_minute(engine, wd, monkeypatch):
     run = wd.run("bot", guards=False).start()
     tk = ticker(engine)

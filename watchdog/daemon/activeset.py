@@ -179,16 +179,15 @@ class ActiveSet:
         self._scope, self._full_s = scope, now_s
 
     def spend_looked(self, looked: Collection[str], costs: Mapping[str, float],
-                     covered: Mapping[str, tuple[str, ...]] | None) -> None:
-        """The live cost of the runs the pre-filter looked at, as it counted them (`costs`)."""
+                     covered: Mapping[str, tuple[str, ...]] | None) -> list[tuple[str, float]]:
+        """The live cost of the runs the pre-filter looked at, as it counted them (`costs`).
+        Returns (run id, cost) of those whose label budgets are not known yet (LiveSpend.new)."""
         spend, rows = self.spend, self.rows
         for rid in looked:
             if rid not in costs:
                 spend.drop(rid)  # unreadable now: it counts nothing, as in a full pass
-        for rid, cost in costs.items():
-            r = rows.get(rid)
-            if r is not None:
-                spend.put(rid, r[_AGENT], cost, covered)
+        return spend.put_many(((rid, r[_AGENT], cost) for rid, cost in costs.items()
+                               if (r := rows.get(rid)) is not None), covered)
 
     def settle(self, looked: Collection[str], *, wake: Mapping[str, Deadline], due: Collection[str],
                unreadable: Collection[str | None]) -> None:

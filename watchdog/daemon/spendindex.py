@@ -13,52 +13,63 @@ cost of infinity that came and went leaves NaN), so the drift stays at the last 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from watchdog.daemon.money import LiveSpend
 
 RESUM_EVERY = 64  # fills between two exact sums of every key
+_INF = math.inf
 
 
-class _Sums:
-    """Costs per key (an agent, or a label budget's scope), each with its running total."""
+class _Entry:
+    """One run as the index counts it: its agent, its label budgets (None: not known yet), its cost."""
+
+    __slots__ = ("agent", "scopes", "cost")
+
+    def __init__(self, agent: str, scopes: tuple[str, ...] | None, cost: float) -> None:
+        self.agent, self.scopes, self.cost = agent, scopes, cost
+
+
+class _Totals:
+    """The runs of each key (an agent, or a label budget's scope) and their running total."""
 
     def __init__(self) -> None:
-        self.costs: dict[str, dict[str, float]] = defaultdict(dict)  # key -> run id -> cost
+        self.members: dict[str, set[str]] = {}
         self.total: dict[str, float] = {}
-        self.dirty: set[str] = set()  # keys whose total is summed again at the next fill
+        self.dirty: set[str] = set()  # keys summed again at the next fill
 
-    def set(self, key: str, rid: str, cost: float) -> None:
-        runs = self.costs[key]
-        old = runs.get(rid, 0.0)
-        runs[rid] = cost
-        t = self.total[key] = self.total.get(key, 0.0) + (cost - old)
-        if not math.isfinite(t):
-            self.dirty.add(key)
+    def join(self, key: str, rid: str, cost: float) -> None:
+        members = self.members.get(key)
+        if members is None:
+            members = self.members[key] = set()
+        members.add(rid)
+        self.move(key, cost)
 
-    def pop(self, key: str, rid: str) -> None:
-        runs = self.costs.get(key)
-        if runs is None or rid not in runs:
+    def leave(self, key: str, rid: str, cost: float) -> None:
+        members = self.members.get(key)
+        if members is None or rid not in members:
             return
-        old = runs.pop(rid)
-        if not runs:  # the key's last run: nothing left to count (nor to drift)
-            del self.costs[key]
+        members.discard(rid)
+        if not members:  # the key's last run: nothing left to count (nor to drift)
+            del self.members[key]
             self.total.pop(key, None)
             self.dirty.discard(key)
             return
-        t = self.total[key] = self.total[key] - old
-        if not math.isfinite(t):
+        self.move(key, -cost)
+
+    def move(self, key: str, delta: float) -> None:
+        t = self.total[key] = self.total.get(key, 0.0) + delta
+        if not -_INF < t < _INF:  # (math.isfinite without the call: NaN fails both)
             self.dirty.add(key)
 
-    def settled(self, every: bool) -> dict[str, float]:
+    def settled(self, runs: Mapping[str, _Entry], every: bool) -> dict[str, float]:
         """The totals, the dirty ones (or, with `every`, all) summed again from their runs."""
-        for key in (list(self.costs) if every else self.dirty):
-            runs = self.costs.get(key)
-            if runs:
-                self.total[key] = sum(runs.values())
+        for key in (list(self.members) if every else self.dirty):
+            members = self.members.get(key)
+            if members:
+                self.total[key] = sum(runs[rid].cost for rid in members)
         self.dirty.clear()
         return self.total
 
@@ -67,45 +78,72 @@ class SpendIndex:
     """Each active run's live cost (as PreFilter.due counts it), by agent and by label budget."""
 
     def __init__(self) -> None:
-        self._agent_of: dict[str, str] = {}
-        self._scopes_of: dict[str, tuple[str, ...]] = {}
-        self._by_agent = _Sums()
-        self._by_scope = _Sums()
-        self._unscoped: dict[str, float] = {}  # run id -> cost, its label budgets not known yet
+        self._runs: dict[str, _Entry] = {}
+        self._by_agent = _Totals()
+        self._by_scope = _Totals()
+        self._unscoped: set[str] = set()  # runs whose label budgets are not known yet
         self._fills = 0
 
     def __len__(self) -> int:
-        return len(self._agent_of)
+        return len(self._runs)
 
-    def put(self, rid: str, agent: str, cost: float, covered: Mapping[str, tuple[str, ...]] | None) -> None:
-        scopes = () if covered is None else covered.get(rid)
-        if (scopes is not None and self._agent_of.get(rid) == agent and rid not in self._unscoped
-                and self._scopes_of.get(rid, ()) == scopes):  # the usual case: only its cost moved
-            self._by_agent.set(agent, rid, cost)
-            for scope in scopes:
-                self._by_scope.set(scope, rid, cost)
-            return
-        self.drop(rid)
-        self._agent_of[rid] = agent
-        self._by_agent.set(agent, rid, cost)
-        if scopes is None:
-            self._unscoped[rid] = cost  # its labels are read this tick (LiveSpend.new): counted from the next
-            return
-        self._scope(rid, scopes, cost)
+    def put(self, rid: str, agent: str, cost: float, covered: Mapping[str, tuple[str, ...]] | None) -> bool:
+        """One run's live cost; True when its label budgets are not known yet (see put_many)."""
+        return bool(self.put_many(((rid, agent, cost),), covered))
+
+    def put_many(self, items: Iterable[tuple[str, str, float]], covered: Mapping[str, tuple[str, ...]] | None
+                 ) -> list[tuple[str, float]]:
+        """Each (run id, agent, live cost); returns (run id, cost) of those whose label budgets are
+        not known yet (`covered` does not name them: their labels are read this tick, LiveSpend.new,
+        and they count for their label budgets from the next). One loop, its lookups bound once:
+        an incremental tick puts every run it looked at."""
+        unknown: list[tuple[str, float]] = []
+        runs_get = self._runs.get
+        covered_get = covered.get if covered is not None else None
+        agent_total, agent_dirty = self._by_agent.total, self._by_agent.dirty
+        scope_move = self._by_scope.move
+        for rid, agent, cost in items:
+            scopes = () if covered_get is None else covered_get(rid)
+            e = runs_get(rid)
+            if e is not None and scopes is not None and e.agent == agent and e.scopes == scopes:
+                # The usual case: its cost moved, or not at all (a tool call costs nothing).
+                if cost != e.cost:
+                    delta = cost - e.cost
+                    e.cost = cost
+                    t = agent_total[agent] = agent_total[agent] + delta
+                    if not -_INF < t < _INF:
+                        agent_dirty.add(agent)
+                    for scope in scopes:
+                        scope_move(scope, delta)
+                continue
+            self.drop(rid)
+            self._runs[rid] = _Entry(agent, scopes, cost)
+            self._by_agent.join(agent, rid, cost)
+            if scopes is None:
+                self._unscoped.add(rid)
+                unknown.append((rid, cost))
+            else:
+                for scope in scopes:
+                    self._by_scope.join(scope, rid, cost)
+        return unknown
 
     def drop(self, rid: str) -> None:
-        agent = self._agent_of.pop(rid, None)
-        if agent is None:
+        e = self._runs.pop(rid, None)
+        if e is None:
             return
-        self._by_agent.pop(agent, rid)
-        self._unscoped.pop(rid, None)
-        for scope in self._scopes_of.pop(rid, ()):
-            self._by_scope.pop(scope, rid)
+        self._by_agent.leave(e.agent, rid, e.cost)
+        self._unscoped.discard(rid)
+        for scope in e.scopes or ():
+            self._by_scope.leave(scope, rid, e.cost)
 
     def learn(self, covered: Mapping[str, tuple[str, ...]] | None) -> None:
         """The runs whose label budgets the money work learned since they were put."""
         for rid in [r for r in self._unscoped if covered is None or r in covered]:
-            self._scope(rid, () if covered is None else covered[rid], self._unscoped.pop(rid))
+            self._unscoped.discard(rid)
+            e = self._runs[rid]
+            e.scopes = () if covered is None else covered[rid]
+            for scope in e.scopes:
+                self._by_scope.join(scope, rid, e.cost)
 
     def fill(self, spend: LiveSpend) -> None:
         """The sums over every run, in place of the pre-filter's over the few it looked at."""
@@ -113,11 +151,5 @@ class SpendIndex:
         every = self._fills % RESUM_EVERY == 0
         spend.per_agent.clear()
         spend.labelled.clear()
-        spend.per_agent.update(self._by_agent.settled(every))
-        spend.labelled.update(self._by_scope.settled(every))
-
-    def _scope(self, rid: str, scopes: tuple[str, ...], cost: float) -> None:
-        if scopes:
-            self._scopes_of[rid] = scopes
-            for scope in scopes:
-                self._by_scope.set(scope, rid, cost)
+        spend.per_agent.update(self._by_agent.settled(self._runs, every))
+        spend.labelled.update(self._by_scope.settled(self._runs, every))

@@ -86,13 +86,14 @@ def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, chang
     wake: dict[str, Deadline] = {}
     costs: dict[str, float] | None = {} if mt is not None else None
     # The processes: their ends come from the ActiveSet's watches, not a check of every local run.
-    due = _prefilter(tk, this, cand, None, wake, costs)
+    # The live spend's sums come from the ActiveSet's index (below), not from this pass over a few.
+    due = _prefilter(tk, this, cand, None, wake, costs, sums=False)
     listed = set(due)
     due.extend(rid for rid in sorted(act.dead) if rid in act.mine and rid not in listed)
     light = list(act.rows.values())
     if mt is not None:
         covered = mt.spend.covered
-        act.spend_looked(looked, costs or {}, covered)
+        mt.spend.new.extend(act.spend_looked(looked, costs or {}, covered))  # their labels: read below
         act.spend.learn(covered)
         act.spend.fill(mt.spend)  # every run's live cost, not only the few looked at
         mt.spend.light = light
@@ -104,9 +105,10 @@ def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, chang
 
 
 def _prefilter(tk: Ticker, this: ThisTick, light: list[Any], live: set[int] | None, wake: dict[str, Deadline],
-               costs: dict[str, float] | None) -> list[str]:
+               costs: dict[str, float] | None, *, sums: bool = True) -> list[str]:
+    """`sums`: the pass sums the live spend (LiveSpend) of the runs it reads (a full read: all)."""
     mt, trust = this.money, tk.trust
-    return tk.prefilter.due(light, this.now, live, mt.spend if mt is not None else None,
+    return tk.prefilter.due(light, this.now, live, mt.spend if mt is not None and sums else None,
                             stats=tk.scanner.stats, host=tk.killer.host, judged=this.judged,
                             resume_seen=tk.state.resume_seen, skip_clock=this.skip_clock,
                             defects=tk.scanner.defects, evidence=tk.scanner.evidence.tallies,
