@@ -26,6 +26,7 @@ import datetime as dt
 import logging
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core import forecast
@@ -40,7 +41,7 @@ from watchdog.store import ledger
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import record
 from watchdog.store.engine import Connection, Engine
-from watchdog.store.run_reads import labels_of
+from watchdog.store.run_reads import RunLabels, labels_of
 from watchdog.store.settings import put as publish_setting
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ class Money:
         self.last_backfill = BackfillReport()
         self._found: list[Any] = []
         self._booked_since_read = True  # the books moved since the ledger was last read
+        self._labels_read: dict[str, Any] = {}  # run id -> labels, read with the ledger this tick
+        self._labels_asked: set[str] = set()  # the runs whose labels that read asked for
 
     def begin(self, now: dt.datetime) -> MoneyTick:
         """This tick's money work, its steps in their order (watchdog.daemon.moneytick)."""
@@ -97,7 +100,8 @@ class Money:
     # -- 1. inside the tick's read snapshot ---------------------------------------------------
 
     def read(self, conn: Connection, now: dt.datetime, high_water: int | None = None, *,
-             quiet: bool = False, none_ended: bool = False, unpriced: bool = True) -> None:
+             quiet: bool = False, none_ended: bool = False, unpriced: bool = True,
+             new: Sequence[tuple[str, float]] = ()) -> None:
         """The unpriced steps written since the last tick; the ledger's side of the spend: what
         it holds for the current periods, and the ended runs it does not hold yet (summed in
         the database: a few rows whatever their number). The change feed (issue 25) spares
@@ -105,8 +109,10 @@ class Money:
         so no step either (a step renumbers its run); `none_ended`, no run ended (nor was
         deleted), so the ledger's side holds unless the period changed or this daemon booked;
         `unpriced` False: the tick's fold read every event since the last read and none is a step
-        without a cost (nor unreadable), so none is left to price."""
+        without a cost (nor unreadable), so none is left to price. `new`: the runs first seen
+        (LiveSpend.new), whose labels the ledger's read reads along (learn_labels reads the rest)."""
         keys = {p: period_key(p, now, self.tz) for p in PERIODS}
+        self._labels_read, self._labels_asked = {}, set()
         if (quiet or not unpriced) and not self.backfill.backlog:
             self._found = []
             if not quiet:
@@ -118,8 +124,10 @@ class Money:
         self._booked_since_read = False
         self._keys = keys
         starts = {p: period_bounds(p, now, self.tz)[0] for p in PERIODS}
-        self._spend, self._unbooked, self._n_unbooked = ledger.read_period_spend(conn, self._keys, starts[DAY],
-                                                                                 starts[MONTH])
+        ids = [rid for rid, _cost in new][: ledger.LABELS_ALONG] if self.label_budgets else []
+        self._spend, self._unbooked, self._n_unbooked, self._labels_read = ledger.read_period_spend(
+            conn, self._keys, starts[DAY], starts[MONTH], ids)
+        self._labels_asked = set(ids)
 
     # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
@@ -215,7 +223,9 @@ class Money:
     def _learn_labels(self, conn: Connection, new: list[tuple[str, float]]) -> Iterator[tuple[str, float]]:
         """Read the labels of runs seen for the first time; yield (label scope, cost) of each match."""
         cost_of = dict(new)
-        for rid, labels in labels_of(conn, list(cost_of)):
+        along, asked, self._labels_read, self._labels_asked = self._labels_read, self._labels_asked, {}, set()
+        found = [RunLabels(rid, along[rid]) for rid in cost_of if rid in along]  # read with the ledger's
+        for rid, labels in chain(found, labels_of(conn, [rid for rid in cost_of if rid not in asked])):
             scopes = tuple(b.scope for b in self.label_budgets if b.matches(labels))
             self.run_scopes[rid] = scopes
             for scope in scopes:

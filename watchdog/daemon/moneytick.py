@@ -78,7 +78,7 @@ class MoneyTick:
         see Money.read."""
         self._step(Phase.BEGUN, Phase.READ)
         m = self.money
-        m.read(conn, self.now, high_water, quiet=quiet, none_ended=none_ended, unpriced=unpriced)
+        m.read(conn, self.now, high_water, quiet=quiet, none_ended=none_ended, unpriced=unpriced, new=self.spend.new)
         defects, m.backfill.defects = list(m.backfill.defects), []
         m.learn_labels(conn, self.spend)
         return defects

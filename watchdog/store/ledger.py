@@ -81,21 +81,32 @@ def read_unbooked(conn: Connection, limit: int = BOOK_LIMIT) -> Sequence[Row[Any
     return conn.execute(q).all()
 
 
-def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.datetime, month_start: dt.datetime
-                      ) -> tuple[Spend, list[UnbookedSpend], int]:
-    """read_spend and read_unbooked_spend in one statement (one round trip per tick):
-    (ledger spend, unbooked sums, unbooked runs)."""
-    rows = conn.execute(_PERIOD_SPEND, _spend_params(keys, day_start, month_start)).all()
+# Runs whose labels read_period_spend reads along, at most (more: the caller reads the rest).
+LABELS_ALONG = 500
+
+
+def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.datetime, month_start: dt.datetime,
+                      labels_of: Sequence[str] = ()) -> tuple[Spend, list[UnbookedSpend], int, dict[str, Any]]:
+    """read_spend and read_unbooked_spend in one statement (one round trip per tick), and the
+    labels of up to LABELS_ALONG runs (`labels_of`: the runs first seen, whose label budgets the
+    tick must know): (ledger spend, unbooked sums, unbooked runs, {run id: labels or None})."""
+    params = _spend_params(keys, day_start, month_start)
+    if labels_of:
+        params["b_ids"] = list(labels_of[:LABELS_ALONG])
+    rows = conn.execute(_PERIOD_SPEND_LABELS if labels_of else _PERIOD_SPEND, params).all()
     spend: Spend = {}
     unbooked: list[UnbookedSpend] = []
+    labels: dict[str, Any] = {}
     n = 0
     for kind, a, b, c, d, count in rows:
         if kind == "L":
             spend[(a, b)] = float(c or 0.0)
-        else:
+        elif kind == "U":
             unbooked.append((a, parse_labels(b), float(c or 0.0), float(d or 0.0)))
             n += int(count)
-    return spend, unbooked, n
+        else:
+            labels[a] = parse_labels(b)
+    return spend, unbooked, n, labels
 
 
 def read_unbooked_spend(conn: Connection, day_start: dt.datetime, month_start: dt.datetime
@@ -144,9 +155,14 @@ def _unbooked_query(*tag: ColumnElement[str]) -> Select[Unpack[tuple[Any, ...]]]
 
 _SPEND = select(spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur).where(_current())
 _UNBOOKED_SPEND = _unbooked_query()
-_PERIOD_SPEND = union_all(select(literal("L"), spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur,
-                                 literal(0.0), literal(0)).where(_current()),
-                          _unbooked_query(literal("U")))
+_LEDGER_ROWS = select(literal("L"), spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur,
+                      literal(0.0), literal(0)).where(_current())
+_PERIOD_SPEND = union_all(_LEDGER_ROWS, _unbooked_query(literal("U")))
+# ...and the labels of the runs bound as `b_ids` (read as text: the JSON type would fail the whole
+# read on one hand-written value; parse_labels makes that one None).
+_PERIOD_SPEND_LABELS = union_all(_LEDGER_ROWS, _unbooked_query(literal("U")),
+                                 select(literal("N"), runs.c.id, cast(runs.c.labels, Text), literal(0.0), literal(0.0),
+                                        literal(0)).where(runs.c.id.in_(bindparam("b_ids", expanding=True))))
 
 
 def parse_labels(text: object) -> dict[str, Any] | None:
