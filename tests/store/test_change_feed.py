@@ -16,7 +16,7 @@ from typing import Iterator
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.engine import Engine, make_url
 
 from watchdog import Watchdog
@@ -24,7 +24,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.store import migrate
 from watchdog.store.changes import ChangeFeed, high_water
 from watchdog.store.engine import make_engine, read_connection
-from watchdog.store.schema import runs
+from watchdog.store.schema import runs, utcnow
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "sql" / "postgres-roles.sql"
@@ -200,7 +200,18 @@ def test_an_event_committed_after_a_later_one_is_still_folded(wd, engine):
         slow.execute(insert, (a, 101, "slow_tool"))  # takes its id now
         fast.execute(insert, (a, 102, "fast_tool"))  # a higher one, committed first
         assert fold() == ["fast_tool"]
-        assert fold() == []  # the window holds what was read: no re-read of its ids
+        ids_reads: list[str] = []
+
+        def spy(conn, cursor, statement, *args):
+            if statement.lstrip().startswith("SELECT events.id") and "events.id <=" in statement:
+                ids_reads.append(statement)
+
+        event.listen(engine, "before_cursor_execute", spy)
+        try:
+            assert fold() == []  # the window's count and sum match what was read: its ids are not read
+            assert ids_reads == []
+        finally:
+            event.remove(engine, "before_cursor_execute", spy)
         slow.execute("COMMIT")
         assert fold() == ["slow_tool"]  # below the mark, folded once
         assert fold() == []
@@ -208,6 +219,43 @@ def test_an_event_committed_after_a_later_one_is_still_folded(wd, engine):
     finally:
         slow.close()
         fast.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_late_events_are_folded_after_the_fold_reads_fewer_hosts(engine):
+    """A daemon that led (it folded every host's events) and now follows (its own host's only):
+    the window's count and id sum must not be compared with ids it read of other hosts; two late
+    events of its host whose ids sum like two of those are folded all the same."""
+    from watchdog.daemon.scan import Scanner
+    from watchdog.store.schema import events as ev
+
+    def run_on(conn, host: str) -> str:
+        rid = uuid.uuid4().hex
+        now = utcnow()
+        conn.execute(runs.insert().values(id=rid, agent="bot", status="running", kill_mode="cooperative", host=host,
+                                          started_at=now, last_seen_at=now))
+        return rid
+
+    def tool(conn, rid: str, eid: int, seq: int, name: str) -> None:
+        conn.execute(ev.insert().values(id=eid, run_id=rid, seq=seq, at=utcnow(), kind=lc.EV_TOOL, tool=name,
+                                        args_hash=name, ok=True))
+
+    with engine.begin() as conn:
+        mine, other = run_on(conn, "h1"), run_on(conn, "h2")
+        base = (conn.execute(select(func.max(ev.c.id))).scalar() or 0) + 5000
+        tool(conn, other, base, 1, "other_a")
+        tool(conn, other, base + 3, 2, "other_b")
+        tool(conn, mine, base + 10, 1, "first")
+    scanner = Scanner()
+    with read_connection(engine) as conn:
+        scanner.fold(conn, {mine, other}, hosts=None)  # the leader: every host's events
+    with engine.begin() as conn:  # ids taken before base + 10, committed after it was folded
+        tool(conn, mine, base + 1, 2, "late_1")
+        tool(conn, mine, base + 2, 3, "late_2")
+    for _ in range(2):
+        with read_connection(engine) as conn:
+            scanner.fold(conn, {mine}, hosts={"h1"})  # a follower now: its own host's events
+    assert scanner.stats[mine].tools == {"first": 1, "late_1": 1, "late_2": 1}
 
 
 def test_the_sqlite_counter_only_grows(sqlite_url):

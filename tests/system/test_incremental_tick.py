@@ -364,3 +364,121 @@ def test_the_steps_left_to_price_are_read_only_when_the_fold_saw_one(engine, wd)
         event.remove(engine, "before_cursor_execute", spy)
     row = run_row(engine, run.id)
     assert row.cost_unpriced_tokens == 0 and row.cost_eur > 0.5
+
+
+def test_a_hostile_run_whose_steps_sum_to_a_huge_cost_hides_no_other_runs_spend(engine, wd):
+    """A plain-SQL writer appends steps each within the store's checks whose costs sum to ~1.2e18
+    EUR, then ends its run: the incremental tick's running total of its agent must not lose the
+    other runs' spend by difference (45 + 1.2e18 - 1.2e18 == 0), and the day's budget still closes
+    when they pass it, as at a full tick."""
+    from watchdog.store.schema import events
+
+    cfg = config(agents={"bot": {"max_cost_eur_per_day": 50.0, "max_cost_eur": 1000.0}})
+    tk = ticker(engine, cfg)
+    honest = wd.run("bot", guards=False).start()
+    honest.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=45.0)
+    now = utcnow()
+    assert tk.tick(now).full
+    rid = _sql_run(engine)
+    t = utcnow()
+    with engine.begin() as conn:
+        conn.execute(insert(events), [dict(run_id=rid, seq=i + 1, at=t, kind=lc.EV_STEP, cost_eur=9.99e14)
+                                      for i in range(1200)])
+    assert not tk.tick(later(now, 2)).full
+    with engine.begin() as conn:
+        conn.execute(update(runs).where(runs.c.id == rid).values(status=lc.COMPLETED, ended_at=utcnow()))
+    assert not tk.tick(later(now, 4)).full
+    assert tk.this is not None and tk.this.money is not None
+    assert tk.this.money.spend.per_agent["bot"] == pytest.approx(45.0)
+    honest.step(model="gpt-x", tokens_in=10, tokens_out=1, cost_eur=10.0)  # 55 EUR today: over 50
+    rep = tk.tick(later(now, 6))
+    assert not rep.full and tk.this.money.spend.per_agent["bot"] == pytest.approx(55.0)
+    assert "agent:bot" in tk.money.closed  # the day's budget is spent: its running runs are stopped
+    assert (honest.id, lc.DAILY_BUDGET) in rep.stops
+
+
+def test_steps_whose_pricing_failed_are_priced_at_the_next_tick(engine, wd, monkeypatch):
+    """Pricing failed once (logged, retried next tick): the next tick, which reads no new step,
+    prices them all the same."""
+    from watchdog.daemon.backfill import Backfill
+
+    tk = ticker(engine)
+    run = wd.run("bot", guards=False).start()  # no price published yet: the SDK cannot price gpt-4o
+    now = utcnow()
+    assert tk.tick(now).full
+    run.step(model="gpt-4o", tokens_in=100_000, tokens_out=20_000)
+    real = Backfill.apply
+    failures = []
+
+    def failing_once(self, *args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("the price book failed")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Backfill, "apply", failing_once)
+    rep = tk.tick(later(now, 2))
+    assert failures and rep.priced_steps == 0 and run_row(engine, run.id).cost_unpriced_tokens == 120_000
+    rep = tk.tick(later(now, 4))  # nothing new was written: the failed steps are read again
+    assert not rep.full and rep.priced_steps == 1
+    assert run_row(engine, run.id).cost_unpriced_tokens == 0
+
+
+def test_a_leader_counts_its_own_hosts_runs_as_active_at_full_and_incremental_ticks(engine, wd):
+    """The leader reads every host's runs (its counts per host spare a count each tick), with or
+    without the money work; only the runs of the hosts it judges are its active ones (not those
+    of a host whose own daemon is alive)."""
+    from sqlalchemy import text as sql_text
+
+    from daemon_support import ME, SEALER
+    from watchdog.daemon.ticker import Ticker
+    from watchdog.store import leases
+
+    far_host = "far-away-host"
+    with engine.begin() as conn:  # that host's daemon holds its lease (and, on PostgreSQL, its lock)
+        leases.write_holder(conn, host=far_host, pid=10, create_time=1.0, lease_s=3600)
+    lock = engine.connect()
+    try:
+        if engine.dialect.name == "postgresql":
+            lock.execute(sql_text("SELECT pg_advisory_lock(:k)"), {"k": leases.host_key(far_host)})
+        for money in (True, False):
+            tk = Ticker(engine, config(), Killer(allowed_users=[ME]), money=money, sealer=SEALER)
+            far = _sql_run(engine, host=far_host)
+            here = wd.run("bot", guards=False).start()
+            now = utcnow()
+            full = tk.tick(now)
+            assert full.full and full.leader and full.adopted == ()
+            here.step(tokens_in=1)
+            inc = tk.tick(later(now, 2))
+            assert not inc.full
+            assert full.active == inc.active == 1  # its own host's run, whichever the tick
+            assert tk.active.host_counts() is not None  # every host's runs were read: no count of its own
+            here.__exit__(None, None, None)
+            with engine.begin() as conn:
+                conn.execute(update(runs).where(runs.c.id == far).values(status=lc.COMPLETED, ended_at=utcnow()))
+    finally:
+        lock.close()
+
+
+def test_the_labels_of_more_new_runs_than_one_read_carries_are_all_learned(engine, wd, monkeypatch):
+    """The ledger's read carries the labels of LABELS_ALONG new runs at most; the rest are read on
+    their own, in the same tick."""
+    from watchdog.store import ledger
+
+    monkeypatch.setattr(ledger, "LABELS_ALONG", 2)
+    cfg = config(budgets=[{"labels": {"tenant": "acme"}, "max_cost_eur_per_day": 1000.0}])
+    tk = ticker(engine, cfg)
+    first = wd.run("bot", labels={"tenant": "acme"}, guards=False).start()
+    now = utcnow()
+    assert tk.tick(now).full
+    with wd.run("bot", guards=False):
+        pass  # a run that ended: the ledger's spend is read this tick, with labels along
+    new = [wd.run("bot", labels={"tenant": "acme"}, guards=False).start() for _ in range(5)]
+    for i, run in enumerate([first, *new]):
+        run.step(model="gpt-x", tokens_in=1, tokens_out=1, cost_eur=float(i + 1))
+    rep = tk.tick(later(now, 2))
+    assert not rep.full
+    assert all(run.id in tk.money.run_scopes for run in new)
+    tk.tick(later(now, 4))  # their label budgets count from the tick after the one that learned them
+    assert tk.this is not None and tk.this.money is not None
+    assert list(tk.this.money.spend.labelled.values()) == pytest.approx([21.0])  # 1 + 2 + ... + 6

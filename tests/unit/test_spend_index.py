@@ -65,6 +65,21 @@ def test_a_cost_of_infinity_that_came_and_went_leaves_the_exact_sum():
     assert _sums(index) == ({"bot": 1.25}, {"tenant=x": 1.25})
 
 
+def test_a_huge_cost_that_came_and_went_leaves_the_others_counted():
+    """45 + 1.2e18 - 1.2e18 == 0 by difference: a key that held a huge cost is summed exactly."""
+    covered = {"a": ("tenant=x",), "x": ("tenant=x",)}
+    index = SpendIndex()
+    index.put("a", "bot", 45.0, covered)
+    index.put("x", "bot", 1.2e18, covered)
+    assert _sums(index) == ({"bot": 1.2e18}, {"tenant=x": 1.2e18})  # (judge() re-sums a total this big)
+    index.put("x", "bot", 3.0e18, covered)  # it grew: moved, still exact
+    index.put("x", "bot", 2.0, covered)  # ...and shrank back
+    assert _sums(index) == ({"bot": 47.0}, {"tenant=x": 47.0})
+    index.put("x", "bot", 1.2e18, covered)
+    index.drop("x")  # the run ended
+    assert _sums(index) == ({"bot": 45.0}, {"tenant=x": 45.0})
+
+
 def test_running_totals_stay_at_the_exact_sum_and_forget_an_agent_without_runs():
     import random
 

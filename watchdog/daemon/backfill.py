@@ -114,6 +114,16 @@ class Backfill:
         overlap = ID_OVERLAP if commits_late(conn) else 0
         self.low = max(self.low, high_water - overlap, 0)
 
+    def again(self, conn: Connection, run_ids: Sequence[str], found: list[UnpricedStep]) -> list[UnpricedStep]:
+        """`found` and the unpriced steps of `run_ids` read again (the runs whose steps the last
+        tick failed to price: their ids are below the range read now), in id order."""
+        rows = {r.id: r for r in found}
+        ordered = sorted(set(run_ids))
+        for i in range(0, len(ordered), CHUNK):
+            for r in _unpriced_steps(conn, self.defects, self._bad, run_ids=ordered[i : i + CHUNK]):
+                rows[r.id] = r
+        return sorted(rows.values(), key=lambda r: r.id)
+
     def apply(self, engine: Engine, found: list[UnpricedStep], now: dt.datetime) -> BackfillReport:
         """Price the steps `read` found; write what was priced (its own short transaction)."""
         rep = BackfillReport()

@@ -34,7 +34,7 @@ from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
 from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, PeriodState, build_states,
                                    closed_entry, period_bounds, period_key, scope_agent, sum_spend, zone)
 from watchdog.core.pricing import NO_MODEL
-from watchdog.daemon.backfill import Backfill, BackfillReport
+from watchdog.daemon.backfill import Backfill, BackfillReport, UnpricedStep
 from watchdog.daemon.driftwatch import DriftWatch
 from watchdog.daemon.prices import PriceBook
 from watchdog.store import ledger
@@ -113,12 +113,16 @@ class Money:
         (LiveSpend.new), whose labels the ledger's read reads along (learn_labels reads the rest)."""
         keys = {p: period_key(p, now, self.tz) for p in PERIODS}
         self._labels_read, self._labels_asked = {}, set()
+        # Steps the last tick found but failed to price (`price` raised; MoneyTick.judge logged it):
+        # their runs' steps are read again, whatever the rest of this read skips.
+        retry = sorted({r.run_id for r in self._found})
         if (quiet or not unpriced) and not self.backfill.backlog:
-            self._found = []
+            found: list[UnpricedStep] = []
             if not quiet:
                 self.backfill.skip(conn, high_water)
         else:
-            self._found = self.backfill.read(conn, high_water)
+            found = self.backfill.read(conn, high_water)
+        self._found = self.backfill.again(conn, retry, found) if retry else found
         if none_ended and keys == self._keys and not self._booked_since_read:
             return
         self._booked_since_read = False

@@ -94,6 +94,7 @@ class Scanner:
         self.stats: dict[str, RunStats] = {}
         self.high_water: int | None = None  # largest event id folded in
         self._seen: set[int] = set()
+        self._window_hosts: frozenset[str] | None = None  # the hosts whose events `_seen` holds
         # (at, tool) over all runs: many runs hammering one tool
         self.all_recent: deque[tuple[dt.datetime, str]] = deque()
         self.defects: list[Defect] = []  # what could not be read since the tick last took them
@@ -147,6 +148,7 @@ class Scanner:
         `touched` is then the ids of the runs any folded event belongs to."""
         new: list[NewEvent] = []
         self._unreadable: list[int] = []
+        hosts_key = None if hosts is None else frozenset(hosts)
         if self.high_water is None:
             # Cold start: the full history of the active runs only, never all history.
             top = store.newest_event_id(conn)
@@ -165,9 +167,15 @@ class Scanner:
             late_ok = store.commits_late(conn)  # SQLite: no window to read again (its ~2,000 ids cost)
             ids: list[int] = []
             # The window's count and id sum first (one row): equal to those of the ids read there,
-            # nothing committed late, and its ~2,000 ids are not read again (issue 25).
-            if late_ok and store.folded_sum_between(conn, low, self.high_water, hosts) != _count_sum(seen, low):
+            # nothing committed late, and its ~2,000 ids are not read again (issue 25). That holds
+            # while every id read there is still in what the check counts: after other hosts (the
+            # leadership changed) or a mismatch (an event deleted, or one late), the ids are read
+            # and the seen ones kept only where they still are.
+            if late_ok and (hosts_key != self._window_hosts
+                            or store.folded_sum_between(conn, low, self.high_water, hosts) != _count_sum(seen, low)):
                 ids = store.folded_ids_between(conn, low, self.high_water, hosts)
+                present = set(ids)
+                seen = self._seen = {i for i in seen if i in present}
             late = [i for i in ids if i not in seen]
             fresh: list[NewEvent] = []
             for i in range(0, len(late), CHUNK):
@@ -182,6 +190,7 @@ class Scanner:
             if late_ok:
                 self._seen = {i for i in self._seen if i > self.high_water - ID_OVERLAP}
                 self._seen.update(read)
+        self._window_hosts = hosts_key
         # A set (or the ActiveSet's) is used as it is: building one of 10,000 ids each tick shows.
         active = active_ids if isinstance(active_ids, (set, frozenset)) else set(active_ids)
         self.touched = {e.run_id for e in new if e.run_id.__class__ is str}

@@ -6,8 +6,12 @@ a running total per agent and per label budget, moved by the difference when a r
 moves. A tick's sums then cost what changed, not a pass over every run's cost.
 
 A running total drifts from the exact sum by a rounding error per update: every key is summed
-again from its runs every RESUM_EVERY fills (and at once when a total stops being finite: a
-cost of infinity that came and went leaves NaN), so the drift stays at the last digits.
+again from its runs every RESUM_EVERY fills, so the drift stays at the last digits. A cost at or
+above EXACT_ABOVE_EUR makes its keys summed again at once, whenever it joins, moves or leaves: a
+total that held a huge cost loses the small ones beside it (45 + 1.2e18 - 1.2e18 == 0: a writer
+appends steps whose costs, each within the store's checks, sum to that much, and its run's end
+would hide every other run's spend of its agent until the next full tick); so does a total that
+stops being finite (a cost of infinity that came and went leaves NaN).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ if TYPE_CHECKING:
     from watchdog.daemon.money import LiveSpend
 
 RESUM_EVERY = 64  # fills between two exact sums of every key
+# A live cost this large (no run spends a million euros) is summed exactly with its neighbours,
+# never by difference: a running total loses ~1e-16 of its largest term per update.
+EXACT_ABOVE_EUR = 1e6
 _INF = math.inf
 
 
@@ -45,7 +52,7 @@ class _Totals:
         if members is None:
             members = self.members[key] = set()
         members.add(rid)
-        self.move(key, cost)
+        self.move(key, cost, cost)
 
     def leave(self, key: str, rid: str, cost: float) -> None:
         members = self.members.get(key)
@@ -57,11 +64,12 @@ class _Totals:
             self.total.pop(key, None)
             self.dirty.discard(key)
             return
-        self.move(key, -cost)
+        self.move(key, -cost, cost)
 
-    def move(self, key: str, delta: float) -> None:
+    def move(self, key: str, delta: float, largest: float) -> None:
+        """Add `delta` to the key's total; `largest`: the larger of the old and the new cost."""
         t = self.total[key] = self.total.get(key, 0.0) + delta
-        if not -_INF < t < _INF:  # (math.isfinite without the call: NaN fails both)
+        if not (-_INF < t < _INF and largest < EXACT_ABOVE_EUR):  # (NaN fails both: summed again)
             self.dirty.add(key)
 
     def settled(self, runs: Mapping[str, _Entry], every: bool) -> dict[str, float]:
@@ -108,13 +116,14 @@ class SpendIndex:
             if e is not None and scopes is not None and e.agent == agent and e.scopes == scopes:
                 # The usual case: its cost moved, or not at all (a tool call costs nothing).
                 if cost != e.cost:
-                    delta = cost - e.cost
+                    old, delta = e.cost, cost - e.cost
+                    largest = cost if cost > old else old
                     e.cost = cost
                     t = agent_total[agent] = agent_total[agent] + delta
-                    if not -_INF < t < _INF:
+                    if not (-_INF < t < _INF and largest < EXACT_ABOVE_EUR):  # (as _Totals.move)
                         agent_dirty.add(agent)
                     for scope in scopes:
-                        scope_move(scope, delta)
+                        scope_move(scope, delta, largest)
                 continue
             self.drop(rid)
             self._runs[rid] = _Entry(agent, scopes, cost)

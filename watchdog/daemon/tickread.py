@@ -59,7 +59,7 @@ def _full(tk: Ticker, conn: Connection, this: ThisTick, role: Role, scope: Scope
     light = tk.scanner.load_active(conn, scope.hosts)
     act.feed.mark(conn)  # the feed starts from this snapshot: what commits after it is a change
     i_host, hosts = L["host"], role.hosts
-    mine = light if mt is None or hosts is None else [r for r in light if r[i_host] in hosts]
+    mine = light if scope.hosts is not None else [r for r in light if r[i_host] in hosts]  # (the leader read all)
     new = tk.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else hosts)
     wake: dict[str, Deadline] = {}
     costs: dict[str, float] | None = {} if mt is not None else None
@@ -94,6 +94,7 @@ def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, chang
     if mt is not None:
         covered = mt.spend.covered
         mt.spend.new.extend(act.spend_looked(looked, costs or {}, covered))  # their labels: read below
+        mt.spend.i_id = L["id"]  # (what the pre-filter's pass would have set)
         act.spend.learn(covered)
         act.spend.fill(mt.spend)  # every run's live cost, not only the few looked at
         mt.spend.light = light
