@@ -94,8 +94,13 @@ GRANT UPDATE (steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, c
               status, stop_reason, stop_detail, stop_requested_at, ended_at, parent_id, paused_at, partial)
    ON runs TO :"agents_role";
 
--- Events: insert only (other runs' events are not an agent's to read).
-GRANT INSERT ON events TO :"agents_role";
+-- Events: insert only (other runs' events are not an agent's to read), every column but the id:
+-- the daemon reads the events above the newest id it folded, so an id a writer chose (the largest
+-- bigint) would hide every later event from it; the id is the sequence's, through the default.
+SELECT format('GRANT INSERT (%s) ON events TO %I', string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position),
+              :'agents_role')
+  FROM information_schema.columns
+ WHERE table_schema = current_schema() AND table_name = 'events' AND column_name <> 'id' \gexec
 SELECT format('GRANT USAGE ON SEQUENCE %s TO %I', pg_get_serial_sequence('events', 'id'), :'agents_role') \gexec
 
 -- What the daemon publishes, read only.
@@ -113,7 +118,10 @@ GRANT UPDATE (steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, c
               cost_unpriced_tokens, last_seq, last_seen_at, progress,
               status, stop_reason, stop_detail, stop_requested_at, ended_at, parent_id, paused_at, partial)
    ON runs TO :"gateway_role";
-GRANT INSERT ON events TO :"gateway_role";
+SELECT format('GRANT INSERT (%s) ON events TO %I', string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position),
+              :'gateway_role')
+  FROM information_schema.columns
+ WHERE table_schema = current_schema() AND table_name = 'events' AND column_name <> 'id' \gexec
 SELECT format('GRANT USAGE ON SEQUENCE %s TO %I', pg_get_serial_sequence('events', 'id'), :'gateway_role') \gexec
 GRANT SELECT ON settings, tool_circuits TO :"gateway_role";
 GRANT SELECT, INSERT ON circuit_probes TO :"gateway_role";

@@ -258,6 +258,36 @@ def test_late_events_are_folded_after_the_fold_reads_fewer_hosts(engine):
     assert scanner.stats[mine].tools == {"first": 1, "late_1": 1, "late_2": 1}
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_no_writer_chooses_an_event_id_that_hides_the_later_ones(wd, engine):
+    """The fold reads the events above the newest id it read. On SQLite an event at the largest
+    id makes later rows take random ids, below that mark, for ever: the store refuses an id far
+    above the newest (migration 0013; on PostgreSQL the roles have no grant on the id, see
+    test_owners_pg) and an id's change; the daemon goes on folding what comes next."""
+    from watchdog.daemon.scan import Scanner
+
+    (a,) = _start(wd, 1)
+    scanner = Scanner()
+    with read_connection(engine) as conn:
+        scanner.fold(conn, {a})
+    raw = _raw(engine)
+    insert = ("INSERT INTO events (id, run_id, seq, at, kind, tool, args_hash, ok) "
+              "VALUES (?, ?, ?, strftime('%Y-%m-%d %H:%M:%f', 'now'), 'tool', 'x', 'h', 1)")
+    try:
+        for big in (2**63 - 1, 2**62):
+            with pytest.raises(Exception, match="the store's to give"):
+                raw.execute(insert, (big, a, 50))
+        raw.execute(insert, (None, a, 51))  # the store's id
+        with pytest.raises(Exception, match="never changes"):
+            raw.execute("UPDATE events SET id = ? WHERE run_id = ?", (2**63 - 1, a))
+    finally:
+        raw.close()
+    run = wd.run("bot", guards=False).start()
+    run.record_tool("search", {"q": 1})
+    with read_connection(engine) as conn:
+        assert sorted(e.tool for e in scanner.fold(conn, {a, run.id})) == ["search", "x"]
+
+
 def test_the_sqlite_counter_only_grows(sqlite_url):
     engine = make_engine(sqlite_url)
     try:

@@ -197,6 +197,26 @@ def test_an_agent_cannot_rewrite_its_own_evidence(store):
     assert row.started_at.year == db_now.year and row.started_at <= db_now
 
 
+def test_no_writer_chooses_an_events_id_and_the_daemon_keeps_folding(store):
+    """The daemon folds the events above the newest id it read: an id a writer chose (the largest
+    bigint) would hide every later event. Agents and gateways insert every column but the id."""
+    url = store.url("a")
+    rid = _insert(url)
+    with _raw(url) as conn:
+        for sql in ("INSERT INTO events (id, run_id, seq, at, kind, tool) "
+                    "VALUES (9223372036854775807, %s, 1, now(), 'tool', 'x')",
+                    "INSERT INTO events (id, run_id, seq, at, kind, tool) VALUES (1, %s, 1, now(), 'tool', 'x')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql, (rid,))
+        conn.execute("INSERT INTO events (run_id, seq, at, kind, tool) VALUES (%s, 1, now(), 'tool', 'x')", (rid,))
+    with _raw(store.url("gw")) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO events (id, run_id, seq, at, kind, tool, source) "
+                         "VALUES (9223372036854775806, %s, 2, now(), 'tool', 'x', 'mcp')", (rid,))
+    with _raw(store.url("daemon")) as conn:
+        assert conn.execute("SELECT max(id) < 1000000 FROM events").fetchone() == (True,)
+
+
 def test_an_agent_inserts_with_the_servers_times_and_no_resumes(store):
     url = store.url("a")
     future = "'2999-01-01 00:00:00+00'"
