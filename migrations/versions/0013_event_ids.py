@@ -41,9 +41,11 @@ WHEN NEW.id > {MAX_JUMP} AND NEW.id > (SELECT coalesce(max(id), 0) FROM events) 
 BEGIN
   SELECT RAISE(ABORT, 'agent-watchdog: an event''s id is the store''s to give');
 END""")
-    # ...nor does an event's id change afterwards (the same hole, by UPDATE).
-    op.execute("""CREATE TRIGGER aw_events_id_kept BEFORE UPDATE OF id ON events FOR EACH ROW
-WHEN NEW.id IS NOT OLD.id
+    # ...nor does an event's id change afterwards (the same hole, by UPDATE). Not `UPDATE OF id`:
+    # SQLite picks such triggers by the names in the SET clause, and `SET rowid = ...` (or oid,
+    # _rowid_: the same column) would pass. The WHEN costs the daemon's pricing UPDATE a compare.
+    op.execute("""CREATE TRIGGER aw_events_id_kept BEFORE UPDATE ON events FOR EACH ROW
+WHEN NEW.rowid IS NOT OLD.rowid
 BEGIN
   SELECT RAISE(ABORT, 'agent-watchdog: an event''s id never changes');
 END""")

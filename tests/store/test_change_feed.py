@@ -278,8 +278,12 @@ def test_no_writer_chooses_an_event_id_that_hides_the_later_ones(wd, engine):
             with pytest.raises(Exception, match="the store's to give"):
                 raw.execute(insert, (big, a, 50))
         raw.execute(insert, (None, a, 51))  # the store's id
-        with pytest.raises(Exception, match="never changes"):
-            raw.execute("UPDATE events SET id = ? WHERE run_id = ?", (2**63 - 1, a))
+        for column in ("id", "rowid", "oid", "_rowid_"):  # one column, four names
+            with pytest.raises(Exception, match="never changes"):
+                raw.execute(f"UPDATE events SET {column} = ? WHERE run_id = ?", (2**63 - 1, a))
+        with pytest.raises(Exception, match="never changes"):  # an upsert that lands on the same row
+            raw.execute(insert + " ON CONFLICT (run_id, seq) DO UPDATE SET rowid = 9223372036854775807",
+                        (None, a, 51))
     finally:
         raw.close()
     run = wd.run("bot", guards=False).start()
