@@ -292,6 +292,61 @@ def test_no_writer_chooses_an_event_id_that_hides_the_later_ones(wd, engine):
         assert sorted(e.tool for e in scanner.fold(conn, {a, run.id})) == ["search", "x"]
 
 
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_an_event_in_flight_is_folded_however_far_the_ids_moved_meanwhile(wd, engine, caplog):
+    """A transaction took an event's id and has not committed; meanwhile writers moved the
+    sequence on by more than the window's least width (nextval, or many inserts) and the fold
+    passed far beyond it. The window stays open down to it until every transaction in flight
+    then has ended: the event is folded when it commits. A transaction held open while more
+    events than the window keeps were written is logged, and the window closes behind it."""
+    import logging
+
+    from watchdog.daemon import latewindow
+    from watchdog.daemon.scan import Scanner
+
+    a, b = _start(wd, 2)
+    scanner = Scanner()
+
+    def fold() -> list[str]:
+        with read_connection(engine) as conn:
+            return [e.tool for e in scanner.fold(conn, {a, b})]
+
+    fold()
+    slow, other = _raw(engine), _raw(engine)
+    insert = ("INSERT INTO events (run_id, seq, at, kind, tool, args_hash, ok) "
+              "VALUES (%s, %s, now(), 'tool', %s, 'h', true)")
+    push = f"SELECT max(nextval(pg_get_serial_sequence('events', 'id'))) FROM generate_series(1, {latewindow.ID_OVERLAP + 1000})"
+    try:
+        slow.execute("BEGIN")
+        slow.execute(insert, (a, 101, "in_flight"))  # its id is taken now
+        other.execute(push)
+        other.execute(insert, (b, 101, "later"))
+        assert fold() == ["later"]
+        other.execute(push)
+        other.execute(insert, (b, 102, "later_still"))
+        assert fold() == ["later_still"]
+        slow.execute("COMMIT")
+        assert fold() == ["in_flight"]
+        assert fold() == [] and scanner.stats[a].tools == {"in_flight": 1}
+        # Held open while more events than the window keeps were written: logged, then given up.
+        caplog.set_level(logging.WARNING, logger="watchdog.tick")
+        real = latewindow.MAX_WINDOW_EVENTS
+        latewindow.MAX_WINDOW_EVENTS = 3
+        try:
+            slow.execute("BEGIN")
+            slow.execute(insert, (a, 102, "held_open"))
+            for seq in range(103, 109):
+                other.execute(insert, (b, seq, "busy"))
+                fold()
+            assert any("stayed open" in r.getMessage() for r in caplog.records)
+        finally:
+            latewindow.MAX_WINDOW_EVENTS = real
+            slow.execute("ROLLBACK")
+    finally:
+        slow.close()
+        other.close()
+
+
 def test_the_sqlite_counter_only_grows(sqlite_url):
     engine = make_engine(sqlite_url)
     try:

@@ -189,9 +189,14 @@ def test_the_event_reads_select_the_folded_events_in_id_order(engine):
         assert scan.newest_event_id(conn) == ids[-1]
         assert scan.folded_ids_between(conn, 0, ids[2]) == [ids[0], ids[2]]
         assert scan.folded_ids_between(conn, 0, ids[3], {"h1"}) == [ids[0], ids[3]]
-        assert scan.folded_sum_between(conn, 0, ids[2]) == (2, ids[0] + ids[2])
-        assert scan.folded_sum_between(conn, 0, ids[3], {"h2"}) == (1, ids[2])
-        assert scan.folded_sum_between(conn, ids[3], ids[3] + 10) == (0, 0)
+        assert scan.folded_sum_between(conn, 0, ids[2])[:2] == (2, ids[0] + ids[2])
+        assert scan.folded_sum_between(conn, 0, ids[3], {"h2"})[:2] == (1, ids[2])
+        window = scan.folded_sum_between(conn, ids[3], ids[3] + 10)
+        assert window[:2] == (0, 0)
+        if engine.dialect.name == "postgresql":  # the read snapshot's transactions: in flight, not yet started
+            assert window.xmin is not None and window.xmax is not None and 0 < window.xmin <= window.xmax
+        else:
+            assert (window.xmin, window.xmax) == (None, None)
 
         def read(sel):
             found, unreadable = scan.read_events(conn, sel, isolated=read_isolated, defects=[])

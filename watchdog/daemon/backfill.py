@@ -57,9 +57,10 @@ class BackfillReport:
 
 
 def _unpriced_steps(conn: Connection, defects: list[Defect], suspects: dict[int, str], *,
-                    run_ids: Sequence[str] | None = None, above: int | None = None) -> list[UnpricedStep]:
-    return store.unpriced_steps(conn, run_ids=run_ids, above=above, isolated=read_isolated, defects=defects,
-                                suspects=suspects)
+                    run_ids: Sequence[str] | None = None, above: int | None = None,
+                    event_ids: Sequence[int] | None = None) -> list[UnpricedStep]:
+    return store.unpriced_steps(conn, run_ids=run_ids, above=above, event_ids=event_ids, isolated=read_isolated,
+                                defects=defects, suspects=suspects)
 
 
 class Backfill:
@@ -106,21 +107,21 @@ class Backfill:
         return found
 
     def skip(self, conn: Connection, high_water: int | None) -> None:
-        """`read` when the tick's fold read every event written since the last read (and the late
-        ones of its window) and none is an unpriced step: nothing new to price; the range moves
-        on as `read` would move it."""
+        """In place of `read`, when the tick's fold named the steps written since the last read
+        that lack a cost (Scanner.unpriced_ids: read with `steps`): the range moves on as `read`
+        would move it."""
         if self.low is None or high_water is None or self.backlog:
             return  # a cold start, or a backlog: the next read goes on from where it is
         overlap = ID_OVERLAP if commits_late(conn) else 0
         self.low = max(self.low, high_water - overlap, 0)
 
-    def again(self, conn: Connection, run_ids: Sequence[str], found: list[UnpricedStep]) -> list[UnpricedStep]:
-        """`found` and the unpriced steps of `run_ids` read again (the runs whose steps the last
-        tick failed to price: their ids are below the range read now), in id order."""
+    def steps(self, conn: Connection, event_ids: Sequence[int], found: list[UnpricedStep]) -> list[UnpricedStep]:
+        """`found` and the unpriced steps among `event_ids` (those the fold saw without a cost, and
+        those the last tick failed to price), in id order."""
         rows = {r.id: r for r in found}
-        ordered = sorted(set(run_ids))
+        ordered = sorted({i for i in event_ids if i not in rows})
         for i in range(0, len(ordered), CHUNK):
-            for r in _unpriced_steps(conn, self.defects, self._bad, run_ids=ordered[i : i + CHUNK]):
+            for r in _unpriced_steps(conn, self.defects, self._bad, event_ids=ordered[i : i + CHUNK]):
                 rows[r.id] = r
         return sorted(rows.values(), key=lambda r: r.id)
 

@@ -100,29 +100,31 @@ class Money:
     # -- 1. inside the tick's read snapshot ---------------------------------------------------
 
     def read(self, conn: Connection, now: dt.datetime, high_water: int | None = None, *,
-             quiet: bool = False, none_ended: bool = False, unpriced: bool = True,
-             new: Sequence[tuple[str, float]] = ()) -> None:
+             quiet: bool = False, none_ended: bool = False, unpriced: Sequence[int] | None = None,
+             ranged: bool = False, new: Sequence[tuple[str, float]] = ()) -> None:
         """The unpriced steps written since the last tick; the ledger's side of the spend: what
         it holds for the current periods, and the ended runs it does not hold yet (summed in
         the database: a few rows whatever their number). The change feed (issue 25) spares
         reads whose answer cannot have changed: `quiet`, no run was written since the last read,
         so no step either (a step renumbers its run); `none_ended`, no run ended (nor was
         deleted), so the ledger's side holds unless the period changed or this daemon booked;
-        `unpriced` False: the tick's fold read every event since the last read and none is a step
-        without a cost (nor unreadable), so none is left to price. `new`: the runs first seen
+        `unpriced`: the ids of the steps without a cost (and of the events it could not read) that
+        the tick's fold read, which read every event written since the last tick (and, on
+        PostgreSQL, those committed late): exactly those are read, not a range (None, or
+        `ranged` as at a full tick: the range above the last read too). `new`: the runs first seen
         (LiveSpend.new), whose labels the ledger's read reads along (learn_labels reads the rest)."""
         keys = {p: period_key(p, now, self.tz) for p in PERIODS}
         self._labels_read, self._labels_asked = {}, set()
-        # Steps the last tick found but failed to price (`price` raised; MoneyTick.judge logged it):
-        # their runs' steps are read again, whatever the rest of this read skips.
-        retry = sorted({r.run_id for r in self._found})
-        if (quiet or not unpriced) and not self.backfill.backlog:
-            found: list[UnpricedStep] = []
-            if not quiet:
-                self.backfill.skip(conn, high_water)
-        else:
-            found = self.backfill.read(conn, high_water)
-        self._found = self.backfill.again(conn, retry, found) if retry else found
+        # Steps the last tick found but failed to price (`price` raised; MoneyTick.judge logged it)
+        # are read again by id, whatever else this read skips.
+        wanted = [r.id for r in self._found] + list(unpriced or ())
+        backfill = self.backfill
+        found: list[UnpricedStep] = []
+        if backfill.backlog or backfill.low is None or ((unpriced is None or ranged) and not quiet):
+            found = backfill.read(conn, high_water)
+        elif not quiet:
+            backfill.skip(conn, high_water)
+        self._found = backfill.steps(conn, wanted, found) if wanted else found
         if none_ended and keys == self._keys and not self._booked_since_read:
             return
         self._booked_since_read = False

@@ -17,6 +17,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.policies import RunSnapshot
 from watchdog.daemon.evidence import Evidence, merged
 from watchdog.daemon.isolation import CHUNK, Defect, event_defect, read_isolated
+from watchdog.daemon.latewindow import ID_OVERLAP as ID_OVERLAP, LateWindow
 from watchdog.store import scan as store
 from watchdog.store.engine import Connection
 from watchdog.store.scan import EventSelection
@@ -27,9 +28,6 @@ from watchdog.store.scan import L as L, OWN_BUDGETS as OWN_BUDGETS
 from watchdog.store.scan import FoldedEvent as NewEvent
 
 RATE_WINDOW_S = 60.0
-# PostgreSQL assigns ids at insert but commits in any order: re-read this many ids
-# below the high-water mark so a late commit is never missed (dedupe by id).
-ID_OVERLAP = 2000
 
 
 @dataclass
@@ -93,17 +91,16 @@ class Scanner:
     def __init__(self) -> None:
         self.stats: dict[str, RunStats] = {}
         self.high_water: int | None = None  # largest event id folded in
-        self._seen: set[int] = set()
-        self._window_hosts: frozenset[str] | None = None  # the hosts whose events `_seen` holds
+        self.window = LateWindow()  # PostgreSQL: the ids below the mark that may still commit
         # (at, tool) over all runs: many runs hammering one tool
         self.all_recent: deque[tuple[dt.datetime, str]] = deque()
         self.defects: list[Defect] = []  # what could not be read since the tick last took them
         self._bad_runs: dict[str, str] = {}  # run id -> why its whole row did not read (read_isolated)
         self.evidence = Evidence()  # the daemon's own counters per active run (issue 20)
         self.touched: set[str] = set()  # the runs of the events the last fold read
-        # The last fold read a step without a cost, or could not read an event (watchdog.daemon.money:
-        # without either, nothing new is left for the backfill to price).
-        self.unpriced = True
+        # The steps without a cost the last fold read, and the events it could not read: what is
+        # new for the backfill to price (watchdog.daemon.money reads exactly those).
+        self.unpriced_ids: list[int] = []
 
     def tool_rates(self, now: dt.datetime) -> Counter[str]:
         """Tool calls per tool over all runs in the last minute."""
@@ -148,7 +145,6 @@ class Scanner:
         `touched` is then the ids of the runs any folded event belongs to."""
         new: list[NewEvent] = []
         self._unreadable: list[int] = []
-        hosts_key = None if hosts is None else frozenset(hosts)
         if self.high_water is None:
             # Cold start: the full history of the active runs only, never all history.
             top = store.newest_event_id(conn)
@@ -156,27 +152,14 @@ class Scanner:
             for i in range(0, len(ordered), CHUNK):
                 new.extend(self._events(conn, EventSelection.of_runs(ordered[i : i + CHUNK])))
             self.high_water = top or 0
-            # The window below the mark as the next folds check it (the folded events of `hosts`).
-            self._seen = (set(store.folded_ids_between(conn, max(0, self.high_water - ID_OVERLAP), self.high_water,
-                                                       hosts)) if store.commits_late(conn) else set())
+            if store.commits_late(conn):  # the window below the mark, as the next folds check it
+                self.window.start(conn, self.high_water, hosts)
         else:
-            # Whole rows only above the high-water mark; in the overlap below it, ids first and
-            # whole rows only for the ids never seen (a late PostgreSQL commit: rare).
-            low = max(0, self.high_water - ID_OVERLAP)
-            seen = self._seen
-            late_ok = store.commits_late(conn)  # SQLite: no window to read again (its ~2,000 ids cost)
-            ids: list[int] = []
-            # The window's count and id sum first (one row): equal to those of the ids read there,
-            # nothing committed late, and its ~2,000 ids are not read again (issue 25). That holds
-            # while every id read there is still in what the check counts: after other hosts (the
-            # leadership changed) or a mismatch (an event deleted, or one late), the ids are read
-            # and the seen ones kept only where they still are.
-            if late_ok and (hosts_key != self._window_hosts
-                            or store.folded_sum_between(conn, low, self.high_water, hosts) != _count_sum(seen, low)):
-                ids = store.folded_ids_between(conn, low, self.high_water, hosts)
-                present = set(ids)
-                seen = self._seen = {i for i in seen if i in present}
-            late = [i for i in ids if i not in seen]
+            # Whole rows only above the high-water mark; below it, on PostgreSQL, the few that
+            # committed after the fold passed their ids (watchdog.daemon.latewindow). SQLite
+            # commits one writer at a time, in id order: no window.
+            late_ok = store.commits_late(conn)
+            late = self.window.late(conn, self.high_water, hosts) if late_ok else []
             fresh: list[NewEvent] = []
             for i in range(0, len(late), CHUNK):
                 fresh.extend(self._events(conn, EventSelection.by_ids(late[i : i + CHUNK])))
@@ -188,13 +171,11 @@ class Scanner:
             if read:
                 self.high_water = max(self.high_water, max(read))
             if late_ok:
-                self._seen = {i for i in self._seen if i > self.high_water - ID_OVERLAP}
-                self._seen.update(read)
-        self._window_hosts = hosts_key
+                self.window.moved(self.high_water, read)
         # A set (or the ActiveSet's) is used as it is: building one of 10,000 ids each tick shows.
         active = active_ids if isinstance(active_ids, (set, frozenset)) else set(active_ids)
         self.touched = {e.run_id for e in new if e.run_id.__class__ is str}
-        self.unpriced = bool(self._unreadable) or any(e.kind == lc.EV_STEP and e.cost_eur is None for e in new)
+        self.unpriced_ids = [e.id for e in new if e.kind == lc.EV_STEP and e.cost_eur is None] + self._unreadable
         stats = self.stats
         evidence = self.evidence
         # The all-runs tool rate is the leader's (it reads every host's events and trims the
@@ -244,10 +225,3 @@ class Scanner:
             steps=steps, tool_calls=calls, tool_errors=errors, cost_eur=cost,
             tokens=tokens, top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
         )
-
-
-def _count_sum(ids: set[int], low: int) -> tuple[int, int]:
-    """(how many, their sum) of the ids above `low` (the fold's window: the set holds no id above
-    its high-water mark)."""
-    inside = [i for i in ids if i > low]
-    return len(inside), sum(inside)

@@ -50,14 +50,14 @@ _COLS = (events.c.id, events.c.run_id, events.c.at, events.c.model, events.c.tok
          events.c.cached_tokens_in, events.c.reasoning_tokens, runs.c.agent, runs.c.status, runs.c.labels,
          runs.c.ended_at, runs.c.last_seen_at)
 _JOINED = events.join(runs, runs.c.id == events.c.run_id)
-_QUERIES: dict[tuple[bool, bool, bool], Any] = {}
+_QUERIES: dict[tuple[bool, bool, bool, bool], Any] = {}
 
 
-def _unpriced_query(whole: bool, by_runs: bool, by_id: bool) -> Any:
-    """The unpriced steps' read (whole rows or only ids; of `run_ids` and/or `above` an id),
-    built once per shape with bound parameters: the tick runs it whenever something was
-    written, and building it anew cost more than the database's work."""
-    key = (whole, by_runs, by_id)
+def _unpriced_query(whole: bool, by_runs: bool, by_id: bool, by_ids: bool) -> Any:
+    """The unpriced steps' read (whole rows or only ids; of `run_ids`, above an id, and/or of
+    `event_ids`), built once per shape with bound parameters: the tick runs it whenever a step
+    was written, and building it anew cost more than the database's work."""
+    key = (whole, by_runs, by_id, by_ids)
     q = _QUERIES.get(key)
     if q is None:
         conds: list[Any] = [events.c.kind == lc.EV_STEP, events.c.cost_eur.is_(None), runs.c.booked_at.is_(None)]
@@ -65,22 +65,27 @@ def _unpriced_query(whole: bool, by_runs: bool, by_id: bool) -> Any:
             conds.append(events.c.run_id.in_(bindparam("run_ids", expanding=True)))
         if by_id:
             conds.append(events.c.id > bindparam("above", type_=events.c.id.type))
+        if by_ids:
+            conds.append(events.c.id.in_(bindparam("event_ids", expanding=True)))
         q = _QUERIES[key] = (select(*(_COLS if whole else (events.c.id,))).select_from(_JOINED).where(and_(*conds))
                              .order_by(events.c.id).limit(MAX_PER_TICK))
     return q
 
 
 def unpriced_steps(conn: Connection, *, run_ids: Sequence[str] | None = None, above: int | None = None,
-                   isolated: IsolatedRead, defects: list[Any], suspects: dict[Any, Any]) -> list[UnpricedStep]:
-    """The unpriced steps of runs not booked yet, of `run_ids` and/or with an id above `above`,
-    in id order, at most MAX_PER_TICK. One step that cannot be read (a timestamp that does not
-    parse, of a step or of its run) costs only itself: it becomes a defect."""
+                   event_ids: Sequence[int] | None = None, isolated: IsolatedRead, defects: list[Any],
+                   suspects: dict[Any, Any]) -> list[UnpricedStep]:
+    """The unpriced steps of runs not booked yet, of `run_ids`, with an id above `above` and/or
+    among `event_ids`, in id order, at most MAX_PER_TICK. One step that cannot be read (a
+    timestamp that does not parse, of a step or of its run) costs only itself: it becomes a defect."""
     params: dict[str, Any] = {}
     if run_ids is not None:
         params["run_ids"] = list(run_ids)
     if above is not None:
         params["above"] = above
-    shape = (run_ids is not None, above is not None)
+    if event_ids is not None:
+        params["event_ids"] = list(event_ids)
+    shape = (run_ids is not None, above is not None, event_ids is not None)
     try:
         with chunk_read(conn):
             rows = conn.execute(_unpriced_query(True, *shape), params).all()

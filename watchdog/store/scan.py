@@ -12,7 +12,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, NamedTuple, Protocol, Sequence, cast
 
-from sqlalchemy import Select, and_, bindparam, func, select
+from sqlalchemy import Select, Text, and_, bindparam, func, select
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
@@ -157,16 +158,22 @@ _FOLDED: dict[tuple[str, bool, bool], Any] = {}
 
 def _folded_between(what: str, on_hosts: bool, bounded: bool) -> Any:
     """The folded events with an id above `b_low` (and, `bounded`, at most `b_high`), of runs on
-    `b_hosts` (`on_hosts`), in id order: their whole rows ("rows"), their ids ("ids"), or their
-    count and id sum ("sum"). Built once per shape: the tick reads them every time."""
+    `b_hosts` (`on_hosts`), in id order: their whole rows ("rows"), their ids ("ids"), their
+    count and id sum ("sum"), and with them the read snapshot's oldest transaction still in
+    flight and the next to start ("sum+snapshot", PostgreSQL). Built once per shape: the tick
+    reads them every time."""
     key = (what, on_hosts, bounded)
     q = _FOLDED.get(key)
     if q is None:
         cond = and_(events.c.id > bindparam("b_low", type_=events.c.id.type), events.c.kind.in_(FOLDED))
         if bounded:
             cond = and_(cond, events.c.id <= bindparam("b_high", type_=events.c.id.type))
-        if what == "sum":
-            q = _on_hosts(select(func.count(), func.coalesce(func.sum(events.c.id), 0)).where(cond), on_hosts)
+        if what.startswith("sum"):
+            sums: list[Any] = [func.count(), func.coalesce(func.sum(events.c.id), 0)]
+            if what == "sum+snapshot":  # xid8 as text: no driver type for it
+                snap = func.pg_current_snapshot()
+                sums += [sql_cast(func.pg_snapshot_xmin(snap), Text), sql_cast(func.pg_snapshot_xmax(snap), Text)]
+            q = _on_hosts(select(*sums).where(cond), on_hosts)
         else:
             cols = _EVENT_COLS if what == "rows" else (events.c.id,)
             q = _on_hosts(select(*cols).where(cond), on_hosts).order_by(events.c.id)
@@ -188,14 +195,27 @@ def folded_ids_between(conn: Connection, low: int, high: int, hosts: Collection[
     return list(conn.execute(q, _folded_params(low, high, hosts)).scalars().all())
 
 
-def folded_sum_between(conn: Connection, low: int, high: int, hosts: Collection[str] | None = None
-                       ) -> tuple[int, int]:
-    """(how many, the sum of their ids) of the folded events in (low, high] (of runs on `hosts`):
-    one row, where folded_ids_between returns thousands; equal to a reader's own count and sum of
+class WindowSum(NamedTuple):
+    """folded_sum_between's answer."""
+
+    n: int
+    total: int  # the sum of their ids
+    # PostgreSQL: the read snapshot's oldest transaction still in flight (every older one has
+    # ended) and the first not yet started (pg_snapshot_xmin / xmax); None on SQLite.
+    xmin: int | None = None
+    xmax: int | None = None
+
+
+def folded_sum_between(conn: Connection, low: int, high: int, hosts: Collection[str] | None = None) -> WindowSum:
+    """How many folded events in (low, high] (of runs on `hosts`) and the sum of their ids: one
+    row, where folded_ids_between returns thousands; equal to a reader's own count and sum of
     the ids it read there, nothing it has not read committed since."""
-    q = _folded_between("sum", hosts is not None, True)
-    n, total = conn.execute(q, _folded_params(low, high, hosts)).one()
-    return int(n), int(total)
+    pg = conn.dialect.name == "postgresql"
+    q = _folded_between("sum+snapshot" if pg else "sum", hosts is not None, True)
+    row = conn.execute(q, _folded_params(low, high, hosts)).one()
+    if not pg:
+        return WindowSum(int(row[0]), int(row[1]))
+    return WindowSum(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
 
 
 @dataclass(frozen=True)
