@@ -28,6 +28,7 @@ from watchdog.cli import main
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.service import Daemon
 from watchdog.store import migrate
+from watchdog.store.access import roles_choosing_event_ids
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import runs, utcnow
 
@@ -215,6 +216,20 @@ def test_no_writer_chooses_an_events_id_and_the_daemon_keeps_folding(store):
                          "VALUES (9223372036854775806, %s, 2, now(), 'tool', 'x', 'mcp')", (rid,))
     with _raw(store.url("daemon")) as conn:
         assert conn.execute("SELECT max(id) < 1000000 FROM events").fetchone() == (True,)
+    # A store whose roles got the table's INSERT (a roles script older than revision 0013): the
+    # daemon names them at start, and the script, run again, takes the id back.
+    engine = make_engine(store.url("daemon"))
+    try:
+        assert roles_choosing_event_ids(engine) == []
+        with _raw(store.url("daemon")) as conn:
+            conn.execute(f'GRANT INSERT ON events TO "{store.agents}"')
+        found = roles_choosing_event_ids(engine)
+        assert store.agents in found and store.logins["a"] in found and store.daemon not in found
+        done = store.roles_script()
+        assert done.returncode == 0, done.stderr
+        assert roles_choosing_event_ids(engine) == []
+    finally:
+        engine.dispose()
 
 
 def test_an_agent_inserts_with_the_servers_times_and_no_resumes(store):

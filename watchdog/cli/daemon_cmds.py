@@ -83,7 +83,9 @@ def _acquire(daemon, url: str, retry: bool):
             if current != head and migrate.is_older(current):
                 raise StoreError(f"the store is at revision {current}, this agent-watchdog needs {head}: "
                                  f"{upgrade_hint(url)}")
-            return daemon.acquire()
+            acquired = daemon.acquire()
+            _warn_event_id_grants(daemon.engine)
+            return acquired
         except Exception as exc:
             first = unreachable(exc)
             if first is None or not retry:
@@ -92,6 +94,18 @@ def _acquire(daemon, url: str, retry: bool):
                                                        first, delay_s)
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, daemon.config.daemon.tick_s * 6)
+
+
+def _warn_event_id_grants(engine) -> None:
+    """Loud at start: roles that may pick an event's id (a roles script older than revision 0013)."""
+    from watchdog.store.access import roles_choosing_event_ids
+
+    roles = roles_choosing_event_ids(engine)
+    if roles:
+        logging.getLogger("watchdog.daemon").warning(
+            "PostgreSQL role(s) %s may insert an event with an id of their own, which could hide later events "
+            "from the daemon: run the roles script again (`agent-watchdog files roles`, then psql -f it)",
+            ", ".join(roles))
 
 
 @main.command("kill")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from watchdog.store.dialects import for_url
@@ -77,3 +78,21 @@ def unreachable(exc: BaseException) -> str | None:
     if not isinstance(exc, OperationalError):
         return None
     return str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0][:200]
+
+
+def roles_choosing_event_ids(engine: Engine) -> list[str]:
+    """PostgreSQL: the roles (not a superuser, not the tables' owner or its members) that may
+    insert an event with an id of their own: a grant from a roles script older than revision 0013
+    (the daemon folds the events above the newest id it read: such an id can hide later events).
+    [] on SQLite, and when the catalog cannot tell."""
+    if engine.dialect.name != "postgresql":
+        return []
+    sql = text("""SELECT r.rolname FROM pg_roles r, (SELECT relowner FROM pg_class WHERE oid = 'events'::regclass) t
+WHERE NOT r.rolsuper AND r.rolname NOT LIKE 'pg\\_%' AND NOT pg_has_role(r.oid, t.relowner, 'USAGE')
+  AND has_column_privilege(r.oid, 'events'::regclass, 'id', 'INSERT')
+ORDER BY 1 LIMIT 20""")
+    try:
+        with engine.connect() as conn:
+            return [str(name) for name in conn.execute(sql).scalars()]
+    except Exception:  # noqa: BLE001 — a check at start: never the reason a daemon does not run
+        return []
