@@ -347,6 +347,66 @@ def test_an_event_in_flight_is_folded_however_far_the_ids_moved_meanwhile(wd, en
         other.close()
 
 
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_gateways_event_waiting_on_an_agents_lock_is_folded_when_it_commits(wd, engine):
+    """The snapshot's xmax is the newest ended transaction + 1, not a bound on those running: an
+    agent holds its run row FOR UPDATE, the MCP proxy's event for that run has taken its id and
+    its transaction id and waits on the foreign key's lock; a newer transaction commits an event
+    above it, an older one ends, the ids move 3,000 on. The proxy's event is folded when it commits."""
+    import threading
+    import time
+
+    from watchdog.daemon import latewindow
+    from watchdog.daemon.scan import Scanner
+
+    r, r2, r3 = _start(wd, 3)
+    scanner = Scanner()
+
+    def fold() -> list[str]:
+        with read_connection(engine) as conn:
+            return [e.tool for e in scanner.fold(conn, {r, r2, r3})]
+
+    insert = ("INSERT INTO events (run_id, seq, at, kind, tool, args_hash, ok) "
+              "VALUES (%s, %s, now(), 'tool', %s, 'h', true)")
+    push = f"SELECT max(nextval(pg_get_serial_sequence('events', 'id'))) FROM generate_series(1, {latewindow.ID_OVERLAP + 1000})"
+    fold()
+    older, newer, agent, proxy, other = (_raw(engine) for _ in range(5))
+    try:
+        older.execute("BEGIN")
+        older.execute("SELECT pg_current_xact_id()")
+        newer.execute("BEGIN")
+        newer.execute("SELECT pg_current_xact_id()")
+        agent.execute("BEGIN")
+        agent.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (r,))
+        committed = threading.Event()
+
+        def gateway() -> None:  # its id and its transaction id now, then a wait on the agent's lock
+            proxy.execute("BEGIN")
+            proxy.execute(insert, (r, 1001, "proxied_call"))
+            proxy.execute("COMMIT")
+            committed.set()
+
+        thread = threading.Thread(target=gateway)
+        thread.start()
+        time.sleep(0.5)
+        assert not committed.is_set()
+        newer.execute(insert, (r2, 1001, "newer"))
+        newer.execute("COMMIT")
+        assert fold() == ["newer"]
+        older.execute("COMMIT")
+        assert fold() == []
+        other.execute(push)
+        other.execute(insert, (r3, 1001, "later"))
+        assert fold() == ["later"]
+        agent.execute("COMMIT")
+        thread.join(10)
+        assert committed.is_set()
+        assert fold() + fold() == ["proxied_call"]
+    finally:
+        for c in (older, newer, agent, proxy, other):
+            c.close()
+
+
 def test_the_sqlite_counter_only_grows(sqlite_url):
     engine = make_engine(sqlite_url)
     try:

@@ -482,3 +482,28 @@ def test_the_labels_of_more_new_runs_than_one_read_carries_are_all_learned(engin
     tk.tick(later(now, 4))  # their label budgets count from the tick after the one that learned them
     assert tk.this is not None and tk.this.money is not None
     assert list(tk.this.money.spend.labelled.values()) == pytest.approx([21.0])  # 1 + 2 + ... + 6
+
+
+def test_steps_the_fold_named_are_priced_after_a_tick_that_failed_before_pricing(engine, wd, monkeypatch):
+    """The fold moved past an unpriced step, then the tick failed before the money work read it:
+    the step is still priced at the next tick (its id is kept), not only if a range read reaches it."""
+    from watchdog.daemon import tickread
+
+    tk = ticker(engine)
+    run = wd.run("bot", guards=False).start()  # no price published yet: the SDK cannot price gpt-4o
+    now = utcnow()
+    assert tk.tick(now).full
+    run.step(model="gpt-4o", tokens_in=100_000, tokens_out=20_000)
+    real = tickread._prefilter
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the store went away mid-tick")
+
+    monkeypatch.setattr(tickread, "_prefilter", failing)
+    with pytest.raises(RuntimeError):
+        tk.tick(later(now, 2))  # folded the step, failed before pricing it
+    monkeypatch.setattr(tickread, "_prefilter", real)
+    assert tk.money is not None and tk.money.backfill.low is not None
+    tk.money.backfill.low = 10**12  # as for a step that committed late, below the range read
+    rep = tk.tick(later(now, 4))
+    assert rep.priced_steps == 1 and run_row(engine, run.id).cost_unpriced_tokens == 0

@@ -124,6 +124,8 @@ class Money:
             found = backfill.read(conn, high_water)
         elif not quiet:
             backfill.skip(conn, high_water)
+        if found:  # kept as found (priced or read again next tick) should the reads by id fail now
+            self._found = found
         self._found = backfill.steps(conn, wanted, found) if wanted else found
         if none_ended and keys == self._keys and not self._booked_since_read:
             return

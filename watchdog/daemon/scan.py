@@ -28,6 +28,7 @@ from watchdog.store.scan import L as L, OWN_BUDGETS as OWN_BUDGETS
 from watchdog.store.scan import FoldedEvent as NewEvent
 
 RATE_WINDOW_S = 60.0
+MAX_PENDING_UNPRICED = 100_000  # unpriced step ids kept for the money work, at most
 
 
 @dataclass
@@ -98,8 +99,9 @@ class Scanner:
         self._bad_runs: dict[str, str] = {}  # run id -> why its whole row did not read (read_isolated)
         self.evidence = Evidence()  # the daemon's own counters per active run (issue 20)
         self.touched: set[str] = set()  # the runs of the events the last fold read
-        # The steps without a cost the last fold read, and the events it could not read: what is
-        # new for the backfill to price (watchdog.daemon.money reads exactly those).
+        # The steps without a cost the folds read, and the events they could not read: what is new
+        # for the backfill to price (watchdog.daemon.money reads exactly those). Kept until the
+        # money work took them (`took_unpriced`): a tick that fails in between passes them on.
         self.unpriced_ids: list[int] = []
 
     def tool_rates(self, now: dt.datetime) -> Counter[str]:
@@ -175,7 +177,10 @@ class Scanner:
         # A set (or the ActiveSet's) is used as it is: building one of 10,000 ids each tick shows.
         active = active_ids if isinstance(active_ids, (set, frozenset)) else set(active_ids)
         self.touched = {e.run_id for e in new if e.run_id.__class__ is str}
-        self.unpriced_ids = [e.id for e in new if e.kind == lc.EV_STEP and e.cost_eur is None] + self._unreadable
+        self.unpriced_ids.extend(e.id for e in new if e.kind == lc.EV_STEP and e.cost_eur is None)
+        self.unpriced_ids.extend(self._unreadable)
+        if len(self.unpriced_ids) > MAX_PENDING_UNPRICED:  # nobody takes them (a daemon without the money work)
+            del self.unpriced_ids[:-MAX_PENDING_UNPRICED]
         stats = self.stats
         evidence = self.evidence
         # The all-runs tool rate is the leader's (it reads every host's events and trims the
@@ -225,3 +230,7 @@ class Scanner:
             steps=steps, tool_calls=calls, tool_errors=errors, cost_eur=cost,
             tokens=tokens, top_signature=st.top_signature(), calls_last_min=calls_min, top_tool_last_min=top_min,
         )
+
+    def took_unpriced(self) -> None:
+        """The money work read the unpriced steps the folds named (Scanner.unpriced_ids)."""
+        self.unpriced_ids = []

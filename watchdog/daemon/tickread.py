@@ -66,6 +66,7 @@ def _full(tk: Ticker, conn: Connection, this: ThisTick, role: Role, scope: Scope
     due = _prefilter(tk, this, light, this.live, wake, costs)
     if mt is not None:  # unreadable steps: reported with the rest
         tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, unpriced=tk.scanner.unpriced_ids, ranged=True))
+        tk.scanner.took_unpriced()
     rows = tk.scanner.load_rows(conn, due)
     act.rebuild(light, scope, this.now.timestamp(), wake=wake, due=due, costs=costs,
                 covered=mt.spend.covered if mt is not None else None)
@@ -99,7 +100,8 @@ def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, chang
         act.spend.fill(mt.spend)  # every run's live cost, not only the few looked at
         mt.spend.light = light
         tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, quiet=act.quiet, none_ended=act.none_ended,
-                                          unpriced=() if act.quiet else tk.scanner.unpriced_ids))
+                                          unpriced=tk.scanner.unpriced_ids))
+        tk.scanner.took_unpriced()
     rows = tk.scanner.load_rows(conn, due)
     tk.trust.flush(act.rows)
     return TickRead(light, len(act.mine), new, due, rows, looked, wake, False)

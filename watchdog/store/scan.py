@@ -160,8 +160,8 @@ def _folded_between(what: str, on_hosts: bool, bounded: bool) -> Any:
     """The folded events with an id above `b_low` (and, `bounded`, at most `b_high`), of runs on
     `b_hosts` (`on_hosts`), in id order: their whole rows ("rows"), their ids ("ids"), their
     count and id sum ("sum"), and with them the read snapshot's oldest transaction still in
-    flight and the next to start ("sum+snapshot", PostgreSQL). Built once per shape: the tick
-    reads them every time."""
+    flight and a bound above every transaction id given so far ("sum+snapshot", PostgreSQL).
+    Built once per shape: the tick reads them every time."""
     key = (what, on_hosts, bounded)
     q = _FOLDED.get(key)
     if q is None:
@@ -171,8 +171,11 @@ def _folded_between(what: str, on_hosts: bool, bounded: bool) -> Any:
         if what.startswith("sum"):
             sums: list[Any] = [func.count(), func.coalesce(func.sum(events.c.id), 0)]
             if what == "sum+snapshot":  # xid8 as text: no driver type for it
-                snap = func.pg_current_snapshot()
-                sums += [sql_cast(func.pg_snapshot_xmin(snap), Text), sql_cast(func.pg_snapshot_xmax(snap), Text)]
+                # pg_current_xact_id() gives this read an id now: every id given before is below it
+                # (the snapshot's xmax is not: it is the newest *ended* one + 1, and a transaction
+                # still running may hold a larger one).
+                sums += [sql_cast(func.pg_snapshot_xmin(func.pg_current_snapshot()), Text),
+                         sql_cast(func.pg_current_xact_id(), Text)]
             q = _on_hosts(select(*sums).where(cond), on_hosts)
         else:
             cols = _EVENT_COLS if what == "rows" else (events.c.id,)
@@ -201,9 +204,10 @@ class WindowSum(NamedTuple):
     n: int
     total: int  # the sum of their ids
     # PostgreSQL: the read snapshot's oldest transaction still in flight (every older one has
-    # ended) and the first not yet started (pg_snapshot_xmin / xmax); None on SQLite.
+    # ended: pg_snapshot_xmin) and a transaction id above every one given before this read
+    # (pg_current_xact_id); None on SQLite.
     xmin: int | None = None
-    xmax: int | None = None
+    xid_bound: int | None = None
 
 
 def folded_sum_between(conn: Connection, low: int, high: int, hosts: Collection[str] | None = None) -> WindowSum:
