@@ -336,6 +336,17 @@ def test_exec_roots_that_failed_to_read_are_read_again_at_the_next_tick(engine, 
     assert calls[-1] == 2 and tk.exec_trees._roots is not None
 
 
+def _an_unpriced_step_after_a_full_tick(engine, wd):
+    """(ticker, run, the full tick's time): the run was started before any price was published, so
+    its SDK could not price the gpt-4o step it recorded after that tick."""
+    tk = ticker(engine)
+    run = wd.run("bot", guards=False).start()
+    now = utcnow()
+    assert tk.tick(now).full
+    run.step(model="gpt-4o", tokens_in=100_000, tokens_out=20_000)
+    return tk, run, now
+
+
 def test_the_steps_left_to_price_are_read_only_when_the_fold_saw_one(engine, wd):
     """The money work reads the unpriced steps written since the last tick only when the tick's
     fold (which reads every step written since) saw a step without a cost: a priced step costs
@@ -402,11 +413,7 @@ def test_steps_whose_pricing_failed_are_priced_at_the_next_tick(engine, wd, monk
     prices them all the same."""
     from watchdog.daemon.backfill import Backfill
 
-    tk = ticker(engine)
-    run = wd.run("bot", guards=False).start()  # no price published yet: the SDK cannot price gpt-4o
-    now = utcnow()
-    assert tk.tick(now).full
-    run.step(model="gpt-4o", tokens_in=100_000, tokens_out=20_000)
+    tk, run, now = _an_unpriced_step_after_a_full_tick(engine, wd)
     real = Backfill.apply
     failures = []
 
@@ -489,11 +496,7 @@ def test_steps_the_fold_named_are_priced_after_a_tick_that_failed_before_pricing
     the step is still priced at the next tick (its id is kept), not only if a range read reaches it."""
     from watchdog.daemon import tickread
 
-    tk = ticker(engine)
-    run = wd.run("bot", guards=False).start()  # no price published yet: the SDK cannot price gpt-4o
-    now = utcnow()
-    assert tk.tick(now).full
-    run.step(model="gpt-4o", tokens_in=100_000, tokens_out=20_000)
+    tk, run, now = _an_unpriced_step_after_a_full_tick(engine, wd)
     real = tickread._prefilter
 
     def failing(*args, **kwargs):

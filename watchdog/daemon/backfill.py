@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.prices import PriceBook
 from watchdog.daemon.isolation import Defect, read_isolated
-from watchdog.daemon.scan import ID_OVERLAP
+from watchdog.daemon.latewindow import ID_OVERLAP
 from watchdog.store import backfill as store
 from watchdog.store.backfill import MAX_PER_TICK as MAX_PER_TICK, UnpricedStep, WriteRefused
 from watchdog.store.engine import Connection, Engine

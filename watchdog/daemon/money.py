@@ -88,8 +88,8 @@ class Money:
         self.last_backfill = BackfillReport()
         self._found: list[Any] = []
         self._booked_since_read = True  # the books moved since the ledger was last read
-        self._labels_read: dict[str, Any] = {}  # run id -> labels, read with the ledger this tick
-        self._labels_asked: set[str] = set()  # the runs whose labels that read asked for
+        # run id -> labels (None: not a JSON table, or no such run), read with the ledger this tick
+        self._labels_read: dict[str, Any] = {}
 
     def begin(self, now: dt.datetime) -> MoneyTick:
         """This tick's money work, its steps in their order (watchdog.daemon.moneytick)."""
@@ -114,7 +114,7 @@ class Money:
         `ranged` as at a full tick: the range above the last read too). `new`: the runs first seen
         (LiveSpend.new), whose labels the ledger's read reads along (learn_labels reads the rest)."""
         keys = {p: period_key(p, now, self.tz) for p in PERIODS}
-        self._labels_read, self._labels_asked = {}, set()
+        self._labels_read = {}
         # Steps the last tick found but failed to price (`price` raised; MoneyTick.judge logged it)
         # are read again by id, whatever else this read skips.
         wanted = [r.id for r in self._found] + list(unpriced or ())
@@ -124,9 +124,9 @@ class Money:
             found = backfill.read(conn, high_water)
         elif not quiet:
             backfill.skip(conn, high_water)
-        if found:  # kept as found (priced or read again next tick) should the reads by id fail now
-            self._found = found
-        self._found = backfill.steps(conn, wanted, found) if wanted else found
+        self._found = found  # kept (priced, or read again next tick) should the reads by id fail now
+        if wanted:
+            self._found = backfill.steps(conn, wanted, found)
         if none_ended and keys == self._keys and not self._booked_since_read:
             return
         self._booked_since_read = False
@@ -135,7 +135,6 @@ class Money:
         ids = [rid for rid, _cost in new][: ledger.LABELS_ALONG] if self.label_budgets else []
         self._spend, self._unbooked, self._n_unbooked, self._labels_read = ledger.read_period_spend(
             conn, self._keys, starts[DAY], starts[MONTH], ids)
-        self._labels_asked = set(ids)
 
     # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
@@ -231,9 +230,9 @@ class Money:
     def _learn_labels(self, conn: Connection, new: list[tuple[str, float]]) -> Iterator[tuple[str, float]]:
         """Read the labels of runs seen for the first time; yield (label scope, cost) of each match."""
         cost_of = dict(new)
-        along, asked, self._labels_read, self._labels_asked = self._labels_read, self._labels_asked, {}, set()
+        along, self._labels_read = self._labels_read, {}
         found = [RunLabels(rid, along[rid]) for rid in cost_of if rid in along]  # read with the ledger's
-        for rid, labels in chain(found, labels_of(conn, [rid for rid in cost_of if rid not in asked])):
+        for rid, labels in chain(found, labels_of(conn, [rid for rid in cost_of if rid not in along])):
             scopes = tuple(b.scope for b in self.label_budgets if b.matches(labels))
             self.run_scopes[rid] = scopes
             for scope in scopes:

@@ -74,8 +74,8 @@ class MoneyTick:
              none_ended: bool = False, unpriced: Sequence[int] | None = None, ranged: bool = False) -> list[Defect]:
         """In the tick's read snapshot, after the pre-filter summed the live spend: the unpriced
         steps, the ledger's spend, the labels of runs first seen. Returns the steps that could
-        not be read (reported with the tick's other defects). `quiet`, `none_ended`, `unpriced`:
-        see Money.read."""
+        not be read (reported with the tick's other defects). `quiet`, `none_ended`, `unpriced`,
+        `ranged`: see Money.read."""
         self._step(Phase.BEGUN, Phase.READ)
         m = self.money
         m.read(conn, self.now, high_water, quiet=quiet, none_ended=none_ended, unpriced=unpriced, ranged=ranged,

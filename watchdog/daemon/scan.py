@@ -17,7 +17,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.policies import RunSnapshot
 from watchdog.daemon.evidence import Evidence, merged
 from watchdog.daemon.isolation import CHUNK, Defect, event_defect, read_isolated
-from watchdog.daemon.latewindow import ID_OVERLAP as ID_OVERLAP, LateWindow
+from watchdog.daemon.latewindow import LateWindow
 from watchdog.store import scan as store
 from watchdog.store.engine import Connection
 from watchdog.store.scan import EventSelection

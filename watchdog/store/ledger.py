@@ -89,14 +89,15 @@ def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.d
                       labels_of: Sequence[str] = ()) -> tuple[Spend, list[UnbookedSpend], int, dict[str, Any]]:
     """read_spend and read_unbooked_spend in one statement (one round trip per tick), and the
     labels of up to LABELS_ALONG runs (`labels_of`: the runs first seen, whose label budgets the
-    tick must know): (ledger spend, unbooked sums, unbooked runs, {run id: labels or None})."""
+    tick must know): (ledger spend, unbooked sums, unbooked runs, {run id: labels or None}: every
+    run asked for, None also for one that is not there)."""
     params = _spend_params(keys, day_start, month_start)
     if labels_of:
         params["b_ids"] = list(labels_of[:LABELS_ALONG])
     rows = conn.execute(_PERIOD_SPEND_LABELS if labels_of else _PERIOD_SPEND, params).all()
     spend: Spend = {}
     unbooked: list[UnbookedSpend] = []
-    labels: dict[str, Any] = {}
+    labels: dict[str, Any] = dict.fromkeys(labels_of[:LABELS_ALONG])
     n = 0
     for kind, a, b, c, d, count in rows:
         if kind == "L":
