@@ -20,7 +20,8 @@ from watchdog.core.messages import RunFacts
 from watchdog.core.seal import Sealer
 from watchdog.daemon.attest import verified_cgroup, verified_leader
 from watchdog.daemon.killer import Killer
-from watchdog.daemon.runtree import TreeMemory, directory, remaining
+from watchdog.daemon.runtree import directory, remaining
+from watchdog.daemon.treememory import TreeMemory
 from watchdog.daemon.stopping import stop_run
 from watchdog.store.engine import Connection, Engine, read_connection, statement_reads
 from watchdog.store.execrun import active_exec_roots
@@ -34,7 +35,7 @@ class ExecTrees:
         self.killer = killer
         self.by = by
         self.sealer = sealer
-        self.memory = TreeMemory(killer.host)
+        self.memory = TreeMemory(killer.host, killer.allowed_users)
         self._roots: list[Any] | None = None  # the roots the last read found
 
     def observe(self, *, reuse: bool = False) -> None:

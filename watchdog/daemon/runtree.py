@@ -4,9 +4,9 @@
   attestation (named `agent-watchdog-run-<id>`, a directory under the cgroup2 mount found in
   /proc/self/mountinfo, exec's process or its child inside it) and again, for the name and
   the mount, every time it is used. A row cannot point the daemon at `system.slice`.
-- Tree mode (no cgroup): each tick the daemon remembers the descendants of each attested
-  exec it can see (pid + create time), so when exec is gone — SIGKILLed, its orphans
-  reparented away — the tree it left is still attributable to the attested root.
+- Tree mode (no cgroup): each tick the daemon pins the descendants it sees of each attested
+  exec and of what it pinned before (watchdog.daemon.treememory), so when exec is gone —
+  SIGKILLed, its orphans reparented away — the tree it left is still attributable to the root.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from watchdog.daemon.killer import Killer
 
 MOUNTINFO = "/proc/self/mountinfo"
-MAX_REMEMBERED = 10_000  # processes per run: a fork bomb must not grow the daemon without bound
 
 
 def _read(path: str) -> str:
@@ -159,59 +158,3 @@ def remaining(killer: Killer, idents: Iterable[ProcessIdentity], d: str | None =
     for m in killer.alive(cgroup_members(killer, d)):
         seen.setdefault(m.pid, m)
     return list(seen.values())
-
-
-class TreeMemory:
-    """Per exec'd run: the descendants seen of its attested root, keyed by that root's identity."""
-
-    def __init__(self, host: str):
-        self.host = host
-        self._seen: dict[str, tuple[tuple[int, float], dict[int, float]]] = {}
-
-    def observe(self, roots: Iterable[tuple[str, int, float]]) -> None:
-        """`roots`: (run id, pid, create time) of the active exec runs of this host."""
-        keep: set[str] = set()
-        for run_id, pid, create_time in roots:
-            keep.add(run_id)
-            if pid is None or create_time is None:
-                continue
-            try:
-                root = psutil.Process(int(pid))
-                if abs(root.create_time() - float(create_time)) > CREATE_TIME_TOLERANCE_S:
-                    continue
-                kids = root.children(recursive=True)
-            except psutil.Error:
-                continue  # gone: what was seen before stays, for the daemon to take down
-            key = (int(pid), float(create_time))
-            prev_key, members = self._seen.get(run_id, (key, {}))
-            if prev_key != key:
-                members = {}
-            for kid in kids:
-                if len(members) >= MAX_REMEMBERED:
-                    break
-                try:
-                    members[kid.pid] = kid.create_time()
-                except psutil.Error:
-                    continue
-            self._seen[run_id] = (key, members)
-        for run_id in [r for r in self._seen if r not in keep]:
-            del self._seen[run_id]
-
-    def members(self, run_id: str, root: ProcessIdentity) -> list[ProcessIdentity]:
-        """What was seen under `root` (the attested identity, nothing else), and their
-        descendants now (a remembered process may have forked since)."""
-        key, members = self._seen.get(run_id, (None, {}))
-        if key is None or key[0] != root.pid or abs(key[1] - root.create_time) > CREATE_TIME_TOLERANCE_S:
-            return []
-        out: dict[int, ProcessIdentity] = {}
-        for pid, ct in members.items():
-            out[pid] = ProcessIdentity(self.host, pid, ct)
-            try:
-                proc = psutil.Process(pid)
-                if abs(proc.create_time() - ct) > CREATE_TIME_TOLERANCE_S:
-                    continue
-                for kid in proc.children(recursive=True):
-                    out.setdefault(kid.pid, ProcessIdentity(self.host, kid.pid, kid.create_time()))
-            except psutil.Error:
-                continue
-        return list(out.values())

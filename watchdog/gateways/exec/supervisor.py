@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 EXIT_STOPPED = 124
 EXIT_FAILED = 125
 PREFIX = "agent-watchdog exec"
+# Tree mode's one gap (watchdog.daemon.treememory): said with -v wherever the run is `tree`.
+TREE_WINDOW = ("kill mode tree: if exec is killed, the daemon takes down the descendants it pinned at each tick; "
+               "one born and orphaned within one tick escapes it (--kill-mode cgroup has no such window: "
+               "use it wherever it is available)")
 
 
 class ExecFailed(Exception):
@@ -141,6 +145,7 @@ class _Session:
     def _place(self) -> tuple[cg.Placement | None, str]:
         if self.opts.kill_mode == lc.TREE:
             self.note("kill mode tree: the command's tree is held by exec as its child subreaper (no cgroup)")
+            self.note(TREE_WINDOW)
             return None, lc.TREE
         try:
             placement = cg.plan(self.run_id)
@@ -148,6 +153,7 @@ class _Session:
             if self.opts.kill_mode == lc.CGROUP:
                 raise ExecFailed(f"--kill-mode cgroup is impossible here: {exc}") from None
             self.note(f"no cgroup of its own ({exc}); kill mode tree: exec holds the tree as its child subreaper")
+            self.note(TREE_WINDOW)
             return None, lc.TREE
         where = placement.directory or f"a scope named {cg.rules.scope_unit(self.run_id)}"
         self.note(f"kill mode cgroup: the command runs in {where} ({placement.how})")
@@ -162,6 +168,7 @@ class _Session:
                 raise ExecFailed(f"--kill-mode cgroup is impossible here: cannot move the command into "
                                  f"{placement.directory} ({exc.strerror})") from None
             self.note(f"cannot move the command into {placement.directory} ({exc.strerror}); kill mode tree")
+            self.note(TREE_WINDOW)
             placement.remove()
             self.placement = None
             return lc.TREE
