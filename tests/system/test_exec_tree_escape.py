@@ -69,6 +69,26 @@ ATTACK = textwrap.dedent("""
     os._exit(0)
 """)
 
+# A command whose stubborn worker (setsid, double-forked, ignores SIGTERM) starts under exec; on
+# `go` the command SIGKILLs exec and exits, which leaves the worker to init.
+LEAVES_A_WORKER = textwrap.dedent("""
+    import os, signal, sys, time
+    d = sys.argv[1]
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            with open(os.path.join(d, "worker.pid.tmp"), "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(os.path.join(d, "worker.pid.tmp"), os.path.join(d, "worker.pid"))
+            while True:
+                time.sleep(1)
+        os._exit(0)
+    while not os.path.exists(os.path.join(d, "go")):
+        time.sleep(0.01)
+    os.kill(os.getppid(), signal.SIGKILL)
+""")
+
 # A healthy command: a child of its own, runs across the ticks it is told to, exits 0.
 HEALTHY = textwrap.dedent("""
     import os, subprocess, sys, time
@@ -99,7 +119,8 @@ class World:
         self.env.update(HOME=str(self.folder), AGENT_WATCHDOG_SOCKET=self.attestor.socket)
         self.engine = make_engine(self.url)
         cfg = config(daemon={"allowed_users": [self.agent, self.other], "cancel_grace_s": CANCEL_GRACE_S,
-                             "term_grace_s": TERM_GRACE_S})
+                             "term_grace_s": TERM_GRACE_S},
+                     agents={"pausing": {"on_breach": "pause", "max_wall_s": 60}})
         # The other user is allowed too: what spares its processes is the tree's own user, not a gap.
         self.tk = Ticker(self.engine, cfg, Killer(allowed_users=[self.agent, self.other]),
                          sealer=self.attestor.sealer)
@@ -199,6 +220,30 @@ def test_a_worker_double_forked_after_the_command_killed_exec_is_taken_down(worl
     assert [i.action for i in interventions_of(world.engine, run.id)] == acts
     # Never signalled: another user's process inside the tree, and both bystanders.
     assert not any(gone(proc) for proc in (setuid, mine, theirs))
+
+
+def test_a_paused_run_whose_exec_is_killed_is_stopped_and_its_tree_taken_down(world):
+    p = world.exec("pausing", LEAVES_A_WORKER)
+    d = world.folder / "pausing"
+    run = world.run_of("pausing")
+    worker = _pid(d / "worker.pid")
+    assert wait_until(lambda: worker.ppid() == p.pid)  # reparented to exec, its subreaper
+    t0 = utcnow()
+    rep = world.tk.tick(later(t0, 61))  # past max_wall_s: paused (on_breach = "pause"), the worker pinned
+    assert rep.pauses == [(run.id, lc.WALL_CLOCK)], rep
+    (d / "go").touch()
+    assert p.wait(timeout=60) == -signal.SIGKILL
+    assert wait_until(lambda: _orphaned(worker))
+    rep = world.tk.tick(later(t0, 62))  # not lost: exec is gone, its tree is not
+    assert rep.stops == [(run.id, lc.PROCESS_GONE)] and not rep.lost, rep
+    t = later(t0, 62 + CANCEL_GRACE_S + 0.1)
+    world.tk.tick(t)  # SIGTERM (ignored)
+    world.tk.tick(later(t, TERM_GRACE_S + 0.1))  # SIGKILL
+    assert wait_until(lambda: gone(worker)), "the worker survived the SIGKILL"
+    world.tk.tick(later(t, TERM_GRACE_S + 0.2))
+    row = run_row(world.engine, run.id)
+    assert (row.status, row.stop_reason) == (lc.KILLED, lc.PROCESS_GONE)
+    assert [i.action for i in interventions_of(world.engine, run.id)].count(Action.STOP_REQUESTED) == 1
 
 
 def test_a_healthy_command_under_exec_runs_to_its_exit_untouched(world):

@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
 
+from watchdog.core import lifecycle as lc
 from watchdog.core import pause as ap
 from watchdog.core.budgets import Budgets
 from watchdog.core.messages import RunFacts
@@ -61,6 +62,12 @@ def judge_paused(tk: Ticker, this: ThisTick, row: Any, *, budgets: Budgets, fact
     """One paused run: lost, stopped (a loop, silence, no answer in time), or still waiting."""
     now, rep = this.now, this.rep
     if tk.gone(row, this):
+        if tk.exec_trees.left(row):  # exec is gone, not its tree: stopped, and the ladder takes the tree down
+            with batch.run() as conn:
+                if tk.exec_trees.stop_orphaned(conn, row, budgets=budgets, facts=facts, now=now):
+                    tk.state.decided.add(row.id)  # the daemon's own decision: its ladder may signal
+                    rep.stops.append((row.id, lc.PROCESS_GONE))
+            return
         with batch.run() as conn:
             if lose_run(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run "
                                             f"(it was paused for {row.stop_reason})",
