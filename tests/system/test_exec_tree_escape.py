@@ -89,6 +89,23 @@ LEAVES_A_WORKER = textwrap.dedent("""
     os.kill(os.getppid(), signal.SIGKILL)
 """)
 
+# The window tree mode leaves: exec killed, a worker double-forked and orphaned at once.
+INSTANT = textwrap.dedent("""
+    import os, signal, sys, time
+    d = sys.argv[1]
+    while not os.path.exists(os.path.join(d, "go")):
+        time.sleep(0.01)
+    os.kill(os.getppid(), signal.SIGKILL)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.path.join(d, "worker.pid.tmp"), "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(os.path.join(d, "worker.pid.tmp"), os.path.join(d, "worker.pid"))
+            while True:
+                time.sleep(1)
+""")
+
 # A healthy command: a child of its own, runs across the ticks it is told to, exits 0.
 HEALTHY = textwrap.dedent("""
     import os, subprocess, sys, time
@@ -246,6 +263,26 @@ def test_a_paused_run_whose_exec_is_killed_is_stopped_and_its_tree_taken_down(wo
     assert [i.action for i in interventions_of(world.engine, run.id)].count(Action.STOP_REQUESTED) == 1
 
 
+def test_the_window_left_is_named_in_the_lost_alert(world):
+    """Born and orphaned within one tick: nothing links the worker to the run (use cgroup); the
+    run is lost, and the alert says what may be left."""
+    p = world.exec("instant", INSTANT)
+    d = world.folder / "instant"
+    run = world.run_of("instant")
+    (command,) = psutil.Process(p.pid).children()
+    t0 = utcnow()
+    world.tk.tick(t0)
+    (d / "go").touch()
+    worker = _pid(d / "worker.pid")
+    assert p.wait(timeout=60) == -signal.SIGKILL
+    assert wait_until(lambda: _orphaned(worker) and gone(command))  # the middle and the command exited
+    rep = world.tk.tick(later(t0, 1))
+    assert rep.lost == [run.id] and not rep.stops, rep
+    (alert,) = alerts_of(world.engine, run.id)
+    assert "born and orphaned since its last look" in alert.body and "cgroup" in alert.body
+    worker.kill()
+
+
 def test_a_healthy_command_under_exec_runs_to_its_exit_untouched(world):
     p = world.exec("healthy", HEALTHY)
     d = world.folder / "healthy"
@@ -279,3 +316,4 @@ def _orphaned(proc: psutil.Process) -> bool:
     except psutil.Error:
         return True
     return parent is None or parent.uids().real != proc.uids().real
+

@@ -66,6 +66,15 @@ class ExecTrees:
         found = self.memory.members(row.id, leader)
         return bool(remaining(self.killer, found, cgroup_dir if row.kill_mode == lc.CGROUP else None))
 
+    def lost_detail(self, row: Any) -> str:
+        """Why a run whose process is gone is lost; for a tree-mode exec, what may be left."""
+        detail = f"process {row.pid} on {row.host} is gone without ending the run"
+        if row.kill_mode == lc.TREE and getattr(row, "source", None) == lc.Source.EXEC:
+            # The one gap of tree mode (watchdog.daemon.treememory): said, since nothing else can be.
+            detail += ("; exec ended without ending it and no process it pinned is left, but one born and "
+                       "orphaned since its last look would not be seen (kill_mode tree; cgroup has no such gap)")
+        return detail
+
     def stop_orphaned(self, conn: Connection, row: Any, *, budgets: Budgets, facts: RunFacts,
                       now: dt.datetime) -> bool:
         """Stop a run whose exec is gone and whose tree is not (process_gone); whether this did it

@@ -293,8 +293,8 @@ class Ticker:
                     this.rep.stops.append((row.id, lc.PROCESS_GONE))
             return
         with batch.run() as conn:
-            if lose_run(conn, row, detail=f"process {row.pid} on {row.host} is gone without ending the run",
-                         now=this.now, by=self.by, budgets=budgets, run_facts=f, sealer=self.sealer):
+            if lose_run(conn, row, detail=self.exec_trees.lost_detail(row), now=this.now, by=self.by, budgets=budgets,
+                        run_facts=f, sealer=self.sealer):
                 this.rep.lost.append(row.id)
 
     def _judge_running(self, row: Row, this: ThisTick, batch: Batch, budgets: Budgets, f: RunFacts,

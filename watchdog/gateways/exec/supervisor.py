@@ -38,8 +38,8 @@ EXIT_FAILED = 125
 PREFIX = "agent-watchdog exec"
 # Tree mode's one gap (watchdog.daemon.treememory): said with -v wherever the run is `tree`.
 TREE_WINDOW = ("kill mode tree: if exec is killed, the daemon takes down the descendants it pinned at each tick; "
-               "one born and orphaned within one tick escapes it (--kill-mode cgroup has no such window: "
-               "use it wherever it is available)")
+               "one born and orphaned within one tick escapes it, so a command that means to escape can "
+               "(--kill-mode cgroup has no such window: use it wherever it is available)")
 
 
 class ExecFailed(Exception):
