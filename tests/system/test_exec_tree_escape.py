@@ -135,13 +135,17 @@ class World:
         self.python, self.env = foreign_python()
         self.env.update(HOME=str(self.folder), AGENT_WATCHDOG_SOCKET=self.attestor.socket)
         self.engine = make_engine(self.url)
-        cfg = config(daemon={"allowed_users": [self.agent, self.other], "cancel_grace_s": CANCEL_GRACE_S,
+        self.cfg = config(daemon={"allowed_users": [self.agent, self.other], "cancel_grace_s": CANCEL_GRACE_S,
                              "term_grace_s": TERM_GRACE_S},
                      agents={"pausing": {"on_breach": "pause", "max_wall_s": 60}})
-        # The other user is allowed too: what spares its processes is the tree's own user, not a gap.
-        self.tk = Ticker(self.engine, cfg, Killer(allowed_users=[self.agent, self.other]),
-                         sealer=self.attestor.sealer)
+        self.tk = self.daemon()
         self.spare: list[subprocess.Popen] = []
+
+    def daemon(self) -> Ticker:
+        """The daemon's tick (a new one: a restarted daemon, on the same state file).
+        The other user is allowed too: what spares its processes is the tree's own user, not a gap."""
+        return Ticker(self.engine, self.cfg, Killer(allowed_users=[self.agent, self.other]),
+                      sealer=self.attestor.sealer)
 
     def exec(self, name: str, script: str, *args: str) -> subprocess.Popen:
         d = self.folder / name
@@ -195,6 +199,22 @@ def _pid(path: Path) -> psutil.Process:
     return psutil.Process(int(path.read_text()))
 
 
+def _taken_down(world, run, worker: psutil.Process, stopped_at) -> list[str]:
+    """The ladder's ticks after a stop at `stopped_at`: SIGTERM (ignored), SIGKILL, the end. The
+    actions recorded for the run."""
+    t = later(stopped_at, CANCEL_GRACE_S + 0.1)
+    world.tk.tick(t)  # SIGTERM to the worker (ignored)
+    assert run_row(world.engine, run.id).signal_stage == lc.Stage.TERM
+    world.tk.tick(later(t, TERM_GRACE_S + 0.1))  # SIGKILL
+    assert wait_until(lambda: gone(worker)), "the worker survived the SIGKILL"
+    world.tk.tick(later(t, TERM_GRACE_S + 0.2))
+    row = run_row(world.engine, run.id)
+    assert (row.status, row.stop_reason) == (lc.KILLED, lc.PROCESS_GONE)
+    acts = [i.action for i in interventions_of(world.engine, run.id)]
+    assert acts.count(Action.STOP_REQUESTED) == 1 and Action.SIGKILL in acts and acts[-1] == Action.ENDED, acts
+    return acts
+
+
 def test_a_worker_double_forked_after_the_command_killed_exec_is_taken_down(world):
     # Another user's setuid program, which the command starts inside its own tree.
     foreign = world.folder / "foreign-sleep"
@@ -219,21 +239,12 @@ def test_a_worker_double_forked_after_the_command_killed_exec_is_taken_down(worl
     assert memory.pinned(run.id) == 3  # the command, the middle process, the worker
     (d / "orphan").touch()
     assert wait_until(lambda: _orphaned(worker)), "the worker was never reparented away"
-    t = later(t0, 1 + CANCEL_GRACE_S + 0.1)
-    world.tk.tick(t)  # SIGTERM to the worker (ignored)
-    assert run_row(world.engine, run.id).signal_stage == lc.Stage.TERM
-    world.tk.tick(later(t, TERM_GRACE_S + 0.1))  # SIGKILL
-    assert wait_until(lambda: gone(worker)), "the worker survived the SIGKILL"
-    world.tk.tick(later(t, TERM_GRACE_S + 0.2))
-    row = run_row(world.engine, run.id)
-    assert (row.status, row.stop_reason) == (lc.KILLED, lc.PROCESS_GONE)
-    acts = [i.action for i in interventions_of(world.engine, run.id)]
-    assert acts.count(Action.STOP_REQUESTED) == 1 and Action.SIGKILL in acts and acts[-1] == Action.ENDED, acts
+    acts = _taken_down(world, run, worker, later(t0, 1))
     # One stop alert, and one for the signals past the cooperative stop.
     assert [a.dedupe_key.split(":")[0] for a in alerts_of(world.engine, run.id)] == ["stop", "escalate"]
     assert "process_gone" in alerts_of(world.engine, run.id)[0].title
     for _ in range(2):  # nothing more, however often it ticks
-        world.tk.tick(later(t, 5))
+        world.tk.tick(later(t0, 9))
     assert [i.action for i in interventions_of(world.engine, run.id)] == acts
     # Never signalled: another user's process inside the tree, and both bystanders.
     assert not any(gone(proc) for proc in (setuid, mine, theirs))
@@ -253,14 +264,24 @@ def test_a_paused_run_whose_exec_is_killed_is_stopped_and_its_tree_taken_down(wo
     assert wait_until(lambda: _orphaned(worker))
     rep = world.tk.tick(later(t0, 62))  # not lost: exec is gone, its tree is not
     assert rep.stops == [(run.id, lc.PROCESS_GONE)] and not rep.lost, rep
-    t = later(t0, 62 + CANCEL_GRACE_S + 0.1)
-    world.tk.tick(t)  # SIGTERM (ignored)
-    world.tk.tick(later(t, TERM_GRACE_S + 0.1))  # SIGKILL
-    assert wait_until(lambda: gone(worker)), "the worker survived the SIGKILL"
-    world.tk.tick(later(t, TERM_GRACE_S + 0.2))
-    row = run_row(world.engine, run.id)
-    assert (row.status, row.stop_reason) == (lc.KILLED, lc.PROCESS_GONE)
-    assert [i.action for i in interventions_of(world.engine, run.id)].count(Action.STOP_REQUESTED) == 1
+    _taken_down(world, run, worker, later(t0, 62))
+
+
+def test_a_daemon_restarted_after_exec_died_still_takes_the_tree_down(world):
+    p = world.exec("restarted", LEAVES_A_WORKER)
+    d = world.folder / "restarted"
+    run = world.run_of("restarted")
+    worker = _pid(d / "worker.pid")
+    assert wait_until(lambda: worker.ppid() == p.pid)
+    t0 = utcnow()
+    world.tk.tick(t0)  # the command and the worker pinned, in the daemon's state file too
+    (d / "go").touch()
+    assert p.wait(timeout=60) == -signal.SIGKILL
+    assert wait_until(lambda: _orphaned(worker))
+    world.tk = world.daemon()  # restarted: nothing but its state file knows the tree
+    rep = world.tk.tick(later(t0, 1))
+    assert rep.stops == [(run.id, lc.PROCESS_GONE)] and not rep.lost, rep
+    _taken_down(world, run, worker, later(t0, 1))
 
 
 def test_the_window_left_is_named_in_the_lost_alert(world):

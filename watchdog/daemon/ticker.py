@@ -110,6 +110,7 @@ class Ticker:
         self.memory = memory or StateFile.for_daemon(state_dir if state_dir != resolve_paths().state_dir else None,
                                                      engine.url)
         self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
+        self.exec_trees.memory.state = self.memory  # pinned trees outlive a restart
         self.ended_stops = EndedStops()  # issue 19: stops heard after their runs ended
         # issue 25: the active runs kept between ticks, so that a tick costs what changed.
         self.active = ActiveSet(killer)

@@ -16,20 +16,32 @@ Only what the killer could signal for the run is pinned: processes of the root's
 (real and effective uid; a setuid program the command ran is not the run's), that user being
 one of allowed_users (so root and system users only when named there), never pid 1, the daemon
 or its parent. The killer checks each again, pinned by pidfd, before any signal.
+
+What is pinned is kept in the daemon's state file too (a mark per run), so a daemon restarted
+after exec's death still knows the tree exec left.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import pwd
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psutil
 
 from watchdog.daemon.killer import CREATE_TIME_TOLERANCE_S, ProcessIdentity
 
+if TYPE_CHECKING:
+    from watchdog.store.memory import Memory
+
+log = logging.getLogger("watchdog.tick")
+
+MARK = "exec_tree"  # the state file's mark kind: a run's pinned tree, as JSON
 MAX_REMEMBERED = 10_000  # processes per run: a fork bomb must not grow the daemon without bound
 
 Key = tuple[int, float]  # pid, create time
@@ -77,10 +89,12 @@ def _user(uid: int) -> str:
 class TreeMemory:
     """Per exec'd run: the descendants seen of its root, keyed by that root's identity."""
 
-    def __init__(self, host: str, allowed_users: Iterable[str] = ()):
+    def __init__(self, host: str, allowed_users: Iterable[str] = (), state: Memory | None = None):
         self.host = host
         self.allowed_users = frozenset(allowed_users)
+        self.state = state  # the daemon's state file (None: this process's memory only)
         self._trees: dict[str, _Tree] = {}
+        self._saved: dict[str, frozenset[int]] = {}  # what the state file holds of each run, by pid
 
     def observe(self, roots: Iterable[tuple[str, int | None, float | None]]) -> None:
         """`roots`: (run id, pid, create time) of the active tree-mode exec runs of this host
@@ -94,15 +108,65 @@ class TreeMemory:
             key = (int(pid), float(create_time))
             tree = self._trees.get(run_id)
             if tree is None or tree.root != key:
+                tree = self._restore(run_id, key)
+            if tree is None:
                 uids = _live(key)
                 if uids is None:
                     continue  # never seen alive as itself: nothing to attribute to it
-                self._trees[run_id] = tree = _Tree(key, uids[0], _user(uids[0]) in self.allowed_users)
+                tree = _Tree(key, uids[0], _user(uids[0]) in self.allowed_users)
+            self._trees[run_id] = tree
             if links is None:
                 links = _children_map()  # once a tick, for every run
             self._pin(tree, links)
+            self._save(run_id, tree)
         for run_id in [r for r in self._trees if r not in keep]:
             del self._trees[run_id]
+            if self._saved.pop(run_id, None) is not None:
+                self._write(run_id, None)
+
+    # -- the state file ----------------------------------------------------------------------
+
+    def _restore(self, run_id: str, key: Key) -> _Tree | None:
+        """The tree a previous daemon pinned for this run and root, from the state file."""
+        if self.state is None:
+            return None
+        try:
+            raw = self.state.marked(MARK, run_id)
+            if not raw:
+                return None
+            d = json.loads(raw)
+            if (int(d["root"][0]), float(d["root"][1])) != key:
+                return None
+            uid = int(d["uid"])
+            tree = _Tree(key, uid, _user(uid) in self.allowed_users,
+                         {int(p): float(ct) for p, ct in d["pinned"].items()})
+        except Exception as exc:  # noqa: BLE001 — a mark it cannot read: the tree is rebuilt from the kernel
+            log.debug("exec tree of run %s not restored (%s)", run_id[:8], type(exc).__name__)
+            return None
+        self._saved[run_id] = frozenset(tree.pinned)
+        return tree
+
+    def _save(self, run_id: str, tree: _Tree) -> None:
+        now = frozenset(tree.pinned)
+        if self._saved.get(run_id) == now:
+            return  # unchanged: no write
+        value = json.dumps({"root": list(tree.root), "uid": tree.uid,
+                            "pinned": {str(p): ct for p, ct in tree.pinned.items()}})
+        if self._write(run_id, value):
+            self._saved[run_id] = now
+
+    def _write(self, run_id: str, value: str | None) -> bool:
+        if self.state is None:
+            return False
+        try:
+            if value is None:
+                self.state.unmark(MARK, run_id)
+            else:
+                self.state.mark(MARK, run_id, value)
+            return True
+        except Exception:  # noqa: BLE001 — kept in this process's memory; written again next tick
+            log.warning("could not write the daemon's state file (exec tree of run %s)", run_id[:8], exc_info=True)
+            return False
 
     def _pin(self, tree: _Tree, links: dict[int, list[int]]) -> None:
         """Pin the descendants of the root and of what is pinned; forget the dead."""

@@ -204,6 +204,10 @@ class Memory:
             self._db.executemany("INSERT OR REPLACE INTO marks VALUES (?, ?, ?)", rows)
             self._db.execute("COMMIT")
 
+    def unmark(self, kind: str, key: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM marks WHERE kind = ? AND key = ?", (kind, key))
+
     def marked(self, kind: str, key: str) -> str | None:
         with self._lock:
             row = self._db.execute("SELECT value FROM marks WHERE kind = ? AND key = ?", (kind, key)).fetchone()
