@@ -219,8 +219,8 @@ class TreeMemory:
             return []
         try:
             self._pin(tree, _children_map())  # born since the tick's look
-        except psutil.Error:
-            pass
+        except (psutil.Error, OSError):
+            pass  # what the tick pinned still holds
         return [ProcessIdentity(self.host, pid, ct, tree.uid) for pid, ct in tree.pinned.items()]
 
     def pinned(self, run_id: str) -> int:
