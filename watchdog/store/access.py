@@ -96,3 +96,25 @@ ORDER BY 1 LIMIT 20""")
             return [str(name) for name in conn.execute(sql).scalars()]
     except Exception:  # noqa: BLE001 — a check at start: never the reason a daemon does not run
         return []
+
+
+# What a gateway's login needs to witness a run another login owns (sql/postgres-roles.sql, the
+# gateway's role): read the run, append an event, read the witnesses' numbers to take the next.
+_GATEWAY_GRANTS = (("SELECT on runs", "has_table_privilege('runs', 'SELECT')"),
+                   ("INSERT on events", "has_any_column_privilege('events', 'INSERT')"),
+                   ("SELECT (seq) on events", "has_column_privilege('events', 'seq', 'SELECT')"))
+
+
+def missing_gateway_grants(engine: Engine) -> list[str]:
+    """PostgreSQL: the grants of the gateway's role this login lacks (a gateway started with an
+    agents' login records nothing of the runs it joins); [] on SQLite, and when the catalog
+    cannot tell (the gateway's own outage handling says what fails then)."""
+    if engine.dialect.name != "postgresql":
+        return []
+    sql = text("SELECT " + ", ".join(check for _, check in _GATEWAY_GRANTS))
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(sql).one()
+    except Exception:  # noqa: BLE001 — a check at start: an unreachable store is an outage, not this
+        return []
+    return [what for (what, _), ok in zip(_GATEWAY_GRANTS, row) if not ok]

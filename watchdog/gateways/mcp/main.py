@@ -31,14 +31,27 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     return leaf
 
 
-def _require_run(wd, run_id: str) -> None:
+def _require_run(wd, run_id: str, db_url: str) -> None:
     """A --run that names no run is a mistake to say at start (every call would be refused);
     a store that cannot answer now is an outage: the proxy starts and fails open."""
     from watchdog.store import joined
+    from watchdog.store.access import missing_gateway_grants
+    from watchdog.core.text import url_without_password
+    from watchdog.store.engine import GATEWAY_ROLE, misconfiguration
 
+    missing = missing_gateway_grants(wd.engine)
+    if missing:  # every call of the run would pass unrecorded: the operator's to fix now
+        wd.close()
+        raise ConfigError(f"--run: the store at {url_without_password(db_url)} lets this login witness no run of "
+                          f"another login (it lacks {', '.join(missing)}): grant it {GATEWAY_ROLE}, "
+                          f"sql/postgres-roles.sql (docs/howto/gateways.md)")
     try:
         state = joined.run_status(wd.engine, run_id)
     except Exception as exc:  # noqa: BLE001
+        wrong = misconfiguration(exc, db_url, role=GATEWAY_ROLE)
+        if wrong is not None:
+            wd.close()
+            raise ConfigError(f"--run: {wrong}") from None
         logging.getLogger("watchdog.gateways.mcp").warning(
             "agent-watchdog mcp-proxy: cannot check run %s now (%s); starting anyway", run_id[:8], type(exc).__name__)
         return
@@ -86,7 +99,7 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     warnings.simplefilter("ignore", RuntimeWarning)
     wd = Watchdog(db_url, attest_socket="")  # a witness outside the agent's process: never attested
     if run_id is not None:
-        _require_run(wd, run_id)
+        _require_run(wd, run_id, db_url)
     try:
         def witnesses(tag: str | None) -> ToolWitness:
             return ToolWitness(wd, agent=agent, run_id=run_id, tag=tag)
