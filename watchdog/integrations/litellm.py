@@ -36,7 +36,7 @@ from watchdog.sdk.guards import Guard
 from watchdog.sdk.run import Run
 from watchdog.store import joined
 from watchdog.store.access import missing_gateway_grants
-from watchdog.store.engine import GATEWAY_ROLE, misconfiguration
+from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
 from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.integrations.litellm")
@@ -81,6 +81,7 @@ class WatchdogProxyHandler(CustomLogger):
             with self._lock:
                 if self._wd is None:
                     wd = Watchdog(self._url, attest_socket="")
+                    wd.store_role = GATEWAY_ROLE
                     missing = missing_gateway_grants(wd.engine)
                     if missing:  # loud at the first call: a trace naming another login's run is never recorded
                         log.error("agent-watchdog: this login cannot witness runs of other logins (it lacks %s): grant "
@@ -92,7 +93,7 @@ class WatchdogProxyHandler(CustomLogger):
     def _outage(self, exc: BaseException) -> None:
         """Fail open, said once: an outage, or (said once on its own, with the fix) a store that
         refuses this login: a missing grant, which refuses every call until fixed."""
-        wrong = misconfiguration(exc, self._wd.url if self._wd is not None else (self._url or ""), role=GATEWAY_ROLE)
+        wrong = gateway_misconfiguration(exc, self._wd.url if self._wd is not None else (self._url or ""))
         if wrong is not None:
             if not self._misconfigured:
                 self._misconfigured = True

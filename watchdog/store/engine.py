@@ -20,7 +20,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, Interf
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core.text import url_without_password
-from watchdog.errors import StoreError
+from watchdog.errors import StoreError, StoreMisconfigured
 
 if TYPE_CHECKING:
     import sqlite3
@@ -316,6 +316,14 @@ def misconfiguration(exc: BaseException, url: str, *, role: str = "the agents' r
         return (f"the store at {shown} does not exist ({_fatal(first)}): create the database, then "
                 f"{upgrade_hint(url)}")
     return None
+
+
+def gateway_misconfiguration(exc: BaseException, url: str | None) -> str | None:
+    """misconfiguration() for a gateway's login: the fix when `exc` (a driver's error, or the
+    SDK's StoreMisconfigured, already worded) says its store refuses it; None for an outage."""
+    if isinstance(exc, StoreMisconfigured):  # the SDK's, worded with the Watchdog's store_role
+        return str(exc).removeprefix("agent-watchdog: ")
+    return misconfiguration(exc, url or "", role=GATEWAY_ROLE)
 
 
 def _missing(path: str) -> bool:

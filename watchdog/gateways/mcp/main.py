@@ -37,7 +37,7 @@ def _require_run(wd, run_id: str, db_url: str) -> None:
     from watchdog.store import joined
     from watchdog.store.access import missing_gateway_grants
     from watchdog.core.text import url_without_password
-    from watchdog.store.engine import GATEWAY_ROLE, misconfiguration
+    from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
 
     missing = missing_gateway_grants(wd.engine)
     if missing:  # every call of the run would pass unrecorded: the operator's to fix now
@@ -48,7 +48,7 @@ def _require_run(wd, run_id: str, db_url: str) -> None:
     try:
         state = joined.run_status(wd.engine, run_id)
     except Exception as exc:  # noqa: BLE001
-        wrong = misconfiguration(exc, db_url, role=GATEWAY_ROLE)
+        wrong = gateway_misconfiguration(exc, db_url)
         if wrong is not None:
             wd.close()
             raise ConfigError(f"--run: {wrong}") from None
@@ -72,6 +72,7 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     from watchdog.gateways.mcp.serve import serve_http, serve_stdio
     from watchdog.gateways.mcp.witness import ToolWitness
     from watchdog.sdk.client import Watchdog
+    from watchdog.store.engine import GATEWAY_ROLE
 
     if upstream and command:
         raise ConfigError("mcp-proxy: give either --upstream URL or -- SERVER_COMMAND, not both")
@@ -98,6 +99,7 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     # in the proxy's own process the log line is enough.
     warnings.simplefilter("ignore", RuntimeWarning)
     wd = Watchdog(db_url, attest_socket="")  # a witness outside the agent's process: never attested
+    wd.store_role = GATEWAY_ROLE
     if run_id is not None:
         _require_run(wd, run_id, db_url)
     try:
