@@ -54,7 +54,8 @@ class Store:
         self.db = f"aw_gwpg_{tag}"
         self.roles = {"daemon": f"aw_gd_{tag}", "agents": f"aw_gag_{tag}", "gateway": f"aw_ggw_{tag}",
                       "viewer": f"aw_gvw_{tag}"}
-        self.logins = {"a": f"aw_ga_{tag}", "b": f"aw_gb_{tag}", "gw": f"aw_ggl_{tag}"}
+        # "none": a login granted nothing (a gateway set up without the roles script's grant).
+        self.logins = {"a": f"aw_ga_{tag}", "b": f"aw_gb_{tag}", "gw": f"aw_ggl_{tag}", "none": f"aw_gn_{tag}"}
         self.base = make_url(server)
         self.config = folder / "watchdog.toml"
         self.config.write_text(daemon_toml() + TOML)
@@ -91,6 +92,7 @@ def store(pg_server_url, tmp_path_factory):
         with admin.connect() as conn:
             for login, group in (("a", "agents"), ("b", "agents"), ("gw", "gateway")):
                 conn.execute(sql(f'CREATE ROLE "{s.logins[login]}" LOGIN IN ROLE "{s.roles[group]}"'))
+            conn.execute(sql(f'CREATE ROLE "{s.logins["none"]}" LOGIN'))
         yield s
     finally:
         with admin.connect() as conn:
@@ -220,6 +222,23 @@ def test_mcp_proxy_with_an_agents_login_is_said_at_start(store):
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, done.stderr
     assert "lacks SELECT (seq) on events" in done.stderr and "gateway's role" in done.stderr
+
+
+def test_mcp_proxy_whose_login_the_store_refuses_fails_open_and_says_the_fix_once(store):
+    env = store.env("none")
+    errlog = store.folder / "refused.err"
+
+    async def main():
+        with open(errlog, "w") as err:
+            async with stdio_session(env, errlog=err) as s:
+                return [await s.call_tool("echo", {"text": str(i)}) for i in range(3)]
+
+    results = anyio.run(main)
+    assert [r.is_error for r in results] == [False] * 3  # the tools keep working, unwatched
+    assert calls_seen(env) == 3
+    said = [line for line in errlog.read_text().splitlines() if "agent-watchdog" in line]
+    assert len(said) == 1 and "grant it the gateway's role" in said[0], said
+    assert "pass unrecorded" in said[0]
 
 
 # -- the LiteLLM proxy -----------------------------------------------------------------------------
