@@ -83,10 +83,8 @@ class WatchdogProxyHandler(CustomLogger):
                     wd = Watchdog(self._url, attest_socket="")
                     wd.store_role = GATEWAY_ROLE
                     missing = missing_gateway_grants(wd.engine)
-                    if missing:  # loud at the first call: a trace naming another login's run is never recorded
-                        log.error("agent-watchdog: this login cannot witness runs of other logins (it lacks %s): grant "
-                                  "it %s, sql/postgres-roles.sql (docs/howto/gateways.md); their model calls pass "
-                                  "unrecorded until then", ", ".join(missing), GATEWAY_ROLE)
+                    if missing is not None:  # loud at the first call: the runs it joins would record nothing
+                        log.error("agent-watchdog: %s; their model calls pass unrecorded until then", missing)
                     self._wd = wd
         return self._wd
 

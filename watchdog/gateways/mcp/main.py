@@ -32,19 +32,17 @@ def _first(group: BaseExceptionGroup) -> BaseException:
 
 
 def _require_run(wd, run_id: str, db_url: str) -> None:
-    """A --run that names no run is a mistake to say at start (every call would be refused);
-    a store that cannot answer now is an outage: the proxy starts and fails open."""
+    """A --run that names no run, or a login that may not witness it (PostgreSQL: not in the
+    gateway's role), is a mistake to say at start (every call would be refused, or recorded
+    nowhere); a store that cannot answer now is an outage: the proxy starts and fails open."""
     from watchdog.store import joined
     from watchdog.store.access import missing_gateway_grants
-    from watchdog.core.text import url_without_password
-    from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
+    from watchdog.store.engine import gateway_misconfiguration
 
     missing = missing_gateway_grants(wd.engine)
-    if missing:  # every call of the run would pass unrecorded: the operator's to fix now
+    if missing is not None:  # every call of the run would pass unrecorded: the operator's to fix now
         wd.close()
-        raise ConfigError(f"--run: the store at {url_without_password(db_url)} lets this login witness no run of "
-                          f"another login (it lacks {', '.join(missing)}): grant it {GATEWAY_ROLE}, "
-                          f"sql/postgres-roles.sql (docs/howto/gateways.md)")
+        raise ConfigError(f"--run: {missing}")
     try:
         state = joined.run_status(wd.engine, run_id)
     except Exception as exc:  # noqa: BLE001
