@@ -11,6 +11,7 @@ kill` or by a budget, and its own run.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -239,6 +240,40 @@ def test_mcp_proxy_whose_login_the_store_refuses_fails_open_and_says_the_fix_onc
     said = [line for line in errlog.read_text().splitlines() if "agent-watchdog" in line]
     assert len(said) == 1 and "grant it the gateway's role" in said[0], said
     assert "pass unrecorded" in said[0]
+
+
+def test_the_gateway_login_claims_and_passes_a_circuit_probe_for_another_logins_run(store):
+    """The circuit state the gateway reads (tool_circuits) and the half-open probe it claims, for a
+    run of login A (the MCP proxy's witness, in process: the daemon's circuit is written by hand)."""
+    from watchdog.gateways.mcp.witness import ToolWitness
+    from watchdog.store.schema import circuit_probes, tool_circuits, utcnow
+
+    owner = make_engine(store.url("daemon"))
+    now = utcnow()
+    with owner.begin() as conn:
+        conn.execute(tool_circuits.insert().values(
+            tool="verify_iban", state="open", opened_at=now - dt.timedelta(seconds=120),
+            open_until=now - dt.timedelta(seconds=1), errors_in_window=5, window_s=60.0,
+            last_error_class="ConnectionError", updated_at=now))
+    a, gw = Watchdog(store.url("a"), attest_socket=""), Watchdog(store.url("gw"), attest_socket="", circuit_cache_s=0)
+    try:
+        run = a.run(agent="support-bot")
+        run.start()
+        witness = ToolWitness(gw, agent=None, run_id=run.id)
+        probe = witness.admit("verify_iban", {"iban": "x"}, 7)
+        assert not isinstance(probe, str) and probe.probe
+        second = witness.admit("verify_iban", {"iban": "y"}, 8)  # one probe at a time
+        assert isinstance(second, str) and second.startswith("agent-watchdog: tool unavailable"), second
+        witness.finish(probe, ok=True)
+        assert not witness._warned and not witness._misconfigured
+        run.end("completed", None, None)
+    finally:
+        a.close()
+        gw.close()
+    with owner.connect() as conn:
+        claim = conn.execute(select(circuit_probes)).one()
+    owner.dispose()
+    assert (claim.run_id, claim.ok) == (run.id, True)
 
 
 # -- the LiteLLM proxy -----------------------------------------------------------------------------
