@@ -22,8 +22,12 @@
 --     LiteLLM callback, the MCP proxy and the like: what the agents' role may do
 --     with its own runs, plus reading every run (its stop status and budgets)
 --     and appending events marked with a gateway source (events.source one of
---     otlp, litellm, mcp, or those of -v gateway_sources) to any run. It never
---     changes another owner's row;
+--     otlp, litellm, mcp, or those of -v gateway_sources) to any run, numbered
+--     in the witnesses' range (seq >= 2^30, watchdog.store.joined), of which it
+--     reads the numbers (run_id, seq) to take the next one; never another
+--     writer's events themselves. It never changes another owner's row. No
+--     confined role but a gateway numbers an event in the witnesses' range, so
+--     the run's own writer cannot squat it to blind its gateways;
 --   * the viewer's role (default agent_watchdog_viewer, NOLOGIN), for `runs`,
 --     `show`, `top`, `budgets`, `alerts` and `web`: reads every table and every
 --     run (attestations without their MACs), writes nothing.
@@ -134,16 +138,35 @@ REVOKE SELECT ON attestations FROM :"viewer_role";
 GRANT SELECT (run_id, host, pid, pid_create_time, uid, kill_mode, attested_at, cgroup) ON attestations
    TO :"viewer_role";
 
+-- Its witnessed events are numbered from watchdog.store.joined.WITNESS_SEQ_BASE (2^30) up, above
+-- the run's own writer's 1, 2, ...: it reads those numbers of any run (the next one is its), and
+-- only them: never what another writer recorded (arguments' hashes, error texts).
+SELECT format('GRANT SELECT (run_id, seq) ON events TO %I', :'gateway_role') \gexec
+
 -- Row-level security beyond "own runs only" (revision 0010's policies, for every confined role):
 -- one policy per role, named after it, dropped and made again (the script is idempotent).
+\set aw_witness_seq 1073741824
 SELECT format('DROP POLICY IF EXISTS %I ON %I', name, tab)
   FROM (VALUES ('aw_gateway_reads_' || :'gateway_role', 'runs'), ('aw_gateway_witness_' || :'gateway_role', 'events'),
+               ('aw_gateway_numbers_' || :'gateway_role', 'events'), ('aw_witness_range_' || :'agents_role', 'events'),
+               ('aw_witness_range_' || :'gateway_role', 'events'),
                ('aw_viewer_reads_' || :'viewer_role', 'runs'), ('aw_viewer_reads_' || :'viewer_role', 'events'))
        AS p(name, tab) \gexec
 SELECT format('CREATE POLICY %I ON runs FOR SELECT TO %I USING (true)',
               'aw_gateway_reads_' || :'gateway_role', :'gateway_role') \gexec
-SELECT format('CREATE POLICY %I ON events FOR INSERT TO %I WITH CHECK (source = ANY (%L::text[]))',
+-- Any run's: only marked with its source, only in the witnesses' range (a number below it is the
+-- run's writer's, whose record would then be refused as a duplicate: the gateway would blind it).
+SELECT format('CREATE POLICY %I ON events FOR INSERT TO %I WITH CHECK (source = ANY (%L::text[]) AND seq >= %s)',
               'aw_gateway_witness_' || :'gateway_role', :'gateway_role',
+              string_to_array(:'gateway_sources', ','), :aw_witness_seq) \gexec
+SELECT format('CREATE POLICY %I ON events FOR SELECT TO %I USING (seq >= %s)',
+              'aw_gateway_numbers_' || :'gateway_role', :'gateway_role', :aw_witness_seq) \gexec
+-- Restrictive: the witnesses' range is the gateways' alone, also in a confined role's own runs (an
+-- agent that took 2^31 - 1 there would leave its gateways no number: its calls recorded nowhere).
+SELECT format('CREATE POLICY %I ON events AS RESTRICTIVE FOR INSERT TO %I WITH CHECK (seq < %s)',
+              'aw_witness_range_' || :'agents_role', :'agents_role', :aw_witness_seq) \gexec
+SELECT format('CREATE POLICY %I ON events AS RESTRICTIVE FOR INSERT TO %I WITH CHECK (seq < %s OR source = ANY (%L::text[]))',
+              'aw_witness_range_' || :'gateway_role', :'gateway_role', :aw_witness_seq,
               string_to_array(:'gateway_sources', ',')) \gexec
 SELECT format('CREATE POLICY %I ON %I FOR SELECT TO %I USING (true)', 'aw_viewer_reads_' || :'viewer_role', tab,
               :'viewer_role')

@@ -5,41 +5,21 @@ client, a real SQLite store and a real Ticker as the daemon (the clock passed in
 from __future__ import annotations
 
 import datetime as dt
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import openai
 import pytest
 from sqlalchemy import select
 
 from daemon_support import config as daemon_config
+from litellm_support import call, proxy
 from watchdog.daemon.killer import Killer
 from watchdog.daemon.ticker import Ticker
 from watchdog.store import migrate
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import events, runs
-
-MASTER_KEY = "sk-watchdog-test-0123456789abcdef"
-STARTUP_S = 180.0
-LITELLM = str(Path(sys.executable).with_name("litellm"))
-
-CONFIG_YAML = """
-model_list:
-  - model_name: gpt-4o
-    litellm_params:
-      model: openai/gpt-4o
-      api_key: sk-not-used
-      mock_response: "Hello from the mock"
-litellm_settings:
-  callbacks: ["watchdog.integrations.litellm.proxy_handler"]
-general_settings:
-  master_key: {key}
-"""
 
 WATCHDOG_TOML = """
 [defaults]
@@ -48,57 +28,15 @@ max_cost_eur_per_day = 0.002
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     folder = tmp_path_factory.mktemp("litellm")
     url = f"sqlite:///{folder / 'runs.db'}"
     engine = make_engine(url)
     migrate.upgrade(engine)
-    (folder / "litellm.yaml").write_text(CONFIG_YAML.format(key=MASTER_KEY))
-    (folder / "watchdog.toml").write_text(WATCHDOG_TOML)
-    port = free_port()
-    env = {**os.environ, "AGENT_WATCHDOG_DB": url, "AGENT_WATCHDOG_CONFIG": str(folder / "watchdog.toml"),
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(Path(__file__).parents[2])}
-    log = open(folder / "litellm.log", "wb")
-    proc = subprocess.Popen([LITELLM, "--config", str(folder / "litellm.yaml"), "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    end = time.monotonic() + STARTUP_S
-    import httpx
-
-    while True:
-        assert proc.poll() is None, (folder / "litellm.log").read_text()[-3000:]
-        try:
-            if httpx.get(f"{base}/health/liveliness", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < end, "the LiteLLM proxy did not start"
-        time.sleep(0.3)
-    yield base, engine
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with proxy(folder, url, WATCHDOG_TOML) as base:
+        yield base, engine
     engine.dispose()
-
-
-def client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key=MASTER_KEY, max_retries=0, timeout=30)
-
-
-def call(base: str, trace: str | None):
-    headers = {"x-litellm-trace-id": trace} if trace else {}
-    return client(base).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
-                                                extra_headers=headers)
 
 
 def row(engine, run_id):

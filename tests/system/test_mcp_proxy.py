@@ -24,13 +24,13 @@ from mcp.client.streamable_http import streamable_http_client
 from sqlalchemy import select
 
 from daemon_support import config as daemon_config
+from mcp_support import SERVER, calls_seen, stdio_session, text
 from watchdog import Watchdog
 from watchdog.daemon.circuits import CircuitBreakers
 from watchdog.daemon.killer import Killer
 from watchdog.daemon.ticker import Ticker
 from watchdog.store.schema import events, runs
 
-SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
 CLI = [sys.executable, "-m", "watchdog.cli"]
 DEADLINE_S = 30.0
 
@@ -84,14 +84,6 @@ def sqlite_engine(url):
     engine.dispose()
 
 
-def calls_seen(env, tool=None) -> int:
-    path = Path(env["MCP_TEST_LOG"])
-    if not path.exists():
-        return 0
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    return sum(1 for c in lines if tool is None or c["tool"] == tool)
-
-
 def store_runs(db_url) -> list:
     from watchdog.store.engine import make_engine
 
@@ -115,21 +107,6 @@ def store_events(db_url, run_id=None) -> list:
             return conn.execute(q).all()
     finally:
         engine.dispose()
-
-
-@asynccontextmanager
-async def stdio_session(env, *extra):
-    params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "watchdog.cli", "mcp-proxy", *extra, "--", sys.executable, SERVER],
-                                   env=env)
-    async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            yield session
-
-
-def text(result) -> str:
-    return result.content[0].text
 
 
 def wait_for(predicate, what: str, deadline_s: float = DEADLINE_S):

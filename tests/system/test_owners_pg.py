@@ -30,6 +30,7 @@ from watchdog.daemon.service import Daemon
 from watchdog.store import migrate
 from watchdog.store.access import roles_choosing_event_ids
 from watchdog.store.engine import make_engine
+from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.schema import runs, utcnow
 
 SCRIPT = Path(__file__).resolve().parents[2] / "sql" / "postgres-roles.sql"
@@ -285,14 +286,28 @@ def test_the_status_moves_only_forward_for_a_writer(store):
 
 def test_the_gateway_appends_witnessed_events_but_never_rewrites_a_run(store):
     a_run = _insert(store.url("a"))
+    with _raw(store.url("a")) as conn:  # the run's own record, and an attempt at the witnesses' range
+        conn.execute("INSERT INTO events (run_id, seq, at, kind, error_msg) VALUES (%s, 1, now(), 'step', 'secret')",
+                     (a_run,))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            conn.execute("INSERT INTO events (run_id, seq, at, kind) VALUES (%s, %s, now(), 'step')",
+                         (a_run, 2**31 - 1))  # it would leave the gateways no number
     with _raw(store.url("gw")) as conn:
         assert conn.execute("SELECT agent FROM runs WHERE id = %s", (a_run,)).fetchone() == ("bot",)
         conn.execute("INSERT INTO events (run_id, seq, at, kind, tool, source) "
-                     "VALUES (%s, 1000001, '2999-01-01 00:00:00+00', 'tool', 'search', 'mcp')", (a_run,))
+                     "VALUES (%s, %s, '2999-01-01 00:00:00+00', 'tool', 'search', 'mcp')", (a_run, WITNESS_SEQ_BASE))
         for source in ("NULL", "'sdk'", "'exec'"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
                 conn.execute(f"INSERT INTO events (run_id, seq, at, kind, source) "
-                             f"VALUES (%s, 1000002, now(), 'step', {source})", (a_run,))
+                             f"VALUES (%s, %s, now(), 'step', {source})", (a_run, WITNESS_SEQ_BASE + 1))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            conn.execute("INSERT INTO events (run_id, seq, at, kind, source) VALUES (%s, 2, now(), 'step', 'mcp')",
+                         (a_run,))  # the writer's own numbers: its record 2 would be refused as a duplicate
+        # The witnesses' numbers of any run (to take the next), nothing of what the writer recorded.
+        assert conn.execute("SELECT run_id, seq FROM events WHERE run_id = %s", (a_run,)).fetchall() == [
+            (a_run, WITNESS_SEQ_BASE)]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for table events"):
+            conn.execute("SELECT error_msg FROM events WHERE run_id = %s", (a_run,))
         assert conn.execute("UPDATE runs SET steps = 999, status = 'killed' WHERE id = %s", (a_run,)).rowcount == 0
         own = _rid()
         conn.execute(INSERT.format(cols=", source", vals=", 'litellm'"), (own,))
@@ -302,8 +317,10 @@ def test_the_gateway_appends_witnessed_events_but_never_rewrites_a_run(store):
     assert _row(store, a_run).steps == 0 and _row(store, a_run).status == lc.RUNNING
     assert _row(store, own).owner == store.logins["gw"]
     with _raw(store.url("daemon")) as conn:
-        at, = conn.execute("SELECT at FROM events WHERE run_id = %s AND seq = 1000001", (a_run,)).fetchone()
+        at, = conn.execute("SELECT at FROM events WHERE run_id = %s AND seq = %s", (a_run, WITNESS_SEQ_BASE)).fetchone()
         assert at.year < 2999  # the server's clock
+        assert conn.execute("SELECT seq FROM events WHERE run_id = %s ORDER BY seq", (a_run,)).fetchall() == [
+            (1,), (WITNESS_SEQ_BASE,)]
 
 
 def test_a_gateway_role_of_one_source_marks_only_that_one(store):
@@ -320,10 +337,10 @@ def test_a_gateway_role_of_one_source_marks_only_that_one(store):
         url = make_url(store.url("a")).set(username=login).render_as_string(hide_password=False)
         with _raw(url) as conn:
             conn.execute("INSERT INTO events (run_id, seq, at, kind, tool, source) "
-                         "VALUES (%s, 1, now(), 'tool', 't', 'mcp')", (a_run,))
+                         "VALUES (%s, %s, now(), 'tool', 't', 'mcp')", (a_run, WITNESS_SEQ_BASE))
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
                 conn.execute("INSERT INTO events (run_id, seq, at, kind, source) "
-                             "VALUES (%s, 2, now(), 'step', 'litellm')", (a_run,))
+                             "VALUES (%s, %s, now(), 'step', 'litellm')", (a_run, WITNESS_SEQ_BASE + 1))
     finally:  # its policies and grants go with it
         with _raw(admin_url) as conn:
             conn.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{login}'")
@@ -443,7 +460,7 @@ def test_the_roles_script_is_idempotent_and_wants_the_owners_revision(store, pg_
     up = CliRunner().invoke(main, ["--db", store.url("daemon"), "db", "upgrade"])
     assert up.exit_code == 0, up.output
     engine = make_engine(store.url("daemon"))
-    assert _pg_state(engine) == {"policies": 6, "triggers": 2, "rls": True}
+    assert _pg_state(engine) == {"policies": 9, "triggers": 2, "rls": True}
     engine.dispose()
     b_run = _insert(store.url("b"))
     with _raw(store.url("a")) as conn:
@@ -486,7 +503,7 @@ def test_the_owners_revision_round_trips_on_postgresql(store):
     up again restores the migration's part (the roles script then adds its own again)."""
     engine = make_engine(store.url("daemon"))
     try:
-        assert _pg_state(engine) == {"policies": 6, "triggers": 2, "rls": True}
+        assert _pg_state(engine) == {"policies": 9, "triggers": 2, "rls": True}
         migrate.downgrade(engine, "0009")
         assert "owner" not in {c["name"] for c in inspect(engine).get_columns("runs")}
         assert _pg_state(engine) == {"policies": 0, "triggers": 0, "rls": False}
@@ -494,7 +511,7 @@ def test_the_owners_revision_round_trips_on_postgresql(store):
         assert _pg_state(engine) == {"policies": 2, "triggers": 2, "rls": True}
         done = store.roles_script()
         assert done.returncode == 0, done.stderr
-        assert _pg_state(engine)["policies"] == 6
+        assert _pg_state(engine)["policies"] == 9
         assert migrate.current(engine) == migrate.head()
     finally:
         engine.dispose()

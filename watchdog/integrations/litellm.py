@@ -35,6 +35,8 @@ from watchdog.sdk.client import Watchdog
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.run import Run
 from watchdog.store import joined
+from watchdog.store.access import missing_gateway_grants
+from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
 from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.integrations.litellm")
@@ -70,6 +72,7 @@ class WatchdogProxyHandler(CustomLogger):
         self.runs: dict[str, Run] = {}  # own runs by trace id
         self.guards: dict[str, Guard] = {}  # joined runs: this proxy's view of their steps
         self._warned = False
+        self._misconfigured = False
 
     # -- plumbing --------------------------------------------------------------
 
@@ -77,10 +80,23 @@ class WatchdogProxyHandler(CustomLogger):
         if self._wd is None:
             with self._lock:
                 if self._wd is None:
-                    self._wd = Watchdog(self._url, attest_socket="")
+                    wd = Watchdog(self._url, attest_socket="")
+                    wd.store_role = GATEWAY_ROLE
+                    missing = missing_gateway_grants(wd.engine)
+                    if missing is not None:  # loud at the first call: the runs it joins would record nothing
+                        log.error("agent-watchdog: %s; their model calls pass unrecorded until then", missing)
+                    self._wd = wd
         return self._wd
 
     def _outage(self, exc: BaseException) -> None:
+        """Fail open, said once: an outage, or (said once on its own, with the fix) a store that
+        refuses this login: a missing grant, which refuses every call until fixed."""
+        wrong = gateway_misconfiguration(exc, self._wd.url if self._wd is not None else (self._url or ""))
+        if wrong is not None:
+            if not self._misconfigured:
+                self._misconfigured = True
+                log.error("agent-watchdog: %s; model calls pass unrecorded and unguarded until then", wrong)
+            return
         if not self._warned:
             self._warned = True
             log.warning("agent-watchdog: the store failed (%s: %s); model calls pass unguarded while it does",

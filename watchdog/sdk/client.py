@@ -95,6 +95,8 @@ class Watchdog:
                               if url.startswith("postgresql") else {})
         # The writer keeps its pool_size connections checked out of the engine's pool; the one
         # overflow connection serves the SQLAlchemy statements (circuit probes): bounded per process.
+        # What a PostgreSQL login needs granted, as a fix names it (a gateway's: the gateway's role).
+        self.store_role = "the agents' role"
         self.url = url  # as given (the engine's may be rewritten: a SQLite file URI that never creates it)
         # The ping before each checkout (PostgreSQL): a connection a failover left half-open is
         # replaced before an agent's record fails on it (the daemon checks sockets instead).
@@ -327,7 +329,7 @@ class Watchdog:
         return len(self._buffer)
 
     def _misconfigured(self, exc: BaseException) -> str | None:
-        return misconfiguration(exc, self.url)
+        return misconfiguration(exc, self.url, role=self.store_role)
 
     def _raise_if_misconfigured(self, exc: BaseException) -> None:
         """At a run's first contact, a store that answers but cannot be used by this process

@@ -12,8 +12,9 @@ from typing import NamedTuple
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from watchdog.core.text import url_without_password
 from watchdog.store.dialects import for_url
-from watchdog.store.engine import (Engine, is_missing_schema, make_engine, normalise_url, require_tables,
+from watchdog.store.engine import (GATEWAY_ROLE, Engine, is_missing_schema, make_engine, normalise_url, require_tables,
                                    share_sqlite_files)
 
 
@@ -96,3 +97,31 @@ ORDER BY 1 LIMIT 20""")
             return [str(name) for name in conn.execute(sql).scalars()]
     except Exception:  # noqa: BLE001 — a check at start: never the reason a daemon does not run
         return []
+
+
+# What a gateway's login needs to witness a run another login owns (sql/postgres-roles.sql, the
+# gateway's role): read the run, append an event, read the witnesses' numbers to take the next.
+_GATEWAY_GRANTS = (("SELECT on runs", "has_table_privilege('runs', 'SELECT')"),
+                   ("INSERT on events", "has_any_column_privilege('events', 'INSERT')"),
+                   ("SELECT (seq) on events", "has_column_privilege('events', 'seq', 'SELECT')"))
+
+
+def missing_gateway_grants(engine: Engine) -> str | None:
+    """PostgreSQL: what this login lacks of the gateway's role, as one line with the fix (a
+    gateway started with an agents' login records nothing of the runs it joins); None when it has
+    them, on SQLite, and when the catalog cannot tell (the gateway's outage handling says what
+    fails then)."""
+    if engine.dialect.name != "postgresql":
+        return None
+    sql = text("SELECT " + ", ".join(check for _, check in _GATEWAY_GRANTS))
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(sql).one()
+    except Exception:  # noqa: BLE001 — a check at start: an unreachable store is an outage, not this
+        return None
+    missing = [what for (what, _), ok in zip(_GATEWAY_GRANTS, row) if not ok]
+    if not missing:
+        return None
+    return (f"the store at {url_without_password(engine.url.render_as_string())} lets this login witness no run "
+            f"of another login (it lacks {', '.join(missing)}): grant it {GATEWAY_ROLE}, sql/postgres-roles.sql "
+            f"(docs/howto/gateways.md)")

@@ -20,7 +20,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, Interf
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from watchdog.core.text import url_without_password
-from watchdog.errors import StoreError
+from watchdog.errors import StoreError, StoreMisconfigured
 
 if TYPE_CHECKING:
     import sqlite3
@@ -277,12 +277,17 @@ def is_missing_schema(exc: BaseException) -> bool:
     return "no such table" in text or "no such column" in text
 
 
-def misconfiguration(exc: BaseException, url: str) -> str | None:
+# What a gateway's login (the LiteLLM callback, the MCP proxy) is granted on PostgreSQL.
+GATEWAY_ROLE = "the gateway's role (agent_watchdog_gateway)"
+
+
+def misconfiguration(exc: BaseException, url: str, *, role: str = "the agents' role") -> str | None:
     """One line naming the store (password masked) and the fix when `exc` says the store is
     reachable but unusable by this process: never migrated, read-only for it (SQLite file or
     directory permissions; a PostgreSQL role without the grant), or refusing the credentials.
     None for everything else: a store that is down, refuses connections or is locked is an
-    outage (the SDK buffers through it); a record it refuses is dropped (Writer.is_rejection)."""
+    outage (the SDK buffers through it); a record it refuses is dropped (Writer.is_rejection).
+    `role`: what the fix grants (a gateway's login needs the gateway's role, not the agents')."""
     orig = getattr(exc, "orig", None) or exc
     first = (str(orig).strip().splitlines() or [""])[0]
     text = first.lower()
@@ -300,7 +305,7 @@ def misconfiguration(exc: BaseException, url: str) -> str | None:
                 f"and make the file and its -wal and -shm files group-writable (chmod 0660; `agent-watchdog db "
                 f"upgrade` does) in a setgid directory (docs/howto/systemd.md, \"Operator setup\")")
     if sqlstate == "42501" or "permission denied" in text:
-        return (f"the store at {shown} refuses this role's writes ({first[:160]}): grant it the agents' role "
+        return (f"the store at {shown} refuses this role's writes ({first[:160]}): grant it {role} "
                 "(sql/postgres-roles.sql, docs/howto/several-hosts.md, \"The database roles\"), after each "
                 "`agent-watchdog db upgrade`")
     if (sqlstate in ("28P01", "28000") or "password authentication failed" in text
@@ -311,6 +316,14 @@ def misconfiguration(exc: BaseException, url: str) -> str | None:
         return (f"the store at {shown} does not exist ({_fatal(first)}): create the database, then "
                 f"{upgrade_hint(url)}")
     return None
+
+
+def gateway_misconfiguration(exc: BaseException, url: str | None) -> str | None:
+    """misconfiguration() for a gateway's login: the fix when `exc` (a driver's error, or the
+    SDK's StoreMisconfigured, already worded) says its store refuses it; None for an outage."""
+    if isinstance(exc, StoreMisconfigured):  # the SDK's, worded with the Watchdog's store_role
+        return str(exc).removeprefix("agent-watchdog: ")
+    return misconfiguration(exc, url or "", role=GATEWAY_ROLE)
 
 
 def _missing(path: str) -> bool:

@@ -11,10 +11,11 @@ taken first; a billion records apart, the two ranges never meet.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import TextClause, bindparam, func, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -88,6 +89,15 @@ def run_status(engine: Engine, run_id: str) -> tuple[str, str | None, str | None
     return None if r is None else (r[0], r[1], r[2])
 
 
+@functools.cache
+def _insert_sql(columns: tuple[str, ...]) -> TextClause:
+    """INSERT without RETURNING: SQLAlchemy's insert() returns the new id on PostgreSQL, which
+    the gateway's role may not read (sql/postgres-roles.sql: of another writer's run it reads only
+    run_id and seq). The column names are this module's own (append_witness_event's allowed)."""
+    sql = text(f"INSERT INTO events ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)})")
+    return sql.bindparams(*(bindparam(c, type_=events.c[c].type) for c in columns))  # the columns' own types
+
+
 def append_witness_event(engine: Engine, run_id: str, *, source: str, kind: str, at: dt.datetime,
                          call_id: str | None = None, **fields: Any) -> int:
     """Append one event a witness saw to `run_id` (never touching the run's row); its seq."""
@@ -102,8 +112,8 @@ def append_witness_event(engine: Engine, run_id: str, *, source: str, kind: str,
                 top = conn.execute(select(func.max(events.c.seq)).where(
                     events.c.run_id == run_id, events.c.seq >= WITNESS_SEQ_BASE)).scalar()
                 seq = int(top) + 1 if top is not None else WITNESS_SEQ_BASE
-                conn.execute(insert(events).values(run_id=run_id, seq=seq, at=at, kind=kind, source=source,
-                                                   call_id=call_id, **fields))
+                values = dict(run_id=run_id, seq=seq, at=at, kind=kind, source=source, call_id=call_id, **fields)
+                conn.execute(_insert_sql(tuple(values)), values)
             return seq
         except IntegrityError:
             if attempt == _SEQ_ATTEMPTS - 1:

@@ -31,14 +31,25 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     return leaf
 
 
-def _require_run(wd, run_id: str) -> None:
-    """A --run that names no run is a mistake to say at start (every call would be refused);
-    a store that cannot answer now is an outage: the proxy starts and fails open."""
+def _require_run(wd, run_id: str, db_url: str) -> None:
+    """A --run that names no run, or a login that may not witness it (PostgreSQL: not in the
+    gateway's role), is a mistake to say at start (every call would be refused, or recorded
+    nowhere); a store that cannot answer now is an outage: the proxy starts and fails open."""
     from watchdog.store import joined
+    from watchdog.store.access import missing_gateway_grants
+    from watchdog.store.engine import gateway_misconfiguration
 
+    missing = missing_gateway_grants(wd.engine)
+    if missing is not None:  # every call of the run would pass unrecorded: the operator's to fix now
+        wd.close()
+        raise ConfigError(f"--run: {missing}")
     try:
         state = joined.run_status(wd.engine, run_id)
     except Exception as exc:  # noqa: BLE001
+        wrong = gateway_misconfiguration(exc, db_url)
+        if wrong is not None:
+            wd.close()
+            raise ConfigError(f"--run: {wrong}") from None
         logging.getLogger("watchdog.gateways.mcp").warning(
             "agent-watchdog mcp-proxy: cannot check run %s now (%s); starting anyway", run_id[:8], type(exc).__name__)
         return
@@ -59,6 +70,7 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     from watchdog.gateways.mcp.serve import serve_http, serve_stdio
     from watchdog.gateways.mcp.witness import ToolWitness
     from watchdog.sdk.client import Watchdog
+    from watchdog.store.engine import GATEWAY_ROLE
 
     if upstream and command:
         raise ConfigError("mcp-proxy: give either --upstream URL or -- SERVER_COMMAND, not both")
@@ -85,8 +97,9 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     # in the proxy's own process the log line is enough.
     warnings.simplefilter("ignore", RuntimeWarning)
     wd = Watchdog(db_url, attest_socket="")  # a witness outside the agent's process: never attested
+    wd.store_role = GATEWAY_ROLE
     if run_id is not None:
-        _require_run(wd, run_id)
+        _require_run(wd, run_id, db_url)
     try:
         def witnesses(tag: str | None) -> ToolWitness:
             return ToolWitness(wd, agent=agent, run_id=run_id, tag=tag)

@@ -30,6 +30,7 @@ from watchdog.sdk.guards import Guard
 from watchdog.sdk.run import Run
 from watchdog.sdk.toolcall import PendingTool
 from watchdog.store import joined
+from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
 from watchdog.core.clock import utcnow
 
 from watchdog.gateways.mcp import wording
@@ -82,6 +83,7 @@ class ToolWitness:
         self.last_call = 0.0  # monotonic time of the last tools/call (silence ends an own run)
         self._lock = threading.Lock()
         self._warned = False
+        self._misconfigured = False
         self.runs_started = 0
 
     # -- admission ---------------------------------------------------------------
@@ -94,6 +96,9 @@ class ToolWitness:
                 if self.joined_id is not None:
                     return self._admit_joined(name, args, call_id)
                 return self._admit_own(name, args, call_id)
+            except Exception as exc:  # noqa: BLE001 — fail open, said (the SDK raises a misconfigured store)
+                self._outage(exc)
+                return Admitted(name, args, call_id, None)  # nothing to record it in
             finally:
                 self.last_call = time.monotonic()
 
@@ -234,6 +239,15 @@ class ToolWitness:
             return None
 
     def _outage(self, exc: BaseException) -> None:
+        """Fail open, said once: a store that is down or slow is an outage; one that refuses this
+        login (a missing grant) will refuse every call until fixed, and is said once on its own
+        with the fix, even after an outage was (a warning said once must not hide the other)."""
+        wrong = gateway_misconfiguration(exc, self.wd.url)
+        if wrong is not None:
+            if not self._misconfigured:
+                self._misconfigured = True
+                log.error("agent-watchdog mcp-proxy: %s; tool calls pass unrecorded and unguarded until then", wrong)
+            return
         if not self._warned:
             self._warned = True
             log.warning("agent-watchdog mcp-proxy: the store failed (%s: %s); tool calls pass unguarded "
