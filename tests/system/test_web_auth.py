@@ -197,5 +197,5 @@ def test_it_refuses_to_start_open_beyond_loopback_or_with_a_readable_auth_file(t
     auth_file.chmod(0o604)
     done = _start(tmp_path, "--listen", "0.0.0.0:0", "--auth-file", str(auth_file))
     assert done.returncode != 0 and f"--auth-file {auth_file} is accessible to other users" in done.stderr
-    assert f"chmod o-rwx {auth_file}" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert f"chmod g-w,o-rw {auth_file}" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "none.db").exists()  # refused before the store was opened

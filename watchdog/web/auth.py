@@ -83,7 +83,7 @@ _DUMMY = _Hash(ROUNDS, b"\0" * 16, b"\0" * 32)
 
 @dataclass
 class Credentials:
-    tokens: tuple[bytes, ...] = ()
+    tokens: tuple[bytes, ...] = ()  # their sha256 digests
     users: dict[str, _Hash] = field(default_factory=dict)
     # Keyed by an HMAC of the header under a key of this process: the cache holds no secret.
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
@@ -119,9 +119,12 @@ class Credentials:
         return who
 
     def _token(self, given: bytes) -> bool:
+        # Digests of equal length (compare_digest's time would tell a token's length), every one
+        # compared: the time does not say which one nearly matched.
+        seen = hashlib.sha256(given).digest()
         ok = False
-        for token in self.tokens:  # every one compared: the time does not say which one nearly matched
-            ok |= hmac.compare_digest(given, token)
+        for token in self.tokens:
+            ok |= hmac.compare_digest(seen, token)
         return ok
 
     def _basic(self, value: str) -> str | None:
@@ -135,17 +138,25 @@ class Credentials:
         return user if ok and known is not None else None
 
 
+# Others may not read it (the secrets) nor write it (a token of their own); the group may read it.
+OPEN_BITS = stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
+
+
 def check_private(path: Path) -> os.stat_result:
-    """The file's stat, unless other users may read or write it (or it is not a regular file)."""
+    """The file's stat, unless others may read or change it: other users (mode), the group (write),
+    or an owner who is neither this user nor root. Not a regular file: refused too."""
     try:
         st = path.stat()
     except OSError as exc:
         raise AuthFileError(f"--auth-file {path}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
         raise AuthFileError(f"--auth-file {path}: not a regular file")
-    if st.st_mode & 0o007:
-        raise AuthFileError(f"--auth-file {path} is accessible to other users "
-                            f"(mode {stat.S_IMODE(st.st_mode):04o}): run `chmod o-rwx {path}` (600 or 640)")
+    if st.st_mode & OPEN_BITS:
+        raise AuthFileError(f"--auth-file {path} is accessible to other users (mode {stat.S_IMODE(st.st_mode):04o}): "
+                            f"run `chmod g-w,o-rw {path}` (600, or 640 for a group that may read it)")
+    if st.st_uid not in (os.getuid(), 0):
+        raise AuthFileError(f"--auth-file {path} belongs to uid {st.st_uid}, who may rewrite it: "
+                            f"`chown {os.getuid()} {path}` (or root)")
     return st
 
 
@@ -165,6 +176,8 @@ def load(path: Path) -> Credentials:
         where = f"--auth-file {path} line {number}"
         if ":" in line:
             user, _, hashed = line.partition(":")
+            if not user:
+                raise AuthFileError(f"{where}: USER:HASH with no user")
             try:
                 users[user] = _Hash.parse(hashed)
             except ValueError as exc:
@@ -174,7 +187,7 @@ def load(path: Path) -> Credentials:
             raise AuthFileError(f"{where}: a token is one word of at least {MIN_TOKEN_CHARS} characters "
                                 "(e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
         else:
-            tokens.append(line.encode())
+            tokens.append(hashlib.sha256(line.encode()).digest())
     creds = Credentials(tuple(tokens), users)
     if not len(creds):
         raise AuthFileError(f"--auth-file {path}: no token and no user in it")
