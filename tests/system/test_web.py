@@ -144,7 +144,7 @@ def web(tmp_path_factory):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("AGENT_WATCHDOG_DB", "AGENT_WATCHDOG_CONFIG")}
     log = open(folder / "web.log", "w")
-    proc = subprocess.Popen([CLI, "--db", url, "web", "--listen", f"127.0.0.1:{port}"], env=env, stdout=log,
+    proc = subprocess.Popen([CLI, "--db", url, "web", "--no-auth", "--listen", f"127.0.0.1:{port}"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
 

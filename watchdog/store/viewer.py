@@ -52,7 +52,8 @@ _EVENT_COLUMNS = [events.c[k] for k in EventRow.__dataclass_fields__]
 _ALERT_COLUMNS = [alerts.c[k] for k in AlertRow.__dataclass_fields__]
 
 
-def postmortem_facts(conn: Connection, run_id: str, now: dt.datetime) -> PostmortemFacts:
+def postmortem_facts(conn: Connection, run_id: str, now: dt.datetime, *, owner: str | None = None) -> PostmortemFacts:
+    """What a postmortem says of a run; with `owner`, the overlapping runs are only that owner's."""
     row = load_run(conn, run_id)
     evs = [EventRow.from_mapping(e._mapping) for e in conn.execute(
         select(*_EVENT_COLUMNS).where(events.c.run_id == row.id).order_by(events.c.seq))]
@@ -66,7 +67,8 @@ def postmortem_facts(conn: Connection, run_id: str, now: dt.datetime) -> Postmor
     others = [OtherRun(r.id, r.agent, r.status, r.stop_reason) for r in conn.execute(
         select(runs.c.id, runs.c.agent, runs.c.status, runs.c.stop_reason).where(and_(
             runs.c.id != row.id, runs.c.started_at <= end,
-            or_(runs.c.ended_at.is_(None), runs.c.ended_at >= row.started_at))))]
+            or_(runs.c.ended_at.is_(None), runs.c.ended_at >= row.started_at),
+            runs.c.owner == owner if owner is not None else runs.c.id.is_not(None))))]
     sent = [AlertRow.from_mapping(a._mapping) for a in conn.execute(
         select(*_ALERT_COLUMNS).where(alerts.c.run_id == row.id).order_by(alerts.c.id))]
     return PostmortemFacts(row, evs, ivs, circ, others, sent)

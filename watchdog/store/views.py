@@ -21,7 +21,7 @@ from watchdog.core.config import Config
 from watchdog.errors import StoreError
 from watchdog.store.settings import CONFIG_KEY, get as published_value
 from watchdog.store.rows import RunRow
-from watchdog.store.schema import events, interventions, runs, WHOLE_RUN
+from watchdog.store.schema import daemons, events, interventions, runs, WHOLE_RUN
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,15 @@ def published_profiles(conn: Connection, config: Config) -> Config:
     return config.with_published(value)
 
 
-def resolve_run_id(conn: Connection, run_id: str) -> str:
-    """A full id or a unique prefix (8 characters are usually enough)."""
+def resolve_run_id(conn: Connection, run_id: str, *, owner: str | None = None) -> str:
+    """A full id or a unique prefix (8 characters are usually enough); with `owner`, only that
+    owner's runs (another owner's run is "no such run", as if it did not exist)."""
     run_id = (run_id or "").strip().lower()
     if len(run_id) < 4:
         raise StoreError(f"run id {run_id!r}: give at least 4 characters of the run id")
     # A literal prefix: "_" and "%" in what the user typed are not LIKE wildcards.
-    rows = conn.execute(select(runs.c.id).where(runs.c.id.startswith(run_id, autoescape=True)).limit(2)).all()
+    q = select(runs.c.id).where(runs.c.id.startswith(run_id, autoescape=True)).limit(2)
+    rows = conn.execute(q if owner is None else q.where(runs.c.owner == owner)).all()
     if not rows:
         raise StoreError(f"run id {run_id!r}: no such run")
     if len(rows) > 1:
@@ -136,13 +138,14 @@ UNREADABLE = (ValueError, TypeError, ArithmeticError)
 def list_runs(conn: Connection, config: Config, now: dt.datetime, *, all_runs: bool = False, limit: int = 200,
               before: str | None = None, on_bad_row: Callable[[str, Exception], None] | None = None,
               statuses: Iterable[str] | None = None, agent: str | None = None, status: str | None = None,
-              host: str | None = None, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+              host: str | None = None, labels: dict[str, str] | None = None,
+              owner: str | None = None) -> list[dict[str, Any]]:
     """Run records, newest first: one page read from the (started_at, id) index; `before`: the
     last run id of the previous page. Ended runs carry their sealed top tool: only the others'
     events (active runs, runs ended since the leader's last tick) are aggregated. A row that
     cannot be read is passed to `on_bad_row(run_id, error)` and left out: one bad row never
     hides the others. Filters (the web view's): `statuses` (overrides all_runs), `agent`,
-    `host`, `labels` (each key = value)."""
+    `host`, `labels` (each key = value), `owner` (the login that wrote the run)."""
     q = select(*WHOLE_RUN).order_by(desc(runs.c.started_at), desc(runs.c.id)).limit(limit)
     if statuses is not None:
         q = q.where(runs.c.status.in_(list(statuses)))
@@ -154,6 +157,8 @@ def list_runs(conn: Connection, config: Config, now: dt.datetime, *, all_runs: b
         q = q.where(runs.c.agent == agent)
     if host is not None:
         q = q.where(runs.c.host == host)
+    if owner is not None:
+        q = q.where(runs.c.owner == owner)
     for key, value in (labels or {}).items():
         q = q.where(runs.c.labels[key].as_string() == value)
     if before is not None:
@@ -212,7 +217,9 @@ def load_run(conn: Connection, run_id: str) -> RunRow:
 
 
 def run_detail(conn: Connection, run_id: str, config: Config, now: dt.datetime, *,
-               last_events: int = 15) -> dict[str, Any]:
+               last_events: int = 15, owner: str | None = None) -> dict[str, Any]:
+    """`show --json`: the run with its tools, last events, children (with `owner`: only that
+    owner's) and interventions."""
     row = load_run(conn, run_id)
     stats = tool_stats(conn, [row.id])[row.id]
     try:
@@ -232,7 +239,7 @@ def run_detail(conn: Connection, run_id: str, config: Config, now: dt.datetime, 
     record["children"] = [
         {"id": c.id, "agent": c.agent, "status": c.status, "stop_reason": c.stop_reason, "steps": c.steps,
          "tool_calls": c.tool_calls, "cost_eur": round(c.cost_eur, 6), "partial": c.partial}
-        for c in children_of(conn, row.id)
+        for c in children_of(conn, row.id) if owner is None or c.owner == owner
     ]
     record["interventions"] = [
         {"at": _iso(i.at), "action": i.action, "reason": i.reason, "detail": i.detail, "outcome": i.outcome,
@@ -250,3 +257,38 @@ def event_json(e: Any) -> dict[str, Any]:
         "cached_tokens_in": e.cached_tokens_in, "reasoning_tokens": e.reasoning_tokens,
         "progress": e.progress,
     }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DaemonLiveness:
+    """Whether a daemon watches the store: the hosts whose lease is live, else when one last ticked."""
+
+    live_hosts: tuple[str, ...]
+    last_tick_at: dt.datetime | None  # the newest tick of any daemon (None: none ever ticked, or unreadable)
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.live_hosts)
+
+
+def daemon_liveness(conn: Connection) -> DaemonLiveness:
+    """The daemons' leases read against the database's clock (the clock their expiry is written in):
+    a lease is live until its expiry; one further out than any daemon writes counts as dead. A row
+    that does not read (written by hand on SQLite) counts as dead: a banner too many, never one missing."""
+    from watchdog.store.leases import MAX_LEASE_S, db_now
+
+    now = db_now(conn)
+    live: list[str] = []
+    newest: dt.datetime | None = None
+    try:
+        rows = conn.execute(select(daemons.c.host, daemons.c.expires_at, daemons.c.last_tick_at,
+                                   daemons.c.started_at).order_by(daemons.c.host)).all()
+    except UNREADABLE:
+        return DaemonLiveness((), None)
+    for host, expires_at, last_tick_at, started_at in rows:
+        if expires_at is not None and now < expires_at <= now + dt.timedelta(seconds=MAX_LEASE_S):
+            live.append(str(host))
+        seen = last_tick_at or started_at
+        if seen is not None and (newest is None or seen > newest):
+            newest = seen
+    return DaemonLiveness(tuple(live), newest)

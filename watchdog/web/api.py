@@ -47,17 +47,30 @@ def _label(filters: dict[str, str]) -> dict[str, str] | None:
 
 
 class Views:
-    def __init__(self, engine: Engine, config: Config, *, config_from_file: bool):
+    def __init__(self, engine: Engine, config: Config, *, config_from_file: bool, owner: str | None = None):
         self.engine = engine
         self.config = config
         self.config_from_file = config_from_file
+        # --owner: every read is of that owner's runs; another owner's run id is a 404.
+        self.owner = owner
+
+    def banner(self) -> str | None:
+        """"no live daemon since …" when no daemon's lease is live: the page's STOP marks may be stale."""
+        with read_connection(self.engine) as conn:
+            live = views.daemon_liveness(conn)
+        if live.alive:
+            return None
+        if live.last_tick_at is None:
+            return "no live daemon: none has ticked on this store; runs are watched by nobody"
+        since = live.last_tick_at.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"no live daemon since {since}: runs are not being watched, the numbers may be stale"
 
     def _judge_by(self, conn: Any) -> Config:
         return self.config if self.config_from_file else views.published_profiles(conn, self.config)
 
     def _resolve(self, conn: Connection, run_id: str) -> str:
         try:
-            return views.resolve_run_id(conn, run_id)
+            return views.resolve_run_id(conn, run_id, owner=self.owner)
         except StoreError as exc:
             raise NotFound(str(exc)) from None
 
@@ -71,7 +84,7 @@ class Views:
             statuses = [s for s in statuses if s == wanted] if statuses is not None else [wanted]
         return views.list_runs(conn, self._judge_by(conn), utcnow(), all_runs=True, limit=limit, before=before,
                                statuses=statuses, agent=filters.get("agent"), host=filters.get("host"),
-                               labels=_label(filters))
+                               labels=_label(filters), owner=self.owner)
 
     def runs_json(self, filters: dict[str, str], *, all_runs: bool, limit: int,
                   before: str | None) -> tuple[list[dict], str | None]:
@@ -96,7 +109,8 @@ class Views:
     def run_json(self, run_id: str, last_events: int = 15) -> dict:
         with read_connection(self.engine) as conn:
             rid = self._resolve(conn, run_id)
-            return views.run_detail(conn, rid, self._judge_by(conn), utcnow(), last_events=last_events)
+            return views.run_detail(conn, rid, self._judge_by(conn), utcnow(), last_events=last_events,
+                                     owner=self.owner)
 
     def _svg(self, conn: Connection, record: dict, now: dt.datetime) -> str:
         calls, spend = viewer.timeline(conn, record["id"])
@@ -109,7 +123,7 @@ class Views:
         now = utcnow()
         with read_connection(self.engine) as conn:
             rid = self._resolve(conn, run_id)
-            record = views.run_detail(conn, rid, self._judge_by(conn), now, last_events=0)
+            record = views.run_detail(conn, rid, self._judge_by(conn), now, last_events=0, owner=self.owner)
             svg = self._svg(conn, record, now)
             alerts = viewer.run_alerts(conn, rid)
         return pages.run_page(record, svg=svg, alerts=alerts)
@@ -118,14 +132,14 @@ class Views:
         now = utcnow()
         with read_connection(self.engine) as conn:
             rid = self._resolve(conn, run_id)
-            record = views.run_detail(conn, rid, self._judge_by(conn), now, last_events=0)
+            record = views.run_detail(conn, rid, self._judge_by(conn), now, last_events=0, owner=self.owner)
             return self._svg(conn, record, now)
 
     def postmortem_md(self, run_id: str, *, timeline_file: str | None = None) -> tuple[str, str]:
         now = utcnow()
         with read_connection(self.engine) as conn:
             rid = self._resolve(conn, run_id)
-            facts = viewer.postmortem_facts(conn, rid, now)
+            facts = viewer.postmortem_facts(conn, rid, now, owner=self.owner)
             return rid, render_postmortem(facts, self._judge_by(conn), now, timeline_file=timeline_file)
 
     def postmortem_html(self, run_id: str) -> str:
@@ -135,6 +149,8 @@ class Views:
         return pages.postmortem_page(rid, agent, to_html(md, image_src=f"/runs/{rid}/timeline.svg"))
 
     def _periods(self) -> tuple[list, dt.datetime, Config]:
+        if self.owner is not None:  # an agent's spend adds up every owner's runs: not one owner's to see
+            raise NotFound("period budgets sum every owner's runs: not shown with --owner")
         now = utcnow()
         with read_connection(self.engine) as conn:
             config = self._judge_by(conn)

@@ -19,6 +19,7 @@ from watchdog.core.config import Config
 from watchdog.store.engine import Engine
 from watchdog.web import api
 from watchdog.web.api import BadRequest, NotFound
+from watchdog.web.auth import CHALLENGE, Credentials
 
 log = logging.getLogger("watchdog.web")
 
@@ -54,8 +55,10 @@ _ROUTES: list[tuple[re.Pattern, str]] = [
 
 
 class WebApp:
-    def __init__(self, engine: Engine, config: Config, *, config_from_file: bool, allowed_hosts: Iterable[str] = ()):
-        self.views = api.Views(engine, config, config_from_file=config_from_file)
+    def __init__(self, engine: Engine, config: Config, *, config_from_file: bool, allowed_hosts: Iterable[str] = (),
+                 auth: Credentials | None = None, owner: str | None = None):
+        self.views = api.Views(engine, config, config_from_file=config_from_file, owner=owner)
+        self.auth = auth  # None: --no-auth (loopback only, the command checks)
         # Host names a request may name (DNS rebinding: a page elsewhere must not read the view
         # through a name that resolves to 127.0.0.1). Empty: any.
         self.allowed_hosts = {h.lower() for h in allowed_hosts}
@@ -72,13 +75,19 @@ class WebApp:
         return [b""] if method == "HEAD" else [body]
 
     def respond(self, method: str, environ: dict) -> Response:
-        if method not in ("GET", "HEAD"):
-            status, ctype, body, extra = _page("405 Method Not Allowed", "this view is read-only: GET and HEAD only")
-            return status, ctype, body, [*extra, ("Allow", "GET, HEAD")]
         host = (environ.get("HTTP_HOST") or "").lower()
         if self.allowed_hosts and host not in self.allowed_hosts:
             return _page("421 Misdirected Request", "unknown Host: start the view with --allowed-host for this name")
         path = environ.get("PATH_INFO") or "/"
+        if self.auth is not None and self.auth.check(environ.get("HTTP_AUTHORIZATION")) is None:
+            # Nothing of the store before this: not even whether a run id exists.
+            status, ctype, body, extra = (_json("401 Unauthorized", {"error": "authentication required"})
+                                          if path.startswith("/api/") else
+                                          _page("401 Unauthorized", "log in, or send Authorization: Bearer TOKEN"))
+            return status, ctype, body, [*extra, *(("WWW-Authenticate", c) for c in CHALLENGE)]
+        if method not in ("GET", "HEAD"):
+            status, ctype, body, extra = _page("405 Method Not Allowed", "this view is read-only: GET and HEAD only")
+            return status, ctype, body, [*extra, ("Allow", "GET, HEAD")]
         if path == "/favicon.ico":  # browsers ask; nothing to show
             return "204 No Content", "text/plain", b"", []
         if path.startswith("/static/"):
@@ -91,7 +100,10 @@ class WebApp:
             # PEP 3333: PATH_INFO is already percent-decoded, as latin-1 text; ids are UTF-8.
             args = [g.encode("latin-1", "replace").decode("utf-8", "replace") for g in m.groups()]
             try:
-                return getattr(self, name)(query, *args)
+                response = getattr(self, name)(query, *args)
+                if response[1] == HTML:
+                    return _with_banner(response, self.views.banner())
+                return response
             except NotFound as exc:
                 return _not_found(path, str(exc))
             except BadRequest as exc:
@@ -171,6 +183,17 @@ def _int(text: str | None, default: int, low: int, high: int) -> int:
 
 def _html(text: str) -> Response:
     return "200 OK", HTML, text.encode(), []
+
+
+def _with_banner(response: Response, banner: str | None) -> Response:
+    """A page with the daemon's liveness banner at the top of its main part."""
+    if banner is None:
+        return response
+    from watchdog.web.html import esc
+
+    status, ctype, body, extra = response
+    tag = f'<main><p class="banner" id="daemon-banner" role="alert">{esc(banner)}</p>'.encode()
+    return status, ctype, body.replace(b"<main>", tag, 1), extra
 
 
 def _json(status: str, data: Any) -> Response:

@@ -6,6 +6,7 @@ meant to log in as the viewer role of sql/postgres-roles.sql, which can write no
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socketserver
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from watchdog.core.config import Config
 from watchdog.web.app import WebApp
+from watchdog.web.auth import Credentials
 
 if TYPE_CHECKING:
     from watchdog.store.engine import Engine
@@ -52,10 +54,24 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach `host` (127.0.0.0/8, ::1, `localhost`); any other name may resolve elsewhere."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def make(url: str, config: Config, *, config_from_file: bool, listen: str,
-         allowed_hosts: tuple[str, ...] = ()) -> _Server:
+         allowed_hosts: tuple[str, ...] = (), auth: Credentials | None = None, owner: str | None = None) -> _Server:
     host, port = parse_listen(listen)
-    app = WebApp(open_store(url), config, config_from_file=config_from_file)
+    if auth is None and not is_loopback(host):
+        # Private by default: past loopback a view without authentication shows every run to the network.
+        raise ValueError(f"--listen {listen} is beyond loopback: give --auth-file FILE (docs/howto/web.md), "
+                         "or listen on 127.0.0.1 behind a proxy that authenticates")
+    app = WebApp(open_store(url), config, config_from_file=config_from_file, auth=auth, owner=owner)
     server = make_server(host, port, app, server_class=_Server, handler_class=_Handler)
     # The port bound (port 0: the one the kernel chose) is the one a Host header names.
     app.allowed_hosts = {h.lower() for h in _hosts(host, server.bound()[1], allowed_hosts)}
