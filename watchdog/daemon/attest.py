@@ -11,10 +11,14 @@ writes can name a victim, it cannot make the daemon attest one.
 Protocol, one line of JSON each way, bounded and timed out on both sides:
 
     → {"run": "<run id>", "kill_mode": "process"}
-    ← {"ok": true, "key": "<64 hex>"}  |  {"ok": false, "error": "<why>"}
+    ← {"ok": true, "key": "<64 hex>"[, "otlp": {"endpoint": "<traces URL>", "token": "<bearer>"}]}
+      |  {"ok": false, "error": "<why>"}
 
 `key` is the run's evidence key (watchdog.core.evidence_mac): the process MACs its records
 with it, and on SQLite only such records can justify a signal (watchdog.daemon.authentic).
+`otlp`, while `[otlp] listen` is on: the receiver's traces URL and the run's own bearer token
+(watchdog.daemon.otlp.auth), so exec's command exports spans for its run without reading the
+daemon's config (mode 0640) or any token file.
 
 Under abuse (the socket is open to every local user): each request has one deadline for the
 whole of it (a peer trickling a byte at a time is dropped when it passes), each Unix user may
@@ -33,6 +37,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -83,8 +88,10 @@ def verified_leader(conn, row, sealer: Sealer | None) -> tuple[ProcessIdentity |
 class AttestServer:
     """Listens on `path` in a thread of the daemon; `attest()` is the whole decision."""
 
-    def __init__(self, engine: Engine, sealer: Sealer, path: str, host: str) -> None:
+    def __init__(self, engine: Engine, sealer: Sealer, path: str, host: str,
+                 otlp: Callable[[], str | None] | None = None) -> None:
         self.engine = engine
+        self.otlp = otlp  # the OTLP receiver's URL while it listens (handed to attested runs)
         self.sealer = sealer
         self.path = path
         self.host = host
@@ -189,7 +196,10 @@ class AttestServer:
                 run_id, kill_mode = _parse(line)
                 _a, key = self.attest_with_key(run_id, pid, uid, kill_mode, connected_before=accepted_at,
                                                cgroup=_requested_cgroup(line))
-                reply = {"ok": True, "key": key.hex()}
+                reply: dict[str, object] = {"ok": True, "key": key.hex()}
+                url = self.otlp() if self.otlp is not None else None
+                if url:  # where to export spans, with the run's own bearer token (no file, no config)
+                    reply["otlp"] = {"endpoint": url, "token": self.sealer.otlp_token(run_id)}
             except Refused as exc:
                 reply = {"ok": False, "error": str(exc)}
                 log.info("attestation refused for pid %d uid %d: %s", pid, uid, exc)
