@@ -18,7 +18,7 @@ from sqlalchemy import select
 from agent_procs import wait_until
 from alertsinks import HttpSink
 from exec_support import AGENT_WATCHDOG, EXAMPLES, Daemon, daemon_config, exec_env, exec_runs, start_exec
-from otlp_support import free_port, post, spans_request
+from otlp_support import TOKEN, free_port, post, spans_request, tokens_file
 from watchdog.core import lifecycle as lc
 from watchdog.store.engine import make_engine
 from watchdog.store.joined import WITNESS_SEQ_BASE
@@ -35,7 +35,10 @@ def world(tmp_path_factory):
     db_url = f"sqlite:///{tmp / 'runs.db'}"
     sink = HttpSink().__enter__()
     port = free_port()
-    extra = f'\n[otlp]\nlisten = "127.0.0.1:{port}"\n\n[alerts]\nurls = ["{sink.url()}"]\n' + PRICES
+    # exec's commands get a token of their own run from the daemon; this test's own posts, the tests' token.
+    tokens = tokens_file(str(tmp), [f"{TOKEN} agent=quiet-bot owner=tests"])
+    extra = (f'\n[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n\n[alerts]\nurls = ["{sink.url()}"]\n'
+             + PRICES)
     cfg, sock = daemon_config(tmp / "daemon.toml", db_url, extra=extra)
     subprocess.run([AGENT_WATCHDOG, "--db", db_url, "db", "upgrade"], check=True, capture_output=True, env=exec_env())
     d = Daemon(tmp, cfg, sock)
