@@ -41,7 +41,6 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
 from watchdog.core.evidence_mac import RecordMac
-from watchdog.daemon.killer import CREATE_TIME_TOLERANCE_S
 from watchdog.daemon.otlp import rate, sender, senders
 from watchdog.daemon.otlp.auth import Identity
 from watchdog.daemon.otlp.mapping import Call, Group
@@ -52,7 +51,9 @@ from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.otlp")
 
-SenderKey = tuple[str, int | str | None]  # (its identity, the socket's owner uid or the peer's host)
+# (its identity, the socket's owner uid or the peer's host, the process the kernel confirmed sent
+# it: pid + create time, under kill_mode "process" only): a key names runs of the same sender only.
+SenderKey = tuple[str, int | str | None, tuple[int, float] | None]
 MAX_RUNS_PER_SENDER = 256  # active span-only runs one sender (uid) may have open at once
 MAX_KEYS = 100_000  # keys, traces and span ids remembered (oldest forgotten first)
 KEY_LABELS = {"conversation": "gen_ai.conversation.id", "trace": "otel.trace_id"}
@@ -110,7 +111,8 @@ class Receiver:
         self._spans: _Lru[tuple[str, str], bool] = _Lru(MAX_KEYS)
         self._owner: dict[str, SenderKey | None] = {}  # run id -> its sender
         self._pins: dict[str, tuple[RecordMac, int, float]] = {}  # run id -> its events' MAC, pinned pid, create time
-        self._same: _Lru[tuple[int | None, str], bool] = _Lru(4096)  # (socket inode, run id) -> the pinned process?
+        # (socket inode, claimed pid) -> the process the kernel confirms sent it, else why not
+        self._confirmed: _Lru[tuple[int, int | None], tuple[sender.Pinned | None, str]] = _Lru(4096)
         # (socket inode, run id) -> why the sender is not inside exec's tree ("": it is)
         self._tree: _Lru[tuple[int | None, str], str] = _Lru(4096)
         self._starts = rate.Window(config.otlp.max_new_runs_per_min, 60.0)
@@ -120,7 +122,8 @@ class Receiver:
         with self.engine.connect() as conn:
             for run_id, labels in witness.active_runs_of(conn, lc.Source.OTLP, self.host):
                 rec = senders.recorded(conn, self.sealer, run_id)
-                sk = None if rec is None else (rec.name, rec.uid)
+                proc = None if rec is None or rec.pinned is None else (rec.pinned[1], round(rec.pinned[2], 2))
+                sk = None if rec is None else (rec.name, rec.uid, proc)
                 self._owner[run_id] = sk
                 if rec is not None and rec.pinned is not None:
                     self._pins[run_id] = rec.pinned
@@ -137,7 +140,7 @@ class Receiver:
     def ingest(self, groups: list[Group], peer: sender.Peer, ident: Identity) -> Outcome:
         out = Outcome()
         exec_ok = {g.key: self._inside_exec_tree(g, peer, ident) for g in groups if g.key[0] == "run"}
-        sk: SenderKey = (ident.name, peer.uid if peer.uid is not None else peer.address[0])
+        who = (ident.name, peer.uid if peer.uid is not None else peer.address[0])
         with self._lock, self.engine.begin() as conn:
             now = witness.store_now(conn)
             run_id: str | None
@@ -154,6 +157,8 @@ class Receiver:
                         continue
                     out.accepted += g.spans
                     continue
+                pinned, why = self._confirm(peer, g.claimed_pid)
+                sk: SenderKey = (*who, None if pinned is None else (pinned.pid, round(pinned.create_time, 2)))
                 run_id = None if ident.run_id is not None else self._known(g, sk)
                 if run_id is None and not g.genai:
                     out.accepted += g.spans  # a trace of no agent (HTTP, database spans): no run of its own
@@ -161,11 +166,9 @@ class Receiver:
                 if ident.run_id is not None:
                     out.refuse(g.spans, f"a run's own token reports for run {ident.run_id[:32]} only")
                     continue
-                if run_id is not None and not self._same_process(run_id, g, peer):
-                    run_id = None  # another process of the same sender: a run of its own
                 if run_id is None or not witness.append(conn, run_id, self._fresh(run_id, g.calls),
                                                         source=lc.Source.OTLP, now=now, mac=self._mac(run_id)):
-                    run_id = self._start(conn, g, peer, ident, sk, now, out)
+                    run_id = self._start(conn, g, peer, ident, sk, (pinned, why), now, out)
                     if run_id is None:
                         continue
                     witness.append(conn, run_id, self._fresh(run_id, g.calls), source=lc.Source.OTLP, now=now,
@@ -206,37 +209,36 @@ class Receiver:
                     break
         return run_id
 
-    def _same_process(self, run_id: str, g: Group, peer: sender.Peer) -> bool:
-        """A pinned run counts spans only from its pinned process (pid + create time)."""
-        pin = self._pins.get(run_id)
-        if pin is None:
-            return True
-        key = (peer.inode, run_id)
-        same = self._same.get(key) if peer.inode is not None else None
-        if same is None:
-            got, _why = sender.confirm_claim(peer, g.claimed_pid)
-            same = got is not None and got.pid == pin[1] and abs(got.create_time - pin[2]) <= CREATE_TIME_TOLERANCE_S
-            if peer.inode is not None:
-                self._same.put(key, same)
-        return same
+    def _confirm(self, peer: sender.Peer, claimed_pid: int | None) -> tuple[sender.Pinned | None, str]:
+        """Under kill_mode "process": the claimed process.pid, if the kernel confirms it sent this
+        request (cached per socket: one connection, one process); else (None, why not)."""
+        if self.config.otlp.kill_mode != lc.PROCESS or self.sealer is None:
+            return None, "kill_mode is cooperative"
+        if peer.inode is None:
+            return sender.confirm_claim(peer, claimed_pid)
+        key = (peer.inode, claimed_pid)
+        got = self._confirmed.get(key)
+        if got is None:
+            got = sender.confirm_claim(peer, claimed_pid)
+            self._confirmed.put(key, got)
+        return got
 
     def _forget(self, run_id: str) -> None:
         self._owner.pop(run_id, None)
         self._pins.pop(run_id, None)
 
     def _start(self, conn: Connection, g: Group, peer: sender.Peer, ident: Identity, sk: SenderKey,
-               now: dt.datetime, out: Outcome) -> str | None:
+               confirmed: tuple[sender.Pinned | None, str], now: dt.datetime, out: Outcome) -> str | None:
         """A new span-only run for the group's key, or None (refused: the sender has too many)."""
         if ident.agents is not None and g.agent not in ident.agents:
             out.refuse(g.spans, f"this token may not report for agent {g.agent[:64]!r}")
             return None
-        mine = sum(1 for owner in self._owner.values() if owner == sk)
-        if mine >= MAX_RUNS_PER_SENDER:
+        if self._open(sk) >= MAX_RUNS_PER_SENDER:
             self._prune(conn)
-            if sum(1 for owner in self._owner.values() if owner == sk) >= MAX_RUNS_PER_SENDER:
+            if self._open(sk) >= MAX_RUNS_PER_SENDER:
                 out.refuse(g.spans, f"more than {MAX_RUNS_PER_SENDER} active runs from this sender")
                 return None
-        if not self._starts.admit(sk, self.clock()):
+        if not self._starts.admit(sk[:2], self.clock()):
             out.throttled = True
             out.refuse(g.spans, f"more than {self.config.otlp.max_new_runs_per_min} new runs a minute from this "
                                 "sender ([otlp] max_new_runs_per_min)")
@@ -244,12 +246,10 @@ class Receiver:
             return None
         run_id = uuid.uuid4().hex
         labels = {KEY_LABELS[g.key[0]]: g.key[1]}
-        pinned, why = None, ""
         sealer = self.sealer
-        if self.config.otlp.kill_mode == lc.PROCESS and sealer is not None:
-            pinned, why = sender.confirm_claim(peer, g.claimed_pid)
-            if pinned is None:
-                log.info("otlp run %s: cooperative, %s", run_id[:8], why)
+        pinned, why = confirmed
+        if self.config.otlp.kill_mode == lc.PROCESS and pinned is None:
+            log.info("otlp run %s: cooperative, %s", run_id[:8], why)
         if pinned is None or sealer is None:  # (a pinned sender implies a sealer)
             witness.create_run(conn, run_id=run_id, agent=g.agent, source=lc.Source.OTLP, host=self.host,
                                kill_mode=lc.COOPERATIVE, labels=labels, now=now, owner=ident.name)
@@ -266,6 +266,10 @@ class Receiver:
                 self._pins[run_id] = (mac, pinned.pid, pinned.create_time)
         self._owner[run_id] = sk
         return run_id
+
+    def _open(self, sk: SenderKey) -> int:
+        """Active runs of the sender (whatever process of it sent them)."""
+        return sum(1 for owner in self._owner.values() if owner is not None and owner[:2] == sk[:2])
 
     def _prune(self, conn: Connection) -> None:
         """Forget the owners of runs that ended (by silence, a stop, their root span)."""
