@@ -3,7 +3,7 @@
 
 Throughput. `--requests` ExportTraceServiceRequests of `--spans` spans each (half `chat` steps
 with tokens, half `execute_tool` calls; one conversation per request), made by the real OTel
-SDK's encoder, are measured three ways in the same run, quarter by quarter in rotating order:
+SDK's encoder, are measured three ways in the same run, part by part (`--rounds`) in rotating order:
 
   receiver  POSTed over loopback HTTP by `--clients` client threads of a separate process to the
             daemon's own OtlpServer (decode, mapping, the kernel's sender lookup, the store's
@@ -281,13 +281,14 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--pause-ms", type=float, default=20.0)
     ap.add_argument("--tick-s", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=6, help="parts of the requests, each measured by every path")
     a = ap.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="aw-bench-otlp-")
     bodies = _requests(a.requests, a.spans)
-    # Quarters, each measured by every path in rotating order (raw, receiver, auth; receiver, auth,
+    # Parts, each measured by every path in rotating order (raw, receiver, auth; receiver, auth,
     # raw; ...): drift of a shared machine weighs on all alike.
-    q = len(bodies) // 4
-    quarters = [bodies[i * q:(i + 1) * q] for i in range(4)]
+    q = len(bodies) // a.rounds
+    quarters = [bodies[i * q:(i + 1) * q] for i in range(a.rounds)]
     paths = ("raw", "receiver", "auth")
     res: dict[str, list[tuple[float, int]]] = {k: [] for k in paths}
     order = [(paths[(i + j) % 3], part) for i, part in enumerate(quarters) for j in range(3)]

@@ -172,6 +172,7 @@ class OtlpServer:
     def __init__(self, engine: Engine, config: Config, sealer: Sealer | None, host: str) -> None:
         self.config = config
         self.max_bytes = config.otlp.max_request_bytes
+        self.sealer = sealer
         self.auth = Authenticator(config, sealer)  # a bad tokens file: ConfigError (one line, the key)
         self.receiver = Receiver(engine, config, sealer, host)
         self._refused_at: dict[object, float] = {}
@@ -186,6 +187,11 @@ class OtlpServer:
         with self._count_lock:
             self.accepted_spans += accepted
             self.rejected_spans += rejected
+
+    def reload_tokens(self) -> None:
+        """Read `[otlp] tokens_file` again (SIGHUP); ConfigError leaves the tokens as they were."""
+        self.auth = Authenticator(self.config, self.sealer)
+        log.info("otlp: %d bearer token(s) from [otlp] tokens_file", self.auth.tokens)
 
     def refused(self, peer: sender.Peer, why: str) -> None:
         """One receiver log line per refused sender and minute (a flood of 401s is not a flood of lines)."""
