@@ -237,6 +237,25 @@ def test_a_sender_starting_runs_past_the_cap_gets_429_and_one_alert(db_url):
         assert [k[0].split(":")[1] for k in keys] == ["mallory"]
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_anonymous_spans_count_only_for_their_senders_own_runs_judged_by_defaults(db_url):
+    """allow_anonymous = true: spans without a token claiming the victim's agent (whose profile
+    allows 100 tool calls) make a run of `uid N`, judged by [defaults] (10), never the victim's."""
+    with OtlpDaemon(db_url, tokens=TOKENS, otlp={"allow_anonymous": True},
+                    agents={"victim-bot": {"max_tool_calls": 100}}) as d:
+        p = victim(d)
+        run = victim_run(d)
+        body = spans_json(agent="victim-bot", trace_id=run.labels["otel.trace_id"], tools=15).encode()
+        assert post(d.address, body, JS, token=None)[0] == 200
+        exits_healthy(p, d, run.id)
+        (anon,) = [r for r in otlp_runs(d.engine) if r.id != run.id]
+        assert anon.tool_calls == 15
+        with d.engine.connect() as conn:
+            assert sender_of(conn, d.daemon.sealer, anon.id) == (f"uid {os.getuid()}", True)
+        stopped = wait_for(lambda: [r for r in otlp_runs(d.engine) if r.id == anon.id and r.stop_reason])
+        assert stopped and stopped[0].stop_reason == "max_tool_calls", otlp_runs(d.engine)  # [defaults]' 10
+
+
 def test_a_bad_tokens_file_is_one_loud_line_naming_the_key(tmp_path):
     from watchdog.core.config import parse
     from watchdog.daemon.otlp.auth import load_tokens

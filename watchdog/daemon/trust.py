@@ -129,6 +129,13 @@ class Trust:
     def owner_ok(self, rid: str) -> bool | None:
         return self._owner_ok.get(rid)
 
+    def not_owner(self, rid: str) -> None:
+        """A run its sender may not book under its profile, known from the start (the OTLP
+        receiver's anonymous runs): judged by [defaults] from its first tick."""
+        if len(self._owner_ok) > _MEMO_MAX:
+            self._owner_ok.clear()
+        self._owner_ok[rid] = False
+
     def profile_of(self, conn: Connection, row) -> Budgets:
         prof = self.config.profile(row.agent)
         owners = getattr(prof, "owners", ())

@@ -116,12 +116,17 @@ class Receiver:
         # (socket inode, run id) -> why the sender is not inside exec's tree ("": it is)
         self._tree: _Lru[tuple[int | None, str], str] = _Lru(4096)
         self._starts = rate.Window(config.otlp.max_new_runs_per_min, 60.0)
+        # Told of each anonymous run (the daemon's judge: [defaults] from its first tick).
+        self.on_anonymous: Callable[[str], None] | None = None
         self.rebuild()
 
     def rebuild(self) -> None:
+        self._anonymous: list[str] = []  # told to on_anonymous once it is set (watch)
         with self.engine.connect() as conn:
             for run_id, labels in witness.active_runs_of(conn, lc.Source.OTLP, self.host):
                 rec = senders.recorded(conn, self.sealer, run_id)
+                if rec is not None and rec.anonymous:
+                    self._anonymous.append(run_id)
                 proc = None if rec is None or rec.pinned is None else (rec.pinned[1], round(rec.pinned[2], 2))
                 sk = None if rec is None else (rec.name, rec.uid, proc)
                 self._owner[run_id] = sk
@@ -265,7 +270,16 @@ class Receiver:
             if mac is not None and pinned is not None:
                 self._pins[run_id] = (mac, pinned.pid, pinned.create_time)
         self._owner[run_id] = sk
+        if ident.anonymous and self.on_anonymous is not None:
+            self.on_anonymous(run_id)
         return run_id
+
+    def watch(self, on_anonymous: Callable[[str], None]) -> None:
+        """Tell `on_anonymous` of every anonymous run, those rebuilt at start first."""
+        self.on_anonymous = on_anonymous
+        for run_id in self._anonymous:
+            on_anonymous(run_id)
+        self._anonymous = []
 
     def _open(self, sk: SenderKey) -> int:
         """Active runs of the sender (whatever process of it sent them)."""

@@ -126,6 +126,7 @@ class _Handler(BodyReader, BaseHTTPRequestHandler):
 
     def _traces(self, srv: "OtlpServer", kind: str, ident: Identity) -> None:
         body = self._body(srv.max_bytes)
+        self.server.deadlines.clear(self.connection)  # type: ignore[attr-defined]  # ours is the time from here
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
         if encoding == "gzip":
             body = decode.gunzip(body, srv.max_bytes)
