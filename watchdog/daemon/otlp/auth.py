@@ -32,7 +32,7 @@ from watchdog.errors import ConfigError
 log = logging.getLogger("watchdog.otlp")
 
 TOKENS_KEY = "[otlp] tokens_file"
-LINE_FORMAT = "TOKEN agent=NAME[,NAME...] [owner=WHO]"
+LINE_FORMAT = "<token> agent=NAME[,NAME...] [owner=WHO]"  # (worded so that the CLI's scrubbing keeps it)
 TOKEN_MIN_CHARS = 16
 TOKENS_MAX = 10_000
 NAME_MAX_CHARS = 63  # an owner is booked like a PostgreSQL login (runs.owner is 63 characters)
@@ -70,7 +70,7 @@ def parse_tokens(text: str, where: str) -> list[tuple[bytes, Identity]]:
     seen: set[bytes] = set()
 
     def bad(n: int, why: str) -> ConfigError:
-        return ConfigError(f"{TOKENS_KEY} = {where!r} line {n}: {why}; expected `{LINE_FORMAT}` "
+        return ConfigError(f"{TOKENS_KEY} ({where}) line {n}: {why}; expected `{LINE_FORMAT}` "
                            f"(a token of at least {TOKEN_MIN_CHARS} characters, e.g. from `openssl rand -hex 24`)")
 
     for n, raw in enumerate(text.splitlines(), start=1):
@@ -89,7 +89,7 @@ def parse_tokens(text: str, where: str) -> list[tuple[bytes, Identity]]:
                 raise bad(n, f"{f[:40]!r} is not agent=... or owner=... (each once)")
             opts[key] = value
         if "agent" not in opts:
-            raise bad(n, "no agent=NAME: a token reports only for the agents it names")
+            raise bad(n, "no agent=NAME: each line names the agents it may report for")
         agents = frozenset(a for a in opts["agent"].split(",") if a)
         owner = opts.get("owner")
         if owner is not None and len(owner) > NAME_MAX_CHARS:
@@ -115,13 +115,13 @@ def load_tokens(config: Config) -> list[tuple[bytes, Identity]]:
             st = os.fstat(f.fileno())
             text = f.read(4 * 1024 * 1024)
     except OSError as exc:
-        raise ConfigError(f"{TOKENS_KEY} = {config.otlp.tokens_file!r}: cannot read {path} "
-                          f"({exc.strerror or exc}); create it (mode 0600, the daemon's user) or set "
-                          "tokens_file = \"\"") from None
+        raise ConfigError(f"{TOKENS_KEY} ({config.otlp.tokens_file}): cannot read {path} "
+                          f"({exc.strerror or exc}); create it (mode 0600, the daemon's user) or empty the key "
+                          "to take no file") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{TOKENS_KEY} = {config.otlp.tokens_file!r}: {path} is not UTF-8 text") from None
+        raise ConfigError(f"{TOKENS_KEY} ({config.otlp.tokens_file}): {path} is not UTF-8 text") from None
     if st.st_mode & (stat.S_IROTH | stat.S_IWOTH):
-        log.warning("%s = %r: %s is readable by every user (it holds bearer tokens): chmod 0600 it",
+        log.warning("%s (%s): %s is readable by every user (it holds bearer tokens): chmod 0600 it",
                     TOKENS_KEY, config.otlp.tokens_file, path)
     return parse_tokens(text, config.otlp.tokens_file)
 
