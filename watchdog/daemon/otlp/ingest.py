@@ -32,10 +32,8 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from typing import TypeVar
+from collections import Counter
+from collections.abc import Callable
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
@@ -44,6 +42,7 @@ from watchdog.core.evidence_mac import RecordMac
 from watchdog.daemon.otlp import rate, sender, senders
 from watchdog.daemon.otlp.auth import Identity
 from watchdog.daemon.otlp.mapping import Call, Group
+from watchdog.daemon.otlp.outcome import Lru as _Lru, Outcome
 from watchdog.store import witness
 from watchdog.store.attestations import load as load_attestation
 from watchdog.store.engine import Connection, Engine
@@ -57,40 +56,6 @@ SenderKey = tuple[str, int | str | None, tuple[int, float] | None]
 MAX_RUNS_PER_SENDER = 256  # active span-only runs one sender (uid) may have open at once
 MAX_KEYS = 100_000  # keys, traces and span ids remembered (oldest forgotten first)
 KEY_LABELS = {"conversation": "gen_ai.conversation.id", "trace": "otel.trace_id"}
-
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class _Lru(OrderedDict[K, V]):
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def put(self, key: K, value: V) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.size:
-            self.popitem(last=False)
-
-
-@dataclass
-class Outcome:
-    accepted: int = 0
-    rejected: int = 0
-    reasons: list[str] | None = None
-    throttled: bool = False  # a new run refused by [otlp] max_new_runs_per_min: the answer is 429
-
-    def refuse(self, n: int, why: str) -> None:
-        self.rejected += n
-        self.reasons = (self.reasons or [])
-        if why not in self.reasons:
-            self.reasons.append(why)
-
-    @property
-    def message(self) -> str:
-        return "; ".join(self.reasons or [])[:500]
 
 
 class Receiver:
