@@ -150,7 +150,7 @@ def test_unauthenticated_spans_naming_the_victims_agent_get_401_and_book_nothing
             assert len(theirs) == 1 and sender_of(conn, d.daemon.sealer, theirs[0].id) == ("mallory", False)
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
 def test_spans_naming_a_pinned_runs_trace_from_another_sender_start_their_own_run(db_url, mallory):
     """Item 3: kill_mode process; another user with a token for the same agent sends 20 tool spans
     in the victim's trace, claiming its pid; so does another process of the victim's own user.
