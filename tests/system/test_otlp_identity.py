@@ -273,3 +273,29 @@ def test_a_bad_tokens_file_is_one_loud_line_naming_the_key(tmp_path):
     os.chmod(path, 0o644)
     path.write_text(f"{VICTIM_TOKEN} agent=a,b owner=victim\n")
     assert [i.name for _d, i in load_tokens(cfg)] == ["victim"]
+
+
+def test_the_socket_hands_a_runs_token_only_to_the_process_its_row_registers(sqlite_url):
+    """exec in a systemd scope asks for the receiver and its run's token before its command runs
+    (`otlp_only`, not attested yet): only the process the run's row registers gets it."""
+    from attest_support import Attestor
+    from watchdog import Watchdog
+    from watchdog.sdk.attest import request_reply
+
+    attestor = Attestor(sqlite_url)
+    attestor.server.otlp = lambda: "http://127.0.0.1:4318/v1/traces"
+    attestor.start()
+    wd = Watchdog(sqlite_url, attest_socket="")
+    try:
+        with wd.run(agent="a", kill_mode="process", guards=False) as run:
+            ok, why, key, otlp = request_reply(attestor.socket, run.id, None, otlp_only=True)
+            assert ok and key is None, why  # not attested: no evidence key
+            assert otlp is not None and otlp["endpoint"] == "http://127.0.0.1:4318/v1/traces"
+            assert attestor.sealer.otlp_token_ok(otlp["token"]) == run.id
+            with attestor.engine.begin() as conn:  # the row names another process: refused
+                conn.execute(runs.update().where(runs.c.id == run.id).values(pid=1))
+            ok, why, _key, otlp = request_reply(attestor.socket, run.id, None, otlp_only=True)
+            assert not ok and otlp is None and "registered with pid 1" in why
+    finally:
+        wd.close()
+        attestor.close()

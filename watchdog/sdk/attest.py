@@ -66,17 +66,23 @@ def request_key(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEO
     return ok, why, key
 
 
-def request_reply(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEOUT_S,
-                  cgroup: str | None = None) -> tuple[bool, str, bytes | None, dict[str, str] | None]:
+def request_reply(path: str, run_id: str, kill_mode: str | None, timeout_s: float = TIMEOUT_S,
+                  cgroup: str | None = None,
+                  otlp_only: bool = False) -> tuple[bool, str, bytes | None, dict[str, str] | None]:
     """`request_key`, and what the daemon says of its OTLP receiver: {"endpoint", "token"} (the
-    run's own bearer token), None when it has none on."""
+    run's own bearer token), None when it has none on. `otlp_only`: ask for that alone, not to be
+    attested (exec in a systemd scope, before its command runs)."""
     if not path:
         return False, "attestation is off (empty socket path)", None, None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
         s.connect(path)
-        req = {"run": run_id, "kill_mode": kill_mode}
+        req: dict[str, object] = {"run": run_id}
+        if otlp_only:
+            req["otlp_only"] = True
+        else:
+            req["kill_mode"] = kill_mode
         if cgroup is not None:
             req["cgroup"] = cgroup
         s.sendall(json.dumps(req).encode() + b"\n")

@@ -99,7 +99,7 @@ class _Session:
         listen = otlp_listen(o.config) or otlp_listen(self._published())
         systemd = self.placement is not None and self.placement.systemd  # attested after the command starts
         env = command_env(os.environ, run_id=self.run_id, db_url=o.db_url, socket=o.socket,
-                          config_path=o.config_path, otlp_listen_at=listen if systemd else "")
+                          config_path=o.config_path)
         argv = self.placement.command(o.argv) if self.placement else list(o.argv)
         child = spawn.start(argv, env)
         reaper = rp.Reaper(child.pid)
@@ -117,7 +117,11 @@ class _Session:
         attested = False
         if not systemd:
             attested = self._attest(mode)
-        err = child.release(self._otlp_env(env, listen, attested, systemd))
+        else:  # attested once the command runs in its scope: the receiver and token before
+            from watchdog.sdk.attest import request_reply
+
+            ok, self.attest_why, _key, self.otlp = request_reply(o.socket, self.run_id, None, otlp_only=True)
+        err = child.release(self._otlp_env(env, listen, attested))
         if err is not None:
             _wait(child.pid)
             code = spawn.exit_status_for(err)
@@ -242,19 +246,13 @@ class _Session:
                   "signal its tree")
         return ok
 
-    def _otlp_env(self, env: dict[str, str], listen: str, attested: bool, systemd: bool) -> dict[str, str]:
+    def _otlp_env(self, env: dict[str, str], listen: str, attested: bool) -> dict[str, str]:
         """The OTel variables for the command, once the daemon has answered; said once, loudly,
         when the command's spans cannot be counted for its run."""
         if self.otlp is not None:
             self.note(f"OTel spans go to {self.otlp['endpoint']} with the run's own token")
             return otlp_env(env, run_id=self.run_id, endpoint=self.otlp["endpoint"], token=self.otlp["token"])
         endpoint = otlp_endpoint(listen)
-        if systemd:
-            if endpoint is not None:
-                say(f"run {self.run_id[:8]}: the command started before the daemon attested it (systemd scope): "
-                    f"its OTel spans go to {endpoint} without the run's token and count only where [otlp] "
-                    "allow_anonymous = true")
-            return {}
         if endpoint is not None:  # a receiver, and no token for it
             say(f"run {self.run_id[:8]}: OTel spans of the command cannot be counted for it: the daemon did not "
                 f"attest the run ({self.attest_why[:120]}), so it handed no OTLP token; set AGENT_WATCHDOG_SOCKET "
