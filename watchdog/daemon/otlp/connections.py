@@ -83,8 +83,8 @@ class Server(ThreadingHTTPServer):
         self._held: Counter[object] = Counter()  # per sender: connections being served
         self._peers: dict[socket.socket, sender.Peer] = {}
         self._held_lock = threading.Lock()
+        super().__init__(address, handler)  # binds: a port in use raises here, before any thread
         self.deadlines = _Deadlines()
-        super().__init__(address, handler)
 
     @staticmethod
     def _sender(p: sender.Peer) -> object:
@@ -147,7 +147,9 @@ class Server(ThreadingHTTPServer):
                 self._release(conn, self._sender(p))
 
     def server_close(self) -> None:
-        self.deadlines.stop()
+        deadlines = getattr(self, "deadlines", None)  # (not there when the bind failed)
+        if deadlines is not None:
+            deadlines.stop()
         super().server_close()
 
     # A peer's misbehaviour is not the daemon's error.
