@@ -235,6 +235,13 @@ def test_a_sender_starting_runs_past_the_cap_gets_429_and_one_alert(db_url):
         with d.engine.connect() as conn:
             keys = conn.execute(select(alerts.c.dedupe_key).where(alerts.c.dedupe_key.like("otlp-flood:%"))).all()
         assert [k[0].split(":")[1] for k in keys] == ["mallory"]
+        # A token revoked in the file (the daemon reads it again on SIGHUP): 401 from then on.
+        tokens = d.config.otlp.tokens_file
+        with open(tokens, "w") as f:
+            f.write(TOKENS[0] + "\n")
+        d.daemon.otlp_server.reload_tokens()
+        body = spans_json(agent="mallory-bot", trace_id=uuid.uuid4().hex, tools=1).encode()
+        assert post(d.address, body, JS, token=MALLORY_TOKEN)[0] == 401
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
