@@ -3,11 +3,14 @@
 
 Throughput. `--requests` ExportTraceServiceRequests of `--spans` spans each (half `chat` steps
 with tokens, half `execute_tool` calls; one conversation per request), made by the real OTel
-SDK's encoder, are measured two ways in the same run, quarter by quarter in ABBA order:
+SDK's encoder, are measured three ways in the same run, part by part (`--rounds`) in rotating order:
 
   receiver  POSTed over loopback HTTP by `--clients` client threads of a separate process to the
             daemon's own OtlpServer (decode, mapping, the kernel's sender lookup, the store's
-            witness verbs: a run per request, its events and counters in one transaction).
+            witness verbs: a run per request, its events and counters in one transaction), with
+            no token ([otlp] allow_anonymous = true).
+  auth      the same, each request with `Authorization: Bearer <token>` of `[otlp] tokens_file`
+            (the default: allow_anonymous = false); the token is checked against 100 tokens.
   raw       the same bodies decoded by opentelemetry-proto and the same rows (the run, one event
             per step / tool span, the counters) inserted with the bare driver (sqlite3, BEGIN
             IMMEDIATE, one transaction per request), in one thread: no HTTP, no mapping.
@@ -15,7 +18,7 @@ SDK's encoder, are measured two ways in the same run, quarter by quarter in ABBA
 Latency. An agent process with the OTel SDK's SimpleSpanProcessor ends an `execute_tool` span
 every `--pause-ms`; the benchmark notes when each call's row is committed (stored) and when the
 daemon's tick (`--tick-s`) folded it (counted), against the span's end (the agent's clock, the
-same host's). Reported as p50 / p99.
+same host's). Reported as p50 / p99, without a token and with one (OTEL_EXPORTER_OTLP_HEADERS).
 
 Run:  python benchmarks/bench_otlp.py [--requests 400] [--spans 50] [--clients 4] [--tick-s 1.0]
 """
@@ -41,14 +44,17 @@ sys.path.insert(0, str(REPO))
 
 CLIENT = r"""
 import http.client, json, sys, threading, time
-host, port, n_clients, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+host, port, n_clients, path, token = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+headers = {"Content-Type": "application/x-protobuf"}
+if token != "-":
+    headers["Authorization"] = "Bearer " + token
 bodies = [bytes.fromhex(line) for line in open(path)]
 parts = [bodies[i::n_clients] for i in range(n_clients)]
 bad = []
 def send(mine):
     c = http.client.HTTPConnection(host, port, timeout=60)
     for b in mine:
-        c.request("POST", "/v1/traces", body=b, headers={"Content-Type": "application/x-protobuf"})
+        c.request("POST", "/v1/traces", body=b, headers=headers)
         r = c.getresponse(); r.read()
         if r.status != 200: bad.append(r.status)
     c.close()
@@ -117,30 +123,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(tick_s: float = 5.0):
+TOKEN = "bench-token-" + "7e" * 16
+AGENTS = "json-bot,latency-bot"
+
+
+def _config(tick_s: float = 5.0, auth: bool = False):
     from watchdog.core.config import parse
 
     folder = tempfile.mkdtemp(prefix="awb", dir="/tmp")
-    return parse({"otlp": {"listen": f"127.0.0.1:{_free_port()}", "max_request_bytes": 16 << 20},
+    tokens = f"{folder}/tokens"
+    with open(tokens, "w") as f:  # the bench's token last of 100: every one is compared anyway
+        f.writelines(f"other-token-{i:04d}-{uuid.uuid4().hex} agent=other owner=o{i}\n" for i in range(99))
+        f.write(f"{TOKEN} agent={AGENTS} owner=bench\n")
+    os.chmod(tokens, 0o600)
+    return parse({"otlp": {"listen": f"127.0.0.1:{_free_port()}", "max_request_bytes": 16 << 20,
+                           "tokens_file": tokens, "allow_anonymous": not auth, "max_new_runs_per_min": 10**9},
                   "daemon": {"tick_s": tick_s, "key_file": f"{folder}/k", "socket": f"{folder}/s",
                              "allowed_users": ["root"]},
                   "defaults": {"max_tool_calls": 10**6, "max_steps": 10**6, "max_cost_eur": 1e9,
                                "max_tokens": 10**12, "max_tool_calls_per_min": 10**6}})
 
 
-def bench_receiver(url: str, bodies: list[bytes], clients: int, folder: str) -> tuple[float, int]:
+def bench_receiver(url: str, bodies: list[bytes], clients: int, folder: str, auth: bool) -> tuple[float, int]:
     from watchdog.core.seal import Sealer
     from watchdog.daemon.otlp.server import OtlpServer
     from watchdog.store.engine import make_engine
 
     engine = make_engine(url)
-    cfg = _config()
+    cfg = _config(auth=auth)
     with OtlpServer(engine, cfg, Sealer(os.urandom(32), "bench"), "bench") as srv:
         path = os.path.join(folder, f"bodies-{uuid.uuid4().hex[:6]}.hex")
         with open(path, "w") as f:
             f.writelines(b.hex() + "\n" for b in bodies)
         host, port = srv.address
-        out = subprocess.run([sys.executable, "-c", CLIENT, host, str(port), str(clients), path],
+        out = subprocess.run([sys.executable, "-c", CLIENT, host, str(port), str(clients), path,
+                              TOKEN if auth else "-"],
                              capture_output=True, text=True, check=True)
         got = json.loads(out.stdout)
         spans = srv.accepted_spans
@@ -195,7 +212,7 @@ def bench_raw(url: str, bodies: list[bytes]) -> tuple[float, int]:
     return n / s, n
 
 
-def bench_latency(url: str, calls: int, pause_s: float, tick_s: float) -> tuple[list[float], list[float]]:
+def bench_latency(url: str, calls: int, pause_s: float, tick_s: float, auth: bool) -> tuple[list[float], list[float]]:
     from sqlalchemy import select
 
     from watchdog.daemon.service import Daemon
@@ -203,14 +220,14 @@ def bench_latency(url: str, calls: int, pause_s: float, tick_s: float) -> tuple[
     from watchdog.store.schema import events
 
     engine = make_engine(url)
-    cfg = _config(tick_s)
+    cfg = _config(tick_s, auth=auth)
     d = Daemon(engine, cfg)
     srv = d.start_otlp()
     stored: dict[str, float] = {}
     ingest = srv.receiver.ingest
 
-    def timed(groups, peer):
-        out = ingest(groups, peer)
+    def timed(groups, peer, ident):
+        out = ingest(groups, peer, ident)
         t = time.time()
         for g in groups:
             for c in g.calls:
@@ -232,8 +249,11 @@ def bench_latency(url: str, calls: int, pause_s: float, tick_s: float) -> tuple[
 
     th = Periodic("tick", tick, tick_s, stop).start()  # the daemon's own schedule (monotonic, no drift)
     host, port = srv.address
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    if auth:  # the exporter's own variable, as any agent sets it
+        env["OTEL_EXPORTER_OTLP_HEADERS"] = f"Authorization=Bearer%20{TOKEN}"
     agent = subprocess.run([sys.executable, "-c", LATENCY_AGENT, f"http://{host}:{port}/v1/traces", str(calls),
-                            str(pause_s)], capture_output=True, text=True, check=True)
+                            str(pause_s)], capture_output=True, text=True, check=True, env=env)
     ends = {f"call_{i}": float(t) for i, t in (line.split() for line in agent.stdout.split("\n") if line)}
     time.sleep(2 * tick_s + 0.5)
     stop.set()
@@ -261,35 +281,44 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--pause-ms", type=float, default=20.0)
     ap.add_argument("--tick-s", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=6, help="parts of the requests, each measured by every path")
     a = ap.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="aw-bench-otlp-")
     bodies = _requests(a.requests, a.spans)
-    # Quarters, each measured by both in alternating order (raw, receiver, receiver, raw, ...): drift
-    # of a shared machine weighs on both alike.
-    q = len(bodies) // 4
-    quarters = [bodies[i * q:(i + 1) * q] for i in range(4)]
-    res = {"raw": [], "receiver": []}
-    order = [(n, part) for i, part in enumerate(quarters)
-             for n in (("raw", "receiver") if i % 2 == 0 else ("receiver", "raw"))]
+    # Parts, each measured by every path in rotating order (raw, receiver, auth; receiver, auth,
+    # raw; ...): drift of a shared machine weighs on all alike.
+    q = len(bodies) // a.rounds
+    quarters = [bodies[i * q:(i + 1) * q] for i in range(a.rounds)]
+    paths = ("raw", "receiver", "auth")
+    res: dict[str, list[tuple[float, int]]] = {k: [] for k in paths}
+    order = [(paths[(i + j) % 3], part) for i, part in enumerate(quarters) for j in range(3)]
     for name, part in order:
         url = _store(folder)
-        res[name].append(bench_raw(url, part) if name == "raw" else bench_receiver(url, part, a.clients, folder))
+        res[name].append(bench_raw(url, part) if name == "raw" else
+                         bench_receiver(url, part, a.clients, folder, auth=name == "auth"))
     rate = {k: sum(n for _r, n in v) / sum(n / r for r, n in v) for k, v in res.items()}
-    to_store, to_count = bench_latency(_store(folder), a.calls, a.pause_ms / 1000, a.tick_s)
+    lat = {name: bench_latency(_store(folder), a.calls, a.pause_ms / 1000, a.tick_s, auth=name == "auth")
+           for name in ("receiver", "auth")}
     cores = os.cpu_count()
     print(f"\n## OTLP receiver, SQLite (WAL), {cores} cores, {a.requests} requests x {a.spans} spans, "
           f"{a.clients} HTTP clients\n")
     print("| path | spans/s | vs raw |")
     print("|---|---:|---:|")
-    for k in ("raw", "receiver"):
-        print(f"| {k} | {rate[k]:,.0f} | {rate[k] / rate['raw']:.2f}x |")
-    print(f"\n## span end → tool call (SimpleSpanProcessor, {len(to_store)} calls, tick {a.tick_s:g} s)\n")
+    for k, shown in (("raw", "raw"), ("receiver", "receiver, no token"), ("auth", "receiver, bearer token")):
+        print(f"| {shown} | {rate[k]:,.0f} | {rate[k] / rate['raw']:.2f}x |")
+    print(f"\n## span end → tool call (SimpleSpanProcessor, {a.calls} calls, tick {a.tick_s:g} s)\n")
     print("| | p50 ms | p99 ms |")
     print("|---|---:|---:|")
-    print(f"| stored (receiver committed) | {_pct(to_store, .5) * 1000:.1f} | {_pct(to_store, .99) * 1000:.1f} |")
-    print(f"| counted (the tick folded it) | {_pct(to_count, .5) * 1000:.1f} | {_pct(to_count, .99) * 1000:.1f} |")
-    print(f"\ngoals: receiver >= 0.5x raw ({rate['receiver'] / rate['raw']:.2f}x); p99 counted <= tick + 50 ms "
-          f"({_pct(to_count, .99) * 1000:.0f} <= {a.tick_s * 1000 + 50:.0f} ms)")
+    for k, shown in (("receiver", "no token"), ("auth", "bearer token")):
+        to_store, to_count = lat[k]
+        print(f"| stored, {shown} | {_pct(to_store, .5) * 1000:.1f} | {_pct(to_store, .99) * 1000:.1f} |")
+        print(f"| counted, {shown} | {_pct(to_count, .5) * 1000:.1f} | {_pct(to_count, .99) * 1000:.1f} |")
+    to_count = lat["auth"][1]
+    slower = rate["receiver"] / rate["auth"]
+    p50 = {k: _pct(lat[k][0], .5) for k in lat}
+    print(f"\ngoals: receiver >= 0.5x raw ({rate['auth'] / rate['raw']:.2f}x with tokens); p99 counted <= tick + "
+          f"50 ms ({_pct(to_count, .99) * 1000:.0f} <= {a.tick_s * 1000 + 50:.0f} ms); tokens cost within 1.1x "
+          f"(throughput {slower:.2f}x, p50 stored {p50['auth'] / p50['receiver']:.2f}x)")
     return 0
 
 

@@ -27,6 +27,26 @@ TICK_S = 0.25
 # gpt-4o at these prices: 1,000 in + 200 out = 0.0045 EUR per step (examples/otel_python_agent.py).
 PRICES = {"gpt-4o": {"input_eur_per_mtok": 2.5, "output_eur_per_mtok": 10.0}}
 STEP_EUR = 1000 * 2.5e-6 + 200 * 10e-6
+# The receiver refuses spans without a known bearer token ([otlp] allow_anonymous = false): the
+# tests' exporters send this one, written to the daemon's tokens_file for the agents they name.
+TOKEN = "test-otlp-token-5f0c2a9e41d7"
+TEST_AGENTS = ("json-bot", "research-bot", "js-bot", "honest-bot", "liar-bot", "brief-bot", "short-bot", "inside",
+               "outside", "oi-bot", "svc", "bot", "otlp", "py-exec-bot", "js-exec-bot", "bench-bot", "victim-bot",
+               "runaway-bot", "support")
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def otel_headers(token: str = TOKEN) -> str:
+    """OTEL_EXPORTER_OTLP_HEADERS for a bearer token (the value percent-encoded, as the spec says)."""
+    return f"Authorization=Bearer%20{token}"
+
+
+def tokens_file(directory: str, lines: list[str]) -> str:
+    path = os.path.join(directory, "otlp-tokens")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("# test tokens\n" + "".join(line + "\n" for line in lines))
+    os.chmod(path, 0o600)
+    return path
 
 
 def free_port() -> int:
@@ -39,8 +59,14 @@ class OtlpDaemon:
     """The daemon's own code: Daemon with [otlp] on, its tick and delivery every TICK_S in a thread."""
 
     def __init__(self, url: str, *, kill_mode: str = "cooperative", max_request_bytes: int | None = None,
-                 defaults: dict | None = None, **sections):
-        otlp = {"listen": f"127.0.0.1:{free_port()}", "kill_mode": kill_mode}
+                 defaults: dict | None = None, tokens: list[str] | None = None, otlp: dict | None = None,
+                 **sections):
+        import tempfile
+
+        self._dir = tempfile.mkdtemp(prefix="aw-otlp-")
+        lines = tokens if tokens is not None else [f"{TOKEN} agent={','.join(TEST_AGENTS)} owner=tests"]
+        otlp = {"listen": f"127.0.0.1:{free_port()}", "kill_mode": kill_mode,
+                "tokens_file": tokens_file(self._dir, lines), **(otlp or {})}
         if max_request_bytes:
             otlp["max_request_bytes"] = max_request_bytes
         daemon = {"tick_s": TICK_S, **sections.pop("daemon", {})}
@@ -76,6 +102,9 @@ class OtlpDaemon:
             self._thread.join(timeout=30)
         self.daemon.stop_otlp()
         self.engine.dispose()
+        import shutil
+
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "OtlpDaemon":
         return self.start()
@@ -86,7 +115,8 @@ class OtlpDaemon:
 
 def agent_env(endpoint: str, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGENT_WATCHDOG_"))}
-    env.update(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="100", AGENT_PAUSE_S="0.03")
+    env.update(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint, OTEL_BSP_SCHEDULE_DELAY="100", AGENT_PAUSE_S="0.03",
+               OTEL_EXPORTER_OTLP_HEADERS=otel_headers())
     env.update(extra)
     return env
 
@@ -103,7 +133,9 @@ def otlp_runs(engine) -> list:
 
 
 def post(address: tuple[str, int], body: bytes, headers: dict, *, chunks: list[bytes] | None = None,
-         timeout_s: float = 30.0) -> tuple[int, bytes]:
+         timeout_s: float = 30.0, token: str | None = TOKEN) -> tuple[int, bytes]:
+    """One request over its own connection; with the tests' bearer token unless `token` is None."""
+    headers = {**headers, **({"Authorization": f"Bearer {token}"} if token else {})}
     conn = http.client.HTTPConnection(*address, timeout=timeout_s)
     try:
         if chunks is not None:

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from agent_procs import wait_until
 from alertsinks import HttpSink
 from exec_support import AGENT_WATCHDOG, EXAMPLES, Daemon, daemon_config, exec_env, exec_runs, start_exec
-from otlp_support import free_port, post, spans_request
+from otlp_support import TOKEN, free_port, post, spans_request, tokens_file
 from watchdog.core import lifecycle as lc
 from watchdog.store.engine import make_engine
 from watchdog.store.joined import WITNESS_SEQ_BASE
@@ -35,7 +35,10 @@ def world(tmp_path_factory):
     db_url = f"sqlite:///{tmp / 'runs.db'}"
     sink = HttpSink().__enter__()
     port = free_port()
-    extra = f'\n[otlp]\nlisten = "127.0.0.1:{port}"\n\n[alerts]\nurls = ["{sink.url()}"]\n' + PRICES
+    # exec's commands get a token of their own run from the daemon; this test's own posts, the tests' token.
+    tokens = tokens_file(str(tmp), [f"{TOKEN} agent=quiet-bot owner=tests"])
+    extra = (f'\n[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n\n[alerts]\nurls = ["{sink.url()}"]\n'
+             + PRICES)
     cfg, sock = daemon_config(tmp / "daemon.toml", db_url, extra=extra)
     subprocess.run([AGENT_WATCHDOG, "--db", db_url, "db", "upgrade"], check=True, capture_output=True, env=exec_env())
     d = Daemon(tmp, cfg, sock)
@@ -56,7 +59,7 @@ def _exec(world, agent: str, command: list[str], **env: str) -> subprocess.Popen
                       cfg=world["cfg"], sock=world["sock"], env=e)
 
 
-def _check(world, p: subprocess.Popen, agent: str) -> None:
+def _check(world, p: subprocess.Popen, agent: str) -> str:
     try:
         out, err = p.communicate(timeout=120)
     finally:
@@ -81,6 +84,7 @@ def _check(world, p: subprocess.Popen, agent: str) -> None:
                                   for m in sink.received), 30), sink.received
     body = next(json.dumps(m) for m in sink.received if run.id in json.dumps(m))
     assert "search" in body
+    return err
 
 
 def _row(engine, run_id):
@@ -101,6 +105,18 @@ def test_a_node_otel_agent_under_exec_is_stopped(world):
     p = _exec(world, "js-exec-bot", [node, str(JS_DIR / "agent.js")], AGENT_LOOPS="1000", AGENT_PAUSE_MS="50",
               AGENT_NAME="js-exec-bot")
     _check(world, p, "js-exec-bot")
+
+
+def test_exec_finds_the_receiver_and_its_token_without_the_daemons_config(world):
+    """issue 36 item 1: an agent's user cannot read the daemon's config (0640): exec, given none,
+    learns the receiver and the run's own token from the daemon's attestation reply; the command's
+    spans (no OTel variable of its own) are counted and it is stopped."""
+    e = {k: v for k, v in exec_env(world["sock"]).items() if not k.startswith("OTEL_") and k != "AGENT_WATCHDOG_CONFIG"}
+    e.update(AGENT_LOOPS="1000", AGENT_PAUSE_S="0.05", AGENT_NAME="nocfg-bot")
+    p = start_exec(["--agent", "nocfg-bot", "--max-tool-calls", "10", "-v", "--", sys.executable,
+                    str(EXAMPLES / "otel_python_agent.py")], db_url=world["db"], sock=world["sock"], env=e)
+    err = _check(world, p, "nocfg-bot")
+    assert f"OTel spans go to http://127.0.0.1:{world['port']}/v1/traces with the run's own token" in err, err
 
 
 def test_spans_from_outside_execs_tree_do_not_count(world):

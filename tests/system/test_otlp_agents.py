@@ -66,10 +66,16 @@ def test_an_otel_js_agent_is_counted_the_same(db_url):
         agent = subprocess.Popen([node, str(JS_AGENT_DIR / "agent.js")], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
         try:
-            _check_stopped_run(d, "js-bot", "search")
+            _check_stopped_run(d, "js-bot", "search")  # its token from OTEL_EXPORTER_OTLP_HEADERS (agent_env)
         finally:
             agent.kill()
             agent.wait()
+        # The same exporter without the header: 401, and no run of its own.
+        env.pop("OTEL_EXPORTER_OTLP_HEADERS")
+        bare = subprocess.run([node, str(JS_AGENT_DIR / "agent.js")], env={**env, "AGENT_LOOPS": "3", "AGENT_NAME": "js-anon"},
+                              capture_output=True, text=True, timeout=60)
+        assert d.daemon.otlp_server.unauthenticated >= 1, bare.stdout + bare.stderr
+        assert not [r for r in otlp_runs(d.engine) if r.agent == "js-anon"]
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon_support import daemon_toml
-from otlp_support import PRICES, STEP_EUR, free_port, otlp_runs, post, start_py_agent, wait_for
+from otlp_support import PRICES, STEP_EUR, TOKEN, free_port, otlp_runs, post, start_py_agent, tokens_file, wait_for
 from watchdog.core.records import hash_args
 from watchdog.daemon.otlp.decode import ResourceSpans, Span
 from watchdog.daemon.otlp.mapping import groups
@@ -71,7 +71,8 @@ def test_a_real_daemon_process_receives_spans(sqlite_url, tmp_path):
     cfg = tmp_path / "watchdog.toml"
     prices = "".join(f'[prices."{m}"]\ninput_eur_per_mtok = {p["input_eur_per_mtok"]}\n'
                      f'output_eur_per_mtok = {p["output_eur_per_mtok"]}\n' for m, p in PRICES.items())
-    cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\n'
+    tokens = tokens_file(str(tmp_path), [f"{TOKEN} agent=oi-bot,research-bot owner=tests"])
+    cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n'
                    "[defaults]\nmax_tool_calls = 10\n" + prices)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
     log = open(tmp_path / "daemon.log", "w")

@@ -230,7 +230,7 @@ PUBLIC_KEYS = {
         "warn_at",
     },
     "circuit": {"errors", "window_s", "open_s", "max_calls_per_min"},
-    "otlp": {"listen", "kill_mode", "max_request_bytes"},
+    "otlp": {"listen", "kill_mode", "max_request_bytes", "tokens_file", "allow_anonymous", "max_new_runs_per_min"},
     "alerts": {"urls", "urls_file"},
     "metrics": {"listen"},
     "pricing": {"eur_per_usd", "budget_tz"},
@@ -334,7 +334,8 @@ def test_example_documented_values():
     assert raw["drift"] == {"window_s": 3600, "baseline_days": 7, "factor": 3.0, "min_runs": 10}
     assert {k: raw["circuit"][k] for k in PUBLIC_KEYS["circuit"]} == {"errors": 5, "window_s": 60, "open_s": 120, "max_calls_per_min": 120}
     assert raw["metrics"] == {"listen": ""}
-    assert raw["otlp"] == {"listen": "", "kill_mode": "cooperative", "max_request_bytes": 4194304}
+    assert raw["otlp"] == {"listen": "", "kill_mode": "cooperative", "max_request_bytes": 4194304, "tokens_file": "",
+                           "allow_anonymous": False, "max_new_runs_per_min": 120}
 
 
 def test_example_every_key_is_annotated():

@@ -92,3 +92,27 @@ def test_otlp_listen_is_read_defensively_from_any_config_shape():
     assert otlp_listen(WithOtlp()) == "127.0.0.1:4318"
     assert otlp_listen(object()) == ""
     assert otlp_listen(type("C", (), {"otlp": {"listen": "127.0.0.1:1"}})()) == "127.0.0.1:1"
+
+
+def test_the_runs_token_goes_to_the_traces_exporter_only_merged_with_the_commands_headers():
+    from watchdog.gateways.exec.environment import otlp_env
+
+    env = otlp_env({"OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=acme,Authorization=Bearer%20theirs"}, run_id="r1",
+                   endpoint="http://127.0.0.1:4318/v1/traces", token="aw1.r1.mac")
+    assert env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] == "x-tenant=acme,Authorization=Bearer%20aw1.r1.mac"
+    assert "OTEL_EXPORTER_OTLP_HEADERS" not in env  # the command's other exporters keep their own
+    assert env["OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"] == "process"
+    assert otlp_env({"OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "host"}, run_id="r1", endpoint="e",
+                    token=None).keys() == {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                                           "OTEL_BSP_SCHEDULE_DELAY", "OTEL_RESOURCE_ATTRIBUTES"}
+
+
+def test_a_runs_otlp_token_names_its_run_and_no_other():
+    from watchdog.core.seal import Sealer
+
+    s = Sealer(b"k" * 32)
+    token = s.otlp_token("ab" * 16)
+    assert s.otlp_token_ok(token) == "ab" * 16
+    forged = token.replace("ab" * 16, "cd" * 16)
+    assert s.otlp_token_ok(forged) is None and Sealer(b"j" * 32).otlp_token_ok(token) is None
+    assert s.otlp_token_ok("aw1.x") is None

@@ -200,6 +200,13 @@ def check_config(app, file, as_json):
     config = load(app.config_path, url_error=url_error)  # apprise loads each URL, as `run` does
     check(config)
     shown, warnings = checkconfig.checked_urls(config)  # urls_file read as the daemon reads it
+    if config.otlp.listen:  # the receiver's tokens, read as the daemon reads them (a bad line: exit 2)
+        from watchdog.daemon.otlp.auth import load_tokens
+
+        n = len(load_tokens(config))
+        warnings.append(f"otlp: {n} bearer token(s) from [otlp] tokens_file" if n or config.otlp.allow_anonymous
+                        else "otlp: no [otlp] tokens_file and allow_anonymous = false: only exec's commands "
+                             "(the daemon hands them a token of their run) may send spans; others get 401")
     if as_json:
         emit_json({"path": config.path, "defaults": config.defaults.to_json(),
                    "agents": {k: v.to_json() for k, v in config.agents.items()}, "alert_urls": shown})

@@ -57,6 +57,7 @@ class AlertKind(str, Enum):
     NO_DAEMON = "nodaemon"
     FORGED_ALERTS = "forged-alerts"
     CLOCK = "clock"
+    OTLP_FLOOD = "otlp-flood"
     TEST = "test"
 
     def __str__(self) -> str:
@@ -117,6 +118,7 @@ _MEANING: dict[AlertKind, str] = {
     AlertKind.BUDGET_CLOSED: 'budget-closed:<scope>:<period>:<period key> — a daily or monthly budget spent: its runs stopped',
     AlertKind.UNPRICED: 'unpriced:<model>:<day> — a model with no price: its tokens are not counted in money',
     AlertKind.DRIFT: 'drift:<agent>:<window> — an agent spends far more than it used to',
+    AlertKind.OTLP_FLOOD: 'otlp-flood:<sender>:<day> — an OTLP sender starts too many runs: refused (429)',
     AlertKind.NO_DAEMON: 'nodaemon:<host>:<pid>:<started> | nodaemon:<host>:never',
     AlertKind.FORGED_ALERTS: 'forged-alerts:<host>:<hour> — outbox rows this daemon did not seal',
     AlertKind.CLOCK: 'clock:<host>:<time> — the wall clock jumped',

@@ -103,6 +103,7 @@ class CircuitConfig:
 # --- [otlp]: the daemon's OTLP/HTTP receiver (watchdog.daemon.otlp) -------------------------
 OTLP_KILL_MODES = ("cooperative", "process")
 OTLP_MAX_REQUEST_BYTES = 4 * 1024 * 1024  # after decompression; the OTel Collector's default is 20 MiB
+OTLP_MAX_NEW_RUNS_PER_MIN = 120  # span-only runs one sender may start per minute
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,18 @@ class OtlpConfig:
     # signalled) or "process" (signal the sender when the kernel confirms it is the claimed process.pid).
     kill_mode: str = "cooperative"
     max_request_bytes: int = OTLP_MAX_REQUEST_BYTES
+    # Bearer tokens (`TOKEN agent=NAME[,NAME...] [owner=WHO]` per line; relative: in
+    # $CREDENTIALS_DIRECTORY, else next to the config), read by the receiver at start.
+    tokens_file: str = ""
+    # Spans without a known token: refused (401), or counted only for runs the same sender
+    # (the socket's owner uid) started, judged by [defaults], never for a named agent.
+    allow_anonymous: bool = False
+    max_new_runs_per_min: int = OTLP_MAX_NEW_RUNS_PER_MIN  # per sender; 429 past it
 
 
 def _otlp(ctx: "_Ctx", table: Mapping[str, Any]) -> OtlpConfig:
-    _check_keys(ctx, "otlp", table, ("listen", "kill_mode", "max_request_bytes"))
+    _check_keys(ctx, "otlp", table, ("listen", "kill_mode", "max_request_bytes", "tokens_file", "allow_anonymous",
+                                     "max_new_runs_per_min"))
     listen = table.get("listen", "")
     if not isinstance(listen, str) or (listen and not _valid_listen(listen.replace("[", "").replace("]", ""))):
         raise ctx.fail("otlp.listen", 'a "host:port" string such as "127.0.0.1:4318" (or "" for off)', listen)
@@ -126,7 +135,15 @@ def _otlp(ctx: "_Ctx", table: Mapping[str, Any]) -> OtlpConfig:
     size = _number(ctx, "otlp.max_request_bytes", size, integer=True)
     if size < 1024:
         raise ctx.fail("otlp.max_request_bytes", "an integer >= 1024 (bytes, after decompression)", size)
-    return OtlpConfig(listen=listen, kill_mode=kill_mode, max_request_bytes=size)
+    tokens_file = table.get("tokens_file", "")
+    if not isinstance(tokens_file, str):
+        raise ctx.fail("otlp.tokens_file", "a file name (relative: in $CREDENTIALS_DIRECTORY) or an absolute path",
+                       tokens_file)
+    anonymous = _bool(ctx, "otlp.allow_anonymous", table.get("allow_anonymous", False))
+    new_runs = _number(ctx, "otlp.max_new_runs_per_min", table.get("max_new_runs_per_min", OTLP_MAX_NEW_RUNS_PER_MIN),
+                       integer=True)
+    return OtlpConfig(listen=listen, kill_mode=kill_mode, max_request_bytes=size, tokens_file=tokens_file,
+                      allow_anonymous=anonymous, max_new_runs_per_min=new_runs)
 # --- end [otlp] ------------------------------------------------------------------------------
 
 

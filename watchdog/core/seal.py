@@ -90,6 +90,30 @@ class Sealer:
         except (TypeError, ValueError):
             return False
 
+    # -- the OTLP receiver's senders (watchdog.daemon.otlp.auth) -----------------------------
+
+    def otlp_token(self, run_id: str) -> str:
+        """The bearer token of one run (handed to its attested process, e.g. exec's command):
+        derived, never stored; it lets its holder report spans for that run only."""
+        return f"aw1.{run_id}.{self._mac('otlp-token/1', run_id)}"
+
+    def otlp_token_ok(self, token: str) -> str | None:
+        """The run id a token of `otlp_token` names, if it is this daemon's; else None."""
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != "aw1" or not 0 < len(parts[1]) <= 32:
+            return None
+        return parts[1] if self._ok(self._mac("otlp-token/1", parts[1]), parts[2]) else None
+
+    def sender(self, run_id: str, identity: str, anonymous: bool) -> str:
+        """Who sent the spans the receiver started run `run_id` for (a token's owner, or the
+        socket owner of an anonymous sender): what the run is booked under."""
+        return self._mac("sender/1", run_id, identity, "anonymous" if anonymous else "token")
+
+    def sender_ok(self, mac: object, run_id: str, identity: object, anonymous: object) -> bool:
+        if not isinstance(identity, str) or not isinstance(anonymous, bool):
+            return False
+        return self._ok(self.sender(run_id, identity, anonymous), mac)
+
     # -- what a SIGTERM reached ----------------------------------------------------
 
     def targets(self, run_id: str, targets: Iterable[tuple[str, int, float, int]]) -> str:

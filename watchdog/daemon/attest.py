@@ -11,10 +11,16 @@ writes can name a victim, it cannot make the daemon attest one.
 Protocol, one line of JSON each way, bounded and timed out on both sides:
 
     → {"run": "<run id>", "kill_mode": "process"}
-    ← {"ok": true, "key": "<64 hex>"}  |  {"ok": false, "error": "<why>"}
+    ← {"ok": true, "key": "<64 hex>"[, "otlp": {"endpoint": "<traces URL>", "token": "<bearer>"}]}
+      |  {"ok": false, "error": "<why>"}
 
 `key` is the run's evidence key (watchdog.core.evidence_mac): the process MACs its records
 with it, and on SQLite only such records can justify a signal (watchdog.daemon.authentic).
+`otlp`, while `[otlp] listen` is on: the receiver's traces URL and the run's own bearer token
+(watchdog.daemon.otlp.auth), so exec's command exports spans for its run without reading the
+daemon's config (mode 0640) or any token file. `{"run": "<id>", "otlp_only": true}` asks for
+that alone, without being attested (exec in a systemd scope, whose command must run before it
+can be attested): the same checks of the row against the kernel, no key, no seal written.
 
 Under abuse (the socket is open to every local user): each request has one deadline for the
 whole of it (a peer trickling a byte at a time is dropped when it passes), each Unix user may
@@ -33,6 +39,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -83,8 +90,10 @@ def verified_leader(conn, row, sealer: Sealer | None) -> tuple[ProcessIdentity |
 class AttestServer:
     """Listens on `path` in a thread of the daemon; `attest()` is the whole decision."""
 
-    def __init__(self, engine: Engine, sealer: Sealer, path: str, host: str) -> None:
+    def __init__(self, engine: Engine, sealer: Sealer, path: str, host: str,
+                 otlp: Callable[[], str | None] | None = None) -> None:
         self.engine = engine
+        self.otlp = otlp  # the OTLP receiver's URL while it listens (handed to attested runs)
         self.sealer = sealer
         self.path = path
         self.host = host
@@ -187,9 +196,16 @@ class AttestServer:
                     self.dropped_slow += 1
                     raise Refused(f"no whole request within {IO_TIMEOUT_S:g} s") from None
                 run_id, kill_mode = _parse(line)
-                _a, key = self.attest_with_key(run_id, pid, uid, kill_mode, connected_before=accepted_at,
-                                               cgroup=_requested_cgroup(line))
-                reply = {"ok": True, "key": key.hex()}
+                url = self.otlp() if self.otlp is not None else None
+                reply: dict[str, object] = {"ok": True}
+                if _only_otlp(line):  # exec in a systemd scope: the token before its command starts
+                    self._registered_process(run_id, pid, uid, connected_before=accepted_at)
+                else:
+                    _a, key = self.attest_with_key(run_id, pid, uid, kill_mode, connected_before=accepted_at,
+                                                   cgroup=_requested_cgroup(line))
+                    reply["key"] = key.hex()
+                if url:  # where to export spans, with the run's own bearer token (no file, no config)
+                    reply["otlp"] = {"endpoint": url, "token": self.sealer.otlp_token(run_id)}
             except Refused as exc:
                 reply = {"ok": False, "error": str(exc)}
                 log.info("attestation refused for pid %d uid %d: %s", pid, uid, exc)
@@ -217,31 +233,9 @@ class AttestServer:
                         connected_before: float | None = None,
                         cgroup: str | None = None) -> tuple[rows.Attestation, bytes]:
         """`attest`, and the run's evidence key (for the attested process only: the reply)."""
-        try:
-            proc = psutil.Process(pid)
-            with proc.oneshot():
-                create_time = proc.create_time()
-                uids = proc.uids()
-        except psutil.Error:
-            raise Refused("your process is gone") from None
-        if connected_before is not None and create_time > connected_before + CREATE_TIME_TOLERANCE_S:
-            # The pid was recycled after it connected (a child holding the socket would
-            # otherwise lend its dead parent's pid to a newcomer).
-            raise Refused("the connecting process is gone")
-        if uids.real != uid or uids.effective != uid:
-            raise Refused("the connecting process changed user")
+        create_time = self._connected(pid, uid, connected_before)
         with self.engine.begin() as conn:
-            row = rows.registered(conn, run_id)
-            if row is None:
-                raise Refused(f"no run {run_id!r} in the store")
-            if row.status not in lc.ACTIVE_STATUSES:
-                raise Refused(f"run {run_id} is {row.status}")
-            if row.host != self.host:
-                raise Refused(f"run {run_id} is registered on host {row.host!r}, this daemon watches {self.host!r}")
-            if row.pid != pid:
-                raise Refused(f"run {run_id} is registered with pid {row.pid}, you are pid {pid}")
-            if row.pid_create_time is None or abs(row.pid_create_time - create_time) > CREATE_TIME_TOLERANCE_S:
-                raise Refused(f"run {run_id} is registered with another create time than your process's")
+            row = self._row_of(conn, run_id, pid, create_time)
             if kill_mode is not None and kill_mode != row.kill_mode:
                 raise Refused(f"run {run_id} is registered with kill_mode {row.kill_mode!r}, you said {kill_mode!r}")
             cgroup = checked_cgroup(run_id, row.kill_mode, cgroup, pid, create_time)
@@ -264,6 +258,47 @@ class AttestServer:
                 raise RuntimeError(f"run {run_id}: the evidence record just sealed does not verify")
         log.info("attested run %s: pid %d uid %d on %s (%s)", run_id[:8], pid, uid, self.host, row.kill_mode)
         return a, run_key(self.sealer, run_id, sealed)
+
+
+    def _connected(self, pid: int, uid: int, connected_before: float | None) -> float:
+        """The connecting process's create time, checked (Refused: gone, recycled, changed user)."""
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                create_time = proc.create_time()
+                uids = proc.uids()
+        except psutil.Error:
+            raise Refused("your process is gone") from None
+        if connected_before is not None and create_time > connected_before + CREATE_TIME_TOLERANCE_S:
+            # The pid was recycled after it connected (a child holding the socket would
+            # otherwise lend its dead parent's pid to a newcomer).
+            raise Refused("the connecting process is gone")
+        if uids.real != uid or uids.effective != uid:
+            raise Refused("the connecting process changed user")
+        return create_time
+
+    def _row_of(self, conn, run_id: str, pid: int, create_time: float) -> rows.RegisteredRun:
+        """The run's row, if it registers this very process on this host (else Refused)."""
+        row = rows.registered(conn, run_id)
+        if row is None:
+            raise Refused(f"no run {run_id!r} in the store")
+        if row.status not in lc.ACTIVE_STATUSES:
+            raise Refused(f"run {run_id} is {row.status}")
+        if row.host != self.host:
+            raise Refused(f"run {run_id} is registered on host {row.host!r}, this daemon watches {self.host!r}")
+        if row.pid != pid:
+            raise Refused(f"run {run_id} is registered with pid {row.pid}, you are pid {pid}")
+        if row.pid_create_time is None or abs(row.pid_create_time - create_time) > CREATE_TIME_TOLERANCE_S:
+            raise Refused(f"run {run_id} is registered with another create time than your process's")
+        return row
+
+    def _registered_process(self, run_id: str, pid: int, uid: int, *, connected_before: float | None) -> None:
+        """A request for the run's OTLP token alone (`"otlp_only": true`): the process the row
+        registers asks, attested or not (the token lets spans count for the run only from inside
+        its attested tree, which the receiver checks with the kernel)."""
+        create_time = self._connected(pid, uid, connected_before)
+        with self.engine.connect() as conn:
+            self._row_of(conn, run_id, pid, create_time)
 
 
 # -- exec's cgroup (kill_mode cgroup) ---------------------------------------------------------
@@ -291,6 +326,13 @@ def verified_cgroup(conn, row, sealer: Sealer | None) -> str | None:
         return None
     a = rows.load(conn, row.id)
     return a.cgroup if a is not None and a.kill_mode == lc.CGROUP else None
+
+
+def _only_otlp(line: bytes) -> bool:
+    try:
+        return json.loads(line.decode("utf-8")).get("otlp_only") is True
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        return False
 
 
 def _requested_cgroup(line: bytes) -> str | None:

@@ -220,19 +220,12 @@ class OwnEvidence:
     def justifies(self, conn: Connection, row: Any, now: dt.datetime, *, skip_clock: bool = False) -> bool:
         """May the ladder signal this run's process? An operator's sealed kill, or a breach shown
         by the run's own evidence, or the kernel's: an exec'd run whose attested supervisor is gone
-        (its tree is orphaned; only exec ends an exec'd run, so a row cannot keep it alive)."""
-        return (operator_stop(conn, row, self.sealer) or self._exec_gone(conn, row) or self._kernel_pinned(conn, row)
+        (its tree is orphaned; only exec ends an exec'd run, so a row cannot keep it alive).
+        A span-only run whose sender the daemon pinned ([otlp] kill_mode = "process") has no
+        exception: its own evidence is the events the daemon's receiver MAC'd as it received
+        them from that process (watchdog.daemon.otlp.senders), never the row's counters."""
+        return (operator_stop(conn, row, self.sealer) or self._exec_gone(conn, row)
                 or self.breach(conn, row, now, skip_clock=skip_clock) is not None)
-
-    def _kernel_pinned(self, conn: Connection, row: Any) -> bool:
-        """A span-only run whose sender the daemon itself confirmed with the kernel ([otlp]
-        kill_mode = "process": the socket's owner, pinned by pid + create time) and attested
-        with its own seal: its spans came in through the daemon, not through the store."""
-        if getattr(row, "source", None) != lc.Source.OTLP or self.sealer is None:
-            return False
-        a = store.load(conn, row.id)
-        return a is not None and self.sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid,
-                                                         a.kill_mode, getattr(a, "cgroup", None))
 
     def _exec_gone(self, conn: Connection, row: Any) -> bool:
         if getattr(row, "source", None) != lc.Source.EXEC or self.sealer is None:

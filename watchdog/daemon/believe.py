@@ -20,7 +20,8 @@ def snapshot(tk, row, now):
 def budgets(tk, row, batch):
     """Profile (or [defaults] for an owner it does not bind), clamped unless a sealed resume raised it."""
     prof = tk.config.profile(row.agent)
-    if not row.resumes and not getattr(prof, "owners", ()):
+    # (A span run's profile is its sender's to use: an anonymous sender's never is; trust says.)
+    if not row.resumes and not getattr(prof, "owners", ()) and getattr(row, "source", None) != lc.Source.OTLP:
         return effective_budgets(prof, row)  # no resume: never raised
     return tk.trust.budgets(batch.run, row)
 

@@ -136,7 +136,9 @@ class PreFilter:
                         continue
                 up = raised(rid, r[i_resumes], r[OWN_BUDGETS]) if (raised is not None and r[i_resumes]) else False
                 limits = self.limits_of(r, up)
-                if limits[6] and owner_ok is not None:  # a profile with `owners` (rare)
+                # A profile with `owners` (rare), or a run whose owner was found not to bind it
+                # (an anonymous OTLP sender's: [defaults], whatever its profile says).
+                if owner_ok is not None and (limits[6] or owner_ok(rid) is False):
                     owned = self._owner_limits(r, up, owner_ok(rid))
                     if owned is None:  # not checked yet: checked on the whole row once
                         due.append(rid)

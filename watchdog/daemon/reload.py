@@ -40,7 +40,7 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("[daemon] key_file", lambda c: c.daemon.key_file),
     ("[daemon] state_dir", lambda c: c.daemon.state_dir),
     ("[metrics] listen", lambda c: c.metrics_listen),
-    ("[otlp] listen", lambda c: c.otlp.listen),
+    ("[otlp]", lambda c: c.otlp),
     ("[pricing]", lambda c: c.pricing),
     ("[prices]", lambda c: dict(c.prices)),
     ("[drift]", lambda c: c.drift),
@@ -76,6 +76,11 @@ def reload(daemon: Daemon, path: str | None) -> bool:
     pending = [name for name, get in RESTART_ONLY if get(old) != get(new)]
     new = _keep_restart_only(new, old)
     apply(daemon, new, notifier)
+    if daemon.otlp_server is not None:  # its tokens file is read again: a token added or revoked
+        try:
+            daemon.otlp_server.reload_tokens()
+        except ConfigError as exc:
+            log.error("SIGHUP: %s; the receiver keeps the tokens it had", one_line(str(exc), 400))
     log.info("SIGHUP: reloaded %s (profiles, budgets, circuits, graces, allowed_users, alert URLs: %d)%s", path,
              len(daemon.notifier.targets),
              f"; needs a restart to apply: {', '.join(pending)}" if pending else "")

@@ -149,7 +149,7 @@ class Daemon:
         """Listen on `[daemon] socket` for agents naming their runs (a thread of this process)."""
         if self.attest_server is None:
             self.attest_server = AttestServer(self.engine, self.sealer, self.config.daemon.socket,
-                                              self.killer.host).start()
+                                              self.killer.host, otlp=self._otlp_url).start()
         return self.attest_server
 
     def stop_attesting(self) -> None:
@@ -166,7 +166,17 @@ class Daemon:
             from watchdog.daemon.otlp.server import OtlpServer
 
             self.otlp_server = OtlpServer(self.engine, self.config, self.sealer, self.killer.host).start()
+            self.otlp_server.receiver.watch(self.ticker.trust.not_owner)  # anonymous: judged by [defaults]
+            try:  # its address, where exec finds it (issue 36: an agent's user cannot read this config)
+                self.publish(force=True)
+            except Exception as exc:  # noqa: BLE001 — the tick retries publishing
+                log.error("could not publish the receiver's address yet: %s", _one_line(exc))
         return self.otlp_server
+
+    def _otlp_url(self) -> str | None:
+        """The receiver's traces URL (for the attestation reply), None while it is off."""
+        server = self.otlp_server
+        return server.url if server is not None else None
 
     def stop_otlp(self) -> None:
         if self.otlp_server is not None:
@@ -199,6 +209,9 @@ class Daemon:
             log.warning("the published settings were changed by someone else in the store; restored")
         now = utcnow()
         value = self.config.published()
+        if self.otlp_server is not None:  # the address it listens on (a port 0 made real)
+            host, port = self.otlp_server.address
+            value["otlp"] = {"listen": f"[{host}]:{port}" if ":" in host else f"{host}:{port}"}
         if self.ticker.money is not None:  # the models genai-prices priced for it so far, overrides winning
             value["prices"] = self.ticker.money.prices.published()
         with self.engine.begin() as conn:

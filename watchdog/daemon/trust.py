@@ -25,7 +25,9 @@ from watchdog.core.interventions import Action
 from watchdog.core import pause as ap
 from watchdog.core.budgets import BY_KEY, Budgets, effective, asked
 from watchdog.core.config import Config
+from watchdog.core.lifecycle import Source
 from watchdog.core.text import one_line
+from watchdog.daemon.otlp.senders import sender_of
 from watchdog.store.pause import deny_pause
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import attested_uid, grant_ok, record
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("watchdog.trust")
 
 _MEMO_MAX = 50_000
+OTLP = Source.OTLP
 
 
 def agent_shown(name: object) -> str:
@@ -101,7 +104,7 @@ class Trust:
         lowered by its own request, raised only by a sealed operator resume. `connect()`: a
         transaction, opened only when a cache misses (once per run, resume and budgets)."""
         prof = self.config.profile(row.agent)
-        if getattr(prof, "owners", ()):
+        if getattr(prof, "owners", ()) or getattr(row, "source", None) == OTLP:  # (spans: whose, below)
             ok = self._owner_ok.get(row.id)
             if ok is None:
                 with connect() as conn:
@@ -126,23 +129,39 @@ class Trust:
     def owner_ok(self, rid: str) -> bool | None:
         return self._owner_ok.get(rid)
 
+    def not_owner(self, rid: str) -> None:
+        """A run its sender may not book under its profile, known from the start (the OTLP
+        receiver's anonymous runs): judged by [defaults] from its first tick."""
+        if len(self._owner_ok) > _MEMO_MAX:
+            self._owner_ok.clear()
+        self._owner_ok[rid] = False
+
     def profile_of(self, conn: Connection, row) -> Budgets:
         prof = self.config.profile(row.agent)
         owners = getattr(prof, "owners", ())
-        if not owners:
+        otlp = getattr(row, "source", None) == OTLP
+        if not owners and not otlp:
             return prof
         ok = self._owner_ok.get(row.id)
         if ok is None:
-            owner = self._owner(conn, row)
-            ok = owner is not None and owner in owners
+            # A run the OTLP receiver started is its sender's (sealed); an anonymous sender's
+            # never counts toward a named agent's profile, whatever agent its spans claim.
+            sent = sender_of(conn, self.sealer, row.id) if otlp else None
+            anonymous = sent is not None and sent[1]
+            owner = sent[0] if sent is not None else self._owner(conn, row)
+            ok = not anonymous and (not owners or (owner is not None and owner in owners))
             if len(self._owner_ok) > _MEMO_MAX:
                 self._owner_ok.clear()
             self._owner_ok[row.id] = ok
-            if not ok:
+            if not ok and not anonymous:
                 self._alert_owner(conn, row, owner)
         return prof if ok else self.config.defaults
 
     def _owner(self, conn: Connection, row) -> str | None:
+        if getattr(row, "source", None) == OTLP:  # the receiver's sealed record of its sender
+            sent = sender_of(conn, self.sealer, row.id)
+            if sent is not None:
+                return sent[0]
         owner = getattr(row, "owner", None)  # PostgreSQL: session_user, set by the database (0010)
         if isinstance(owner, str) and owner:
             return owner

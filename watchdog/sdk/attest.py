@@ -62,13 +62,27 @@ def request_key(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEO
                 cgroup: str | None = None) -> tuple[bool, str, bytes | None]:
     """`request`, and the run's evidence key from the reply (None from a daemon that hands none
     out): the run MACs its records with it (watchdog.core.evidence_mac). Kept in memory only."""
+    ok, why, key, _otlp = request_reply(path, run_id, kill_mode, timeout_s, cgroup=cgroup)
+    return ok, why, key
+
+
+def request_reply(path: str, run_id: str, kill_mode: str | None, timeout_s: float = TIMEOUT_S,
+                  cgroup: str | None = None,
+                  otlp_only: bool = False) -> tuple[bool, str, bytes | None, dict[str, str] | None]:
+    """`request_key`, and what the daemon says of its OTLP receiver: {"endpoint", "token"} (the
+    run's own bearer token), None when it has none on. `otlp_only`: ask for that alone, not to be
+    attested (exec in a systemd scope, before its command runs)."""
     if not path:
-        return False, "attestation is off (empty socket path)", None
+        return False, "attestation is off (empty socket path)", None, None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout_s)
     try:
         s.connect(path)
-        req = {"run": run_id, "kill_mode": kill_mode}
+        req: dict[str, object] = {"run": run_id}
+        if otlp_only:
+            req["otlp_only"] = True
+        else:
+            req["kill_mode"] = kill_mode
         if cgroup is not None:
             req["cgroup"] = cgroup
         s.sendall(json.dumps(req).encode() + b"\n")
@@ -79,21 +93,25 @@ def request_key(path: str, run_id: str, kill_mode: str, timeout_s: float = TIMEO
                 break
             buf += chunk
     except OSError as exc:
-        return False, f"no daemon at {path} ({exc.strerror or type(exc).__name__})", None
+        return False, f"no daemon at {path} ({exc.strerror or type(exc).__name__})", None, None
     finally:
         s.close()
     try:
         reply = json.loads(buf.split(b"\n", 1)[0].decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        return False, "unreadable reply from the daemon", None
+        return False, "unreadable reply from the daemon", None, None
     if isinstance(reply, dict) and reply.get("ok") is True:
         key = reply.get("key")
         try:
             raw = bytes.fromhex(key) if isinstance(key, str) and len(key) == 64 else None
         except ValueError:
             raw = None
-        return True, "", raw
-    return False, str(reply.get("error") if isinstance(reply, dict) else reply)[:200], None
+        otlp = reply.get("otlp")
+        got = None
+        if isinstance(otlp, dict) and isinstance(otlp.get("endpoint"), str) and isinstance(otlp.get("token"), str):
+            got = {"endpoint": otlp["endpoint"], "token": otlp["token"]}
+        return True, "", raw, got
+    return False, str(reply.get("error") if isinstance(reply, dict) else reply)[:200], None, None
 
 
 class Attester:

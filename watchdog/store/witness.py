@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
@@ -77,13 +77,15 @@ def run_ref(conn: Connection, run_id: str) -> RunRef | None:
 
 def create_run(conn: Connection, *, run_id: str, agent: str, source: str, host: str, kill_mode: str,
                labels: dict[str, Any] | None, pid: int | None = None, pid_create_time: float | None = None,
-               now: dt.datetime) -> None:
+               now: dt.datetime, owner: str | None = None) -> None:
+    """`owner`: who sent what the run was started for (SQLite; on PostgreSQL the database sets
+    the column to the daemon's login, and the sender is in the run's sealed attestation)."""
     sql = _sql(dialects.of(conn))
     at = sql.dialect.ts(now)
     cur = conn.connection.cursor()
     try:
         cur.execute(sql.insert_run, (run_id, agent, lc.RUNNING, kill_mode, host, pid, pid_create_time,
-                                     sql.dialect.json(labels), at, at, source))
+                                     sql.dialect.json(labels), at, at, source, owner))
     finally:
         cur.close()
 
@@ -100,15 +102,20 @@ def known_call_ids(conn: Connection, run_id: str, call_ids: Sequence[str]) -> se
     return {r[0] for r in conn.execute(q)}
 
 
+MacFn = Callable[[int, Any, "str | None"], str]  # (seq, call, the event's time as written) -> events.mac
+
+
 def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], *, source: str,
-           now: dt.datetime, new: bool = False, joined: bool = False) -> bool:
+           now: dt.datetime, new: bool = False, joined: bool = False, mac: MacFn | None = None) -> bool:
     """The calls (WitnessedCall, or any object with its fields) as events of the run and onto its
     counters, in the caller's transaction; a span
     arrival with no call is progress (last_seen_at). False if the run is not active (nothing written).
     `new`: the run was created in this transaction (its seq starts at 0: no read).
     `joined`: the run has a writer of its own (exec's): the events take numbers from
     WITNESS_SEQ_BASE up and last_seq is left alone, so the writer's own records 1, 2, ... (MACed
-    over their seq) never find their number taken by a witness."""
+    over their seq) never find their number taken by a witness.
+    `mac`: the MAC of each event (the daemon's receiver, for a run whose sender it pinned), so
+    that what it saw is the run's own evidence (watchdog.core.evidence_mac), not its row's counters."""
     calls = list(calls)
     ids = [c.call_id for c in calls if c.call_id]
     if ids:
@@ -145,10 +152,12 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
             sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at,
             0 if joined else base + len(calls), run_id))
         if calls:
+            at_text = at if isinstance(at, str) else None
             cur.executemany(sql.insert_event, [
                 (run_id, base + i, at, c.kind, c.tool, c.args_hash, c.ok, c.error_class, c.error_msg, c.duration_s,
                  c.model, c.tokens_in, c.tokens_out, c.cached_tokens_in,
-                 0.0 if c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out) else None, source, c.call_id)
+                 0.0 if c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out) else None, source, c.call_id,
+                 None if mac is None else mac(base + i, c, at_text))
                 for i, c in enumerate(calls, start=1)])
     finally:
         cur.close()
@@ -156,7 +165,7 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
 
 
 _EVENT_COLUMNS = ("run_id", "seq", "at", "kind", "tool", "args_hash", "ok", "error_class", "error_msg", "duration_s",
-                  "model", "tokens_in", "tokens_out", "cached_tokens_in", "cost_eur", "source", "call_id")
+                  "model", "tokens_in", "tokens_out", "cached_tokens_in", "cost_eur", "source", "call_id", "mac")
 
 
 @dataclass(frozen=True)
@@ -184,8 +193,8 @@ def _sql(d: Dialect) -> _Sql:
         f"AND status IN ({active}){d.for_update}",
         f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(ph for _ in _EVENT_COLUMNS)})",
         f"INSERT INTO runs (id, agent, status, kill_mode, host, pid, pid_create_time, labels, started_at, "
-        f"last_seen_at, source) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {json_ph}, {d.clock_ph}, "
-        f"{d.clock_ph}, {ph})",
+        f"last_seen_at, source, owner) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {json_ph}, {d.clock_ph}, "
+        f"{d.clock_ph}, {ph}, {ph})",
         f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph} AND seq >= {ph}) FROM runs WHERE id = {ph} "
         f"AND status IN ({active}){d.for_update}",
     )

@@ -2,11 +2,19 @@
 
 A small stdlib HTTP server, apart from the tick: it never blocks nor kills it (its store
 writes are short transactions of their own; its failures are answered and logged, never
-raised into the daemon). Bounded: at most MAX_CONCURRENT requests are served at once (others
-get 503 with Retry-After, as OTLP clients expect), each peer's socket times out after
-IO_TIMEOUT_S of silence and each request must arrive within REQUEST_DEADLINE_S, bodies are
-read up to `[otlp] max_request_bytes` (Content-Length or chunked; gzip counted after
-decompression) and answered 413 above it. Bad bodies get 400 with the OTLP error body.
+raised into the daemon). One gate in front of every route (`_Handler._admit`): the sender's
+identity (watchdog.daemon.otlp.auth; 401 without a known bearer token unless `[otlp]
+allow_anonymous`), then the route reads its body.
+
+Bounded, so that one user's misbehaviour never keeps another's exports out: at most
+MAX_CONCURRENT connections in all and PER_SENDER_MAX per sender (the socket's owner uid as
+the kernel lists it, else the peer's address) are served at once (others get 503 with
+Retry-After, as OTLP clients expect); a request's line and headers must arrive within
+HEADERS_DEADLINE_S and its body within REQUEST_DEADLINE_S (a peer trickling bytes is cut off
+when its deadline passes, whatever its pace), each socket operation times out after
+IO_TIMEOUT_S; bodies are read up to `[otlp] max_request_bytes` (Content-Length or chunked;
+gzip counted after decompression) and answered 413 above it. Bad bodies get 400 with the OTLP
+error body, a sender starting more runs than `[otlp] max_new_runs_per_min` gets 429.
 """
 
 from __future__ import annotations
@@ -16,11 +24,13 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
 from watchdog.daemon.otlp import decode, mapping, sender
+from watchdog.daemon.otlp.auth import Authenticator, Identity
+from watchdog.daemon.otlp.bodies import REQUEST_DEADLINE_S, BadFraming as _BadFraming, BodyReader, TooSlow as _TooSlow
+from watchdog.daemon.otlp.connections import HEADERS_DEADLINE_S, Server
 from watchdog.daemon.otlp.ingest import Receiver
 from watchdog.errors import ConfigError
 from watchdog.store.engine import Engine, store_unavailable
@@ -28,19 +38,14 @@ from watchdog.store.engine import Engine, store_unavailable
 log = logging.getLogger("watchdog.otlp")
 
 PATH = "/v1/traces"
-MAX_CONCURRENT = 16
+ROUTES = {PATH: "_traces"}  # path -> the handler's method, each behind the same gate (_admit)
 IO_TIMEOUT_S = 10.0
-REQUEST_DEADLINE_S = 30.0
+REFUSED_LOG_EVERY_S = 60.0  # one receiver log line per refused sender this often
 MAX_SPANS_PER_REQUEST = 10_000
-DRAIN_MAX_BYTES = 64 * 1024 * 1024  # of a body refused for its size, read and dropped at most
 LISTEN_KEY = "[otlp] listen"
 
 
-class _TooSlow(Exception):
-    pass
-
-
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BodyReader, BaseHTTPRequestHandler):
     server_version = "agent-watchdog-otlp"
     protocol_version = "HTTP/1.1"
     timeout = IO_TIMEOUT_S  # per socket operation: a silent peer is dropped
@@ -49,32 +54,36 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("otlp %s: " + fmt, self.address_string(), *args)
 
     def _peer(self) -> sender.Peer:
+        """The kernel's view of this connection's peer (looked up once, when it was accepted)."""
         cached = getattr(self, "_kernel_peer", None)
         if cached is None:
-            cached = self._kernel_peer = sender.peer(self.client_address, self.connection.getsockname()[:2])
+            cached = self.server.peer_of(self.connection)  # type: ignore[attr-defined]
+            if cached is None:
+                cached = sender.peer(self.client_address, self.connection.getsockname()[:2])
+            self._kernel_peer = cached
         return cached
+
+    def handle_one_request(self) -> None:
+        srv: Server = self.server  # type: ignore[assignment]
+        srv.deadlines.set(self.connection, time.monotonic() + HEADERS_DEADLINE_S)
+        try:
+            super().handle_one_request()
+        finally:
+            srv.deadlines.clear(self.connection)
 
     def do_POST(self) -> None:  # noqa: N802 — http.server's name
         srv: OtlpServer = self.server.owner  # type: ignore[attr-defined]
+        self.server.deadlines.set(self.connection, time.monotonic() + REQUEST_DEADLINE_S)  # type: ignore[attr-defined]
         kind = decode.PROTOBUF
         try:
-            if self.path.split("?", 1)[0] != PATH:
+            route = ROUTES.get(self.path.split("?", 1)[0])
+            if route is None:
                 self._answer(404, kind, decode.error_body(kind, 5, f"not found: POST {PATH}"))
                 return
             kind = decode.media_type(self.headers.get("Content-Type"))
-            body = self._body(srv.max_bytes)
-            encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-            if encoding == "gzip":
-                body = decode.gunzip(body, srv.max_bytes)
-            elif encoding not in ("identity", ""):
-                raise decode.Unsupported(f"Content-Encoding {encoding!r}: expected gzip or none")
-            resources, dropped = decode.decode(body, kind, MAX_SPANS_PER_REQUEST)
-            groups = mapping.groups(resources)
-            outcome = srv.receiver.ingest(groups, self._peer())
-            if dropped:
-                outcome.refuse(dropped, f"more than {MAX_SPANS_PER_REQUEST} spans in one request")
-            srv.count(outcome.accepted, outcome.rejected)
-            self._answer(200, kind, decode.response(kind, outcome.rejected, outcome.message))
+            ident = self._admit(srv, kind)
+            if ident is not None:
+                getattr(self, route)(srv, kind, ident)
         except decode.TooLarge as exc:
             self.close_connection = True
             self._answer(413, kind, decode.error_body(kind, 8, str(exc)))
@@ -98,9 +107,48 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
 
-    def _answer(self, code: int, kind: str, body: bytes, retry_after: bool = False) -> None:
+    def _admit(self, srv: "OtlpServer", kind: str) -> Identity | None:
+        """The gate of every route: the sender's identity, or None once it was answered 401."""
+        peer = self._peer()
+        ident, why = srv.auth.identify(self.headers.get("Authorization"), peer.uid, peer.address[0])
+        if ident is not None:
+            return ident
+        try:
+            self._body(srv.max_bytes)  # read and dropped: the exporter reads our answer, not a reset
+        except (decode.TooLarge, decode.BadRequest, _BadFraming, _TooSlow):
+            pass
+        srv.refused(peer, why)
+        self.close_connection = True
+        self._answer(401, kind, decode.error_body(kind, 16, f"unauthenticated: {why}; send Authorization: Bearer "
+                                                              "<token> (OTEL_EXPORTER_OTLP_HEADERS)"),
+                     extra=(("WWW-Authenticate", 'Bearer realm="agent-watchdog"'),))
+        return None
+
+    def _traces(self, srv: "OtlpServer", kind: str, ident: Identity) -> None:
+        body = self._body(srv.max_bytes)
+        self.server.deadlines.clear(self.connection)  # type: ignore[attr-defined]  # ours is the time from here
+        encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+        if encoding == "gzip":
+            body = decode.gunzip(body, srv.max_bytes)
+        elif encoding not in ("identity", ""):
+            raise decode.Unsupported(f"Content-Encoding {encoding!r}: expected gzip or none")
+        resources, dropped = decode.decode(body, kind, MAX_SPANS_PER_REQUEST)
+        groups = mapping.groups(resources)
+        outcome = srv.receiver.ingest(groups, self._peer(), ident)
+        if dropped:
+            outcome.refuse(dropped, f"more than {MAX_SPANS_PER_REQUEST} spans in one request")
+        srv.count(outcome.accepted, outcome.rejected)
+        if outcome.throttled:  # the exporter backs off and sends again; what was counted is not counted twice
+            self._answer(429, kind, decode.error_body(kind, 8, outcome.message), retry_after=True)
+            return
+        self._answer(200, kind, decode.response(kind, outcome.rejected, outcome.message))
+
+    def _answer(self, code: int, kind: str, body: bytes, retry_after: bool = False,
+                extra: tuple[tuple[str, str], ...] = ()) -> None:
         self.send_response(code)
         self.send_header("Content-Type", kind)
+        for name, value in extra:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         if retry_after:
             self.send_header("Retry-After", "2")
@@ -108,96 +156,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
-
-    # -- bodies ------------------------------------------------------------------------------
-
-    def _body(self, max_bytes: int) -> bytes:
-        deadline = time.monotonic() + REQUEST_DEADLINE_S
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            return self._chunked(max_bytes, deadline)
-        length = self.headers.get("Content-Length")
-        if length is None:
-            raise _BadFraming("a body needs Content-Length or Transfer-Encoding: chunked")
-        if not length.strip().isdigit():
-            raise _BadFraming("Content-Length: expected a number")
-        n = int(length)
-        if n > max_bytes:
-            self._drain(n, deadline)
-            raise decode.TooLarge(f"Content-Length {n} is more than {max_bytes} bytes")
-        return self._read(n, deadline)
-
-    def _drain(self, n: int, deadline: float) -> None:
-        """Read and drop a refused body (up to DRAIN_MAX_BYTES, within the deadline), so the
-        client reads our 413 instead of a connection reset."""
-        left = min(n, DRAIN_MAX_BYTES)
-        try:
-            while left > 0 and time.monotonic() < deadline:
-                chunk = self.rfile.read1(min(left, 65536))
-                if not chunk:
-                    return
-                left -= len(chunk)
-        except OSError:
-            return
-
-    def _read(self, n: int, deadline: float) -> bytes:
-        parts, left = [], n
-        while left > 0:
-            if time.monotonic() > deadline:
-                raise _TooSlow()
-            chunk = self.rfile.read1(min(left, 65536)) if hasattr(self.rfile, "read1") else self.rfile.read(left)
-            if not chunk:
-                raise decode.BadRequest(f"the body ended after {n - left} of {n} bytes (truncated)")
-            parts.append(chunk)
-            left -= len(chunk)
-        return b"".join(parts)
-
-    def _chunked(self, max_bytes: int, deadline: float) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            if time.monotonic() > deadline:
-                raise _TooSlow()
-            line = self.rfile.readline(1024)
-            if not line.endswith(b"\n"):
-                raise _BadFraming("chunked body: a chunk size line is missing or too long")
-            size_txt = line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_txt, 16)
-            except ValueError:
-                raise _BadFraming("chunked body: a chunk size is not hex") from None
-            if size == 0:
-                while True:  # trailers, up to the empty line
-                    trailer = self.rfile.readline(1024)
-                    if trailer in (b"\r\n", b"\n", b""):
-                        return b"".join(parts)
-            total += size
-            if total > max_bytes:
-                self._drain_chunks(size, deadline)
-                raise decode.TooLarge(f"the chunked body is more than {max_bytes} bytes")
-            parts.append(self._read(size, deadline))
-            if self.rfile.readline(3) not in (b"\r\n", b"\n"):
-                raise _BadFraming("chunked body: a chunk does not end with CRLF")
-
-    def _drain_chunks(self, size: int, deadline: float) -> None:
-        """Read and drop the rest of a refused chunked body (the current chunk's `size` bytes,
-        then whole chunks, up to DRAIN_MAX_BYTES within the deadline), so that an exporter
-        still sending (OTel JS sends chunks) reads our 413 instead of a broken pipe."""
-        left = DRAIN_MAX_BYTES
-        try:
-            while left > 0 and time.monotonic() < deadline:
-                take = min(size + 2, left)  # the chunk's data and its CRLF
-                self._drain(take, deadline)
-                left -= take
-                line = self.rfile.readline(1024)
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    return
-                if size == 0:
-                    self.rfile.readline(1024)  # the empty line after the last chunk
-                    return
-        except OSError:
-            return
 
     def do_GET(self) -> None:  # noqa: N802
         body = decode.error_body(decode.JSON, 12, f"use POST {PATH}")
@@ -209,66 +167,48 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class _BadFraming(Exception):
-    pass
-
-
-_Request = socket.socket | tuple[bytes, socket.socket]  # socketserver's request: what a server hands a handler
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 64
-
-    def __init__(self, address: tuple[str, int], owner: "OtlpServer", family: int) -> None:
-        self.address_family = family
-        self.owner = owner
-        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
-        super().__init__(address, _Handler)
-
-    # The request is the connected socket (a stream server's; the tuple is a datagram server's).
-    def process_request(self, request: _Request, client_address: tuple[Any, ...]) -> None:
-        if not self._slots.acquire(blocking=False):
-            conn = request if isinstance(request, socket.socket) else request[1]
-            try:  # busy: the exporter retries after Retry-After
-                conn.settimeout(1.0)
-                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
-                                b"Connection: close\r\n\r\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: _Request, client_address: tuple[Any, ...]) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    # A peer's misbehaviour is not the daemon's error.
-    def handle_error(self, request: _Request, client_address: tuple[Any, ...]) -> None:
-        log.debug("otlp: connection from %s ended badly", client_address, exc_info=True)
-
-
 class OtlpServer:
     """`[otlp] listen` served in a thread of the daemon; `start()` binds (a ConfigError names the key)."""
 
     def __init__(self, engine: Engine, config: Config, sealer: Sealer | None, host: str) -> None:
         self.config = config
         self.max_bytes = config.otlp.max_request_bytes
+        self.sealer = sealer
+        self.auth = Authenticator(config, sealer)  # a bad tokens file: ConfigError (one line, the key)
         self.receiver = Receiver(engine, config, sealer, host)
-        self._server: _Server | None = None
+        self._refused_at: dict[object, float] = {}
+        self._server: Server | None = None
         self._thread: threading.Thread | None = None
         self.accepted_spans = 0
         self.rejected_spans = 0
+        self.unauthenticated = 0  # requests answered 401
         self._count_lock = threading.Lock()
 
     def count(self, accepted: int, rejected: int) -> None:
         with self._count_lock:
             self.accepted_spans += accepted
             self.rejected_spans += rejected
+
+    def reload_tokens(self) -> None:
+        """Read `[otlp] tokens_file` again (SIGHUP); ConfigError leaves the tokens as they were."""
+        self.auth = Authenticator(self.config, self.sealer)
+        log.info("otlp: %d bearer token(s) from [otlp] tokens_file", self.auth.tokens)
+
+    def refused(self, peer: sender.Peer, why: str) -> None:
+        """One receiver log line per refused sender and minute (a flood of 401s is not a flood of lines)."""
+        key = peer.uid if peer.uid is not None else peer.address[0]
+        now = time.monotonic()
+        with self._count_lock:
+            self.unauthenticated += 1
+            if now - self._refused_at.get(key, -REFUSED_LOG_EVERY_S) < REFUSED_LOG_EVERY_S:
+                return
+            if len(self._refused_at) > 10_000:
+                self._refused_at.clear()
+            self._refused_at[key] = now
+        who = f"uid {peer.uid}" if peer.uid is not None else "a non-local peer"
+        log.warning("otlp: refused spans from %s:%s (%s): %s (401); give the exporter a token of [otlp] "
+                    "tokens_file with OTEL_EXPORTER_OTLP_HEADERS=\"Authorization=Bearer <token>\", or set [otlp] "
+                    "allow_anonymous = true", peer.address[0], peer.address[1], who, why)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -277,13 +217,20 @@ class OtlpServer:
         assert isinstance(host, str)  # an AF_INET/AF_INET6 name is text (the stub allows bytes too)
         return host, port
 
+    @property
+    def url(self) -> str:
+        """The traces URL a local exporter reaches (a wildcard address on loopback)."""
+        host, port = self.address
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        return f"http://[{host}]:{port}{PATH}" if ":" in host else f"http://{host}:{port}{PATH}"
+
     def start(self) -> "OtlpServer":
         listen = self.config.otlp.listen
         host, _, port = listen.rpartition(":")
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self._server = _Server((host, int(port)), self, family)
+            self._server = Server((host, int(port)), self, family, _Handler)
         except OSError as exc:
             raise ConfigError(f"{LISTEN_KEY} = {listen!r}: cannot listen there ({exc.strerror or exc}); "
                               "choose a free port or set listen = \"\" to turn the receiver off") from None

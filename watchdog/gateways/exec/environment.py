@@ -17,6 +17,10 @@ OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 OTEL_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 OTEL_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
 OTEL_RESOURCE = "OTEL_RESOURCE_ATTRIBUTES"
+OTEL_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
+OTEL_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+# process.pid in the resource: the Python SDK detects it only when asked (kill_mode = "process").
+OTEL_DETECTORS = "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"
 RUN_ATTRIBUTE = "agent_watchdog.run_id"
 # Spans are exported when they end, by default in batches every 5 s; 200 ms keeps a runaway's
 # tool calls counted within a tick or two (an environment variable: no code in the agent).
@@ -52,7 +56,7 @@ def otlp_listen(config) -> str:
 
 
 def command_env(parent: Mapping[str, str], *, run_id: str, db_url: str, socket: str, config_path: str | None,
-                otlp_listen_at: str = "") -> dict[str, str]:
+                otlp_listen_at: str = "", otlp_token: str | None = None) -> dict[str, str]:
     env = dict(parent)
     env[ENV_RUN] = run_id
     env[ENV_DB] = db_url
@@ -61,12 +65,29 @@ def command_env(parent: Mapping[str, str], *, run_id: str, db_url: str, socket: 
         env[ENV_CONFIG] = config_path
     endpoint = otlp_endpoint(otlp_listen_at)
     if endpoint is not None:
-        env[OTEL_ENDPOINT] = endpoint
-        env[OTEL_PROTOCOL] = "http/protobuf"
-        env.setdefault(OTEL_DELAY, SCHEDULE_DELAY_MS)
-        # The run's id, whatever the agent's own attributes say (ours is appended last: the
-        # OTel SDKs let a later key win). Anything claiming it is still checked by the kernel.
-        attrs = [a for a in env.get(OTEL_RESOURCE, "").split(",")
-                 if a.strip() and a.split("=", 1)[0].strip() != RUN_ATTRIBUTE]
-        env[OTEL_RESOURCE] = ",".join([*attrs, f"{RUN_ATTRIBUTE}={run_id}"])
+        env.update(otlp_env(env, run_id=run_id, endpoint=endpoint, token=otlp_token))
     return env
+
+
+def otlp_env(env: Mapping[str, str], *, run_id: str, endpoint: str, token: str | None) -> dict[str, str]:
+    """The OTel variables that make the command's exporter send its spans to the daemon's
+    receiver for run `run_id` (what to set over `env`): the traces endpoint and protocol, the
+    run's id as a resource attribute, and the run's own bearer token in the traces headers
+    (merged with the headers the command already has; only the traces exporter gets it, so it
+    never goes to another collector the command's logs or metrics are sent to)."""
+    out = {OTEL_ENDPOINT: endpoint, OTEL_PROTOCOL: "http/protobuf"}
+    if OTEL_DELAY not in env:
+        out[OTEL_DELAY] = SCHEDULE_DELAY_MS
+    if OTEL_DETECTORS not in env:
+        out[OTEL_DETECTORS] = "process"
+    # The run's id, whatever the agent's own attributes say (ours is appended last: the
+    # OTel SDKs let a later key win). Anything claiming it is still checked by the kernel.
+    attrs = [a for a in env.get(OTEL_RESOURCE, "").split(",")
+             if a.strip() and a.split("=", 1)[0].strip() != RUN_ATTRIBUTE]
+    out[OTEL_RESOURCE] = ",".join([*attrs, f"{RUN_ATTRIBUTE}={run_id}"])
+    if token:
+        # The traces headers win over the general ones in every SDK: start from whichever is set.
+        have = env.get(OTEL_TRACES_HEADERS, env.get(OTEL_HEADERS, ""))
+        kept = [h for h in have.split(",") if h.strip() and h.split("=", 1)[0].strip().lower() != "authorization"]
+        out[OTEL_TRACES_HEADERS] = ",".join([*kept, f"Authorization=Bearer%20{token}"])
+    return out

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 # The signals the supervisor blocks to wait for them synchronously; the child gets them back.
 SUPERVISED_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _ERRNO = struct.Struct("i")
+_LENGTH = struct.Struct("I")
+EXTRA_ENV_MAX_BYTES = 1 << 20  # what the gate carries at most (the child reads it all before exec)
 EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
 
@@ -29,10 +31,17 @@ class Child:
     _gate_w: int
     _err_r: int
 
-    def release(self) -> int | None:
-        """Let the child exec the command; the errno exec failed with, or None once it runs."""
+    def release(self, extra_env: Mapping[str, str] | None = None) -> int | None:
+        """Let the child exec the command, with `extra_env` over its environment (what exec
+        learnt from the daemon after the fork: the run's OTLP token); the errno exec failed
+        with, or None once it runs."""
+        payload = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in (extra_env or {}).items())
+        if len(payload) > EXTRA_ENV_MAX_BYTES:
+            payload = b""
         try:
-            os.write(self._gate_w, b"g")
+            data = b"g" + _LENGTH.pack(len(payload)) + payload
+            while data:  # the child reads it all before it execs
+                data = data[os.write(self._gate_w, data):]
         except OSError:
             pass  # the child is gone already: its status says why
         finally:
@@ -77,6 +86,12 @@ def start(argv: Sequence[str], env: Mapping[str, str]) -> Child:
             os.close(err_r)
             if os.read(gate_r, 1) != b"g":
                 os._exit(EXIT_CANNOT_RUN)  # the supervisor gave up on us
+            extra = _read_exactly(gate_r, _LENGTH.size)
+            size = _LENGTH.unpack(extra)[0] if len(extra) == _LENGTH.size else 0
+            for pair in _read_exactly(gate_r, min(size, EXTRA_ENV_MAX_BYTES)).split(b"\0"):
+                key, sep, value = pair.partition(b"=")
+                if sep and key:
+                    env_b[key] = value
             os.close(gate_r)
             for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; the command must not
                 signal.signal(sig, signal.SIG_DFL)
@@ -99,6 +114,16 @@ def start(argv: Sequence[str], env: Mapping[str, str]) -> Child:
     os.close(gate_r)
     os.close(err_w)
     return Child(pid, gate_w, err_r)
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def _candidates(name: bytes, path_env: str) -> list[bytes]:

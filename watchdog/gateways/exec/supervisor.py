@@ -25,7 +25,7 @@ from watchdog.core.config import Config
 from watchdog.gateways.exec import cgroup as cg
 from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
-from watchdog.gateways.exec.environment import command_env, otlp_listen
+from watchdog.gateways.exec.environment import command_env, otlp_endpoint, otlp_env, otlp_listen
 from watchdog.gateways.exec.tree import Tree
 from watchdog.gateways.exec.watch import Watch
 
@@ -85,6 +85,8 @@ class _Session:
         self.wd: Watchdog | None = None  # once the store is open
         self.run: Run | None = None  # once registered
         self.asked: bud.RunBudgets = {}  # the budgets the run asks for (never above the profile)
+        self.otlp: dict[str, str] | None = None  # the daemon's receiver and the run's token (attestation)
+        self.attest_why = "not asked"
 
     def note(self, msg: str) -> None:
         if self.opts.verbose:
@@ -96,10 +98,12 @@ class _Session:
             self.note("PR_SET_CHILD_SUBREAPER failed: orphans of the command reparent to init")
         self.placement, mode = self._place()
         self._open_store(mode)
-        # The daemon's receiver: this config's [otlp] listen, else what the daemon published.
+        # The daemon's receiver: what it says over its socket at attestation (with the run's own
+        # token), else this config's [otlp] listen, else what the daemon published in the store.
         listen = otlp_listen(o.config) or otlp_listen(self._published())
+        systemd = self.placement is not None and self.placement.systemd  # attested after the command starts
         env = command_env(os.environ, run_id=self.run_id, db_url=o.db_url, socket=o.socket,
-                          config_path=o.config_path, otlp_listen_at=listen)
+                          config_path=o.config_path)
         argv = self.placement.command(o.argv) if self.placement else list(o.argv)
         child = spawn.start(argv, env)
         reaper = rp.Reaper(child.pid)
@@ -115,9 +119,13 @@ class _Session:
                 raise
             raise ExecFailed(_one_line(exc)) from None
         attested = False
-        if self.placement is None or not self.placement.systemd:
+        if not systemd:
             attested = self._attest(mode)
-        err = child.release()
+        else:  # attested once the command runs in its scope: the receiver and token before
+            from watchdog.sdk.attest import request_reply
+
+            ok, self.attest_why, _key, self.otlp = request_reply(o.socket, self.run_id, None, otlp_only=True)
+        err = child.release(self._otlp_env(env, listen, attested))
         if err is not None:
             _wait(child.pid)
             code = spawn.exit_status_for(err)
@@ -234,15 +242,33 @@ class _Session:
         self.note(f"run {self.run_id} ({self.opts.agent}, kill mode {mode}) registered in the store")
 
     def _attest(self, mode: str) -> bool:
-        from watchdog.sdk.attest import request
+        from watchdog.sdk.attest import request_reply
 
         # The cgroup's directory (under the cgroup2 mount), as the daemon checks it.
         path = self.placement.directory if self.placement is not None else None
-        ok, why = request(self.opts.socket, self.run_id, mode, cgroup=path)
+        ok, why, _key, self.otlp = request_reply(self.opts.socket, self.run_id, mode, cgroup=path)
+        self.attest_why = why
         self.note("attested by the daemon" if ok else
                   f"not attested ({why}): the run is watched and stopped by exec; the daemon will not "
                   "signal its tree")
         return ok
+
+    def _otlp_env(self, env: dict[str, str], listen: str, attested: bool) -> dict[str, str]:
+        """The OTel variables for the command, once the daemon has answered; said once, loudly,
+        when the command's spans cannot be counted for its run."""
+        if self.otlp is not None:
+            self.note(f"OTel spans go to {self.otlp['endpoint']} with the run's own token")
+            return otlp_env(env, run_id=self.run_id, endpoint=self.otlp["endpoint"], token=self.otlp["token"])
+        endpoint = otlp_endpoint(listen)
+        if endpoint is not None:  # a receiver, and no token for it
+            say(f"run {self.run_id[:8]}: OTel spans of the command cannot be counted for it: the daemon did not "
+                f"attest the run ({self.attest_why[:120]}), so it handed no OTLP token; set AGENT_WATCHDOG_SOCKET "
+                "to the daemon's [daemon] socket")
+            return otlp_env(env, run_id=self.run_id, endpoint=endpoint, token=None)
+        self.note("no OTLP receiver: the daemon " + ("has none on ([otlp] listen)" if attested else
+                  f"did not attest the run ({self.attest_why[:120]}) and publishes none") +
+                  ": OTel spans of the command are not counted")
+        return {}
 
     # -- the end -----------------------------------------------------------------
 
