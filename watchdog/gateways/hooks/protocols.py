@@ -6,10 +6,15 @@ Checked against the CLIs the tests run (tests/clis/package-lock.json) and their 
   PostToolUseFailure; stdin `session_id`, `hook_event_name`, `tool_name`, `tool_input`,
   `tool_use_id`, `tool_response`. A refusal is exit 0 with JSON on stdout:
   `hookSpecificOutput.permissionDecision = "deny"` + `permissionDecisionReason` (the model reads
-  it), and `continue: false` + `stopReason` ends the session.
-- Codex CLI (developers.openai.com/codex/hooks): `[[hooks.PreToolUse]]` / `[[hooks.PostToolUse]]`
-  in config.toml (or hooks.json), the same stdin fields and the same deny JSON (its engine follows
-  Claude Code's wire format); exit 2 with the reason on stderr blocks too.
+  it), and `continue: false` + `stopReason` is to end the session — but Claude Code 2.1.197
+  ignores `continue` on a PreToolUse answer that denies (it ends the session only after a call
+  it let run), so the session goes on and each further call is refused the same way.
+- Codex CLI (developers.openai.com/codex/hooks; the JSON schemas `pre-tool-use.command.input|output`
+  inside the 0.171 binary): `[[hooks.PreToolUse]]` / `[[hooks.PostToolUse]]` in config.toml, the
+  same stdin fields (`tool_use_id`, `turn_id`, `agent_id` for a sub-agent) and the same deny JSON.
+  Unlike Claude Code, its PreToolUse rejects `continue` / `stopReason` (the hook counts as failed
+  and the call runs), so a refusal there never carries them. Hooks run only once trusted (`/hooks`
+  in the TUI) or with `codex exec --dangerously-bypass-hook-trust`.
 - Gemini CLI (geminicli.com/docs/hooks/reference): events BeforeTool, AfterTool in settings.json;
   stdin `session_id`, `hook_event_name`, `tool_name`, `tool_input`, `tool_response`; a refusal is
   `decision: "deny"` + `reason`, and `continue: false` + `stopReason` stops the agent loop.
@@ -85,7 +90,8 @@ def deny(cli: str, event: str, reason: str, *, end_session: bool) -> Answer:
     else:
         out = {"hookSpecificOutput": {"hookEventName": event or "PreToolUse", "permissionDecision": "deny",
                                       "permissionDecisionReason": reason}}
-    if end_session:
+    # Codex 0.171 fails (and so lets through) a PreToolUse answer carrying continue or stopReason
+    # ("PreToolUse hook returned unsupported continue:false"): it gets the refusal alone.
+    if end_session and cli != "codex":
         out.update({"continue": False, "stopReason": reason})
-    # stderr too: Codex and Gemini also read a block's reason from stderr, and a human sees it.
-    return Answer(json.dumps(out), reason + "\n", 0)
+    return Answer(json.dumps(out), "", 0)
