@@ -60,7 +60,7 @@ def _sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
 
 def _anthropic(n: int, cmd: str, model: str, stream: bool) -> tuple[str, bytes]:
     tool = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": "Bash",
-            "input": {"command": cmd, "description": f"step {n}"}}
+            "input": {"command": cmd, "description": "the next step"}}
     usage = {"input_tokens": 100, "output_tokens": 20}
     if not stream:
         return "application/json", json.dumps({
@@ -99,7 +99,7 @@ def _responses(n: int, cmd: str, model: str) -> tuple[str, bytes]:
 
 def _gemini(n: int, cmd: str, stream: bool) -> tuple[str, bytes]:
     chunk = {"candidates": [{"content": {"role": "model", "parts": [
-        {"functionCall": {"name": "run_shell_command", "args": {"command": cmd, "description": f"step {n}"}}}]},
+        {"functionCall": {"name": "run_shell_command", "args": {"command": cmd, "description": "the next step"}}}]},
         "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 20, "totalTokenCount": 120},
         "modelVersion": "gemini-2.5-pro"}

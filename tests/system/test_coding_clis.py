@@ -1,0 +1,247 @@
+"""The real coding CLIs (Claude Code, Codex CLI, Gemini CLI from npm, pinned by
+tests/clis/package-lock.json) run non-interactively against a fake model API on 127.0.0.1 that
+answers every turn with a shell tool call (a runaway), with `agent-watchdog hook` installed by
+`agent-watchdog hook install`, and one real daemon for the file (it publishes the profiles the
+hooks judge by, and alerts the stops).
+
+Hermetic: each CLI's HOME, XDG dirs and CODEX_HOME are temp dirs; nothing leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from sqlalchemy import select
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "clis"))
+
+from daemon_support import alerts_of, daemon_toml  # noqa: E402
+from fake_model import FakeModel  # noqa: E402
+from watchdog.core.config import parse  # noqa: E402
+from watchdog.store import migrate  # noqa: E402
+from watchdog.store.engine import make_engine  # noqa: E402
+from watchdog.store.hooks import judged_by  # noqa: E402
+from watchdog.store.schema import runs  # noqa: E402
+
+CLIS = Path(__file__).resolve().parents[1] / "clis"
+BIN = CLIS / "node_modules" / ".bin"
+AW = str(Path(sys.executable).with_name("agent-watchdog"))
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
+
+PROFILES = {"cc-max": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
+
+pytestmark = pytest.mark.skipif(not (BIN / "claude").exists(),
+                                reason="the coding CLIs are not installed: cd tests/clis && npm ci")
+
+
+def wait_for(fn: Callable, timeout_s: float = 30.0, every_s: float = 0.1):
+    end = time.monotonic() + timeout_s
+    while True:
+        got = fn()
+        if got or time.monotonic() > end:
+            return got
+        time.sleep(every_s)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """(store URL, config path, engine) with one real `agent-watchdog run` daemon on it."""
+    folder = tmp_path_factory.mktemp("coding-clis")
+    url = f"sqlite:///{folder / 'runs.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    cfg = folder / "watchdog.toml"
+    cfg.write_text(daemon_toml(tick_s=0.25) + "".join(
+        f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items()))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
+    log = open(folder / "daemon.log", "w")
+    daemon = subprocess.Popen([AW, "--config", str(cfg), "--db", url, "run"], env=env, stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        # The hooks judge by what the daemon published: wait for it.
+        published = wait_for(lambda: judged_by(engine, parse({})).profile("cc-max").max_tool_calls == 3, 30)
+        assert published, (folder / "daemon.log").read_text()[-2000:]
+        yield url, cfg, engine
+    finally:
+        daemon.terminate()
+        assert daemon.wait(30) == 0, (folder / "daemon.log").read_text()[-2000:]
+        log.close()
+        engine.dispose()
+
+
+def hook_run(engine, agent: str):
+    with engine.connect() as conn:
+        rows = conn.execute(select(runs).where(runs.c.agent == agent, runs.c.source == "hook")).all()
+    return rows[0] if len(rows) == 1 else None
+
+
+def home_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    home = tmp_path / "home"
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": str(home), "TERM": "dumb"}
+    for key, sub in (("XDG_CONFIG_HOME", ".config"), ("XDG_DATA_HOME", ".local/share"),
+                     ("XDG_CACHE_HOME", ".cache"), ("XDG_STATE_HOME", ".local/state")):
+        env[key] = str(home / sub)
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    env.update(extra)
+    return env
+
+
+def install(cli: str, where: list[str], env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([AW, "hook", "install", cli, *where, "--exe", AW, *args], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def claude(tmp_path: Path, model: FakeModel, *, db: str, agent: str, max_turns: int, fail_closed: bool = False):
+    proj = tmp_path / "proj"
+    proj.mkdir(parents=True)
+    env = home_env(tmp_path, ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-fake", DISABLE_TELEMETRY="1",
+                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+    out = install("claude-code", ["--project", str(proj)], env, "--agent", agent, "--hook-db", db,
+                  *(["--fail-closed"] if fail_closed else []))
+    assert "+ hooks.PreToolUse" in out
+    done = subprocess.run([str(BIN / "claude"), "-p", "touch the markers", "--allowedTools", "Bash",
+                           "--output-format", "json", "--max-turns", str(max_turns)], cwd=proj, env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return proj, done
+
+
+def markers(proj: Path) -> set[int]:
+    return {int(p.name.split("-")[1]) for p in proj.glob("marker-*")}
+
+
+def stopped_alert(engine, run_id: str, tool: str) -> bool:
+    found = [a for a in alerts_of(engine, run_id) if tool in a.body]
+    return len(found) == 1 and len(alerts_of(engine, run_id)) == 1
+
+
+# --- Claude Code --------------------------------------------------------------------------------
+
+def test_claude_code_is_refused_at_max_tool_calls_and_alerted(store, tmp_path):
+    url, _, engine = store
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-max", max_turns=6)
+    assert markers(proj) == {1, 2, 3}, done.stdout[-2000:]  # the 4th call never ran
+    run = hook_run(engine, "cc-max")
+    assert run is not None and (run.status, run.stop_reason, run.tool_calls) == ("killed", "max_tool_calls", 3)
+    told = model.texts()  # the refusal is what the model read as the tool's result
+    assert "agent-watchdog: run " in told and "max_tool_calls" in told
+    result = json.loads(done.stdout)
+    assert result["permission_denials"] and result["permission_denials"][0]["tool_input"]["command"] == "touch marker-4"
+    assert wait_for(lambda: stopped_alert(engine, run.id, "Bash"), 30)
+
+
+def test_claude_code_identical_calls_are_a_loop(store, tmp_path):
+    url, _, engine = store
+    with FakeModel(lambda n: "echo ran >> calls.log") as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-loop", max_turns=5)
+    assert (proj / "calls.log").read_text().splitlines() == ["ran", "ran"], done.stdout[-2000:]
+    run = hook_run(engine, "cc-loop")
+    assert run is not None and (run.status, run.stop_reason) == ("killed", "loop_detected")
+    assert "loop_detected" in model.texts()
+
+
+def test_claude_code_killed_mid_session_is_refused_naming_manual(store, tmp_path):
+    url, cfg, engine = store
+
+    def command(n: int) -> str:
+        if n == 3:  # between the CLI's 2nd and 3rd tool call, an operator kills the run
+            run = hook_run(engine, "cc-kill")
+            subprocess.run([AW, "--db", url, "--config", str(cfg), "kill", run.id], check=True,
+                           capture_output=True, timeout=30)
+        return f"touch marker-{n}"
+
+    with FakeModel(command) as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-kill", max_turns=4)
+    assert markers(proj) == {1, 2}, done.stdout[-2000:]
+    assert "manual" in model.texts() and "agent-watchdog: run " in model.texts()
+    run = hook_run(engine, "cc-kill")
+    assert run is not None and run.stop_reason == "manual"
+
+
+def test_claude_code_with_the_store_unreachable_fails_open_unless_fail_closed(tmp_path):
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        proj, done = claude(tmp_path / "open", model, db=UNREACHABLE, agent="cc-open", max_turns=3)
+    assert markers(proj) == {1, 2, 3}, done.stdout[-2000:]
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        proj, done = claude(tmp_path / "closed", model, db=UNREACHABLE, agent="cc-closed", max_turns=3,
+                            fail_closed=True)
+    assert markers(proj) == set(), done.stdout[-2000:]
+    assert "agent-watchdog: refused (--fail-closed)" in model.texts()
+    # What the CLI hides in print mode: the fail-open is one line on stderr, exit 0, no answer.
+    event = json.dumps({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+                        "tool_input": {"command": "true"}, "tool_use_id": "t1"})
+    direct = subprocess.run([AW, "hook", "claude-code", "--db", UNREACHABLE], input=event, capture_output=True,
+                            text=True, timeout=60, env={k: v for k, v in os.environ.items()
+                                                        if not k.startswith("AGENT_WATCHDOG")})
+    assert (direct.returncode, direct.stdout) == (0, "")
+    assert len(direct.stderr.splitlines()) == 1 and direct.stderr.startswith("agent-watchdog: hook:")
+
+
+# --- Codex CLI ----------------------------------------------------------------------------------
+
+def test_codex_is_refused_at_max_tool_calls(store, tmp_path):
+    url, _, engine = store
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    codex_home = tmp_path / "home" / ".codex"
+    codex_home.mkdir(parents=True)
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        # A model provider of its own: Codex talks the Responses API to the fake on 127.0.0.1.
+        (codex_home / "config.toml").write_text(
+            'model = "gpt-5"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
+            f'base_url = "{model.url}/v1"\nwire_api = "responses"\nenv_key = "FAKE_MODEL_KEY"\n')
+        env = home_env(tmp_path, CODEX_HOME=str(codex_home), FAKE_MODEL_KEY="sk-fake")
+        out = install("codex", ["--user"], env, "--agent", "codex-max", "--hook-db", url)
+        assert "+ hooks.PreToolUse" in out and "[model_providers.fake]" in (codex_home / "config.toml").read_text()
+        # Hooks run only once trusted: this is the non-interactive way Codex offers.
+        cli = subprocess.Popen([str(BIN / "codex"), "exec", "--skip-git-repo-check",
+                                "--dangerously-bypass-approvals-and-sandbox", "--dangerously-bypass-hook-trust",
+                                "touch the markers"], cwd=proj, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            # Codex has no turn cap: it goes on asking; each further call is refused the same way.
+            told = wait_for(lambda: "max_tool_calls" in model.texts() and model.calls >= 6, 60)
+        finally:
+            cli.terminate()
+            output = cli.communicate(timeout=30)[0]
+    assert told, output[-3000:]
+    assert markers(proj) == {1, 2, 3}, output[-3000:]
+    assert "agent-watchdog: run " in model.texts()
+    run = hook_run(engine, "codex-max")
+    assert run is not None and (run.status, run.stop_reason, run.tool_calls) == ("killed", "max_tool_calls", 3)
+    assert wait_for(lambda: stopped_alert(engine, run.id, "Bash"), 30)  # Codex names its shell tool Bash
+
+
+# --- Gemini CLI ---------------------------------------------------------------------------------
+
+def test_gemini_is_refused_at_max_tool_calls_and_the_session_ends(store, tmp_path):
+    url, _, engine = store
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    gemini_dir = tmp_path / "home" / ".gemini"
+    gemini_dir.mkdir(parents=True)
+    # An API key auth (no Google login), and the project trusted (else its settings' hooks are ignored).
+    (gemini_dir / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
+    (gemini_dir / "trustedFolders.json").write_text(json.dumps({str(proj): "TRUST_FOLDER"}))
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        env = home_env(tmp_path, GEMINI_API_KEY="fake", GOOGLE_GEMINI_BASE_URL=model.url)
+        install("gemini", ["--project", str(proj)], env, "--agent", "gemini-max", "--hook-db", url)
+        done = subprocess.run([str(BIN / "gemini"), "-p", "touch the markers", "--yolo", "--output-format", "json"],
+                              cwd=proj, env=env, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+    assert markers(proj) == {1, 2, 3}, done.stderr[-3000:]
+    # continue: false ends Gemini's session: it exits by itself, naming our reason.
+    assert done.returncode == 0 and model.calls == 4, done.stderr[-3000:]
+    assert "stopped by hook: agent-watchdog: run " in done.stderr and "max_tool_calls" in done.stderr
+    run = hook_run(engine, "gemini-max")
+    assert run is not None and (run.status, run.stop_reason, run.tool_calls) == ("killed", "max_tool_calls", 3)
+    assert wait_for(lambda: stopped_alert(engine, run.id, "run_shell_command"), 30)
