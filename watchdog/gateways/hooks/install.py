@@ -135,7 +135,8 @@ def merge_toml_text(text: str, command: str, otlp: str | None = None) -> tuple[s
     changes: list[str] = []
     kept: list[str] = []
     blocks: list[str] = []
-    hooks = data.get("hooks") if isinstance(data.get("hooks"), dict) else {}
+    found = data.get("hooks")
+    hooks: dict[str, Any] = found if isinstance(found, dict) else {}
     for event in EVENTS["codex"]:
         if _has_command(hooks.get(event), command):
             kept.append(f"hooks.{event}: {command} (already installed)")
