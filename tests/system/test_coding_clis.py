@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -35,7 +38,7 @@ BIN = CLIS / "node_modules" / ".bin"
 AW = str(Path(sys.executable).with_name("agent-watchdog"))
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
 
-PROFILES = {"cc-max": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
+PROFILES = {"cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
 
 pytestmark = pytest.mark.skipif(not (BIN / "claude").exists(),
                                 reason="the coding CLIs are not installed: cd tests/clis && npm ci")
@@ -76,15 +79,40 @@ def store(tmp_path_factory):
         engine.dispose()
 
 
+@pytest.fixture(scope="module")
+def runtime():
+    """A short XDG_RUNTIME_DIR for the hooks' resident helpers (a socket path has 107 bytes at
+    most); each helper started is stopped at the end by the pid it wrote there."""
+    folder = tempfile.mkdtemp(prefix="awhk")
+    try:
+        yield folder
+    finally:
+        for pid_file in Path(folder).rglob("*.sock.pid"):
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def hook_run(engine, agent: str):
     with engine.connect() as conn:
         rows = conn.execute(select(runs).where(runs.c.agent == agent, runs.c.source == "hook")).all()
     return rows[0] if len(rows) == 1 else None
 
 
+RUNTIME: list[str] = []  # the module's runtime dir, set by the `cli_env` fixture
+
+
+@pytest.fixture(autouse=True)
+def cli_env(runtime):
+    RUNTIME[:] = [runtime]
+
+
 def home_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     home = tmp_path / "home"
-    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": str(home), "TERM": "dumb"}
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HOME": str(home), "TERM": "dumb",
+           "XDG_RUNTIME_DIR": RUNTIME[0], "AGENT_WATCHDOG_HOOK_IDLE_S": "60"}
     for key, sub in (("XDG_CONFIG_HOME", ".config"), ("XDG_DATA_HOME", ".local/share"),
                      ("XDG_CACHE_HOME", ".cache"), ("XDG_STATE_HOME", ".local/state")):
         env[key] = str(home / sub)
@@ -180,8 +208,7 @@ def test_claude_code_with_the_store_unreachable_fails_open_unless_fail_closed(tm
     event = json.dumps({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash",
                         "tool_input": {"command": "true"}, "tool_use_id": "t1"})
     direct = subprocess.run([AW, "hook", "claude-code", "--db", UNREACHABLE], input=event, capture_output=True,
-                            text=True, timeout=60, env={k: v for k, v in os.environ.items()
-                                                        if not k.startswith("AGENT_WATCHDOG")})
+                            text=True, timeout=60, env=home_env(tmp_path / "direct"))
     assert (direct.returncode, direct.stdout) == (0, "")
     assert len(direct.stderr.splitlines()) == 1 and direct.stderr.startswith("agent-watchdog: hook:")
 
@@ -245,3 +272,29 @@ def test_gemini_is_refused_at_max_tool_calls_and_the_session_ends(store, tmp_pat
     run = hook_run(engine, "gemini-max")
     assert run is not None and (run.status, run.stop_reason, run.tool_calls) == ("killed", "max_tool_calls", 3)
     assert wait_for(lambda: stopped_alert(engine, run.id, "run_shell_command"), 30)
+
+
+# --- the resident helper ------------------------------------------------------------------------
+
+def test_the_resident_helper_answers_after_the_first_call_and_each_call_counts_once(store, tmp_path):
+    url, _, engine = store
+    env = home_env(tmp_path)
+
+    def call(n: int) -> subprocess.CompletedProcess:
+        event = json.dumps({"session_id": "resident", "hook_event_name": "PreToolUse", "tool_name": "Read",
+                            "tool_input": {"file_path": f"/f{n}"}, "tool_use_id": f"toolu_{n}"})
+        return subprocess.run([AW, "hook", "claude-code", "--agent", "cc-resident", "--db", url], input=event,
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    first = call(1)  # no helper yet: answered in-process, the helper started for the next calls
+    assert (first.returncode, first.stdout, first.stderr) == (0, "", "")
+    pid_files = wait_for(lambda: list(Path(RUNTIME[0]).rglob("*.sock.pid")), 30)
+    assert pid_files
+    answers = [call(n) for n in (2, 3, 4)]
+    assert [a.stdout for a in answers[:2]] == ["", ""]
+    refused = json.loads(answers[2].stdout)["hookSpecificOutput"]["permissionDecisionReason"]
+    assert refused.startswith("agent-watchdog: run ") and "max_tool_calls" in refused
+    with engine.connect() as conn:
+        rows = conn.execute(select(runs).where(runs.c.labels.is_not(None), runs.c.source == "hook")).all()
+    (run,) = [r for r in rows if (r.labels or {}).get("session") == "resident"]
+    assert (run.tool_calls, run.stop_reason) == (3, "max_tool_calls")

@@ -58,8 +58,9 @@ def _engine(db: str | None, config: Any) -> Any:
     return make_engine(url, create=False, **kw)
 
 
-def answer(opts: dict[str, Any], raw: str) -> Answer:
-    """The answer to one hook call (never raises)."""
+def answer(opts: dict[str, Any], raw: str, engines: dict[str, Any] | None = None) -> Answer:
+    """The answer to one hook call (never raises). `engines`: the resident helper's engines by
+    store URL, kept between calls (without it the engine is this call's alone)."""
     cli = opts["cli"]
     try:
         ev = protocols.parse(raw)
@@ -73,13 +74,19 @@ def answer(opts: dict[str, Any], raw: str) -> Answer:
         from watchdog.gateways.hooks.core import decide
 
         config = load(opts["config"])
-        engine = _engine(opts["db"], config)
+        if engines is None:
+            engine = _engine(opts["db"], config)
+        else:
+            key = f"{opts['db']}\x00{opts['config']}"
+            if key not in engines:
+                engines[key] = _engine(opts["db"], config)
+            engine = engines[key]
         verdict = decide(engine, config, cli=cli, agent=opts["agent"], ev=ev)
     except Exception as exc:  # noqa: BLE001 — the hook never breaks the CLI by accident
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         return _outage(opts, ev, f"the store failed ({type(exc).__name__}: {first})")
     finally:
-        if engine is not None:
+        if engine is not None and engines is None:
             engine.dispose()
     if verdict.allowed:
         return protocols.allow()
@@ -91,6 +98,23 @@ def _outage(opts: dict[str, Any], ev: Any, what: str) -> Answer:
         reason = f"agent-watchdog: refused (--fail-closed): {what}"
         return protocols.deny(opts["cli"], ev.event if ev else "PreToolUse", reason, end_session=False)
     return Answer("", f"agent-watchdog: hook: {what}; the call is let through (fail-open)\n", 0)
+
+
+def emit(ans: Answer) -> int:
+    if ans.stdout:
+        sys.stdout.write(ans.stdout + "\n")
+    if ans.stderr:
+        sys.stderr.write(ans.stderr)
+    sys.stdout.flush()
+    return ans.exit_code
+
+
+def refuse_unanswered(argv: Sequence[str]) -> int:
+    """--fail-closed when the resident helper took the call but never answered."""
+    opts = parse_args(argv)
+    reason = "agent-watchdog: refused (--fail-closed): the resident helper did not answer"
+    return emit(protocols.deny(opts["cli"], "PreToolUse" if opts["cli"] != "gemini" else "BeforeTool", reason,
+                               end_session=False))
 
 
 def run(argv: Sequence[str]) -> int:
@@ -105,13 +129,7 @@ def run(argv: Sequence[str]) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raw = ""
         sys.stderr.write(f"agent-watchdog: hook: cannot read stdin ({exc})\n")
-    ans = answer(opts, raw)
-    if ans.stdout:
-        sys.stdout.write(ans.stdout + "\n")
-    if ans.stderr:
-        sys.stderr.write(ans.stderr)
-    sys.stdout.flush()
-    return ans.exit_code
+    return emit(answer(opts, raw))
 
 
 def main() -> None:
