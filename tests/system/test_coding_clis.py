@@ -62,7 +62,8 @@ def store(tmp_path_factory):
     migrate.upgrade(engine)
     cfg = folder / "watchdog.toml"
     cfg.write_text(daemon_toml(tick_s=0.25) + "".join(
-        f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items()))
+        f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
+        + '[agents.cc-pause]\nmax_tool_calls = 2\non_breach = "pause"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
     log = open(folder / "daemon.log", "w")
     daemon = subprocess.Popen([AW, "--config", str(cfg), "--db", url, "run"], env=env, stdout=log,
@@ -193,6 +194,28 @@ def test_claude_code_killed_mid_session_is_refused_naming_manual(store, tmp_path
     assert "manual" in model.texts() and "agent-watchdog: run " in model.texts()
     run = hook_run(engine, "cc-kill")
     assert run is not None and run.stop_reason == "manual"
+
+
+def test_claude_code_paused_then_resumed_with_five_more_calls(store, tmp_path):
+    url, cfg, engine = store
+    resumed = []
+
+    def command(n: int) -> str:
+        if n == 4:  # the 3rd call was refused and the run paused: a human lets it do 5 more
+            run = wait_for(lambda: (r := hook_run(engine, "cc-pause")) is not None and r.status == "paused" and r, 30)
+            assert run, "the run was not paused"
+            done = subprocess.run([AW, "--db", url, "--config", str(cfg), "resume", run.id, "--add-tool-calls", "5"],
+                                  capture_output=True, text=True, timeout=30)
+            resumed.append(done)
+        return f"touch marker-{n}"
+
+    with FakeModel(command) as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-pause", max_turns=10)
+    assert resumed and resumed[0].returncode == 0, resumed and resumed[0].stderr
+    assert markers(proj) == {1, 2, 4, 5, 6, 7, 8}, done.stdout[-2000:]  # 3 and 9 were held
+    assert "paused: waiting for approval" in model.texts()
+    run = hook_run(engine, "cc-pause")
+    assert run is not None and (run.status, run.tool_calls) == ("paused", 7)
 
 
 def test_claude_code_with_the_store_unreachable_fails_open_unless_fail_closed(tmp_path):

@@ -83,3 +83,13 @@ def end_stopped(engine: Engine, run_id: str, *, reason: str, detail: str) -> boo
         now = witness.store_now(conn)
         return statuses.move(conn, run_id, lc.Status.KILLED, was=lc.Status.RUNNING, stop_reason=reason,
                              stop_detail=detail[:500], ended_at=now)
+
+
+def pause(engine: Engine, run_id: str, *, reason: str, detail: str) -> bool:
+    """The hook's guard found a breach its profile pauses on (`on_breach = "pause"`): running →
+    paused with that reason (the daemon records and alerts a pause it did not request; `resume`
+    lets the run go on with more). False if it was not running."""
+    with engine.begin() as conn:
+        now = witness.store_now(conn)
+        return statuses.move(conn, run_id, lc.Status.PAUSED, was=lc.Status.RUNNING, stop_reason=reason,
+                             stop_detail=detail[:500], paused_at=now)

@@ -23,6 +23,7 @@ from typing import Any
 
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
+from watchdog.core import pause as ap
 from watchdog.core.clock import utcnow
 from watchdog.core.config import Config
 from watchdog.core.records import hash_args
@@ -72,6 +73,12 @@ def _session(engine: Any, cli: str, agent: str, session_id: str) -> tuple[str, A
     raise RuntimeError(f"session {session_id[:40]!r}: more than {MAX_GENERATIONS} runs")
 
 
+def paused(run_id: str, reason: str | None) -> str:
+    why = f" ({reason})" if reason else ""
+    return (f"{PREFIX} run {run_id[:8]} paused: waiting for approval{why}; "
+            f"a human may let it go on: agent-watchdog resume {run_id[:8]}")
+
+
 def refused(reason: str, detail: str | None, run_id: str) -> str:
     tail = f": {detail}" if detail else ""
     return f"{PREFIX} run {run_id[:8]} stopped: {reason}{tail}"
@@ -82,12 +89,11 @@ def before_tool(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEv
     """Whether the call may run; counted when it may."""
     rid, state = _session(engine, cli, agent, ev.session_id or "no-session")
     if state.status == lc.Status.PAUSED:
-        return Verdict(False, f"{PREFIX} run {rid[:8]} paused: waiting for approval "
-                              f"(agent-watchdog resume {rid[:8]})", False, rid)
+        return Verdict(False, paused(rid, state.stop_reason), False, rid)
     if state.status != lc.Status.RUNNING:
         return Verdict(False, refused(state.stop_reason or state.status, state.stop_detail, rid), True, rid)
-    limits = bud.for_run(store.judged_by(engine, config).profile(state.agent), state.row()).to_json()
-    guard = Guard(limits)
+    budgets = bud.for_run(store.judged_by(engine, config).profile(state.agent), state.row())
+    guard = Guard(budgets.to_json())
     args_hash = hash_args(ev.tool_input if ev.tool_input is not None else {}, tool=ev.tool)
     same, recent = store.signatures(engine, rid, ev.tool, args_hash)
     guard.used["tool_calls"] = state.tool_calls
@@ -100,6 +106,8 @@ def before_tool(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEv
         guard.before_tool(ev.tool, args_hash, elapsed_s)
     except RunKilled as stop:
         detail = stop.detail.replace("in-process guard", "agent-watchdog hook")
+        if ap.pauses(budgets, stop.reason) and store.pause(engine, rid, reason=stop.reason, detail=detail):
+            return Verdict(False, paused(rid, stop.reason), False, rid)  # held until resume: the session goes on
         store.end_stopped(engine, rid, reason=stop.reason, detail=detail)
         return Verdict(False, refused(stop.reason, detail, rid), True, rid)
     call_id = f"hook:{cli}:{ev.call_id}" if ev.call_id else None
