@@ -22,6 +22,7 @@ class FakeModel:
         self.command = command
         self.calls = 0
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.raw: list[tuple[str, dict[str, str], bytes]] = []  # every POST as it came (path, headers, body)
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -139,13 +140,25 @@ def _handler(fake: FakeModel) -> type[BaseHTTPRequestHandler]:
             self._send(200, "application/json", b"")
 
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():  # OTel JS exporters
+                parts = []
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        break
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+                raw = b"".join(parts)
+            else:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
             try:
                 body = json.loads(raw or b"{}")
             except ValueError:
                 body = {}
             path = self.path.split("?")[0]
+            fake.raw.append((path, dict(self.headers.items()), raw))
             fake.requests.append((path, body if isinstance(body, dict) else {}))
             if path.endswith("/count_tokens"):
                 return self._send(200, "application/json", b'{"input_tokens": 100}')

@@ -26,6 +26,7 @@ from sqlalchemy import select
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "clis"))
 
 from daemon_support import alerts_of, daemon_toml  # noqa: E402
+from otlp_support import free_port  # noqa: E402
 from fake_model import FakeModel  # noqa: E402
 from watchdog.core.config import parse  # noqa: E402
 from watchdog.store import migrate  # noqa: E402
@@ -38,7 +39,8 @@ BIN = CLIS / "node_modules" / ".bin"
 AW = str(Path(sys.executable).with_name("agent-watchdog"))
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
 
-PROFILES = {"cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
+OTLP: list[str] = []  # the daemon's OTLP/HTTP receiver, once the `store` fixture started it
+PROFILES = {"cc-otel": 40, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
 
 pytestmark = pytest.mark.skipif(not (BIN / "claude").exists(),
                                 reason="the coding CLIs are not installed: cd tests/clis && npm ci")
@@ -61,7 +63,8 @@ def store(tmp_path_factory):
     engine = make_engine(url)
     migrate.upgrade(engine)
     cfg = folder / "watchdog.toml"
-    cfg.write_text(daemon_toml(tick_s=0.25) + "".join(
+    port = free_port()
+    cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
         + '[agents.cc-pause]\nmax_tool_calls = 2\non_breach = "pause"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
@@ -72,6 +75,7 @@ def store(tmp_path_factory):
         # The hooks judge by what the daemon published: wait for it.
         published = wait_for(lambda: judged_by(engine, parse({})).profile("cc-max").max_tool_calls == 3, 30)
         assert published, (folder / "daemon.log").read_text()[-2000:]
+        OTLP[:] = [f"http://127.0.0.1:{port}"]
         yield url, cfg, engine
     finally:
         daemon.terminate()
@@ -98,7 +102,8 @@ def runtime():
 
 def hook_run(engine, agent: str):
     with engine.connect() as conn:
-        rows = conn.execute(select(runs).where(runs.c.agent == agent, runs.c.source == "hook")).all()
+        # source hook, or otlp when the session's first log event came before its first tool call
+        rows = conn.execute(select(runs).where(runs.c.agent == agent, runs.c.source.in_(("hook", "otlp")))).all()
     return rows[0] if len(rows) == 1 else None
 
 
@@ -129,13 +134,15 @@ def install(cli: str, where: list[str], env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def claude(tmp_path: Path, model: FakeModel, *, db: str, agent: str, max_turns: int, fail_closed: bool = False):
+def claude(tmp_path: Path, model: FakeModel, *, db: str, agent: str, max_turns: int, fail_closed: bool = False,
+           otlp: str | None = None):
     proj = tmp_path / "proj"
     proj.mkdir(parents=True)
     env = home_env(tmp_path, ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-fake", DISABLE_TELEMETRY="1",
                    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
     out = install("claude-code", ["--project", str(proj)], env, "--agent", agent, "--hook-db", db,
-                  *(["--fail-closed"] if fail_closed else []))
+                  *(["--fail-closed"] if fail_closed else []), *(["--otlp", otlp] if otlp else []))
+    env["OTEL_LOGS_EXPORT_INTERVAL"] = "200"  # ms: the events of a short session arrive before it ends
     assert "+ hooks.PreToolUse" in out
     done = subprocess.run([str(BIN / "claude"), "-p", "touch the markers", "--allowedTools", "Bash",
                            "--output-format", "json", "--max-turns", str(max_turns)], cwd=proj, env=env,
@@ -166,6 +173,20 @@ def test_claude_code_is_refused_at_max_tool_calls_and_alerted(store, tmp_path):
     result = json.loads(done.stdout)
     assert result["permission_denials"] and result["permission_denials"][0]["tool_input"]["command"] == "touch marker-4"
     assert wait_for(lambda: stopped_alert(engine, run.id, "Bash"), 30)
+
+
+def test_claude_code_logs_and_hooks_are_one_run_each_call_counted_once(store, tmp_path):
+    """`hook install --otlp` turns Claude Code's log export on: its api_request events are the
+    run's steps (tokens, model) and its tool_result events the same calls the hook counted."""
+    url, _, engine = store
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-otel", max_turns=3, otlp=OTLP[0])
+    assert markers(proj) == {1, 2, 3}, done.stdout[-2000:]
+    run = wait_for(lambda: (r := hook_run(engine, "cc-otel")) is not None and r.steps >= 3 and r, 30)
+    assert run, hook_run(engine, "cc-otel")
+    assert (run.steps, run.tool_calls, run.tokens_in, run.tokens_out) == (3, 3, 300, 60)
+    assert wait_for(lambda: (r := hook_run(engine, "cc-otel")) is not None and r.cost_eur > 0, 30)  # priced by model
+    assert [p for p, _ in model.requests if p == "/v1/logs"] == []  # they went to the daemon, not the model
 
 
 def test_claude_code_identical_calls_are_a_loop(store, tmp_path):

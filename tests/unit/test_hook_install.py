@@ -112,3 +112,21 @@ def test_bad_input_fails_open_unless_fail_closed():
         parse_args(["cursor"])
     # A session event the hook does not judge passes without touching any store.
     assert answer(opts, json.dumps({"hook_event_name": "SessionStart", "session_id": "s"})).stdout == ""
+
+
+def test_claude_codes_recorded_log_events_map_to_steps_and_the_hooks_call_ids():
+    """tests/clis/recorded/: what Claude Code 2.1.197 exported for a session of three Bash calls."""
+    from pathlib import Path
+
+    from watchdog.daemon.otlp import logs
+
+    body = (Path(__file__).resolve().parents[1] / "clis" / "recorded" / "claude-code-2.1.197-logs.json").read_bytes()
+    records, dropped = logs.decode_logs(body, "application/json", 1000)
+    assert dropped == 0 and {name for _, name, _ in records} >= {"claude_code.api_request", "claude_code.tool_result"}
+    (session,) = logs.sessions(records)
+    assert (session.cli, session.agent) == ("claude-code", "claude-code")
+    steps = [c for c in session.calls if c.kind == "step"]
+    tools = [c for c in session.calls if c.kind == "tool"]
+    assert [(s.model, s.tokens_in, s.tokens_out) for s in steps] == [("claude-opus-4-8", 100, 20)] * 3
+    assert [(t.tool, t.ok, t.call_id) for t in tools] == [
+        ("Bash", True, f"hook:claude-code:toolu_000{n}") for n in (1, 2, 3)]

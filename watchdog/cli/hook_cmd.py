@@ -61,7 +61,7 @@ def install_cmd(cli, project, user, agent, fail_closed, hook_db, otlp, exe, dry_
         raise click.UsageError("give --project DIR or --user, not both")
     command = install.hook_command(cli, agent=agent, fail_closed=fail_closed, db=hook_db, exe=exe)
     try:
-        p = install.plan(cli, project=project, user=user, command=command, otlp=otlp)
+        p = install.plan(cli, project=project, user=user, command=command, otlp=otlp, agent=agent)
     except ValueError as exc:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
         raise click.ClickException(str(exc)) from None
     verb = "would change" if dry_run else "changed"

@@ -1,4 +1,5 @@
-"""The OTLP/HTTP receiver: `POST /v1/traces` on `[otlp] listen`, threads of the daemon's process.
+"""The OTLP/HTTP receiver: `POST /v1/traces` (and `/v1/logs`, watchdog.daemon.otlp.logs) on
+`[otlp] listen`, threads of the daemon's process.
 
 A small stdlib HTTP server, apart from the tick: it never blocks nor kills it (its store
 writes are short transactions of their own; its failures are answered and logged, never
@@ -20,7 +21,7 @@ from typing import Any
 
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
-from watchdog.daemon.otlp import decode, mapping, sender
+from watchdog.daemon.otlp import decode, logs, mapping, sender
 from watchdog.daemon.otlp.ingest import Receiver
 from watchdog.errors import ConfigError
 from watchdog.store.engine import Engine, store_unavailable
@@ -58,8 +59,9 @@ class _Handler(BaseHTTPRequestHandler):
         srv: OtlpServer = self.server.owner  # type: ignore[attr-defined]
         kind = decode.PROTOBUF
         try:
-            if self.path.split("?", 1)[0] != PATH:
-                self._answer(404, kind, decode.error_body(kind, 5, f"not found: POST {PATH}"))
+            path = self.path.split("?", 1)[0]
+            if path not in (PATH, logs.PATH):
+                self._answer(404, kind, decode.error_body(kind, 5, f"not found: POST {PATH} or {logs.PATH}"))
                 return
             kind = decode.media_type(self.headers.get("Content-Type"))
             body = self._body(srv.max_bytes)
@@ -68,9 +70,12 @@ class _Handler(BaseHTTPRequestHandler):
                 body = decode.gunzip(body, srv.max_bytes)
             elif encoding not in ("identity", ""):
                 raise decode.Unsupported(f"Content-Encoding {encoding!r}: expected gzip or none")
-            resources, dropped = decode.decode(body, kind, MAX_SPANS_PER_REQUEST)
-            groups = mapping.groups(resources)
-            outcome = srv.receiver.ingest(groups, self._peer())
+            if path == logs.PATH:  # the coding CLIs' log events (same limits, same sender rules)
+                records, dropped = logs.decode_logs(body, kind, MAX_SPANS_PER_REQUEST)
+                outcome = srv.logs.ingest(logs.sessions(records), self._peer())
+            else:
+                resources, dropped = decode.decode(body, kind, MAX_SPANS_PER_REQUEST)
+                outcome = srv.receiver.ingest(mapping.groups(resources), self._peer())
             if dropped:
                 outcome.refuse(dropped, f"more than {MAX_SPANS_PER_REQUEST} spans in one request")
             srv.count(outcome.accepted, outcome.rejected)
@@ -259,6 +264,7 @@ class OtlpServer:
         self.config = config
         self.max_bytes = config.otlp.max_request_bytes
         self.receiver = Receiver(engine, config, sealer, host)
+        self.logs = logs.LogsReceiver(engine, host)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.accepted_spans = 0

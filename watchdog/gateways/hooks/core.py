@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,8 @@ from watchdog.core import pause as ap
 from watchdog.core.clock import utcnow
 from watchdog.core.config import Config
 from watchdog.core.records import hash_args
+from watchdog.core.sessions import MAX_GENERATIONS
+from watchdog.core.sessions import run_id_for as _run_id
 from watchdog.errors import RunKilled
 from watchdog.sdk.guards import Guard
 from watchdog.store import hooks as store
@@ -34,8 +35,6 @@ from watchdog.store import hooks as store
 from watchdog.gateways.hooks.protocols import PRE, HookEvent
 
 PREFIX = "agent-watchdog:"
-MAX_GENERATIONS = 1000  # runs one session may be split into by silence (each within its budgets)
-_NS = uuid.UUID("6f1d3c1e-2b7a-4c55-9a0e-7d1b0c2f9e41")  # names hook runs (uuid5), nothing else
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,7 @@ class Verdict:
 
 
 def run_id_for(cli: str, session_id: str, generation: int, uid: int | None = None) -> str:
-    uid = os.getuid() if uid is None else uid
-    return uuid.uuid5(_NS, f"{cli}\x00{uid}\x00{session_id}\x00{generation}").hex
+    return _run_id(cli, session_id, generation, os.getuid() if uid is None else uid)
 
 
 def _over(state: Any) -> bool:

@@ -74,17 +74,20 @@ def _has_command(groups: Any, command: str) -> bool:
         for g in groups)
 
 
-def _otel_json(cli: str, otlp: str) -> dict[str, Any]:
+def _otel_json(cli: str, otlp: str, agent: str | None) -> dict[str, Any]:
     if cli == "claude-code":
-        return {"env": {"CLAUDE_CODE_ENABLE_TELEMETRY": "1", "OTEL_LOGS_EXPORTER": "otlp",
-                        "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL": "http/protobuf",
-                        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": otlp.rstrip("/") + "/v1/logs"}}
+        env = {"CLAUDE_CODE_ENABLE_TELEMETRY": "1", "OTEL_LOGS_EXPORTER": "otlp",
+               "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL": "http/protobuf",
+               "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": otlp.rstrip("/") + "/v1/logs"}
+        if agent:  # the session's log events name the agent the hook records it under
+            env["OTEL_RESOURCE_ATTRIBUTES"] = f"agent_watchdog.agent={agent}"
+        return {"env": env}
     return {"telemetry": {"enabled": True, "target": "local", "otlpProtocol": "http",
                           "otlpEndpoint": otlp.rstrip("/")}}
 
 
-def merge_json(cli: str, settings: dict[str, Any], command: str,
-               otlp: str | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
+def merge_json(cli: str, settings: dict[str, Any], command: str, otlp: str | None = None,
+               agent: str | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
     """(new settings, changes, kept): `settings` with our hook on each tool event, and the OTel
     exporter keys that are not set yet. Never removes or rewrites a key that is there."""
     out = copy.deepcopy(settings)
@@ -107,7 +110,7 @@ def merge_json(cli: str, settings: dict[str, Any], command: str,
         groups.append({"matcher": MATCH_ALL[cli], "hooks": [entry]})
         changes.append(f"hooks.{event}: + {command}")
     if otlp:
-        for section, values in _otel_json(cli, otlp).items():
+        for section, values in _otel_json(cli, otlp, agent).items():
             target = out.setdefault(section, {})
             if not isinstance(target, dict):
                 kept.append(f"{section} (not an object: left alone)")
@@ -162,7 +165,7 @@ def merge_toml_text(text: str, command: str, otlp: str | None = None) -> tuple[s
 
 
 def plan(cli: str, *, project: str | None, user: bool, command: str, otlp: str | None = None,
-         home: str | None = None) -> Plan:
+         home: str | None = None, agent: str | None = None) -> Plan:
     path = settings_path(cli, project=project, user=user, home=home)
     before = path.read_text(encoding="utf-8") if path.exists() else None
     if cli == "codex":
@@ -171,7 +174,7 @@ def plan(cli: str, *, project: str | None, user: bool, command: str, otlp: str |
         current = json.loads(before) if before and before.strip() else {}
         if not isinstance(current, dict):
             raise ValueError(f"{path}: not a JSON object: not touching it")
-        merged, changes, kept = merge_json(cli, current, command, otlp)
+        merged, changes, kept = merge_json(cli, current, command, otlp, agent)
         after = before if not changes and before is not None else json.dumps(merged, indent=2) + "\n"
     return Plan(path, before, after, changes, kept)
 
