@@ -66,7 +66,8 @@ def store(tmp_path_factory):
     port = free_port()
     cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
-        + '[agents.cc-pause]\nmax_tool_calls = 2\non_breach = "pause"\n')
+        + '[agents.cc-pause]\nmax_tool_calls = 2\non_breach = "pause"\n'
+        + "[agents.cc-cost]\nmax_tool_calls = 40\nmax_cost_eur = 0.002\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
     log = open(folder / "daemon.log", "w")
     daemon = subprocess.Popen([AW, "--config", str(cfg), "--db", url, "run"], env=env, stdout=log,
@@ -187,6 +188,25 @@ def test_claude_code_logs_and_hooks_are_one_run_each_call_counted_once(store, tm
     assert (run.steps, run.tool_calls, run.tokens_in, run.tokens_out) == (3, 3, 300, 60)
     assert wait_for(lambda: (r := hook_run(engine, "cc-otel")) is not None and r.cost_eur > 0, 30)  # priced by model
     assert [p for p, _ in model.requests if p == "/v1/logs"] == []  # they went to the daemon, not the model
+
+
+def test_claude_code_over_max_cost_from_its_own_log_events_is_stopped(store, tmp_path):
+    """The cost is the daemon's, from the api_request events Claude Code exported (each step
+    ~0.0009 EUR as priced from its model): over max_cost_eur the daemon stops the run and the
+    hook refuses the session's next call naming max_cost."""
+    url, _, engine = store
+
+    def slow(n: int) -> str:
+        time.sleep(0.6)  # a model that takes its time: the tick prices and judges between turns
+        return f"touch marker-{n}"
+
+    with FakeModel(slow) as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-cost", max_turns=12, otlp=OTLP[0])
+    run = hook_run(engine, "cc-cost")
+    assert run is not None and run.stop_reason == "max_cost", (run, done.stdout[-1500:])
+    ran = markers(proj)
+    assert 3 <= len(ran) < 12 and ran == set(range(1, len(ran) + 1)), ran
+    assert "agent-watchdog: run " in model.texts() and "max_cost" in model.texts()
 
 
 def test_claude_code_identical_calls_are_a_loop(store, tmp_path):
