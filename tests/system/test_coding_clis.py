@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,7 +41,7 @@ AW = str(Path(sys.executable).with_name("agent-watchdog"))
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
 
 OTLP: list[str] = []  # the daemon's OTLP/HTTP receiver, once the `store` fixture started it
-PROFILES = {"cc-otel": 40, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
+PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
 
 pytestmark = pytest.mark.skipif(not (BIN / "claude").exists(),
                                 reason="the coding CLIs are not installed: cd tests/clis && npm ci")
@@ -207,6 +208,44 @@ def test_claude_code_over_max_cost_from_its_own_log_events_is_stopped(store, tmp
     ran = markers(proj)
     assert 3 <= len(ran) < 12 and ran == set(range(1, len(ran) + 1)), ran
     assert "agent-watchdog: run " in model.texts() and "max_cost" in model.texts()
+
+
+def test_an_interactive_claude_code_session_under_tmux_is_stopped_the_same_way(store, tmp_path):
+    url, _, engine = store
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    key = "sk-fake-key-for-the-interactive-test-0123456789"
+    env = home_env(tmp_path, ANTHROPIC_API_KEY=key, DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+                   DISABLE_AUTOUPDATER="1", TERM="xterm-256color")
+    # What a returning user has answered once: onboarding done, this folder trusted, this key approved.
+    (tmp_path / "home" / ".claude.json").write_text(json.dumps({
+        "hasCompletedOnboarding": True, "theme": "dark",
+        "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
+        "projects": {str(proj): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}))
+    install("claude-code", ["--project", str(proj)], env, "--agent", "cc-tmux", "--hook-db", url)
+    tmux = ["tmux", "-L", f"aw-{os.getpid()}", "-f", "/dev/null"]  # a server of the test's own
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        env["ANTHROPIC_BASE_URL"] = model.url
+        argv = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), str(BIN / "claude"), "--allowedTools", "Bash"]
+        subprocess.run([*tmux, "new-session", "-d", "-s", "cc", "-x", "200", "-y", "50", "-c", str(proj),
+                        " ".join(shlex.quote(a) for a in argv)], check=True, timeout=30)
+        try:
+            def screen() -> str:
+                return subprocess.run([*tmux, "capture-pane", "-p", "-t", "cc"], capture_output=True, text=True,
+                                      timeout=10).stdout
+
+            assert wait_for(lambda: "❯" in screen(), 60), screen()
+            subprocess.run([*tmux, "send-keys", "-t", "cc", "touch the markers", "Enter"], check=True, timeout=10)
+            shown = wait_for(lambda: "agent-watchdog: run " in screen() and "max_tool_calls" in screen(), 60)
+            assert shown, screen()
+            subprocess.run([*tmux, "send-keys", "-t", "cc", "Escape"], timeout=10)
+        finally:
+            subprocess.run([*tmux, "kill-server"], timeout=10)
+    assert len(markers(proj)) == 3, markers(proj)
+    run = hook_run(engine, "cc-tmux")
+    assert run is not None and (run.status, run.stop_reason, run.tool_calls) == ("killed", "max_tool_calls", 3)
 
 
 def test_claude_code_identical_calls_are_a_loop(store, tmp_path):
