@@ -130,3 +130,20 @@ def test_claude_codes_recorded_log_events_map_to_steps_and_the_hooks_call_ids():
     assert [(s.model, s.tokens_in, s.tokens_out) for s in steps] == [("claude-opus-4-8", 100, 20)] * 3
     assert [(t.tool, t.ok, t.call_id) for t in tools] == [
         ("Bash", True, f"hook:claude-code:toolu_000{n}") for n in (1, 2, 3)]
+
+
+def test_codexs_recorded_log_events_map_to_steps_from_completed_responses():
+    """tests/clis/recorded/: Codex 0.171.0 for three exec_command calls (the tokens on
+    codex.sse_event response.completed, the tool results keyed by call_id)."""
+    from pathlib import Path
+
+    from watchdog.daemon.otlp import logs
+
+    body = (Path(__file__).resolve().parents[1] / "clis" / "recorded" / "codex-0.171.0-logs.json").read_bytes()
+    records, _ = logs.decode_logs(body, "application/json", 1000)
+    (session,) = logs.sessions(records)
+    assert session.cli == "codex" and session.session_id.startswith("01a24f9b")
+    steps = [c for c in session.calls if c.kind == "step"]
+    tools = [c for c in session.calls if c.kind == "tool"]
+    assert [(s.tokens_in, s.tokens_out) for s in steps] == [(100, 20)] * len(steps) and len(steps) >= 3
+    assert [t.call_id for t in tools][:3] == [f"hook:codex:call_000{n}" for n in (1, 2, 3)]

@@ -4,11 +4,14 @@ session's run (the same run `agent-watchdog hook` records, watchdog.core.session
 Mapped (names as Claude Code 2.1.197 exports them, recorded in tests/clis/recorded/):
 - `claude_code.api_request` (`session.id`, `model`, `input_tokens`, `output_tokens`,
   `cache_read_tokens`): a step, priced from its model like any step (unpriced until the tick's
-  backfill prices it); `codex.api_request` / `gemini_cli.api_response` the same where they carry
-  tokens (`conversation.id` keys Codex's);
+  backfill prices it). Codex 0.171 (name in `event.name`, no body; keyed by `conversation.id`)
+  puts a turn's tokens on `codex.sse_event` with `event.kind = response.completed`
+  (`input_token_count`, `output_token_count`), not on `codex.api_request`: that one is the step.
+  `gemini_cli.api_response` is mapped like Claude Code's, unchecked against the real CLI;
 - `claude_code.tool_result` (`tool_name`, `tool_use_id`, `success`), `codex.tool_result`
-  (`call_id`), `gemini_cli.tool_call`: a tool call, with call id `hook:<cli>:<tool use id>` — the
-  id the hook gave the same call, so a call both saw counts once.
+  (`call_id`, its model-side tool name `exec_command`), `gemini_cli.tool_call`: a tool call,
+  with call id `hook:<cli>:<tool use id>` — the id the hook gave the same call, so a call both
+  saw counts once (the hook's tool name stands: Codex's hooks call it `Bash`).
 Other events (prompts, decisions) are progress only. The sender is the kernel's: the session's
 run is the one of the loopback peer's Unix user; a sender the kernel does not place (not local)
 gets its events refused, as no user's run can be named for it.
@@ -118,14 +121,17 @@ def sessions(records: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> list[
         s = by.setdefault((cli, sid[:200]), Session(cli, sid[:200], str(agent)[:128]))
         s.records += 1
         event = name.split(".", 1)[1]
-        if event in _STEP_EVENTS:
+        if event == "sse_event" and attrs.get("event.kind") != "response.completed":
+            continue  # Codex's stream events: only a completed response carries the turn's tokens
+        if event in _STEP_EVENTS or event == "sse_event":
             tin = _int(attrs.get("input_tokens", attrs.get("input_token_count")))
             tout = _int(attrs.get("output_tokens", attrs.get("output_token_count")))
             if tin is None and tout is None:
                 continue  # an API request event without tokens (Codex's carry them on sse events)
             s.calls.append(witness.WitnessedCall(kind=lc.EventKind.STEP, model=str(attrs.get("model") or "")[:128] or None,
                                                  tokens_in=tin or 0, tokens_out=tout or 0,
-                                                 cached_tokens_in=_int(attrs.get("cache_read_tokens"))))
+                                                 cached_tokens_in=_int(attrs.get("cache_read_tokens",
+                                                                                 attrs.get("cached_token_count")))))
         elif event in _TOOL_EVENTS:
             use_id = attrs.get("tool_use_id") or attrs.get("call_id") or attrs.get("function_call_id")
             ok = str(attrs.get("success", "true")).lower() not in ("false", "0")
