@@ -401,3 +401,51 @@ def test_the_resident_helper_answers_after_the_first_call_and_each_call_counts_o
         rows = conn.execute(select(runs).where(runs.c.labels.is_not(None), runs.c.source == "hook")).all()
     (run,) = [r for r in rows if (r.labels or {}).get("session") == "resident"]
     assert (run.tool_calls, run.stop_reason) == (3, "max_tool_calls")
+
+
+def test_another_users_process_gets_no_answer_from_this_users_helper(store, tmp_path):
+    """The helper's directory is this user's alone (0700), and should it be opened, the helper
+    still answers only its own Unix user (SO_PEERCRED): another user's call is never judged
+    (nor counted) as this user's."""
+    from attest_support import LocalUsers, foreign_python, run_as
+
+    url, _, engine = store
+    env = home_env(tmp_path)
+    event = json.dumps({"session_id": "theirs", "hook_event_name": "PreToolUse", "tool_name": "Read",
+                        "tool_input": {}, "tool_use_id": "x1"})
+    subprocess.run([AW, "hook", "claude-code", "--agent", "cc-resident", "--db", url], input=event, env=env,
+                   capture_output=True, text=True, timeout=60, check=True)
+    from watchdog.gateways.hooks.fastpath import socket_path
+
+    name = os.path.basename(socket_path(["claude-code", "--agent", "cc-resident", "--db", url], {}))
+    sock = os.path.join(RUNTIME[0], f"agent-watchdog-hook-{os.getuid()}", name)
+    assert wait_for(lambda: os.path.exists(sock + ".pid"), 30)
+    probe = ("import json, socket, struct, sys\n"
+             "s = socket.socket(socket.AF_UNIX)\n"
+             "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    print('denied'); sys.exit()\n"
+             f"req = json.dumps({{'argv': ['claude-code', '--db', {url!r}], 'stdin': {json.dumps(event)!r}}}).encode()\n"
+             "s.sendall(struct.pack('!I', len(req)) + req); s.shutdown(socket.SHUT_WR)\n"
+             "try:\n    got = s.recv(65536)\nexcept ConnectionResetError:\n    got = b''\n"
+             "print('answer:' + got.decode())\n")
+    python, their_env = foreign_python()
+    users = LocalUsers()
+    try:
+        other = users.add("hook")
+        assert run_as(other, [python, "-c", probe, sock], env=their_env).stdout.strip() == "denied"
+        # As if the directories were opened to others: the helper itself refuses them.
+        opened = [RUNTIME[0], os.path.dirname(sock)]
+        for d in opened:
+            os.chmod(d, 0o755)
+        os.chmod(sock, 0o777)
+        try:
+            done = run_as(other, [python, "-c", probe, sock], env=their_env)
+        finally:
+            for d in opened:
+                os.chmod(d, 0o700)
+        assert done.stdout.strip() == "answer:", done.stdout + done.stderr
+    finally:
+        users.close()
+    with engine.connect() as conn:
+        theirs = [r for r in conn.execute(select(runs).where(runs.c.source == "hook"))
+                  if (r.labels or {}).get("session") == "theirs"]
+    assert [r.tool_calls for r in theirs] == [1]  # only this user's own call
