@@ -77,7 +77,29 @@ def _after_otlp(reader: Reader, ran: list[d.Block], pg_url: str) -> None:
     assert all(b.text.startswith("export ") for b in ran)  # only the exporter's variables run here
 
 
+def _after_claude_code(reader: Reader, ran: list[d.Block], pg_url: str) -> None:
+    (run,) = _by_agent(reader)["claude-code"]
+    assert (run["source"], run["status"], run["tool_calls"]) == ("hook", "running", 1), run
+    settings = json.loads((reader.checkout / "my-project" / ".claude" / "settings.json").read_text())
+    assert "agent-watchdog hook claude-code" in json.dumps(settings["hooks"]["PreToolUse"])
+
+
+def _after_codex(reader: Reader, ran: list[d.Block], pg_url: str) -> None:
+    (block,) = ran[-1:]
+    assert "nothing to change (already installed)" in reader.stdouts[block.line]
+    text = (reader.checkout / "codex-home" / "config.toml").read_text()
+    assert text.count("[[hooks.PreToolUse]]") == 1 and "agent-watchdog hook codex" in text
+
+
+def _after_gemini(reader: Reader, ran: list[d.Block], pg_url: str) -> None:
+    settings = json.loads((reader.checkout / "my-project" / ".gemini" / "settings.json").read_text())
+    assert len(settings["hooks"]["BeforeTool"]) == 1 and "agent-watchdog hook gemini" in json.dumps(settings)
+
+
 AFTER = {
+    "docs/howto/claude-code.md": _after_claude_code,
+    "docs/howto/codex.md": _after_codex,
+    "docs/howto/gemini.md": _after_gemini,
     "docs/howto/instrument.md": _after_instrument,
     "docs/howto/langchain.md": _after_langchain,
     "docs/howto/openai-agents.md": _after_openai_agents,

@@ -269,7 +269,10 @@ def test_the_migrations_checks_name_every_status_kill_mode_event_kind_and_budget
     m9 = importlib.util.module_from_spec(latest)
     latest.loader.exec_module(m9)
     assert set(m9.KILL_MODES) == {k.value for k in lc.KillMode}
-    assert set(m9.SOURCES) == {s.value for s in lc.Source}
+    latest14 = importlib.util.spec_from_file_location("hook_source_0014", path.with_name("0014_hook_source.py"))
+    m14 = importlib.util.module_from_spec(latest14)
+    latest14.loader.exec_module(m14)
+    assert set(m14.SOURCES) == {s.value for s in lc.Source}
     assert set(m.EVENT_KINDS) == {e.value for e in lc.EventKind}
     assert set(m.STAGES) == {s.value for s in lc.Stage}
     integer = {b.key for b in BUDGETS if b.key in RUN_BUDGET_KEYS and b.integer}

@@ -64,7 +64,7 @@ def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
         assert required in names, required
     assert not any(n.endswith(".pyc") or "__pycache__" in n for n in names)
     assert not any(n.startswith(("tests/", "migrations/")) for n in names)
-    assert "agent-watchdog = watchdog.cli:main" in entry_points
+    assert "agent-watchdog = watchdog.entry:main" in entry_points
     # Our own name: `agent-watchdog` on PyPI is an unrelated project.
     assert "\nName: agent-watchdog-daemon\n" in metadata
     assert "Requires-Python: >=3.11" in metadata

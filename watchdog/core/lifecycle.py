@@ -55,6 +55,7 @@ class Source(StrEnum):
     OTLP = "otlp"  # spans received by the daemon's OTLP receiver
     LITELLM = "litellm"  # the LiteLLM proxy callback (LLM gateway)
     MCP = "mcp"  # agent-watchdog mcp-proxy (tool gateway)
+    HOOK = "hook"  # agent-watchdog hook: a coding CLI's tool-call hooks (Claude Code, Codex, Gemini)
     SQL = "sql"  # a plain-SQL writer that did not say (the column's server default)
 
 

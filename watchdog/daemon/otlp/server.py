@@ -1,4 +1,5 @@
-"""The OTLP/HTTP receiver: `POST /v1/traces` on `[otlp] listen`, threads of the daemon's process.
+"""The OTLP/HTTP receiver: `POST /v1/traces` (and `/v1/logs`, watchdog.daemon.otlp.logs) on
+`[otlp] listen`, threads of the daemon's process.
 
 A small stdlib HTTP server, apart from the tick: it never blocks nor kills it (its store
 writes are short transactions of their own; its failures are answered and logged, never
@@ -27,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
-from watchdog.daemon.otlp import decode, mapping, sender
+from watchdog.daemon.otlp import decode, logs, mapping, sender
 from watchdog.daemon.otlp.auth import Authenticator, Identity
 from watchdog.daemon.otlp.bodies import REQUEST_DEADLINE_S, BadFraming as _BadFraming, BodyReader, TooSlow as _TooSlow
 from watchdog.daemon.otlp.connections import HEADERS_DEADLINE_S, Server
@@ -38,7 +39,7 @@ from watchdog.store.engine import Engine, store_unavailable
 log = logging.getLogger("watchdog.otlp")
 
 PATH = "/v1/traces"
-ROUTES = {PATH: "_traces"}  # path -> the handler's method, each behind the same gate (_admit)
+ROUTES = {PATH: "_traces", logs.PATH: "_logs"}  # path -> the handler's method, each behind the same gate (_admit)
 IO_TIMEOUT_S = 10.0
 REFUSED_LOG_EVERY_S = 60.0  # one receiver log line per refused sender this often
 MAX_SPANS_PER_REQUEST = 10_000
@@ -78,7 +79,7 @@ class _Handler(BodyReader, BaseHTTPRequestHandler):
         try:
             route = ROUTES.get(self.path.split("?", 1)[0])
             if route is None:
-                self._answer(404, kind, decode.error_body(kind, 5, f"not found: POST {PATH}"))
+                self._answer(404, kind, decode.error_body(kind, 5, f"not found: POST {PATH} or {logs.PATH}"))
                 return
             kind = decode.media_type(self.headers.get("Content-Type"))
             ident = self._admit(srv, kind)
@@ -124,7 +125,10 @@ class _Handler(BodyReader, BaseHTTPRequestHandler):
                      extra=(("WWW-Authenticate", 'Bearer realm="agent-watchdog"'),))
         return None
 
-    def _traces(self, srv: "OtlpServer", kind: str, ident: Identity) -> None:
+    def _logs(self, srv: "OtlpServer", kind: str, ident: Identity) -> None:
+        self._traces(srv, kind, ident, logs_route=True)
+
+    def _traces(self, srv: "OtlpServer", kind: str, ident: Identity, logs_route: bool = False) -> None:
         body = self._body(srv.max_bytes)
         self.server.deadlines.clear(self.connection)  # type: ignore[attr-defined]  # ours is the time from here
         encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
@@ -132,9 +136,12 @@ class _Handler(BodyReader, BaseHTTPRequestHandler):
             body = decode.gunzip(body, srv.max_bytes)
         elif encoding not in ("identity", ""):
             raise decode.Unsupported(f"Content-Encoding {encoding!r}: expected gzip or none")
-        resources, dropped = decode.decode(body, kind, MAX_SPANS_PER_REQUEST)
-        groups = mapping.groups(resources)
-        outcome = srv.receiver.ingest(groups, self._peer(), ident)
+        if logs_route:  # the coding CLIs' log events: the session's run is the kernel-named sender's
+            records, dropped = logs.decode_logs(body, kind, MAX_SPANS_PER_REQUEST)
+            outcome = srv.logs.ingest(logs.sessions(records), self._peer())
+        else:
+            resources, dropped = decode.decode(body, kind, MAX_SPANS_PER_REQUEST)
+            outcome = srv.receiver.ingest(mapping.groups(resources), self._peer(), ident)
         if dropped:
             outcome.refuse(dropped, f"more than {MAX_SPANS_PER_REQUEST} spans in one request")
         srv.count(outcome.accepted, outcome.rejected)
@@ -176,6 +183,7 @@ class OtlpServer:
         self.sealer = sealer
         self.auth = Authenticator(config, sealer)  # a bad tokens file: ConfigError (one line, the key)
         self.receiver = Receiver(engine, config, sealer, host)
+        self.logs = logs.LogsReceiver(engine, host)
         self._refused_at: dict[object, float] = {}
         self._server: Server | None = None
         self._thread: threading.Thread | None = None

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from watchdog.daemon.batch import Batch
 
 # The sources whose runs end by silence: witnesses outside the run's process.
-SPAN_ONLY = frozenset({lc.Source.OTLP})
+# A coding CLI's hook session (source hook) is one too: nothing says when a human left the
+# terminal, and an idle session is not a hung agent (no heartbeat_timeout alert).
+SPAN_ONLY = frozenset({lc.Source.OTLP, lc.Source.HOOK})
 
 
 def silent(row, budgets: Budgets, now: dt.datetime) -> bool:

@@ -1,0 +1,149 @@
+"""`agent-watchdog hook install`'s merges (pure: the settings as data or text, and temp files) and
+the hook protocols' parsing and answers, as each CLI's version takes them."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+
+from watchdog.gateways.hooks import install, protocols
+from watchdog.gateways.hooks.main import answer, parse_args
+
+CMD = "agent-watchdog hook claude-code --agent dev"
+
+
+def test_claude_settings_keep_every_key_and_hook_of_the_user():
+    mine = {"model": "opus", "permissions": {"allow": ["Bash(ls)"]},
+            "env": {"OTEL_LOGS_EXPORTER": "console"},
+            "hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "lint.sh"}]}],
+                      "Stop": [{"hooks": [{"type": "command", "command": "notify.sh"}]}]}}
+    merged, changes, kept = install.merge_json("claude-code", mine, CMD, otlp="http://127.0.0.1:4318")
+    assert merged["model"] == "opus" and merged["permissions"] == mine["permissions"]
+    assert merged["hooks"]["Stop"] == mine["hooks"]["Stop"]
+    pre = merged["hooks"]["PreToolUse"]
+    assert pre[0] == mine["hooks"]["PreToolUse"][0] and pre[1]["hooks"][0]["command"] == CMD
+    assert set(merged["hooks"]) == {"PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop"}
+    # The user's own exporter choice is kept (and said so); the keys they did not set are added.
+    assert merged["env"]["OTEL_LOGS_EXPORTER"] == "console" and any("OTEL_LOGS_EXPORTER" in k for k in kept)
+    assert merged["env"]["OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"] == "http://127.0.0.1:4318/v1/logs"
+    assert len(changes) == 3 + 3  # three hook events, three env keys
+    assert mine["hooks"]["PreToolUse"] == [{"matcher": "Bash", "hooks": [{"type": "command", "command": "lint.sh"}]}]
+
+
+@pytest.mark.parametrize("cli", ["claude-code", "gemini"])
+def test_json_merge_is_idempotent(cli):
+    once, changes, _ = install.merge_json(cli, {}, CMD, otlp="http://127.0.0.1:4318")
+    twice, again, kept = install.merge_json(cli, once, CMD, otlp="http://127.0.0.1:4318")
+    assert changes and twice == once and again == [] and kept
+
+
+def test_gemini_events_and_telemetry():
+    merged, _, _ = install.merge_json("gemini", {"telemetry": {"enabled": False}}, CMD, otlp="http://h:4318/")
+    assert set(merged["hooks"]) == {"BeforeTool", "AfterTool"}
+    assert merged["hooks"]["BeforeTool"][0]["hooks"][0]["timeout"] == install.HOOK_TIMEOUT_S * 1000  # ms
+    assert merged["telemetry"] == {"enabled": False, "target": "local", "otlpProtocol": "http",
+                                   "otlpEndpoint": "http://h:4318"}  # the user's `enabled` kept
+
+
+def test_a_hooks_value_we_do_not_understand_is_left_alone():
+    with pytest.raises(ValueError):
+        install.merge_json("claude-code", {"hooks": ["odd"]}, CMD)
+
+
+def test_codex_toml_text_is_kept_byte_for_byte_and_the_merge_is_idempotent():
+    mine = '# my codex\nmodel = "o3"\n\n[[hooks.PreToolUse]]\nmatcher = "^Bash$"\n\n' \
+           '[[hooks.PreToolUse.hooks]]\ntype = "command"\ncommand = "policy.py"\n'
+    text, changes, _ = install.merge_toml_text(mine, CMD, otlp="http://127.0.0.1:4318")
+    assert text.startswith(mine) and len(changes) == 3
+    data = tomllib.loads(text)
+    assert [h["hooks"][0]["command"] for h in data["hooks"]["PreToolUse"]] == ["policy.py", CMD]
+    assert data["otel"]["exporter"]["otlp-http"]["endpoint"] == "http://127.0.0.1:4318/v1/logs"
+    again, more, kept = install.merge_toml_text(text, CMD, otlp="http://127.0.0.1:4318")
+    assert again == text and more == [] and len(kept) == 3
+
+
+def test_plan_and_apply_on_files(tmp_path):
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps({"theme": "dark"}))
+    p = install.plan("claude-code", project=str(tmp_path), user=False, command=CMD)
+    assert p.path == settings and p.changed and json.loads(settings.read_text()) == {"theme": "dark"}  # not yet
+    install.apply(p)
+    assert json.loads(settings.read_text())["theme"] == "dark"
+    assert not install.plan("claude-code", project=str(tmp_path), user=False, command=CMD).changed
+    codex = install.plan("codex", project=None, user=True, command=CMD, home=str(tmp_path))
+    assert codex.path == tmp_path / ".codex" / "config.toml" and codex.before is None
+
+
+def test_hook_events_parse_for_each_cli():
+    pre = protocols.parse(json.dumps({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+                                      "tool_input": {"command": "ls"}, "tool_use_id": "toolu_1"}))
+    assert (pre.phase, pre.tool, pre.call_id, pre.failed) == (protocols.PRE, "Bash", "toolu_1", False)
+    failed = protocols.parse(json.dumps({"session_id": "s", "hook_event_name": "PostToolUseFailure",
+                                         "tool_name": "Bash", "tool_input": {}}))
+    assert (failed.phase, failed.failed) == (protocols.POST, True)
+    after = protocols.parse(json.dumps({"session_id": "s", "hook_event_name": "AfterTool",
+                                        "tool_name": "run_shell_command", "tool_response": {"error": "boom"}}))
+    assert (after.phase, after.failed) == (protocols.POST, True)
+    with pytest.raises(ValueError):
+        protocols.parse("[1]")
+
+
+def test_refusals_in_each_protocol():
+    claude = json.loads(protocols.deny("claude-code", "PreToolUse", "agent-watchdog: x", end_session=True).stdout)
+    assert claude["hookSpecificOutput"]["permissionDecision"] == "deny" and claude["continue"] is False
+    codex = json.loads(protocols.deny("codex", "PreToolUse", "agent-watchdog: x", end_session=True).stdout)
+    assert "continue" not in codex and "stopReason" not in codex  # Codex 0.171 fails such an answer open
+    gemini = json.loads(protocols.deny("gemini", "BeforeTool", "agent-watchdog: x", end_session=True).stdout)
+    assert (gemini["decision"], gemini["continue"], gemini["stopReason"]) == ("deny", False, "agent-watchdog: x")
+
+
+def test_bad_input_fails_open_unless_fail_closed():
+    opts = parse_args(["claude-code"])
+    assert opts["agent"] == "claude-code"
+    open_ = answer(opts, "not json")
+    assert (open_.exit_code, open_.stdout) == (0, "") and open_.stderr.count("\n") == 1
+    closed = answer(parse_args(["claude-code", "--fail-closed"]), "not json")
+    assert "agent-watchdog: refused (--fail-closed)" in json.loads(closed.stdout)["hookSpecificOutput"][
+        "permissionDecisionReason"]
+    with pytest.raises(ValueError):
+        parse_args(["cursor"])
+    # A session event the hook does not judge passes without touching any store.
+    assert answer(opts, json.dumps({"hook_event_name": "SessionStart", "session_id": "s"})).stdout == ""
+
+
+def test_claude_codes_recorded_log_events_map_to_steps_and_the_hooks_call_ids():
+    """tests/clis/recorded/: what Claude Code 2.1.197 exported for a session of three Bash calls."""
+    from pathlib import Path
+
+    from watchdog.daemon.otlp import logs
+
+    body = (Path(__file__).resolve().parents[1] / "clis" / "recorded" / "claude-code-2.1.197-logs.json").read_bytes()
+    records, dropped = logs.decode_logs(body, "application/json", 1000)
+    assert dropped == 0 and {name for _, name, _ in records} >= {"claude_code.api_request", "claude_code.tool_result"}
+    (session,) = logs.sessions(records)
+    assert (session.cli, session.agent) == ("claude-code", "claude-code")
+    steps = [c for c in session.calls if c.kind == "step"]
+    tools = [c for c in session.calls if c.kind == "tool"]
+    assert [(s.model, s.tokens_in, s.tokens_out) for s in steps] == [("claude-opus-4-8", 100, 20)] * 3
+    assert [(t.tool, t.ok, t.call_id) for t in tools] == [
+        ("Bash", True, f"hook:claude-code:toolu_000{n}") for n in (1, 2, 3)]
+
+
+def test_codexs_recorded_log_events_map_to_steps_from_completed_responses():
+    """tests/clis/recorded/: Codex 0.171.0 for three exec_command calls (the tokens on
+    codex.sse_event response.completed, the tool results keyed by call_id)."""
+    from pathlib import Path
+
+    from watchdog.daemon.otlp import logs
+
+    body = (Path(__file__).resolve().parents[1] / "clis" / "recorded" / "codex-0.171.0-logs.json").read_bytes()
+    records, _ = logs.decode_logs(body, "application/json", 1000)
+    (session,) = logs.sessions(records)
+    assert session.cli == "codex" and session.session_id.startswith("01a24f9b")
+    steps = [c for c in session.calls if c.kind == "step"]
+    tools = [c for c in session.calls if c.kind == "tool"]
+    assert [(s.tokens_in, s.tokens_out) for s in steps] == [(100, 20)] * len(steps) and len(steps) >= 3
+    assert [t.call_id for t in tools][:3] == [f"hook:codex:call_000{n}" for n in (1, 2, 3)]

@@ -1,0 +1,183 @@
+"""`POST /v1/logs`: the coding CLIs' OpenTelemetry log events as steps and tool calls of their
+session's run (the same run `agent-watchdog hook` records, watchdog.core.sessions).
+
+Mapped (names as Claude Code 2.1.197 exports them, recorded in tests/clis/recorded/):
+- `claude_code.api_request` (`session.id`, `model`, `input_tokens`, `output_tokens`,
+  `cache_read_tokens`): a step, priced from its model like any step (unpriced until the tick's
+  backfill prices it). Codex 0.171 (name in `event.name`, no body; keyed by `conversation.id`)
+  puts a turn's tokens on `codex.sse_event` with `event.kind = response.completed`
+  (`input_token_count`, `output_token_count`), not on `codex.api_request`: that one is the step.
+  `gemini_cli.api_response` is mapped like Claude Code's, unchecked against the real CLI;
+- `claude_code.tool_result` (`tool_name`, `tool_use_id`, `success`), `codex.tool_result`
+  (`call_id`, its model-side tool name `exec_command`), `gemini_cli.tool_call`: a tool call,
+  with call id `hook:<cli>:<tool use id>` — the id the hook gave the same call, so a call both
+  saw counts once (the hook's tool name stands: Codex's hooks call it `Bash`).
+Other events (prompts, decisions) are progress only. The sender is the kernel's: the session's
+run is the one of the loopback peer's Unix user; a sender the kernel does not place (not local)
+gets its events refused, as no user's run can be named for it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.sessions import EVENT_PREFIXES, MAX_GENERATIONS, run_id_for
+from watchdog.daemon.otlp import sender
+from watchdog.daemon.otlp.decode import BadRequest, _get, _j_attrs, _j_value, _list, _pb_attrs, _pb_value
+from watchdog.daemon.otlp.ingest import Outcome
+from watchdog.store import witness
+from watchdog.store.engine import Engine
+
+PATH = "/v1/logs"
+_STEP_EVENTS = {"api_request", "api_response"}
+_TOOL_EVENTS = {"tool_result", "tool_call"}
+
+
+@dataclass
+class Session:
+    cli: str
+    session_id: str
+    agent: str
+    calls: list[witness.WitnessedCall] = field(default_factory=list)
+    records: int = 0
+
+
+def decode_logs(body: bytes, kind: str, max_records: int) -> tuple[list[tuple[dict[str, Any], str, dict[str, Any]]], int]:
+    """[(resource attributes, event name, attributes)] of an ExportLogsServiceRequest, and how
+    many records were dropped past `max_records`."""
+    out: list[tuple[dict[str, Any], str, dict[str, Any]]] = []
+    dropped = 0
+    if kind.endswith("json"):
+        try:
+            req = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise BadRequest("not valid JSON") from None
+        if not isinstance(req, dict):
+            raise BadRequest("expected a JSON object (ExportLogsServiceRequest)")
+        for rl in _list(_get(req, "resourceLogs", "resource_logs")):
+            resource = rl.get("resource") if isinstance(rl, dict) else None
+            res = _j_attrs(resource.get("attributes")) if isinstance(resource, dict) else {}
+            for sl in _list(_get(rl, "scopeLogs", "scope_logs") if isinstance(rl, dict) else None):
+                for r in _list(_get(sl, "logRecords", "log_records") if isinstance(sl, dict) else None):
+                    if not isinstance(r, dict):
+                        continue
+                    if len(out) >= max_records:
+                        dropped += 1
+                        continue
+                    attrs = _j_attrs(r.get("attributes"))
+                    out.append((res, _name(_j_value(r.get("body")), attrs), attrs))
+        return out, dropped
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    pb = ExportLogsServiceRequest()
+    try:
+        pb.ParseFromString(body)
+    except (DecodeError, ValueError, RecursionError) as exc:
+        raise BadRequest(f"not an ExportLogsServiceRequest in protobuf ({type(exc).__name__})") from None
+    for prl in pb.resource_logs:
+        res = _pb_attrs(prl.resource.attributes)
+        for psl in prl.scope_logs:
+            for pr in psl.log_records:
+                if len(out) >= max_records:
+                    dropped += 1
+                    continue
+                attrs = _pb_attrs(pr.attributes)
+                out.append((res, _name(_pb_value(pr.body), attrs), attrs))
+    return out, dropped
+
+
+def _name(body: Any, attrs: dict[str, Any]) -> str:
+    """`claude_code.tool_result` from the body, else from event.name (which lacks the prefix)."""
+    if isinstance(body, str) and any(body.startswith(p) for p in EVENT_PREFIXES):
+        return body[:128]
+    return str(attrs.get("event.name") or "")[:128]
+
+
+def _int(v: Any) -> int | None:
+    try:
+        n = int(float(v))
+    except (TypeError, ValueError):
+        return None
+    return n if 0 <= n < 1 << 40 else None
+
+
+def sessions(records: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> list[Session]:
+    """The records grouped by (CLI, session), as witnessed calls (pure)."""
+    by: dict[tuple[str, str], Session] = {}
+    for res, name, attrs in records:
+        cli = next((c for p, c in EVENT_PREFIXES.items() if name.startswith(p)), None)
+        if cli is None:
+            continue
+        sid = attrs.get("session.id") or attrs.get("conversation.id") or res.get("session.id")
+        if not isinstance(sid, str) or not sid:
+            continue
+        # The agent `hook install --otlp` names in the resource (the hook's --agent), else the CLI's.
+        agent = res.get("agent_watchdog.agent") or res.get("gen_ai.agent.name") or cli
+        s = by.setdefault((cli, sid[:200]), Session(cli, sid[:200], str(agent)[:128]))
+        s.records += 1
+        event = name.split(".", 1)[1]
+        if event == "sse_event" and attrs.get("event.kind") != "response.completed":
+            continue  # Codex's stream events: only a completed response carries the turn's tokens
+        if event in _STEP_EVENTS or event == "sse_event":
+            tin = _int(attrs.get("input_tokens", attrs.get("input_token_count")))
+            tout = _int(attrs.get("output_tokens", attrs.get("output_token_count")))
+            if tin is None and tout is None:
+                continue  # an API request event without tokens (Codex's carry them on sse events)
+            s.calls.append(witness.WitnessedCall(kind=lc.EventKind.STEP, model=str(attrs.get("model") or "")[:128] or None,
+                                                 tokens_in=tin or 0, tokens_out=tout or 0,
+                                                 cached_tokens_in=_int(attrs.get("cache_read_tokens",
+                                                                                 attrs.get("cached_token_count")))))
+        elif event in _TOOL_EVENTS:
+            use_id = attrs.get("tool_use_id") or attrs.get("call_id") or attrs.get("function_call_id")
+            ok = str(attrs.get("success", "true")).lower() not in ("false", "0")
+            s.calls.append(witness.WitnessedCall(
+                kind=lc.EventKind.TOOL, tool=str(attrs.get("tool_name") or attrs.get("function_name") or "?")[:200],
+                ok=ok, error_class=None if ok else "ToolError",
+                call_id=f"hook:{cli}:{str(use_id)[:100]}" if use_id else None))
+    return list(by.values())
+
+
+class LogsReceiver:
+    """Folds log events into the sessions' runs, in one short transaction per request."""
+
+    def __init__(self, engine: Engine, host: str) -> None:
+        self.engine = engine
+        self.host = host
+        self._lock = threading.Lock()
+
+    def ingest(self, found: list[Session], peer: sender.Peer) -> Outcome:
+        out = Outcome()
+        if peer.uid is None:
+            for s in found:
+                out.refuse(s.records, "the sender is not a local process: its session's run cannot be named")
+            return out
+        with self._lock, self.engine.begin() as conn:
+            now = witness.store_now(conn)
+            for s in found:
+                rid = self._run(conn, s, peer.uid, now)
+                if rid is None:
+                    out.refuse(s.records, f"session {s.session_id[:40]}: no active run")
+                    continue
+                witness.append(conn, rid, s.calls, source=lc.Source.OTLP, now=now)
+                out.accepted += s.records
+        return out
+
+    def _run(self, conn: Any, s: Session, uid: int, now: Any) -> str | None:
+        for gen in range(MAX_GENERATIONS):
+            rid = run_id_for(s.cli, s.session_id, gen, uid)
+            ref = witness.run_ref(conn, rid)
+            if ref is None:
+                witness.create_run(conn, run_id=rid, agent=s.agent, source=lc.Source.OTLP, host=self.host,
+                                   kill_mode=lc.KillMode.COOPERATIVE, labels={"cli": s.cli, "session": s.session_id},
+                                   now=now)
+                return rid
+            if ref.status in lc.ACTIVE_STATUSES:
+                return rid
+            if ref.status != lc.Status.COMPLETED:
+                return None  # stopped: its events are refused like its calls
+        return None

@@ -1,0 +1,137 @@
+"""The hook's decision for one tool call of a coding CLI's session, whatever the CLI.
+
+A session (the CLI's `session_id`) is one run, `source = "hook"`, found again at every call by
+its id: derived from the CLI, the Unix user and the session id (the session id is the CLI's
+claim; the user is the kernel's, so another user's session of the same id is another run). A
+run that ended by silence (an idle session, ended `completed` by the daemon) is followed by the
+next generation's run.
+
+Before a call: refused when the run is stopped (any reason), paused (until `resume`), or when
+the call would break a budget (the SDK's guard, fed the store's counters: tool calls, identical
+calls, oscillation, wall clock); otherwise counted before it runs. After a call: its failure
+counts on the run's errors.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from watchdog.core import budgets as bud
+from watchdog.core import lifecycle as lc
+from watchdog.core import pause as ap
+from watchdog.core.clock import utcnow
+from watchdog.core.config import Config
+from watchdog.core.records import hash_args
+from watchdog.core.sessions import MAX_GENERATIONS
+from watchdog.core.sessions import run_id_for as _run_id
+from watchdog.errors import RunKilled
+from watchdog.sdk.guards import Guard
+from watchdog.store import hooks as store
+
+from watchdog.gateways.hooks.protocols import PRE, HookEvent
+
+PREFIX = "agent-watchdog:"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    reason: str = ""  # begins PREFIX when refused
+    end_session: bool = False
+    run_id: str | None = None
+
+
+def run_id_for(cli: str, session_id: str, generation: int, uid: int | None = None) -> str:
+    return _run_id(cli, session_id, generation, os.getuid() if uid is None else uid)
+
+
+def _over(state: Any) -> bool:
+    """The run ended by silence (or its writer): the session's next call starts the next run."""
+    return state.status in lc.END_STATUSES and (state.stop_reason in (None, lc.StopReason.HEARTBEAT_TIMEOUT))
+
+
+def _session(engine: Any, cli: str, agent: str, session_id: str) -> tuple[str, Any]:
+    """(run id, state) of the session's current run, created when it has none."""
+    for gen in range(MAX_GENERATIONS):
+        rid = run_id_for(cli, session_id, gen)
+        state = store.session_run(engine, rid)
+        if state is None:
+            store.open_session(engine, rid, agent=agent, host=socket.gethostname(),
+                               labels={"cli": cli, "session": session_id[:200]})
+            state = store.session_run(engine, rid)
+            if state is None:  # pragma: no cover — created a moment ago
+                raise RuntimeError(f"run {rid} vanished")
+            return rid, state
+        if not _over(state):
+            return rid, state
+    raise RuntimeError(f"session {session_id[:40]!r}: more than {MAX_GENERATIONS} runs")
+
+
+def paused(run_id: str, reason: str | None) -> str:
+    why = f" ({reason})" if reason else ""
+    return (f"{PREFIX} run {run_id[:8]} paused: waiting for approval{why}; "
+            f"a human may let it go on: agent-watchdog resume {run_id[:8]}")
+
+
+def refused(reason: str, detail: str | None, run_id: str) -> str:
+    tail = f": {detail}" if detail else ""
+    return f"{PREFIX} run {run_id[:8]} stopped: {reason}{tail}"
+
+
+def before_tool(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEvent,
+                now: dt.datetime | None = None) -> Verdict:
+    """Whether the call may run; counted when it may."""
+    rid, state = _session(engine, cli, agent, ev.session_id or "no-session")
+    if state.status == lc.Status.PAUSED:
+        return Verdict(False, paused(rid, state.stop_reason), False, rid)
+    if state.status != lc.Status.RUNNING:
+        return Verdict(False, refused(state.stop_reason or state.status, state.stop_detail, rid), True, rid)
+    budgets = bud.for_run(store.judged_by(engine, config).profile(state.agent), state.row())
+    guard = Guard(budgets.to_json())
+    args_hash = hash_args(ev.tool_input if ev.tool_input is not None else {}, tool=ev.tool)
+    same, recent = store.signatures(engine, rid, ev.tool, args_hash)
+    guard.used["tool_calls"] = state.tool_calls
+    sig = (ev.tool, args_hash)
+    guard.signatures[sig] = same
+    guard.recent.extend(recent)
+    started = state.started_at or utcnow()
+    elapsed_s = max(0.0, ((now or utcnow()) - started).total_seconds())
+    try:
+        guard.before_tool(ev.tool, args_hash, elapsed_s)
+    except RunKilled as stop:
+        detail = stop.detail.replace("in-process guard", "agent-watchdog hook")
+        if ap.pauses(budgets, stop.reason) and store.pause(engine, rid, reason=stop.reason, detail=detail):
+            return Verdict(False, paused(rid, stop.reason), False, rid)  # held until resume: the session goes on
+        store.end_stopped(engine, rid, reason=stop.reason, detail=detail)
+        return Verdict(False, refused(stop.reason, detail, rid), True, rid)
+    call_id = f"hook:{cli}:{ev.call_id}" if ev.call_id else None
+    if not store.count_call(engine, rid, tool=ev.tool, args_hash=args_hash, call_id=call_id):
+        again = store.session_run(engine, rid)  # stopped between the read and the count
+        reason = (again.stop_reason or again.status) if again else "gone"
+        return Verdict(False, refused(reason, again.stop_detail if again else None, rid), True, rid)
+    return Verdict(True, run_id=rid)
+
+
+def after_tool(engine: Any, *, cli: str, ev: HookEvent) -> None:
+    """A call that ran: its failure counts on the run (its success was counted before it ran)."""
+    if not ev.failed:
+        return
+    for gen in range(MAX_GENERATIONS):
+        rid = run_id_for(cli, ev.session_id or "no-session", gen)
+        state = store.session_run(engine, rid)
+        if state is None:
+            return
+        if not _over(state):
+            store.count_error(engine, rid)
+            return
+
+
+def decide(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEvent) -> Verdict:
+    if ev.phase == PRE:
+        return before_tool(engine, config, cli=cli, agent=agent, ev=ev)
+    after_tool(engine, cli=cli, ev=ev)
+    return Verdict(True)

@@ -1,0 +1,97 @@
+"""Each coding CLI's hook protocol: what its event's JSON says, and how a refusal is answered.
+
+Checked against the CLIs the tests run (tests/clis/package-lock.json) and their hook docs:
+
+- Claude Code (docs.anthropic.com/en/docs/claude-code/hooks): events PreToolUse, PostToolUse,
+  PostToolUseFailure; stdin `session_id`, `hook_event_name`, `tool_name`, `tool_input`,
+  `tool_use_id`, `tool_response`. A refusal is exit 0 with JSON on stdout:
+  `hookSpecificOutput.permissionDecision = "deny"` + `permissionDecisionReason` (the model reads
+  it), and `continue: false` + `stopReason` is to end the session — but Claude Code 2.1.197
+  ignores `continue` on a PreToolUse answer that denies (it ends the session only after a call
+  it let run), so the session goes on and each further call is refused the same way.
+- Codex CLI (developers.openai.com/codex/hooks; the JSON schemas `pre-tool-use.command.input|output`
+  inside the 0.171 binary): `[[hooks.PreToolUse]]` / `[[hooks.PostToolUse]]` in config.toml, the
+  same stdin fields (`tool_use_id`, `turn_id`, `agent_id` for a sub-agent) and the same deny JSON.
+  Unlike Claude Code, its PreToolUse rejects `continue` / `stopReason` (the hook counts as failed
+  and the call runs), so a refusal there never carries them. Hooks run only once trusted (`/hooks`
+  in the TUI) or with `codex exec --dangerously-bypass-hook-trust`.
+- Gemini CLI (geminicli.com/docs/hooks/reference): events BeforeTool, AfterTool in settings.json;
+  stdin `session_id`, `hook_event_name`, `tool_name`, `tool_input`, `tool_response`; a refusal is
+  `decision: "deny"` + `reason`, and `continue: false` + `stopReason` stops the agent loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PRE, POST, OTHER = "pre", "post", "other"
+CLIS = ("claude-code", "codex", "gemini")
+
+_PRE_EVENTS = {"PreToolUse", "BeforeTool"}
+_POST_EVENTS = {"PostToolUse", "AfterTool"}
+_FAILED_EVENTS = {"PostToolUseFailure"}
+
+
+@dataclass(frozen=True)
+class HookEvent:
+    """One hook call as the CLI described it (a claim: it names the session, never who we are)."""
+
+    phase: str  # PRE | POST | OTHER
+    event: str
+    session_id: str
+    tool: str
+    tool_input: Any
+    call_id: str | None
+    failed: bool  # POST: the tool reported an error
+
+
+def parse(raw: str) -> HookEvent:
+    """The event on stdin; ValueError if it is not a JSON object."""
+    data = json.loads(raw or "{}")
+    if not isinstance(data, dict):
+        raise ValueError("the hook's input is not a JSON object")
+    name = str(data.get("hook_event_name") or "")
+    phase = PRE if name in _PRE_EVENTS else POST if name in _POST_EVENTS | _FAILED_EVENTS else OTHER
+    call_id = data.get("tool_use_id") or data.get("tool_call_id") or data.get("call_id")
+    return HookEvent(phase=phase, event=name, session_id=str(data.get("session_id") or "")[:200],
+                     tool=str(data.get("tool_name") or "?")[:200], tool_input=data.get("tool_input"),
+                     call_id=str(call_id)[:100] if call_id else None,
+                     failed=name in _FAILED_EVENTS or _failed(data.get("tool_response")))
+
+
+def _failed(response: Any) -> bool:
+    """Whether a tool's response says it failed (the CLIs differ: is_error, error, success)."""
+    if not isinstance(response, dict):
+        return False
+    if response.get("is_error") is True or response.get("success") is False:
+        return True
+    err = response.get("error")
+    return bool(err) and err is not None
+
+
+@dataclass(frozen=True)
+class Answer:
+    stdout: str
+    stderr: str
+    exit_code: int
+
+
+def allow() -> Answer:
+    return Answer("", "", 0)
+
+
+def deny(cli: str, event: str, reason: str, *, end_session: bool) -> Answer:
+    """A refused call in `cli`'s protocol: the model reads `reason`; `end_session` ends the session
+    where the CLI can (continue: false)."""
+    if cli == "gemini":
+        out: dict[str, Any] = {"decision": "deny", "reason": reason}
+    else:
+        out = {"hookSpecificOutput": {"hookEventName": event or "PreToolUse", "permissionDecision": "deny",
+                                      "permissionDecisionReason": reason}}
+    # Codex 0.171 fails (and so lets through) a PreToolUse answer carrying continue or stopReason
+    # ("PreToolUse hook returned unsupported continue:false"): it gets the refusal alone.
+    if end_session and cli != "codex":
+        out.update({"continue": False, "stopReason": reason})
+    return Answer(json.dumps(out), "", 0)

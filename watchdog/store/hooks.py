@@ -1,0 +1,95 @@
+"""What `agent-watchdog hook` (watchdog.gateways.hooks) reads and writes for a coding CLI's session.
+
+The hook is a new process for every tool call, so nothing lives in memory between calls: each
+call reads its session's run (status, counters, own budgets, the profiles the daemon
+published), how often this very call (tool + args hash) was made before and the last calls'
+signatures (loops), then counts the call before it runs (witness.append: the event and the
+run's counters in one transaction). The run is the hook's own (`source = 'hook'`): on
+PostgreSQL its row belongs to the login the hook connects as, and only that login moves it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from watchdog.core import lifecycle as lc
+from watchdog.core.config import Config
+from watchdog.store import statuses, witness
+from watchdog.store.joined import RunState, run_state
+from watchdog.store.schema import events, runs
+from watchdog.store.views import published_profiles
+
+RECENT_CALLS = 3  # the last signatures the oscillation check (A-B-A-B) needs besides this call
+
+
+def session_run(engine: Engine, run_id: str) -> RunState | None:
+    """The session's run, or None before its first tool call."""
+    return run_state(engine, run_id)
+
+
+def judged_by(engine: Engine, config: Config) -> Config:
+    """`config` with the profiles the daemon published in the store (what it enforces)."""
+    with engine.connect() as conn:
+        return published_profiles(conn, config)
+
+
+def open_session(engine: Engine, run_id: str, *, agent: str, host: str, labels: dict[str, Any]) -> bool:
+    """Create the session's run (running, source hook); False if another hook call of the same
+    session created it first (two tools called at once)."""
+    try:
+        with engine.begin() as conn:
+            witness.create_run(conn, run_id=run_id, agent=agent, source=lc.Source.HOOK, host=host,
+                               kill_mode=lc.KillMode.COOPERATIVE, labels=labels, now=witness.store_now(conn))
+        return True
+    except IntegrityError:
+        return False
+
+
+def signatures(engine: Engine, run_id: str, tool: str, args_hash: str) -> tuple[int, list[tuple[str, str]]]:
+    """(how many tool calls of the run had this tool and args hash, the last RECENT_CALLS
+    (tool, args hash) oldest first)."""
+    with engine.connect() as conn:
+        same = conn.execute(select(func.count()).select_from(events).where(and_(
+            events.c.run_id == run_id, events.c.kind == lc.EventKind.TOOL, events.c.tool == tool,
+            events.c.args_hash == args_hash))).scalar()
+        recent = conn.execute(select(events.c.tool, events.c.args_hash).where(and_(
+            events.c.run_id == run_id, events.c.kind == lc.EventKind.TOOL))
+            .order_by(events.c.seq.desc()).limit(RECENT_CALLS)).all()
+    return int(same or 0), [(r[0] or "", r[1] or "") for r in reversed(recent)]
+
+
+def count_call(engine: Engine, run_id: str, *, tool: str, args_hash: str, call_id: str | None) -> bool:
+    """One tool call, counted before it runs (ok unknown yet); False if the run is not active."""
+    call = witness.WitnessedCall(kind=lc.EventKind.TOOL, tool=tool, args_hash=args_hash, call_id=call_id)
+    with engine.begin() as conn:
+        return witness.append(conn, run_id, [call], source=lc.Source.HOOK, now=witness.store_now(conn))
+
+
+def count_error(engine: Engine, run_id: str) -> None:
+    """A counted call's tool failed (its event is append-only: the run's error counter takes it)."""
+    with engine.begin() as conn:
+        conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status.in_(lc.ACTIVE_STATUSES)))
+                     .values(tool_errors=runs.c.tool_errors + 1))
+
+
+def end_stopped(engine: Engine, run_id: str, *, reason: str, detail: str) -> bool:
+    """The hook's guard refused a call: the run ends killed with that reason (as the SDK's
+    in-process guard ends its run), which the daemon alerts once. False if it was not running."""
+    with engine.begin() as conn:
+        now = witness.store_now(conn)
+        return statuses.move(conn, run_id, lc.Status.KILLED, was=lc.Status.RUNNING, stop_reason=reason,
+                             stop_detail=detail[:500], ended_at=now)
+
+
+def pause(engine: Engine, run_id: str, *, reason: str, detail: str) -> bool:
+    """The hook's guard found a breach its profile pauses on (`on_breach = "pause"`): running →
+    paused with that reason (the daemon records and alerts a pause it did not request; `resume`
+    lets the run go on with more). False if it was not running."""
+    with engine.begin() as conn:
+        now = witness.store_now(conn)
+        return statuses.move(conn, run_id, lc.Status.PAUSED, was=lc.Status.RUNNING, stop_reason=reason,
+                             stop_detail=detail[:500], paused_at=now)
