@@ -38,6 +38,7 @@ from watchdog.store.schema import runs  # noqa: E402
 CLIS = Path(__file__).resolve().parents[1] / "clis"
 BIN = CLIS / "node_modules" / ".bin"
 AW = str(Path(sys.executable).with_name("agent-watchdog"))
+OTLP_TOKEN = "coding-cli-otlp-token-7d1e9b20c4"
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
 
 OTLP: list[str] = []  # the daemon's OTLP/HTTP receiver, once the `store` fixture started it
@@ -65,7 +66,10 @@ def store(tmp_path_factory):
     migrate.upgrade(engine)
     cfg = folder / "watchdog.toml"
     port = free_port()
-    cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\n' + "".join(
+    tokens = folder / "otlp-tokens"  # the receiver refuses senders without a token (allow_anonymous = false)
+    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,claude-code owner=tests\n")
+    tokens.chmod(0o600)
+    cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
         + '[agents.cc-pause]\nmax_tool_calls = 2\non_breach = "pause"\n'
         + "[agents.cc-cost]\nmax_tool_calls = 40\nmax_cost_eur = 0.002\n")
@@ -143,7 +147,8 @@ def claude(tmp_path: Path, model: FakeModel, *, db: str, agent: str, max_turns: 
     env = home_env(tmp_path, ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-fake", DISABLE_TELEMETRY="1",
                    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
     out = install("claude-code", ["--project", str(proj)], env, "--agent", agent, "--hook-db", db,
-                  *(["--fail-closed"] if fail_closed else []), *(["--otlp", otlp] if otlp else []))
+                  *(["--fail-closed"] if fail_closed else []),
+                  *(["--otlp", otlp, "--otlp-token", OTLP_TOKEN] if otlp else []))
     env["OTEL_LOGS_EXPORT_INTERVAL"] = "200"  # ms: the events of a short session arrive before it ends
     assert "+ hooks.PreToolUse" in out
     done = subprocess.run([str(BIN / "claude"), "-p", "touch the markers", "--allowedTools", "Bash",

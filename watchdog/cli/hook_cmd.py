@@ -51,9 +51,12 @@ for _cli in CLIS:
 @click.option("--hook-db", "hook_db", help="Store URL written into the hook command (else the CLI's environment).")
 @click.option("--otlp", help="OTLP/HTTP base URL of the daemon's receiver (e.g. http://127.0.0.1:4318): "
                              "also turns the CLI's OpenTelemetry log export on.")
+@click.option("--otlp-token", "otlp_token", envvar="AGENT_WATCHDOG_OTLP_TOKEN", metavar="TOKEN",
+              help="A token of the daemon's [otlp] tokens_file: the CLI's log export sends it as "
+                   "`Authorization: Bearer` (Claude Code, Codex; Gemini: set OTEL_EXPORTER_OTLP_HEADERS).")
 @click.option("--exe", default="agent-watchdog", show_default=True, help="The command the CLI runs.")
 @click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
-def install_cmd(cli, project, user, agent, fail_closed, hook_db, otlp, exe, dry_run):
+def install_cmd(cli, project, user, agent, fail_closed, hook_db, otlp, otlp_token, exe, dry_run):
     """Merge agent-watchdog's hooks (and OTel export) into CLI's settings, never clobbering."""
     from watchdog.gateways.hooks import install
 
@@ -61,7 +64,8 @@ def install_cmd(cli, project, user, agent, fail_closed, hook_db, otlp, exe, dry_
         raise click.UsageError("give --project DIR or --user, not both")
     command = install.hook_command(cli, agent=agent, fail_closed=fail_closed, db=hook_db, exe=exe)
     try:
-        p = install.plan(cli, project=project, user=user, command=command, otlp=otlp, agent=agent)
+        p = install.plan(cli, project=project, user=user, command=command, otlp=otlp, agent=agent,
+                         token=otlp_token)
     except ValueError as exc:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
         raise click.ClickException(str(exc)) from None
     verb = "would change" if dry_run else "changed"

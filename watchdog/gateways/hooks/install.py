@@ -74,11 +74,18 @@ def _has_command(groups: Any, command: str) -> bool:
         for g in groups)
 
 
-def _otel_json(cli: str, otlp: str, agent: str | None) -> dict[str, Any]:
+def bearer_header(token: str) -> str:
+    """The exporter's header line (OTEL_EXPORTER_OTLP_*_HEADERS form) for the receiver's token."""
+    return f"Authorization=Bearer {token}"
+
+
+def _otel_json(cli: str, otlp: str, agent: str | None, token: str | None = None) -> dict[str, Any]:
     if cli == "claude-code":
         env = {"CLAUDE_CODE_ENABLE_TELEMETRY": "1", "OTEL_LOGS_EXPORTER": "otlp",
                "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL": "http/protobuf",
                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": otlp.rstrip("/") + "/v1/logs"}
+        if token:  # the receiver refuses senders without one (401) unless [otlp] allow_anonymous
+            env["OTEL_EXPORTER_OTLP_LOGS_HEADERS"] = bearer_header(token)
         if agent:  # the session's log events name the agent the hook records it under
             env["OTEL_RESOURCE_ATTRIBUTES"] = f"agent_watchdog.agent={agent}"
         return {"env": env}
@@ -87,7 +94,7 @@ def _otel_json(cli: str, otlp: str, agent: str | None) -> dict[str, Any]:
 
 
 def merge_json(cli: str, settings: dict[str, Any], command: str, otlp: str | None = None,
-               agent: str | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
+               agent: str | None = None, token: str | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
     """(new settings, changes, kept): `settings` with our hook on each tool event, and the OTel
     exporter keys that are not set yet. Never removes or rewrites a key that is there."""
     out = copy.deepcopy(settings)
@@ -110,7 +117,7 @@ def merge_json(cli: str, settings: dict[str, Any], command: str, otlp: str | Non
         groups.append({"matcher": MATCH_ALL[cli], "hooks": [entry]})
         changes.append(f"hooks.{event}: + {command}")
     if otlp:
-        for section, values in _otel_json(cli, otlp, agent).items():
+        for section, values in _otel_json(cli, otlp, agent, token).items():
             target = out.setdefault(section, {})
             if not isinstance(target, dict):
                 kept.append(f"{section} (not an object: left alone)")
@@ -121,7 +128,8 @@ def merge_json(cli: str, settings: dict[str, Any], command: str, otlp: str | Non
                         kept.append(f"{section}.{key} = {json.dumps(target[key])} (yours, kept)")
                     continue
                 target[key] = value
-                changes.append(f"{section}.{key} = {json.dumps(value)}")
+                shown = "Authorization=Bearer ***" if key.endswith("_HEADERS") else json.dumps(value)
+                changes.append(f"{section}.{key} = {shown}")  # a token is never printed
     return out, changes, kept
 
 
@@ -131,7 +139,8 @@ def _toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
 
 
-def merge_toml_text(text: str, command: str, otlp: str | None = None) -> tuple[str, list[str], list[str]]:
+def merge_toml_text(text: str, command: str, otlp: str | None = None,
+                    token: str | None = None) -> tuple[str, list[str], list[str]]:
     """Codex's config.toml with our `[[hooks.<event>]]` blocks (and `[otel]`) appended where they
     are missing; the user's text is kept byte for byte (tomllib only reads it)."""
     data = tomllib.loads(text) if text.strip() else {}
@@ -152,8 +161,9 @@ def merge_toml_text(text: str, command: str, otlp: str | None = None) -> tuple[s
             kept.append("[otel] (yours, kept)")
         else:
             endpoint = otlp.rstrip("/") + "/v1/logs"
+            headers = f'headers = {{ "Authorization" = {_toml_str("Bearer " + token)} }}\n' if token else ""
             blocks.append(f'[otel]\nlog_user_prompt = false\n\n[otel.exporter."otlp-http"]\n'
-                          f'endpoint = {_toml_str(endpoint)}\nprotocol = "binary"\n')
+                          f'endpoint = {_toml_str(endpoint)}\nprotocol = "binary"\n{headers}')
             changes.append(f"otel.exporter.otlp-http.endpoint = {endpoint}")
     if not blocks:
         return text, changes, kept
@@ -165,16 +175,16 @@ def merge_toml_text(text: str, command: str, otlp: str | None = None) -> tuple[s
 
 
 def plan(cli: str, *, project: str | None, user: bool, command: str, otlp: str | None = None,
-         home: str | None = None, agent: str | None = None) -> Plan:
+         home: str | None = None, agent: str | None = None, token: str | None = None) -> Plan:
     path = settings_path(cli, project=project, user=user, home=home)
     before = path.read_text(encoding="utf-8") if path.exists() else None
     if cli == "codex":
-        after, changes, kept = merge_toml_text(before or "", command, otlp)
+        after, changes, kept = merge_toml_text(before or "", command, otlp, token)
     else:
         current = json.loads(before) if before and before.strip() else {}
         if not isinstance(current, dict):
             raise ValueError(f"{path}: not a JSON object: not touching it")
-        merged, changes, kept = merge_json(cli, current, command, otlp, agent)
+        merged, changes, kept = merge_json(cli, current, command, otlp, agent, token)
         after = before if not changes and before is not None else json.dumps(merged, indent=2) + "\n"
     return Plan(path, before, after, changes, kept)
 
