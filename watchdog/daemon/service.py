@@ -67,6 +67,9 @@ class Daemon:
         if not self.killer.allowed_users:
             log.warning("[daemon] allowed_users is empty and the daemon's own user is a system account: no process "
                         "will be signalled (cooperative stops and alerts only); set allowed_users = [\"USER\", ...]")
+        from watchdog.daemon.signalcheck import warn_at_start  # issue 36: no CAP_KILL, said at start
+
+        self.signalable = warn_at_start(self.killer.allowed_users)
         from watchdog.daemon import dirs  # issue 19: the default directories exist for any user
 
         dirs.ensure(config.daemon)

@@ -20,7 +20,7 @@ from watchdog.core.interventions import Action
 from watchdog.core.messages import ACK_MARK, RunFacts, requested_stop_alert
 from watchdog.core.policies import evaluate, with_period
 from watchdog.core.seal import Sealer
-from watchdog.daemon import believe, ownstage
+from watchdog.daemon import believe, ownstage, redrive
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.ladder import due as ladder_due
@@ -50,7 +50,11 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
         acknowledge_stop(tk, row, f, budgets, now, batch)
     gone = (row.signal_stage in (None, *WAITING_STAGES) and tk.gone(row, this)
             and not tk.exec_trees.left(row))
-    if not gone and not ladder_due(row, now, tk.config.daemon, tk.killer.host):
+    redriven = None
+    if not gone and row.signal_stage == lc.Stage.REFUSED:  # issue 36: the operator's `kill` drives it again
+        with batch.run() as conn:
+            redriven = redrive.pending(tk.sealer, conn, row, tk.state.redriven)
+    if not gone and redriven is None and not ladder_due(row, now, tk.config.daemon, tk.killer.host):
         return  # nothing to do yet: no transaction (on SQLite, no write lock)
     batch.commit()  # first: on SQLite the batch holds the write lock this transaction needs
     with tk.engine.begin() as conn:  # its own transaction: it may signal a process
@@ -65,7 +69,9 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
                 confirmed=lambda: confirms(tk, this, conn, row, budgets),
                 remembered=tk.exec_trees.remembered(row.id),
                 own_evidence=None if own_evidence is None else lambda: own_evidence.justifies(
-                    conn, row, now, skip_clock=this.skip_clock))
+                    conn, row, now, skip_clock=this.skip_clock), redriven=redriven is not None)
+        if redriven is not None:
+            tk.state.redriven.add(redriven)  # once per redrive alert
         ownstage.remember(conn, tk.memory, row, row.signal_stage)
 
 
@@ -87,6 +93,8 @@ def sealed_stop(sealer: Sealer | None, conn: Connection, row: Any) -> bool:
         return False
     # On the caller's connection: a second one would wait for the write lock the caller holds.
     a = stop_alert(conn, row.id)
+    if redrive.sealed(sealer, conn, row) is not None:
+        return True  # an operator's sealed `kill` of the run while it was stopping (issue 36)
     if a is None or not isinstance(a.body, str) or ACK_MARK in a.body:
         return False
     return bool(sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at))
