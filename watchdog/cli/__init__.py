@@ -8,6 +8,7 @@ from watchdog.cli import alerts_cmd, pause_cmds, budgets_cmd, daemon_cmds, demo_
 from watchdog.cli import web_cmd  # noqa: F401,E402 — `agent-watchdog web` (issue 24)
 from watchdog.cli import exec_cmd  # noqa: F401 — registers `exec`
 from watchdog.cli import files_cmd  # noqa: F401 — issue 19: `files unit|config|roles`
+from watchdog.cli import status_cmd  # noqa: F401 — issue 36: `status`
 from watchdog.cli.app import main
 
 __all__ = ["main"]

@@ -23,6 +23,7 @@ def top_cmd(app, once, interval_s):
     from watchdog.store.viewer import published_state
     from watchdog.core.periods import zone
     from watchdog.store.ledger import period_report
+    from watchdog.store.daemon_status import banner
 
     interval_s = interval_s or app.config.daemon.tick_s
     while True:
@@ -32,6 +33,8 @@ def top_cmd(app, once, interval_s):
             periods = period_report(conn, profiles, now, published_state(conn, now))
             text = top.frame(top.rows(conn, profiles, now), now, periods=periods,
                              tz=zone(profiles.pricing.budget_tz))
+            warning = banner(conn)  # issue 36: the first line, when nothing judges these runs
+        text = f"{warning}\n{text}" if warning else text
         if once:
             click.echo(text)
             return

@@ -133,10 +133,20 @@ def runs_cmd(app, all_runs, limit, before, as_json, agent, status, label_filters
         records = views.list_runs(conn, app.judge_by(conn), utcnow(), all_runs=all_runs, limit=limit,
                                   before=before, on_bad_row=_warn_bad_row, agent=agent, status=status,
                                   labels=labels)
+        _no_daemon_banner(conn)
     if as_json:
         emit_json(records)
     else:
         click.echo(render.runs_table(records))
+
+
+def _no_daemon_banner(conn) -> None:
+    """issue 36: on stderr (--json stays valid), when no live daemon judges these runs."""
+    from watchdog.store.daemon_status import banner
+
+    text = banner(conn)
+    if text:
+        click.echo(text, err=True)
 
 
 def _warn_bad_row(run_id: str, error: Exception) -> None:

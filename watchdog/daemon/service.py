@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
-from watchdog.daemon import keyfile, outbox, sdnotify
+from watchdog.daemon import keyfile, outbox, sdnotify, whoami
 from watchdog.daemon.clock import MIN_JUMP_S, Jump, JumpDetector
 from watchdog.daemon.loop import Periodic
 from watchdog.daemon.attest import AttestServer
@@ -208,6 +208,8 @@ class Daemon:
             publish_value(conn, CONFIG_KEY, value, now)
         self._published_at = time.monotonic()
         self._published_value = json.loads(json.dumps(value))  # as it reads back (lists, not tuples)
+        if self.attest_server is not None:  # serving: its receivers' addresses are known (issue 36)
+            whoami.publish(self)
 
     def _settings_intact(self) -> bool:
         """One small read per tick: the settings row still holds what this daemon wrote."""
@@ -367,6 +369,7 @@ class Daemon:
             return 0
         self.start_attesting()
         self.start_otlp()
+        whoami.publish(self)  # for `agent-watchdog status`: now that its receivers listen
         jobs = [Periodic(name, fn, tick_s, self._stop, on_skip=skipped(name)).start()
                 for name, fn in (("tick", self.tick_job), ("deliver", self.deliver_job))]
         sdnotify.notify("READY=1", "STATUS=watching")
