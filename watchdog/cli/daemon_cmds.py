@@ -41,8 +41,7 @@ def run_cmd(app, once, verbose):
 
     store = open_daemon_store(app.db_url)  # SQLite checked now; a server that is down: _acquire waits for it
     check_allowed_users(app.config)  # before anything listens or a key is made
-    metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
-    daemon = Daemon(store, app.config, metrics=metrics)
+    daemon = Daemon(store, app.config)
     try:
         _acquire(daemon, app.db_url, retry=not once)
     except AlreadyRunning as exc:
@@ -51,6 +50,9 @@ def run_cmd(app, once, verbose):
         click.echo(f"agent-watchdog: {exc}", err=True)
         sys.exit(0)
     try:
+        # After the lease (issue 36): a second daemon says "already watching", not EADDRINUSE.
+        if app.config.metrics_listen:
+            daemon.metrics = _listen("[metrics] listen", app.config.metrics_listen, start_metrics)
         if once:
             rep = daemon.once()
             if rep is None:
@@ -61,6 +63,17 @@ def run_cmd(app, once, verbose):
         sys.exit(daemon.serve())
     finally:
         daemon.release()
+
+
+def _listen(key: str, listen: str, start):
+    """start(listen), a port that cannot be had in one line naming the key."""
+    from watchdog.errors import ConfigError
+
+    try:
+        return start(listen)
+    except OSError as exc:
+        raise ConfigError(f"{key} = {listen!r}: cannot listen there ({exc.strerror or exc}): choose a free "
+                          "port, or another daemon already listens on it") from None
 
 
 def _acquire(daemon, url: str, retry: bool):
