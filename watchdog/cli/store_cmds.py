@@ -32,14 +32,27 @@ def db_upgrade(app, revision):
 
 @db.command("downgrade")
 @click.argument("revision")
+@click.option("--yes", is_flag=True, help="Do not ask (a downgrade drops tables and their rows).")
 @shared_options
 @pass_app
 @fail_cleanly
-def db_downgrade(app, revision):
-    """Migrate the store down to REVISION (`base` drops every table)."""
+def db_downgrade(app, revision, yes):
+    """Migrate the store down to REVISION (`base` drops every table); asks first unless --yes."""
+    import sys
+
+    from watchdog.errors import StoreError
     from watchdog.store import migrate
 
     engine = app.open_store(must_exist=True)
+    migrate.check_revision(engine, revision)
+    if not yes:  # issue 36: as `db prune`, a downgrade that drops data asks first
+        where = engine.url.render_as_string(hide_password=True)
+        question = (f"drop every table of {where} (and all its runs)?" if revision == "base"
+                    else f"migrate {where} down to {revision} (the tables and columns newer than it go, with their rows)?")
+        if not sys.stdin.isatty():
+            raise StoreError(f"{question} refused: no terminal to ask; add --yes")
+        if not click.confirm(question, default=False):
+            raise StoreError("nothing changed")
     migrate.downgrade(engine, revision)
     click.echo(f"store at revision {migrate.current(engine) or 'base (no tables)'}")
 
