@@ -46,8 +46,8 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
         batch.commit()
         with tk.engine.begin() as conn:
             row = ownstage.restore(conn, row, own)
-    if row.id not in tk.state.acked:
-        acknowledge_stop(tk, row, f, budgets, now, batch)
+    if row.id not in tk.state.acked and acknowledge_stop(tk, row, f, budgets, now, batch):
+        this.rep.heard.append((row.id, row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"))
     gone = (row.signal_stage in (None, *WAITING_STAGES) and tk.gone(row, this)
             and not tk.exec_trees.left(row))
     redriven = None
@@ -100,10 +100,12 @@ def sealed_stop(sealer: Sealer | None, conn: Connection, row: Any) -> bool:
     return bool(sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at))
 
 
-def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> None:
+def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> bool:
     """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
     any store writer): record it if nobody did and alert it, worded by the daemon from
-    the store's numbers. Once per run: remembered, and its alert key is unique."""
+    the store's numbers. Once per run: remembered, and its alert key is unique. True when
+    this call heard it (its alert queued now)."""
+    heard = False
     with batch.run() as conn:
         if not queued(conn, AlertKind.STOP.key(row.id)):
             reason = row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"
@@ -116,4 +118,6 @@ def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: d
             enqueue_alert(conn, AlertKind.STOP.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                           sealer=tk.sealer)
             log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
+            heard = True
     tk.state.acked.add(row.id)
+    return heard

@@ -62,6 +62,8 @@ class TickReport:
     stopping: int = 0
     new_events: int = 0
     stops: list[tuple[str, str]] = field(default_factory=list)  # (run id, reason)
+    # Stops this daemon did not decide (a guard, a gateway, the CLI), heard this tick: (run id, reason).
+    heard: list[tuple[str, str]] = field(default_factory=list)
     pauses: list[tuple[str, str]] = field(default_factory=list)  # (run id, reason): on_breach = "pause"
     paused: int = 0  # runs waiting for a human
     lost: list[str] = field(default_factory=list)
