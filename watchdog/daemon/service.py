@@ -75,10 +75,9 @@ class Daemon:
         dirs.ensure(config.daemon)
         self.sealer = Sealer(keyfile.load_or_create(config.daemon.key_file), self.killer.host)
         if notifier is None:
-            from watchdog.core.config import alert_urls
-            from watchdog.daemon.notify import url_error
+            from watchdog.daemon.notify import daemon_alert_urls
 
-            notifier = Notifier(alert_urls(config, url_error=url_error))  # the credential file: read at start
+            notifier = Notifier(daemon_alert_urls(config))  # the credential file: read at start
         self.notifier = notifier
         self.metrics = metrics
         self.attest_server: AttestServer | None = None
