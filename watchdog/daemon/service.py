@@ -114,6 +114,9 @@ class Daemon:
         except HostLockHeld as exc:
             raise AlreadyRunning(self.killer.host, self._holder_named(exc.pid), exc.pid) from None
         self.host_lock = lock
+        from watchdog.daemon import statedir  # issue 36: no files of stores long gone
+
+        statedir.prune(self.config.daemon.state_dir, lock.path)
         lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s)
         try:
             lease.acquire()
