@@ -45,7 +45,7 @@ def db_downgrade(app, revision, yes):
 
     engine = app.open_store(must_exist=True)
     migrate.check_revision(engine, revision)
-    if not yes:  # issue 36: as `db prune`, a downgrade that drops data asks first
+    if not yes and migrate.current(engine) is not None:  # issue 36: as `db prune`, asks first (no tables: no data)
         where = engine.url.render_as_string(hide_password=True)
         question = (f"drop every table of {where} (and all its runs)?" if revision == "base"
                     else f"migrate {where} down to {revision} (the tables and columns newer than it go, with their rows)?")
@@ -159,7 +159,7 @@ def _no_daemon_banner(conn) -> None:
 
     text = banner(conn)
     if text:
-        click.echo(text, err=True)
+        click.echo(f"{text} (see `agent-watchdog status`)", err=True)
 
 
 def _warn_bad_row(run_id: str, error: Exception) -> None:

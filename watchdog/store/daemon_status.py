@@ -95,8 +95,7 @@ def no_live_daemon(conn: Connection) -> str | None:
         return None
     seen = w.last_seen()
     since = f"since {seen.strftime('%Y-%m-%d %H:%M:%S')} UTC" if seen else "ever"
-    return (f"agent-watchdog: no live daemon {since}: nothing is judging these runs "
-            "(`agent-watchdog status` for details)")
+    return f"agent-watchdog: no live daemon {since}: no run is judged"  # fits top's 80 columns
 
 
 def banner(conn: Connection) -> str | None:
