@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from attest_support import LocalUsers, shared_sqlite, short_dir
 from daemon_support import actions, interventions_of, run_row
 from test_daemon import AGENT_WATCHDOG
 from watchdog.core import lifecycle as lc
+from watchdog.core.clock import utcnow
 from watchdog.daemon.redrive import DENIED
 from watchdog.store.engine import make_engine
 
@@ -117,6 +120,13 @@ def test_a_refused_signal_is_retried_and_kill_drives_a_stuck_stop_again(world, u
         log2.read_text()
     world["stop"](d2)
     d3, log3 = world["daemon"]([users["agent"], users["other"]], cap_kill=True, name="fixed")
+    # A store writer's own redrive row (no seal of the daemon's key) drives nothing.
+    with sqlite3.connect(world["url"].removeprefix("sqlite:///")) as conn:
+        conn.execute("INSERT INTO alerts (dedupe_key, created_at, run_id, title, body, attempts, delivered_targets, "
+                     "sealed_by, mac) VALUES (?, ?, ?, 't', 'b', 0, '[]', 'x', ?)",
+                     (f"redrive:{other.run_id}:forged", utcnow().isoformat(), other.run_id, "0" * 64))
+        conn.execute("UPDATE runs SET signal_stage = signal_stage WHERE id = ?", (other.run_id,))
+    time.sleep(1.0)  # five ticks
     assert other.alive() and run_row(engine, other.run_id).signal_stage == lc.Stage.REFUSED
     done = _kill(other.run_id, world["tmp"] / "fixed.toml")
     assert done.returncode == 0, done.stderr

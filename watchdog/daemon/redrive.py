@@ -62,7 +62,8 @@ def request(conn: Connection, row: Any, *, now: dt.datetime, by: str, facts: Run
     key = AlertKind.REDRIVE.key(row.id, now.strftime("%Y%m%dT%H%M%S.%f"))
     iid = record(conn, at=now, action=Action.STOP_REDRIVEN, by=by, run_id=row.id, reason=row.stop_reason,
                  outcome=REDRIVEN)
-    title, body = escalation_alert(facts, budgets, row.stop_reason, REDRIVEN, failed=False)
+    _, body = escalation_alert(facts, budgets, row.stop_reason, REDRIVEN, failed=False)
+    title = f"agent-watchdog: stop of {facts.agent} run {facts.id[:8]} driven again by an operator — {row.stop_reason}"
     enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
     stops.touch(conn, row.id)
     return key
@@ -72,7 +73,15 @@ def sealed(sealer: Sealer | None, conn: Connection, row: Any) -> tuple[str, dt.d
     """(key, time) of the newest redrive alert of the run whose seal verifies, or None."""
     if sealer is None:
         return None
-    for a in redrive_alerts(conn, row.id):
+    try:
+        found = redrive_alerts(conn, row.id)
+    except Exception as exc:  # noqa: BLE001 — a hand-written row (SQLite: a time that is no time) drives nothing
+        from watchdog.store.engine import store_unavailable
+
+        if store_unavailable(exc):
+            raise
+        return None
+    for a in found:
         if isinstance(a.body, str) and sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at):
             return a.dedupe_key, a.created_at
     return None
