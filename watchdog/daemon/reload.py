@@ -107,6 +107,9 @@ def apply(daemon: Daemon, config: Config, notifier: Notifier | None = None) -> N
         t.money.label_budgets = tuple(config.budgets)
     users = frozenset(u for u in config.daemon.allowed_users if u)
     daemon.killer.allowed_users = users or default_allowed_users()
+    from watchdog.daemon.signalcheck import warn_at_start  # the new users: can it signal them? (issue 36)
+
+    daemon.signalable = warn_at_start(daemon.killer.allowed_users)
     if notifier is not None:
         daemon.notifier = notifier
     try:
