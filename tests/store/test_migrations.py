@@ -149,7 +149,14 @@ def test_db_upgrade_twice_is_idempotent_and_keeps_data(fresh_url):
 def test_db_downgrade_base_from_the_cli(fresh_url):
     runner = CliRunner()
     assert runner.invoke(main, ["--db", fresh_url, "db", "upgrade"]).exit_code == 0
-    down = runner.invoke(main, ["--db", fresh_url, "db", "downgrade", "base"])
+    asked = runner.invoke(main, ["--db", fresh_url, "db", "downgrade", "base"])  # no terminal: refused
+    assert asked.exit_code != 0 and "add --yes" in asked.output, asked.output
+    unknown = runner.invoke(main, ["--db", fresh_url, "db", "downgrade", "nope", "--yes"])
+    assert unknown.exit_code != 0 and "unknown revision 'nope': give head, base or one of 0001" in unknown.output
+    assert "CommandError" not in unknown.output
+    up = runner.invoke(main, ["--db", fresh_url, "db", "upgrade", "--revision", "nope"])
+    assert up.exit_code != 0 and "unknown revision 'nope'" in up.output and "CommandError" not in up.output
+    down = runner.invoke(main, ["--db", fresh_url, "db", "downgrade", "base", "--yes"])
     assert down.exit_code == 0, down.output
     engine = make_engine(fresh_url)
     try:

@@ -51,7 +51,7 @@ def test_pages_and_json_on_each_backend_and_no_row_changes(served, db_url, engin
     page = urllib.request.urlopen(f"{base}/runs/{rid}", timeout=30).read().decode()
     assert "max_tool_calls" in page and "verify_iban ×4" in page and 'class="error"' in page
     api = json.loads(urllib.request.urlopen(f"{base}/api/runs", timeout=30).read())
-    cli = json.loads(CliRunner().invoke(main, ["--db", db_url, "runs", "--all", "--json"]).output)
+    cli = json.loads(CliRunner().invoke(main, ["--db", db_url, "runs", "--all", "--json"]).stdout)
     assert api == cli and len(api) == 2
     team = json.loads(urllib.request.urlopen(f"{base}/api/runs?label=team%3Dbilling&status=killed", timeout=30).read())
     assert [r["id"] for r in team] == [rid]  # a label filter in SQL on either backend

@@ -48,7 +48,7 @@ def test_a_looping_child_is_stopped_alone_and_the_parent_pays_for_both_children(
     assert f"{sibling.id[:8]} writer           completed" in shown.output
     record = json.loads(CliRunner().invoke(main, ["--db", db_url, "show", looper.id, "--json"]).output)
     assert record["parent_id"] == parent.id
-    listed = json.loads(CliRunner().invoke(main, ["--db", db_url, "runs", "--all", "--json"]).output)
+    listed = json.loads(CliRunner().invoke(main, ["--db", db_url, "runs", "--all", "--json"]).stdout)
     assert {r["id"]: r["parent_id"] for r in listed} == {parent.id: None, looper.id: parent.id,
                                                           sibling.id: parent.id}
 

@@ -106,3 +106,23 @@ def test_the_no_price_alert_speaks_to_every_integration():
     title, body = unpriced_alert("(none)", ["support-bot"], 1200, 3, no_model=True)
     assert "run.step()" not in title
     assert "LangChain" in body and "run.step(model=" in body
+
+
+def test_help_summaries_are_whole_and_completion_works(tmp_path):
+    """issue 36: `--help` cut each summary with "..."; shell completion was undocumented. The
+    completion line of docs/reference/cli.md, sourced in a real bash, completes a command."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
+    for args in ([], ["db"], ["circuits"]):
+        out = subprocess.run([EXE, *args, "--help"], capture_output=True, text=True, timeout=60, env=env).stdout
+        import re
+
+        commands = out.split("Commands:", 1)[1]
+        assert not re.search(r"[\w,.]\.\.\.$", commands, re.M), out  # click's cut ends "word..."
+        assert args or "which daemons watch the store: last tick, leader, lease," in out.lower(), out
+    script = (f'eval "$(_AGENT_WATCHDOG_COMPLETE=bash_source {EXE})"\n'
+              f'COMP_WORDS=({EXE} sta); COMP_CWORD=1; _agent_watchdog_completion {EXE}\n'
+              'printf "%s\\n" "${COMPREPLY[@]}"\n')
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.split() == ["status"], (done.stdout, done.stderr)

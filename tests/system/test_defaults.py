@@ -58,6 +58,7 @@ def test_a_plain_user_runs_the_try_the_daemon_recipe_unchanged():
         assert "attested by the daemon: True" in done.stdout, done.stdout + done.stderr
         assert "stopped: max_steps" in done.stdout
         assert "try-bot" in done.stdout and "killed" in done.stdout
+        assert "no alerts yet" not in done.stdout and "max_steps" in done.stdout.rsplit("killed", 1)[-1], done.stdout
         state = home / ".local" / "state" / "agent-watchdog"
         assert (state / "attest.key").stat().st_mode & 0o777 == 0o600
         assert state.stat().st_mode & 0o777 == 0o700

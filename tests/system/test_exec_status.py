@@ -34,6 +34,18 @@ def test_exit_status_is_the_commands_as_timeout_says(command, code, sqlite_url):
     assert p.returncode == code, p.stderr
     (row,) = runs_json(sqlite_url)
     assert row["status"] == ("completed" if code == 0 else "failed") and row["source"] == "exec"
+    if code == 127:  # issue 36: a mistyped command is a clear `failed`, said so on stderr and in the run
+        assert "not found" in p.stderr, p.stderr
+        from sqlalchemy import select
+
+        from watchdog.store.engine import make_engine
+        from watchdog.store.schema import runs
+
+        engine = make_engine(sqlite_url)
+        with engine.connect() as conn:
+            detail = conn.execute(select(runs.c.stop_detail).where(runs.c.id == row["id"])).scalar()
+        engine.dispose()
+        assert detail.startswith("command not found"), detail
 
 
 @pytest.mark.parametrize("args", [

@@ -459,3 +459,18 @@ def test_a_store_outage_fails_open_with_one_warning(env, tmp_path):
     assert calls_seen(env, "echo") == 3
     warnings = [line for line in errlog.read_text().splitlines() if "agent-watchdog" in line and "store" in line]
     assert 1 <= len(warnings) <= 2, warnings  # warned once (the SDK's buffer and the proxy's own line)
+
+
+def test_a_server_that_crashes_at_start_makes_the_proxy_exit_non_zero(env):
+    """issue 36: the proxy exited 0 when its server died at start; the client keeps stdin open."""
+    proc = subprocess.Popen([*CLI, "mcp-proxy", "--", "sh", "-c", "echo boom >&2; exit 3"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.wait(timeout=DEADLINE_S)  # stdin still open: the client has not left
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdin.close()
+    assert proc.returncode == 1 and out == "", (out, err)
+    assert "boom" in err and "the server 'sh' exited on its own" in err, err

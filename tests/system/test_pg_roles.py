@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -142,3 +143,17 @@ def test_the_roles_script_is_idempotent(roles, pg_migrated):
                             url.username, "-d", url.database, "-f", str(SCRIPT)], capture_output=True, text=True,
                            timeout=60)
     assert again.returncode == 0, again.stderr
+
+
+def test_runs_with_an_agents_own_login_is_one_line_naming_what_reads(roles):
+    """issue 36: `runs --all` as an agent's login said "permission denied for table alembic_version"."""
+    import os
+
+    _group, login, url = roles
+    exe = Path(sys.executable).parent / "agent-watchdog"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
+    done = subprocess.run([str(exe), "runs", "--all", "--db", url], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
+    assert "alembic_version" not in done.stderr and f"GRANT agent_watchdog_viewer TO {login};" in done.stderr, \
+        done.stderr

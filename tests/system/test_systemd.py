@@ -209,7 +209,7 @@ def test_unit_keeps_what_the_job_needs():
 PUBLIC_KEYS = {
     "store": {"url", "record_args", "record_errors", "keep_days"},
     "daemon": {"tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s", "alert_expire_s", "socket",
-               "key_file"},
+               "key_file", "state_dir"},
     "defaults": {
         "max_wall_s",
         "max_steps",
@@ -272,12 +272,42 @@ def test_example_passes_check_config_where_its_users_exist():
     assert "allowed users agents" in done.stdout
 
 
+def _commented_examples() -> dict:
+    """The example tables, commented out in the file (issue 36: installed as is, the example
+    turns on no profile, price or budget): each `# [header]` and the `# key = value` lines after it."""
+    key = re.compile(r"[A-Za-z_][\w-]*\s*=")
+    found, inside = [], False
+    for line in EXAMPLE.read_text(encoding="utf-8").splitlines():
+        body = line[2:] if line.startswith("# ") else None
+        if body is not None and body.startswith("["):
+            inside = True
+            found.append(body)
+        elif inside and body is not None and key.match(body):
+            found.append(body)
+        else:
+            inside = False
+    return tomllib.loads("\n".join(found))
+
+
+def test_example_turns_on_no_example_table_and_its_commented_ones_parse():
+    from watchdog.core import config
+
+    raw = _example()
+    assert not {"agents", "prices", "budgets"} & set(raw) and "tools" not in raw["circuit"]
+    examples = _commented_examples()
+    merged = {**raw, **{k: v for k, v in examples.items() if k != "circuit"}}
+    merged["circuit"] = {**raw["circuit"], **examples["circuit"]}
+    parsed = config.parse(merged, str(EXAMPLE))
+    assert parsed.agents["support-bot"].max_steps == 8 and "gpt-x" in parsed.prices and parsed.budgets
+
+
 def test_example_names_every_public_key():
     raw = _example()
-    assert set(raw) == set(PUBLIC_KEYS) | {"agents", "prices", "budgets"}
+    assert set(raw) == set(PUBLIC_KEYS)
     for section, keys in PUBLIC_KEYS.items():
         have = {k for k, v in raw[section].items() if not isinstance(v, dict)}
         assert have == keys, f"[{section}]: missing {keys - have}, unknown {have - keys}"
+    raw = {**raw, **_commented_examples(), "circuit": {**raw["circuit"], **_commented_examples()["circuit"]}}
     # [agents.NAME]: a profile with keys of [defaults].
     assert raw["agents"], "no example [agents.NAME] profile"
     for name, profile in raw["agents"].items():
@@ -309,6 +339,7 @@ def test_example_documented_values():
         "alert_expire_s": 86400,
         "socket": "/run/agent-watchdog/attest.sock",
         "key_file": "/var/lib/agent-watchdog/attest.key",
+        "state_dir": "/var/lib/agent-watchdog",
     }
     assert raw["alerts"] == {"urls": [], "urls_file": "alert-urls"}
     assert raw["defaults"] == {

@@ -227,7 +227,7 @@ BAD = [
     ("[store]\nrecord_errors = \"full\"\n", "store.record_errors"),
     ("[daemon]\nsocket = \"attest.sock\"\n", "daemon.socket"),
     ("[daemon]\nkey_file = 3\n", "daemon.key_file"),
-    ("[alerts]\nurls_file = \"\"\n", "alerts.urls_file"),
+    ("[alerts]\nurls_file = 3\n", "alerts.urls_file"),
     ("[pricing]\neur_per_usd = 0\n", "pricing.eur_per_usd"),
     ("[pricing]\nbudget_tz = \"Mars/Olympus\"\n", "pricing.budget_tz"),
     ("[pricing]\nrate = 1\n", "pricing.rate"),
@@ -382,6 +382,11 @@ def test_alert_urls_file_is_read_from_the_credentials_directory_when_alerts_are_
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
     with pytest.raises(ConfigError, match=r"alerts.urls_file: cannot read .*/etc/alert-urls \(No such file"):
         alert_urls(cfg)
+    # issue 36: the daemon started by hand with the unit's credential name still runs (one error line)
+    from watchdog.daemon.notify import daemon_alert_urls
+
+    assert daemon_alert_urls(cfg) == ("json://a.example.org/x",)
+    assert parse(tomllib.loads("[alerts]\nurls_file = \"\"\n")).alert_urls_file is None  # "" = none, as absent
     (tmp_path / "etc" / "alert-urls").write_text("# next to the config\njson://b.example.org/y\n")
     assert alert_urls(cfg) == ("json://a.example.org/x", "json://b.example.org/y")
     creds = tmp_path / "creds"

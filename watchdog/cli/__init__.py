@@ -9,6 +9,7 @@ from watchdog.cli import web_cmd  # noqa: F401,E402 — `agent-watchdog web` (is
 from watchdog.cli import exec_cmd  # noqa: F401 — registers `exec`
 from watchdog.cli import files_cmd  # noqa: F401 — issue 19: `files unit|config|roles`
 from watchdog.cli import hook_cmd  # noqa: F401 — issue 33: `hook claude-code|codex|gemini`, `hook install`
+from watchdog.cli import status_cmd  # noqa: F401 — issue 36: `status`
 from watchdog.cli.app import main
 
 __all__ = ["main"]

@@ -165,7 +165,35 @@ class _Group(click.Group):
         sys.exit(0)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+class _Summaries:
+    """Command lists with each command's whole first sentence, wrapped (issue 36: click cuts a
+    summary at the width left beside the name, ending it in "...")."""
+
+    SUMMARY_CHARS = 200
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):  # type: ignore[attr-defined]
+            cmd = self.get_command(ctx, name)  # type: ignore[attr-defined]
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=self.SUMMARY_CHARS)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class _SubGroup(_Summaries, click.Group):
+    """`db`, `circuits`, `files`, `hook`: the same summaries as the top level."""
+
+
+_Group.group_class = _SubGroup
+
+
+class _Main(_Summaries, _Group):
+    pass
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--db", envvar="AGENT_WATCHDOG_DB", help="Store URL (else $AGENT_WATCHDOG_DB, else [store] url).")
 @click.option("--config", "config_path", envvar=ENV_CONFIG, type=click.Path(dir_okay=False),
               help="Config file (else $AGENT_WATCHDOG_CONFIG).")

@@ -41,8 +41,7 @@ def run_cmd(app, once, verbose):
 
     store = open_daemon_store(app.db_url)  # SQLite checked now; a server that is down: _acquire waits for it
     check_allowed_users(app.config)  # before anything listens or a key is made
-    metrics = start_metrics(app.config.metrics_listen) if app.config.metrics_listen else None
-    daemon = Daemon(store, app.config, metrics=metrics)
+    daemon = Daemon(store, app.config)
     try:
         _acquire(daemon, app.db_url, retry=not once)
     except AlreadyRunning as exc:
@@ -51,6 +50,9 @@ def run_cmd(app, once, verbose):
         click.echo(f"agent-watchdog: {exc}", err=True)
         sys.exit(0)
     try:
+        # After the lease (issue 36): a second daemon says "already watching", not EADDRINUSE.
+        if app.config.metrics_listen:
+            daemon.metrics = _listen("[metrics] listen", app.config.metrics_listen, start_metrics)
         if once:
             rep = daemon.once()
             if rep is None:
@@ -61,6 +63,17 @@ def run_cmd(app, once, verbose):
         sys.exit(daemon.serve())
     finally:
         daemon.release()
+
+
+def _listen(key: str, listen: str, start):
+    """start(listen), a port that cannot be had in one line naming the key."""
+    from watchdog.errors import ConfigError
+
+    try:
+        return start(listen)
+    except OSError as exc:
+        raise ConfigError(f"{key} = {listen!r}: cannot listen there ({exc.strerror or exc}): choose a free "
+                          "port, or another daemon already listens on it") from None
 
 
 def _acquire(daemon, url: str, retry: bool):
@@ -127,19 +140,47 @@ def kill_cmd(app, run_id, reason):
     with app.engine.begin() as conn:
         rid = resolve_run_id(conn, run_id)
         row = load_run(conn, rid)
-        if row.status not in lc.STOPPABLE_STATUSES:
-            if row.status == lc.STOPPING:
-                raise StoreError(f"run {rid[:8]} is already stopping ({row.stop_reason}); the daemon is on it")
+        if row.status not in lc.STOPPABLE_STATUSES and row.status != lc.STOPPING:
             raise StoreError(f"run {rid[:8]} already ended: {row.status}")
         stats = tool_stats(conn, [rid])[rid]
         top = (stats[0].name, stats[0].calls, stats[0].errors) if stats else None
         budgets = effective_budgets(app.judge_by(conn).profile(row.agent), row)
+        if row.status == lc.STOPPING:  # issue 36: a stop stuck in `stopping` is driven again
+            click.echo(_redrive(conn, row, _operator_sealer(app), facts(row, top, None, now), budgets, now))
+            return
         ok = stop_run(conn, row, reason=lc.MANUAL, detail=reason, now=now, by=operator(), budgets=budgets,
                           run_facts=facts(row, top, None, now), sealer=_operator_sealer(app),
                           why=f"killed while paused for {row.stop_reason}" if row.status == lc.PAUSED else None)
     if not ok:
         raise StoreError(f"run {rid[:8]} ended or was stopped meanwhile")
     click.echo(kill_sentence(row.agent, rid, row.kill_mode, _operator_sealer(app) is not None, app.config.daemon))
+
+
+def _redrive(conn, row, sealer, run_facts, budgets, now) -> str:
+    """`kill` of a run already stopping: what is true of its stop, and with the daemon's key
+    (root, the daemon's user) the stop driven again (watchdog.daemon.redrive)."""
+    from watchdog.core import lifecycle as lc
+    from watchdog.daemon import redrive
+    from watchdog.daemon.signalcheck import FIX
+    from watchdog.errors import StoreError
+    from watchdog.store.pause import operator
+
+    rid, stage = row.id[:8], row.signal_stage
+    head = f"run {rid} is already stopping ({row.stop_reason})"
+    if row.kill_mode == lc.COOPERATIVE:
+        raise StoreError(f"{head}; its kill_mode is cooperative, so its process is never signalled")
+    if stage in (lc.Stage.TERM, lc.Stage.KILL):
+        return f"{head}; the daemon sent SIG{stage.upper()} and is waiting for the process to go"
+    if stage == lc.Stage.FAILED:
+        raise StoreError(f"{head}; its process outlived SIGKILL (uninterruptible?): nothing more can be sent")
+    if sealer is None:
+        raise StoreError(f"{head}; only root or the daemon's user can drive its stop again")
+    denied = redrive.denied_before(conn, row.id)
+    redrive.request(conn, row, now=now, by=operator(), facts=run_facts, budgets=budgets, sealer=sealer)
+    text = f"{head}: its stop is driven again; the daemon signals it at its next tick"
+    if denied:
+        text += f". Its last signal was refused (permission denied): {FIX}"
+    return text
 
 
 def kill_sentence(agent: str, rid: str, kill_mode: str, sealed: bool, daemon) -> str:

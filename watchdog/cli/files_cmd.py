@@ -38,7 +38,7 @@ def shipped(name: str) -> Path:
 @fail_cleanly
 def files_cmd(name: str, install_path: str | None) -> None:
     """Print (or install) a file the package ships: the systemd unit, the example config, the
-    PostgreSQL roles script (`files roles | psql ... -f -`)."""
+    PostgreSQL roles script (`files roles | psql -d DB -f -`)."""
     src = shipped(name)
     data = src.read_bytes()
     if install_path is None:

@@ -23,6 +23,7 @@ def top_cmd(app, once, interval_s):
     from watchdog.store.viewer import published_state
     from watchdog.core.periods import zone
     from watchdog.store.ledger import period_report
+    from watchdog.store.daemon_status import banner
 
     interval_s = interval_s or app.config.daemon.tick_s
     while True:
@@ -32,10 +33,15 @@ def top_cmd(app, once, interval_s):
             periods = period_report(conn, profiles, now, published_state(conn, now))
             text = top.frame(top.rows(conn, profiles, now), now, periods=periods,
                              tz=zone(profiles.pricing.budget_tz))
+            warning = banner(conn)  # issue 36: on stderr (the frame's 80 columns stay the frame's)
         if once:
+            if warning:
+                click.echo(warning, err=True)
             click.echo(text)
             return
         click.clear()
+        if warning:
+            click.echo(warning, err=True)  # above the frame, as its first line on the terminal
         click.echo(text + "\n\n(ctrl-c to quit)")
         try:
             time.sleep(interval_s)

@@ -32,14 +32,27 @@ def db_upgrade(app, revision):
 
 @db.command("downgrade")
 @click.argument("revision")
+@click.option("--yes", is_flag=True, help="Do not ask (a downgrade drops tables and their rows).")
 @shared_options
 @pass_app
 @fail_cleanly
-def db_downgrade(app, revision):
-    """Migrate the store down to REVISION (`base` drops every table)."""
+def db_downgrade(app, revision, yes):
+    """Migrate the store down to REVISION (`base` drops every table); asks first unless --yes."""
+    import sys
+
+    from watchdog.errors import StoreError
     from watchdog.store import migrate
 
     engine = app.open_store(must_exist=True)
+    migrate.check_revision(engine, revision)
+    if not yes and migrate.current(engine) is not None:  # issue 36: as `db prune`, asks first (no tables: no data)
+        where = engine.url.render_as_string(hide_password=True)
+        question = (f"drop every table of {where} (and all its runs)?" if revision == "base"
+                    else f"migrate {where} down to {revision} (the tables and columns newer than it go, with their rows)?")
+        if not sys.stdin.isatty():
+            raise StoreError(f"{question} refused: no terminal to ask; add --yes")
+        if not click.confirm(question, default=False):
+            raise StoreError("nothing changed")
     migrate.downgrade(engine, revision)
     click.echo(f"store at revision {migrate.current(engine) or 'base (no tables)'}")
 
@@ -133,10 +146,20 @@ def runs_cmd(app, all_runs, limit, before, as_json, agent, status, label_filters
         records = views.list_runs(conn, app.judge_by(conn), utcnow(), all_runs=all_runs, limit=limit,
                                   before=before, on_bad_row=_warn_bad_row, agent=agent, status=status,
                                   labels=labels)
+        _no_daemon_banner(conn)
     if as_json:
         emit_json(records)
     else:
         click.echo(render.runs_table(records))
+
+
+def _no_daemon_banner(conn) -> None:
+    """issue 36: on stderr (--json stays valid), when no live daemon judges these runs."""
+    from watchdog.store.daemon_status import banner
+
+    text = banner(conn)
+    if text:
+        click.echo(f"{text} (see `agent-watchdog status`)", err=True)
 
 
 def _warn_bad_row(run_id: str, error: Exception) -> None:

@@ -34,6 +34,8 @@ class AlertKind(str, Enum):
     ESCALATE = "escalate"
     UNCONFIRMED = "unconfirmed"
     NOT_OWN = "notown"
+    DENIED = "denied"
+    REDRIVE = "redrive"
     FORGED = "forged"
     # Pause and resume.
     PAUSE = "pause"
@@ -90,7 +92,7 @@ class AlertKind(str, Enum):
             return None
 
 
-_FAILURE = frozenset({AlertKind.ESCALATE, AlertKind.LOST, AlertKind.NO_DAEMON, AlertKind.FORGED,
+_FAILURE = frozenset({AlertKind.ESCALATE, AlertKind.DENIED, AlertKind.LOST, AlertKind.NO_DAEMON, AlertKind.FORGED,
                       AlertKind.FORGED_ALERTS, AlertKind.UNCONFIRMED})
 _INFO = frozenset({AlertKind.CIRCUIT_CLOSED, AlertKind.RESUME, AlertKind.TEST})
 
@@ -103,6 +105,8 @@ _MEANING: dict[AlertKind, str] = {
     AlertKind.ESCALATE: 'escalate:<run> — SIGKILL, a refused or failed signal, a cooperative run',
     AlertKind.UNCONFIRMED: 'unconfirmed:<run> — a signal held: the kernel cannot confirm the process',
     AlertKind.NOT_OWN: "notown:<run> — a signal held: the evidence is not the run's own",
+    AlertKind.DENIED: "denied:<run> — the kernel refused the signal (the daemon lacks CAP_KILL): retried each tick",
+    AlertKind.REDRIVE: "redrive:<run>:<time> — an operator's `kill` of a run already stopping: its stop driven again",
     AlertKind.FORGED: "forged:<run>:<what> — a row the daemon's seal does not cover",
     AlertKind.PAUSE: 'pause:<run>:<paused at> — each pause once',
     AlertKind.RESUME: 'resume:<run>:<resumes> — each resume once',

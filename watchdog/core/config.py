@@ -441,8 +441,8 @@ def _alerts(ctx: _Ctx, alerts_t: Mapping[str, Any],
     urls = alerts_t.get("urls", [])
     if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
         raise ctx.fail("alerts.urls", "a list of apprise URL strings", urls)
-    urls_file = alerts_t.get("urls_file")
-    if urls_file is not None and (not isinstance(urls_file, str) or not urls_file):
+    urls_file = alerts_t.get("urls_file") or None  # "" = none, as an absent key (issue 36)
+    if urls_file is not None and not isinstance(urls_file, str):
         raise ctx.fail("alerts.urls_file", "a file name (relative: in $CREDENTIALS_DIRECTORY) or an absolute path",
                        urls_file)
     for i, u in enumerate(urls):
@@ -475,6 +475,13 @@ def _metrics_listen(ctx: _Ctx, metrics_t: Mapping[str, Any]) -> str:
     if not isinstance(listen, str) or (listen and not _valid_listen(listen)):
         raise ctx.fail("metrics.listen", 'a "host:port" string such as "127.0.0.1:9464"', listen)
     return listen
+
+
+def credential_by_hand(config: "Config") -> bool:
+    """A relative urls_file (a systemd credential) read outside systemd: next to the config, where
+    a daemon started by hand as its own user usually cannot read the root-only file."""
+    f = config.alert_urls_file
+    return bool(f) and not os.path.isabs(f or "") and not os.environ.get(ENV_CREDENTIALS)
 
 
 def alert_urls(config: "Config", *, url_error: UrlCheck | None = None) -> tuple[str, ...]:

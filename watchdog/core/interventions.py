@@ -21,6 +21,7 @@ class Action(str, Enum):
     NOT_SIGNALLED = "not_signalled"  # a cooperative run: never signalled
     SIGNAL_HELD = "signal_held"  # a signal waits for evidence the daemon believes
     STOP_FAILED = "stop_failed"  # alive after SIGKILL
+    STOP_REDRIVEN = "stop_redriven"  # an operator's sealed `kill` of a run already stopping
     ENDED = "ended"  # the stopped run is over
     LOST = "lost"  # its process is gone without ending the run
     FORGED_ROW = "forged_row"  # a row the daemon's seal does not cover

@@ -49,11 +49,13 @@ class EndedStops:
         self.since: dt.datetime | None = None
         self._sent: deque[dt.datetime] = deque()  # when this daemon queued each individual alert (the rate)
         self.backlog = False  # the last look found a whole batch: more ended runs wait
+        self.heard: list[tuple[str, str]] = []  # (run id, reason) heard by the last look (for /metrics)
 
     def run(self, engine: Engine, now: dt.datetime, *, hosts: frozenset[str] | None, config: Config,
             sealer: Sealer | None, by: str) -> list[str]:
         """Acknowledge the unheard stops among the runs ended since the last look; their ids."""
         since = self.since if self.since is not None else now - dt.timedelta(seconds=LOOKBACK_S)
+        self.heard = []
         with statement_reads(engine) as conn:  # every tick a run ended: no BEGIN/ROLLBACK round trips
             ended = stops.ended_since(conn, since, hosts)
             todo = unheard(conn, [r.id for r in ended])
@@ -107,6 +109,7 @@ class EndedStops:
         queued = enqueue_alert(conn, stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                                sealer=sealer)
         if queued:
+            self.heard.append((row.id, reason))
             log.warning("stop heard after the run ended: %s run %s — %s", one_line(row.agent, 64),
                         one_line(row.id, 40)[:8], reason)
         return queued
@@ -132,6 +135,7 @@ class EndedStops:
                            summary_key=summary_key)
                 reasons[reason] += 1
                 agents[one_line(row.agent, 64)] += 1
+                self.heard.append((row.id, reason))
                 done.append(row.id)
             if done:
                 title, body = summary_alert(len(done), reasons, agents, PER_MIN)

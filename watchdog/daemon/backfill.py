@@ -178,5 +178,5 @@ class Backfill:
                     self.defects.append(Defect(rid, "its cost cannot be written (a counter the checks refuse)"))
         rep.runs.update(cost_of)
         if rep.priced_steps:
-            log.info("priced %d step(s) the SDK could not (%.4f EUR) in %d run(s)", rep.priced_steps, rep.cost_eur,
-                     len(cost_of))
+            log.debug("priced %d step(s) the SDK could not (%.4f EUR) in %d run(s)", rep.priced_steps, rep.cost_eur,
+                      len(cost_of))

@@ -36,6 +36,8 @@ ZOMBIE = "zombie"
 RECYCLED = "create time differs (pid recycled)"
 # For these the process the identity names no longer runs: that is success.
 GONE_REASONS = frozenset({GONE, ZOMBIE, RECYCLED})
+# EPERM from the kernel: the daemon lacks CAP_KILL, nothing about the run (the ladder retries).
+PERMISSION_DENIED = "permission denied"
 
 
 LOGIN_DEFS = "/etc/login.defs"
@@ -265,7 +267,7 @@ class Killer:
         except ProcessLookupError:
             return GONE
         except PermissionError:
-            return "permission denied"
+            return PERMISSION_DENIED
         finally:
             if fd is not None:
                 os.close(fd)

@@ -31,7 +31,8 @@ from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.attest import verified_cgroup, verified_leader
 from watchdog.daemon.authentic import hold_not_own
-from watchdog.daemon.killer import GONE_REASONS, Killer, ProcessIdentity
+from watchdog.daemon.killer import GONE_REASONS, PERMISSION_DENIED, Killer, ProcessIdentity
+from watchdog.daemon.redrive import hold_denied
 from watchdog.daemon.runtree import directory, remaining, remove_empty
 from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
 from watchdog.store import ladder as store
@@ -103,7 +104,8 @@ def hold_unconfirmed(conn: Connection, row, *, now: dt.datetime, by: str, facts:
 
 def _fail(conn: Connection, row, stage_from: str | None, stage_to: str, action: str, outcome: str, now: dt.datetime,
           by: str, facts: RunFacts, budgets: Budgets, sealer: Sealer | None = None) -> None:
-    if not _set_stage(conn, row, stage_from, stage_to, now):
+    # Refused again on a redrive (issue 36): the stage stays, the refusal is recorded.
+    if stage_from != stage_to and not _set_stage(conn, row, stage_from, stage_to, now):
         return
     iid = record(conn, at=now, action=action, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
     title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=True)
@@ -186,15 +188,19 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
             now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None,
             confirmed: Callable[[], bool] | None = None, remembered: Remembered | None = None,
-            own_evidence: Callable[[], bool] | None = None) -> None:
+            own_evidence: Callable[[], bool] | None = None, redriven: bool = False) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come.
     `remembered(leader)`: the processes the daemon attributes to an exec'd run's attested root
     (watchdog.daemon.runtree.TreeMemory), which outlive exec's death.
     `own_evidence()` (SQLite: watchdog.daemon.authentic): may the first signal rest on the run's
-    own evidence? If not, the run stays stopped cooperatively, alerted as such."""
-    if not due(row, now, daemon, killer.host):
+    own evidence? If not, the run stays stopped cooperatively, alerted as such.
+    `redriven`: a refused run the operator's sealed `kill` drove again (watchdog.daemon.redrive):
+    the first step is taken again from `refused`."""
+    redriven = redriven and row.signal_stage == lc.Stage.REFUSED and row.host == killer.host
+    if not (redriven or due(row, now, daemon, killer.host)):
         return
     stage = row.signal_stage
+    start = stage if redriven else None  # the stage the first step moves from
     grace = f"{daemon.cancel_grace_s:g} s"
     common: dict[str, Any] = dict(now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
 
@@ -219,23 +225,23 @@ def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budg
         return
 
     if row.pid is None or row.pid_create_time is None:
-        _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, "not signalled: the run registered no process identity",
+        _fail(conn, row, start, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, "not signalled: the run registered no process identity",
               **common)
         return
     # The identity the daemon attested, never the row's own word; the row only says which run.
     leader, why = verified_leader(conn, row, sealer)
     if leader is None:
-        if stage is None:
-            _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"{NOT_ATTESTED} ({why})", **common)
+        if stage is None or redriven:
+            _fail(conn, row, start, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"{NOT_ATTESTED} ({why})", **common)
         else:  # signalled once, and its attestation is not valid any more: changed since
             _fail(conn, row, stage, lc.Stage.FAILED, Action.SIGNAL_REFUSED, f"{NOT_ATTESTED} any more ({why})", **common)
         return
     assert sealer is not None  # verified_leader names no one without the daemon's key
 
     cgroup_dir, orphans = _exec_tree(conn, row, leader, killer, sealer, remembered)
-    if stage is None:
+    if stage is None or redriven:
         _first_signal(conn, row, leader, cgroup_dir, orphans, killer=killer, confirmed=confirmed,
-                      own_evidence=own_evidence, common=common)
+                      own_evidence=own_evidence, common=common, start=start)
         return
 
     targets = _signalled_targets(conn, row, **common) or [leader]
@@ -265,7 +271,7 @@ def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budg
 
 def _first_signal(conn: Connection, row: Any, leader: ProcessIdentity, cgroup_dir: Any, orphans: list[Any], *,
                   killer: Killer, confirmed: Callable[[], bool] | None, own_evidence: Callable[[], bool] | None,
-                  common: dict[str, Any]) -> None:
+                  common: dict[str, Any], start: str | None = None) -> None:
     """The ladder's first step (SIGTERM), once the process is checked and the stop confirmed the
     daemon's own; or why there is none (gone, refused, unconfirmed, not the run's own evidence)."""
     now, by, facts, budgets, sealer = common["now"], common["by"], common["facts"], common["budgets"], common["sealer"]
@@ -273,11 +279,11 @@ def _first_signal(conn: Connection, row: Any, leader: ProcessIdentity, cgroup_di
     if refusal in GONE_REASONS and orphans:
         refusal = None  # exec is gone, its tree is not: the daemon takes it down itself
     if refusal in GONE_REASONS:
-        _finish(conn, row, None, f"process exited after the cooperative stop ({refusal})", now, by, facts,
+        _finish(conn, row, start, f"process exited after the cooperative stop ({refusal})", now, by, facts,
                 budgets, escalated=False, sealer=sealer)
         return
     if refusal:
-        _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {refusal}", **common)
+        _fail(conn, row, start, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {refusal}", **common)
         return
     if confirmed is not None and not confirmed():
         hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
@@ -289,13 +295,16 @@ def _first_signal(conn: Connection, row: Any, leader: ProcessIdentity, cgroup_di
     if out.refused in GONE_REASONS and out.targets:
         out = dataclasses.replace(out, refused=None)  # exec was gone; its tree got the signal
     if out.refused in GONE_REASONS:  # it exited between the check and the signal
-        _finish(conn, row, None, f"process exited after the cooperative stop ({out.refused})", now, by, facts,
+        _finish(conn, row, start, f"process exited after the cooperative stop ({out.refused})", now, by, facts,
                 budgets, escalated=False, sealer=sealer)
         return
-    if out.refused:
-        _fail(conn, row, None, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {out.refused}", **common)
+    if out.refused == PERMISSION_DENIED and not out.targets and start is None:
+        hold_denied(conn, row, **common)  # the daemon lacks CAP_KILL: not final, retried each tick
         return
-    if _set_stage(conn, row, None, lc.Stage.TERM, now):
+    if out.refused:
+        _fail(conn, row, start, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {out.refused}", **common)
+        return
+    if _set_stage(conn, row, start, lc.Stage.TERM, now):
         detail = _sealed_detail(sealer, row.id, out.targets, skipped=list(out.skipped))
         record(conn, at=now, action=Action.SIGTERM, by=by, run_id=row.id, reason=row.stop_reason, detail=detail,
                outcome=out.summary())

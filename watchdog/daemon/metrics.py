@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from watchdog.core.lifecycle import STOP_REASONS  # the bounded label set of `reason`
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -26,8 +28,9 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.active = Gauge("agent_watchdog_active_runs", "Runs running or stopping", ["status"], registry=r)
-        self.interventions = PCounter("agent_watchdog_interventions", "Stops requested, by reason", ["reason"],
-                                      registry=r)
+        self.interventions = PCounter("agent_watchdog_interventions",
+                                      "Stops requested (by the daemon, a guard, a gateway or the CLI), by reason",
+                                      ["reason"], registry=r)
         self.lost = PCounter("agent_watchdog_runs_lost", "Runs whose process vanished", registry=r)
         self.alerts = PCounter("agent_watchdog_alert_deliveries", "Alert deliveries per target outcome", ["outcome"],
                                registry=r)
@@ -71,8 +74,9 @@ class Metrics:
         self.last_tick.set_to_current_time()
         self.active.labels("running").set(rep.active - rep.stopping)
         self.active.labels("stopping").set(rep.stopping)
-        for _rid, reason in rep.stops:
-            self.interventions.labels(reason).inc()
+        # issue 36: every stop once, the daemon's and those it heard (a guard's, a gateway's, the CLI's)
+        for _rid, reason in [*rep.stops, *getattr(rep, "heard", ())]:
+            self.interventions.labels(reason if reason in STOP_REASONS else "other").inc()
         if rep.lost:
             self.lost.inc(len(rep.lost))
         calls: Counter[str] = Counter()

@@ -356,3 +356,20 @@ def _without_added_params(privacy_url: str, url: str) -> str:
     kept = [pair for pair in query.split("&") if pair and pair.partition("=")[0].lower() in given]
     base = base.rstrip("/") if not kept and base.endswith("/") and not url.partition("?")[0].endswith("/") else base
     return base + ("?" + "&".join(kept) if kept else "")
+
+
+def daemon_alert_urls(config: Any) -> tuple[str, ...]:
+    """The daemon's alert URLs. A relative urls_file (the unit's credential) that a daemon started
+    by hand cannot read is one error line, and alerts go to `[alerts] urls` only (issue 36): the
+    daemon still stops runaways. Any other unreadable or invalid file stays fatal."""
+    from watchdog.core.config import alert_urls, credential_by_hand
+    from watchdog.errors import ConfigError
+
+    try:
+        return alert_urls(config, url_error=url_error)
+    except ConfigError as exc:
+        if not credential_by_hand(config):
+            raise
+        log.error("%s: a systemd credential read outside systemd; alerts go only to [alerts] urls (run the daemon "
+                  "under its unit, or set urls_file to an absolute path this user can read)", exc)
+        return tuple(config.alert_urls)

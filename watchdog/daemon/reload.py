@@ -20,7 +20,7 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from watchdog.core.config import Config, alert_urls, load
+from watchdog.core.config import Config, load
 from watchdog.core.text import one_line
 from watchdog.errors import ConfigError
 
@@ -50,7 +50,7 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
 
 def reload(daemon: Daemon, path: str | None) -> bool:
     """Load `path` and apply it to the running `daemon`; False (logged, one line) if refused."""
-    from watchdog.daemon.notify import Notifier, url_error
+    from watchdog.daemon.notify import Notifier, daemon_alert_urls, url_error
     from watchdog.daemon.preflight import check
     from watchdog.daemon.service import check_allowed_users
 
@@ -63,7 +63,7 @@ def reload(daemon: Daemon, path: str | None) -> bool:
         new = load(path, url_error=url_error)
         check(new)
         check_allowed_users(new)
-        fresh = Notifier(alert_urls(new, url_error=url_error))
+        fresh = Notifier(daemon_alert_urls(new))
         # The running notifier is kept when the targets are the same: its lanes may be sending.
         same = {t.id for t in fresh.targets} == {t.id for t in daemon.notifier.targets}
         notifier = None if same else fresh
@@ -112,6 +112,9 @@ def apply(daemon: Daemon, config: Config, notifier: Notifier | None = None) -> N
         t.money.label_budgets = tuple(config.budgets)
     users = frozenset(u for u in config.daemon.allowed_users if u)
     daemon.killer.allowed_users = users or default_allowed_users()
+    from watchdog.daemon.signalcheck import warn_at_start  # the new users: can it signal them? (issue 36)
+
+    daemon.signalable = warn_at_start(daemon.killer.allowed_users)
     if notifier is not None:
         daemon.notifier = notifier
     try:

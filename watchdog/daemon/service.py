@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
-from watchdog.daemon import keyfile, outbox, sdnotify
+from watchdog.daemon import keyfile, outbox, sdnotify, whoami
 from watchdog.daemon.clock import MIN_JUMP_S, Jump, JumpDetector
 from watchdog.daemon.loop import Periodic
 from watchdog.daemon.attest import AttestServer
@@ -67,15 +67,17 @@ class Daemon:
         if not self.killer.allowed_users:
             log.warning("[daemon] allowed_users is empty and the daemon's own user is a system account: no process "
                         "will be signalled (cooperative stops and alerts only); set allowed_users = [\"USER\", ...]")
+        from watchdog.daemon.signalcheck import warn_at_start  # issue 36: no CAP_KILL, said at start
+
+        self.signalable = warn_at_start(self.killer.allowed_users)
         from watchdog.daemon import dirs  # issue 19: the default directories exist for any user
 
         dirs.ensure(config.daemon)
         self.sealer = Sealer(keyfile.load_or_create(config.daemon.key_file), self.killer.host)
         if notifier is None:
-            from watchdog.core.config import alert_urls
-            from watchdog.daemon.notify import url_error
+            from watchdog.daemon.notify import daemon_alert_urls
 
-            notifier = Notifier(alert_urls(config, url_error=url_error))  # the credential file: read at start
+            notifier = Notifier(daemon_alert_urls(config))  # the credential file: read at start
         self.notifier = notifier
         self.metrics = metrics
         self.attest_server: AttestServer | None = None
@@ -112,6 +114,9 @@ class Daemon:
         except HostLockHeld as exc:
             raise AlreadyRunning(self.killer.host, self._holder_named(exc.pid), exc.pid) from None
         self.host_lock = lock
+        from watchdog.daemon import statedir  # issue 36: no files of stores long gone
+
+        statedir.prune(self.config.daemon.state_dir, lock.path)
         lease = lease_for(self.engine, self.killer.host, tick_s=self.config.daemon.tick_s)
         try:
             lease.acquire()
@@ -218,6 +223,8 @@ class Daemon:
             publish_value(conn, CONFIG_KEY, value, now)
         self._published_at = time.monotonic()
         self._published_value = json.loads(json.dumps(value))  # as it reads back (lists, not tuples)
+        if self.attest_server is not None:  # serving: its receivers' addresses are known (issue 36)
+            whoami.publish(self)
 
     def _settings_intact(self) -> bool:
         """One small read per tick: the settings row still holds what this daemon wrote."""
@@ -377,6 +384,7 @@ class Daemon:
             return 0
         self.start_attesting()
         self.start_otlp()
+        whoami.publish(self)  # for `agent-watchdog status`: now that its receivers listen
         jobs = [Periodic(name, fn, tick_s, self._stop, on_skip=skipped(name)).start()
                 for name, fn in (("tick", self.tick_job), ("deliver", self.deliver_job))]
         sdnotify.notify("READY=1", "STATUS=watching")

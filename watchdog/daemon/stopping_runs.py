@@ -20,7 +20,7 @@ from watchdog.core.interventions import Action
 from watchdog.core.messages import ACK_MARK, RunFacts, requested_stop_alert
 from watchdog.core.policies import evaluate, with_period
 from watchdog.core.seal import Sealer
-from watchdog.daemon import believe, ownstage
+from watchdog.daemon import believe, ownstage, redrive
 from watchdog.daemon.batch import Batch
 from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.ladder import due as ladder_due
@@ -46,11 +46,15 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
         batch.commit()
         with tk.engine.begin() as conn:
             row = ownstage.restore(conn, row, own)
-    if row.id not in tk.state.acked:
-        acknowledge_stop(tk, row, f, budgets, now, batch)
+    if row.id not in tk.state.acked and acknowledge_stop(tk, row, f, budgets, now, batch):
+        this.rep.heard.append((row.id, row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"))
     gone = (row.signal_stage in (None, *WAITING_STAGES) and tk.gone(row, this)
             and not tk.exec_trees.left(row))
-    if not gone and not ladder_due(row, now, tk.config.daemon, tk.killer.host):
+    redriven = None
+    if not gone and row.signal_stage == lc.Stage.REFUSED:  # issue 36: the operator's `kill` drives it again
+        with batch.run() as conn:
+            redriven = redrive.pending(tk.sealer, conn, row, tk.state.redriven)
+    if not gone and redriven is None and not ladder_due(row, now, tk.config.daemon, tk.killer.host):
         return  # nothing to do yet: no transaction (on SQLite, no write lock)
     batch.commit()  # first: on SQLite the batch holds the write lock this transaction needs
     with tk.engine.begin() as conn:  # its own transaction: it may signal a process
@@ -65,7 +69,9 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
                 confirmed=lambda: confirms(tk, this, conn, row, budgets),
                 remembered=tk.exec_trees.remembered(row.id),
                 own_evidence=None if own_evidence is None else lambda: own_evidence.justifies(
-                    conn, row, now, skip_clock=this.skip_clock))
+                    conn, row, now, skip_clock=this.skip_clock), redriven=redriven is not None)
+        if redriven is not None:
+            tk.state.redriven.add(redriven)  # once per redrive alert
         ownstage.remember(conn, tk.memory, row, row.signal_stage)
 
 
@@ -87,15 +93,19 @@ def sealed_stop(sealer: Sealer | None, conn: Connection, row: Any) -> bool:
         return False
     # On the caller's connection: a second one would wait for the write lock the caller holds.
     a = stop_alert(conn, row.id)
+    if redrive.sealed(sealer, conn, row) is not None:
+        return True  # an operator's sealed `kill` of the run while it was stopping (issue 36)
     if a is None or not isinstance(a.body, str) or ACK_MARK in a.body:
         return False
     return bool(sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at))
 
 
-def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> None:
+def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> bool:
     """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
     any store writer): record it if nobody did and alert it, worded by the daemon from
-    the store's numbers. Once per run: remembered, and its alert key is unique."""
+    the store's numbers. Once per run: remembered, and its alert key is unique. True when
+    this call heard it (its alert queued now)."""
+    heard = False
     with batch.run() as conn:
         if not queued(conn, AlertKind.STOP.key(row.id)):
             reason = row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"
@@ -108,4 +118,6 @@ def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: d
             enqueue_alert(conn, AlertKind.STOP.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
                           sealer=tk.sealer)
             log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
+            heard = True
     tk.state.acked.add(row.id)
+    return heard

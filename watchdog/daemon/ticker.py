@@ -199,6 +199,7 @@ class Ticker:
         if not self.active.none_ended or self.ended_stops.backlog:
             self._safely(lambda engine, at: self.ended_stops.run(
                 engine, at, hosts=this.judged, config=self.config, sealer=self.sealer, by=self.by), now)
+            this.rep.heard += self.ended_stops.heard
         if self.state.holds_runs():  # forget the runs that ended
             self.state.forget(self.active.rows)
         if this.money is not None:

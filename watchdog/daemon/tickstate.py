@@ -35,6 +35,7 @@ class TickState:
     pause_seen: set[str] = field(default_factory=set)  # pause alert keys known to be queued (store.pause)
     resume_seen: set[tuple[str, int]] = field(default_factory=set)  # (run id, resumes) whose resume is alerted
     backstopped: set[str] = field(default_factory=set)  # quarantined runs stopped or ended by the backstop
+    redriven: set[str] = field(default_factory=set)  # redrive alert keys carried out (watchdog.daemon.redrive)
 
     def holds_runs(self) -> bool:
         """Whether `forget` has anything to do (the ticker then builds the set of active ids)."""
@@ -61,6 +62,8 @@ class TickReport:
     stopping: int = 0
     new_events: int = 0
     stops: list[tuple[str, str]] = field(default_factory=list)  # (run id, reason)
+    # Stops this daemon did not decide (a guard, a gateway, the CLI), heard this tick: (run id, reason).
+    heard: list[tuple[str, str]] = field(default_factory=list)
     pauses: list[tuple[str, str]] = field(default_factory=list)  # (run id, reason): on_breach = "pause"
     paused: int = 0  # runs waiting for a human
     lost: list[str] = field(default_factory=list)

@@ -263,9 +263,26 @@ def require_tables(engine: Engine, url: str) -> None:
         with engine.connect() as conn:
             conn.execute(text("SELECT version_num FROM alembic_version")).first()
     except DBAPIError as exc:
+        orig = getattr(exc, "orig", None) or exc
+        if getattr(orig, "sqlstate", None) == "42501" or "permission denied" in str(orig).lower():
+            raise StoreError(read_refused(url)) from None  # issue 36: an agent's own login, say what reads
         if not is_missing_schema(exc):
             raise
         raise StoreError(f"the store at {url_without_password(url)} has no tables: {upgrade_hint(url)}") from None
+
+
+def read_refused(url: str) -> str:
+    """One line for a login that may not read the store's tables (an agent's or a gateway's role)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        login = make_url(url).username
+    except Exception:  # noqa: BLE001 — only a name for the message
+        login = None
+    who = f"login {login!r}" if login else "this login"
+    return (f"the store at {url_without_password(url)} does not let {who} read its tables (an agent's role may only "
+            "write its own runs): read with the daemon's login or a viewer role, e.g. `GRANT agent_watchdog_viewer "
+            f"TO {login or 'LOGIN'};` (sql/postgres-roles.sql)")
 
 
 def is_missing_schema(exc: BaseException) -> bool:

@@ -24,7 +24,28 @@ def alembic_config(engine: Engine) -> AlembicConfig:
     return cfg
 
 
+def check_revision(engine: Engine, revision: str) -> None:
+    """A revision Alembic does not know is one line naming those it does (issue 36), not its
+    CommandError: `head`, `base`, relative forms (`-1`, `+2`) and every shipped revision pass."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    from watchdog.errors import StoreError
+
+    script = ScriptDirectory.from_config(alembic_config(engine))
+    if revision in ("head", "heads", "base") or revision.lstrip("+-").isdigit() and revision[:1] in "+-":
+        return
+    try:
+        if script.get_revision(revision) is not None:
+            return
+    except CommandError:
+        pass
+    known = ", ".join(r.revision for r in reversed(list(script.walk_revisions())))
+    raise StoreError(f"unknown revision {revision!r}: give head, base or one of {known}")
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    check_revision(engine, revision)
     cfg = alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
@@ -32,6 +53,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def downgrade(engine: Engine, revision: str) -> None:
+    check_revision(engine, revision)
     cfg = alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn

@@ -54,3 +54,12 @@ def stop_alert(conn: Connection, run_id: str) -> StopAlert | None:
                      .where(alerts.c.dedupe_key == stop_key(run_id))).first()
     return None if a is None else StopAlert(a.dedupe_key, a.title, a.body, a.mac, a.created_at)
 
+
+
+def redrive_alerts(conn: Connection, run_id: str, limit: int = 5) -> list[StopAlert]:
+    """The run's `redrive:<id>:<time>` alerts (an operator's `kill` of a run already stopping),
+    newest first; the caller verifies each one's seal."""
+    rows = conn.execute(select(alerts.c.dedupe_key, alerts.c.title, alerts.c.body, alerts.c.mac, alerts.c.created_at)
+                        .where(alerts.c.run_id == run_id, alerts.c.dedupe_key.startswith(f"redrive:{run_id}:"))
+                        .order_by(alerts.c.id.desc()).limit(limit))
+    return [StopAlert(a.dedupe_key, a.title, a.body, a.mac, a.created_at) for a in rows]

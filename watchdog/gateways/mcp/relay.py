@@ -95,6 +95,7 @@ class Relay:
         self.progress: dict[str, Any] = {}  # progressToken -> the client's request id
 
     async def run(self, client_read, client_write, server_read, server_write) -> None:
+        self.server_left = False  # the server ended its side first (it exited by itself, or crashed)
         async with anyio.create_task_group() as tg:
             async def from_client():
                 await self._from_client(client_read, client_write, server_write)
@@ -102,6 +103,7 @@ class Relay:
 
             async def from_server():
                 await self._from_server(server_read, client_write)
+                self.server_left = True
                 tg.cancel_scope.cancel()
 
             tg.start_soon(from_client)

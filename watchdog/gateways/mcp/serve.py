@@ -44,6 +44,7 @@ async def serve_stdio(witnesses: Witnesses, command: str, args: list[str]) -> No
     witness = witnesses(None)
     params = StdioServerParameters(command=command, args=args, env=dict(os.environ))
     signalled = False
+    relay = Relay(witness)
     with anyio.open_signal_receiver(*SIGNALS) as signals:  # before the server starts: no signal is missed
         async with stdio_server() as (client_read, client_write):
             async with anyio.create_task_group() as tg:
@@ -57,11 +58,17 @@ async def serve_stdio(witnesses: Witnesses, command: str, args: list[str]) -> No
                 tg.start_soon(on_signal)
                 try:
                     async with stdio_client(params, errlog=sys.stderr) as (server_read, server_write):
-                        await Relay(witness).run(client_read, client_write, server_read, server_write)
+                        await relay.run(client_read, client_write, server_read, server_write)
                 finally:  # the server is gone (stdio_client ends its process tree): end the run
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(witness.close)
                 tg.cancel_scope.cancel()
+            if getattr(relay, "server_left", False) and not signalled:
+                # issue 36: a server that dies (at start, or later) is a failure the client's
+                # launcher must see, not exit 0; the client's stdin may stay open: leave now.
+                print(f"agent-watchdog mcp-proxy: the server {command!r} exited on its own (crashed?); "
+                      "see its output above", file=sys.stderr, flush=True)
+                os._exit(1)
             if signalled:
                 # The transport's stdin reader may sit in a blocking read for ever; the server is
                 # gone and the run is written: leave now.

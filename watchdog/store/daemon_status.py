@@ -1,0 +1,112 @@
+"""Which daemons watch this store, as `agent-watchdog status`, `runs` and `top` show it (issue 36).
+
+Two sources, both daemon-owned: the `daemons` lease rows (one per host: its pid, start, last
+tick, lease expiry, leadership) and what each daemon publishes about itself under the
+`settings` key `daemon:<host>` (its receivers' addresses, whom it can signal). On PostgreSQL
+only the daemon's login writes either; on SQLite any writer could, so this is shown, never
+obeyed. Liveness is the lease's expiry against the store's clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from watchdog.store import settings
+from watchdog.store.leases import db_now
+from watchdog.store.schema import daemons
+from watchdog.store.schema import settings as settings_table
+
+SELF_PREFIX = "daemon:"
+KEY_CHARS = 64  # settings.key
+
+
+def self_key(host: str) -> str:
+    """The settings key under which the daemon of `host` publishes itself."""
+    return (SELF_PREFIX + host)[:KEY_CHARS]
+
+
+def publish_self(conn: Connection, host: str, value: dict[str, Any], now: dt.datetime) -> None:
+    settings.put(conn, self_key(host), value, now)
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    host: str
+    pid: int
+    started_at: dt.datetime
+    last_tick_at: dt.datetime | None
+    expires_at: dt.datetime | None
+    leader_since: dt.datetime | None
+    live: bool
+    published: dict[str, Any] = field(default_factory=dict)  # what it says of itself (receivers, signals)
+
+
+@dataclass(frozen=True)
+class Watchers:
+    now: dt.datetime  # the store's clock
+    daemons: tuple[DaemonStatus, ...]
+
+    @property
+    def live(self) -> tuple[DaemonStatus, ...]:
+        return tuple(d for d in self.daemons if d.live)
+
+    def last_seen(self) -> dt.datetime | None:
+        """When a daemon was last seen alive (its last tick, else its lease's last renewal)."""
+        times = [d.last_tick_at or d.started_at for d in self.daemons]
+        return max(times) if times else None
+
+
+def _aware(t: Any) -> dt.datetime | None:
+    if not isinstance(t, dt.datetime):
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def watchers(conn: Connection) -> Watchers:
+    """Every daemon that ever held a lease on this store, live or not, with what it published."""
+    now = _aware(db_now(conn)) or dt.datetime.now(dt.timezone.utc)
+    published: dict[str, dict[str, Any]] = {}
+    for key, value in conn.execute(select(settings_table.c.key, settings_table.c.value)
+                                   .where(settings_table.c.key.startswith(SELF_PREFIX))):
+        if isinstance(value, dict):
+            published[key] = value
+    found = []
+    for r in conn.execute(select(daemons).order_by(daemons.c.host)):
+        expires = _aware(r.expires_at)
+        mine = published.get(self_key(r.host), {})
+        if mine.get("pid") != r.pid:
+            mine = {}  # published by an earlier daemon of the host: not this one's word
+        found.append(DaemonStatus(host=r.host, pid=r.pid, started_at=_aware(r.started_at) or now,
+                                  last_tick_at=_aware(r.last_tick_at), expires_at=expires,
+                                  leader_since=_aware(r.leader_since), live=expires is not None and expires > now,
+                                  published=mine))
+    return Watchers(now, tuple(found))
+
+
+def no_live_daemon(conn: Connection) -> str | None:
+    """The banner `runs` and `top` print when no daemon watches the store; None when one does."""
+    w = watchers(conn)
+    if w.live:
+        return None
+    seen = w.last_seen()
+    since = f"since {seen.strftime('%Y-%m-%d %H:%M:%S')} UTC" if seen else "ever"
+    return f"agent-watchdog: no live daemon {since}: no run is judged"  # fits top's 80 columns
+
+
+def banner(conn: Connection) -> str | None:
+    """no_live_daemon, or None when this login may not read the daemons' rows (an agent's
+    PostgreSQL role): in a savepoint, so the caller's snapshot survives a refused read."""
+    try:
+        with conn.begin_nested():
+            return no_live_daemon(conn)
+    except Exception as exc:  # noqa: BLE001 — a banner is a courtesy; the listing goes on
+        from watchdog.store.engine import store_unavailable
+
+        if store_unavailable(exc):
+            raise
+        return None
