@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from watchdog.store import settings
-from watchdog.store.leases import db_now
+from watchdog.store.leases import MAX_LEASE_S, db_now
 from watchdog.store.schema import daemons
 from watchdog.store.schema import settings as settings_table
 
@@ -67,6 +67,12 @@ def _aware(t: Any) -> dt.datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
 
 
+def _live(expires: dt.datetime | None, now: dt.datetime) -> bool:
+    """A lease is live until its expiry; one further out than any daemon writes (a row written by
+    hand) counts as dead: a banner too many, never one missing."""
+    return expires is not None and now < expires <= now + dt.timedelta(seconds=MAX_LEASE_S)
+
+
 def watchers(conn: Connection) -> Watchers:
     """Every daemon that ever held a lease on this store, live or not, with what it published."""
     now = _aware(db_now(conn)) or dt.datetime.now(dt.timezone.utc)
@@ -83,7 +89,7 @@ def watchers(conn: Connection) -> Watchers:
             mine = {}  # published by an earlier daemon of the host: not this one's word
         found.append(DaemonStatus(host=r.host, pid=r.pid, started_at=_aware(r.started_at) or now,
                                   last_tick_at=_aware(r.last_tick_at), expires_at=expires,
-                                  leader_since=_aware(r.leader_since), live=expires is not None and expires > now,
+                                  leader_since=_aware(r.leader_since), live=_live(expires, now),
                                   published=mine))
     return Watchers(now, tuple(found))
 

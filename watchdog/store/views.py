@@ -272,23 +272,13 @@ class DaemonLiveness:
 
 
 def daemon_liveness(conn: Connection) -> DaemonLiveness:
-    """The daemons' leases read against the database's clock (the clock their expiry is written in):
-    a lease is live until its expiry; one further out than any daemon writes counts as dead. A row
-    that does not read (written by hand on SQLite) counts as dead: a banner too many, never one missing."""
-    from watchdog.store.leases import MAX_LEASE_S, db_now
+    """The hosts whose daemon holds a live lease and when one was last seen (the one reading of
+    watchdog.store.daemon_status, which `status`, `runs` and `top` share). A table that does not
+    read counts as no live daemon: a banner too many, never one missing."""
+    from watchdog.store.daemon_status import watchers
 
-    now = db_now(conn)
-    live: list[str] = []
-    newest: dt.datetime | None = None
     try:
-        rows = conn.execute(select(daemons.c.host, daemons.c.expires_at, daemons.c.last_tick_at,
-                                   daemons.c.started_at).order_by(daemons.c.host)).all()
+        w = watchers(conn)
     except UNREADABLE:
         return DaemonLiveness((), None)
-    for host, expires_at, last_tick_at, started_at in rows:
-        if expires_at is not None and now < expires_at <= now + dt.timedelta(seconds=MAX_LEASE_S):
-            live.append(str(host))
-        seen = last_tick_at or started_at
-        if seen is not None and (newest is None or seen > newest):
-            newest = seen
-    return DaemonLiveness(tuple(live), newest)
+    return DaemonLiveness(tuple(d.host for d in w.live), w.last_seen())
