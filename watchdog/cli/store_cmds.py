@@ -200,6 +200,9 @@ def check_config(app, file, as_json):
     config = load(app.config_path, url_error=url_error)  # apprise loads each URL, as `run` does
     check(config)
     shown, warnings = checkconfig.checked_urls(config)  # urls_file read as the daemon reads it
+    from watchdog.core.config import resolve_db_url
+
+    warnings += checkconfig.open_profiles(config, resolve_db_url(app.db_arg, config))
     if as_json:
         emit_json({"path": config.path, "defaults": config.defaults.to_json(),
                    "agents": {k: v.to_json() for k, v in config.agents.items()}, "alert_urls": shown})

@@ -54,3 +54,14 @@ def stop_alert(conn: Connection, run_id: str) -> StopAlert | None:
                      .where(alerts.c.dedupe_key == stop_key(run_id))).first()
     return None if a is None else StopAlert(a.dedupe_key, a.title, a.body, a.mac, a.created_at)
 
+
+
+_OWNERS = select(runs.c.id, runs.c.owner).where(runs.c.id.in_(bindparam("b_ids", expanding=True)))
+
+
+def owners_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, Any]:
+    """run id -> its `owner` column (PostgreSQL: the login that inserted it; NULL on SQLite)."""
+    out: dict[str, Any] = {}
+    for i in range(0, len(run_ids), 500):
+        out.update((rid, owner) for rid, owner in conn.execute(_OWNERS, {"b_ids": list(run_ids[i:i + 500])}))
+    return out

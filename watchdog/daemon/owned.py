@@ -1,0 +1,85 @@
+"""PostgreSQL: a signal rests only on the run's own evidence (issue 32; the rule: watchdog.core.whose).
+
+Row-level security makes a run's row its owner's: its counters are the owner's word. Events are
+not all: a gateway's login appends events marked with its source to any run (sql/postgres-roles.sql),
+and period budgets add up every run that names the agent. So before a first signal the ladder asks
+`OwnerEvidence.justifies`:
+
+- an operator's sealed `kill`, or the kernel's word (an exec'd run whose supervisor is gone, a
+  pinned span sender: watchdog.daemon.authentic) — signalled;
+- the run's own counters (the row, and its events but the gateways') over one of its budgets;
+- a spent period budget that only runs of its own owner fed (trust books the others under theirs).
+
+Anything else stays a cooperative stop, recorded and alerted once with what was refused; the
+gateways refuse its next call like any stopping run's. (SQLite: watchdog.daemon.authentic.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any
+
+from watchdog.core import lifecycle as lc
+from watchdog.core import whose
+from watchdog.core.budgets import Budgets
+from watchdog.core.policies import RunSnapshot, evaluate
+from watchdog.daemon.scan import RATE_WINDOW_S
+from watchdog.daemon.authentic import OwnEvidence, operator_stop
+from watchdog.store.engine import Connection
+from watchdog.store.evidence_rows import own_events
+
+if TYPE_CHECKING:
+    from watchdog.core.config import Config
+    from watchdog.core.periods import PeriodState
+    from watchdog.core.seal import Sealer
+    from watchdog.daemon.trust import Trust
+
+
+def own_snapshot(row: Any, started_at: dt.datetime, conn: Connection, now: dt.datetime) -> RunSnapshot:
+    """The run as its own evidence shows it: the row's counters, each raised to what its events
+    but the gateways' show."""
+    mine = own_events(conn, row.id, sorted(whose.GATEWAY_SOURCES), now - dt.timedelta(seconds=RATE_WINDOW_S))
+    t = mine.totals
+
+    def at_least(v: object, shown: float) -> float:
+        return max(v, shown) if isinstance(v, (int, float)) and v >= 0 else shown
+
+    tokens = (row.tokens_in or 0) + (row.tokens_out or 0) if isinstance(row.tokens_in, int) else 0
+    return RunSnapshot(
+        id=row.id, agent=row.agent, started_at=started_at, last_seen_at=row.last_seen_at,
+        steps=int(at_least(row.steps, t.steps)), tool_calls=int(at_least(row.tool_calls, t.tool_calls)),
+        tool_errors=int(at_least(row.tool_errors, t.tool_errors)), cost_eur=float(at_least(row.cost_eur, t.cost_eur)),
+        tokens=int(max(tokens, t.tokens)), top_signature=mine.top_signature, calls_last_min=mine.calls_since)
+
+
+class OwnerEvidence:
+    """The check the ladder makes before a first signal on PostgreSQL (see the module docstring)."""
+
+    def __init__(self, config: Config, sealer: Sealer | None, trust: Trust):
+        self.config = config
+        self.sealer = sealer
+        self.trust = trust
+        self._kernel = OwnEvidence(config, sealer)  # its kernel checks (exec gone, pinned sender)
+
+    def justifies(self, conn: Connection, row: Any, now: dt.datetime, budgets: Budgets,
+                  closing: PeriodState | None, *, skip_clock: bool = False) -> bool | str:
+        """True, or what was refused (the daemon's words, for the 'not signalled' alert)."""
+        k = self._kernel
+        sealed = operator_stop(conn, row, self.sealer)
+        kernel = not sealed and (k._exec_gone(conn, row) or k._kernel_pinned(conn, row))
+        own_breach = False
+        if not (sealed or kernel):
+            snap = own_snapshot(row, self.trust.started_at(row), conn, now)
+            own_breach = bool(evaluate(snap, budgets, now, skip_clock=skip_clock))
+        period: bool | None = None
+        if closing is not None:
+            owner = self.trust.owner_of(conn, row)
+            # Booked under its own owner (its profile refused it): that scope holds its owner's runs only.
+            owners: tuple[str, ...] = ((owner,) if owner is not None and closing.scope.name == whose.owner_key(owner)
+                      else getattr(self.config.profile(row.agent), "owners", ()))
+            cost = row.cost_eur if isinstance(row.cost_eur, (int, float)) else 0.0
+            period = whose.period_own(closing.scope.kind, owners, owner, cost, closing.budget_eur)
+        why = whose.refused(row.stop_reason if row.stop_reason in lc.STOP_REASONS else None, sealed_kill=sealed,
+                            kernel=kernel, period_is_own=period, own_breach=own_breach)
+        return True if why is None else why
+
