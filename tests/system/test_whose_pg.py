@@ -169,6 +169,28 @@ def test_the_owners_own_spend_over_the_day_still_gets_its_run_sigtermed(store, d
     assert "sigterm" in actions(eng, runaway.run_id) and not _not_own_alerts(eng, runaway.run_id)
 
 
+def test_an_open_profiles_day_spent_by_another_login_stops_the_run_cooperatively_only(
+        store, daemon, procs, tmp_path):
+    """No `owners` (check-config warns): anyone's runs count toward its day, so a spent day is not
+    the run's own evidence: stopped cooperatively, never signalled, alerted with what was refused."""
+    eng, sealer = daemon
+    cfg = config(agents={"openbot": {"max_cost_eur_per_day": 50.0}})
+    victim, go = _victim(procs, store, tmp_path, "openbot")
+    tk = _ticker(eng, cfg, sealer)
+    now = utcnow()
+    tk.tick(now)
+    _plain_run(store.url("b"), "openbot", 100.0)
+    for i in range(1, 5):
+        tk.tick(later(now, i))
+    row = run_row(eng, victim.run_id)
+    assert (row.status, row.stop_reason) == (lc.STOPPING, lc.DAILY_BUDGET)
+    (held,) = _not_own_alerts(eng, victim.run_id)
+    assert whose.OTHERS_SPEND in held.body
+    go.touch()
+    assert victim.wait(30) == 0
+    assert "sigterm" not in actions(eng, victim.run_id)
+
+
 # -- attack 1, the budget side: a receiver-created run from a sender the profile does not name ----------
 
 

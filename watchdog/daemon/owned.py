@@ -8,7 +8,8 @@ and period budgets add up every run that names the agent. So before a first sign
 - an operator's sealed `kill`, or the kernel's word (an exec'd run whose supervisor is gone, a
   pinned span sender: watchdog.daemon.authentic) — signalled;
 - the run's own counters (the row, and its events but the gateways') over one of its budgets;
-- a spent period budget that only runs of its own owner fed (trust books the others under theirs).
+- a spent period budget that only runs of its own owner fed (trust books the others under theirs);
+- a child stopped with its parent (a link the daemon recorded at first sight): its parent's.
 
 Anything else stays a cooperative stop, recorded and alerted once with what was refused; the
 gateways refuse its next call like any stopping run's. (SQLite: watchdog.daemon.authentic.)
@@ -17,16 +18,20 @@ gateways refuse its next call like any stopping run's. (SQLite: watchdog.daemon.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core import whose
-from watchdog.core.budgets import Budgets
+from watchdog.core.budgets import Budgets, for_run
 from watchdog.core.policies import RunSnapshot, evaluate
 from watchdog.daemon.scan import RATE_WINDOW_S
 from watchdog.daemon.authentic import OwnEvidence, operator_stop
 from watchdog.store.engine import Connection
 from watchdog.store.evidence_rows import own_events
+from watchdog.store.run_reads import whole_run
+
+MAX_PARENTS = 8  # a child is judged by its parent's evidence this many levels up at most
 
 if TYPE_CHECKING:
     from watchdog.core.config import Config
@@ -62,8 +67,33 @@ class OwnerEvidence:
         self._kernel = OwnEvidence(config, sealer)  # its kernel checks (exec gone, pinned sender)
 
     def justifies(self, conn: Connection, row: Any, now: dt.datetime, budgets: Budgets,
-                  closing: PeriodState | None, *, skip_clock: bool = False) -> bool | str:
-        """True, or what was refused (the daemon's words, for the 'not signalled' alert)."""
+                  closing: Callable[[Any], PeriodState | None], *, skip_clock: bool = False,
+                  depth: int = 0) -> bool | str:
+        """True, or what was refused (the daemon's words, for the 'not signalled' alert).
+        `closing(row)`: the spent period budget covering a run now (the tick's money work)."""
+        why = self._refused(conn, row, now, budgets, closing(row), skip_clock)
+        if why is None:
+            return True
+        parent = self._stopped_with(conn, row) if depth < MAX_PARENTS else None
+        if parent is not None:  # stopped with its parent: the parent's evidence, the same owner's
+            up = self.justifies(conn, parent, now, for_run(self.config.profile(parent.agent), parent), closing,
+                                skip_clock=skip_clock, depth=depth + 1)
+            if up is True:
+                return True
+        return why
+
+    def _stopped_with(self, conn: Connection, row: Any) -> Any:
+        """The parent a child run was stopped with, when the link is the daemon's own record
+        (first sight) and row-level security made the parent its owner's too; else None."""
+        if not (getattr(row, "parent_id", None) and self.trust.parent_ok(row)):
+            return None
+        parent = whole_run(conn, row.parent_id)
+        if parent is None or parent.stop_reason != row.stop_reason or parent.owner != row.owner:
+            return None
+        return parent if parent.status in (lc.STOPPING, lc.KILLED) else None
+
+    def _refused(self, conn: Connection, row: Any, now: dt.datetime, budgets: Budgets,
+                 closing: PeriodState | None, skip_clock: bool) -> str | None:
         k = self._kernel
         sealed = operator_stop(conn, row, self.sealer)
         kernel = not sealed and (k._exec_gone(conn, row) or k._kernel_pinned(conn, row))
@@ -79,7 +109,6 @@ class OwnerEvidence:
                       else getattr(self.config.profile(row.agent), "owners", ()))
             cost = row.cost_eur if isinstance(row.cost_eur, (int, float)) else 0.0
             period = whose.period_own(closing.scope.kind, owners, owner, cost, closing.budget_eur)
-        why = whose.refused(row.stop_reason if row.stop_reason in lc.STOP_REASONS else None, sealed_kill=sealed,
-                            kernel=kernel, period_is_own=period, own_breach=own_breach)
-        return True if why is None else why
+        return whose.refused(row.stop_reason if row.stop_reason in lc.STOP_REASONS else None, sealed_kill=sealed,
+                             kernel=kernel, period_is_own=period, own_breach=own_breach)
 

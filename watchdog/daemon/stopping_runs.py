@@ -65,7 +65,8 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
             if own_evidence is not None:
                 return own_evidence.justifies(conn, row, now, skip_clock=this.skip_clock)
             assert owner_evidence is not None
-            return owner_evidence.justifies(conn, row, now, budgets, tk.closing(row, this), skip_clock=this.skip_clock)
+            return owner_evidence.justifies(conn, row, now, budgets, lambda r: tk.closing(r, this),
+                                            skip_clock=this.skip_clock)
 
         advance(conn, row, killer=tk.killer, daemon=tk.config.daemon, budgets=budgets, facts=f,
                 now=now, by=tk.by, sharing=this.sharing[(row.host, row.pid)] - 1, sealer=tk.sealer,

@@ -65,3 +65,10 @@ def owners_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, Any]:
     for i in range(0, len(run_ids), 500):
         out.update((rid, owner) for rid, owner in conn.execute(_OWNERS, {"b_ids": list(run_ids[i:i + 500])}))
     return out
+
+
+def whole_run(conn: Connection, run_id: str) -> Any:
+    """One run's whole row (its free text bounded), or None."""
+    from watchdog.store.schema import WHOLE_RUN
+
+    return conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
