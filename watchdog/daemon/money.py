@@ -141,7 +141,8 @@ class Money:
         bound = sorted(whose.bound) if whose is not None else ()
         self._spend, self._unbooked, self._n_unbooked, self._labels_read = ledger.read_period_spend(
             conn, self._keys, starts[DAY], starts[MONTH], ids, bound,
-            None if whose is None else (lambda rid, agent, owner: whose.spend_as_row(conn, rid, agent, owner)))
+            None if whose is None else (lambda rid, agent, owner, source: whose.spend_as_row(conn, rid, agent, owner,
+                                                                                           source)))
 
     # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
@@ -221,7 +222,7 @@ class Money:
         whose = self.whose
         with engine.begin() as conn:
             spend_as = None if whose is None or not whose.bound else (
-                lambda r: whose.spend_as_row(conn, r.id, r.agent, r.owner))
+                lambda r: whose.spend_as_row(conn, r.id, r.agent, r.owner, r.source))
             booking = ledger.book(conn, ledger.read_unbooked(conn), now, self.tz, self.label_budgets, spend_as)
         self._booked_at = now
         self.drift.dirty(booking.oldest_bucket, now)

@@ -172,7 +172,7 @@ class Trust:
             return "(named " + agent[len(OWNER_PREFIX):]
         return agent
 
-    def spend_as_row(self, conn: Connection, rid: str, agent: str, owner: object) -> str:
+    def spend_as_row(self, conn: Connection, rid: str, agent: str, owner: object, source: object = None) -> str:
         """As spend_as, for an ended run (`owner`: its row's column): checked now if need be,
         without the alert (a run ended before it was judged is booked, not judged)."""
         if not isinstance(agent, str):
@@ -180,7 +180,7 @@ class Trust:
         key = self.spend_as(rid, agent)
         if key is not None:
             return key
-        who = self._owner(conn, _Ended(rid, owner))
+        who = self._owner(conn, _Ended(rid, agent, owner, source))
         ok = who is not None and who in getattr(self.config.profile(agent), "owners", ())
         key = agent if ok else owner_key(who)
         if len(self._spend_key) > _MEMO_MAX:
@@ -202,7 +202,8 @@ class Trust:
         owners = owners_of(conn, [rid for rid, _a in todo if isinstance(rid, str)])
         for rid, agent in todo:
             if isinstance(rid, str):
-                self.spend_as_row(conn, rid, agent, owners.get(rid))
+                owner, source = owners.get(rid, (None, None))
+                self.spend_as_row(conn, rid, agent, owner, source)
 
     def owner_of(self, conn: Connection, row) -> str | None:
         """The run's owner as the daemon can prove it (None: it cannot)."""
@@ -270,12 +271,13 @@ class Trust:
 
 
 class _Ended:
-    """What _owner reads of a run: its id and owner column."""
+    """What _owner reads of a run not judged (ended, or before its first judgement): its id,
+    agent, owner column and the witness that created it."""
 
-    __slots__ = ("id", "owner")
+    __slots__ = ("id", "agent", "owner", "source")
 
-    def __init__(self, rid: str, owner: object) -> None:
-        self.id, self.owner = rid, owner
+    def __init__(self, rid: str, agent: object, owner: object, source: object) -> None:
+        self.id, self.agent, self.owner, self.source = rid, agent, owner, source
 
 
 def first_sight_budget_s(config: Config, agent: object) -> float:

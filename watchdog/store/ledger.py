@@ -48,7 +48,7 @@ CHUNK = 500
 STOPPED = (lc.KILLED, lc.LOST)
 
 UNBOOKED_COLS = ("id", "agent", "labels", "status", "steps", "tool_calls", "tool_errors", "tokens_in", "tokens_out",
-                 "cost_eur", "cost_unpriced_tokens", "ended_at", "last_seen_at", "owner")
+                 "cost_eur", "cost_unpriced_tokens", "ended_at", "last_seen_at", "owner", "source")
 
 # The ledger's cost per (scope, period) of the current period keys.
 Spend = dict[tuple[str, str], float]
@@ -87,14 +87,14 @@ LABELS_ALONG = 500
 
 def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.datetime, month_start: dt.datetime,
                       labels_of: Sequence[str] = (), bound: Sequence[str] = (),
-                      spend_as: Callable[[str, str, Any], str] | None = None
+                      spend_as: Callable[[str, str, Any, Any], str] | None = None
                       ) -> tuple[Spend, list[UnbookedSpend], int, dict[str, Any]]:
     """read_spend and read_unbooked_spend in one statement (one round trip per tick), and the
     labels of up to LABELS_ALONG runs (`labels_of`: the runs first seen, whose label budgets the
     tick must know): (ledger spend, unbooked sums, unbooked runs, {run id: labels or None}: every
     run asked for, None also for one that is not there). issue 32: the unbooked runs of the
     `bound` agents (whose profile names its owners) are read one by one and summed under
-    `spend_as(run id, agent, owner column)`; one booked elsewhere counts for no label budget."""
+    `spend_as(run id, agent, owner column, source)`; one booked elsewhere counts for no label budget."""
     params = _spend_params(keys, day_start, month_start)
     if labels_of:
         params["b_ids"] = list(labels_of[:LABELS_ALONG])
@@ -113,7 +113,7 @@ def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.d
             spend[(a, b)] = float(c or 0.0)
         elif kind == "U":
             if whose and whose[0] is not None and spend_as is not None:  # one run of a bound agent
-                key = spend_as(whose[0], a, whose[1])
+                key = spend_as(whose[0], a, whose[1], whose[2])
                 unbooked.append((key, parse_labels(b) if key == a else None, float(c or 0.0), float(d or 0.0)))
             else:
                 unbooked.append((a, parse_labels(b), float(c or 0.0), float(d or 0.0)))
@@ -166,7 +166,8 @@ def _unbooked_query(*tag: ColumnElement[str], bound: bool = False) -> Select[Unp
     group: list[Any] = [runs.c.agent, labels]
     if bound:  # issue 32: a bound agent's runs one by one (whose each is decides where it counts)
         is_bound = runs.c.agent.in_(bindparam("b_bound", expanding=True))
-        one = (case((is_bound, runs.c.id), else_=None), case((is_bound, runs.c.owner), else_=None))
+        one = (case((is_bound, runs.c.id), else_=None), case((is_bound, runs.c.owner), else_=None),
+               case((is_bound, runs.c.source), else_=None))
         cols += one
         group += one
     return (select(*cols).where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
@@ -183,8 +184,8 @@ _PERIOD_SPEND = union_all(_LEDGER_ROWS, _unbooked_query(literal("U")))
 _LABEL_ROWS = select(literal("N"), runs.c.id, cast(runs.c.labels, Text), literal(0.0), literal(0.0),
                      literal(0)).where(runs.c.id.in_(bindparam("b_ids", expanding=True)))
 _PERIOD_SPEND_LABELS = union_all(_LEDGER_ROWS, _unbooked_query(literal("U")), _LABEL_ROWS)
-# ...with the runs of the agents bound as `b_bound` one by one, their id and owner (two more columns).
-_NO_RUN = (literal(None, Text), literal(None, Text))
+# ...with the runs of the agents bound as `b_bound` one by one: their id, owner and source (three more columns).
+_NO_RUN = (literal(None, Text), literal(None, Text), literal(None, Text))
 _PERIOD_SPEND_BOUND = union_all(_LEDGER_ROWS.add_columns(*_NO_RUN), _unbooked_query(literal("U"), bound=True))
 _PERIOD_SPEND_BOUND_LABELS = union_all(_LEDGER_ROWS.add_columns(*_NO_RUN), _unbooked_query(literal("U"), bound=True),
                                        _LABEL_ROWS.add_columns(*_NO_RUN))

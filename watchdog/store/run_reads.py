@@ -56,14 +56,16 @@ def stop_alert(conn: Connection, run_id: str) -> StopAlert | None:
 
 
 
-_OWNERS = select(runs.c.id, runs.c.owner).where(runs.c.id.in_(bindparam("b_ids", expanding=True)))
+_OWNERS = select(runs.c.id, runs.c.owner, runs.c.source).where(runs.c.id.in_(bindparam("b_ids", expanding=True)))
 
 
-def owners_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, Any]:
-    """run id -> its `owner` column (PostgreSQL: the login that inserted it; NULL on SQLite)."""
-    out: dict[str, Any] = {}
+def owners_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+    """run id -> (its `owner` column, its `source`): PostgreSQL's owner is the login that
+    inserted it (NULL on SQLite); the source, the witness that created it."""
+    out: dict[str, tuple[Any, Any]] = {}
     for i in range(0, len(run_ids), 500):
-        out.update((rid, owner) for rid, owner in conn.execute(_OWNERS, {"b_ids": list(run_ids[i:i + 500])}))
+        out.update((rid, (owner, source))
+                   for rid, owner, source in conn.execute(_OWNERS, {"b_ids": list(run_ids[i:i + 500])}))
     return out
 
 
