@@ -32,6 +32,8 @@ from watchdog.store.evidence_rows import own_events
 from watchdog.store.run_reads import whole_run
 
 MAX_PARENTS = 8  # a child is judged by its parent's evidence this many levels up at most
+RECHECK_S = 5.0  # a held run's evidence is read again at most this often
+_HELD_MAX = 10_000
 
 if TYPE_CHECKING:
     from watchdog.core.config import Config
@@ -65,12 +67,30 @@ class OwnerEvidence:
         self.sealer = sealer
         self.trust = trust
         self._kernel = OwnEvidence(config, sealer)  # its kernel checks (exec gone, pinned sender)
+        self._held: dict[str, tuple[float, str]] = {}  # run id -> (when, what was refused), for RECHECK_S
 
     def justifies(self, conn: Connection, row: Any, now: dt.datetime, budgets: Budgets,
                   closing: Callable[[Any], PeriodState | None], *, skip_clock: bool = False,
                   depth: int = 0) -> bool | str:
         """True, or what was refused (the daemon's words, for the 'not signalled' alert).
-        `closing(row)`: the spent period budget covering a run now (the tick's money work)."""
+        `closing(row)`: the spent period budget covering a run now (the tick's money work).
+        A refusal is kept RECHECK_S: the ladder asks every tick, and a run flooded with others'
+        events costs one aggregate of them per RECHECK_S, not per tick."""
+        held = self._held.get(row.id) if depth == 0 else None
+        if held is not None and 0 <= now.timestamp() - held[0] < RECHECK_S:
+            return held[1]
+        out = self._justifies(conn, row, now, budgets, closing, skip_clock=skip_clock, depth=depth)
+        if depth == 0:
+            if out is True:
+                self._held.pop(row.id, None)
+            else:
+                if len(self._held) >= _HELD_MAX:
+                    self._held.clear()
+                self._held[row.id] = (now.timestamp(), str(out))
+        return out
+
+    def _justifies(self, conn: Connection, row: Any, now: dt.datetime, budgets: Budgets,
+                   closing: Callable[[Any], PeriodState | None], *, skip_clock: bool, depth: int) -> bool | str:
         why = self._refused(conn, row, now, budgets, closing(row), skip_clock)
         if why is None:
             return True
