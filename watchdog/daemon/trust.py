@@ -166,7 +166,7 @@ class Trust:
         """The name the run's live spend counts under: its agent's, its own owner's, or None while
         its owner is not checked yet (it is, when the tick judges it: counted from the next tick).
         A name that looks like an owner's booking name is kept apart from it."""
-        if agent in self.bound:
+        if agent in self._bound:  # (refreshed by `bound`, which the tick reads before it sums)
             return self._spend_key.get(rid)
         if agent.startswith(OWNER_PREFIX):  # not an owner's booking name: its own, apart
             return "(named " + agent[len(OWNER_PREFIX):]
