@@ -191,6 +191,24 @@ def test_an_open_profiles_day_spent_by_another_login_stops_the_run_cooperatively
     assert "sigterm" not in actions(eng, victim.run_id)
 
 
+def test_a_host_without_the_money_work_signals_on_the_owners_spent_day_the_leader_published(
+        store, daemon, procs):
+    eng, sealer = daemon
+    cfg = _cfg(store, spender3={"max_cost_eur_per_day": 50.0})
+    runaway = procs.start("runaway", store.url("a"), agent="spender3", kill_mode="process", steps=1,
+                          then="attest_then_hang", block_sigterm=True)
+    assert wait_until(lambda: run_row(eng, runaway.run_id).pid == runaway.pid)
+    _plain_run(store.url("a"), "spender3", 100.0)
+    now = utcnow()
+    _ticker(eng, cfg, sealer).tick(now)  # the leader: spends, publishes the spent day, stops the run
+    assert run_row(eng, runaway.run_id).stop_reason == lc.DAILY_BUDGET
+    other = Ticker(eng, cfg, Killer(allowed_users=[ME]), sealer=sealer, money=False)  # a cluster's other host
+    for i in range(1, 4):
+        other.tick(later(now, i))
+    assert wait_until(lambda: sigterm_pending(runaway.pid), 10)
+    assert "sigterm" in actions(eng, runaway.run_id) and not _not_own_alerts(eng, runaway.run_id)
+
+
 # -- attack 1, the budget side: a receiver-created run from a sender the profile does not name ----------
 
 

@@ -112,6 +112,29 @@ class OwnerEvidence:
             return None
         return parent if parent.status in (lc.STOPPING, lc.KILLED) else None
 
+    def _published(self, conn: Connection, row: Any, now: dt.datetime) -> Any:
+        """A daemon that does not do the money work (a cluster's other hosts: the leader does)
+        reads the spent budgets the leader published (settings: only the daemon's role writes
+        them on PostgreSQL): the agent's scope the run counts under, if spent (budget unknown)."""
+        from types import SimpleNamespace
+
+        from watchdog.core.periods import Scope
+        from watchdog.store.settings import CLOSED_KEY, get
+
+        key = self.trust.spend_as(row.id, row.agent) if isinstance(row.agent, str) else None
+        if key is None:
+            return None
+        try:
+            entries = get(conn, CLOSED_KEY) or []
+            for e in entries if isinstance(entries, list) else []:
+                if (isinstance(e, dict) and e.get("scope") == "agent" and e.get("name") == key
+                        and e.get("reason") == row.stop_reason
+                        and dt.datetime.fromisoformat(str(e.get("until"))) > now):
+                    return SimpleNamespace(scope=Scope(f"agent:{key}", key, "agent"), budget_eur=0.0)
+        except (TypeError, ValueError):  # a malformed entry: no period of its own proven
+            return None
+        return None
+
     def _refused(self, conn: Connection, row: Any, now: dt.datetime, budgets: Budgets,
                  closing: PeriodState | None, skip_clock: bool) -> str | None:
         k = self._kernel
@@ -122,6 +145,8 @@ class OwnerEvidence:
             snap = own_snapshot(row, self.trust.started_at(row), conn, now)
             own_breach = bool(evaluate(snap, budgets, now, skip_clock=skip_clock))
         period: bool | None = None
+        if closing is None and row.stop_reason in whose.PERIOD_REASONS:
+            closing = self._published(conn, row, now)
         if closing is not None:
             owner = self.trust.owner_of(conn, row)
             # Booked under its own owner (its profile refused it): that scope holds its owner's runs only.
