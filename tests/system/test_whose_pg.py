@@ -139,6 +139,11 @@ def test_another_logins_run_named_after_the_agent_books_under_its_owner_and_stop
     assert _spent(tk, whose.owner_key(store.logins["b"])) == pytest.approx(200.0)  # booked under B
     row = run_row(eng, victim.run_id)
     assert (row.status, row.stop_reason) == (lc.RUNNING, None)
+    from watchdog.store.ledger import period_report
+
+    with eng.connect() as conn:  # `agent-watchdog budgets`, from the store alone, agrees
+        shown = {s.scope.name: s.spent_eur for s in period_report(conn, cfg, later(now, 4)) if s.period == "day"}
+    assert shown["victim2"] < 1.0 and shown[whose.owner_key(store.logins["b"])] == pytest.approx(200.0)
     owner_alerts = [a for a in alerts_of(eng, poison) if a.dedupe_key == f"owner:{poison}"]
     assert len(owner_alerts) == 1 and "[defaults]" in owner_alerts[0].title
     tk.money._booked_at = None  # book now: the ended run lands under its owner's name, not the agent's

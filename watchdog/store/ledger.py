@@ -378,16 +378,29 @@ def period_report(conn: Connection, config: Config, now: dt.datetime, published:
     `published`: the daemon's last "budget_state" (its burn rates; omitted when stale)."""
     from watchdog.core.periods import DAY, build_states, live_by_scope, period_bounds, sum_spend, zone
 
+    from watchdog.core.whose import owner_key
+
     tz = zone(config.pricing.budget_tz)
     keys = {p: period_key(p, now, tz) for p in PERIODS}
-    unbooked, _n = read_unbooked_spend(conn, period_bounds(DAY, now, tz)[0], period_bounds(MONTH, now, tz)[0])
+    # issue 32, as far as the store alone tells: a run of a profile with `owners` whose owner column
+    # (PostgreSQL's login) the profile does not name counts under its owner (the daemon also proves
+    # owners the store cannot show: the Unix user of an attested run, an OTLP sender).
+    bound = {a: tuple(p.owners) for a, p in config.agents.items() if getattr(p, "owners", ())}
+
+    def key_of(rid: str, agent: str, owner: Any, source: Any = None) -> str:
+        if agent not in bound or owner is None:
+            return agent
+        return agent if owner in bound[agent] else owner_key(owner)
+
+    spend, unbooked, _n, _l = read_period_spend(conn, keys, period_bounds(DAY, now, tz)[0],
+                                                period_bounds(MONTH, now, tz)[0], (), sorted(bound), key_of)
     label_budgets = tuple(config.budgets)
-    q = select(runs.c.id, runs.c.agent, runs.c.cost_eur, cast(runs.c.labels, Text).label("labels")).where(
-        runs.c.status.in_(lc.ACTIVE_STATUSES))
-    active = conn.execute(q).all()
-    labels = {r.id: parse_labels(r.labels) for r in active}
-    live = live_by_scope([(r.id, r.agent, r.cost_eur) for r in active], label_budgets, labels.get)
-    spent, agents = sum_spend(read_spend(conn, keys), unbooked, live, label_budgets)
+    q = select(runs.c.id, runs.c.agent, runs.c.owner, runs.c.cost_eur, cast(runs.c.labels, Text).label("labels")
+               ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    active = [(r, key_of(r.id, r.agent, r.owner)) for r in conn.execute(q).all()]
+    labels = {r.id: parse_labels(r.labels) if key == r.agent else None for r, key in active}
+    live = live_by_scope([(r.id, key, r.cost_eur) for r, key in active], label_budgets, labels.get)
+    spent, agents = sum_spend(spend, unbooked, live, label_budgets)
     rates: dict[tuple[object, ...], object] = {}
     for p in (published or {}).get("periods") or []:
         if isinstance(p, dict) and p.get("rate_eur_per_min") is not None:
