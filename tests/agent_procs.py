@@ -434,7 +434,32 @@ def spender(spec: dict) -> int:
     return 0
 
 
-SCENARIOS = {"runaway": runaway, "shared": shared, "spender": spender, "steady": steady, "pauser": pauser,
+def healthy(spec: dict) -> int:
+    """One healthy run (issue 32's victims): a step, attested, then quiet (a heartbeat every
+    `interval` s) until the `go` file exists; it ends its run and exits 0 by itself — unless a
+    signal killed it. A cooperative stop meanwhile is recorded in the result, not an error."""
+    from watchdog import RunKilled, Watchdog
+
+    wd = Watchdog(spec["url"])
+    result: dict = {}
+    try:
+        with wd.run(agent=spec.get("agent", "bot"), kill_mode="process", guards=False,
+                    **spec.get("budgets", {})) as run:
+            run.step(model="gpt-x", tokens_in=10, tokens_out=5, cost_eur=spec.get("step_cost", 0.0))
+            while not run.attested:
+                run.heartbeat("waiting for the daemon")
+                time.sleep(spec.get("interval", 0.05))
+            write_json(spec["ready"], {"run_id": run.id, "pid": os.getpid(), "children": [], "attested": True})
+            wait_until(Path(spec["go"]).exists, timeout_s=120)
+    except RunKilled as stop:
+        result.update(stopped=stop.reason)
+    finally:
+        wd.close()
+    write_json(spec["result"], result)
+    return 0
+
+
+SCENARIOS = {"runaway": runaway, "healthy": healthy, "shared": shared, "spender": spender, "steady": steady, "pauser": pauser,
              "family": family, "long_tool": long_tool}
 
 

@@ -122,3 +122,17 @@ def test_a_loaded_queue_pops_what_a_pushed_one_would():
     assert loaded.pop_due(35.0) == [] and [d.run_id for d in loaded.pop_due(40.0)] == ["a"]
     with pytest.raises(ValueError):
         loaded.push("e", math.nan, Why.SILENCE)
+
+
+def test_a_run_its_profile_refused_counts_under_its_owner_and_for_no_label_budget():
+    """issue 32: Trust.spend_as names where a run's spend counts; None while its owner is unchecked."""
+    covered = {"mine": ("tenant=x",), "theirs": ("tenant=x",), "unchecked": ("tenant=x",)}
+    whose = {"mine": "bot", "theirs": "(owner b)"}
+    index = SpendIndex()
+    index.spend_as = lambda rid, agent: whose.get(rid)
+    for rid in covered:
+        index.put(rid, "bot", 10.0, covered)
+    assert _sums(index) == ({"bot": 10.0, "(owner b)": 10.0}, {"tenant=x": 10.0})
+    whose["unchecked"] = "bot"  # checked since: it joins its agent and its label budget
+    index.put("unchecked", "bot", 10.0, covered)
+    assert _sums(index) == ({"bot": 20.0, "(owner b)": 10.0}, {"tenant=x": 20.0})

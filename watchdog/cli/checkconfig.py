@@ -69,6 +69,15 @@ def checked_urls(config: Config) -> tuple[list[str], list[str]]:
     return [t.privacy_url for t in targets], warnings
 
 
+def open_profiles(config: Config, url: str | None) -> list[str]:
+    """On PostgreSQL, one warning per agent profile without `owners`: open, so any login's runs
+    named after it count toward its budgets (issue 32; on SQLite every writer is one trust domain)."""
+    if not (url or "").startswith("postgresql"):
+        return []
+    return [f"warning: agents.{name}.owners is not set: any login's runs named {name} count toward its budgets "
+            f"(set owners = [\"<login>\", ...])" for name, b in config.agents.items() if not getattr(b, "owners", ())]
+
+
 def summary(config: Config, shown_urls: list[str], warnings: list[str]) -> str:
     d = config.daemon
     n_file = len(shown_urls) - len(config.alert_urls)

@@ -230,6 +230,9 @@ def check_config(app, file, as_json):
         warnings.append(f"otlp: {n} bearer token(s) from [otlp] tokens_file" if n or config.otlp.allow_anonymous
                         else "otlp: no [otlp] tokens_file and allow_anonymous = false: only exec's commands "
                              "(the daemon hands them a token of their run) may send spans; others get 401")
+    from watchdog.core.config import resolve_db_url
+
+    warnings += checkconfig.open_profiles(config, resolve_db_url(app.db_arg, config))
     if as_json:
         emit_json({"path": config.path, "defaults": config.defaults.to_json(),
                    "agents": {k: v.to_json() for k, v in config.agents.items()}, "alert_urls": shown})

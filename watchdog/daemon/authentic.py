@@ -249,12 +249,14 @@ class OwnEvidence:
 
 
 def hold_not_own(conn: Connection, row: Any, *, now: dt.datetime, by: str, facts: RunFacts, budgets: bud.Budgets,
-                 sealer: Sealer | None = None) -> None:
+                 sealer: Sealer | None = None, what: str = "") -> None:
     """No signal: the run stays stopped cooperatively (the ladder asks again each tick, and
-    signals once the run's own records show a breach). Recorded and alerted once."""
+    signals once the run's own records show a breach). Recorded and alerted once; `what`: what
+    was refused, in the daemon's words (watchdog.core.whose)."""
     key = AlertKind.NOT_OWN.key(row.id)
     if queued(conn, key):
         return
-    iid = record(conn, at=now, action=Action.SIGNAL_HELD, by=by, run_id=row.id, reason=row.stop_reason, outcome=NOT_OWN)
-    title, body = escalation_alert(facts, budgets, row.stop_reason, NOT_OWN, failed=True)
+    outcome = f"{NOT_OWN} ({what})" if what else NOT_OWN
+    iid = record(conn, at=now, action=Action.SIGNAL_HELD, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
+    title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=True)
     enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)

@@ -188,12 +188,13 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
 def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
             now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None,
             confirmed: Callable[[], bool] | None = None, remembered: Remembered | None = None,
-            own_evidence: Callable[[], bool] | None = None, redriven: bool = False) -> None:
+            own_evidence: Callable[[], bool | str] | None = None, redriven: bool = False) -> None:
     """Take the next step of the ladder for one stopping run, if its time has come.
     `remembered(leader)`: the processes the daemon attributes to an exec'd run's attested root
     (watchdog.daemon.runtree.TreeMemory), which outlive exec's death.
-    `own_evidence()` (SQLite: watchdog.daemon.authentic): may the first signal rest on the run's
-    own evidence? If not, the run stays stopped cooperatively, alerted as such.
+    `own_evidence()` (SQLite: watchdog.daemon.authentic; PostgreSQL: watchdog.daemon.owned): may
+    the first signal rest on the run's own evidence (True; else False or what was refused)? If
+    not, the run stays stopped cooperatively, alerted as such.
     `redriven`: a refused run the operator's sealed `kill` drove again (watchdog.daemon.redrive):
     the first step is taken again from `refused`."""
     redriven = redriven and row.signal_stage == lc.Stage.REFUSED and row.host == killer.host
@@ -270,7 +271,7 @@ def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budg
 
 
 def _first_signal(conn: Connection, row: Any, leader: ProcessIdentity, cgroup_dir: Any, orphans: list[Any], *,
-                  killer: Killer, confirmed: Callable[[], bool] | None, own_evidence: Callable[[], bool] | None,
+                  killer: Killer, confirmed: Callable[[], bool] | None, own_evidence: Callable[[], bool | str] | None,
                   common: dict[str, Any], start: str | None = None) -> None:
     """The ladder's first step (SIGTERM), once the process is checked and the stop confirmed the
     daemon's own; or why there is none (gone, refused, unconfirmed, not the run's own evidence)."""
@@ -288,8 +289,8 @@ def _first_signal(conn: Connection, row: Any, leader: ProcessIdentity, cgroup_di
     if confirmed is not None and not confirmed():
         hold_unconfirmed(conn, row, now=now, by=by, facts=facts, budgets=budgets, sealer=sealer)
         return
-    if own_evidence is not None and not own_evidence():
-        hold_not_own(conn, row, **common)
+    if own_evidence is not None and (own := own_evidence()) is not True:
+        hold_not_own(conn, row, what=own if isinstance(own, str) else "", **common)  # what was refused
         return
     out = killer.terminate(leader, row.kill_mode, extra=orphans, cgroup_dir=cgroup_dir)
     if out.refused in GONE_REASONS and out.targets:

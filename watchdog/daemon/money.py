@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from watchdog.core.config import Config
     from watchdog.core.seal import Sealer
     from watchdog.daemon.moneytick import MoneyTick
+    from watchdog.daemon.trust import Trust
 
 log = logging.getLogger("watchdog.money")
 
@@ -69,6 +70,9 @@ class Money:
         self.backfill = Backfill(self.prices)
         self.drift = DriftWatch(config.drift, by, sealer=sealer)
         self.label_budgets = tuple(config.budgets)
+        # issue 32: whose each run is (watchdog.daemon.trust.Trust, set by the Ticker): a run counts
+        # toward its agent's period budgets only if its owner may use that agent.
+        self.whose: Trust | None = None
         self.rates = forecast.RateTracker()
         self.run_scopes: dict[str, tuple[str, ...]] = {}  # active run id -> the label budgets covering it
         self.states: list[PeriodState] = []
@@ -133,8 +137,12 @@ class Money:
         self._keys = keys
         starts = {p: period_bounds(p, now, self.tz)[0] for p in PERIODS}
         ids = [rid for rid, _cost in new][: ledger.LABELS_ALONG] if self.label_budgets else []
+        whose = self.whose
+        bound = sorted(whose.bound) if whose is not None else ()
         self._spend, self._unbooked, self._n_unbooked, self._labels_read = ledger.read_period_spend(
-            conn, self._keys, starts[DAY], starts[MONTH], ids)
+            conn, self._keys, starts[DAY], starts[MONTH], ids, bound,
+            None if whose is None else (lambda rid, agent, owner, source: whose.spend_as_row(conn, rid, agent, owner,
+                                                                                           source)))
 
     # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
@@ -169,14 +177,18 @@ class Money:
                 if not 0 <= v < ledger.MAX_COST_EUR:  # a bad row (NaN, negative) poisoned the sum: redo it
                     sums[k] = self._resum(spend, k)
         for r, cost in self.last_backfill.deltas:  # priced after the snapshot: added where the run counts
+            agent = self._spend_as(r.run_id, r.agent)
+            if agent is None:
+                continue  # its owner not checked yet: its whole cost counts once it is
             if r.status in ACTIVE:
-                live[r.agent] += cost
-                for scope in self.run_scopes.get(r.run_id, ()):
+                live[agent] += cost
+                for scope in self.run_scopes.get(r.run_id, ()) if agent == r.agent else ():
                     labelled[scope] += cost
             else:
                 end = r.ended_at or r.last_seen_at
                 today, month = (period_key(p, end, self.tz) == self._keys[p] for p in (DAY, MONTH))
-                self._unbooked.append((r.agent, r.labels, cost if today else 0.0, cost if month else 0.0))
+                self._unbooked.append((agent, r.labels if agent == r.agent else None, cost if today else 0.0,
+                                       cost if month else 0.0))
                 self._booked_since_read = True  # this tick's own addition: the next read replaces it
         by_scope = {scope_agent(a): c for a, c in live.items()}
         by_scope.update(labelled)
@@ -207,11 +219,19 @@ class Money:
         if not due:
             return 0
         self._booked_since_read = True  # whatever came of it: the next read is not skipped
+        whose = self.whose
         with engine.begin() as conn:
-            booking = ledger.book(conn, ledger.read_unbooked(conn), now, self.tz, self.label_budgets)
+            spend_as = None if whose is None or not whose.bound else (
+                lambda r: whose.spend_as_row(conn, r.id, r.agent, r.owner, r.source))
+            booking = ledger.book(conn, ledger.read_unbooked(conn), now, self.tz, self.label_budgets, spend_as)
         self._booked_at = now
         self.drift.dirty(booking.oldest_bucket, now)
         return len(booking.booked)
+
+    def _spend_as(self, rid: str, agent: str) -> str | None:
+        """The name the run's spend counts under (Trust.spend_as), its agent's without owners."""
+        whose = self.whose
+        return agent if whose is None or not whose.bound else whose.spend_as(rid, agent)
 
     def _resum(self, spend: "LiveSpend", key: str) -> float:
         """One scope's live cost again, each bad cost as 0 (the rare path: a hand-written bad row)."""
@@ -220,7 +240,8 @@ class Money:
         i_agent, i_cost = L["agent"], L["cost_eur"]
         total = 0.0
         for r in spend.light:
-            if r[i_agent] == key or key in self.run_scopes.get(r[spend.i_id], ()):
+            agent = self._spend_as(r[spend.i_id], r[i_agent])
+            if agent == key or (agent == r[i_agent] and key in self.run_scopes.get(r[spend.i_id], ())):
                 total += ledger.sane_cost(r[i_cost])
         if key not in self._warned_bad:
             self._warned_bad.add(key)
@@ -244,8 +265,11 @@ class Money:
         """The closed period budget covering this run, or None (cheap: called for every active run)."""
         if not self.closed:
             return None
-        s = self.closed.get(scope_agent(agent))
-        if s is not None:
+        key = self._spend_as(run_id, agent)
+        if key is None:
+            return None
+        s = self.closed.get(scope_agent(key))
+        if s is not None or key != agent:  # booked under its own owner: no label budget covers it
             return s
         for scope in self.run_scopes.get(run_id, ()):
             s = self.closed.get(scope)

@@ -59,7 +59,8 @@ class PreFilter:
             new_seen: list[tuple[str, float, Any]] | None = None,
             raised: Callable[[str, int, tuple[Any, ...]], bool] | None = None,
             owner_ok: Callable[[str], bool | None] | None = None,
-            wake: dict[str, Deadline] | None = None, costs: dict[str, float] | None = None) -> list[str]:
+            wake: dict[str, Deadline] | None = None, costs: dict[str, float] | None = None,
+            spend_as: Callable[[str, str], str | None] | None = None) -> list[str]:
         """Ids of the runs `_one` might act on: a superset of them, never fewer.
 
         A healthy running run is skipped without building a row, a snapshot or facts:
@@ -71,7 +72,9 @@ class PreFilter:
         `first` (run id -> first sight, epoch s; runs seen now are appended to `new_seen`): a run
         is judged by the larger counters and its age from its first sight at the latest.
         `raised`: (run id, resumes, own budgets) -> a sealed operator resume raised its budgets;
-        `owner_ok`: run id -> its owner may use its profile (None: not checked yet: due).
+        `owner_ok`: run id -> its owner may use its profile (None: not checked yet: due);
+        `spend_as` (None: no profile names `owners`): the name a run's spend counts under
+        (watchdog.daemon.trust; another than its agent's: no label budget either).
         issue 25, for the incremental tick (watchdog.daemon.activeset): `wake` gets each judged
         running run's next clock deadline (when its wall clock or its silence will make it due:
         the same comparisons, solved for the time), `costs` each run's live cost as summed here.
@@ -114,7 +117,11 @@ class PreFilter:
                     cost = tally.values[4]  # the period budgets count what its events show it spent
                 if costs is not None:
                     costs[rid] = cost
-                if per_agent is not None:
+                if per_agent is not None and spend_as is not None and (
+                        key := spend_as(rid, r[i_agent])) != r[i_agent]:
+                    if key is not None:  # (None: its owner not checked: counted once it is)
+                        per_agent[key] += cost  # booked under its own owner: no agent's, no label budget
+                elif per_agent is not None:
                     per_agent[r[i_agent]] += cost
                     scopes = covered_get(rid, unknown)
                     if scopes is None:  # first seen: its labels are read once (LiveSpend.new)

@@ -105,6 +105,9 @@ def apply(daemon: Daemon, config: Config, notifier: Notifier | None = None) -> N
     t.config = config
     t.prefilter = PreFilter(config)
     t.duties.config = config
+    t.trust.config = config  # the profiles' `owners` (who may use each agent) come with it
+    if t.owner_evidence is not None:
+        t.owner_evidence.config = config
     if t.circuits is not None:
         t.circuits.config = config
     if t.money is not None:

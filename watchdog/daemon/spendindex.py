@@ -17,8 +17,8 @@ stops being finite (a cost of infinity that came and went leaves NaN).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from watchdog.daemon.money import LiveSpend
@@ -91,6 +91,9 @@ class SpendIndex:
         self._by_scope = _Totals()
         self._unscoped: set[str] = set()  # runs whose label budgets are not known yet
         self._fills = 0
+        # issue 32 (None: no profile names `owners`): the name a run's spend counts under
+        # (watchdog.daemon.trust.Trust.spend_as); another than its agent's: no label budget.
+        self.spend_as: Callable[[str, str], str | None] | None = None
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -107,7 +110,9 @@ class SpendIndex:
         an incremental tick puts every run it looked at."""
         unknown: list[tuple[str, float]] = []
         runs_get = self._runs.get
-        covered_get = covered.get if covered is not None else None
+        covered_get: Callable[[str], Any] | None = covered.get if covered is not None else None
+        if self.spend_as is not None:  # (rare: a profile names its owners)
+            items, covered_get = self._whose(items, covered_get)
         agent_total, agent_dirty = self._by_agent.total, self._by_agent.dirty
         scope_move = self._by_scope.move
         for rid, agent, cost in items:
@@ -135,6 +140,31 @@ class SpendIndex:
                 for scope in scopes:
                     self._by_scope.join(scope, rid, cost)
         return unknown
+
+    def _whose(self, items: Iterable[tuple[str, str, float]], covered_get: Callable[[str], Any] | None
+               ) -> tuple[list[tuple[str, str, float]], Callable[[str], Any] | None]:
+        """The items under the name each run's spend counts (a run whose owner is not checked
+        yet: left out), and the label-budget lookup that answers none for those booked elsewhere."""
+        spend_as = self.spend_as
+        assert spend_as is not None
+        out: list[tuple[str, str, float]] = []
+        elsewhere: set[str] = set()
+        for rid, agent, cost in items:
+            key = spend_as(rid, agent)
+            if key is None:
+                self.drop(rid)
+                continue
+            if key != agent:
+                elsewhere.add(rid)
+            out.append((rid, key, cost))
+        if not elsewhere:
+            return out, covered_get
+        inner = covered_get
+
+        def lookup(rid: str) -> Any:
+            return () if rid in elsewhere else (() if inner is None else inner(rid))
+
+        return out, lookup
 
     def drop(self, rid: str) -> None:
         e = self._runs.pop(rid, None)

@@ -63,13 +63,21 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
             # grace), or after a signal that was refused / not allowed / did not work.
             exited(conn, row, now=now, by=tk.by, facts=f, budgets=budgets, sealer=tk.sealer)
             return
-        own_evidence = tk.own_evidence
+        own_evidence, owner_evidence = tk.own_evidence, tk.owner_evidence
+
+        def own_says() -> bool | str:  # SQLite: its MAC'd records; PostgreSQL: its owner's (issue 32)
+            if own_evidence is not None:
+                return own_evidence.justifies(conn, row, now, skip_clock=this.skip_clock)
+            assert owner_evidence is not None
+            return owner_evidence.justifies(conn, row, now, budgets, lambda r: tk.closing(r, this),
+                                            skip_clock=this.skip_clock)
+
         advance(conn, row, killer=tk.killer, daemon=tk.config.daemon, budgets=budgets, facts=f,
                 now=now, by=tk.by, sharing=this.sharing[(row.host, row.pid)] - 1, sealer=tk.sealer,
                 confirmed=lambda: confirms(tk, this, conn, row, budgets),
                 remembered=tk.exec_trees.remembered(row.id),
-                own_evidence=None if own_evidence is None else lambda: own_evidence.justifies(
-                    conn, row, now, skip_clock=this.skip_clock), redriven=redriven is not None)
+                own_evidence=None if own_evidence is None and owner_evidence is None else own_says,
+                redriven=redriven is not None)
         if redriven is not None:
             tk.state.redriven.add(redriven)  # once per redrive alert
         ownstage.remember(conn, tk.memory, row, row.signal_stage)

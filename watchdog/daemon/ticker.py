@@ -111,6 +111,12 @@ class Ticker:
                                                      engine.url)
         self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
         self.exec_trees.memory.state = self.memory  # pinned trees outlive a restart
+        # PostgreSQL: a first signal needs the run's own evidence too (watchdog.daemon.owned).
+        from watchdog.daemon.owned import OwnerEvidence
+
+        self.owner_evidence = OwnerEvidence(config, sealer, self.trust) if self.own_evidence is None else None
+        if self.money is not None:
+            self.money.whose = self.trust  # whose each run's spend is (issue 32)
         self.ended_stops = EndedStops()  # issue 19: stops heard after their runs ended
         # issue 25: the active runs kept between ticks, so that a tick costs what changed.
         self.active = ActiveSet(killer)

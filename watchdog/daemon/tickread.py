@@ -63,6 +63,9 @@ def _full(tk: Ticker, conn: Connection, this: ThisTick, role: Role, scope: Scope
     new = tk.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else hosts)
     wake: dict[str, Deadline] = {}
     costs: dict[str, float] | None = {} if mt is not None else None
+    if mt is not None:  # whose each run's spend is (issue 32), before the pass sums it
+        tk.trust.check_spend(conn, light, L["id"], L["agent"])
+        act.spend.spend_as = tk.trust.spend_as if tk.trust.bound else None
     due = _prefilter(tk, this, light, this.live, wake, costs)
     if mt is not None:  # unreadable steps: reported with the rest
         tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, unpriced=tk.scanner.unpriced_ids, ranged=True))
@@ -86,6 +89,9 @@ def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, chang
     looked = [r[L["id"]] for r in cand]
     wake: dict[str, Deadline] = {}
     costs: dict[str, float] | None = {} if mt is not None else None
+    if mt is not None:
+        tk.trust.check_spend(conn, cand, L["id"], L["agent"])
+        act.spend.spend_as = tk.trust.spend_as if tk.trust.bound else None
     # The processes: their ends come from the ActiveSet's watches, not a check of every local run.
     # The live spend's sums come from the ActiveSet's index (below), not from this pass over a few.
     due = _prefilter(tk, this, cand, None, wake, costs, sums=False)
@@ -116,4 +122,5 @@ def _prefilter(tk: Ticker, this: ThisTick, light: list[Any], live: set[int] | No
                             resume_seen=tk.state.resume_seen, skip_clock=this.skip_clock,
                             defects=tk.scanner.defects, evidence=tk.scanner.evidence.tallies,
                             first=trust.first, new_seen=trust.new_seen, raised=trust.raised_key,
-                            owner_ok=trust.owner_ok, wake=wake, costs=costs)
+                            owner_ok=trust.owner_ok, wake=wake, costs=costs,
+                            spend_as=trust.spend_as if trust.bound else None)

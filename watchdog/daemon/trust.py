@@ -16,9 +16,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import pwd
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
@@ -28,6 +28,7 @@ from watchdog.core.config import Config
 from watchdog.core.lifecycle import Source
 from watchdog.core.text import one_line
 from watchdog.daemon.otlp.senders import sender_of
+from watchdog.core.whose import OWNER_PREFIX, owner_key
 from watchdog.store.pause import deny_pause
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import attested_uid, grant_ok, record
@@ -59,6 +60,10 @@ class Trust:
         self.new_seen: list[tuple[str, float, object]] = []  # (run id, first sight, the parent it names)
         self._raised: dict[tuple[object, ...], bool] = {}  # (run id, resumes, its budgets) -> grant verified
         self._owner_ok: dict[str, bool] = {}
+        self._owners: dict[str, str | None] = {}  # run id -> its owner, as _owner proved it (checked runs)
+        self._spend_key: dict[str, str] = {}  # run id -> the name its spend is booked under (bound agents)
+        self._bound_for: Config | None = None
+        self._bound: frozenset[str] = frozenset()
 
     # -- first sight ------------------------------------------------------------------
 
@@ -152,10 +157,79 @@ class Trust:
             ok = not anonymous and (not owners or (owner is not None and owner in owners))
             if len(self._owner_ok) > _MEMO_MAX:
                 self._owner_ok.clear()
+                self._owners.clear()
+                self._spend_key.clear()
             self._owner_ok[row.id] = ok
+            self._owners[row.id] = owner
+            self._spend_key[row.id] = row.agent if ok else owner_key(owner)
             if not ok and not anonymous:
                 self._alert_owner(conn, row, owner)
         return prof if ok else self.config.defaults
+
+    # -- whose spend (issue 32): a run counts toward its agent's period budgets only if its
+    # owner may use that agent; otherwise it is booked under its own owner (whose.owner_key) ------
+
+    @property
+    def bound(self) -> frozenset[str]:
+        """The agents whose profile names its `owners` (recomputed when the config is reloaded)."""
+        if self._bound_for is not self.config:
+            self._bound = frozenset(a for a, p in self.config.agents.items() if getattr(p, "owners", ()))
+            self._bound_for = self.config
+        return self._bound
+
+    def spend_as(self, rid: str, agent: str) -> str | None:
+        """The name the run's live spend counts under: its agent's, its own owner's, or None while
+        its owner is not checked yet (it is, when the tick judges it: counted from the next tick).
+        A name that looks like an owner's booking name is kept apart from it."""
+        if agent in self._bound:  # (refreshed by `bound`, which the tick reads before it sums)
+            return self._spend_key.get(rid)
+        # An open profile: a run judged by [defaults] all the same (an anonymous OTLP sender's,
+        # issue 32) is booked under its own sender, never toward the agent it names.
+        key = self._spend_key.get(rid) if self._spend_key else None
+        if key is not None:
+            return key
+        if agent.startswith(OWNER_PREFIX):  # not an owner's booking name: its own, apart
+            return "(named " + agent[len(OWNER_PREFIX):]
+        return agent
+
+    def spend_as_row(self, conn: Connection, rid: str, agent: str, owner: object, source: object = None) -> str:
+        """As spend_as, for an ended run (`owner`: its row's column): checked now if need be,
+        without the alert (a run ended before it was judged is booked, not judged)."""
+        if not isinstance(agent, str):
+            return str(agent)
+        key = self.spend_as(rid, agent)
+        if key is not None:
+            return key
+        who = self._owner(conn, _Ended(rid, agent, owner, source))
+        ok = who is not None and who in getattr(self.config.profile(agent), "owners", ())
+        key = agent if ok else owner_key(who)
+        if len(self._spend_key) > _MEMO_MAX:
+            self._spend_key.clear()
+        self._spend_key[rid] = key
+        return key
+
+    def check_spend(self, conn: Connection, rows: Iterable[Sequence[Any]], i_id: int, i_agent: int) -> None:
+        """Before the tick sums the live spend: the owner of every run of a bound agent not
+        checked yet (a few per tick: each run once), so its spend counts where it belongs at once."""
+        bound, known = self.bound, self._spend_key
+        if not bound:
+            return
+        todo = [(r[i_id], r[i_agent]) for r in rows if r[i_agent] in bound and r[i_id] not in known]
+        if not todo:
+            return
+        from watchdog.store.run_reads import owners_of
+
+        owners = owners_of(conn, [rid for rid, _a in todo if isinstance(rid, str)])
+        for rid, agent in todo:
+            if isinstance(rid, str):
+                owner, source = owners.get(rid, (None, None))
+                self.spend_as_row(conn, rid, agent, owner, source)
+
+    def owner_of(self, conn: Connection, row) -> str | None:
+        """The run's owner as the daemon can prove it (None: it cannot)."""
+        if row.id in self._owners:
+            return self._owners[row.id]
+        return self._owner(conn, row)
 
     def _owner(self, conn: Connection, row) -> str | None:
         if getattr(row, "source", None) == OTLP:  # the receiver's sealed record of its sender
@@ -218,6 +292,16 @@ class Trust:
             return False
         limit = getattr(budgets, budget.key, None)
         return limit is not None and getattr(snap_totals, budget.measure) >= limit
+
+
+class _Ended:
+    """What _owner reads of a run not judged (ended, or before its first judgement): its id,
+    agent, owner column and the witness that created it."""
+
+    __slots__ = ("id", "agent", "owner", "source")
+
+    def __init__(self, rid: str, agent: object, owner: object, source: object) -> None:
+        self.id, self.agent, self.owner, self.source = rid, agent, owner, source
 
 
 def first_sight_budget_s(config: Config, agent: object) -> float:

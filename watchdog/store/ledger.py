@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -48,7 +48,7 @@ CHUNK = 500
 STOPPED = (lc.KILLED, lc.LOST)
 
 UNBOOKED_COLS = ("id", "agent", "labels", "status", "steps", "tool_calls", "tool_errors", "tokens_in", "tokens_out",
-                 "cost_eur", "cost_unpriced_tokens", "ended_at", "last_seen_at")
+                 "cost_eur", "cost_unpriced_tokens", "ended_at", "last_seen_at", "owner", "source")
 
 # The ledger's cost per (scope, period) of the current period keys.
 Spend = dict[tuple[str, str], float]
@@ -86,24 +86,37 @@ LABELS_ALONG = 500
 
 
 def read_period_spend(conn: Connection, keys: Mapping[str, str], day_start: dt.datetime, month_start: dt.datetime,
-                      labels_of: Sequence[str] = ()) -> tuple[Spend, list[UnbookedSpend], int, dict[str, Any]]:
+                      labels_of: Sequence[str] = (), bound: Sequence[str] = (),
+                      spend_as: Callable[[str, str, Any, Any], str] | None = None
+                      ) -> tuple[Spend, list[UnbookedSpend], int, dict[str, Any]]:
     """read_spend and read_unbooked_spend in one statement (one round trip per tick), and the
     labels of up to LABELS_ALONG runs (`labels_of`: the runs first seen, whose label budgets the
     tick must know): (ledger spend, unbooked sums, unbooked runs, {run id: labels or None}: every
-    run asked for, None also for one that is not there)."""
+    run asked for, None also for one that is not there). issue 32: the unbooked runs of the
+    `bound` agents (whose profile names its owners) are read one by one and summed under
+    `spend_as(run id, agent, owner column, source)`; one booked elsewhere counts for no label budget."""
     params = _spend_params(keys, day_start, month_start)
     if labels_of:
         params["b_ids"] = list(labels_of[:LABELS_ALONG])
-    rows = conn.execute(_PERIOD_SPEND_LABELS if labels_of else _PERIOD_SPEND, params).all()
+    if bound and spend_as is not None:
+        params["b_bound"] = list(bound)
+        stmt = _PERIOD_SPEND_BOUND_LABELS if labels_of else _PERIOD_SPEND_BOUND
+    else:
+        stmt = _PERIOD_SPEND_LABELS if labels_of else _PERIOD_SPEND
+    rows = conn.execute(stmt, params).all()
     spend: Spend = {}
     unbooked: list[UnbookedSpend] = []
     labels: dict[str, Any] = dict.fromkeys(labels_of[:LABELS_ALONG])
     n = 0
-    for kind, a, b, c, d, count in rows:
+    for kind, a, b, c, d, count, *whose in rows:
         if kind == "L":
             spend[(a, b)] = float(c or 0.0)
         elif kind == "U":
-            unbooked.append((a, parse_labels(b), float(c or 0.0), float(d or 0.0)))
+            if whose and whose[0] is not None and spend_as is not None:  # one run of a bound agent
+                key = spend_as(whose[0], a, whose[1], whose[2])
+                unbooked.append((key, parse_labels(b) if key == a else None, float(c or 0.0), float(d or 0.0)))
+            else:
+                unbooked.append((a, parse_labels(b), float(c or 0.0), float(d or 0.0)))
             n += int(count)
         else:
             labels[a] = parse_labels(b)
@@ -142,16 +155,23 @@ def _current() -> ColumnElement[bool]:
                  for p in PERIODS))
 
 
-def _unbooked_query(*tag: ColumnElement[str]) -> Select[Unpack[tuple[Any, ...]]]:
+def _unbooked_query(*tag: ColumnElement[str], bound: bool = False) -> Select[Unpack[tuple[Any, ...]]]:
     end = func.coalesce(runs.c.ended_at, runs.c.last_seen_at)
     labels = cast(runs.c.labels, Text)  # PostgreSQL cannot group by json; the text groups alike
     # A cost written by hand that is negative, infinite or NaN (PostgreSQL orders NaN above all)
     # counts as 0: it must neither poison nor lower the sums.
     cost = case((and_(runs.c.cost_eur >= 0, runs.c.cost_eur < MAX_COST_EUR), runs.c.cost_eur), else_=0.0)
-    return (select(*tag, runs.c.agent, labels, func.sum(case((end >= _DAY_START, cost), else_=0.0)),
-                   func.sum(case((end >= _MONTH_START, cost), else_=0.0)), func.count())
-            .where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
-            .group_by(runs.c.agent, labels))
+    cols: list[Any] = [*tag, runs.c.agent, labels, func.sum(case((end >= _DAY_START, cost), else_=0.0)),
+                       func.sum(case((end >= _MONTH_START, cost), else_=0.0)), func.count()]
+    group: list[Any] = [runs.c.agent, labels]
+    if bound:  # issue 32: a bound agent's runs one by one (whose each is decides where it counts)
+        is_bound = runs.c.agent.in_(bindparam("b_bound", expanding=True))
+        one = (case((is_bound, runs.c.id), else_=None), case((is_bound, runs.c.owner), else_=None),
+               case((is_bound, runs.c.source), else_=None))
+        cols += one
+        group += one
+    return (select(*cols).where(and_(runs.c.status.in_(lc.END_STATUSES), runs.c.booked_at.is_(None)))
+            .group_by(*group))
 
 
 _SPEND = select(spend_ledger.c.scope, spend_ledger.c.period, spend_ledger.c.cost_eur).where(_current())
@@ -161,9 +181,14 @@ _LEDGER_ROWS = select(literal("L"), spend_ledger.c.scope, spend_ledger.c.period,
 _PERIOD_SPEND = union_all(_LEDGER_ROWS, _unbooked_query(literal("U")))
 # ...and the labels of the runs bound as `b_ids` (read as text: the JSON type would fail the whole
 # read on one hand-written value; parse_labels makes that one None).
-_PERIOD_SPEND_LABELS = union_all(_LEDGER_ROWS, _unbooked_query(literal("U")),
-                                 select(literal("N"), runs.c.id, cast(runs.c.labels, Text), literal(0.0), literal(0.0),
-                                        literal(0)).where(runs.c.id.in_(bindparam("b_ids", expanding=True))))
+_LABEL_ROWS = select(literal("N"), runs.c.id, cast(runs.c.labels, Text), literal(0.0), literal(0.0),
+                     literal(0)).where(runs.c.id.in_(bindparam("b_ids", expanding=True)))
+_PERIOD_SPEND_LABELS = union_all(_LEDGER_ROWS, _unbooked_query(literal("U")), _LABEL_ROWS)
+# ...with the runs of the agents bound as `b_bound` one by one: their id, owner and source (three more columns).
+_NO_RUN = (literal(None, Text), literal(None, Text), literal(None, Text))
+_PERIOD_SPEND_BOUND = union_all(_LEDGER_ROWS.add_columns(*_NO_RUN), _unbooked_query(literal("U"), bound=True))
+_PERIOD_SPEND_BOUND_LABELS = union_all(_LEDGER_ROWS.add_columns(*_NO_RUN), _unbooked_query(literal("U"), bound=True),
+                                       _LABEL_ROWS.add_columns(*_NO_RUN))
 
 
 def parse_labels(text: object) -> dict[str, Any] | None:
@@ -228,8 +253,10 @@ def _counters(r: Row[Any], ev: EventTotals | None) -> tuple[Any, Any, Any]:
 
 
 def book(conn: Connection, rows: Sequence[Row[Any]], now: dt.datetime, tz: dt.tzinfo,
-         label_budgets: tuple[LabelBudget, ...] = ()) -> Booking:
-    """Book ended runs (read by read_unbooked) into the ledger and the rollups, in `conn`'s transaction."""
+         label_budgets: tuple[LabelBudget, ...] = (), spend_as: Callable[[Row[Any]], str] | None = None) -> Booking:
+    """Book ended runs (read by read_unbooked) into the ledger and the rollups, in `conn`'s transaction.
+    `spend_as(row)`: the name a run is booked under (issue 32: its own owner's when its profile
+    refused it; then no label budget either); None: its agent's."""
     out = Booking()
     # (scope, period, period key) -> [cost_eur, runs, tokens, unpriced_tokens]
     ledger: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0, 0, 0])
@@ -253,7 +280,8 @@ def book(conn: Connection, rows: Sequence[Row[Any]], now: dt.datetime, tz: dt.tz
             steps, tool_calls, tool_errors = _counters(r, ev)
             if ev is not None:  # a run that zeroed its own counters is booked by its events
                 tokens, cost = max(tokens, ev.tokens), max(cost, sane_cost(ev.cost_eur))
-            for scope in scopes_of(r.agent, r.labels, label_budgets):
+            agent = r.agent if spend_as is None else spend_as(r)
+            for scope in scopes_of(agent, r.labels, label_budgets if agent == r.agent else ()):
                 for period in PERIODS:
                     acc = ledger[(scope, period, period_key(period, end, tz))]
                     acc[0] += cost
@@ -262,12 +290,12 @@ def book(conn: Connection, rows: Sequence[Row[Any]], now: dt.datetime, tz: dt.tz
                     acc[3] += r.cost_unpriced_tokens or 0
             b = bucket_of(end)
             out.oldest_bucket = b if out.oldest_bucket is None else min(out.oldest_bucket, b)
-            acc = rollups[(r.agent, b)]
+            acc = rollups[(agent, b)]
             for j, v in enumerate((1, int(r.status in STOPPED), steps, tool_calls, tool_errors, cost,
                                    tokens, r.cost_unpriced_tokens)):
                 acc[j] += max(0, v or 0)
             for tool, calls, errors in counts.get(r.id, ()):
-                t = tools[(r.agent, b, tool)]
+                t = tools[(agent, b, tool)]
                 t[0] += calls
                 t[1] += errors
         out.booked.extend(mine)
@@ -350,16 +378,29 @@ def period_report(conn: Connection, config: Config, now: dt.datetime, published:
     `published`: the daemon's last "budget_state" (its burn rates; omitted when stale)."""
     from watchdog.core.periods import DAY, build_states, live_by_scope, period_bounds, sum_spend, zone
 
+    from watchdog.core.whose import owner_key
+
     tz = zone(config.pricing.budget_tz)
     keys = {p: period_key(p, now, tz) for p in PERIODS}
-    unbooked, _n = read_unbooked_spend(conn, period_bounds(DAY, now, tz)[0], period_bounds(MONTH, now, tz)[0])
+    # issue 32, as far as the store alone tells: a run of a profile with `owners` whose owner column
+    # (PostgreSQL's login) the profile does not name counts under its owner (the daemon also proves
+    # owners the store cannot show: the Unix user of an attested run, an OTLP sender).
+    bound = {a: tuple(p.owners) for a, p in config.agents.items() if getattr(p, "owners", ())}
+
+    def key_of(rid: str, agent: str, owner: Any, source: Any = None) -> str:
+        if agent not in bound or owner is None:
+            return agent
+        return agent if owner in bound[agent] else owner_key(owner)
+
+    spend, unbooked, _n, _l = read_period_spend(conn, keys, period_bounds(DAY, now, tz)[0],
+                                                period_bounds(MONTH, now, tz)[0], (), sorted(bound), key_of)
     label_budgets = tuple(config.budgets)
-    q = select(runs.c.id, runs.c.agent, runs.c.cost_eur, cast(runs.c.labels, Text).label("labels")).where(
-        runs.c.status.in_(lc.ACTIVE_STATUSES))
-    active = conn.execute(q).all()
-    labels = {r.id: parse_labels(r.labels) for r in active}
-    live = live_by_scope([(r.id, r.agent, r.cost_eur) for r in active], label_budgets, labels.get)
-    spent, agents = sum_spend(read_spend(conn, keys), unbooked, live, label_budgets)
+    q = select(runs.c.id, runs.c.agent, runs.c.owner, runs.c.cost_eur, cast(runs.c.labels, Text).label("labels")
+               ).where(runs.c.status.in_(lc.ACTIVE_STATUSES))
+    active = [(r, key_of(r.id, r.agent, r.owner)) for r in conn.execute(q).all()]
+    labels = {r.id: parse_labels(r.labels) if key == r.agent else None for r, key in active}
+    live = live_by_scope([(r.id, key, r.cost_eur) for r, key in active], label_budgets, labels.get)
+    spent, agents = sum_spend(spend, unbooked, live, label_budgets)
     rates: dict[tuple[object, ...], object] = {}
     for p in (published or {}).get("periods") or []:
         if isinstance(p, dict) and p.get("rate_eur_per_min") is not None:

@@ -63,3 +63,21 @@ def redrive_alerts(conn: Connection, run_id: str, limit: int = 5) -> list[StopAl
                         .where(alerts.c.run_id == run_id, alerts.c.dedupe_key.startswith(f"redrive:{run_id}:"))
                         .order_by(alerts.c.id.desc()).limit(limit))
     return [StopAlert(a.dedupe_key, a.title, a.body, a.mac, a.created_at) for a in rows]
+_OWNERS = select(runs.c.id, runs.c.owner, runs.c.source).where(runs.c.id.in_(bindparam("b_ids", expanding=True)))
+
+
+def owners_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+    """run id -> (its `owner` column, its `source`): PostgreSQL's owner is the login that
+    inserted it (NULL on SQLite); the source, the witness that created it."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for i in range(0, len(run_ids), 500):
+        out.update((rid, (owner, source))
+                   for rid, owner, source in conn.execute(_OWNERS, {"b_ids": list(run_ids[i:i + 500])}))
+    return out
+
+
+def whole_run(conn: Connection, run_id: str) -> Any:
+    """One run's whole row (its free text bounded), or None."""
+    from watchdog.store.schema import WHOLE_RUN
+
+    return conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
