@@ -239,7 +239,7 @@ def _gateway_tools(store, rid: str, n: int) -> None:
     with _raw(store.url("gw")) as conn:
         for i in range(n):
             conn.execute("INSERT INTO events (run_id, seq, at, kind, tool, args_hash, ok, source) "
-                         "VALUES (%s, %s, now(), 'tool', 'search', %s, true, 'litellm')", (rid, 1000 + i, f"h{i}"))
+                         "VALUES (%s, %s, now(), 'tool', 'search', %s, true, 'litellm')", (rid, 2**30 + 1000 + i, f"h{i}"))  # a gateway numbers from 2^30 (roles script)
 
 
 def test_gateway_events_stop_a_run_cooperatively_and_never_get_it_signalled(store, daemon, procs, tmp_path):
