@@ -89,7 +89,8 @@ def _start_helper(path: str) -> None:
     import subprocess
 
     try:
-        subprocess.Popen([sys.executable, "-m", "watchdog.gateways.hooks.resident", path],
+        # -P: never put the working directory (a cloned repo's json.py) first on sys.path.
+        subprocess.Popen([sys.executable, "-P", "-m", "watchdog.gateways.hooks.resident", path],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, close_fds=True)
     except OSError:
