@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import time
 
 from watchdog.errors import ConfigError, StoreError
@@ -50,10 +51,16 @@ class HostLock:
             return
         try:
             os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+            _own_private(self.state_dir, os.lstat(self.state_dir), "[daemon] state_dir")
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise ConfigError(f"[daemon] state_dir = {self.state_dir!r}: cannot open the lease lock "
                               f"{self.path} ({exc.strerror}); the daemon's user must own the directory") from None
+        try:
+            _own_private(self.path, os.fstat(fd), "the lease lock in [daemon] state_dir")
+        except BaseException:
+            os.close(fd)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -76,6 +83,28 @@ class HostLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # frees the lock
+
+
+def _own_private(path: str, st: os.stat_result, what: str) -> None:
+    """Refuse a state_dir or lock file another user owns or may write (issue 32, item 9).
+
+    Whoever made the directory first could hold the lock file's flock; the daemon would then
+    take it for a running daemon and exit 0, which Restart=on-failure does not restart: a
+    squatter would switch the watchdog off. So the directory and the lock must be the
+    daemon's own (its effective uid) and writable by nobody else; else one line, exit 2."""
+    euid = os.geteuid()
+    kind_ok = stat.S_ISDIR(st.st_mode) if what.startswith("[daemon]") else stat.S_ISREG(st.st_mode)
+    if kind_ok and st.st_uid == euid and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
+    if not kind_ok:
+        problem = "is not a directory" if what.startswith("[daemon]") else "is not a regular file"
+    elif st.st_uid != euid:
+        problem = f"is owned by uid {st.st_uid}, not by the daemon's user (uid {euid})"
+    else:
+        problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    raise ConfigError(f"{what}: {path} {problem}; another user could hold the daemon's lock: remove it, or "
+                      f"`chown {euid} {path} && chmod go-w {path}` (or point [daemon] state_dir at a private "
+                      "directory)")
 
 
 def _read_pid(fd: int) -> int | None:
