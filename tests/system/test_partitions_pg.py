@@ -23,7 +23,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from agent_procs import wait_until
-from watchdog.store import migrate, partitions
+from daemon_support import config, later, ticker
+from watchdog import Watchdog
+from watchdog.store import ledger, migrate, partitions, retention
 from watchdog.store.engine import make_engine
 from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.schema import utcnow
@@ -217,6 +219,63 @@ def test_a_row_for_a_day_without_partition_lands_and_moves_when_its_day_is_made(
     with _raw(store.url("a")) as conn:  # the triggers hold on the new partition too: seq 1 is taken
         with pytest.raises(psycopg.errors.UniqueViolation):
             _event(conn, rid, 1)
+
+
+def _old_day(eng, days: int) -> partitions.DayPartition:
+    day = (utcnow() - dt.timedelta(days=days)).date()
+    with eng.begin() as conn:
+        partitions._make_day(conn, day)
+    with eng.connect() as conn:
+        return next(p for p in partitions.day_partitions(conn) if p.lo.date() == day)
+
+
+def test_retention_drops_an_expired_day_whole_and_the_fold_and_ledger_read_the_same(store):
+    eng = make_engine(store.url("daemon"))
+    wd = Watchdog(store.url("a"))
+    try:
+        old = _old_day(eng, 40)
+        stamp = old.lo + dt.timedelta(hours=12)
+        ended = [_run(store.url("a"), status="completed") for _ in range(3)]
+        kept = wd.run("keeper", guards=False).start()  # still running: its old events stay
+        kept.step(tokens_in=10, tokens_out=5, cost_eur=0.25)
+        kept.record_tool("search", {"q": 1})
+        with eng.begin() as conn:
+            for rid in ended:
+                conn.execute(text("UPDATE runs SET started_at = :t, ended_at = :t, last_seen_at = :t WHERE id = :r"),
+                             {"t": stamp, "r": rid})
+            rows = [{"r": rid, "s": n, "t": stamp} for rid in ended for n in range(1, 101)]
+            rows += [{"r": kept.id, "s": 100 + n, "t": stamp} for n in range(20)]
+            conn.execute(text("INSERT INTO events (run_id, seq, at, kind, tokens_in, cost_eur, stored_at) "
+                              "VALUES (:r, :s, :t, 'step', 1, 0.01, :t)"), rows)
+        # keep_days = 0: the leader's own retention would prune before the fold is read (it runs the same prune).
+        cfg = config(store={"keep_days": 0}, agents={"keeper": {"max_steps": 1000}, "bot": {"max_steps": 1000}})
+        tk = ticker(eng, cfg)
+        now = utcnow()
+        tk.tick(now)
+        before_fold = list(tk.scanner.evidence.get(kept.id))
+        keys = {"day": f"{now:%Y-%m-%d}", "month": f"{now:%Y-%m}"}
+        with eng.connect() as conn:
+            before_ledger = ledger.read_spend(conn, keys)
+        rep = retention.prune(eng, now - dt.timedelta(days=30))
+        assert rep.partitions == 1 and rep.runs == 3 and rep.events == 300
+        with eng.connect() as conn:
+            assert old.name not in {p.name for p in partitions.day_partitions(conn)}
+            assert conn.execute(text("SELECT count(*) FROM events WHERE run_id = ANY(:ids)"),
+                                {"ids": ended}).scalar() == 0
+            assert conn.execute(text("SELECT count(*) FROM events WHERE run_id = :r"), {"r": kept.id}).scalar() == 22
+            assert ledger.read_spend(conn, keys) == before_ledger
+        tk.tick(later(now, 2))
+        assert tk.scanner.evidence.get(kept.id) == before_fold
+        cold = ticker(eng, cfg)  # a restarted daemon folds the kept run's whole history again: the same
+        cold.tick(later(now, 4))
+        assert cold.scanner.evidence.get(kept.id) == before_fold
+        kept.step(tokens_in=1)  # and it keeps writing
+        tk.tick(later(now, 6))
+        assert tk.scanner.evidence.get(kept.id)[0] == before_fold[0] + 1
+        kept.__exit__(None, None, None)
+    finally:
+        wd.close()
+        eng.dispose()
 
 
 def test_upgrade_keeps_rows_and_grants_and_downgrade_gives_one_table_back(pg_server_url):
