@@ -41,6 +41,7 @@ class PruneReport:
     alerts: int = 0
     hosts: int = 0
     partitions: int = 0  # whole day partitions of events dropped (PostgreSQL, revision 0015)
+    partition_drop_s: float = 0.0  # the longest of their transactions
     complete: bool = True  # False when the time budget ran out first (the rest goes next time)
     batches: int = 0
     seconds: float = 0.0
@@ -125,8 +126,10 @@ class _Batches:
 
 
 def prune(engine: Engine, cutoff: dt.datetime, *, budget_s: float | None = None, runs_per_batch: int = RUNS_PER_BATCH,
-          rows_per_batch: int | None = None) -> PruneReport:
-    """Delete what `count` counts, batch by batch; with `budget_s`, stop after about that long."""
+          rows_per_batch: int | None = None, drop_partitions: bool = True) -> PruneReport:
+    """Delete what `count` counts, batch by batch; with `budget_s`, stop after about that long.
+    `drop_partitions=False` deletes expired days' events row by row too (benchmarks/bench_scale.py
+    measures the one against the other)."""
     rows_per_batch = rows_per_batch or dialects.of(engine).prune_rows_per_batch
     rep = PruneReport(cutoff=cutoff)
     t0 = time.perf_counter()
@@ -134,9 +137,9 @@ def prune(engine: Engine, cutoff: dt.datetime, *, budget_s: float | None = None,
     try:
         # PostgreSQL: the expired days go whole first (what a run retention keeps had in them
         # is kept); the batches below then delete only what the dropped days did not hold.
-        dropped = partitions.drop_expired(engine, cutoff, _prunable(cutoff), b.out_of_time)
-        rep.partitions, rep.events = dropped.partitions, dropped.events
-        rep.longest_batch_s = max(rep.longest_batch_s, dropped.longest_s)
+        if drop_partitions:
+            dropped = partitions.drop_expired(engine, cutoff, _prunable(cutoff), b.out_of_time)
+            rep.partitions, rep.events, rep.partition_drop_s = dropped.partitions, dropped.events, dropped.longest_s
         while not b.out_of_time():
             with read_connection(engine) as conn:
                 ids = conn.execute(select(runs.c.id).where(_prunable(cutoff)).order_by(runs.c.ended_at)
