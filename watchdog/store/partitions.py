@@ -136,6 +136,7 @@ class Dropped:
     events: int = 0
     kept_events: int = 0  # of runs retention keeps, moved to the default partition
     longest_s: float = 0.0
+    locked_s: float = 0.0  # the longest time `events` was locked against the writers (DETACH to commit)
 
 
 def drop_expired(engine: Engine, cutoff: dt.datetime, prunable: ColumnElement[bool],
@@ -165,6 +166,7 @@ def drop_expired(engine: Engine, cutoff: dt.datetime, prunable: ColumnElement[bo
                 kept += conn.execute(select(runs.c.id).where(runs.c.id.in_(chunk), not_(prunable))).scalars().all()
             total = conn.execute(text(f"SELECT count(*) FROM {q}")).scalar_one()
             conn.execute(text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
+            t_lock = tick()  # from here to the commit the writers of events wait
             conn.execute(text(f"ALTER TABLE events DETACH PARTITION {q}"))
             if kept:
                 # Its range is no partition's now: they land in the default partition.
@@ -173,6 +175,7 @@ def drop_expired(engine: Engine, cutoff: dt.datetime, prunable: ColumnElement[bo
                 done.kept_events += moved
                 total -= moved
             conn.execute(text(f"DROP TABLE {q}"))
+        done.locked_s = max(done.locked_s, tick() - t_lock)
         done.partitions += 1
         done.events += total
         done.longest_s = max(done.longest_s, tick() - t0)

@@ -42,6 +42,7 @@ class PruneReport:
     hosts: int = 0
     partitions: int = 0  # whole day partitions of events dropped (PostgreSQL, revision 0015)
     partition_drop_s: float = 0.0  # the longest of their transactions
+    partition_lock_s: float = 0.0  # the longest the writers waited for one (watchdog.store.partitions.Dropped)
     complete: bool = True  # False when the time budget ran out first (the rest goes next time)
     batches: int = 0
     seconds: float = 0.0
@@ -139,7 +140,8 @@ def prune(engine: Engine, cutoff: dt.datetime, *, budget_s: float | None = None,
         # is kept); the batches below then delete only what the dropped days did not hold.
         if drop_partitions:
             dropped = partitions.drop_expired(engine, cutoff, _prunable(cutoff), b.out_of_time)
-            rep.partitions, rep.events, rep.partition_drop_s = dropped.partitions, dropped.events, dropped.longest_s
+            rep.partitions, rep.events = dropped.partitions, dropped.events
+            rep.partition_drop_s, rep.partition_lock_s = dropped.longest_s, dropped.locked_s
         while not b.out_of_time():
             with read_connection(engine) as conn:
                 ids = conn.execute(select(runs.c.id).where(_prunable(cutoff)).order_by(runs.c.ended_at)
