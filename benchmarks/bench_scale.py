@@ -16,7 +16,9 @@ measurement) with EVENTS_PER_RUN events per run, owned by that login. Then, in t
           runs (events no active run's row counts would get every run judged whole): events/s.
   tick    one judge (a real Ticker, the daemon's lease held) ticks every --tick-s while the
           writers record at --rate events/s in total (paced): the cold tick, then the p50 / p99
-          of --ticks changed ticks (every tick has new events).
+          of --ticks changed ticks (every tick has new events). With --judges N, N Tickers share
+          the runs by shard (watchdog.daemon.shards, advisory locks), ticked one after the other
+          in each period: p50 / p99 per judge's tick.
   breach  during those ticks, --breaches runs (max_steps = their steps) each get one step more,
           one at a time at a random moment of a tick period: the latency from that record's
           commit to the run read back `stopping`, and how many ticks that took.
@@ -224,6 +226,7 @@ def ticks(st: Store, ids, args) -> dict:
     from watchdog.daemon.cluster import Membership
     from watchdog.daemon.killer import Killer
     from watchdog.daemon.lease import lease_for
+    from watchdog.daemon.shards import ShardSet
     from watchdog.daemon.ticker import Ticker
     from watchdog.store.agent_writes import AgentSQL
     from watchdog.store.dialects import for_name
@@ -233,16 +236,28 @@ def ticks(st: Store, ids, args) -> dict:
     budgets = Budgets(max_wall_s=7 * 86400.0, max_steps=10_000_000, max_tool_calls=10_000_000, max_cost_eur=1e6,
                       max_identical_calls=10_000, heartbeat_timeout_s=3600.0, max_tool_calls_per_min=1_000_000,
                       max_cost_eur_per_day=1e9, max_cost_eur_per_month=1e9)
-    config = Config(daemon=DaemonConfig(tick_s=args.tick_s, state_dir=tempfile.mkdtemp(prefix="aw-bench-scale-")),
-                    store=StoreConfig(keep_days=0), defaults=budgets, agents={AGENT: budgets})
+    def config() -> Config:  # a state directory per judge
+        return Config(daemon=DaemonConfig(tick_s=args.tick_s, state_dir=tempfile.mkdtemp(prefix="aw-bench-scale-")),
+                      store=StoreConfig(keep_days=0), defaults=budgets, agents={AGENT: budgets})
+
     eng = make_engine(url(st.db))
     killer = Killer()
     lease = lease_for(eng, killer.host, tick_s=args.tick_s)
     lease.acquire()
-    tk = Ticker(eng, config, killer, membership=Membership(eng, killer.host, lease))
-    t0 = time.perf_counter()
-    tk.tick(utcnow())
-    cold_ms = (time.perf_counter() - t0) * 1000
+    judges = [Ticker(eng, config(), killer, membership=Membership(eng, killer.host, lease))
+              for _ in range(args.judges)]
+    shards = [ShardSet(eng) for _ in judges] if args.judges > 1 else []
+    for s in shards:  # every judge present before any takes its share
+        s.rebalance()
+
+    def tick(i: int) -> float:
+        if shards:
+            shards[i].before_tick(judges[i])
+        t = time.perf_counter()
+        judges[i].tick(utcnow())
+        return (time.perf_counter() - t) * 1000
+
+    cold_ms = max(tick(i) for i in range(len(judges)))
     breach_ids = ids[:args.breaches]
     writing = ids[args.breaches:]
     procs, q = start_writers(st, writing, args.writers, SEQ_PHASE["tick"], args.rate, args.ticks * args.tick_s + 5)
@@ -267,9 +282,9 @@ def ticks(st: Store, ids, args) -> dict:
                 pending[rid] = (time.perf_counter(), k)
             next_at += args.tick_s
             time.sleep(max(0.0, next_at - time.perf_counter()))
-            t = time.perf_counter()
-            tk.tick(utcnow())
-            durations.append((time.perf_counter() - t) * 1000)
+            # The judges one after the other (rotating who goes first): each tick is one judge's alone.
+            for j in range(len(judges)):
+                durations.append(tick((j + k) % len(judges)))
             if pending:
                 done = dict(watch.execute("SELECT id, status FROM runs WHERE id = ANY(%s)", (list(pending),)).fetchall())
                 for rid in [r for r, s in done.items() if s == "stopping"]:
@@ -279,9 +294,11 @@ def ticks(st: Store, ids, args) -> dict:
     for p in procs:
         p.join()
     written = sum(q.get() for _ in procs)
+    for sh in shards:
+        sh.close()
     lease.release()
     eng.dispose()
-    return {"cold_ms": cold_ms, "tick_p50_ms": pct(durations, 50), "tick_p99_ms": pct(durations, 99),
+    return {"judges": len(judges), "cold_ms": cold_ms, "tick_p50_ms": pct(durations, 50), "tick_p99_ms": pct(durations, 99),
             "tick_max_ms": max(durations), "ticks": len(durations), "offered_eps": written / (args.ticks * args.tick_s + 5),
             "breach_p50_ms": pct(latency, 50), "breach_max_ms": max(latency) if latency else float("nan"),
             "breaches_stopped": len(latency), "breaches": len(breach_ids),
@@ -345,6 +362,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ticks", type=int, default=20)
     ap.add_argument("--tick-s", type=float, default=1.0)
     ap.add_argument("--breaches", type=int, default=10)
+    ap.add_argument("--judges", type=int, default=1, help="judges sharing the runs by shard "
+                    "(watchdog.daemon.shards), ticked one after the other each period")
     ap.add_argument("--drop-events", type=int, default=1_000_000, help="events in the day partition dropped")
     ap.add_argument("--no-retention", action="store_true")
     ap.add_argument("--revision", default="head", help="migrate the fleets' stores to this revision "
@@ -377,11 +396,11 @@ def main(argv=None) -> int:
 
 
 def table(out: dict) -> str:
-    lines = ["| active runs | SDK events/s stored | COPY events/s | SDK/COPY | offered events/s | cold tick ms "
+    lines = ["| active runs | judges | SDK events/s stored | COPY events/s | SDK/COPY | offered events/s | cold tick ms "
              "| changed tick p50 / p99 ms | breach -> stopping p50 / max ms (ticks) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in out["fleets"]:
-        lines.append(f"| {r['active']:,} | {r['sdk_eps']:,.0f} | {r['copy_eps']:,.0f} | {r['sdk_eps'] / r['copy_eps']:.2f} "
+        lines.append(f"| {r['active']:,} | {r.get('judges', 1)} | {r['sdk_eps']:,.0f} | {r['copy_eps']:,.0f} | {r['sdk_eps'] / r['copy_eps']:.2f} "
                      f"| {r['offered_eps']:,.0f} | {r['cold_ms']:,.0f} | {r['tick_p50_ms']:.0f} / {r['tick_p99_ms']:.0f} "
                      f"| {r['breach_p50_ms']:.0f} / {r['breach_max_ms']:.0f} ({r['breaches_stopped']}/{r['breaches']} "
                      f"stopped, <= {r['breach_max_ticks']} tick) |")
