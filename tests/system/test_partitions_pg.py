@@ -60,14 +60,18 @@ def _make(pg_server_url, revision="head"):
     with admin.connect() as conn:
         conn.execute(text(f'CREATE ROLE "{s.daemon}" LOGIN'))
         conn.execute(text(f'CREATE DATABASE "{s.db}" OWNER "{s.daemon}"'))
-    eng = make_engine(s.url("daemon"))
-    migrate.upgrade(eng, revision)
-    eng.dispose()
-    s.roles_script()
-    with admin.connect() as conn:
-        for key, group in (("a", s.agents), ("b", s.agents), ("gw", s.gateway)):
-            conn.execute(text(f'CREATE ROLE "{s.logins[key]}" LOGIN'))
-            conn.execute(text(f'GRANT "{group}" TO "{s.logins[key]}"'))
+    try:
+        eng = make_engine(s.url("daemon"))
+        migrate.upgrade(eng, revision)
+        eng.dispose()
+        s.roles_script()
+        with admin.connect() as conn:
+            for key, group in (("a", s.agents), ("b", s.agents), ("gw", s.gateway)):
+                conn.execute(text(f'CREATE ROLE "{s.logins[key]}" LOGIN'))
+                conn.execute(text(f'GRANT "{group}" TO "{s.logins[key]}"'))
+    except BaseException:
+        _drop(s, admin)  # nothing of a failed set-up is left on the server
+        raise
     return s, admin
 
 
