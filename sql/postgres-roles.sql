@@ -101,10 +101,12 @@ GRANT UPDATE (steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, c
 -- Events: insert only (other runs' events are not an agent's to read), every column but the id:
 -- the daemon reads the events above the newest id it folded, so an id a writer chose (the largest
 -- bigint) would hide every later event from it; the id is the sequence's, through the default.
+-- Nor stored_at (revision 0015: the day partition a row lands in): the server's now(), so no
+-- writer aims its rows at a day that retention drops first.
 SELECT format('GRANT INSERT (%s) ON events TO %I', string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position),
               :'agents_role')
   FROM information_schema.columns
- WHERE table_schema = current_schema() AND table_name = 'events' AND column_name <> 'id' \gexec
+ WHERE table_schema = current_schema() AND table_name = 'events' AND column_name NOT IN ('id', 'stored_at') \gexec
 SELECT format('GRANT USAGE ON SEQUENCE %s TO %I', pg_get_serial_sequence('events', 'id'), :'agents_role') \gexec
 
 -- What the daemon publishes, read only.
@@ -125,7 +127,7 @@ GRANT UPDATE (steps, tool_calls, tool_errors, tokens_in, tokens_out, cost_eur, c
 SELECT format('GRANT INSERT (%s) ON events TO %I', string_agg(quote_ident(column_name), ', ' ORDER BY ordinal_position),
               :'gateway_role')
   FROM information_schema.columns
- WHERE table_schema = current_schema() AND table_name = 'events' AND column_name <> 'id' \gexec
+ WHERE table_schema = current_schema() AND table_name = 'events' AND column_name NOT IN ('id', 'stored_at') \gexec
 SELECT format('GRANT USAGE ON SEQUENCE %s TO %I', pg_get_serial_sequence('events', 'id'), :'gateway_role') \gexec
 GRANT SELECT ON settings, tool_circuits TO :"gateway_role";
 GRANT SELECT, INSERT ON circuit_probes TO :"gateway_role";

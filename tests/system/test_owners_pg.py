@@ -492,7 +492,9 @@ def _pg_state(engine) -> dict:
         return {
             "policies": conn.execute(text("SELECT count(*) FROM pg_policies WHERE tablename IN ('runs', 'events')"))
             .scalar(),
-            "triggers": conn.execute(text("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'aw\\_%'")).scalar(),
+            # (tgparentid = 0: not the clones PostgreSQL makes on each day partition of events, 0015)
+            "triggers": conn.execute(text("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'aw\\_%' "
+                                          "AND tgparentid = 0")).scalar(),
             "rls": conn.execute(text("SELECT bool_or(relrowsecurity) FROM pg_class WHERE relname IN "
                                      "('runs', 'events')")).scalar(),
         }

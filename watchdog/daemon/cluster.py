@@ -27,6 +27,7 @@ from watchdog.core.config import Config
 from watchdog.core.interventions import Action
 from watchdog.core.seal import Sealer
 from watchdog.core.messages import no_daemon_alert
+from watchdog.daemon.partition_duty import PartitionDuty
 from watchdog.store import leases, retention, rollup
 from watchdog.store.alerts import enqueue_alert, queued
 from watchdog.store.interventions import record
@@ -136,6 +137,7 @@ class ClusterDuties:
             ("tool circuits", self.update_circuits),
             ("sealing ended runs", self.seal),
             ("retention", self.prune),
+            ("event partitions", PartitionDuty(engine)),
         ]
 
     def run(self, t: DutyTick) -> None:

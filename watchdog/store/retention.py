@@ -1,7 +1,8 @@
 """Retention: ended runs older than `[store] keep_days` go, with their events,
 interventions and (delivered) alerts; so do old run-less interventions and
 delivered alerts (circuit changes, all-runs alarms) and the lease rows of hosts
-gone for as long.
+gone for as long. On PostgreSQL the expired days of events are dropped whole
+(watchdog.store.partitions) before any row is deleted.
 
 In small batches, each its own short transaction, with a pause after each: a
 prune never holds a lock long enough to stall the agents' writes (on SQLite a
@@ -21,7 +22,7 @@ from sqlalchemy import ColumnElement, Executable, and_, delete, exists, func, or
 from sqlalchemy.engine import Engine
 
 from watchdog.core import lifecycle as lc
-from watchdog.store import dialects
+from watchdog.store import dialects, partitions
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import alerts, daemons, events, interventions, runs
 
@@ -39,6 +40,9 @@ class PruneReport:
     interventions: int = 0
     alerts: int = 0
     hosts: int = 0
+    partitions: int = 0  # whole day partitions of events dropped (PostgreSQL, revision 0015)
+    partition_drop_s: float = 0.0  # the longest of their transactions
+    partition_lock_s: float = 0.0  # the longest the writers waited for one (watchdog.store.partitions.Dropped)
     complete: bool = True  # False when the time budget ran out first (the rest goes next time)
     batches: int = 0
     seconds: float = 0.0
@@ -52,6 +56,8 @@ class PruneReport:
                 f"and {self.alerts} delivered alerts ended before {self.cutoff:%Y-%m-%d %H:%M:%S} UTC")
         if self.hosts:
             text += f", and {self.hosts} hosts' old lease rows"
+        if self.partitions:
+            text += f" ({self.partitions} day partitions of events dropped whole)"
         if not self.dry_run:
             text += f" in {self.seconds:.1f} s ({self.batches} batches, longest {self.longest_batch_s * 1000:.0f} ms)"
         if not self.complete:
@@ -121,13 +127,21 @@ class _Batches:
 
 
 def prune(engine: Engine, cutoff: dt.datetime, *, budget_s: float | None = None, runs_per_batch: int = RUNS_PER_BATCH,
-          rows_per_batch: int | None = None) -> PruneReport:
-    """Delete what `count` counts, batch by batch; with `budget_s`, stop after about that long."""
+          rows_per_batch: int | None = None, drop_partitions: bool = True) -> PruneReport:
+    """Delete what `count` counts, batch by batch; with `budget_s`, stop after about that long.
+    `drop_partitions=False` deletes expired days' events row by row too (benchmarks/bench_scale.py
+    measures the one against the other)."""
     rows_per_batch = rows_per_batch or dialects.of(engine).prune_rows_per_batch
     rep = PruneReport(cutoff=cutoff)
     t0 = time.perf_counter()
     b = _Batches(engine, rep, budget_s)
     try:
+        # PostgreSQL: the expired days go whole first (what a run retention keeps had in them
+        # is kept); the batches below then delete only what the dropped days did not hold.
+        if drop_partitions:
+            dropped = partitions.drop_expired(engine, cutoff, _prunable(cutoff), b.out_of_time)
+            rep.partitions, rep.events = dropped.partitions, dropped.events
+            rep.partition_drop_s, rep.partition_lock_s = dropped.longest_s, dropped.locked_s
         while not b.out_of_time():
             with read_connection(engine) as conn:
                 ids = conn.execute(select(runs.c.id).where(_prunable(cutoff)).order_by(runs.c.ended_at)

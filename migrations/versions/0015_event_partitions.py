@@ -1,0 +1,191 @@
+"""event partitions: on PostgreSQL `events` is partitioned by day, so retention drops whole days
+
+Revision ID: 0015
+Revises: 0014
+Create Date: 2026-12-07
+
+Issue 35: a store that takes ~60,000 events/s grows by ~5 billion rows a day; `db prune`
+deleting them row by row cannot keep up, and never gives the disk back. On PostgreSQL `events`
+becomes a declaratively partitioned table, one partition per UTC day (`events_pYYYYMMDD`) and a
+default one (`events_default`) for a row no day partition covers (so an insert never fails for
+want of a partition). Retention then detaches and drops a whole expired day
+(watchdog.store.partitions); the daemon's leader makes the next days' partitions ahead.
+SQLite keeps one table.
+
+The partition key is a new column, `stored_at` (the server's `now()` at insert), not `at`:
+
+* a row is routed to its partition *before* the BEFORE ROW triggers run, and PostgreSQL refuses
+  a trigger that moves the row to another partition. 0010's trigger writes the server's time
+  into `at` for every confined writer, so routing on `at` would refuse an honest writer whose
+  clock is a little off around midnight (and a writer could aim its rows at any day);
+* `stored_at` has no INSERT grant for any confined role (sql/postgres-roles.sql grants every
+  column but `id` and `stored_at`): its DEFAULT is the only value a writer's row can get, so the
+  row lands in today's partition, decided by the database.
+
+What the table promised holds on partitions:
+
+* (run_id, seq) is unique: a unique index of a partitioned table must contain the partition
+  key, which would only make (run_id, seq, stored_at) unique. The trigger `events_seq_once`
+  (SECURITY DEFINER: it reads every partition, whoever inserts) takes a transaction advisory
+  lock on the run (LOCK_SPACE, hashtext(run_id)) and refuses a second row with the same key, with the
+  unique_violation error and constraint name the old unique constraint raised, so every writer's
+  "duplicate record" handling is unchanged;
+* the primary key is (id, stored_at); ids still come only from the sequence (no role may insert
+  `id`), so each id is unique and new ids are above old ones, as the fold needs;
+* the triggers (0007's checks, 0010's server time, 0012's change feed), the row-level security
+  policies (0010's and the roles script's) and the grants are moved from the old table to the
+  new one by this migration: PostgreSQL clones row triggers onto every partition, and applies
+  the parent's policies and grants to every statement through the parent. A partition itself
+  has no grant for any confined role: reading or writing one directly is refused.
+
+Existing rows are copied with `stored_at = at`, into a partition per day they cover. The
+downgrade copies them back into one table (and drops `stored_at`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from alembic import op
+import sqlalchemy as sa
+
+revision = '0015'
+down_revision = '0014'
+branch_labels = None
+depends_on = None
+
+DAYS_AHEAD = 2  # day partitions made beyond today (the daemon's leader keeps making them)
+OLD = "aw_events_unpartitioned"
+PARTED = "aw_events_partitioned"
+SEQ_ONCE = "events_seq_once"
+# The first key of the (int4, int4) advisory locks the trigger takes; the second is hashtext(run_id).
+# Locks keyed by one bigint (the daemon's lease, judges' shards) are another space of keys.
+LOCK_SPACE = 350015
+
+
+def _schema(bind) -> str:
+    return '"' + bind.execute(sa.text("SELECT current_schema()")).scalar().replace('"', '""') + '"'
+
+
+def _day_partition(day: dt.date) -> str:
+    nxt = day + dt.timedelta(days=1)
+    return (f"CREATE TABLE IF NOT EXISTS events_p{day:%Y%m%d} PARTITION OF events "
+            f"FOR VALUES FROM ('{day.isoformat()} 00:00:00+00') TO ('{nxt.isoformat()} 00:00:00+00')")
+
+
+def _seq_once(schema: str) -> str:
+    return f"""CREATE FUNCTION {SEQ_ONCE}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  -- Two writers of the same run wait on each other here (for the rest of the first one's
+  -- transaction); the second then sees the first's row. One lock per run and transaction, not
+  -- per event: a batch of many records takes one entry of the server's lock table per run. The
+  -- tables' owner (a restore, retention's move) only checks: nobody else inserts with it.
+  IF NOT has_table_privilege(session_user, TG_RELID, 'TRUNCATE') THEN
+    PERFORM pg_advisory_xact_lock({LOCK_SPACE}, hashtext(NEW.run_id));
+  END IF;
+  IF EXISTS (SELECT 1 FROM {schema}.events e WHERE e.run_id = NEW.run_id AND e.seq = NEW.seq) THEN
+    RAISE EXCEPTION USING ERRCODE = 'unique_violation', CONSTRAINT = 'uq_events_run_id_seq',
+      MESSAGE = 'duplicate key value violates unique constraint "uq_events_run_id_seq"',
+      DETAIL = format('Key (run_id, seq)=(%s, %s) already exists.', NEW.run_id, NEW.seq);
+  END IF;
+  RETURN NEW;
+END
+$$"""
+
+
+def _move_dressing(bind, src: str, dst: str, skip_triggers: tuple[str, ...] = ()) -> None:
+    """The triggers, policies, grants and row-level security of table `src`, made again on `dst`
+    (whatever earlier revisions and the roles script put there)."""
+    for name, definition in bind.execute(sa.text(
+            "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = to_regclass(:t) "
+            "AND NOT tgisinternal ORDER BY tgname"), {"t": src}).all():
+        if name in skip_triggers:
+            continue
+        head, _, tail = definition.partition(" ON ")
+        _, _, rest = tail.partition(" ")  # the table's (schema-qualified) name
+        op.execute(f"{head} ON {dst} {rest}")
+    for name, cmd, permissive, roles, qual, check in bind.execute(sa.text(
+            "SELECT polname, polcmd, polpermissive, "
+            "ARRAY(SELECT CASE WHEN r = 0 THEN 'public' ELSE quote_ident(r::regrole::text) END FROM unnest(polroles) r), "
+            "pg_get_expr(polqual, polrelid), pg_get_expr(polwithcheck, polrelid) "
+            "FROM pg_policy WHERE polrelid = to_regclass(:t) ORDER BY polname"), {"t": src}).all():
+        verb = {"r": "SELECT", "a": "INSERT", "w": "UPDATE", "d": "DELETE", "*": "ALL"}[cmd]
+        # 0010's policy names its table (bound by oid, so now the old one's name): the new one.
+        qual, check = ((x.replace(f"'{src}'::regclass", f"'{dst}'::regclass") if x else x) for x in (qual, check))
+        op.execute(f'CREATE POLICY "{name}" ON {dst} AS {"PERMISSIVE" if permissive else "RESTRICTIVE"} '
+                   f'FOR {verb} TO {", ".join(roles)}' + (f" USING ({qual})" if qual else "")
+                   + (f" WITH CHECK ({check})" if check else ""))
+    if bind.execute(sa.text("SELECT relrowsecurity FROM pg_class WHERE oid = to_regclass(:t)"), {"t": src}).scalar():
+        op.execute(f"ALTER TABLE {dst} ENABLE ROW LEVEL SECURITY")
+    owner = "SELECT relowner FROM pg_class WHERE oid = to_regclass(:t)"
+    for grantee, privilege in bind.execute(sa.text(
+            f"SELECT a.grantee::regrole::text, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a "
+            f"WHERE c.oid = to_regclass(:t) AND a.grantee <> 0 AND a.grantee <> ({owner})"), {"t": src}).all():
+        op.execute(f"GRANT {privilege} ON {dst} TO {grantee}")
+    for column, grantee, privilege in bind.execute(sa.text(
+            f"SELECT at.attname, a.grantee::regrole::text, a.privilege_type FROM pg_attribute at, aclexplode(at.attacl) a "
+            f"WHERE at.attrelid = to_regclass(:t) AND NOT at.attisdropped AND a.grantee <> 0 "
+            f"AND a.grantee <> ({owner}) AND at.attname IN (SELECT attname FROM pg_attribute "
+            f"WHERE attrelid = to_regclass(:d) AND NOT attisdropped)"), {"t": src, "d": dst}).all():
+        op.execute(f'GRANT {privilege} ("{column}") ON {dst} TO {grantee}')
+
+
+def upgrade() -> None:
+    bind = op.get_bind()
+    if bind.dialect.name != 'postgresql':
+        return
+    schema = _schema(bind)
+    op.execute(f"ALTER TABLE events RENAME TO {OLD}")
+    for name in ("pk_events", "uq_events_run_id_seq", "fk_events_run_id_runs"):
+        op.execute(f"ALTER TABLE {OLD} RENAME CONSTRAINT {name} TO {name}_old")
+    op.execute("ALTER INDEX ix_events_tool_at RENAME TO ix_events_tool_at_old")
+    op.execute(f"CREATE TABLE events (LIKE {OLD} INCLUDING DEFAULTS, "
+               f"stored_at timestamptz NOT NULL DEFAULT now()) PARTITION BY RANGE (stored_at)")
+    op.execute("CREATE TABLE events_default PARTITION OF events DEFAULT")
+    today = bind.execute(sa.text("SELECT (now() AT TIME ZONE 'UTC')::date")).scalar()
+    days = set(bind.execute(sa.text(f"SELECT DISTINCT (at AT TIME ZONE 'UTC')::date FROM {OLD}")).scalars())
+    days |= {today + dt.timedelta(days=n) for n in range(DAYS_AHEAD + 1)}
+    for day in sorted(days):
+        op.execute(_day_partition(day))
+    columns = ", ".join(f'"{c}"' for c in bind.execute(sa.text(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:t) AND attnum > 0 AND NOT attisdropped "
+        "ORDER BY attnum"), {"t": OLD}).scalars())
+    op.execute(f"INSERT INTO events ({columns}, stored_at) SELECT {columns}, at FROM {OLD}")
+    op.execute("ALTER TABLE events ADD CONSTRAINT pk_events PRIMARY KEY (id, stored_at)")
+    op.execute("ALTER TABLE events ADD CONSTRAINT fk_events_run_id_runs FOREIGN KEY (run_id) "
+               "REFERENCES runs (id) ON DELETE CASCADE")
+    # (run_id, seq): what the unique constraint's index served (a run's events, the gateways' next seq).
+    op.execute("CREATE INDEX ix_events_run_id_seq ON events (run_id, seq)")
+    op.execute("CREATE INDEX ix_events_tool_at ON events (tool, at)")
+    op.execute("ALTER SEQUENCE events_id_seq OWNED BY events.id")
+    _move_dressing(bind, OLD, "events")
+    op.execute(_seq_once(schema))
+    op.execute(f"REVOKE ALL ON FUNCTION {SEQ_ONCE}() FROM PUBLIC")
+    op.execute(f"CREATE TRIGGER {SEQ_ONCE} BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION {SEQ_ONCE}()")
+    op.execute(f"DROP TABLE {OLD}")
+
+
+def downgrade() -> None:
+    bind = op.get_bind()
+    if bind.dialect.name != 'postgresql':
+        return
+    op.execute(f"ALTER TABLE events RENAME TO {PARTED}")
+    for name in ("pk_events", "fk_events_run_id_runs"):
+        op.execute(f"ALTER TABLE {PARTED} RENAME CONSTRAINT {name} TO {name}_old")
+    op.execute("ALTER INDEX ix_events_tool_at RENAME TO ix_events_tool_at_old")
+    op.execute(f"CREATE TABLE events (LIKE {PARTED} INCLUDING DEFAULTS)")
+    op.execute("ALTER TABLE events DROP COLUMN stored_at")
+    columns = ", ".join(f'"{c}"' for c in bind.execute(sa.text(
+        "SELECT attname FROM pg_attribute WHERE attrelid = 'events'::regclass AND attnum > 0 AND NOT attisdropped "
+        "ORDER BY attnum")).scalars())
+    op.execute(f"INSERT INTO events ({columns}) SELECT {columns} FROM {PARTED} ORDER BY id")
+    op.execute("ALTER TABLE events ADD CONSTRAINT pk_events PRIMARY KEY (id)")
+    op.execute("ALTER TABLE events ADD CONSTRAINT uq_events_run_id_seq UNIQUE (run_id, seq)")
+    op.execute("ALTER TABLE events ADD CONSTRAINT fk_events_run_id_runs FOREIGN KEY (run_id) "
+               "REFERENCES runs (id) ON DELETE CASCADE")
+    op.execute("CREATE INDEX ix_events_tool_at ON events (tool, at)")
+    op.execute("ALTER SEQUENCE events_id_seq OWNED BY events.id")
+    _move_dressing(bind, PARTED, "events", skip_triggers=(SEQ_ONCE,))
+    op.execute(f"DROP TABLE {PARTED}")  # and its partitions
+    op.execute(f"DROP FUNCTION IF EXISTS {SEQ_ONCE}()")

@@ -1,0 +1,37 @@
+"""The leader's duty of making the next day partitions of `events` (PostgreSQL, revision 0015).
+
+Every PARTITIONS_EVERY_S of the store's time, and at the first tick this daemon leads: cheap
+(one catalogue read when the partitions are there), idempotent, and DAYS_AHEAD days ahead, so
+a leader that is down for a day still finds today's partition made. Rows for a day nobody made
+land in the default partition and move into the day's partition when it is made.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import TYPE_CHECKING
+
+from watchdog.store import partitions
+from watchdog.store.engine import Engine
+
+if TYPE_CHECKING:
+    from watchdog.daemon.cluster import DutyTick
+
+log = logging.getLogger("watchdog.daemon")
+
+PARTITIONS_EVERY_S = 600.0
+
+
+class PartitionDuty:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._next_at: dt.datetime | None = None
+
+    def __call__(self, t: DutyTick) -> None:
+        if self._next_at is not None and t.now < self._next_at:
+            return
+        made = partitions.ensure_ahead(self.engine)
+        if made:
+            log.info("events: made day partitions %s", ", ".join(made))
+        self._next_at = t.now + dt.timedelta(seconds=PARTITIONS_EVERY_S)
