@@ -50,13 +50,6 @@ RESOLVED_KEY = "agent_watchdog_resolved_agent"  # set by the pre-call hook, over
 RUNS_MAX = 10_000  # own runs remembered (the oldest are forgotten; the store still has them)
 
 
-def never_hold(run: Run) -> None:
-    """The callback never waits inside the proxy for a human to answer a pause: a breach stops
-    its own run instead, and a run the daemon paused is refused at its next call until resumed."""
-    run._pause = lambda stop: False  # type: ignore[method-assign]
-    run._hold.wait = lambda row: None  # type: ignore[method-assign]
-
-
 def _name(value: Any, max_chars: int) -> str | None:
     return value if isinstance(value, str) and value.strip() and len(value) <= max_chars and printable(value) else None
 
@@ -169,12 +162,12 @@ class WatchdogProxyHandler(CustomLogger):
         if status is not None and status[0] == lc.PAUSED:
             return f"agent-watchdog: run stopped: paused (run {run.id[:8]} waits for a human to approve more budget)"
         if status is not None and status[0] not in (lc.RUNNING, lc.PAUSED):
-            run._cancel(RunKilled(status[1] or status[0], status[2] or f"the run is {status[0]}"))
+            run.cancel(RunKilled(status[1] or status[0], status[2] or f"the run is {status[0]}"))
         try:
             run.check()
             guard = run.guard
             if guard is not None:
-                run._guarded(lambda: guard.before_model(estimate.cost_eur, run.elapsed_s, estimate.tokens))
+                run.guarded(lambda: guard.before_model(estimate.cost_eur, run.elapsed_s, estimate.tokens))
         except RunKilled as stop:
             return refusal(stop.reason, stop.detail)
         return None
@@ -191,10 +184,8 @@ class WatchdogProxyHandler(CustomLogger):
         with self._lock:
             guard = self.guards.setdefault(state.id, Guard(limits))
         guard.budgets.update(limits)
-        with guard._lock:  # the larger of this witness's count and the run's, never the sum
-            guard.used["steps"] = max(guard.used["steps"], state.steps)
-            guard.used["tokens"] = max(guard.used.get("tokens", 0), state.tokens)
-            guard.used["cost_eur"] = max(guard.used["cost_eur"], state.cost_eur)
+        # The larger of this witness's count and the run's, never the sum.
+        guard.at_least(steps=state.steps, tokens=state.tokens, cost_eur=state.cost_eur)
         started = state.started_at or utcnow()  # aware UTC, as the store reads it
         try:
             guard.before_model(estimate.cost_eur, max(0.0, (utcnow() - started).total_seconds()), estimate.tokens)
@@ -206,7 +197,7 @@ class WatchdogProxyHandler(CustomLogger):
         """The callback's own run for `trace` (its id, or with `fresh` a new id: that one has ended)."""
         run = self.wd().run(agent, run_id=None if fresh else trace)
         run.source = SOURCE
-        never_hold(run)
+        run.never_hold()  # the callback never waits inside the proxy for a human to answer a pause
         try:
             run.start()
         except ValueError:  # another proxy process made it a moment ago: judge it as a joined run

@@ -136,7 +136,7 @@ class Watch:
             if now >= backstop_at:
                 backstop_at = float("inf")
                 self.s.note(f"no stop from a daemon {wall_s:g} s into the run: exec stops it itself (wall_clock)")
-                run._publish_stop(RunKilled(lc.WALL_CLOCK, f"running {run.elapsed_s:.0f} s > max_wall_s {wall_s:g} s "
+                run.publish_stop(RunKilled(lc.WALL_CLOCK, f"running {run.elapsed_s:.0f} s > max_wall_s {wall_s:g} s "
                                                            "(exec's own clock: no daemon stopped it)"))
                 next_poll = 0.0
                 continue

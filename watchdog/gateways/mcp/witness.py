@@ -41,14 +41,6 @@ DEFAULT_AGENT = "mcp-proxy"
 SOURCE = lc.Source.MCP
 
 
-def never_hold(run: Run) -> None:
-    """A gateway never waits inside a call for a human to answer a pause (the client would see a
-    hung call and the relay would fail open): a breach stops the proxy's own run instead of
-    pausing it, and a run the daemon paused is refused at its next call until resumed."""
-    run._pause = lambda stop: False  # type: ignore[method-assign]
-    run._hold.wait = lambda row: None  # type: ignore[method-assign]
-
-
 class ToolFailed(Exception):
     """What the server answered a call with, when it failed (its class is what circuits count)."""
 
@@ -97,7 +89,7 @@ class ToolWitness:
                     return self._admit_joined(name, args, call_id)
                 return self._admit_own(name, args, call_id)
             except Exception as exc:  # noqa: BLE001 — fail open, said (the SDK raises a misconfigured store)
-                self._outage(exc)
+                self.outage(exc)
                 return Admitted(name, args, call_id, None)  # nothing to record it in
             finally:
                 self.last_call = time.monotonic()
@@ -112,7 +104,7 @@ class ToolWitness:
             elif st == lc.PAUSED:
                 return wording.paused(name, run.id)
             elif st not in lc.ACTIVE_STATUSES or st == lc.STOPPING:
-                run._cancel(RunKilled(reason or st, detail or f"the run is {st}"))
+                run.cancel(RunKilled(reason or st, detail or f"the run is {st}"))
         try:
             pending = run.before_tool(name, args)
         except RunKilled as stop:
@@ -127,7 +119,7 @@ class ToolWitness:
         try:
             state = joined.run_state(self.wd.engine, rid)
         except Exception as exc:  # noqa: BLE001 — a store outage fails open
-            self._outage(exc)
+            self.outage(exc)
             return Admitted(name, args, call_id, rid)
         if state is None:
             return wording.no_run(name, rid)
@@ -142,8 +134,7 @@ class ToolWitness:
         else:
             self.guard.budgets.update(limits)
         guard = self.guard
-        with guard._lock:  # the larger of the proxy's count and the run's, never their sum
-            guard.used["tool_calls"] = max(guard.used["tool_calls"], state.tool_calls)
+        guard.at_least(tool_calls=state.tool_calls)  # the larger of the proxy's count and the run's
         started = state.started_at or utcnow()  # aware UTC, as the store reads it
         elapsed_s = max(0.0, (utcnow() - started).total_seconds())
         try:
@@ -182,7 +173,7 @@ class ToolWitness:
                 if call.probe and ok:
                     self.wd.circuits.probe_succeeded(call.name, call.run_id)
             except Exception as exc:  # noqa: BLE001 — recording never breaks the relay
-                self._outage(exc)
+                self.outage(exc)
 
     def _append(self, call: Admitted, *, ok: bool, error: Exception | None, duration_s: float) -> None:
         cls, msg = error_fields(error, self.wd.record_errors) if not ok and error is not None else (None, None)
@@ -194,7 +185,7 @@ class ToolWitness:
                 tool=call.name, args_hash=hash_args(call.args, tool=call.name), ok=ok, error_class=cls,
                 error_msg=msg[:500] if msg else None, duration_s=duration_s)
         except Exception as exc:  # noqa: BLE001
-            self._outage(exc)
+            self.outage(exc)
 
     # -- own runs ----------------------------------------------------------------
 
@@ -211,7 +202,9 @@ class ToolWitness:
         self._end_own()
         run = self.wd.run(self.agent)
         run.source = SOURCE
-        never_hold(run)
+        # A gateway never waits inside a call for a human to answer a pause (the client would see
+        # a hung call and the relay would fail open): see Run.never_hold.
+        run.never_hold()
         run.start()
         self.run = run
         self.runs_started += 1
@@ -229,16 +222,16 @@ class ToolWitness:
             else:
                 run.end(lc.COMPLETED, None, None)
         except Exception as exc:  # noqa: BLE001
-            self._outage(exc)
+            self.outage(exc)
 
     def _status(self, run_id: str) -> tuple[str, str | None, str | None] | None:
         try:
             return joined.own_status(self.wd.writer, run_id)
         except Exception as exc:  # noqa: BLE001 — a store outage fails open
-            self._outage(exc)
+            self.outage(exc)
             return None
 
-    def _outage(self, exc: BaseException) -> None:
+    def outage(self, exc: BaseException) -> None:
         """Fail open, said once: a store that is down or slow is an outage; one that refuses this
         login (a missing grant) will refuse every call until fixed, and is said once on its own
         with the fix, even after an outage was (a warning said once must not hide the other)."""
