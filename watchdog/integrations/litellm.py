@@ -25,19 +25,17 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.records import AGENT_MAX_CHARS, MODEL_MAX_CHARS, RUN_ID_MAX_CHARS
 from watchdog.core.text import one_line, printable
 from watchdog.errors import RunKilled
 from watchdog.integrations.litellm_preflight import Estimate, preflight
 from watchdog.sdk.client import Watchdog
-from watchdog.sdk.guards import Guard
+from watchdog.sdk.joined import JoinedRuns, RunState
 from watchdog.sdk.run import Run
 from watchdog.store import joined
 from watchdog.store.access import missing_gateway_grants
 from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
-from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.integrations.litellm")
 
@@ -63,7 +61,7 @@ class WatchdogProxyHandler(CustomLogger):
         self._wd: Watchdog | None = None
         self._lock = threading.Lock()
         self.runs: dict[str, Run] = {}  # own runs by trace id
-        self.guards: dict[str, Guard] = {}  # joined runs: this proxy's view of their steps
+        self._joined: JoinedRuns | None = None  # joined runs, and this proxy's view of their steps
         self._warned = False
         self._misconfigured = False
 
@@ -78,8 +76,15 @@ class WatchdogProxyHandler(CustomLogger):
                     missing = missing_gateway_grants(wd.engine)
                     if missing is not None:  # loud at the first call: the runs it joins would record nothing
                         log.error("agent-watchdog: %s; their model calls pass unrecorded until then", missing)
+                    self._joined = JoinedRuns(wd, SOURCE)
                     self._wd = wd
         return self._wd
+
+    def joined(self) -> JoinedRuns:
+        """The runs another writer owns that this proxy witnesses (made with its Watchdog)."""
+        self.wd()
+        assert self._joined is not None  # made with the Watchdog, before it is published
+        return self._joined
 
     def _outage(self, exc: BaseException) -> None:
         """Fail open, said once: an outage, or (said once on its own, with the fix) a store that
@@ -150,7 +155,7 @@ class WatchdogProxyHandler(CustomLogger):
             if status is not None and quietly_ended(status[0], status[1]):
                 run, status = self._new_run(trace, run.agent, fresh=True), None
             return self._check_own(run, estimate, status)
-        state = joined.run_state(wd.engine, trace)
+        state = self.joined().state(trace)
         if state is None:
             return self._check_own(self._new_run(trace, agent), estimate)
         return self._check_joined(state, estimate)
@@ -172,7 +177,7 @@ class WatchdogProxyHandler(CustomLogger):
             return refusal(stop.reason, stop.detail)
         return None
 
-    def _check_joined(self, state: joined.RunState, estimate: Estimate) -> str | None:
+    def _check_joined(self, state: RunState, estimate: Estimate) -> str | None:
         if state.status != lc.RUNNING:
             if quietly_ended(state.status, state.stop_reason) and state.source == SOURCE:
                 # The callback's own run of this trace ended by silence: the next call is a new run.
@@ -180,15 +185,10 @@ class WatchdogProxyHandler(CustomLogger):
             if state.status == lc.PAUSED:
                 return "agent-watchdog: run stopped: paused (it waits for a human to approve more budget)"
             return refusal(state.stop_reason or state.status, state.stop_detail)
-        limits = bud.for_run(self.wd().config().profile(state.agent), state.row()).to_json()
-        with self._lock:
-            guard = self.guards.setdefault(state.id, Guard(limits))
-        guard.budgets.update(limits)
-        # The larger of this witness's count and the run's, never the sum.
-        guard.at_least(steps=state.steps, tokens=state.tokens, cost_eur=state.cost_eur)
-        started = state.started_at or utcnow()  # aware UTC, as the store reads it
+        runs = self.joined()
+        guard = runs.guard(state)  # the larger of this witness's count and the run's, never the sum
         try:
-            guard.before_model(estimate.cost_eur, max(0.0, (utcnow() - started).total_seconds()), estimate.tokens)
+            guard.before_model(estimate.cost_eur, runs.elapsed_s(state), estimate.tokens)
         except RunKilled as stop:
             return refusal(stop.reason, stop.detail)
         return None
@@ -241,13 +241,13 @@ class WatchdogProxyHandler(CustomLogger):
             except RunKilled:
                 pass  # the next call is refused
             return
-        if joined.run_state(wd.engine, trace) is None:
+        runs = self.joined()
+        if runs.state(trace) is None:
             return
         call_id = _name(kwargs.get("litellm_call_id"), 128)
-        joined.append_witness_event(wd.engine, trace, source=SOURCE, kind=lc.EV_STEP, at=utcnow(), call_id=call_id,
-                                   model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
-        with self._lock:
-            guard = self.guards.get(trace)
+        runs.append(trace, kind=lc.EV_STEP, call_id=call_id, model=model, tokens_in=tokens_in, tokens_out=tokens_out,
+                    cost_eur=cost_eur)
+        guard = runs.known(trace)
         if guard is not None:
             guard.after_step(cost_eur or 0.0, tokens_in + tokens_out)
 
