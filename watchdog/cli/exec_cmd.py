@@ -72,7 +72,7 @@ def exec_cmd(ctx, agent, labels, max_steps, max_tool_calls, max_cost_eur, max_wa
     watchdog stopped the run, 125 when exec failed, 126 / 127 when COMMAND cannot run / is
     not found."""
     from watchdog.gateways.exec import ExecOptions, run_exec
-    from watchdog.gateways.exec.supervisor import say
+    from watchdog.gateways.exec.exits import say
 
     app = ctx.find_object(App)
     if app.config_path:  # the SDK exec opens the run with reads its profiles from there too

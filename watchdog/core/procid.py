@@ -9,8 +9,45 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 _PROCFS = "/proc"
+
+# psutil's create time has one clock tick (10 ms) of resolution and is
+# computed identically each time, so 1 ms only absorbs float noise.
+CREATE_TIME_TOLERANCE_S = 1e-3
+
+# Why an identity no longer names a running process (the daemon's killer reports them):
+GONE = "process gone"
+ZOMBIE = "zombie"
+RECYCLED = "create time differs (pid recycled)"
+# For these the process the identity names no longer runs: that is success.
+GONE_REASONS = frozenset({GONE, ZOMBIE, RECYCLED})
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """A process by its full identity, never a bare pid: a recycled pid has another create time."""
+
+    host: str
+    pid: int
+    create_time: float
+    # The uid the daemon attested (SO_PEERCRED) for a run's own process; None for
+    # processes the killer found itself (children), which are held to allowed_users only.
+    uid: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"host": self.host, "pid": self.pid, "create_time": self.create_time}
+        if self.uid is not None:
+            d["uid"] = self.uid
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ProcessIdentity":
+        uid = d.get("uid")
+        return cls(host=str(d["host"]), pid=int(d["pid"]), create_time=float(d["create_time"]),
+                   uid=None if uid is None else int(uid))
 
 
 def hostname() -> str:

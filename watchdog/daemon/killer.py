@@ -25,45 +25,19 @@ from typing import Iterable
 import psutil
 
 from watchdog.core import procid
+# The identity, its tolerance and the reasons a process is gone live in watchdog.core.procid, below
+# runtree (which the killer builds on); they are re-exported here, where the daemon imports them.
+from watchdog.core.procid import (CREATE_TIME_TOLERANCE_S, GONE, GONE_REASONS, RECYCLED, ZOMBIE,
+                                  ProcessIdentity)
+from watchdog.daemon.runtree import cgroup_members, guarded_cgroup_kill
 
-# psutil's create time has one clock tick (10 ms) of resolution and is
-# computed identically each time, so 1 ms only absorbs float noise.
-CREATE_TIME_TOLERANCE_S = 1e-3
 MODES = ("process", "tree", "cgroup")
-
-GONE = "process gone"
-ZOMBIE = "zombie"
-RECYCLED = "create time differs (pid recycled)"
-# For these the process the identity names no longer runs: that is success.
-GONE_REASONS = frozenset({GONE, ZOMBIE, RECYCLED})
 # EPERM from the kernel: the daemon lacks CAP_KILL, nothing about the run (the ladder retries).
 PERMISSION_DENIED = "permission denied"
 
 
 LOGIN_DEFS = "/etc/login.defs"
 DEFAULT_UID_MIN = 1000
-
-
-@dataclass(frozen=True)
-class ProcessIdentity:
-    host: str
-    pid: int
-    create_time: float
-    # The uid the daemon attested (SO_PEERCRED) for a run's own process; None for
-    # processes the killer found itself (children), which are held to allowed_users only.
-    uid: int | None = None
-
-    def to_json(self) -> dict:
-        d = {"host": self.host, "pid": self.pid, "create_time": self.create_time}
-        if self.uid is not None:
-            d["uid"] = self.uid
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict) -> "ProcessIdentity":
-        uid = d.get("uid")
-        return cls(host=str(d["host"]), pid=int(d["pid"]), create_time=float(d["create_time"]),
-                   uid=None if uid is None else int(uid))
 
 
 @dataclass(frozen=True)
@@ -275,8 +249,6 @@ class Killer:
     def _cgroup_members(self, cgroup_dir: str | None) -> list[ProcessIdentity]:
         """The processes of an exec'd run's cgroup (watchdog.daemon.runtree), each still held to
         every check of _signal_one."""
-        from watchdog.daemon.runtree import cgroup_members  # late: runtree builds on this module
-
         return cgroup_members(self, cgroup_dir)
 
     def _send(self, sig: signal.Signals, leader: ProcessIdentity, mode: str,
@@ -324,7 +296,5 @@ class Killer:
         # reparented away from the leader, so they are signalled directly.
         out = self._send(signal.SIGKILL, ident, mode, list(targets), cgroup_dir)
         if mode == "cgroup":
-            from watchdog.daemon.runtree import guarded_cgroup_kill
-
             guarded_cgroup_kill(self, cgroup_dir)  # forks during the kill too
         return out

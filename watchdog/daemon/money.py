@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, P
 from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.backfill import Backfill, BackfillReport, UnpricedStep
 from watchdog.daemon.driftwatch import DriftWatch
+from watchdog.daemon.moneytick import LiveSpend, MoneyTick
 from watchdog.daemon.prices import PriceBook
 from watchdog.store import ledger
 from watchdog.store.alerts import enqueue_alert, queued
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from watchdog.core.budgets import Budgets
     from watchdog.core.config import Config
     from watchdog.core.seal import Sealer
-    from watchdog.daemon.moneytick import MoneyTick
     from watchdog.daemon.trust import Trust
 
 log = logging.getLogger("watchdog.money")
@@ -97,8 +96,6 @@ class Money:
 
     def begin(self, now: dt.datetime) -> MoneyTick:
         """This tick's money work, its steps in their order (watchdog.daemon.moneytick)."""
-        from watchdog.daemon.moneytick import MoneyTick
-
         return MoneyTick(self, now)
 
     # -- 1. inside the tick's read snapshot ---------------------------------------------------
@@ -146,11 +143,11 @@ class Money:
 
     # -- 3. every period budget's state (pure: from the snapshot), then the booking --------------
 
-    def live_spend(self) -> "LiveSpend":
+    def live_spend(self) -> LiveSpend:
         """What the tick's one pass over the active runs fills (PreFilter.due), for `judge`."""
         return LiveSpend(self.run_scopes if self.label_budgets else None)
 
-    def learn_labels(self, conn: Connection, spend: "LiveSpend") -> None:
+    def learn_labels(self, conn: Connection, spend: LiveSpend) -> None:
         """In the snapshot: the label budgets of the runs first seen this tick, and their live cost."""
         if spend.new:
             for scope, cost in self._learn_labels(conn, spend.new):
@@ -167,7 +164,7 @@ class Money:
         self._found = []
         return self.last_backfill
 
-    def judge(self, spend: "LiveSpend", now: dt.datetime) -> list[PeriodState]:
+    def judge(self, spend: LiveSpend, now: dt.datetime) -> list[PeriodState]:
         """Spend = ledger + unbooked + the active runs' live cost, all from the tick's snapshot,
         plus what `price` just added to runs of it; `spend`: the live cost the tick summed per
         agent and label budget."""
@@ -233,7 +230,7 @@ class Money:
         whose = self.whose
         return agent if whose is None or not whose.bound else whose.spend_as(rid, agent)
 
-    def _resum(self, spend: "LiveSpend", key: str) -> float:
+    def _resum(self, spend: LiveSpend, key: str) -> float:
         """One scope's live cost again, each bad cost as 0 (the rare path: a hand-written bad row)."""
         from watchdog.daemon.scan import L
 
@@ -385,18 +382,3 @@ class Money:
             self._alerted.clear()
         self._alerted.add(key)
 
-
-class LiveSpend:
-    """The active runs' live cost, summed in the tick's one pass over them (PreFilter.due): per
-    agent, and per label budget for the runs whose labels are known (a run's labels never
-    change, so they are read once, when it is first seen: `new`)."""
-
-    __slots__ = ("per_agent", "labelled", "covered", "new", "light", "i_id")
-
-    def __init__(self, covered: dict[str, tuple[str, ...]] | None):
-        self.per_agent: dict[str, float] = defaultdict(float)
-        self.labelled: dict[str, float] = defaultdict(float)
-        self.covered = covered  # run id -> the label budgets covering it; None: no [[budgets]]
-        self.new: list[tuple[str, float]] = []  # (run id, live cost) of runs first seen
-        self.light: Sequence[Any] = []  # the tick's light rows (for forgetting the runs that ended)
-        self.i_id = 0

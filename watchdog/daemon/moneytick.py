@@ -17,20 +17,18 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.periods import PeriodState
-from watchdog.daemon.backfill import BackfillReport
+from watchdog.daemon.backfill import Backfill, BackfillReport
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.scan import L
 from watchdog.store.engine import Connection, Engine, store_unavailable
-
-if TYPE_CHECKING:
-    from watchdog.daemon.money import LiveSpend, Money
 
 log = logging.getLogger("watchdog.money")
 
@@ -55,10 +53,54 @@ class MoneyJudgement:
     again: set[str] = field(default_factory=set)  # runs to read again and judge: repriced, or a spent budget's
 
 
+class LiveSpend:
+    """The active runs' live cost, summed in the tick's one pass over them (PreFilter.due): per
+    agent, and per label budget for the runs whose labels are known (a run's labels never
+    change, so they are read once, when it is first seen: `new`)."""
+
+    __slots__ = ("per_agent", "labelled", "covered", "new", "light", "i_id")
+
+    def __init__(self, covered: dict[str, tuple[str, ...]] | None):
+        self.per_agent: dict[str, float] = defaultdict(float)
+        self.labelled: dict[str, float] = defaultdict(float)
+        self.covered = covered  # run id -> the label budgets covering it; None: no [[budgets]]
+        self.new: list[tuple[str, float]] = []  # (run id, live cost) of runs first seen
+        self.light: Sequence[Any] = []  # the tick's light rows (for forgetting the runs that ended)
+        self.i_id = 0
+
+
+class Books(Protocol):
+    """What a MoneyTick drives: watchdog.daemon.money.Money, which makes it (`Money.begin`). A
+    protocol, so that this module sits below money.py and never imports it (no import cycle)."""
+
+    backfill: Backfill
+    closed: dict[str, PeriodState]
+
+    def live_spend(self) -> LiveSpend: ...
+
+    def read(self, conn: Connection, now: dt.datetime, high_water: int | None = None, *,
+             quiet: bool = False, none_ended: bool = False, unpriced: Sequence[int] | None = None,
+             ranged: bool = False, new: Sequence[tuple[str, float]] = ()) -> None: ...
+
+    def learn_labels(self, conn: Connection, spend: LiveSpend) -> None: ...
+
+    def price(self, engine: Engine, now: dt.datetime) -> BackfillReport: ...
+
+    def judge(self, spend: LiveSpend, now: dt.datetime) -> list[PeriodState]: ...
+
+    def publish_closed(self, engine: Engine, now: dt.datetime) -> bool: ...
+
+    def closing(self, run_id: str, agent: str) -> PeriodState | None: ...
+
+    def book(self, engine: Engine, now: dt.datetime) -> int: ...
+
+    def after(self, engine: Engine, now: dt.datetime, stopped: dict[str, list[str]] | None = None) -> None: ...
+
+
 class MoneyTick:
     """One tick of Money (watchdog.daemon.money): made by `Money.begin`, used once."""
 
-    def __init__(self, money: Money, now: dt.datetime):
+    def __init__(self, money: Books, now: dt.datetime):
         self.money = money
         self.now = now
         self.phase = Phase.BEGUN

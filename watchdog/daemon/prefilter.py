@@ -22,7 +22,7 @@ from watchdog.daemon.quarantine import FUTURE_S, MAX_AGE_S, light_defect
 from watchdog.daemon.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, RunStats
 
 if TYPE_CHECKING:
-    from watchdog.daemon.money import LiveSpend
+    from watchdog.daemon.moneytick import LiveSpend
 
 # The pre-filter's clock checks fire this much early: the database's epoch seconds are
 # floats, the policies compare datetimes; early only costs one full evaluation.
@@ -66,7 +66,7 @@ class PreFilter:
         A healthy running run is skipped without building a row, a snapshot or facts:
         the checks below are the budgets' own comparisons (the clock ones SLACK_S early)
         and `_gone`'s conditions. The policies still decide, on the whole row.
-        `spend` (watchdog.daemon.money.LiveSpend): this same pass over every active run sums
+        `spend` (watchdog.daemon.moneytick.LiveSpend): this same pass over every active run sums
         their live cost per agent and label budget, for the period budgets.
         issue 20: `evidence` (run id -> the daemon's own counters, watchdog.daemon.evidence) and
         `first` (run id -> first sight, epoch s; runs seen now are appended to `new_seen`): a run

@@ -8,6 +8,7 @@ named in allowed_users exist. Each problem is one line naming the key and the fi
 from __future__ import annotations
 
 import importlib.util
+import os
 import pwd
 
 from watchdog.core.config import Config
@@ -49,3 +50,12 @@ def check(config: Config) -> None:
     found = problems(config)
     if found:
         raise ConfigError(found[0] if len(found) == 1 else "; ".join(found))
+
+
+def check_allowed_users(config: Config) -> None:
+    """Root with no allowed_users would default to signalling root's own processes: refuse."""
+    if os.geteuid() == 0 and not config.daemon.allowed_users:
+        where = f" in {config.path}" if config.path else ""
+        raise ConfigError(f"[daemon] allowed_users is not set{where} and the daemon runs as root: set "
+                          "allowed_users = [\"USER\", ...] to the users whose agent processes it may signal "
+                          "(root and system accounts only if named), or run it as its own user (see the unit)")

@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import signal
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from watchdog.core.config import Config, load
 from watchdog.core.text import one_line
@@ -27,8 +27,11 @@ from watchdog.errors import ConfigError
 if TYPE_CHECKING:
     from types import FrameType
 
+    from watchdog.daemon.killer import Killer
     from watchdog.daemon.notify import Notifier
-    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.otlp.server import OtlpServer
+    from watchdog.daemon.signalcheck import Signalable
+    from watchdog.daemon.ticker import TickReport, Ticker
 
 log = logging.getLogger("watchdog.daemon")
 
@@ -48,11 +51,26 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
 )
 
 
+class Daemon(Protocol):
+    """What a reload reads and replaces of the running daemon (watchdog.daemon.service.Daemon,
+    which installs the handlers: a protocol, so this module never imports the service back)."""
+
+    config: Config
+    ticker: Ticker
+    killer: Killer
+    signalable: Signalable
+    notifier: Notifier
+    otlp_server: OtlpServer | None
+    last_report: TickReport | None
+    reload_requested: bool
+
+    def publish(self, force: bool = False) -> None: ...
+
+
 def reload(daemon: Daemon, path: str | None) -> bool:
     """Load `path` and apply it to the running `daemon`; False (logged, one line) if refused."""
     from watchdog.daemon.notify import Notifier, daemon_alert_urls, url_error
-    from watchdog.daemon.preflight import check
-    from watchdog.daemon.service import check_allowed_users
+    from watchdog.daemon.preflight import check, check_allowed_users
 
     if not path:
         log.warning("SIGHUP: no config file to reload (the daemon started without --config or "

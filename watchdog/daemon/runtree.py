@@ -13,17 +13,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psutil
 
 from watchdog.core import cgroups as rules
-from watchdog.daemon.killer import CREATE_TIME_TOLERANCE_S, ProcessIdentity
-
-if TYPE_CHECKING:
-    from watchdog.daemon.killer import Killer
+from watchdog.core.procid import CREATE_TIME_TOLERANCE_S, GONE_REASONS, ProcessIdentity
 
 MOUNTINFO = "/proc/self/mountinfo"
+
+
+class Killer(Protocol):
+    """What a run tree asks of the daemon's killer (watchdog.daemon.killer.Killer, which builds on
+    this module: a protocol, so this module never imports it)."""
+
+    def identity(self, pid: int) -> ProcessIdentity | None: ...
+
+    def refusal(self, ident: ProcessIdentity) -> str | None: ...
+
+    def alive(self, idents: Iterable[ProcessIdentity]) -> list[ProcessIdentity]: ...
 
 
 def _read(path: str) -> str:
@@ -144,8 +152,6 @@ def cgroup_members(killer: Killer, d: str | None) -> list[ProcessIdentity]:
 def guarded_cgroup_kill(killer: Killer, d: str | None) -> bool:
     """cgroup.kill, only where the daemon may write it and every process in the cgroup is one
     the killer may signal anyway (cgroup.kill spares nobody: root, other users, the daemon)."""
-    from watchdog.daemon.killer import GONE_REASONS
-
     members = cgroup_members(killer, d)
     if not members or any(killer.refusal(m) not in (None, *GONE_REASONS) for m in members):
         return False

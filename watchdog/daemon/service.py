@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
 from watchdog.daemon import keyfile, outbox, sdnotify, whoami
+from watchdog.daemon import reload as reloading  # issue 19: SIGHUP reloads; SIGUSR1/2
 from watchdog.daemon.clock import MIN_JUMP_S, Jump, JumpDetector
 from watchdog.daemon.loop import Periodic
 from watchdog.daemon.attest import AttestServer
@@ -37,6 +38,7 @@ from watchdog.core.config import Config
 from watchdog.errors import ConfigError
 from watchdog.daemon.killer import Killer
 from watchdog.daemon.notify import Notifier
+from watchdog.daemon.preflight import check_allowed_users
 from watchdog.store.settings import CONFIG_KEY
 from watchdog.store.settings import get as published_value
 from watchdog.store.settings import put as publish_value
@@ -373,7 +375,6 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        from watchdog.daemon import reload as reloading  # issue 19: SIGHUP reloads; SIGUSR1/2
 
         reloading.install(self)
         try:
@@ -416,15 +417,6 @@ def _state_file(config: Config, engine: Engine) -> Memory:
     except OSError as exc:
         raise ConfigError(f"[daemon] state_dir = {state_dir!r}: cannot keep the daemon's state file there "
                           f"({exc.strerror}); the daemon's user must own the directory") from None
-
-
-def check_allowed_users(config: Config) -> None:
-    """Root with no allowed_users would default to signalling root's own processes: refuse."""
-    if os.geteuid() == 0 and not config.daemon.allowed_users:
-        where = f" in {config.path}" if config.path else ""
-        raise ConfigError(f"[daemon] allowed_users is not set{where} and the daemon runs as root: set "
-                          "allowed_users = [\"USER\", ...] to the users whose agent processes it may signal "
-                          "(root and system accounts only if named), or run it as its own user (see the unit)")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from watchdog.daemon.money import LiveSpend
+    from watchdog.daemon.moneytick import LiveSpend
 
 RESUM_EVERY = 64  # fills between two exact sums of every key
 # A live cost this large (no run spends a million euros) is summed exactly with its neighbours,

@@ -10,18 +10,35 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from watchdog.core.clock import utcnow
+from watchdog.core.config import Config
 from watchdog.store.daemon_status import publish_self
+from watchdog.store.engine import Engine
 
 if TYPE_CHECKING:
-    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.attest import AttestServer
+    from watchdog.daemon.killer import Killer
+    from watchdog.daemon.otlp.server import OtlpServer
+    from watchdog.daemon.signalcheck import Signalable
 
 log = logging.getLogger("watchdog.daemon")
 
 
-def describe(d: "Daemon") -> dict[str, Any]:
+class Daemon(Protocol):
+    """What this module reads of the running daemon (watchdog.daemon.service.Daemon, which
+    publishes it: a protocol, so this module never imports the service back)."""
+
+    engine: Engine
+    config: Config
+    killer: Killer
+    signalable: Signalable
+    attest_server: AttestServer | None
+    otlp_server: OtlpServer | None
+
+
+def describe(d: Daemon) -> dict[str, Any]:
     otlp = None
     if d.otlp_server is not None:
         host, port = d.otlp_server.address
@@ -38,7 +55,7 @@ def describe(d: "Daemon") -> dict[str, Any]:
     }
 
 
-def publish(d: "Daemon") -> None:
+def publish(d: Daemon) -> None:
     """Best effort: a failure is logged and retried with the next publication."""
     try:
         with d.engine.begin() as conn:

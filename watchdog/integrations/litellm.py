@@ -25,19 +25,17 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.records import AGENT_MAX_CHARS, MODEL_MAX_CHARS, RUN_ID_MAX_CHARS
 from watchdog.core.text import one_line, printable
 from watchdog.errors import RunKilled
 from watchdog.integrations.litellm_preflight import Estimate, preflight
 from watchdog.sdk.client import Watchdog
-from watchdog.sdk.guards import Guard
+from watchdog.sdk.joined import JoinedRuns, RunState
 from watchdog.sdk.run import Run
 from watchdog.store import joined
 from watchdog.store.access import missing_gateway_grants
 from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
-from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.integrations.litellm")
 
@@ -48,13 +46,6 @@ ALLOW_KEY = "agent_watchdog_agents"  # in a key's metadata: the agents its reque
 AGENT_KEY = "agent_watchdog_agent"  # in a request's metadata
 RESOLVED_KEY = "agent_watchdog_resolved_agent"  # set by the pre-call hook, over whatever the client sent
 RUNS_MAX = 10_000  # own runs remembered (the oldest are forgotten; the store still has them)
-
-
-def never_hold(run: Run) -> None:
-    """The callback never waits inside the proxy for a human to answer a pause: a breach stops
-    its own run instead, and a run the daemon paused is refused at its next call until resumed."""
-    run._pause = lambda stop: False  # type: ignore[method-assign]
-    run._hold.wait = lambda row: None  # type: ignore[method-assign]
 
 
 def _name(value: Any, max_chars: int) -> str | None:
@@ -70,7 +61,7 @@ class WatchdogProxyHandler(CustomLogger):
         self._wd: Watchdog | None = None
         self._lock = threading.Lock()
         self.runs: dict[str, Run] = {}  # own runs by trace id
-        self.guards: dict[str, Guard] = {}  # joined runs: this proxy's view of their steps
+        self._joined: JoinedRuns | None = None  # joined runs, and this proxy's view of their steps
         self._warned = False
         self._misconfigured = False
 
@@ -85,8 +76,15 @@ class WatchdogProxyHandler(CustomLogger):
                     missing = missing_gateway_grants(wd.engine)
                     if missing is not None:  # loud at the first call: the runs it joins would record nothing
                         log.error("agent-watchdog: %s; their model calls pass unrecorded until then", missing)
+                    self._joined = JoinedRuns(wd, SOURCE)
                     self._wd = wd
         return self._wd
+
+    def joined(self) -> JoinedRuns:
+        """The runs another writer owns that this proxy witnesses (made with its Watchdog)."""
+        self.wd()
+        assert self._joined is not None  # made with the Watchdog, before it is published
+        return self._joined
 
     def _outage(self, exc: BaseException) -> None:
         """Fail open, said once: an outage, or (said once on its own, with the fix) a store that
@@ -157,7 +155,7 @@ class WatchdogProxyHandler(CustomLogger):
             if status is not None and quietly_ended(status[0], status[1]):
                 run, status = self._new_run(trace, run.agent, fresh=True), None
             return self._check_own(run, estimate, status)
-        state = joined.run_state(wd.engine, trace)
+        state = self.joined().state(trace)
         if state is None:
             return self._check_own(self._new_run(trace, agent), estimate)
         return self._check_joined(state, estimate)
@@ -169,17 +167,17 @@ class WatchdogProxyHandler(CustomLogger):
         if status is not None and status[0] == lc.PAUSED:
             return f"agent-watchdog: run stopped: paused (run {run.id[:8]} waits for a human to approve more budget)"
         if status is not None and status[0] not in (lc.RUNNING, lc.PAUSED):
-            run._cancel(RunKilled(status[1] or status[0], status[2] or f"the run is {status[0]}"))
+            run.cancel(RunKilled(status[1] or status[0], status[2] or f"the run is {status[0]}"))
         try:
             run.check()
             guard = run.guard
             if guard is not None:
-                run._guarded(lambda: guard.before_model(estimate.cost_eur, run.elapsed_s, estimate.tokens))
+                run.guarded(lambda: guard.before_model(estimate.cost_eur, run.elapsed_s, estimate.tokens))
         except RunKilled as stop:
             return refusal(stop.reason, stop.detail)
         return None
 
-    def _check_joined(self, state: joined.RunState, estimate: Estimate) -> str | None:
+    def _check_joined(self, state: RunState, estimate: Estimate) -> str | None:
         if state.status != lc.RUNNING:
             if quietly_ended(state.status, state.stop_reason) and state.source == SOURCE:
                 # The callback's own run of this trace ended by silence: the next call is a new run.
@@ -187,17 +185,10 @@ class WatchdogProxyHandler(CustomLogger):
             if state.status == lc.PAUSED:
                 return "agent-watchdog: run stopped: paused (it waits for a human to approve more budget)"
             return refusal(state.stop_reason or state.status, state.stop_detail)
-        limits = bud.for_run(self.wd().config().profile(state.agent), state.row()).to_json()
-        with self._lock:
-            guard = self.guards.setdefault(state.id, Guard(limits))
-        guard.budgets.update(limits)
-        with guard._lock:  # the larger of this witness's count and the run's, never the sum
-            guard.used["steps"] = max(guard.used["steps"], state.steps)
-            guard.used["tokens"] = max(guard.used.get("tokens", 0), state.tokens)
-            guard.used["cost_eur"] = max(guard.used["cost_eur"], state.cost_eur)
-        started = state.started_at or utcnow()  # aware UTC, as the store reads it
+        runs = self.joined()
+        guard = runs.guard(state)  # the larger of this witness's count and the run's, never the sum
         try:
-            guard.before_model(estimate.cost_eur, max(0.0, (utcnow() - started).total_seconds()), estimate.tokens)
+            guard.before_model(estimate.cost_eur, runs.elapsed_s(state), estimate.tokens)
         except RunKilled as stop:
             return refusal(stop.reason, stop.detail)
         return None
@@ -206,7 +197,7 @@ class WatchdogProxyHandler(CustomLogger):
         """The callback's own run for `trace` (its id, or with `fresh` a new id: that one has ended)."""
         run = self.wd().run(agent, run_id=None if fresh else trace)
         run.source = SOURCE
-        never_hold(run)
+        run.never_hold()  # the callback never waits inside the proxy for a human to answer a pause
         try:
             run.start()
         except ValueError:  # another proxy process made it a moment ago: judge it as a joined run
@@ -250,13 +241,13 @@ class WatchdogProxyHandler(CustomLogger):
             except RunKilled:
                 pass  # the next call is refused
             return
-        if joined.run_state(wd.engine, trace) is None:
+        runs = self.joined()
+        if runs.state(trace) is None:
             return
         call_id = _name(kwargs.get("litellm_call_id"), 128)
-        joined.append_witness_event(wd.engine, trace, source=SOURCE, kind=lc.EV_STEP, at=utcnow(), call_id=call_id,
-                                   model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
-        with self._lock:
-            guard = self.guards.get(trace)
+        runs.append(trace, kind=lc.EV_STEP, call_id=call_id, model=model, tokens_in=tokens_in, tokens_out=tokens_out,
+                    cost_eur=cost_eur)
+        guard = runs.known(trace)
         if guard is not None:
             guard.after_step(cost_eur or 0.0, tokens_in + tokens_out)
 

@@ -22,8 +22,7 @@ from watchdog.errors import RunKilled
 from watchdog.store.lineage import parent_run
 
 if TYPE_CHECKING:
-    from watchdog.sdk.client import Watchdog
-    from watchdog.sdk.run import Run
+    from watchdog.sdk.seams import RunLike, WatchdogLike
 
 MAX_DEPTH = 32  # a parent_id chain is never followed further (a cycle written by hand)
 # The totals a child spends from its parent: the registry's measure → the Run attribute.
@@ -72,7 +71,7 @@ def clamp(asked: Mapping[str, float], child_profile: bud.Budgets, left: Mapping[
     return out
 
 
-def no_room(parent: Run, left: Mapping[str, float]) -> None:
+def no_room(parent: RunLike, left: Mapping[str, float]) -> None:
     """RunKilled (the parent's breach) when the parent has nothing left to give a child."""
     hit = exhausted(left)
     if hit is not None:
@@ -81,13 +80,13 @@ def no_room(parent: Run, left: Mapping[str, float]) -> None:
                                   f"left {b.fmt(max(value, 0))})")
 
 
-def spent_in_process(parent: Run) -> dict[str, float]:
+def spent_in_process(parent: RunLike) -> dict[str, float]:
     spent = {m: getattr(parent, attr) for m, attr in _SPENT.items()}
     spent["tokens"] = parent.tokens_in + parent.tokens_out
     return spent
 
 
-def from_store(wd: Watchdog, parent_id: str) -> tuple[tuple[str, ...], bud.Budgets, dict[str, float]]:
+def from_store(wd: WatchdogLike, parent_id: str) -> tuple[tuple[str, ...], bud.Budgets, dict[str, float]]:
     """(ancestor ids nearest first, the parent's budgets left) for a child in another process."""
     parent = parent_run(wd.writer, parent_id)
     if parent is None:

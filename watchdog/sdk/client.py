@@ -28,7 +28,9 @@ from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_na
 from watchdog.errors import ConfigError, RunKilled, StoreError, StoreMisconfigured, ToolUnavailable
 from watchdog.sdk.attest import socket_path
 from watchdog.sdk.circuits import CIRCUIT_CACHE_MAX_S, Circuits
+from watchdog.sdk import children
 from watchdog.sdk.inflight import InflightTools
+from watchdog.sdk.run import Run
 from watchdog.store.engine import make_engine, misconfiguration, normalise_url
 from watchdog.store.agent_writes import POOL_SIZE, Writer
 from watchdog.core.clock import utcnow
@@ -37,7 +39,6 @@ from watchdog.store.settings import CONFIG_KEY
 
 if TYPE_CHECKING:
     from watchdog.sdk.circuits import CircuitGate
-    from watchdog.sdk.run import Run
 
 log = logging.getLogger("watchdog.client")
 
@@ -138,9 +139,6 @@ class Watchdog:
             _left: dict[str, float] | None = None, **budgets: Unpack[bud.RunBudgets]) -> Run:
         """Open a run; use it as a context manager. `parent_id`: the run is a child of that run
         (a sub-agent in another process; in the same process use `run.child(...)`)."""
-        from watchdog.sdk import children
-        from watchdog.sdk.run import Run  # late: Run needs this module's Watchdog type only at call time
-
         validate_name("agent", agent, AGENT_MAX_CHARS)
         if run_id is not None:
             validate_name("run_id", run_id, RUN_ID_MAX_CHARS)

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from watchdog.errors import ToolTimeout
 
 if TYPE_CHECKING:
-    from watchdog.sdk.run import Run
+    from watchdog.sdk.seams import RunLike
 
 T = TypeVar("T")
 
 
-def call(run: Run, name: str, fn: Callable[..., T], args: dict[str, Any], timeout_s: float) -> T:
+def call(run: RunLike, name: str, fn: Callable[..., T], args: dict[str, Any], timeout_s: float) -> T:
     """`fn(**args)` in a worker thread: its result, its exception, ToolTimeout, or the run's stop."""
     done = threading.Event()
     box: dict[str, Any] = {}  # "result": what fn returned, or "error": what it raised
@@ -34,12 +34,12 @@ def call(run: Run, name: str, fn: Callable[..., T], args: dict[str, Any], timeou
         finally:
             done.set()
 
-    run._watch_cancel(done)  # a stop sets it too
+    run.watch_cancel(done)  # a stop sets it too
     try:
         threading.Thread(target=work, name=f"agent-watchdog-tool-{name}"[:60], daemon=True).start()
         finished = done.wait(timeout_s)
     finally:
-        run._unwatch_cancel(done)
+        run.unwatch_cancel(done)
     if "error" in box:
         raise box["error"]
     if "result" in box:

@@ -157,6 +157,14 @@ class Guard:
             if "tokens" in self.used:
                 self.used["tokens"] += tokens
 
+    def at_least(self, **used: float) -> None:
+        """Raise these counters (measures: steps, tool_calls, cost_eur, tokens) to at least the
+        values given: a witness of a run another writer owns judges by the larger of its own
+        count and the run's, never their sum (both saw the same calls)."""
+        with self._lock:
+            for measure, value in used.items():
+                self.used[measure] = max(self.used.get(measure, 0), value)
+
     def count_tool_call(self) -> None:
         """One attempt was made and recorded (ok, error or fail-fast)."""
         with self._lock:

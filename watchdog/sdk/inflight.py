@@ -26,15 +26,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from watchdog.sdk.client import Watchdog
-    from watchdog.sdk.run import Run
+    from watchdog.sdk.seams import RunLike, WatchdogLike
 
 ANNOUNCE_AFTER_S = 2.0
 POLL_S = 1.0
 
 
 class InflightTools:
-    def __init__(self, wd: Watchdog, announce_after_s: float = ANNOUNCE_AFTER_S) -> None:
+    def __init__(self, wd: WatchdogLike, announce_after_s: float = ANNOUNCE_AFTER_S) -> None:
         self.wd = wd
         self.announce_after_s = announce_after_s
         self._calls: dict[int, list[Any]] = {}  # token -> [run, tool, t0 monotonic, started at, announced]
@@ -42,7 +41,7 @@ class InflightTools:
         self._tokens = itertools.count()
         self._thread_pid: int | None = None
 
-    def started(self, run: Run, tool: str) -> int:
+    def started(self, run: RunLike, tool: str) -> int:
         token = next(self._tokens)
         with self._lock:
             self._calls[token] = [run, tool, time.monotonic(), dt.datetime.now(dt.timezone.utc), False]
@@ -76,7 +75,7 @@ class InflightTools:
             if polled:
                 self._poll(list(polled.values()))
 
-    def _poll(self, in_flight: list[Run]) -> None:
+    def _poll(self, in_flight: list[RunLike]) -> None:
         """Set `cancelled` on the runs (with a tool in flight) whose row, or an ancestor's, says stop."""
         from watchdog.sdk.children import obeyed_stop
         from watchdog.store.lineage import poll_statuses
@@ -92,10 +91,10 @@ class InflightTools:
                 row = by_id.get(rid)
                 stop = obeyed_stop(row, run.id) if row is not None else None
                 if stop is not None:
-                    run._cancel(stop)
+                    run.cancel(stop)
                     break
 
-    def _write(self, run: Run, progress: str) -> None:
+    def _write(self, run: RunLike, progress: str) -> None:
         try:
             self.wd.writer.transaction([(self.wd.writer.sql.set_progress, (progress[:500], run.id))])
         except Exception:  # noqa: BLE001 — a note for humans: never worth failing or buffering for

@@ -29,7 +29,7 @@ from watchdog.core.clock import utcnow
 
 if TYPE_CHECKING:
     from watchdog.store.lineage import Statement
-    from watchdog.sdk.run import Run
+    from watchdog.sdk.seams import RunLike
 
 log = logging.getLogger("watchdog.client")
 
@@ -44,7 +44,7 @@ FALLBACK_MARGIN_S = 5.0
 class Hold:
     """The pause gate of one run. Thread-safe: every thread recording on the run may wait here."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RunLike) -> None:
         self.run = run
         self.cond = threading.Condition()
         self._beat_at = 0.0
@@ -61,11 +61,9 @@ class Hold:
         t0 = time.monotonic()
         warned = False
         while True:
-            stop = obeyed_stop(row, run.id) or run._stop  # the latter: seen meanwhile by another thread
+            stop = obeyed_stop(row, run.id) or run.stop_requested  # the latter: seen meanwhile by another thread
             if stop is not None:
-                run._cancel(stop)
-                run._stop_raised = True
-                raise stop
+                run.raise_stop(stop)
             if row[0] != lc.PAUSED:
                 self._reload_budgets()
                 return
@@ -120,9 +118,7 @@ class Hold:
             pass
         stop = RunKilled(row[1] or lc.MANUAL, f"{row[2] or ''} (nobody answered the pause within "
                                                f"approval_timeout_s {run.budgets.approval_timeout_s:g} s)")
-        run._cancel(stop)
-        run._stop_raised = True
-        raise stop
+        run.raise_stop(stop)
 
     def _reload_budgets(self) -> None:
         """A resumed run's raised budgets, read back: the guards hold it to them from now on."""
@@ -134,10 +130,10 @@ class Hold:
         if found is None:
             return
         asked, resumes = found
-        run._set_budgets(bud.effective(run.profile, asked, raised=bool(resumes)))
+        run.set_budgets(bud.effective(run.profile, asked, raised=bool(resumes)))
 
 
-def pause_statements(run: Run, stop: RunKilled, now: dt.datetime) -> list[Statement]:
+def pause_statements(run: RunLike, stop: RunKilled, now: dt.datetime) -> list[Statement]:
     """running → paused, written by the run's own guard: the status only (the daemon records and
     alerts a pause it did not request), then the status the run must obey."""
     return run.lineage.pause(stop.reason, stop.detail, now)

@@ -11,7 +11,7 @@ import uuid
 import weakref
 from collections import Counter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Self, Sequence, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, NoReturn, Protocol, Self, Sequence, TypeVar, Unpack
 
 from watchdog.core import pause as ap
 from watchdog.core import budgets as bud
@@ -27,9 +27,10 @@ from watchdog.sdk.pause import Hold, pause_statements
 from watchdog.store.lineage import Lineage
 from watchdog.core.clock import utcnow
 
+from watchdog.sdk.seams import WatchdogLike
+
 if TYPE_CHECKING:
     from watchdog.sdk.attest import Attester
-    from watchdog.sdk.client import Watchdog
     from watchdog.store.lineage import Statement
 
 T = TypeVar("T")
@@ -47,6 +48,29 @@ _VALID_TOOLS: set[str] = set()
 VALID_TOOLS_CACHED_MAX = 4096  # distinct names remembered; past that, the rest are checked every time
 
 
+class Maker(WatchdogLike, Protocol):
+    """What a run asks of the Watchdog that made it (watchdog.sdk.client.Watchdog: a protocol, so
+    this module never imports the client, which imports it)."""
+
+    @property
+    def record_args(self) -> bool: ...
+
+    @property
+    def record_errors(self) -> str: ...
+
+    @property
+    def attest_socket(self) -> str: ...
+
+    def write(self, statements: Sequence[Statement], *, raise_conflict: bool = False) -> Sequence[Any] | None: ...
+
+    def price_eur(self, model: str | None, tokens_in: int, tokens_out: int, cached_tokens_in: int = 0,
+                  reasoning_tokens: int = 0) -> float | None: ...
+
+    def run(self, agent: str, *, kill_mode: str = lc.COOPERATIVE, labels: dict[str, str] | None = None,
+            run_id: str | None = None, guards: bool = True, parent_id: str | None = None, _parent: Run | None = None,
+            _left: dict[str, float] | None = None, **budgets: Unpack[bud.RunBudgets]) -> Run: ...
+
+
 def _valid_tool(name: object) -> None:
     validate_name("name", name, TOOL_MAX_CHARS)
     if type(name) is str and len(_VALID_TOOLS) < VALID_TOOLS_CACHED_MAX:
@@ -60,7 +84,7 @@ class Run:
 
     _t0: float  # the monotonic clock at start()
 
-    def __init__(self, wd: Watchdog, *, agent: str, kill_mode: str, labels: dict[str, str] | None,
+    def __init__(self, wd: Maker, *, agent: str, kill_mode: str, labels: dict[str, str] | None,
                  run_id: str | None, budgets: Mapping[str, float], profile: bud.Budgets | None, guards: bool,
                  parent: Run | None = None, ancestors: tuple[str, ...] = (), source: str = "sdk") -> None:
         self.wd = wd
@@ -106,7 +130,8 @@ class Run:
         self.parent_id = ancestors[0] if ancestors else None
         self._children: weakref.WeakSet[Run] = weakref.WeakSet()
         self.lineage: Lineage = Lineage(wd.writer.dialect, self.id, ancestors)
-        self._hold = Hold(self)
+        self.hold = Hold(self)  # the pause gate every record of this run waits at while it is paused
+        self.holds = True  # False (never_hold): a pause never holds this run's threads
 
     def effective_budgets(self) -> dict[str, Any]:
         """The profile's budgets lowered by the run's own request (what the daemon applies too)."""
@@ -228,28 +253,44 @@ class Run:
 
     # -- pause, cancellation, child runs, partial results ----------------------------
 
-    def _cancel(self, stop: RunKilled) -> None:
-        """The run was asked to stop: remember it, set `cancelled`, wake whatever waits on it
-        (a held record, a tool with timeout_s), and cancel this process's child runs too."""
+    def cancel(self, stop: RunKilled) -> None:
+        """The run was asked to stop (a status read back, a gateway's or a guard's verdict):
+        remember `stop`, set `cancelled`, wake whatever waits on it (a held record, a tool with
+        timeout_s), and cancel this process's child runs too. Nothing is written: the stop
+        raises at the run's next `check` or record."""
         if self._stop is None:
             self._stop = stop
         self.cancelled.set()
         for event in list(self._cancel_waiters):
             event.set()
-        self._hold.wake()
+        self.hold.wake()
         for child in list(self._children):
             if not child.cancelled.is_set():
-                child._cancel(RunKilled(stop.reason, f"its parent run {self.id[:8]} was stopped: {stop.detail}"))
+                child.cancel(RunKilled(stop.reason, f"its parent run {self.id[:8]} was stopped: {stop.detail}"))
 
-    def _watch_cancel(self, event: threading.Event) -> None:
+    def raise_stop(self, stop: RunKilled) -> NoReturn:
+        """Cancel the run for `stop`, note that the agent has been told, and raise it."""
+        self.cancel(stop)
+        self._stop_raised = True
+        raise stop
+
+    def watch_cancel(self, event: threading.Event) -> None:
+        """A stop of this run sets `event` too (at once if it is stopped already), until unwatched."""
         self._cancel_waiters.add(event)
         if self.cancelled.is_set():
             event.set()
 
-    def _unwatch_cancel(self, event: threading.Event) -> None:
+    def unwatch_cancel(self, event: threading.Event) -> None:
+        """Stop setting `event` on a stop (see `watch_cancel`)."""
         self._cancel_waiters.discard(event)
 
-    def _set_budgets(self, budgets: bud.Budgets) -> None:
+    def never_hold(self) -> None:
+        """For a gateway's run: a pause never holds the calling thread (its client would see a
+        hung call). A guard's breach stops the run instead of pausing it, and a record that
+        reads back `paused` returns at once: the gateway refuses the next call until resumed."""
+        self.holds = False
+
+    def set_budgets(self, budgets: bud.Budgets) -> None:
         """New limits (a human resumed the run with more): the guards hold it to them from now on."""
         self.budgets = budgets
         if self.guard is not None:
@@ -288,7 +329,7 @@ class Run:
             left.update(children.left_of(self.budgets, children.spent_in_process(self)))
             children.no_room(self, left)
 
-        self._guarded(room)
+        self.guarded(room)
         child = self.wd.run(agent, kill_mode=lc.COOPERATIVE, labels=labels, run_id=run_id,
                             guards=self.guards_enabled if guards is None else guards, _parent=self, _left=left,
                             **budgets)
@@ -341,7 +382,7 @@ class Run:
                      unpriced=(tokens_in + tokens_out) if cost_eur is None else 0)
         if self.guard:
             guard = self.guard
-            self._guarded(lambda: guard.check_totals(self.elapsed_s))
+            self.guarded(lambda: guard.check_totals(self.elapsed_s))
 
     def check_budget(self, estimated_cost_eur: float = 0.0) -> None:
         """Pre-flight: call before a model call so a money budget overshoots by at most one call."""
@@ -349,7 +390,7 @@ class Run:
         self.check()
         if self.guard:
             guard = self.guard
-            self._guarded(lambda: guard.before_model(estimated_cost_eur, self.elapsed_s))
+            self.guarded(lambda: guard.before_model(estimated_cost_eur, self.elapsed_s))
 
     def heartbeat(self, progress: str | None = None) -> None:
         """Say "alive" (with optional progress) without a step or a tool call."""
@@ -402,7 +443,7 @@ class Run:
         """Seconds since the run started, on the monotonic clock (0 before it starts)."""
         return time.monotonic() - self._t0 if self.started_at else 0.0
 
-    def _guarded(self, check: Callable[[], None]) -> None:
+    def guarded(self, check: Callable[[], None]) -> None:
         """Run an in-process guard check. A breach stops the run (RunKilled), or, with the
         profile's on_breach = "pause" for it, pauses it and waits for a human: the check runs
         again with the budgets the run was resumed with."""
@@ -413,15 +454,18 @@ class Run:
             except RunKilled as stop:
                 if self._stop is None and ap.pauses(self.budgets, stop.reason) and self._pause(stop):
                     continue  # resumed with more: check again
-                self._cancel(stop)
+                self.cancel(stop)
                 self._stop_raised = True
-                self._publish_stop(stop)
+                self.publish_stop(stop)
                 raise
 
     def _pause(self, stop: RunKilled) -> bool:
         """Pause the run in the store for a guard's breach and hold until a human answers.
         True when resumed; False when it could not pause (the store is unreachable: a pause
-        nobody can see or answer would be a hang, so the run stops as without pause)."""
+        nobody can see or answer would be a hang, so the run stops as without pause; and for a
+        run that never holds, see `never_hold`)."""
+        if not self.holds:
+            return False
         try:
             row = self.wd.writer.transaction(pause_statements(self, stop, utcnow()))
         except Exception:  # noqa: BLE001
@@ -433,7 +477,7 @@ class Run:
         self._obey(row)
         return True
 
-    def _publish_stop(self, stop: RunKilled) -> None:
+    def publish_stop(self, stop: RunKilled) -> None:
         """Say at once, in the store, that an in-process guard stopped this run.
 
         The run goes to `stopping` like a daemon stop, so an agent that swallows the
@@ -514,10 +558,11 @@ class Run:
             self.status = row[0]
         stop = children.obeyed_stop(row, self.id)
         if stop is None and row[0] == lc.PAUSED:
-            self._hold.wait(row)  # returns once resumed (budgets re-read), raises RunKilled when stopped
+            if self.holds:
+                self.hold.wait(row)  # returns once resumed (budgets re-read), raises RunKilled when stopped
             return
         if stop is not None:
-            self._cancel(stop)
+            self.cancel(stop)
             self._stop = stop
             self._stop_raised = True
             raise stop

@@ -35,7 +35,7 @@ from watchdog.sdk import deadline
 from watchdog.sdk.circuits import PROBE
 
 if TYPE_CHECKING:
-    from watchdog.sdk.run import Run
+    from watchdog.sdk.seams import RunLike
 
 T = TypeVar("T")
 # `retry_on`: an Exception subclass, or a tuple of them (() retries nothing).
@@ -74,7 +74,7 @@ class PendingTool:
         return max(0.0, time.perf_counter() - self.t0)
 
 
-def before_tool(run: Run, name: str, args: dict[str, Any], *, circuits: bool = True, cached: bool = False,
+def before_tool(run: RunLike, name: str, args: dict[str, Any], *, circuits: bool = True, cached: bool = False,
                 args_hash: str | None = None, attempt: int = 1) -> PendingTool:
     """Admit one attempt of a tool call, or raise RunKilled / ToolUnavailable. The tool has not run.
 
@@ -87,9 +87,9 @@ def before_tool(run: Run, name: str, args: dict[str, Any], *, circuits: bool = T
     guard = run.guard
     if guard is not None:
         if attempt == 1:
-            run._guarded(lambda: guard.before_tool(name, pending.args_hash, run.elapsed_s, cached=cached))
+            run.guarded(lambda: guard.before_tool(name, pending.args_hash, run.elapsed_s, cached=cached))
         else:
-            run._guarded(lambda: guard.before_retry(run.elapsed_s))
+            run.guarded(lambda: guard.before_retry(run.elapsed_s))
     if cached:
         return pending
     if circuits:
@@ -108,7 +108,7 @@ def before_tool(run: Run, name: str, args: dict[str, Any], *, circuits: bool = T
     return pending
 
 
-def after_tool(run: Run, pending: PendingTool, *, ok: bool, error: BaseException | str | None = None,
+def after_tool(run: RunLike, pending: PendingTool, *, ok: bool, error: BaseException | str | None = None,
                duration_s: float | None = None) -> None:
     """Count and record one admitted attempt (raises RunKilled if the daemon asked to stop)."""
     if pending.token is not None:
@@ -133,7 +133,7 @@ def after_tool(run: Run, pending: PendingTool, *, ok: bool, error: BaseException
     run.record_tool(pending.name, pending.args, ok=ok, error=error, duration_s=duration_s, attempt=pending.attempt)
 
 
-def call_tool(run: Run, name: str, args: dict[str, Any], fn: Callable[..., T], *, read_only: bool = False,
+def call_tool(run: RunLike, name: str, args: dict[str, Any], fn: Callable[..., T], *, read_only: bool = False,
               retries: int = 0, retry_on: RetryOn = (Exception,), backoff_s: float = 0.5,
               timeout_s: float | None = None) -> T:
     """`fn(**args)` through the choke point (see the module's docstring); returns what `fn` returns."""
@@ -193,7 +193,7 @@ def call_tool(run: Run, name: str, args: dict[str, Any], fn: Callable[..., T], *
         return result
 
 
-def _cached(run: Run, key: tuple[str, str]) -> tuple[float, Any] | None:
+def _cached(run: RunLike, key: tuple[str, str]) -> tuple[float, Any] | None:
     """(stored_at, result) of a still-valid dedupe entry, or None."""
     entry = run.dedupe_cache.get(key)
     if entry is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from watchdog.core.config import Config
 from watchdog.gateways.exec import cgroup as cg
 from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
+from watchdog.gateways.exec.exits import EXIT_FAILED, say
 from watchdog.gateways.exec.environment import command_env, otlp_endpoint, otlp_env, otlp_listen
 from watchdog.gateways.exec.tree import Tree
 from watchdog.gateways.exec.watch import Watch
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from watchdog.sdk.client import Watchdog
     from watchdog.sdk.run import Run
 
-EXIT_STOPPED = 124
-EXIT_FAILED = 125
-PREFIX = "agent-watchdog exec"
 # Tree mode's one gap (watchdog.daemon.treememory): said with -v wherever the run is `tree`.
 TREE_WINDOW = ("kill mode tree: if exec is killed, the daemon takes down the descendants it pinned at each tick; "
                "one born and orphaned within one tick escapes it, so a command that means to escape can "
@@ -58,10 +55,6 @@ class ExecOptions:
     budgets: dict[str, float | None] = field(default_factory=dict)  # max_steps, max_tool_calls, max_cost_eur, max_wall_s
     kill_mode: str | None = None  # "tree" | "cgroup" | None (a cgroup where possible, else tree)
     verbose: bool = False
-
-
-def say(msg: str) -> None:
-    print(f"{PREFIX}: {msg}", file=sys.stderr, flush=True)
 
 
 def run_exec(opts: ExecOptions) -> int:
@@ -120,7 +113,7 @@ class _Session:
             raise ExecFailed(_one_line(exc)) from None
         attested = False
         if not systemd:
-            attested = self._attest(mode)
+            attested = self.attest(mode)
         else:  # attested once the command runs in its scope: the receiver and token before
             from watchdog.sdk.attest import request_reply
 
@@ -131,7 +124,7 @@ class _Session:
             code = spawn.exit_status_for(err)
             what = "not found" if code == spawn.EXIT_NOT_FOUND else "cannot be run"
             say(f"{o.argv[0]}: {what} ({os.strerror(err)})")
-            self._end(lc.FAILED, f"command {what}: {os.strerror(err)}")
+            self.end(lc.FAILED, f"command {what}: {os.strerror(err)}")
             self._cleanup()
             return code
         if self.placement is not None and self.placement.systemd:
@@ -140,7 +133,7 @@ class _Session:
                 self.note(f"the command runs in {self.placement.path}")
             except cg.CgroupImpossible as exc:
                 self.note(f"{exc}; the run is watched as a tree")
-            attested = self._attest(mode)
+            attested = self.attest(mode)
         tree = Tree(reaper, self.placement)
         watch = Watch(self, tree, attested)
         try:
@@ -241,7 +234,8 @@ class _Session:
         self.run = run
         self.note(f"run {self.run_id} ({self.opts.agent}, kill mode {mode}) registered in the store")
 
-    def _attest(self, mode: str) -> bool:
+    def attest(self, mode: str) -> bool:
+        """Ask the daemon over its socket to attest the run (with its cgroup); True when it did."""
         from watchdog.sdk.attest import request_reply
 
         # The cgroup's directory (under the cgroup2 mount), as the daemon checks it.
@@ -272,7 +266,8 @@ class _Session:
 
     # -- the end -----------------------------------------------------------------
 
-    def _end(self, status: str, detail: str | None, reason: str | None = None) -> None:
+    def end(self, status: str, detail: str | None, reason: str | None = None) -> None:
+        """End the run in the store (said on stderr, never raised, when the store refuses)."""
         if self.run is not None:
             try:
                 self.run.end(status, reason, detail)

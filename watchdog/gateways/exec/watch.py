@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.text import one_line
 from watchdog.errors import RunKilled
 from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
+from watchdog.gateways.exec.exits import EXIT_STOPPED, say
 from watchdog.store.execrun import ExecRunState, killed_child, read_state
 from watchdog.core.clock import utcnow
 
 if TYPE_CHECKING:
-    from watchdog.gateways.exec.supervisor import _Session
+    from watchdog.core.config import Config
     from watchdog.gateways.exec.tree import Tree
+    from watchdog.sdk.client import Watchdog
+    from watchdog.sdk.run import Run
 
 POLL_S = 0.25
 WAIT_S = 0.1
@@ -36,8 +39,32 @@ BACKSTOP_SLACK_S = 5.0  # past max_wall_s (and two ticks) before exec stops the 
 SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel sent (the terminal's Ctrl-C)
 
 
+class Options(Protocol):
+    config: Config  # exec's own config (the grace when the daemon published none)
+
+
+class Session(Protocol):
+    """What the watch asks of exec's session (watchdog.gateways.exec.supervisor, which starts the
+    watch: a protocol, so this module never imports the supervisor back)."""
+
+    run_id: str
+
+    @property
+    def opts(self) -> Options: ...
+
+    def note(self, msg: str) -> None: ...
+
+    def store(self) -> Watchdog: ...
+
+    def registered(self) -> Run: ...
+
+    def attest(self, mode: str) -> bool: ...
+
+    def end(self, status: str, detail: str | None, reason: str | None = None) -> None: ...
+
+
 class Watch:
-    def __init__(self, session: _Session, tree: Tree, attested: bool) -> None:
+    def __init__(self, session: Session, tree: Tree, attested: bool) -> None:
         self.s = session
         self.tree = tree
         self.attested = attested
@@ -109,13 +136,13 @@ class Watch:
             if now >= backstop_at:
                 backstop_at = float("inf")
                 self.s.note(f"no stop from a daemon {wall_s:g} s into the run: exec stops it itself (wall_clock)")
-                run._publish_stop(RunKilled(lc.WALL_CLOCK, f"running {run.elapsed_s:.0f} s > max_wall_s {wall_s:g} s "
+                run.publish_stop(RunKilled(lc.WALL_CLOCK, f"running {run.elapsed_s:.0f} s > max_wall_s {wall_s:g} s "
                                                            "(exec's own clock: no daemon stopped it)"))
                 next_poll = 0.0
                 continue
             if not self.attested and now >= next_attest:
                 next_attest = now + ATTEST_RETRY_S
-                self.attested = self.s._attest(run.kill_mode)
+                self.attested = self.s.attest(run.kill_mode)
             try:
                 info = signal.sigtimedwait(spawn.SUPERVISED_SIGNALS, WAIT_S)
             except InterruptedError:
@@ -148,11 +175,11 @@ class Watch:
             reason, detail = child_stop
             return self.stop(ExecRunState(st.status, reason, detail, st.steps, st.tool_calls, st.last_seen_at), 0.0)
         if code == 0:
-            self.s._end(lc.COMPLETED, None)
+            self.s.end(lc.COMPLETED, None)
         else:
             how = f"killed by signal {code - 128}" if code > 128 and rp.os.WIFSIGNALED(status) else \
                 f"exit status {code}"
-            self.s._end(lc.FAILED, f"command {how}")
+            self.s.end(lc.FAILED, f"command {how}")
         return code
 
     def _tick_s(self) -> float:
@@ -175,13 +202,11 @@ class Watch:
             return None
 
     def stop(self, st: ExecRunState, grace_s: float) -> int:
-        from watchdog.gateways.exec.supervisor import EXIT_STOPPED, say
-
         termed, killed = self.tree.take_down(grace_s)
         reason = st.stop_reason or ("ended in the store" if st.status != lc.STOPPING else "stop requested")
         self.s.note(f"stop: SIGTERM to {termed} process(es)" + (f", SIGKILL to {killed}" if killed else ""))
         if st.status in lc.ACTIVE_STATUSES:
-            self.s._end(lc.KILLED, st.stop_detail or "the process tree was taken down by agent-watchdog exec",
+            self.s.end(lc.KILLED, st.stop_detail or "the process tree was taken down by agent-watchdog exec",
                         st.stop_reason)
         detail = f" ({one_line(st.stop_detail, 300)})" if st.stop_detail else ""
         say(f"run {self.s.run_id[:8]} stopped by agent-watchdog: {reason}{detail}")

@@ -151,7 +151,7 @@ class Relay:
             verdict = await anyio.to_thread.run_sync(self.witness.admit, name, args, msg.id,
                                                      abandon_on_cancel=True)
         if verdict is None:  # the store is too slow: fail open
-            self.witness._outage(TimeoutError(f"no answer within {ADMIT_DEADLINE_S:g} s"))
+            self.witness.outage(TimeoutError(f"no answer within {ADMIT_DEADLINE_S:g} s"))
             return None
         if isinstance(verdict, str):
             return refusal(msg.id, verdict)

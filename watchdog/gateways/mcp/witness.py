@@ -9,8 +9,8 @@ Two ways to witness a run:
   `heartbeat_timeout_s` without one, or once the daemon ended it so, starts a new run — and when
   the client leaves;
 - a run another writer owns (exec's, the SDK's): its row is read, never written; each call is
-  appended as an event marked `source = "mcp"` (watchdog.store.joined), judged by the same
-  guards against the larger of the proxy's own count and the run's.
+  appended as an event marked `source = "mcp"`, judged by the same guards against the larger of
+  the proxy's own count and the run's (watchdog.sdk.joined, shared with the LiteLLM callback).
 """
 
 from __future__ import annotations
@@ -21,17 +21,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.records import error_fields, hash_args
 from watchdog.errors import RunKilled, ToolUnavailable
 from watchdog.sdk.client import Watchdog
-from watchdog.sdk.guards import Guard
+from watchdog.sdk.joined import JoinedRuns
 from watchdog.sdk.run import Run
 from watchdog.sdk.toolcall import PendingTool
 from watchdog.store import joined
 from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
-from watchdog.core.clock import utcnow
 
 from watchdog.gateways.mcp import wording
 
@@ -39,14 +37,6 @@ log = logging.getLogger("watchdog.gateways.mcp")
 
 DEFAULT_AGENT = "mcp-proxy"
 SOURCE = lc.Source.MCP
-
-
-def never_hold(run: Run) -> None:
-    """A gateway never waits inside a call for a human to answer a pause (the client would see a
-    hung call and the relay would fail open): a breach stops the proxy's own run instead of
-    pausing it, and a run the daemon paused is refused at its next call until resumed."""
-    run._pause = lambda stop: False  # type: ignore[method-assign]
-    run._hold.wait = lambda row: None  # type: ignore[method-assign]
 
 
 class ToolFailed(Exception):
@@ -79,7 +69,7 @@ class ToolWitness:
         self.joined_id = run_id  # a run another writer owns, or None: the proxy's own runs
         self.tag = tag or uuid.uuid4().hex[:8]  # names this client in call ids
         self.run: Run | None = None
-        self.guard: Guard | None = None  # joined run: the proxy's own view of its calls
+        self.joined = JoinedRuns(wd, SOURCE)  # the joined run, and the proxy's own view of its calls
         self.last_call = 0.0  # monotonic time of the last tools/call (silence ends an own run)
         self._lock = threading.Lock()
         self._warned = False
@@ -97,7 +87,7 @@ class ToolWitness:
                     return self._admit_joined(name, args, call_id)
                 return self._admit_own(name, args, call_id)
             except Exception as exc:  # noqa: BLE001 — fail open, said (the SDK raises a misconfigured store)
-                self._outage(exc)
+                self.outage(exc)
                 return Admitted(name, args, call_id, None)  # nothing to record it in
             finally:
                 self.last_call = time.monotonic()
@@ -112,7 +102,7 @@ class ToolWitness:
             elif st == lc.PAUSED:
                 return wording.paused(name, run.id)
             elif st not in lc.ACTIVE_STATUSES or st == lc.STOPPING:
-                run._cancel(RunKilled(reason or st, detail or f"the run is {st}"))
+                run.cancel(RunKilled(reason or st, detail or f"the run is {st}"))
         try:
             pending = run.before_tool(name, args)
         except RunKilled as stop:
@@ -125,9 +115,9 @@ class ToolWitness:
         rid = self.joined_id
         assert rid is not None
         try:
-            state = joined.run_state(self.wd.engine, rid)
+            state = self.joined.state(rid)
         except Exception as exc:  # noqa: BLE001 — a store outage fails open
-            self._outage(exc)
+            self.outage(exc)
             return Admitted(name, args, call_id, rid)
         if state is None:
             return wording.no_run(name, rid)
@@ -135,19 +125,9 @@ class ToolWitness:
             return wording.paused(name, rid)
         if state.status != lc.RUNNING:
             return wording.stopped(name, rid, state.stop_reason or state.status, state.stop_detail)
-        profile = self.wd.config().profile(state.agent)
-        limits = bud.for_run(profile, state.row()).to_json()
-        if self.guard is None:
-            self.guard = Guard(limits)
-        else:
-            self.guard.budgets.update(limits)
-        guard = self.guard
-        with guard._lock:  # the larger of the proxy's count and the run's, never their sum
-            guard.used["tool_calls"] = max(guard.used["tool_calls"], state.tool_calls)
-        started = state.started_at or utcnow()  # aware UTC, as the store reads it
-        elapsed_s = max(0.0, (utcnow() - started).total_seconds())
+        guard = self.joined.guard(state)  # the larger of the proxy's count and the run's
         try:
-            guard.before_tool(name, hash_args(args, tool=name), elapsed_s)
+            guard.before_tool(name, hash_args(args, tool=name), self.joined.elapsed_s(state))
         except RunKilled as stop:
             return wording.stopped(name, rid, stop.reason, stop.detail)
         gate = self.wd.circuit_for(name)
@@ -176,25 +156,26 @@ class ToolWitness:
                     return
                 if call.run_id is None:
                     return
-                if self.guard is not None:
-                    self.guard.count_tool_call()
+                guard = self.joined.known(call.run_id)
+                if guard is not None:
+                    guard.count_tool_call()
                 self._append(call, ok=ok, error=error, duration_s=max(0.0, time.perf_counter() - call.t0))
                 if call.probe and ok:
                     self.wd.circuits.probe_succeeded(call.name, call.run_id)
             except Exception as exc:  # noqa: BLE001 — recording never breaks the relay
-                self._outage(exc)
+                self.outage(exc)
 
     def _append(self, call: Admitted, *, ok: bool, error: Exception | None, duration_s: float) -> None:
         cls, msg = error_fields(error, self.wd.record_errors) if not ok and error is not None else (None, None)
         if not ok and cls is None:
             cls = "Error"
         try:
-            joined.append_witness_event(
-                self.wd.engine, call.run_id or "", source=SOURCE, kind=lc.EV_TOOL, at=utcnow(), call_id=call.call_id,
-                tool=call.name, args_hash=hash_args(call.args, tool=call.name), ok=ok, error_class=cls,
+            self.joined.append(
+                call.run_id or "", kind=lc.EV_TOOL, call_id=call.call_id, tool=call.name,
+                args_hash=hash_args(call.args, tool=call.name), ok=ok, error_class=cls,
                 error_msg=msg[:500] if msg else None, duration_s=duration_s)
         except Exception as exc:  # noqa: BLE001
-            self._outage(exc)
+            self.outage(exc)
 
     # -- own runs ----------------------------------------------------------------
 
@@ -211,7 +192,9 @@ class ToolWitness:
         self._end_own()
         run = self.wd.run(self.agent)
         run.source = SOURCE
-        never_hold(run)
+        # A gateway never waits inside a call for a human to answer a pause (the client would see
+        # a hung call and the relay would fail open): see Run.never_hold.
+        run.never_hold()
         run.start()
         self.run = run
         self.runs_started += 1
@@ -229,16 +212,16 @@ class ToolWitness:
             else:
                 run.end(lc.COMPLETED, None, None)
         except Exception as exc:  # noqa: BLE001
-            self._outage(exc)
+            self.outage(exc)
 
     def _status(self, run_id: str) -> tuple[str, str | None, str | None] | None:
         try:
             return joined.own_status(self.wd.writer, run_id)
         except Exception as exc:  # noqa: BLE001 — a store outage fails open
-            self._outage(exc)
+            self.outage(exc)
             return None
 
-    def _outage(self, exc: BaseException) -> None:
+    def outage(self, exc: BaseException) -> None:
         """Fail open, said once: a store that is down or slow is an outage; one that refuses this
         login (a missing grant) will refuse every call until fixed, and is said once on its own
         with the fix, even after an outage was (a warning said once must not hide the other)."""
