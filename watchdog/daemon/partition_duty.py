@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from watchdog.store import partitions
 from watchdog.store.engine import Engine
 
-if TYPE_CHECKING:
-    from watchdog.daemon.cluster import DutyTick
-
 log = logging.getLogger("watchdog.daemon")
 
 PARTITIONS_EVERY_S = 600.0
+
+
+class Clocked(Protocol):
+    """What the duty reads of the leader's tick (cluster.DutyTick): only its store time; a
+    protocol here, so that this module does not import cluster, which imports it."""
+
+    now: dt.datetime
 
 
 class PartitionDuty:
@@ -28,7 +32,7 @@ class PartitionDuty:
         self.engine = engine
         self._next_at: dt.datetime | None = None
 
-    def __call__(self, t: DutyTick) -> None:
+    def __call__(self, t: Clocked) -> None:
         if self._next_at is not None and t.now < self._next_at:
             return
         made = partitions.ensure_ahead(self.engine)
