@@ -422,14 +422,15 @@ def test_another_users_process_gets_no_answer_from_this_users_helper(store, tmp_
                    capture_output=True, text=True, timeout=60, check=True)
     from watchdog.gateways.hooks.fastpath import socket_path
 
-    name = os.path.basename(socket_path(["claude-code", "--agent", "cc-resident", "--db", url], {}))
+    name = os.path.basename(socket_path(["claude-code", "--agent", "cc-resident", "--db", url], {}, env))
     sock = os.path.join(RUNTIME[0], f"agent-watchdog-hook-{os.getuid()}", name)
     assert wait_for(lambda: os.path.exists(sock + ".pid"), 30)
     probe = ("import json, socket, struct, sys\n"
              "s = socket.socket(socket.AF_UNIX)\n"
              "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    print('denied'); sys.exit()\n"
              f"req = json.dumps({{'argv': ['claude-code', '--db', {url!r}], 'stdin': {json.dumps(event)!r}}}).encode()\n"
-             "s.sendall(struct.pack('!I', len(req)) + req); s.shutdown(socket.SHUT_WR)\n"
+             "try:\n    s.sendall(struct.pack('!I', len(req)) + req); s.shutdown(socket.SHUT_WR)\n"
+             "except BrokenPipeError:\n    pass  # the helper closed first: refused before reading\n"
              "try:\n    got = s.recv(65536)\nexcept ConnectionResetError:\n    got = b''\n"
              "print('answer:' + got.decode())\n")
     python, their_env = foreign_python()

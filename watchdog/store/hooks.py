@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import and_, func, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from watchdog.core import lifecycle as lc
@@ -37,16 +37,41 @@ def judged_by(engine: Engine, config: Config) -> Config:
         return published_profiles(conn, config)
 
 
-def open_session(engine: Engine, run_id: str, *, agent: str, host: str, labels: dict[str, Any]) -> bool:
-    """Create the session's run (running, source hook); False if another hook call of the same
-    session created it first (two tools called at once)."""
+def open_session(engine: Engine, run_id: str, *, agent: str, host: str, labels: dict[str, Any], uid: int) -> bool:
+    """Create the session's run (running, source hook); False if the id is taken: by another hook
+    call of the same session (two tools called at once), or by a row this login cannot see.
+    Owned by its writer: on PostgreSQL the database books the login; on SQLite the run is booked
+    `uid N` (the hook's Unix user), which the logs receiver matches with its sender's uid."""
+    owner = sqlite_owner(uid) if engine.dialect.name == "sqlite" else None
+    labels = {**labels, "uid": uid}
+    dbapi_integrity = getattr(engine.dialect.dbapi, "IntegrityError", IntegrityError)
     try:
         with engine.begin() as conn:
             witness.create_run(conn, run_id=run_id, agent=agent, source=lc.Source.HOOK, host=host,
-                               kill_mode=lc.KillMode.COOPERATIVE, labels=labels, now=witness.store_now(conn))
+                               kill_mode=lc.KillMode.COOPERATIVE, labels=labels, now=witness.store_now(conn),
+                               owner=owner)
         return True
-    except IntegrityError:
+    except (IntegrityError, dbapi_integrity):  # create_run speaks the driver's own cursor: its errors are raw
         return False
+
+
+def sqlite_owner(uid: int) -> str:
+    return f"uid {uid}"
+
+
+def held_run(conn: Connection, *, cli: str, session_id: str, owner: str, uid: int) -> tuple[str, str] | None:
+    """(id, agent) of the newest active hook run of the CLI's session that this sender holds: its
+    owner is the sender (on PostgreSQL the hook's login, which the database wrote; on SQLite also
+    `uid N` of the sender's Unix user, which the hook wrote) and its hook ran as the same Unix user."""
+    owners = [owner, sqlite_owner(uid)] if conn.dialect.name == "sqlite" else [owner]
+    q = (select(runs.c.id, runs.c.agent, runs.c.labels)
+         .where(and_(runs.c.source == lc.Source.HOOK, runs.c.status.in_(lc.ACTIVE_STATUSES), runs.c.owner.in_(owners)))
+         .order_by(runs.c.started_at.desc()))
+    for r in conn.execute(q):
+        labels = r.labels if isinstance(r.labels, dict) else {}
+        if labels.get("cli") == cli and labels.get("session") == session_id and labels.get("uid") == uid:
+            return r.id, r.agent
+    return None
 
 
 def signatures(engine: Engine, run_id: str, tool: str, args_hash: str) -> tuple[int, list[tuple[str, str]]]:

@@ -1,8 +1,9 @@
 """The hook's decision for one tool call of a coding CLI's session, whatever the CLI.
 
 A session (the CLI's `session_id`) is one run, `source = "hook"`, found again at every call by
-its id: derived from the CLI, the Unix user and the session id (the session id is the CLI's
-claim; the user is the kernel's, so another user's session of the same id is another run). A
+its id: derived from the CLI, the Unix user, the session id and the user's secret key
+(watchdog.core.sessions: nobody else can compute it, so nobody else can create it first; an id
+taken by a row this login cannot see is skipped for the next one, never failed open on). A
 run that ended by silence (an idle session, ended `completed` by the daemon) is followed by the
 next generation's run.
 
@@ -32,6 +33,8 @@ from watchdog.errors import RunKilled
 from watchdog.sdk.guards import Guard
 from watchdog.store import hooks as store
 
+from watchdog.gateways.hooks import sessionkey
+
 from watchdog.gateways.hooks.protocols import PRE, HookEvent
 
 PREFIX = "agent-watchdog:"
@@ -45,8 +48,15 @@ class Verdict:
     run_id: str | None = None
 
 
+_KEYS: dict[str, bytes] = {}  # key file path -> key (the resident helper reads it once)
+
+
 def run_id_for(cli: str, session_id: str, generation: int, uid: int | None = None) -> str:
-    return _run_id(cli, session_id, generation, os.getuid() if uid is None else uid)
+    path = sessionkey.key_path()
+    key = _KEYS.get(path)
+    if key is None:
+        key = _KEYS[path] = sessionkey.load(path)
+    return _run_id(cli, session_id, generation, os.getuid() if uid is None else uid, key)
 
 
 def _over(state: Any) -> bool:
@@ -61,11 +71,13 @@ def _session(engine: Any, cli: str, agent: str, session_id: str) -> tuple[str, A
         state = store.session_run(engine, rid)
         if state is None:
             store.open_session(engine, rid, agent=agent, host=socket.gethostname(),
-                               labels={"cli": cli, "session": session_id[:200]})
+                               labels={"cli": cli, "session": session_id[:200]}, uid=os.getuid())
             state = store.session_run(engine, rid)
-            if state is None:  # pragma: no cover — created a moment ago
-                raise RuntimeError(f"run {rid} vanished")
+            if state is None:
+                continue  # the id is taken by a row this login cannot see (not its own): the next one
             return rid, state
+        if state.source != lc.Source.HOOK:
+            continue  # not a run a hook made (a row someone else put there): never this session's
         if not _over(state):
             return rid, state
     raise RuntimeError(f"session {session_id[:40]!r}: more than {MAX_GENERATIONS} runs")
@@ -125,7 +137,7 @@ def after_tool(engine: Any, *, cli: str, ev: HookEvent) -> None:
         state = store.session_run(engine, rid)
         if state is None:
             return
-        if not _over(state):
+        if state.source == lc.Source.HOOK and not _over(state):
             store.count_error(engine, rid)
             return
 
