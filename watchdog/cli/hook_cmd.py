@@ -77,5 +77,8 @@ def install_cmd(cli, project, user, agent, fail_closed, hook_db, otlp, otlp_toke
         click.echo(f"  + {line}")
     for line in p.kept:
         click.echo(f"  = {line}")
+    if p.secret:
+        click.echo(f"  ! {p.path} holds the bearer token: written mode 0600; keep it out of version control "
+                   "(or leave --otlp-token out and export OTEL_EXPORTER_OTLP_LOGS_HEADERS in the CLI's environment)")
     if not dry_run:
         install.apply(p)
