@@ -194,7 +194,7 @@ def plan(cli: str, *, project: str | None, user: bool, command: str, otlp: str |
             raise ValueError(f"{path}: not a JSON object: not touching it")
         merged, changes, kept = merge_json(cli, current, command, otlp, agent, token)
         after = before if not changes and before is not None else json.dumps(merged, indent=2) + "\n"
-    return Plan(path, before, after, changes, kept, secret=bool(token) and token in after)
+    return Plan(path, before, after, changes, kept, secret=token is not None and token in after)
 
 
 SECRET_MODE = 0o600  # a settings file that holds a bearer token: its user's alone
