@@ -382,6 +382,66 @@ def test_gemini_is_refused_at_max_tool_calls_and_the_session_ends(store, tmp_pat
     assert wait_for(lambda: stopped_alert(engine, run.id, "run_shell_command"), 30)
 
 
+class _Recorder:
+    """An OTLP/HTTP endpoint that records each request's path and Authorization header (200, empty
+    answer): what the CLI's own exporter sends, before any receiver judges it."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append((self.path, self.headers.get("Authorization")))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_gemini_hook_install_makes_geminis_log_export_send_the_token(store, tmp_path):
+    """Gemini CLI 0.61.0's settings take no exporter headers; `hook install --otlp-token` puts the
+    token in .gemini/.env (0600, never printed), which Gemini loads: its log export carries it."""
+    url, _, _engine = store
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    gemini_dir = tmp_path / "home" / ".gemini"
+    gemini_dir.mkdir(parents=True)
+    (gemini_dir / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
+    (gemini_dir / "trustedFolders.json").write_text(json.dumps({str(proj): "TRUST_FOLDER"}))
+    recorder = _Recorder()
+    try:
+        with FakeModel(lambda n: f"touch marker-{n}") as model:
+            env = home_env(tmp_path, GEMINI_API_KEY="fake", GOOGLE_GEMINI_BASE_URL=model.url)
+            out = install("gemini", ["--project", str(proj)], env, "--agent", "gemini-max", "--hook-db", url,
+                          "--otlp", recorder.url, "--otlp-token", OTLP_TOKEN)
+            assert OTLP_TOKEN not in out and "OTEL_EXPORTER_OTLP_LOGS_HEADERS" in out, out
+            dotenv = proj / ".gemini" / ".env"
+            assert (dotenv.stat().st_mode & 0o777) == 0o600
+            done = subprocess.run([str(BIN / "gemini"), "-p", "touch the markers", "--yolo", "--output-format", "json"],
+                                  cwd=proj, env=env, capture_output=True, text=True, timeout=120,
+                                  stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr[-3000:]
+        logs = wait_for(lambda: [a for p, a in recorder.seen if p == "/v1/logs"], 30)
+        assert logs and set(logs) == {f"Bearer {OTLP_TOKEN}"}, recorder.seen
+    finally:
+        recorder.close()
+
+
 # --- the resident helper ------------------------------------------------------------------------
 
 def test_the_resident_helper_answers_after_the_first_call_and_each_call_counts_once(store, tmp_path):

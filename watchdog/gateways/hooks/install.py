@@ -201,6 +201,28 @@ SECRET_MODE = 0o600  # a settings file that holds a bearer token: its user's alo
 DEFAULT_MODE = 0o644
 
 
+ENV_FILE = ".env"  # Gemini CLI loads <project>/.gemini/.env (trusted folders), else ~/.gemini/.env
+GEMINI_HEADERS = "OTEL_EXPORTER_OTLP_LOGS_HEADERS"
+
+
+def env_plan(cli: str, *, project: str | None, user: bool, token: str | None, home: str | None = None) -> Plan | None:
+    """Gemini CLI's settings have no exporter headers (0.61.0 builds its OTLP exporters from
+    `telemetry.otlpEndpoint` alone; the OTel JS exporter takes headers from the environment):
+    the token goes to the `.env` file Gemini loads beside its settings, 0600, unless it sets the
+    variable already. None for the other CLIs or without a token."""
+    if cli != "gemini" or not token:
+        return None
+    path = settings_path(cli, project=project, user=user, home=home).with_name(ENV_FILE)
+    before = path.read_text(encoding="utf-8") if path.exists() else None
+    text = before or ""
+    names = {line.split("=", 1)[0].strip().removeprefix("export ").strip() for line in text.splitlines() if "=" in line}
+    if GEMINI_HEADERS in names:
+        return Plan(path, before, text, [], [f"{GEMINI_HEADERS} = {_shown(GEMINI_HEADERS, '')} (yours, kept)"])
+    head = text if not text or text.endswith("\n") else text + "\n"
+    after = head + f"# agent-watchdog hook install: the log export's token\n{GEMINI_HEADERS}={_toml_str(bearer_header(token))}\n"
+    return Plan(path, before, after, [f"{GEMINI_HEADERS} = {_shown(GEMINI_HEADERS, '')}"], [], secret=True)
+
+
 def apply(p: Plan) -> None:
     """Write the plan atomically (a half-written settings file would break the CLI): a new file
     made by mkstemp in the same directory (O_EXCL: never a name someone put a symlink at), then
