@@ -42,6 +42,7 @@ from watchdog.store.hooks import held_run
 
 HOLD_S = 5.0  # how long a session's first events wait for its hook's run
 MAX_HELD = 1000  # sessions held at once (past it: their own run at once)
+MAX_HELD_CALLS = 10_000  # calls one held session keeps (past it: its own run at once)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class LogsReceiver:
         self.flush()
         out = Outcome()
         own: list[Group] = []
+        full: list[Group] = []  # held sessions past MAX_HELD_CALLS: their own run now (admitted already)
         who = Receiver.sender_of(peer, ident)
         with self.receiver.lock, self.engine.begin() as conn:
             now = witness.store_now(conn)
@@ -93,11 +95,15 @@ class LogsReceiver:
                     h.group.calls.extend(g.calls)
                     h.group.spans += g.spans
                     out.accepted += g.spans
+                    if len(h.group.calls) > MAX_HELD_CALLS:
+                        full.append(self._held.pop(key).group)
                 elif self.receiver.knows(g, peer, ident) or len(self._held) >= MAX_HELD:
                     own.append(g)
                 elif self.receiver.admit(conn, g, ident, (*who, None), now, out):
                     self._held[key] = _Held(self.clock(), s, g, peer, ident)
                     out.accepted += g.spans
+        if full:
+            self.receiver.ingest(full, peer, ident, admitted=True)
         if own:
             got = self.receiver.ingest(own, peer, ident)
             out.accepted += got.accepted
