@@ -10,6 +10,7 @@ hook's own run exists, then counts them there.
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -120,3 +121,23 @@ def test_log_events_before_the_first_hook_call_never_make_a_row_the_hook_cannot_
         theirs = wait_for(lambda: [r for r in session_rows(store, "pg-first") if r.source == "otlp"])
         assert [(r.steps, r.owner) for r in theirs] == [(3, store.logins["b"])]
     assert [r.steps for r in session_rows(store, "pg-first") if r.source == "hook"] == [1]
+
+
+def test_a_subagents_child_run_is_the_hooks_login_own_under_row_level_security(store, tmp_path):
+    """A sub-agent's call (agent_id in the hook input) as login A: a child run naming A's session
+    run as its parent (the database checks: same owner, at insert), and rolled up into it."""
+    sub = {"agent_id": "a1b2c3", "agent_type": "Explore"}
+    for i, fields in enumerate(({}, sub, sub)):
+        done = hook(store.url("a"), "pg-sub", tmp_path / "home", tool_use_id=f"toolu_{i}", command=f"echo {i}",
+                    **fields)
+        assert done.returncode == 0 and "fail-open" not in done.stderr and not done.stdout.strip(), done.stderr
+    engine = make_engine(store.url("daemon"))
+    try:
+        with engine.connect() as conn:
+            rows = [r for r in conn.execute(select(runs)) if "pg-sub" in json.dumps(r.labels or {})]
+    finally:
+        engine.dispose()
+    (parent,) = [r for r in rows if r.parent_id is None]
+    (child,) = [r for r in rows if r.parent_id is not None]
+    assert child.parent_id == parent.id and {parent.owner, child.owner} == {store.logins["a"]}
+    assert (parent.tool_calls, child.tool_calls) == (3, 2)

@@ -147,13 +147,16 @@ def session_runs(engine, session: str) -> list:
 
 
 def hook(url: str, session: str, home: Path, *, agent: str = "victim-bot", tool_use_id: str = "toolu_0",
-         env: dict | None = None) -> subprocess.CompletedProcess:
-    """One real PreToolUse hook call of Claude Code's session (in-process: no resident helper)."""
+         env: dict | None = None, command: str = "true", config: str | None = None,
+         **fields: str) -> subprocess.CompletedProcess:
+    """One real PreToolUse hook call of Claude Code's session (in-process: no resident helper);
+    `fields`: more of the hook input (a sub-agent's agent_id, agent_type)."""
     event = json.dumps({"session_id": session, "hook_event_name": "PreToolUse", "tool_name": "Bash",
-                        "tool_input": {"command": "true"}, "tool_use_id": tool_use_id})
+                        "tool_input": {"command": command}, "tool_use_id": tool_use_id, **fields})
     e = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_WATCHDOG_", "XDG_"))}
     e.update(HOME=str(home), AGENT_WATCHDOG_HOOK_RESIDENT="0", **(env or {}))
-    return subprocess.run([AW, "hook", "claude-code", "--agent", agent, "--db", url], input=event, env=e,
+    return subprocess.run([AW, "hook", "claude-code", "--agent", agent, "--db", url,
+                           *(["--config", config] if config else [])], input=event, env=e,
                           capture_output=True, text=True, timeout=60)
 
 

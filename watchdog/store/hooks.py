@@ -37,7 +37,8 @@ def judged_by(engine: Engine, config: Config) -> Config:
         return published_profiles(conn, config)
 
 
-def open_session(engine: Engine, run_id: str, *, agent: str, host: str, labels: dict[str, Any], uid: int) -> bool:
+def open_session(engine: Engine, run_id: str, *, agent: str, host: str, labels: dict[str, Any], uid: int,
+                 parent_id: str | None = None) -> bool:
     """Create the session's run (running, source hook); False if the id is taken: by another hook
     call of the same session (two tools called at once), or by a row this login cannot see.
     Owned by its writer: on PostgreSQL the database books the login; on SQLite the run is booked
@@ -49,7 +50,7 @@ def open_session(engine: Engine, run_id: str, *, agent: str, host: str, labels: 
         with engine.begin() as conn:
             witness.create_run(conn, run_id=run_id, agent=agent, source=lc.Source.HOOK, host=host,
                                kill_mode=lc.KillMode.COOPERATIVE, labels=labels, now=witness.store_now(conn),
-                               owner=owner)
+                               owner=owner, parent_id=parent_id)
         return True
     except (IntegrityError, dbapi_integrity):  # create_run speaks the driver's own cursor: its errors are raw
         return False
@@ -87,11 +88,20 @@ def signatures(engine: Engine, run_id: str, tool: str, args_hash: str) -> tuple[
     return int(same or 0), [(r[0] or "", r[1] or "") for r in reversed(recent)]
 
 
-def count_call(engine: Engine, run_id: str, *, tool: str, args_hash: str, call_id: str | None) -> bool:
-    """One tool call, counted before it runs (ok unknown yet); False if the run is not active."""
+def count_call(engine: Engine, run_id: str, *, tool: str, args_hash: str, call_id: str | None,
+               parent_id: str | None = None) -> bool:
+    """One tool call, counted before it runs (ok unknown yet); False if the run is not active.
+    A sub-agent's call (`parent_id`: its session's run) is also added to the parent's tool calls
+    in the same transaction, as the SDK rolls a child's records up: the session is judged on its
+    totals. (The event is the child's: one call, one event.)"""
     call = witness.WitnessedCall(kind=lc.EventKind.TOOL, tool=tool, args_hash=args_hash, call_id=call_id)
     with engine.begin() as conn:
-        return witness.append(conn, run_id, [call], source=lc.Source.HOOK, now=witness.store_now(conn))
+        if not witness.append(conn, run_id, [call], source=lc.Source.HOOK, now=witness.store_now(conn)):
+            return False
+        if parent_id is not None:
+            conn.execute(update(runs).where(and_(runs.c.id == parent_id, runs.c.status.in_(lc.ACTIVE_STATUSES)))
+                         .values(tool_calls=runs.c.tool_calls + 1))
+        return True
 
 
 def count_error(engine: Engine, run_id: str) -> None:
