@@ -42,7 +42,7 @@ OTLP_TOKEN = "coding-cli-otlp-token-7d1e9b20c4"
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
 
 OTLP: list[str] = []  # the daemon's OTLP/HTTP receiver, once the `store` fixture started it
-PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
+PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "codex-otel": 8, "gemini-max": 3}
 
 pytestmark = pytest.mark.skipif(not (BIN / "claude").exists(),
                                 reason="the coding CLIs are not installed: cd tests/clis && npm ci")
@@ -67,7 +67,7 @@ def store(tmp_path_factory):
     cfg = folder / "watchdog.toml"
     port = free_port()
     tokens = folder / "otlp-tokens"  # the receiver refuses senders without a token (allow_anonymous = false)
-    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,claude-code owner=tests\n")
+    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,claude-code,codex-otel owner=tests\n")
     tokens.chmod(0o600)
     cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
@@ -354,6 +354,51 @@ def test_codex_is_refused_at_max_tool_calls(store, tmp_path):
     run = hook_run(engine, "codex-max")
     assert run is not None and (run.status, run.stop_reason, run.tool_calls) == ("killed", "max_tool_calls", 3)
     assert wait_for(lambda: stopped_alert(engine, run.id, "Bash"), 30)  # Codex names its shell tool Bash
+
+
+def test_codex_log_events_and_hooks_are_one_run_each_call_counted_once(store, tmp_path):
+    """The real Codex with `hook install --otlp --otlp-token`: its log events (the tokens of each
+    completed response, its tool results) reach the receiver with the token and count on the
+    hook's run, each tool call once (Codex's call_id is the hook's tool_use_id)."""
+    url, _, engine = store
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    codex_home = tmp_path / "home" / ".codex"
+    codex_home.mkdir(parents=True)
+    def slow(n: int) -> str:
+        time.sleep(0.5)  # a turn takes a while: the session runs across several log exports
+        return f"touch marker-{n}"
+
+    with FakeModel(slow) as model:
+        (codex_home / "config.toml").write_text(
+            'model = "gpt-5"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
+            f'base_url = "{model.url}/v1"\nwire_api = "responses"\nenv_key = "FAKE_MODEL_KEY"\n')
+        env = home_env(tmp_path, CODEX_HOME=str(codex_home), FAKE_MODEL_KEY="sk-fake")
+        out = install("codex", ["--user"], env, "--agent", "codex-otel", "--hook-db", url,
+                      "--otlp", OTLP[0], "--otlp-token", OTLP_TOKEN)
+        assert "otel.exporter.otlp-http.endpoint" in out and OTLP_TOKEN not in out, out
+        assert (codex_home / "config.toml").stat().st_mode & 0o777 == 0o600
+        cli = subprocess.Popen([str(BIN / "codex"), "exec", "--skip-git-repo-check",
+                                "--dangerously-bypass-approvals-and-sandbox", "--dangerously-bypass-hook-trust",
+                                "touch the markers"], cwd=proj, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            # Codex goes on asking after the refusal: its log export goes on too (every few seconds).
+            counted = wait_for(lambda: (r := hook_run(engine, "codex-otel")) is not None and r.steps >= 3
+                               and r.stop_reason is not None, 90)
+        finally:
+            cli.terminate()
+            output = cli.communicate(timeout=30)[0]
+    assert counted, output[-3000:]
+    run = hook_run(engine, "codex-otel")
+    assert run.source == "hook" and (run.stop_reason, run.tool_calls) == ("max_tool_calls", 8), run
+    assert run.tokens_in >= 300 and run.tokens_out >= 60, run
+    with engine.connect() as conn:
+        from watchdog.store.schema import events
+
+        tools = conn.execute(select(events.c.call_id, events.c.source).where(
+            events.c.run_id == run.id, events.c.kind == "tool")).all()
+    assert len(tools) == 8 and {t.source for t in tools} == {"hook"}, tools  # the log's results: the same calls
 
 
 # --- Gemini CLI ---------------------------------------------------------------------------------

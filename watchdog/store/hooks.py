@@ -10,9 +10,10 @@ PostgreSQL its row belongs to the login the hook connects as, and only that logi
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -60,18 +61,26 @@ def sqlite_owner(uid: int) -> str:
     return f"uid {uid}"
 
 
-def held_run(conn: Connection, *, cli: str, session_id: str, owner: str, uid: int) -> tuple[str, str] | None:
-    """(id, agent) of the newest active hook run of the CLI's session that this sender holds: its
+STOPPED_SEEN_S = 3600  # a session's stopped run still refuses its log events this long after it ended
+
+
+def held_run(conn: Connection, *, cli: str, session_id: str, owner: str, uid: int) -> tuple[str, str, bool] | None:
+    """(id, agent, active) of the newest hook run of the CLI's session that this sender holds: its
     owner is the sender (on PostgreSQL the hook's login, which the database wrote; on SQLite also
-    `uid N` of the sender's Unix user, which the hook wrote) and its hook ran as the same Unix user."""
+    `uid N` of the sender's Unix user, which the hook wrote) and its hook ran as the same Unix user.
+    Active, or stopped within STOPPED_SEEN_S (its events are refused like its calls); a run ended
+    by silence is none (the session's next call starts the next one)."""
     owners = [owner, sqlite_owner(uid)] if conn.dialect.name == "sqlite" else [owner]
-    q = (select(runs.c.id, runs.c.agent, runs.c.labels)
-         .where(and_(runs.c.source == lc.Source.HOOK, runs.c.status.in_(lc.ACTIVE_STATUSES), runs.c.owner.in_(owners)))
+    since = witness.store_now(conn) - dt.timedelta(seconds=STOPPED_SEEN_S)
+    recent = or_(runs.c.status.in_(lc.ACTIVE_STATUSES),
+                 and_(runs.c.status != lc.Status.COMPLETED, runs.c.ended_at >= since))
+    q = (select(runs.c.id, runs.c.agent, runs.c.labels, runs.c.status)
+         .where(and_(runs.c.source == lc.Source.HOOK, runs.c.owner.in_(owners), recent))
          .order_by(runs.c.started_at.desc()))
     for r in conn.execute(q):
         labels = r.labels if isinstance(r.labels, dict) else {}
         if labels.get("cli") == cli and labels.get("session") == session_id and labels.get("uid") == uid:
-            return r.id, r.agent
+            return r.id, r.agent, r.status in lc.ACTIVE_STATUSES
     return None
 
 

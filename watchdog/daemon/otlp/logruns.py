@@ -9,8 +9,9 @@ code), plus the hook's run.
 - A session the sender's hook runs (`agent-watchdog hook`): its events count on the hook's run,
   found, never created: an active hook run of the same CLI and session whose owner is the
   token's (on PostgreSQL the hook's login, written by the database; on SQLite `uid N`) and whose
-  hook ran as the sender's Unix user, and whose agent the token may report for. The receiver
-  never writes a row the hook would have to own (on PostgreSQL it could not see one).
+  hook ran as the sender's Unix user, and whose agent the token may report for; a stopped one
+  refuses them (as it refuses its calls). The receiver never writes a row the hook would have to
+  own (on PostgreSQL it could not see one).
 - Any other session is a run of its sender's own (`source = "otlp"`), with every rule spans
   have: the token's agents, booked under the sender (sealed sender record), anonymous runs judged
   by [defaults], `[otlp] max_new_runs_per_min` (429 and one alert), keyed by sender. An
@@ -121,11 +122,11 @@ class LogsReceiver:
         found = held_run(conn, cli=s.cli, session_id=s.session_id, owner=ident.name, uid=peer.uid)
         if found is None:
             return False
-        run_id, agent = found
+        run_id, agent, active = found
         if ident.agents is not None and agent not in ident.agents:
             out.refuse(g.spans, f"this token may not report for agent {agent[:64]!r}")
             return True
-        if witness.append(conn, run_id, g.calls, source=lc.Source.OTLP, now=now):  # type: ignore[arg-type]
+        if active and witness.append(conn, run_id, g.calls, source=lc.Source.OTLP, now=now):  # type: ignore[arg-type]
             out.accepted += g.spans
         else:
             out.refuse(g.spans, f"session {s.session_id[:40]}: its run is not active")
