@@ -108,7 +108,7 @@ def runtime():
 
 def hook_run(engine, agent: str):
     with engine.connect() as conn:
-        # source hook, or otlp when the session's first log event came before its first tool call
+        # source hook (log events never make the hook's run; a session with no hook would be otlp)
         rows = conn.execute(select(runs).where(runs.c.agent == agent, runs.c.source.in_(("hook", "otlp")))).all()
     return rows[0] if len(rows) == 1 else None
 
