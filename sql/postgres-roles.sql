@@ -108,6 +108,10 @@ SELECT format('GRANT INSERT (%s) ON events TO %I', string_agg(quote_ident(column
   FROM information_schema.columns
  WHERE table_schema = current_schema() AND table_name = 'events' AND column_name NOT IN ('id', 'stored_at') \gexec
 SELECT format('GRANT USAGE ON SEQUENCE %s TO %I', pg_get_serial_sequence('events', 'id'), :'agents_role') \gexec
+-- What `agent-watchdog hook` reads back of its own session's calls (row-level security keeps it to
+-- its own runs): how often this call was made (loops), the last ones (oscillation), the call ids
+-- a log export counted already (one call, one count). Never their arguments, errors or costs.
+GRANT SELECT (run_id, seq, kind, tool, args_hash, call_id) ON events TO :"agents_role";
 
 -- What the daemon publishes, read only.
 GRANT SELECT ON settings, tool_circuits TO :"agents_role";

@@ -87,3 +87,27 @@ def ticker(engine, cfg=None, killer=None):
     from watchdog.daemon.ticker import Ticker
 
     return Ticker(engine, cfg or config(), killer or Killer(allowed_users=[ME]), sealer=SEALER)
+
+
+def wait_ticks(engine, n: int = 2, timeout_s: float = 30.0) -> None:
+    """Until a daemon on the store has ended `n` more ticks (its lease row's last_tick_at moved
+    on `n` times): what it could have done meanwhile, it has done. The positive event a test
+    waits for before it asserts that something did not happen (never a sleep)."""
+    import time
+
+    from sqlalchemy import func
+
+    from watchdog.store.schema import daemons
+
+    def newest():
+        with engine.connect() as conn:
+            return conn.execute(select(func.max(daemons.c.last_tick_at))).scalar()
+
+    seen, moved = newest(), 0
+    deadline = time.monotonic() + timeout_s
+    while moved < n:
+        assert time.monotonic() < deadline, f"no daemon ended {n} ticks in {timeout_s} s (last tick {seen})"
+        time.sleep(0.02)
+        now = newest()
+        if now != seen:
+            seen, moved = now, moved + 1

@@ -133,13 +133,13 @@ def otlp_runs(engine) -> list:
 
 
 def post(address: tuple[str, int], body: bytes, headers: dict, *, chunks: list[bytes] | None = None,
-         timeout_s: float = 30.0, token: str | None = TOKEN) -> tuple[int, bytes]:
+         timeout_s: float = 30.0, token: str | None = TOKEN, path: str = "/v1/traces") -> tuple[int, bytes]:
     """One request over its own connection; with the tests' bearer token unless `token` is None."""
     headers = {**headers, **({"Authorization": f"Bearer {token}"} if token else {})}
     conn = http.client.HTTPConnection(*address, timeout=timeout_s)
     try:
         if chunks is not None:
-            conn.putrequest("POST", "/v1/traces")
+            conn.putrequest("POST", path)
             for k, v in {**headers, "Transfer-Encoding": "chunked"}.items():
                 conn.putheader(k, v)
             conn.endheaders()
@@ -147,7 +147,7 @@ def post(address: tuple[str, int], body: bytes, headers: dict, *, chunks: list[b
                 conn.send(f"{len(c):x}\r\n".encode() + c + b"\r\n")
             conn.send(b"0\r\n\r\n")
         else:
-            conn.request("POST", "/v1/traces", body=body, headers=headers)
+            conn.request("POST", path, body=body, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:

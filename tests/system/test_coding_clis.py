@@ -42,7 +42,7 @@ OTLP_TOKEN = "coding-cli-otlp-token-7d1e9b20c4"
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
 
 OTLP: list[str] = []  # the daemon's OTLP/HTTP receiver, once the `store` fixture started it
-PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "gemini-max": 3}
+PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "codex-otel": 8, "gemini-max": 3}
 
 pytestmark = pytest.mark.skipif(not (BIN / "claude").exists(),
                                 reason="the coding CLIs are not installed: cd tests/clis && npm ci")
@@ -67,7 +67,7 @@ def store(tmp_path_factory):
     cfg = folder / "watchdog.toml"
     port = free_port()
     tokens = folder / "otlp-tokens"  # the receiver refuses senders without a token (allow_anonymous = false)
-    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,claude-code owner=tests\n")
+    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,claude-code,codex-otel owner=tests\n")
     tokens.chmod(0o600)
     cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
@@ -108,7 +108,7 @@ def runtime():
 
 def hook_run(engine, agent: str):
     with engine.connect() as conn:
-        # source hook, or otlp when the session's first log event came before its first tool call
+        # source hook (log events never make the hook's run; a session with no hook would be otlp)
         rows = conn.execute(select(runs).where(runs.c.agent == agent, runs.c.source.in_(("hook", "otlp")))).all()
     return rows[0] if len(rows) == 1 else None
 
@@ -356,6 +356,51 @@ def test_codex_is_refused_at_max_tool_calls(store, tmp_path):
     assert wait_for(lambda: stopped_alert(engine, run.id, "Bash"), 30)  # Codex names its shell tool Bash
 
 
+def test_codex_log_events_and_hooks_are_one_run_each_call_counted_once(store, tmp_path):
+    """The real Codex with `hook install --otlp --otlp-token`: its log events (the tokens of each
+    completed response, its tool results) reach the receiver with the token and count on the
+    hook's run, each tool call once (Codex's call_id is the hook's tool_use_id)."""
+    url, _, engine = store
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    codex_home = tmp_path / "home" / ".codex"
+    codex_home.mkdir(parents=True)
+    def slow(n: int) -> str:
+        time.sleep(0.5)  # a turn takes a while: the session runs across several log exports
+        return f"touch marker-{n}"
+
+    with FakeModel(slow) as model:
+        (codex_home / "config.toml").write_text(
+            'model = "gpt-5"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
+            f'base_url = "{model.url}/v1"\nwire_api = "responses"\nenv_key = "FAKE_MODEL_KEY"\n')
+        env = home_env(tmp_path, CODEX_HOME=str(codex_home), FAKE_MODEL_KEY="sk-fake")
+        out = install("codex", ["--user"], env, "--agent", "codex-otel", "--hook-db", url,
+                      "--otlp", OTLP[0], "--otlp-token", OTLP_TOKEN)
+        assert "otel.exporter.otlp-http.endpoint" in out and OTLP_TOKEN not in out, out
+        assert (codex_home / "config.toml").stat().st_mode & 0o777 == 0o600
+        cli = subprocess.Popen([str(BIN / "codex"), "exec", "--skip-git-repo-check",
+                                "--dangerously-bypass-approvals-and-sandbox", "--dangerously-bypass-hook-trust",
+                                "touch the markers"], cwd=proj, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            # Codex goes on asking after the refusal: its log export goes on too (every few seconds).
+            counted = wait_for(lambda: (r := hook_run(engine, "codex-otel")) is not None and r.steps >= 3
+                               and r.stop_reason is not None, 90)
+        finally:
+            cli.terminate()
+            output = cli.communicate(timeout=30)[0]
+    assert counted, output[-3000:]
+    run = hook_run(engine, "codex-otel")
+    assert run.source == "hook" and (run.stop_reason, run.tool_calls) == ("max_tool_calls", 8), run
+    assert run.tokens_in >= 300 and run.tokens_out >= 60, run
+    with engine.connect() as conn:
+        from watchdog.store.schema import events
+
+        tools = conn.execute(select(events.c.call_id, events.c.source).where(
+            events.c.run_id == run.id, events.c.kind == "tool")).all()
+    assert len(tools) == 8 and {t.source for t in tools} == {"hook"}, tools  # the log's results: the same calls
+
+
 # --- Gemini CLI ---------------------------------------------------------------------------------
 
 def test_gemini_is_refused_at_max_tool_calls_and_the_session_ends(store, tmp_path):
@@ -380,6 +425,66 @@ def test_gemini_is_refused_at_max_tool_calls_and_the_session_ends(store, tmp_pat
     run = hook_run(engine, "gemini-max")
     assert run is not None and (run.status, run.stop_reason, run.tool_calls) == ("killed", "max_tool_calls", 3)
     assert wait_for(lambda: stopped_alert(engine, run.id, "run_shell_command"), 30)
+
+
+class _Recorder:
+    """An OTLP/HTTP endpoint that records each request's path and Authorization header (200, empty
+    answer): what the CLI's own exporter sends, before any receiver judges it."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append((self.path, self.headers.get("Authorization")))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_gemini_hook_install_makes_geminis_log_export_send_the_token(store, tmp_path):
+    """Gemini CLI 0.61.0's settings take no exporter headers; `hook install --otlp-token` puts the
+    token in .gemini/.env (0600, never printed), which Gemini loads: its log export carries it."""
+    url, _, _engine = store
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    gemini_dir = tmp_path / "home" / ".gemini"
+    gemini_dir.mkdir(parents=True)
+    (gemini_dir / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
+    (gemini_dir / "trustedFolders.json").write_text(json.dumps({str(proj): "TRUST_FOLDER"}))
+    recorder = _Recorder()
+    try:
+        with FakeModel(lambda n: f"touch marker-{n}") as model:
+            env = home_env(tmp_path, GEMINI_API_KEY="fake", GOOGLE_GEMINI_BASE_URL=model.url)
+            out = install("gemini", ["--project", str(proj)], env, "--agent", "gemini-max", "--hook-db", url,
+                          "--otlp", recorder.url, "--otlp-token", OTLP_TOKEN)
+            assert OTLP_TOKEN not in out and "OTEL_EXPORTER_OTLP_LOGS_HEADERS" in out, out
+            dotenv = proj / ".gemini" / ".env"
+            assert (dotenv.stat().st_mode & 0o777) == 0o600
+            done = subprocess.run([str(BIN / "gemini"), "-p", "touch the markers", "--yolo", "--output-format", "json"],
+                                  cwd=proj, env=env, capture_output=True, text=True, timeout=120,
+                                  stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr[-3000:]
+        logs = wait_for(lambda: [a for p, a in recorder.seen if p == "/v1/logs"], 30)
+        assert logs and set(logs) == {f"Bearer {OTLP_TOKEN}"}, recorder.seen
+    finally:
+        recorder.close()
 
 
 # --- the resident helper ------------------------------------------------------------------------
@@ -422,14 +527,15 @@ def test_another_users_process_gets_no_answer_from_this_users_helper(store, tmp_
                    capture_output=True, text=True, timeout=60, check=True)
     from watchdog.gateways.hooks.fastpath import socket_path
 
-    name = os.path.basename(socket_path(["claude-code", "--agent", "cc-resident", "--db", url], {}))
+    name = os.path.basename(socket_path(["claude-code", "--agent", "cc-resident", "--db", url], {}, env))
     sock = os.path.join(RUNTIME[0], f"agent-watchdog-hook-{os.getuid()}", name)
     assert wait_for(lambda: os.path.exists(sock + ".pid"), 30)
     probe = ("import json, socket, struct, sys\n"
              "s = socket.socket(socket.AF_UNIX)\n"
              "try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    print('denied'); sys.exit()\n"
              f"req = json.dumps({{'argv': ['claude-code', '--db', {url!r}], 'stdin': {json.dumps(event)!r}}}).encode()\n"
-             "s.sendall(struct.pack('!I', len(req)) + req); s.shutdown(socket.SHUT_WR)\n"
+             "try:\n    s.sendall(struct.pack('!I', len(req)) + req); s.shutdown(socket.SHUT_WR)\n"
+             "except BrokenPipeError:\n    pass  # the helper closed first: refused before reading\n"
              "try:\n    got = s.recv(65536)\nexcept ConnectionResetError:\n    got = b''\n"
              "print('answer:' + got.decode())\n")
     python, their_env = foreign_python()

@@ -10,13 +10,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 from sqlalchemy import select
 
 from agent_procs import wait_until
 from alertsinks import HttpSink
+from daemon_support import wait_ticks
 from exec_support import AGENT_WATCHDOG, EXAMPLES, Daemon, daemon_config, exec_env, exec_runs, start_exec
 from otlp_support import TOKEN, free_port, post, spans_request, tokens_file
 from watchdog.core import lifecycle as lc
@@ -129,7 +129,7 @@ def test_spans_from_outside_execs_tree_do_not_count(world):
         status, body = post(("127.0.0.1", world["port"]), spans_request(30, run_id=run.id).SerializeToString(),
                             {"Content-Type": "application/x-protobuf"})[:2]
         assert status == 200, (status, body)
-        time.sleep(1.0)  # two daemon ticks: nothing may have counted meanwhile
+        wait_ticks(engine, 2)  # two daemon ticks ended after the post: nothing may have counted meanwhile
         row = _row(engine, run.id)
         assert row.tool_calls == 0 and row.status == "running", row
         with engine.connect() as conn:
@@ -138,3 +138,23 @@ def test_spans_from_outside_execs_tree_do_not_count(world):
     finally:
         p.kill()
         p.wait()
+
+
+def test_log_events_under_exec_count_for_its_run_with_its_token(world):
+    """A coding CLI's OpenTelemetry log events (a real OTLPLogExporter, configured by the
+    environment alone) under exec reach the receiver with the run's own token: counted for exec's
+    run (never 401, never a run of their own)."""
+    from test_otlp_logs_identity import EXPORT
+
+    p = _exec(world, "logs-exec-bot", [sys.executable, "-c", EXPORT, "exec-session", "2", "3"])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, (out, err)
+    assert out.split() == ["SUCCESS"] * 5, (out, err)
+    engine = world["engine"]
+    run = [r for r in exec_runs(engine) if r.agent == "logs-exec-bot"][-1]
+    with engine.connect() as conn:
+        evs = conn.execute(select(events).where(events.c.run_id == run.id, events.c.source == "otlp")).all()
+    assert sorted(e.kind for e in evs) == [lc.EV_STEP] * 2 + [lc.EV_TOOL] * 3
+    with engine.connect() as conn:
+        assert not [r for r in conn.execute(select(runs).where(runs.c.source == "otlp"))
+                    if (r.labels or {}).get("session") == "exec-session"]

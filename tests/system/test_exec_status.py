@@ -290,12 +290,19 @@ COUNT_SIGINT = textwrap.dedent("""
     import os, signal, sys, time
     out = sys.argv[1]
     got = []
+    quit = []
     signal.signal(signal.SIGINT, lambda *a: got.append(1))
+    signal.signal(signal.SIGQUIT, lambda *a: quit.append(1))
     open(out + ".ready", "w").close()
     deadline = time.monotonic() + 60
     while not got and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)  # a second copy of the signal would arrive by now
+    open(out + ".got", "w").close()
+    # The test then sends exec a SIGQUIT, which exec forwards: exec takes its pending signals
+    # lowest number first and forwards them in order, and the kernel delivers ours the same way,
+    # so a second SIGINT (2) from exec has arrived by the time its SIGQUIT (3) does.
+    while not quit and time.monotonic() < deadline:
+        time.sleep(0.01)
     with open(out, "w") as f:
         f.write(str(len(got)))
     sys.exit(3)
@@ -324,6 +331,8 @@ def test_ctrl_c_reaches_the_command_once_whether_the_terminal_or_a_process_sent_
             os.write(fd, b"\x03")  # the tty sends SIGINT to exec and the command alike
         else:
             os.kill(pid, signal.SIGINT)  # only exec gets it: exec forwards it
+        assert wait_until(lambda: os.path.exists(f"{out}.got"), 60)
+        os.kill(pid, signal.SIGQUIT)  # the positive event: once the command has it, no SIGINT is still coming
         assert wait_until(lambda: out.exists(), 60)
         _pid, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 3

@@ -222,7 +222,7 @@ def test_mcp_proxy_with_an_agents_login_is_said_at_start(store):
     done = subprocess.run([*CLI, "mcp-proxy", "--", sys.executable, "-c", "pass"], env=env, capture_output=True,
                           text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, done.stderr
-    assert "lacks SELECT (seq) on events" in done.stderr and "gateway's role" in done.stderr
+    assert "lacks the gateway's policy reading every run" in done.stderr and "gateway's role" in done.stderr
 
 
 def test_mcp_proxy_whose_login_the_store_refuses_fails_open_and_says_the_fix_once(store):

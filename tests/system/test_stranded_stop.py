@@ -11,14 +11,13 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from agent_procs import AgentProcs, wait_until
 from attest_support import LocalUsers, shared_sqlite, short_dir
-from daemon_support import actions, interventions_of, run_row
+from daemon_support import actions, interventions_of, run_row, wait_ticks
 from test_daemon import AGENT_WATCHDOG
 from watchdog.core import lifecycle as lc
 from watchdog.core.clock import utcnow
@@ -126,7 +125,7 @@ def test_a_refused_signal_is_retried_and_kill_drives_a_stuck_stop_again(world, u
                      "sealed_by, mac) VALUES (?, ?, ?, 't', 'b', 0, '[]', 'x', ?)",
                      (f"redrive:{other.run_id}:forged", utcnow().isoformat(), other.run_id, "0" * 64))
         conn.execute("UPDATE runs SET signal_stage = signal_stage WHERE id = ?", (other.run_id,))
-    time.sleep(1.0)  # five ticks
+    wait_ticks(engine, 2)  # two ticks of d3 ended after the forged rows: nothing may have driven it meanwhile
     assert other.alive() and run_row(engine, other.run_id).signal_stage == lc.Stage.REFUSED
     done = _kill(other.run_id, world["tmp"] / "fixed.toml")
     assert done.returncode == 0, done.stderr

@@ -116,3 +116,23 @@ def test_a_runs_otlp_token_names_its_run_and_no_other():
     forged = token.replace("ab" * 16, "cd" * 16)
     assert s.otlp_token_ok(forged) is None and Sealer(b"j" * 32).otlp_token_ok(token) is None
     assert s.otlp_token_ok("aw1.x") is None
+
+
+def test_the_runs_token_goes_to_the_logs_exporter_too_unless_its_logs_go_elsewhere():
+    """A coding CLI's log events under exec reach the receiver with the run's token (not 401);
+    a command whose logs go to a collector of its own keeps its headers: no token goes there."""
+    from watchdog.gateways.exec.environment import otlp_env
+
+    traces = "http://127.0.0.1:4318/v1/traces"
+    env = otlp_env({"OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=acme"}, run_id="r1", endpoint=traces, token="aw1.r1.mac")
+    assert env["OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"] == "http://127.0.0.1:4318/v1/logs"
+    assert env["OTEL_EXPORTER_OTLP_LOGS_HEADERS"] == "x-tenant=acme,Authorization=Bearer%20aw1.r1.mac"
+    assert env["OTEL_EXPORTER_OTLP_LOGS_PROTOCOL"] == "http/protobuf"
+    same = otlp_env({"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://127.0.0.1:4318/v1/logs",
+                     "OTEL_EXPORTER_OTLP_LOGS_HEADERS": "Authorization=Bearer%20old"}, run_id="r1", endpoint=traces,
+                    token="aw1.r1.mac")
+    assert same["OTEL_EXPORTER_OTLP_LOGS_HEADERS"] == "Authorization=Bearer%20aw1.r1.mac"
+    for elsewhere in ({"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "https://collector.example/v1/logs"},
+                      {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.example"}):
+        env = otlp_env(elsewhere, run_id="r1", endpoint=traces, token="aw1.r1.mac")
+        assert "OTEL_EXPORTER_OTLP_LOGS_HEADERS" not in env and "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT" not in env

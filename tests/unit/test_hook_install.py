@@ -147,3 +147,64 @@ def test_codexs_recorded_log_events_map_to_steps_from_completed_responses():
     tools = [c for c in session.calls if c.kind == "tool"]
     assert [(s.tokens_in, s.tokens_out) for s in steps] == [(100, 20)] * len(steps) and len(steps) >= 3
     assert [t.call_id for t in tools][:3] == [f"hook:codex:call_000{n}" for n in (1, 2, 3)]
+
+
+def test_install_never_prints_a_token_and_writes_it_0600(tmp_path):
+    """A header the user set (their own token) is kept but printed masked; the file that holds
+    our token is its user's alone (0600), whatever mode it had."""
+    token = "very-secret-token-0123456789"
+    mine = {"env": {"OTEL_EXPORTER_OTLP_LOGS_HEADERS": "Authorization=Bearer users-own-secret"}}
+    _merged, changes, kept = install.merge_json("claude-code", mine, CMD, otlp="http://127.0.0.1:4318", token=token)
+    printed = "\n".join(changes + kept)
+    assert "users-own-secret" not in printed and token not in printed and "OTEL_EXPORTER_OTLP_LOGS_HEADERS" in printed
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text("{}\n")
+    settings.chmod(0o644)
+    p = install.plan("claude-code", project=str(tmp_path), user=False, command=CMD, otlp="http://127.0.0.1:4318",
+                     token=token)
+    assert p.secret and token not in "\n".join(p.changes + p.kept)
+    install.apply(p)
+    assert (settings.stat().st_mode & 0o777) == 0o600 and token in settings.read_text()
+    codex = install.plan("codex", project=str(tmp_path), user=False, command=CMD, otlp="http://127.0.0.1:4318",
+                         token=token)
+    install.apply(codex)
+    assert codex.secret and (codex.path.stat().st_mode & 0o777) == 0o600
+
+
+def test_install_writes_through_no_symlink_at_its_temporary_name(tmp_path):
+    """The old temporary name (settings.json.agent-watchdog.tmp) pointed elsewhere by someone:
+    the file it points at is untouched, and no other file is left behind."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched\n")
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    (settings.parent / "settings.json.agent-watchdog.tmp").symlink_to(victim)
+    p = install.plan("claude-code", project=str(tmp_path), user=False, command=CMD)
+    install.apply(p)
+    assert victim.read_text() == "untouched\n"
+    assert json.loads(settings.read_text())["hooks"]["PreToolUse"][0]["hooks"][0]["command"] == CMD
+    assert (settings.stat().st_mode & 0o777) == 0o644
+    assert sorted(x.name for x in settings.parent.iterdir()) == ["settings.json", "settings.json.agent-watchdog.tmp"]
+
+
+def test_the_resident_helper_is_keyed_by_the_absolute_store_path(tmp_path, monkeypatch):
+    """`--db sqlite:///runs.db` from two directories names two stores: two helpers, and the
+    helper is sent the absolute path (it serves calls from every directory)."""
+    from watchdog.gateways.hooks import fastpath
+
+    argv = ["claude-code", "--db", "sqlite:///runs.db", "--config=watchdog.toml"]
+    paths, sent = [], []
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        monkeypatch.chdir(tmp_path / d)
+        fixed, env = fastpath.resolved(argv, {"AGENT_WATCHDOG_DB": "sqlite:///other.db"})
+        sent.append((fixed, env))
+        paths.append(fastpath.socket_path(fixed, env))
+    assert paths[0] != paths[1]
+    assert sent[0][0] == ["claude-code", "--db", f"sqlite:///{tmp_path}/a/runs.db", f"--config={tmp_path}/a/watchdog.toml"]
+    assert sent[1][1] == {"AGENT_WATCHDOG_DB": f"sqlite:///{tmp_path}/b/other.db"}
+    absolute = ["claude-code", "--db", "sqlite:////srv/runs.db"]
+    assert fastpath.resolved(absolute, {})[0] == absolute
+    pg = ["claude-code", "--db", "postgresql://u@h/db"]
+    assert fastpath.resolved(pg, {})[0] == pg

@@ -53,7 +53,7 @@ for _cli in CLIS:
                              "also turns the CLI's OpenTelemetry log export on.")
 @click.option("--otlp-token", "otlp_token", envvar="AGENT_WATCHDOG_OTLP_TOKEN", metavar="TOKEN",
               help="A token of the daemon's [otlp] tokens_file: the CLI's log export sends it as "
-                   "`Authorization: Bearer` (Claude Code, Codex; Gemini: set OTEL_EXPORTER_OTLP_HEADERS).")
+                   "`Authorization: Bearer` (Claude Code's settings env, Codex's exporter headers, Gemini's .gemini/.env).")
 @click.option("--exe", default="agent-watchdog", show_default=True, help="The command the CLI runs.")
 @click.option("--dry-run", is_flag=True, help="Print what would change; write nothing.")
 def install_cmd(cli, project, user, agent, fail_closed, hook_db, otlp, otlp_token, exe, dry_run):
@@ -68,6 +68,17 @@ def install_cmd(cli, project, user, agent, fail_closed, hook_db, otlp, otlp_toke
                          token=otlp_token)
     except ValueError as exc:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
         raise click.ClickException(str(exc)) from None
+    plans = [p]
+    extra = install.env_plan(cli, project=project, user=user, token=otlp_token)
+    if extra is not None:
+        plans.append(extra)
+    for p in plans:
+        _report(p, dry_run)
+        if not dry_run:
+            install.apply(p)
+
+
+def _report(p, dry_run: bool) -> None:
     verb = "would change" if dry_run else "changed"
     if not p.changed:
         click.echo(f"{p.path}: nothing to change (already installed)")
@@ -77,5 +88,6 @@ def install_cmd(cli, project, user, agent, fail_closed, hook_db, otlp, otlp_toke
         click.echo(f"  + {line}")
     for line in p.kept:
         click.echo(f"  = {line}")
-    if not dry_run:
-        install.apply(p)
+    if p.secret and p.changed:
+        click.echo(f"  ! {p.path} holds the bearer token: written mode 0600; keep it out of version control "
+                   "(or leave --otlp-token out and export OTEL_EXPORTER_OTLP_LOGS_HEADERS in the CLI's environment)")

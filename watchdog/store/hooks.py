@@ -10,10 +10,11 @@ PostgreSQL its row belongs to the login the hook connects as, and only that logi
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from watchdog.core import lifecycle as lc
@@ -37,16 +38,50 @@ def judged_by(engine: Engine, config: Config) -> Config:
         return published_profiles(conn, config)
 
 
-def open_session(engine: Engine, run_id: str, *, agent: str, host: str, labels: dict[str, Any]) -> bool:
-    """Create the session's run (running, source hook); False if another hook call of the same
-    session created it first (two tools called at once)."""
+def open_session(engine: Engine, run_id: str, *, agent: str, host: str, labels: dict[str, Any], uid: int,
+                 parent_id: str | None = None) -> bool:
+    """Create the session's run (running, source hook); False if the id is taken: by another hook
+    call of the same session (two tools called at once), or by a row this login cannot see.
+    Owned by its writer: on PostgreSQL the database books the login; on SQLite the run is booked
+    `uid N` (the hook's Unix user), which the logs receiver matches with its sender's uid."""
+    owner = sqlite_owner(uid) if engine.dialect.name == "sqlite" else None
+    labels = {**labels, "uid": uid}
+    dbapi_integrity = getattr(engine.dialect.dbapi, "IntegrityError", IntegrityError)
     try:
         with engine.begin() as conn:
             witness.create_run(conn, run_id=run_id, agent=agent, source=lc.Source.HOOK, host=host,
-                               kill_mode=lc.KillMode.COOPERATIVE, labels=labels, now=witness.store_now(conn))
+                               kill_mode=lc.KillMode.COOPERATIVE, labels=labels, now=witness.store_now(conn),
+                               owner=owner, parent_id=parent_id)
         return True
-    except IntegrityError:
+    except (IntegrityError, dbapi_integrity):  # create_run speaks the driver's own cursor: its errors are raw
         return False
+
+
+def sqlite_owner(uid: int) -> str:
+    return f"uid {uid}"
+
+
+STOPPED_SEEN_S = 3600  # a session's stopped run still refuses its log events this long after it ended
+
+
+def held_run(conn: Connection, *, cli: str, session_id: str, owner: str, uid: int) -> tuple[str, str, bool] | None:
+    """(id, agent, active) of the newest hook run of the CLI's session that this sender holds: its
+    owner is the sender (on PostgreSQL the hook's login, which the database wrote; on SQLite also
+    `uid N` of the sender's Unix user, which the hook wrote) and its hook ran as the same Unix user.
+    Active, or stopped within STOPPED_SEEN_S (its events are refused like its calls); a run ended
+    by silence is none (the session's next call starts the next one)."""
+    owners = [owner, sqlite_owner(uid)] if conn.dialect.name == "sqlite" else [owner]
+    since = witness.store_now(conn) - dt.timedelta(seconds=STOPPED_SEEN_S)
+    recent = or_(runs.c.status.in_(lc.ACTIVE_STATUSES),
+                 and_(runs.c.status != lc.Status.COMPLETED, runs.c.ended_at >= since))
+    q = (select(runs.c.id, runs.c.agent, runs.c.labels, runs.c.status)
+         .where(and_(runs.c.source == lc.Source.HOOK, runs.c.owner.in_(owners), recent))
+         .order_by(runs.c.started_at.desc()))
+    for r in conn.execute(q):
+        labels = r.labels if isinstance(r.labels, dict) else {}
+        if labels.get("cli") == cli and labels.get("session") == session_id and labels.get("uid") == uid:
+            return r.id, r.agent, r.status in lc.ACTIVE_STATUSES
+    return None
 
 
 def signatures(engine: Engine, run_id: str, tool: str, args_hash: str) -> tuple[int, list[tuple[str, str]]]:
@@ -62,11 +97,20 @@ def signatures(engine: Engine, run_id: str, tool: str, args_hash: str) -> tuple[
     return int(same or 0), [(r[0] or "", r[1] or "") for r in reversed(recent)]
 
 
-def count_call(engine: Engine, run_id: str, *, tool: str, args_hash: str, call_id: str | None) -> bool:
-    """One tool call, counted before it runs (ok unknown yet); False if the run is not active."""
+def count_call(engine: Engine, run_id: str, *, tool: str, args_hash: str, call_id: str | None,
+               parent_id: str | None = None) -> bool:
+    """One tool call, counted before it runs (ok unknown yet); False if the run is not active.
+    A sub-agent's call (`parent_id`: its session's run) is also added to the parent's tool calls
+    in the same transaction, as the SDK rolls a child's records up: the session is judged on its
+    totals. (The event is the child's: one call, one event.)"""
     call = witness.WitnessedCall(kind=lc.EventKind.TOOL, tool=tool, args_hash=args_hash, call_id=call_id)
     with engine.begin() as conn:
-        return witness.append(conn, run_id, [call], source=lc.Source.HOOK, now=witness.store_now(conn))
+        if not witness.append(conn, run_id, [call], source=lc.Source.HOOK, now=witness.store_now(conn)):
+            return False
+        if parent_id is not None:
+            conn.execute(update(runs).where(and_(runs.c.id == parent_id, runs.c.status.in_(lc.ACTIVE_STATUSES)))
+                         .values(tool_calls=runs.c.tool_calls + 1))
+        return True
 
 
 def count_error(engine: Engine, run_id: str) -> None:

@@ -77,15 +77,16 @@ def run_ref(conn: Connection, run_id: str) -> RunRef | None:
 
 def create_run(conn: Connection, *, run_id: str, agent: str, source: str, host: str, kill_mode: str,
                labels: dict[str, Any] | None, pid: int | None = None, pid_create_time: float | None = None,
-               now: dt.datetime, owner: str | None = None) -> None:
+               now: dt.datetime, owner: str | None = None, parent_id: str | None = None) -> None:
     """`owner`: who sent what the run was started for (SQLite; on PostgreSQL the database sets
-    the column to the daemon's login, and the sender is in the run's sealed attestation)."""
+    the column to the daemon's login, and the sender is in the run's sealed attestation).
+    `parent_id`: the run it is a child of (a coding CLI's sub-agent: its session's run)."""
     sql = _sql(dialects.of(conn))
     at = sql.dialect.ts(now)
     cur = conn.connection.cursor()
     try:
         cur.execute(sql.insert_run, (run_id, agent, lc.RUNNING, kill_mode, host, pid, pid_create_time,
-                                     sql.dialect.json(labels), at, at, source, owner))
+                                     sql.dialect.json(labels), at, at, source, owner, parent_id))
     finally:
         cur.close()
 
@@ -193,8 +194,8 @@ def _sql(d: Dialect) -> _Sql:
         f"AND status IN ({active}){d.for_update}",
         f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join(ph for _ in _EVENT_COLUMNS)})",
         f"INSERT INTO runs (id, agent, status, kill_mode, host, pid, pid_create_time, labels, started_at, "
-        f"last_seen_at, source, owner) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {json_ph}, {d.clock_ph}, "
-        f"{d.clock_ph}, {ph}, {ph})",
+        f"last_seen_at, source, owner, parent_id) VALUES ({ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}, {json_ph}, "
+        f"{d.clock_ph}, {d.clock_ph}, {ph}, {ph}, {ph})",
         f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph} AND seq >= {ph}) FROM runs WHERE id = {ph} "
         f"AND status IN ({active}){d.for_update}",
     )

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any
 
 from watchdog.daemon.otlp import sender
@@ -79,12 +80,18 @@ class Server(ThreadingHTTPServer):
                  handler: type[BaseHTTPRequestHandler]) -> None:
         self.address_family = family
         self.owner = owner
+        self.on_idle: Callable[[], None] | None = None  # called by serve_forever between requests
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self._held: Counter[object] = Counter()  # per sender: connections being served
         self._peers: dict[socket.socket, sender.Peer] = {}
         self._held_lock = threading.Lock()
         super().__init__(address, handler)  # binds: a port in use raises here, before any thread
         self.deadlines = _Deadlines()
+
+    def service_actions(self) -> None:
+        super().service_actions()
+        if self.on_idle is not None:
+            self.on_idle()
 
     @staticmethod
     def _sender(p: sender.Peer) -> object:

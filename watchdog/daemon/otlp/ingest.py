@@ -55,7 +55,8 @@ log = logging.getLogger("watchdog.otlp")
 SenderKey = tuple[str, int | str | None, tuple[int, float] | None]
 MAX_RUNS_PER_SENDER = 256  # active span-only runs one sender (uid) may have open at once
 MAX_KEYS = 100_000  # keys, traces and span ids remembered (oldest forgotten first)
-KEY_LABELS = {"conversation": "gen_ai.conversation.id", "trace": "otel.trace_id"}
+# A run key's label (logs: a coding CLI's session, watchdog.daemon.otlp.logs)
+KEY_LABELS = {"conversation": "gen_ai.conversation.id", "trace": "otel.trace_id", "session": "session"}
 
 
 class Receiver:
@@ -68,7 +69,7 @@ class Receiver:
         self.sealer = sealer
         self.host = host
         self.clock = clock
-        self._lock = threading.Lock()  # one writer at a time: keys resolve to one run
+        self.lock = threading.Lock()  # one writer at a time: keys resolve to one run (the logs receiver too)
         # (sender, kind, value) -> run id: a key names a run of the same sender only
         self._runs: _Lru[tuple[SenderKey, str, str], str] = _Lru(MAX_KEYS)
         self._traces: _Lru[tuple[SenderKey, str], str] = _Lru(MAX_KEYS)  # (sender, trace id) -> run id
@@ -107,11 +108,12 @@ class Receiver:
 
     # -- one request -------------------------------------------------------------------
 
-    def ingest(self, groups: list[Group], peer: sender.Peer, ident: Identity) -> Outcome:
+    def ingest(self, groups: list[Group], peer: sender.Peer, ident: Identity, admitted: bool = False) -> Outcome:
+        """`admitted`: the groups' new runs passed `admit` already (logs held for a hook run)."""
         out = Outcome()
         exec_ok = {g.key: self._inside_exec_tree(g, peer, ident) for g in groups if g.key[0] == "run"}
-        who = (ident.name, peer.uid if peer.uid is not None else peer.address[0])
-        with self._lock, self.engine.begin() as conn:
+        who = self.sender_of(peer, ident)
+        with self.lock, self.engine.begin() as conn:
             now = witness.store_now(conn)
             run_id: str | None
             for g in groups:
@@ -138,7 +140,7 @@ class Receiver:
                     continue
                 if run_id is None or not witness.append(conn, run_id, self._fresh(run_id, g.calls),
                                                         source=lc.Source.OTLP, now=now, mac=self._mac(run_id)):
-                    run_id = self._start(conn, g, peer, ident, sk, (pinned, why), now, out)
+                    run_id = self._start(conn, g, peer, ident, sk, (pinned, why), now, out, admitted)
                     if run_id is None:
                         continue
                     witness.append(conn, run_id, self._fresh(run_id, g.calls), source=lc.Source.OTLP, now=now,
@@ -171,6 +173,15 @@ class Receiver:
             out.append(c)
         return out
 
+    @staticmethod
+    def sender_of(peer: sender.Peer, ident: Identity) -> tuple[str, int | str | None]:
+        """Who a request is from: its identity and the kernel's uid (else the peer's address)."""
+        return ident.name, peer.uid if peer.uid is not None else peer.address[0]
+
+    def knows(self, g: Group, peer: sender.Peer, ident: Identity) -> bool:
+        """The sender has a run for the group's key already (it counts there)."""
+        return self._known(g, (*self.sender_of(peer, ident), None)) is not None
+
     def _known(self, g: Group, sk: SenderKey) -> str | None:
         run_id = self._runs.get((sk, *g.key))
         if run_id is None:
@@ -197,25 +208,34 @@ class Receiver:
         self._owner.pop(run_id, None)
         self._pins.pop(run_id, None)
 
-    def _start(self, conn: Connection, g: Group, peer: sender.Peer, ident: Identity, sk: SenderKey,
-               confirmed: tuple[sender.Pinned | None, str], now: dt.datetime, out: Outcome) -> str | None:
-        """A new span-only run for the group's key, or None (refused: the sender has too many)."""
+    def admit(self, conn: Connection, g: Group, ident: Identity, sk: SenderKey, now: dt.datetime,
+              out: Outcome) -> bool:
+        """Whether the sender may start a run for `g` (both routes' rules): the token's agents, the
+        sender's active runs, its new runs a minute (429 past it, one alert); refused into `out`."""
         if ident.agents is not None and g.agent not in ident.agents:
             out.refuse(g.spans, f"this token may not report for agent {g.agent[:64]!r}")
-            return None
+            return False
         if self._open(sk) >= MAX_RUNS_PER_SENDER:
             self._prune(conn)
             if self._open(sk) >= MAX_RUNS_PER_SENDER:
                 out.refuse(g.spans, f"more than {MAX_RUNS_PER_SENDER} active runs from this sender")
-                return None
+                return False
         if not self._starts.admit(sk[:2], self.clock()):
             out.throttled = True
             out.refuse(g.spans, f"more than {self.config.otlp.max_new_runs_per_min} new runs a minute from this "
                                 "sender ([otlp] max_new_runs_per_min)")
             rate.alert_flood(conn, self.sealer, ident.name, self.config.otlp.max_new_runs_per_min, now)
+            return False
+        return True
+
+    def _start(self, conn: Connection, g: Group, peer: sender.Peer, ident: Identity, sk: SenderKey,
+               confirmed: tuple[sender.Pinned | None, str], now: dt.datetime, out: Outcome,
+               admitted: bool = False) -> str | None:
+        """A new span-only run for the group's key, or None (refused: the sender has too many)."""
+        if not admitted and not self.admit(conn, g, ident, sk, now, out):
             return None
         run_id = uuid.uuid4().hex
-        labels = {KEY_LABELS[g.key[0]]: g.key[1]}
+        labels = {**g.labels, KEY_LABELS[g.key[0]]: g.key[1]}
         sealer = self.sealer
         pinned, why = confirmed
         if self.config.otlp.kill_mode == lc.PROCESS and pinned is None:

@@ -12,25 +12,20 @@ Mapped (names as Claude Code 2.1.197 exports them, recorded in tests/clis/record
   (`call_id`, its model-side tool name `exec_command`), `gemini_cli.tool_call`: a tool call,
   with call id `hook:<cli>:<tool use id>` — the id the hook gave the same call, so a call both
   saw counts once (the hook's tool name stands: Codex's hooks call it `Bash`).
-Other events (prompts, decisions) are progress only. The sender is the kernel's: the session's
-run is the one of the loopback peer's Unix user; a sender the kernel does not place (not local)
-gets its events refused, as no user's run can be named for it.
+Other events (prompts, decisions) are progress only. Which run a session's events count for,
+and who may make them count, is watchdog.daemon.otlp.logruns (the traces' rules, and the hook's run).
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.sessions import EVENT_PREFIXES, MAX_GENERATIONS, run_id_for
-from watchdog.daemon.otlp import sender
+from watchdog.core.sessions import EVENT_PREFIXES
 from watchdog.daemon.otlp.decode import BadRequest, _get, _j_attrs, _j_value, _list, _pb_attrs, _pb_value
-from watchdog.daemon.otlp.ingest import Outcome
-from watchdog.store import witness
-from watchdog.store.engine import Engine
+from watchdog.daemon.otlp.mapping import Call
 
 PATH = "/v1/logs"
 _STEP_EVENTS = {"api_request", "api_response"}
@@ -42,7 +37,7 @@ class Session:
     cli: str
     session_id: str
     agent: str
-    calls: list[witness.WitnessedCall] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
     records: int = 0
 
 
@@ -128,56 +123,15 @@ def sessions(records: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> list[
             tout = _int(attrs.get("output_tokens", attrs.get("output_token_count")))
             if tin is None and tout is None:
                 continue  # an API request event without tokens (Codex's carry them on sse events)
-            s.calls.append(witness.WitnessedCall(kind=lc.EventKind.STEP, model=str(attrs.get("model") or "")[:128] or None,
-                                                 tokens_in=tin or 0, tokens_out=tout or 0,
-                                                 cached_tokens_in=_int(attrs.get("cache_read_tokens",
-                                                                                 attrs.get("cached_token_count")))))
+            s.calls.append(Call(kind=lc.EventKind.STEP, span_id="", end_ns=0, duration_s=None,
+                                model=str(attrs.get("model") or "")[:128] or None, tokens_in=tin or 0,
+                                tokens_out=tout or 0,
+                                cached_tokens_in=_int(attrs.get("cache_read_tokens", attrs.get("cached_token_count")))))
         elif event in _TOOL_EVENTS:
             use_id = attrs.get("tool_use_id") or attrs.get("call_id") or attrs.get("function_call_id")
             ok = str(attrs.get("success", "true")).lower() not in ("false", "0")
-            s.calls.append(witness.WitnessedCall(
-                kind=lc.EventKind.TOOL, tool=str(attrs.get("tool_name") or attrs.get("function_name") or "?")[:200],
-                ok=ok, error_class=None if ok else "ToolError",
+            s.calls.append(Call(
+                kind=lc.EventKind.TOOL, span_id="", end_ns=0, duration_s=None,
+                tool=str(attrs.get("tool_name") or attrs.get("function_name") or "?")[:200], ok=ok, error_class=None if ok else "ToolError",
                 call_id=f"hook:{cli}:{str(use_id)[:100]}" if use_id else None))
     return list(by.values())
-
-
-class LogsReceiver:
-    """Folds log events into the sessions' runs, in one short transaction per request."""
-
-    def __init__(self, engine: Engine, host: str) -> None:
-        self.engine = engine
-        self.host = host
-        self._lock = threading.Lock()
-
-    def ingest(self, found: list[Session], peer: sender.Peer) -> Outcome:
-        out = Outcome()
-        if peer.uid is None:
-            for s in found:
-                out.refuse(s.records, "the sender is not a local process: its session's run cannot be named")
-            return out
-        with self._lock, self.engine.begin() as conn:
-            now = witness.store_now(conn)
-            for s in found:
-                rid = self._run(conn, s, peer.uid, now)
-                if rid is None:
-                    out.refuse(s.records, f"session {s.session_id[:40]}: no active run")
-                    continue
-                witness.append(conn, rid, s.calls, source=lc.Source.OTLP, now=now)
-                out.accepted += s.records
-        return out
-
-    def _run(self, conn: Any, s: Session, uid: int, now: Any) -> str | None:
-        for gen in range(MAX_GENERATIONS):
-            rid = run_id_for(s.cli, s.session_id, gen, uid)
-            ref = witness.run_ref(conn, rid)
-            if ref is None:
-                witness.create_run(conn, run_id=rid, agent=s.agent, source=lc.Source.OTLP, host=self.host,
-                                   kill_mode=lc.KillMode.COOPERATIVE, labels={"cli": s.cli, "session": s.session_id},
-                                   now=now)
-                return rid
-            if ref.status in lc.ACTIVE_STATUSES:
-                return rid
-            if ref.status != lc.Status.COMPLETED:
-                return None  # stopped: its events are refused like its calls
-        return None

@@ -65,6 +65,7 @@ class Group:
     root_ended: bool = False
     last_end_ns: int = 0
     genai: bool = False  # any GenAI span (step, tool, agent): only such groups start a run
+    labels: dict[str, str] = field(default_factory=dict)  # more labels for the run it starts (logs: the CLI)
 
 
 def _text(v: Any) -> str | None:

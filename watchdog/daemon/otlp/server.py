@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from watchdog.core.config import Config
 from watchdog.core.seal import Sealer
-from watchdog.daemon.otlp import decode, logs, mapping, sender
+from watchdog.daemon.otlp import decode, logruns, logs, mapping, sender
 from watchdog.daemon.otlp.auth import Authenticator, Identity
 from watchdog.daemon.otlp.bodies import REQUEST_DEADLINE_S, BadFraming as _BadFraming, BodyReader, TooSlow as _TooSlow
 from watchdog.daemon.otlp.connections import HEADERS_DEADLINE_S, Server
@@ -41,6 +41,7 @@ log = logging.getLogger("watchdog.otlp")
 PATH = "/v1/traces"
 ROUTES = {PATH: "_traces", logs.PATH: "_logs"}  # path -> the handler's method, each behind the same gate (_admit)
 IO_TIMEOUT_S = 10.0
+IDLE_EVERY_S = 0.5  # held log events are looked at this often
 REFUSED_LOG_EVERY_S = 60.0  # one receiver log line per refused sender this often
 MAX_SPANS_PER_REQUEST = 10_000
 LISTEN_KEY = "[otlp] listen"
@@ -136,9 +137,9 @@ class _Handler(BodyReader, BaseHTTPRequestHandler):
             body = decode.gunzip(body, srv.max_bytes)
         elif encoding not in ("identity", ""):
             raise decode.Unsupported(f"Content-Encoding {encoding!r}: expected gzip or none")
-        if logs_route:  # the coding CLIs' log events: the session's run is the kernel-named sender's
+        if logs_route:  # the coding CLIs' log events: the traces' rules, and the sender's hook run (logruns)
             records, dropped = logs.decode_logs(body, kind, MAX_SPANS_PER_REQUEST)
-            outcome = srv.logs.ingest(logs.sessions(records), self._peer())
+            outcome = srv.logs.ingest(logs.sessions(records), self._peer(), ident)
         else:
             resources, dropped = decode.decode(body, kind, MAX_SPANS_PER_REQUEST)
             outcome = srv.receiver.ingest(mapping.groups(resources), self._peer(), ident)
@@ -183,8 +184,9 @@ class OtlpServer:
         self.sealer = sealer
         self.auth = Authenticator(config, sealer)  # a bad tokens file: ConfigError (one line, the key)
         self.receiver = Receiver(engine, config, sealer, host)
-        self.logs = logs.LogsReceiver(engine, host)
+        self.logs = logruns.LogsReceiver(engine, self.receiver)
         self._refused_at: dict[object, float] = {}
+        self._idle_at = 0.0
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
         self.accepted_spans = 0
@@ -242,11 +244,25 @@ class OtlpServer:
         except OSError as exc:
             raise ConfigError(f"{LISTEN_KEY} = {listen!r}: cannot listen there ({exc.strerror or exc}); "
                               "choose a free port or set listen = \"\" to turn the receiver off") from None
+        self._server.on_idle = self._idle
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="otlp", daemon=True)
         self._thread.start()
         log.info("receiving OTLP/HTTP spans on http://%s:%d%s", *self.address, PATH)
         return self
+
+    def _idle(self) -> None:
+        """Between requests (every poll interval): held log events whose hook run appeared or whose
+        hold is over are counted (never raised into the serving loop)."""
+        now = time.monotonic()
+        if now - self._idle_at < IDLE_EVERY_S:
+            return
+        self._idle_at = now
+        try:
+            self.logs.flush()
+        except Exception as exc:  # noqa: BLE001 — retried at the next poll
+            if not store_unavailable(exc):
+                log.exception("otlp: held log events")
 
     def stop(self) -> None:
         if self._server is not None:

@@ -19,6 +19,10 @@ OTEL_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
 OTEL_RESOURCE = "OTEL_RESOURCE_ATTRIBUTES"
 OTEL_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
 OTEL_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+OTEL_LOGS_ENDPOINT = "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"
+OTEL_LOGS_PROTOCOL = "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL"
+OTEL_LOGS_HEADERS = "OTEL_EXPORTER_OTLP_LOGS_HEADERS"
+OTEL_GENERAL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 # process.pid in the resource: the Python SDK detects it only when asked (kill_mode = "process").
 OTEL_DETECTORS = "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"
 RUN_ATTRIBUTE = "agent_watchdog.run_id"
@@ -73,8 +77,9 @@ def otlp_env(env: Mapping[str, str], *, run_id: str, endpoint: str, token: str |
     """The OTel variables that make the command's exporter send its spans to the daemon's
     receiver for run `run_id` (what to set over `env`): the traces endpoint and protocol, the
     run's id as a resource attribute, and the run's own bearer token in the traces headers
-    (merged with the headers the command already has; only the traces exporter gets it, so it
-    never goes to another collector the command's logs or metrics are sent to)."""
+    (merged with the headers the command already has; the general headers are left alone, so
+    it never goes to another collector the command's metrics are sent to), and in the logs
+    headers when the command's logs go to the receiver (below)."""
     out = {OTEL_ENDPOINT: endpoint, OTEL_PROTOCOL: "http/protobuf"}
     if OTEL_DELAY not in env:
         out[OTEL_DELAY] = SCHEDULE_DELAY_MS
@@ -86,8 +91,24 @@ def otlp_env(env: Mapping[str, str], *, run_id: str, endpoint: str, token: str |
              if a.strip() and a.split("=", 1)[0].strip() != RUN_ATTRIBUTE]
     out[OTEL_RESOURCE] = ",".join([*attrs, f"{RUN_ATTRIBUTE}={run_id}"])
     if token:
-        # The traces headers win over the general ones in every SDK: start from whichever is set.
-        have = env.get(OTEL_TRACES_HEADERS, env.get(OTEL_HEADERS, ""))
-        kept = [h for h in have.split(",") if h.strip() and h.split("=", 1)[0].strip().lower() != "authorization"]
-        out[OTEL_TRACES_HEADERS] = ",".join([*kept, f"Authorization=Bearer%20{token}"])
+        out[OTEL_TRACES_HEADERS] = _with_token(env.get(OTEL_TRACES_HEADERS, env.get(OTEL_HEADERS, "")), token)
+        # Log events (a coding CLI's, watchdog.daemon.otlp.logs) go to the receiver with the same
+        # token when the command sends its logs nowhere else: no logs endpoint of its own (the
+        # default is a local collector's port) or the receiver's own. A logs endpoint elsewhere
+        # keeps its headers: the run's token never reaches another collector.
+        logs_url = endpoint.rsplit("/v1/traces", 1)[0] + "/v1/logs"
+        theirs = env.get(OTEL_LOGS_ENDPOINT) or (
+            env[OTEL_GENERAL_ENDPOINT].rstrip("/") + "/v1/logs" if env.get(OTEL_GENERAL_ENDPOINT) else None)
+        if theirs is None or theirs == logs_url:
+            out[OTEL_LOGS_ENDPOINT] = logs_url
+            if OTEL_LOGS_PROTOCOL not in env:
+                out[OTEL_LOGS_PROTOCOL] = "http/protobuf"
+            out[OTEL_LOGS_HEADERS] = _with_token(env.get(OTEL_LOGS_HEADERS, env.get(OTEL_HEADERS, "")), token)
     return out
+
+
+def _with_token(have: str, token: str) -> str:
+    """The command's headers (the signal's own win over the general ones in every SDK: start from
+    whichever is set) with its Authorization replaced by the run's token."""
+    kept = [h for h in have.split(",") if h.strip() and h.split("=", 1)[0].strip().lower() != "authorization"]
+    return ",".join([*kept, f"Authorization=Bearer%20{token}"])

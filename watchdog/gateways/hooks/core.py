@@ -1,8 +1,9 @@
 """The hook's decision for one tool call of a coding CLI's session, whatever the CLI.
 
 A session (the CLI's `session_id`) is one run, `source = "hook"`, found again at every call by
-its id: derived from the CLI, the Unix user and the session id (the session id is the CLI's
-claim; the user is the kernel's, so another user's session of the same id is another run). A
+its id: derived from the CLI, the Unix user, the session id and the user's secret key
+(watchdog.core.sessions: nobody else can compute it, so nobody else can create it first; an id
+taken by a row this login cannot see is skipped for the next one, never failed open on). A
 run that ended by silence (an idle session, ended `completed` by the daemon) is followed by the
 next generation's run.
 
@@ -32,6 +33,8 @@ from watchdog.errors import RunKilled
 from watchdog.sdk.guards import Guard
 from watchdog.store import hooks as store
 
+from watchdog.gateways.hooks import sessionkey
+
 from watchdog.gateways.hooks.protocols import PRE, HookEvent
 
 PREFIX = "agent-watchdog:"
@@ -45,8 +48,15 @@ class Verdict:
     run_id: str | None = None
 
 
+_KEYS: dict[str, bytes] = {}  # key file path -> key (the resident helper reads it once)
+
+
 def run_id_for(cli: str, session_id: str, generation: int, uid: int | None = None) -> str:
-    return _run_id(cli, session_id, generation, os.getuid() if uid is None else uid)
+    path = sessionkey.key_path()
+    key = _KEYS.get(path)
+    if key is None:
+        key = _KEYS[path] = sessionkey.load(path)
+    return _run_id(cli, session_id, generation, os.getuid() if uid is None else uid, key)
 
 
 def _over(state: Any) -> bool:
@@ -54,21 +64,35 @@ def _over(state: Any) -> bool:
     return state.status in lc.END_STATUSES and (state.stop_reason in (None, lc.StopReason.HEARTBEAT_TIMEOUT))
 
 
-def _session(engine: Any, cli: str, agent: str, session_id: str) -> tuple[str, Any]:
+def _session(engine: Any, cli: str, agent: str, session_id: str, *, labels: dict[str, Any] | None = None,
+             parent_id: str | None = None) -> tuple[str, Any]:
     """(run id, state) of the session's current run, created when it has none."""
     for gen in range(MAX_GENERATIONS):
         rid = run_id_for(cli, session_id, gen)
         state = store.session_run(engine, rid)
         if state is None:
             store.open_session(engine, rid, agent=agent, host=socket.gethostname(),
-                               labels={"cli": cli, "session": session_id[:200]})
+                               labels=labels or {"cli": cli, "session": session_id[:200]}, uid=os.getuid(),
+                               parent_id=parent_id)
             state = store.session_run(engine, rid)
-            if state is None:  # pragma: no cover — created a moment ago
-                raise RuntimeError(f"run {rid} vanished")
+            if state is None:
+                continue  # the id is taken by a row this login cannot see (not its own): the next one
             return rid, state
+        if state.source != lc.Source.HOOK:
+            continue  # not a run a hook made (a row someone else put there): never this session's
         if not _over(state):
             return rid, state
     raise RuntimeError(f"session {session_id[:40]!r}: more than {MAX_GENERATIONS} runs")
+
+
+def _subagent(engine: Any, cli: str, agent: str, ev: HookEvent, parent_id: str) -> tuple[str, Any]:
+    """A sub-agent's child run under the session's run: its own budgets (the same profile), its
+    calls rolled up into the session's (watchdog.store.hooks.count_call)."""
+    sid = ev.session_id or "no-session"
+    key = f"{sid}\x00subagent\x00{ev.agent_id}"  # (after_tool names it alike)
+    labels = {"cli": cli, "session": f"{sid[:150]}/{(ev.agent_id or '')[:40]}", "parent_session": sid[:200],
+              "subagent": ev.agent_type or "?"}
+    return _session(engine, cli, agent, key, labels=labels, parent_id=parent_id)
 
 
 def paused(run_id: str, reason: str | None) -> str:
@@ -82,21 +106,23 @@ def refused(reason: str, detail: str | None, run_id: str) -> str:
     return f"{PREFIX} run {run_id[:8]} stopped: {reason}{tail}"
 
 
-def before_tool(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEvent,
-                now: dt.datetime | None = None) -> Verdict:
-    """Whether the call may run; counted when it may."""
-    rid, state = _session(engine, cli, agent, ev.session_id or "no-session")
+def _held(rid: str, state: Any) -> Verdict | None:
+    """The refusal of a call of a run that is paused or not running (None: it runs)."""
     if state.status == lc.Status.PAUSED:
         return Verdict(False, paused(rid, state.stop_reason), False, rid)
     if state.status != lc.Status.RUNNING:
         return Verdict(False, refused(state.stop_reason or state.status, state.stop_detail, rid), True, rid)
+    return None
+
+
+def _judge(engine: Any, config: Config, rid: str, state: Any, ev: HookEvent, args_hash: str,
+           now: dt.datetime | None) -> Verdict | None:
+    """The run's budgets (the SDK's guard, fed the store's counters) for this call: a refusal, or None."""
     budgets = bud.for_run(store.judged_by(engine, config).profile(state.agent), state.row())
     guard = Guard(budgets.to_json())
-    args_hash = hash_args(ev.tool_input if ev.tool_input is not None else {}, tool=ev.tool)
     same, recent = store.signatures(engine, rid, ev.tool, args_hash)
     guard.used["tool_calls"] = state.tool_calls
-    sig = (ev.tool, args_hash)
-    guard.signatures[sig] = same
+    guard.signatures[(ev.tool, args_hash)] = same
     guard.recent.extend(recent)
     started = state.started_at or utcnow()
     elapsed_s = max(0.0, ((now or utcnow()) - started).total_seconds())
@@ -108,8 +134,28 @@ def before_tool(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEv
             return Verdict(False, paused(rid, stop.reason), False, rid)  # held until resume: the session goes on
         store.end_stopped(engine, rid, reason=stop.reason, detail=detail)
         return Verdict(False, refused(stop.reason, detail, rid), True, rid)
+    return None
+
+
+def before_tool(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEvent,
+                now: dt.datetime | None = None) -> Verdict:
+    """Whether the call may run; counted when it may. A sub-agent's call (the CLI names it:
+    `agent_id`) is judged on its child run and on the session's run, and counted on both."""
+    rid, state = _session(engine, cli, agent, ev.session_id or "no-session")
+    args_hash = hash_args(ev.tool_input if ev.tool_input is not None else {}, tool=ev.tool)
+    family = [(rid, state)]
+    if ev.agent_id:
+        if (no := _held(rid, state)) is not None:
+            return no  # a stopped or paused session holds its sub-agents too
+        family.insert(0, _subagent(engine, cli, agent, ev, rid))
+    for run_id, st in family:
+        no = _held(run_id, st) or _judge(engine, config, run_id, st, ev, args_hash, now)
+        if no is not None:
+            return no
+    rid = family[0][0]
+    parent_id = family[1][0] if len(family) > 1 else None
     call_id = f"hook:{cli}:{ev.call_id}" if ev.call_id else None
-    if not store.count_call(engine, rid, tool=ev.tool, args_hash=args_hash, call_id=call_id):
+    if not store.count_call(engine, rid, tool=ev.tool, args_hash=args_hash, call_id=call_id, parent_id=parent_id):
         again = store.session_run(engine, rid)  # stopped between the read and the count
         reason = (again.stop_reason or again.status) if again else "gone"
         return Verdict(False, refused(reason, again.stop_detail if again else None, rid), True, rid)
@@ -120,12 +166,14 @@ def after_tool(engine: Any, *, cli: str, ev: HookEvent) -> None:
     """A call that ran: its failure counts on the run (its success was counted before it ran)."""
     if not ev.failed:
         return
+    sid = ev.session_id or "no-session"
+    key = f"{sid}\x00subagent\x00{ev.agent_id}" if ev.agent_id else sid
     for gen in range(MAX_GENERATIONS):
-        rid = run_id_for(cli, ev.session_id or "no-session", gen)
+        rid = run_id_for(cli, key, gen)
         state = store.session_run(engine, rid)
         if state is None:
             return
-        if not _over(state):
+        if state.source == lc.Source.HOOK and not _over(state):
             store.count_error(engine, rid)
             return
 

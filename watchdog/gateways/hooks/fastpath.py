@@ -19,6 +19,8 @@ import socket
 import struct
 import sys
 
+from watchdog.gateways.hooks import sessionkey
+
 ENV_RESIDENT = "AGENT_WATCHDOG_HOOK_RESIDENT"  # "0": no resident helper, every call in-process
 ENV_IDLE_S = "AGENT_WATCHDOG_HOOK_IDLE_S"  # the helper's idle lifetime (default IDLE_S)
 IDLE_S = 900.0
@@ -33,10 +35,54 @@ def socket_dir() -> str:
     return os.path.join(base, f"agent-watchdog-hook-{os.getuid()}")
 
 
-def socket_path(argv: list[str], env: dict[str, str]) -> str:
-    """One helper per store and config: they are in the key (the CLI and agent are per call)."""
-    key = json.dumps([_opt(argv, "--db"), _opt(argv, "--config")] + [env.get(k, "") for k in _ENV_KEYS])
+def socket_path(argv: list[str], env: dict[str, str], environ: dict[str, str] | None = None) -> str:
+    """One helper per store, config and session key (the CLI and agent are per call). `argv` and
+    `env` as `resolved` made them: a relative path names a different file from another directory.
+    `environ`: the caller's environment (default this process's), where the session key's path is."""
+    key = json.dumps([_opt(argv, "--db"), _opt(argv, "--config")] + [env.get(k, "") for k in _ENV_KEYS]
+                     + [sessionkey.key_path(environ), "" if _names_store(argv, env) else os.getcwd()])
     return os.path.join(socket_dir(), hashlib.sha256(key.encode()).hexdigest()[:16] + ".sock")
+
+
+def _names_store(argv: list[str], env: dict[str, str]) -> bool:
+    """The store is named here (--db, AGENT_WATCHDOG_DB), not by a config's [store] url (whose
+    relative SQLite path is the working directory's: then that directory is in the key)."""
+    return bool(_opt(argv, "--db") or env.get("AGENT_WATCHDOG_DB"))
+
+
+def _abs_db(url: str) -> str:
+    """A relative SQLite URL (`sqlite:///runs.db`) made absolute; any other URL as it is."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and not url[len(prefix):].startswith(":memory:") \
+            and not url[len(prefix):].startswith("file:"):
+        return prefix + os.path.abspath(url[len(prefix):])
+    return url
+
+
+def resolved(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """argv and env with the store's and config's relative paths made absolute (this process's
+    working directory): the resident helper serves calls from every directory."""
+    out: list[str] = []
+    rest = list(argv)
+    while rest:
+        a = rest.pop(0)
+        name, sep, val = a.partition("=")
+        if name in ("--db", "--config") and not sep and rest:
+            out += [a, _fix(name, rest.pop(0))]
+        elif name in ("--db", "--config") and sep:
+            out.append(f"{name}={_fix(name, val)}")
+        else:
+            out.append(a)
+    fixed = dict(env)
+    if fixed.get("AGENT_WATCHDOG_DB"):
+        fixed["AGENT_WATCHDOG_DB"] = _abs_db(fixed["AGENT_WATCHDOG_DB"])
+    if fixed.get("AGENT_WATCHDOG_CONFIG"):
+        fixed["AGENT_WATCHDOG_CONFIG"] = os.path.abspath(fixed["AGENT_WATCHDOG_CONFIG"])
+    return out, fixed
+
+
+def _fix(name: str, value: str) -> str:
+    return _abs_db(value) if name == "--db" else os.path.abspath(value)
 
 
 def _opt(argv: list[str], name: str) -> str:
@@ -116,7 +162,7 @@ def run(argv: list[str]) -> int:
         raw = ""
     if os.environ.get(ENV_RESIDENT, "1") == "0" or not private_dir(socket_dir()):
         return _in_process(argv, raw)
-    env = {k: os.environ[k] for k in _ENV_KEYS if k in os.environ}
+    argv, env = resolved(argv, {k: os.environ[k] for k in _ENV_KEYS if k in os.environ})
     path = socket_path(argv, env)
     request = json.dumps({"argv": argv, "stdin": raw, "env": env}).encode()
     try:

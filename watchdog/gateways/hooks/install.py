@@ -16,6 +16,7 @@ import copy
 import json
 import os
 import shlex
+import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ class Plan:
     after: str
     changes: list[str] = field(default_factory=list)  # what was added, one line each
     kept: list[str] = field(default_factory=list)  # what was there and is left as it was
+    secret: bool = False  # the file holds a bearer token: written 0600
 
     @property
     def changed(self) -> bool:
@@ -93,6 +95,13 @@ def _otel_json(cli: str, otlp: str, agent: str | None, token: str | None = None)
                           "otlpEndpoint": otlp.rstrip("/")}}
 
 
+def _shown(key: str, value: Any) -> str:
+    """A settings value as printed: headers (which carry tokens, ours or the user's) masked."""
+    if key.upper().endswith("_HEADERS") or "token" in key.lower() or "authorization" in key.lower():
+        return '"***" (masked: it may hold a token)'
+    return json.dumps(value)
+
+
 def merge_json(cli: str, settings: dict[str, Any], command: str, otlp: str | None = None,
                agent: str | None = None, token: str | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
     """(new settings, changes, kept): `settings` with our hook on each tool event, and the OTel
@@ -125,11 +134,10 @@ def merge_json(cli: str, settings: dict[str, Any], command: str, otlp: str | Non
             for key, value in values.items():
                 if key in target:
                     if target[key] != value:
-                        kept.append(f"{section}.{key} = {json.dumps(target[key])} (yours, kept)")
+                        kept.append(f"{section}.{key} = {_shown(key, target[key])} (yours, kept)")
                     continue
                 target[key] = value
-                shown = "Authorization=Bearer ***" if key.endswith("_HEADERS") else json.dumps(value)
-                changes.append(f"{section}.{key} = {shown}")  # a token is never printed
+                changes.append(f"{section}.{key} = {_shown(key, value)}")
     return out, changes, kept
 
 
@@ -186,16 +194,57 @@ def plan(cli: str, *, project: str | None, user: bool, command: str, otlp: str |
             raise ValueError(f"{path}: not a JSON object: not touching it")
         merged, changes, kept = merge_json(cli, current, command, otlp, agent, token)
         after = before if not changes and before is not None else json.dumps(merged, indent=2) + "\n"
-    return Plan(path, before, after, changes, kept)
+    return Plan(path, before, after, changes, kept, secret=token is not None and token in after)
+
+
+SECRET_MODE = 0o600  # a settings file that holds a bearer token: its user's alone
+DEFAULT_MODE = 0o644
+
+
+ENV_FILE = ".env"  # Gemini CLI loads <project>/.gemini/.env (trusted folders), else ~/.gemini/.env
+GEMINI_HEADERS = "OTEL_EXPORTER_OTLP_LOGS_HEADERS"
+
+
+def env_plan(cli: str, *, project: str | None, user: bool, token: str | None, home: str | None = None) -> Plan | None:
+    """Gemini CLI's settings have no exporter headers (0.61.0 builds its OTLP exporters from
+    `telemetry.otlpEndpoint` alone; the OTel JS exporter takes headers from the environment):
+    the token goes to the `.env` file Gemini loads beside its settings, 0600, unless it sets the
+    variable already. None for the other CLIs or without a token."""
+    if cli != "gemini" or not token:
+        return None
+    path = settings_path(cli, project=project, user=user, home=home).with_name(ENV_FILE)
+    before = path.read_text(encoding="utf-8") if path.exists() else None
+    text = before or ""
+    names = {line.split("=", 1)[0].strip().removeprefix("export ").strip() for line in text.splitlines() if "=" in line}
+    if GEMINI_HEADERS in names:
+        return Plan(path, before, text, [], [f"{GEMINI_HEADERS} = {_shown(GEMINI_HEADERS, '')} (yours, kept)"])
+    head = text if not text or text.endswith("\n") else text + "\n"
+    after = head + f"# agent-watchdog hook install: the log export's token\n{GEMINI_HEADERS}={_toml_str(bearer_header(token))}\n"
+    return Plan(path, before, after, [f"{GEMINI_HEADERS} = {_shown(GEMINI_HEADERS, '')}"], [], secret=True)
 
 
 def apply(p: Plan) -> None:
-    """Write the plan (atomically: a half-written settings file would break the CLI)."""
+    """Write the plan atomically (a half-written settings file would break the CLI): a new file
+    made by mkstemp in the same directory (O_EXCL: never a name someone put a symlink at), then
+    os.replace. Its mode is the old file's, else 0644; 0600 when it holds a token."""
     if not p.changed:
         return
     p.path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.path.with_name(p.path.name + ".agent-watchdog.tmp")
-    tmp.write_text(p.after, encoding="utf-8")
-    if p.path.exists():
-        os.chmod(tmp, p.path.stat().st_mode & 0o777)
-    os.replace(tmp, p.path)
+    try:
+        mode = p.path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = DEFAULT_MODE
+    if p.secret:
+        mode = SECRET_MODE
+    fd, tmp = tempfile.mkstemp(dir=p.path.parent, prefix=f".{p.path.name}.", suffix=".agent-watchdog.tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(p.after)
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, p.path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -4,11 +4,15 @@ Checked against the CLIs the tests run (tests/clis/package-lock.json) and their 
 
 - Claude Code (docs.anthropic.com/en/docs/claude-code/hooks): events PreToolUse, PostToolUse,
   PostToolUseFailure; stdin `session_id`, `hook_event_name`, `tool_name`, `tool_input`,
-  `tool_use_id`, `tool_response`. A refusal is exit 0 with JSON on stdout:
+  `tool_use_id`, `tool_response`, and for a sub-agent's call `agent_id` (+ `agent_type`; the
+  `session_id` is the main session's: read in the 2.1.197 binary, its hook input builder). A
+  refusal is exit 0 with JSON on stdout:
   `hookSpecificOutput.permissionDecision = "deny"` + `permissionDecisionReason` (the model reads
   it), and `continue: false` + `stopReason` is to end the session — but Claude Code 2.1.197
-  ignores `continue` on a PreToolUse answer that denies (it ends the session only after a call
-  it let run), so the session goes on and each further call is refused the same way.
+  ignores `continue` on a PreToolUse answer that denies, and `continue: false` without the deny
+  lets the call run first (checked with the real CLI: the marker is made, then the session
+  ends); no hook fires for a call a hook denied (PermissionDenied, PostToolUseFailure do not).
+  So the session goes on and each further call is refused the same way.
 - Codex CLI (developers.openai.com/codex/hooks; the JSON schemas `pre-tool-use.command.input|output`
   inside the 0.171 binary): `[[hooks.PreToolUse]]` / `[[hooks.PostToolUse]]` in config.toml, the
   same stdin fields (`tool_use_id`, `turn_id`, `agent_id` for a sub-agent) and the same deny JSON.
@@ -45,6 +49,8 @@ class HookEvent:
     tool_input: Any
     call_id: str | None
     failed: bool  # POST: the tool reported an error
+    agent_id: str | None = None  # a sub-agent's call: which one (Claude Code 2.1.197, Codex 0.171)
+    agent_type: str | None = None  # its kind (Claude Code's subagent_type, e.g. "Explore")
 
 
 def parse(raw: str) -> HookEvent:
@@ -58,7 +64,12 @@ def parse(raw: str) -> HookEvent:
     return HookEvent(phase=phase, event=name, session_id=str(data.get("session_id") or "")[:200],
                      tool=str(data.get("tool_name") or "?")[:200], tool_input=data.get("tool_input"),
                      call_id=str(call_id)[:100] if call_id else None,
-                     failed=name in _FAILED_EVENTS or _failed(data.get("tool_response")))
+                     failed=name in _FAILED_EVENTS or _failed(data.get("tool_response")),
+                     agent_id=_text(data.get("agent_id")), agent_type=_text(data.get("agent_type")))
+
+
+def _text(v: Any) -> str | None:
+    return str(v)[:100] if isinstance(v, str) and v else None
 
 
 def _failed(response: Any) -> bool:

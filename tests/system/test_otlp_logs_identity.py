@@ -1,0 +1,292 @@
+"""`POST /v1/logs` (the coding CLIs' log events) under the traces' identity rules, and the hook's
+run that nobody else can pre-empt or capture (a hostile review of issues 32 and 33).
+
+The log events come from a real OpenTelemetry exporter (opentelemetry-sdk's OTLPLogExporter, in
+a process of its own, configured the way the CLIs are: OTEL_EXPORTER_OTLP_LOGS_ENDPOINT and
+OTEL_EXPORTER_OTLP_LOGS_HEADERS), or as raw OTLP/JSON where another Unix user sends them; the
+hook is the real `agent-watchdog hook claude-code` command; the daemon is the daemon's own code
+(tests/otlp_support.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from attest_support import LocalUsers, foreign_python
+from otlp_support import OtlpDaemon, otel_headers, post, wait_for
+from watchdog.daemon.otlp import logruns
+from watchdog.daemon.otlp.senders import sender_of
+from watchdog.store.schema import alerts, runs
+
+AW = str(Path(sys.executable).with_name("agent-watchdog"))
+VICTIM_TOKEN = "victim-logs-token-" + "c3" * 10
+MALLORY_TOKEN = "mallory-logs-token-" + "d4" * 10
+NARROW_TOKEN = "narrow-logs-token-" + "e5" * 10
+TOKENS = [f"{VICTIM_TOKEN} agent=victim-bot owner=victim",
+          f"{MALLORY_TOKEN} agent=victim-bot,mallory-bot owner=mallory",
+          f"{NARROW_TOKEN} agent=other-bot owner=victim"]
+JS = {"Content-Type": "application/json"}
+LOGS = "/v1/logs"
+
+# The real exporter: `steps` api_request and `tools` tool_result events of session argv[1];
+# prints each export's result (SUCCESS / FAILURE).
+EXPORT = r"""
+import os, sys
+from opentelemetry._logs import LogRecord
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+results = []
+class Recording(OTLPLogExporter):
+    def export(self, batch):
+        r = super().export(batch)
+        results.append(r.name)
+        return r
+
+sid, steps, tools = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+res = {"service.name": "claude-code"}
+if os.environ.get("AW_AGENT"):
+    res["agent_watchdog.agent"] = os.environ["AW_AGENT"]
+provider = LoggerProvider(resource=Resource(res))
+provider.add_log_record_processor(SimpleLogRecordProcessor(Recording()))
+logger = provider.get_logger("com.anthropic.claude_code.events")
+for i in range(steps):
+    logger.emit(LogRecord(body="claude_code.api_request", attributes={
+        "session.id": sid, "event.name": "api_request", "model": "gpt-4o", "input_tokens": 1000, "output_tokens": 200}))
+for i in range(tools):
+    logger.emit(LogRecord(body="claude_code.tool_result", attributes={
+        "session.id": sid, "event.name": "tool_result", "tool_name": "Bash", "tool_use_id": f"toolu_{i}",
+        "success": "true"}))
+provider.shutdown()
+print(" ".join(results))
+"""
+
+POST_AS = """
+import http.client, sys
+host, port, token = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+h = {"Content-Type": "application/json"}
+if token != "-":
+    h["Authorization"] = "Bearer " + token
+c = http.client.HTTPConnection(host, port, timeout=30)
+c.request("POST", "/v1/logs", body=sys.stdin.buffer.read(), headers=h)
+r = c.getresponse()
+print(r.status, r.read().decode()[:300])
+"""
+
+
+@pytest.fixture(scope="module")
+def mallory():
+    users = LocalUsers()
+    try:
+        yield users.add("mallory")
+    finally:
+        users.close()
+
+
+@pytest.fixture
+def short_hold(monkeypatch):
+    monkeypatch.setattr(logruns, "HOLD_S", 0.5)  # no hook in these tests: the sender's own run soon
+
+
+def export(d: OtlpDaemon, session: str, *, steps: int = 0, tools: int = 0, token: str | None = VICTIM_TOKEN,
+           agent: str | None = "victim-bot") -> list[str]:
+    host, port = d.address
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGENT_WATCHDOG_"))}
+    env["OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"] = f"http://{host}:{port}{LOGS}"
+    if token:
+        env["OTEL_EXPORTER_OTLP_LOGS_HEADERS"] = otel_headers(token)
+    if agent:
+        env["AW_AGENT"] = agent
+    done = subprocess.run([sys.executable, "-c", EXPORT, session, str(steps), str(tools)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def logs_json(session: str, *, tools: int = 0, steps: int = 0, agent: str | None = "victim-bot") -> str:
+    def rec(body: str, attrs: dict) -> dict:
+        return {"body": {"stringValue": body}, "attributes": [
+            {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": str(v)}}
+            for k, v in {"session.id": session, **attrs}.items()]}
+
+    records = [rec("claude_code.api_request", {"model": "gpt-4o", "input_tokens": 1000, "output_tokens": 200})
+               for _ in range(steps)]
+    records += [rec("claude_code.tool_result", {"tool_name": "Bash", "tool_use_id": uuid.uuid4().hex,
+                                                "success": "true"}) for _ in range(tools)]
+    res = [{"key": "service.name", "value": {"stringValue": "claude-code"}}]
+    if agent:
+        res.append({"key": "agent_watchdog.agent", "value": {"stringValue": agent}})
+    return json.dumps({"resourceLogs": [{"resource": {"attributes": res}, "scopeLogs": [{"logRecords": records}]}]})
+
+
+def post_as(user: str, address: tuple[str, int], body: str, token: str | None) -> int:
+    exe, env = foreign_python()
+    p = subprocess.run([exe, "-c", POST_AS, address[0], str(address[1]), token or "-"], user=user, env=env,
+                       input=body, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return int(p.stdout.split()[0])
+
+
+def all_runs(engine) -> list:
+    with engine.connect() as conn:
+        return conn.execute(select(runs).order_by(runs.c.started_at)).all()
+
+
+def session_runs(engine, session: str) -> list:
+    return [r for r in all_runs(engine) if (r.labels or {}).get("session") == session]
+
+
+def hook(url: str, session: str, home: Path, *, agent: str = "victim-bot", tool_use_id: str = "toolu_0",
+         env: dict | None = None, command: str = "true", config: str | None = None,
+         **fields: str) -> subprocess.CompletedProcess:
+    """One real PreToolUse hook call of Claude Code's session (in-process: no resident helper);
+    `fields`: more of the hook input (a sub-agent's agent_id, agent_type)."""
+    event = json.dumps({"session_id": session, "hook_event_name": "PreToolUse", "tool_name": "Bash",
+                        "tool_input": {"command": command}, "tool_use_id": tool_use_id, **fields})
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_WATCHDOG_", "XDG_"))}
+    e.update(HOME=str(home), AGENT_WATCHDOG_HOOK_RESIDENT="0", **(env or {}))
+    return subprocess.run([AW, "hook", "claude-code", "--agent", agent, "--db", url,
+                           *(["--config", config] if config else [])], input=event, env=e,
+                          capture_output=True, text=True, timeout=60)
+
+
+# --- item 1: the traces' rules on /v1/logs ---------------------------------------------
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
+def test_log_events_are_booked_under_their_token_and_only_for_its_agents(db_url, short_hold):
+    """No token: 401. A token for agent other-bot sending the victim's agent: refused, no run.
+    The victim's token: a run of its own, booked under its owner in a sealed sender record."""
+    with OtlpDaemon(db_url, tokens=TOKENS) as d:
+        assert export(d, "s-none", steps=1, tools=1, token=None) == ["FAILURE"] * 2
+        status, body = post(d.address, logs_json("s-narrow", tools=3).encode(), JS, token=NARROW_TOKEN, path=LOGS)
+        assert status == 200 and b"may not report for agent" in body, body
+        assert export(d, "s-victim", steps=2, tools=3) == ["SUCCESS"] * 5
+        got = wait_for(lambda: [r for r in session_runs(d.engine, "s-victim") if r.tool_calls == 3])
+        assert got, all_runs(d.engine)
+        (run,) = got
+        assert (run.source, run.agent, run.steps, run.tokens_in) == ("otlp", "victim-bot", 2, 2000)
+        with d.engine.connect() as conn:
+            assert sender_of(conn, d.daemon.sealer, run.id) == ("victim", False)
+        assert session_runs(d.engine, "s-narrow") == [] and session_runs(d.engine, "s-none") == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_anonymous_log_events_are_their_senders_run_judged_by_defaults(db_url):
+    """allow_anonymous: events claiming the victim's agent (its profile: 100 tool calls) are a run
+    of `uid N`, judged by [defaults] (10): stopped there, never the victim's budget."""
+    with OtlpDaemon(db_url, tokens=TOKENS, otlp={"allow_anonymous": True},
+                    defaults={"max_tool_calls": 10, "max_identical_calls": 100},
+                    agents={"victim-bot": {"max_tool_calls": 100, "max_identical_calls": 100}}) as d:
+        assert export(d, "s-anon", tools=15, token=None) == ["SUCCESS"] * 15
+        got = wait_for(lambda: [r for r in session_runs(d.engine, "s-anon") if r.stop_reason])
+        assert got, all_runs(d.engine)
+        (run,) = got
+        assert (run.stop_reason, run.agent) == ("max_tool_calls", "victim-bot")
+        with d.engine.connect() as conn:
+            assert sender_of(conn, d.daemon.sealer, run.id) == (f"uid {os.getuid()}", True)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_log_sessions_past_the_cap_get_429_and_one_alert(db_url, short_hold):
+    """max_new_runs_per_min = 3: a sender's fourth and fifth new session get 429 (one alert);
+    another sender's new session is still taken."""
+    with OtlpDaemon(db_url, tokens=TOKENS, otlp={"max_new_runs_per_min": 3}) as d:
+        statuses = [post(d.address, logs_json(f"flood-{i}", tools=1, agent="mallory-bot").encode(), JS,
+                         token=MALLORY_TOKEN, path=LOGS)[0] for i in range(5)]
+        assert statuses == [200] * 3 + [429] * 2
+        assert export(d, "s-victim", tools=1) == ["SUCCESS"]
+        assert wait_for(lambda: session_runs(d.engine, "s-victim"))
+        assert wait_for(lambda: len([r for r in all_runs(d.engine) if r.agent == "mallory-bot"]) == 3)
+        with d.engine.connect() as conn:
+            keys = conn.execute(select(alerts.c.dedupe_key).where(alerts.c.dedupe_key.like("otlp-flood:%"))).all()
+        assert [k[0].split(":")[1] for k in keys] == ["mallory"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
+def test_another_users_log_events_with_the_same_session_never_reach_the_first_users_run(db_url, mallory,
+                                                                                        short_hold):
+    """Mallory (another Unix user, a token for the victim's agent) sends 20 tool results naming
+    the victim's session id: they are a run of Mallory's own; the victim's run keeps its 3."""
+    with OtlpDaemon(db_url, tokens=TOKENS) as d:
+        assert export(d, "shared-session", tools=3) == ["SUCCESS"] * 3
+        (victim,) = wait_for(lambda: [r for r in session_runs(d.engine, "shared-session") if r.tool_calls == 3])
+        assert post_as(mallory, d.address, logs_json("shared-session", tools=20), MALLORY_TOKEN) == 200
+        theirs = wait_for(lambda: [r for r in session_runs(d.engine, "shared-session") if r.id != victim.id])
+        assert [r.tool_calls for r in theirs] == [20]
+        with d.engine.connect() as conn:
+            assert sender_of(conn, d.daemon.sealer, theirs[0].id) == ("mallory", False)
+        assert [r.tool_calls for r in session_runs(d.engine, "shared-session") if r.id == victim.id] == [3]
+
+
+# --- item 2: the hook's run, on SQLite ------------------------------------------------------
+
+
+def _old_predictable_id(session: str, uid: int) -> str:
+    """What the hook's run id was before: uuid5 of (cli, uid, session, generation), anyone's to compute."""
+    ns = uuid.UUID("6f1d3c1e-2b7a-4c55-9a0e-7d1b0c2f9e41")
+    return uuid.uuid5(ns, f"claude-code\x00{uid}\x00{session}\x000").hex
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_run_made_first_under_the_hooks_id_is_not_the_sessions_run_sqlite(db_url, tmp_path):
+    """A writer makes the session's run first, as the hook would have named it, already killed
+    (so that every call is refused) or with 999 tool calls: the hook's own run is another one."""
+    from watchdog.store import witness
+    from watchdog.store.engine import make_engine
+
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            witness.create_run(conn, run_id=_old_predictable_id("s-pre", os.getuid()), agent="victim-bot",
+                               source="hook", host="x", kill_mode="cooperative",
+                               labels={"cli": "claude-code", "session": "s-pre"}, now=witness.store_now(conn))
+            conn.execute(runs.update().values(status="killed", stop_reason="manual"))
+        done = hook(db_url, "s-pre", tmp_path / "home")
+        assert done.returncode == 0 and "stopped" not in done.stdout, (done.stdout, done.stderr)
+        assert "fail-open" not in done.stderr, done.stderr
+        mine = [r for r in session_runs(engine, "s-pre") if r.status == "running"]
+        assert [(r.tool_calls, r.owner) for r in mine] == [(1, f"uid {os.getuid()}")]
+        key = tmp_path / "home" / ".local" / "state" / "agent-watchdog" / "hook-session.key"
+        assert (key.stat().st_mode & 0o777) == 0o600
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_log_events_before_the_first_hook_call_land_on_the_hooks_own_run_sqlite(db_url, tmp_path):
+    """The CLI exports its first API request before its first tool call: the receiver makes no
+    run for it (none the hook would have to own), holds it, and counts it on the hook's run."""
+    with OtlpDaemon(db_url, tokens=[f"{VICTIM_TOKEN} agent=victim-bot owner=victim"]) as d:
+        assert export(d, "s-first", steps=1) == ["SUCCESS"]
+        assert d.daemon.otlp_server.logs.held == 1 and session_runs(d.engine, "s-first") == []
+        done = hook(db_url, "s-first", tmp_path / "home")
+        assert done.returncode == 0 and "fail-open" not in done.stderr, done.stderr
+        got = wait_for(lambda: [r for r in session_runs(d.engine, "s-first") if r.steps == 1])
+        assert [(r.source, r.tool_calls, r.steps) for r in got] == [("hook", 1, 1)], all_runs(d.engine)
+        # Later events count there directly; the same tool call (its tool_use_id) once.
+        assert export(d, "s-first", steps=1, tools=1) == ["SUCCESS"] * 2
+        got = wait_for(lambda: [r for r in session_runs(d.engine, "s-first") if r.steps == 2])
+        assert [(r.source, r.tool_calls) for r in got] == [("hook", 1)], all_runs(d.engine)
+        assert len(session_runs(d.engine, "s-first")) == 1
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_token_for_another_agent_cannot_feed_a_hooks_run(db_url, tmp_path):
+    """The hook's run is agent victim-bot: a token of the same owner for other-bot only is refused."""
+    with OtlpDaemon(db_url, tokens=TOKENS) as d:
+        assert hook(db_url, "s-scope", tmp_path / "home").returncode == 0
+        status, body = post(d.address, logs_json("s-scope", tools=5, agent="other-bot").encode(), JS,
+                            token=NARROW_TOKEN, path=LOGS)
+        assert status == 200 and b"may not report for agent 'victim-bot'" in body, body
+        assert [(r.source, r.tool_calls) for r in session_runs(d.engine, "s-scope")] == [("hook", 1)]
