@@ -83,8 +83,11 @@ def answer(opts: dict[str, Any], raw: str, engines: dict[str, Any] | None = None
             engine = engines[key]
         verdict = decide(engine, config, cli=cli, agent=opts["agent"], ev=ev)
     except Exception as exc:  # noqa: BLE001 — the hook never breaks the CLI by accident
+        from watchdog.gateways.hooks.sessionkey import KeyFileError
+
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        return _outage(opts, ev, f"the store failed ({type(exc).__name__}: {first})")
+        what = "its session key failed" if isinstance(exc, KeyFileError) else "the store failed"
+        return _outage(opts, ev, f"{what} ({type(exc).__name__}: {first})")
     finally:
         if engine is not None and engines is None:
             engine.dispose()
