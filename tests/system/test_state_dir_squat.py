@@ -87,7 +87,18 @@ def test_a_squatted_state_dir_is_refused_loudly_and_an_own_one_runs(tmp_path, us
         os.unlink(lock)
         state.chmod(0o777)
         done = _run(cfg)
-        assert done.returncode == 2 and "writable by others" in done.stderr, done.stdout + done.stderr
+        assert done.returncode == 2 and "may be written by others" in done.stderr, done.stdout + done.stderr
+
+        # The daemon's own directory, but a lock file others may open (0644): flock needs only a
+        # read-only descriptor, so that is refused too (review of item 9).
+        state.chmod(0o755)
+        fd = os.open(lock, os.O_CREAT | os.O_WRONLY, 0o644)
+        os.close(fd)
+        os.chmod(lock, 0o644)
+        done = _run(cfg)
+        assert done.returncode == 2 and "may be opened by others" in done.stderr and "go-rwx" in done.stderr, \
+            done.stdout + done.stderr
+        os.unlink(lock)
 
         # The control: private and the daemon's own, the same config runs and ticks.
         state.chmod(0o700)

@@ -93,17 +93,22 @@ def _own_private(path: str, st: os.stat_result, what: str) -> None:
     squatter would switch the watchdog off. So the directory and the lock must be the
     daemon's own (its effective uid) and writable by nobody else; else one line, exit 2."""
     euid = os.geteuid()
-    kind_ok = stat.S_ISDIR(st.st_mode) if what.startswith("[daemon]") else stat.S_ISREG(st.st_mode)
-    if kind_ok and st.st_uid == euid and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    is_dir = what.startswith("[daemon]")
+    kind_ok = stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)
+    # flock(2) needs only a read-only descriptor: the lock file must be the daemon's alone (0600);
+    # the directory may be traversable (systemd's StateDirectoryMode is 0755), never writable by others.
+    others = (stat.S_IWGRP | stat.S_IWOTH) if is_dir else 0o077
+    mode_fix = "go-w" if is_dir else "go-rwx"
+    if kind_ok and st.st_uid == euid and not st.st_mode & others:
         return
     if not kind_ok:
-        problem = "is not a directory" if what.startswith("[daemon]") else "is not a regular file"
+        problem = "is not a directory" if is_dir else "is not a regular file"
     elif st.st_uid != euid:
         problem = f"is owned by uid {st.st_uid}, not by the daemon's user (uid {euid})"
     else:
-        problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+        problem = f"may be {'written' if is_dir else 'opened'} by others (mode {stat.S_IMODE(st.st_mode):04o})"
     raise ConfigError(f"{what}: {path} {problem}; another user could hold the daemon's lock: remove it, or "
-                      f"`chown {euid} {path} && chmod go-w {path}` (or point [daemon] state_dir at a private "
+                      f"`chown {euid} {path} && chmod {mode_fix} {path}` (or point [daemon] state_dir at a private "
                       "directory)")
 
 
