@@ -50,10 +50,7 @@ def backstop(tk: Ticker, this: ThisTick, light: Mapping[str, Any], batch: Batch)
         if gone:
             with batch.run() as conn:
                 if stopping.lose_unreadable(
-                        conn, rid, now=now, by=tk.by, sealer=tk.sealer,
-                        title=f"agent-watchdog: run {short} lost — its process is gone",
-                        body=f"run {rid}\nIts process {pid} on {tk.killer.host} is gone without ending the run. "
-                             "Its row could not be judged (quarantined); it is marked lost."):
+                        conn, rid, pid=pid, host=tk.killer.host, now=now, by=tk.by, sealer=tk.sealer):
                     rep.lost.append(rid)
             done.add(rid)
             continue
@@ -65,11 +62,7 @@ def backstop(tk: Ticker, this: ThisTick, light: Mapping[str, Any], batch: Batch)
         with batch.run() as conn:
             if stopping.stop_unreadable(
                     conn, rid, reason=lc.WALL_CLOCK, detail=detail, now=now, by=tk.by, sealer=tk.sealer,
-                    outcome="cooperative stop requested (its row cannot be read: it will not be signalled)",
-                    title=f"agent-watchdog: stopped run {short} — wall_clock (its row cannot be judged)",
-                    body=f"run {rid}\nreason: wall_clock: {detail}\nIts row cannot be judged (quarantined), so "
-                         "its wall clock ran from when the daemon first saw it. Cooperative stop requested: a "
-                         "row that cannot be read never leads to a signal."):
+                    outcome="cooperative stop requested (its row cannot be read: it will not be signalled)"):
                 rep.stops.append((rid, lc.WALL_CLOCK))
                 log.warning("stop requested: quarantined run %s — %s", short, detail)
         done.add(rid)

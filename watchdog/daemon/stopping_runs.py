@@ -17,7 +17,8 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.budgets import Budgets
 from watchdog.core.interventions import Action
-from watchdog.core.messages import ACK_MARK, RunFacts, requested_stop_alert
+from watchdog.core.messages import ACK_MARK, RunFacts
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.policies import evaluate, with_period
 from watchdog.core.seal import Sealer
 from watchdog.daemon import believe, ownstage, redrive
@@ -26,7 +27,8 @@ from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.daemon.tickstate import ThisTick
 from watchdog.daemon.stopping import stop_plan
-from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.alerts import queued
+from watchdog.store.announce import announce
 from watchdog.store.interventions import record, stop_intervention
 from watchdog.store.engine import Connection
 from watchdog.store.run_reads import stop_alert
@@ -121,10 +123,9 @@ def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: d
             if iid is None:
                 iid = record(conn, at=now, action=Action.STOP_REQUESTED, by=tk.by, run_id=row.id, reason=reason,
                              outcome="stop requested in the store, not by this daemon; acknowledged")
-            plan = stop_plan(row.kill_mode)
-            title, body = requested_stop_alert(f, budgets, reason, plan)
-            enqueue_alert(conn, AlertKind.STOP.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                          sealer=tk.sealer)
+            said = Outcome.of(Say.REQUESTED_STOP, AlertKind.STOP.key(row.id), row.id, f=f, b=budgets, reason=reason,
+                              plan=stop_plan(row.kill_mode))
+            announce(conn, said, now=now, sealer=tk.sealer, audit=iid)
             log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
             heard = True
     tk.state.acked.add(row.id)
