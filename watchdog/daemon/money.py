@@ -291,7 +291,7 @@ class Money:
         if run:
             lines.append(run)
         labels = row.labels if self.label_budgets else None  # (the whole row: its labels are at hand)
-        lines += [forecast.period_line(s, now, self.tz) for s in self.states_of(row.agent, labels)]
+        lines += [forecast.period_line(s, now, self.tz, mark=True) for s in self.states_of(row.agent, labels)]
         return tuple(lines)
 
     # -- 5. alerts and what the SDK reads -------------------------------------------------------

@@ -250,7 +250,7 @@ class Trust:
 
     def _alert_owner(self, conn: Connection, row, owner: str | None) -> None:
         said = Outcome.of(Say.OWNER, AlertKind.OWNER.key(row.id), row.id, run_id=row.id,
-                          agent=agent_shown(row.agent), owner=owner)
+                          agent=row.agent, owner=owner)
         if announce(conn, said, now=row.last_seen_at, sealer=self.sealer, once=True, audit=Audit(
                 Action.PROFILE_REFUSED, self.by, detail={"owner": owner}, outcome="judged by [defaults]")
                 ).intervention_id is not None:
@@ -273,7 +273,7 @@ class Trust:
 
     def deny_pause(self, conn, row, now):
         log.warning("run %s: a pause the daemon did not write or confirm: running again", row.id[:8])
-        return deny_pause(conn, row, now=now, by=self.by, agent=agent_shown(row.agent), sealer=self.sealer)
+        return deny_pause(conn, row, now=now, by=self.by, agent=row.agent, sealer=self.sealer)
 
     def confirms_pause(self, row, snap_totals: object, budgets: Budgets) -> bool:
         """A pause the run's own guard wrote, the daemon confirms: a budget that pauses for this
