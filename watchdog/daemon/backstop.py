@@ -22,12 +22,12 @@ from watchdog.daemon import stopping
 from watchdog.daemon.tickstate import ThisTick
 
 if TYPE_CHECKING:
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.context import TickContext
 
 log = logging.getLogger("watchdog.tick")
 
 
-def backstop(tk: Ticker, this: ThisTick, light: Mapping[str, Any], batch: Batch) -> None:
+def backstop(tk: TickContext, this: ThisTick, light: Mapping[str, Any], batch: Batch) -> None:
     """For each run the tick could not judge this tick (this.rep.quarantined); `light`: the active
     runs' light rows by id (watchdog.daemon.activeset), so the cost is that of the few bad ones."""
     now, live, rep = this.now, this.live, this.rep

@@ -34,12 +34,12 @@ from watchdog.store.engine import Connection
 from watchdog.store.run_reads import stop_alert
 
 if TYPE_CHECKING:
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.context import TickContext
 
 log = logging.getLogger("watchdog.tick")
 
 
-def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: Budgets, f: RunFacts) -> None:
+def judge_stopping(tk: TickContext, this: ThisTick, row: Any, batch: Batch, budgets: Budgets, f: RunFacts) -> None:
     """A stopping run: acknowledged once, then its ladder (or its end, when its process is gone)."""
     now = this.now
     this.rep.stopping += 1
@@ -85,7 +85,7 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
         ownstage.remember(conn, tk.memory, row, row.signal_stage)
 
 
-def confirms(tk: Ticker, this: ThisTick, conn: Connection, row: Any, budgets: Budgets) -> bool:
+def confirms(tk: TickContext, this: ThisTick, conn: Connection, row: Any, budgets: Budgets) -> bool:
     """Before the first signal: did this daemon decide the stop, or do its own budgets say
     the run is over one now? A stop only written into the store (any store writer can
     write one for any run) never leads to a signal by itself."""
@@ -110,7 +110,7 @@ def sealed_stop(sealer: Sealer | None, conn: Connection, row: Any) -> bool:
     return bool(sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at))
 
 
-def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> bool:
+def acknowledge_stop(tk: TickContext, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> bool:
     """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
     any store writer): record it if nobody did and alert it, worded by the daemon from
     the store's numbers. Once per run: remembered, and its alert key is unique. True when

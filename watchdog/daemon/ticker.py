@@ -177,7 +177,7 @@ class Ticker:
             self.scanner.evidence.priced(r.run_id, cost)
         if not judged.again:
             return read.rows
-        with self._read_snapshot() as conn:
+        with self.read_snapshot() as conn:
             fresh = self.scanner.load_rows(conn, sorted(judged.again))
         return [r for r in read.rows if r.id not in judged.again] + fresh
 
@@ -369,7 +369,7 @@ class Ticker:
 
         backstop(self, this, self.active.rows, batch)
 
-    def _read_snapshot(self) -> Connection:
+    def read_snapshot(self) -> Connection:
         """One snapshot for the active runs and their new events: a run started between the
         two reads must not have its first events folded (and marked seen) while not yet active."""
         return read_connection(self.engine)
@@ -403,3 +403,10 @@ class Ticker:
             raise  # another daemon holds this host now: the daemon must stop
         except Exception:  # noqa: BLE001 — retried next tick; the lease outlives a few missed ones
             log.debug("could not extend the daemon lease", exc_info=True)
+
+
+if TYPE_CHECKING:
+    from watchdog.daemon.context import TickContext
+
+    def _is_a_tick_context(tk: Ticker) -> TickContext:
+        return tk  # mypy: the Ticker is what its tick's parts are handed (watchdog.daemon.context)
