@@ -99,8 +99,8 @@ def test_errors_from_three_runs_open_the_circuit_and_a_fourth_run_fails_fast(eng
 
     with engine.connect() as conn:
         alert = conn.execute(select(alerts).where(alerts.c.dedupe_key.like("circuit_open:%"))).one()
-    assert alert.title == "agent-watchdog: circuit OPEN for verify_iban — 5 errors in 60 s"
-    assert "most common error: 500 Internal Server Error" in alert.body
+    assert alert.title == "agent-watchdog: a tool's circuit is OPEN — 5 errors in 60 s"
+    assert "most common error: «500 Internal Server Error»" in alert.body
     assert "runs affected: 3" in alert.body
 
 
@@ -205,4 +205,4 @@ def test_many_runs_hammering_one_tool_raise_the_all_runs_rate_alarm(engine, wd, 
     assert rep.alarms == []  # no per-run alarm
     with engine.connect() as conn:
         alert = conn.execute(select(alerts).where(alerts.c.dedupe_key.like("toolrate:search:%"))).one()
-    assert alert.title == "agent-watchdog: LOOP? tool search: 12 calls/min over all runs"
+    assert alert.title == "agent-watchdog: LOOP? a tool: 12 calls/min over all runs"

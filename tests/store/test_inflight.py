@@ -59,8 +59,8 @@ def test_a_hanging_tool_is_named_and_the_run_still_looks_hung(engine, db_url):
         assert rep.stops == [(run.id, "heartbeat_timeout")]
         with engine.connect() as conn:
             body = conn.execute(select(alerts.c.body).where(alerts.c.run_id == run.id)).scalar()
-        assert "last progress: in scan_archive since " in body
-        assert "top tool: list_files ×1" in body
+        assert "last progress: «in scan_archive since " in body
+        assert "top tool: «list_files» ×1" in body
     finally:
         release.set()
         worker.join(timeout=30)

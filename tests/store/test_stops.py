@@ -165,9 +165,9 @@ def test_a_run_lost_and_the_unreadable_ones(engine):
         assert stopping.lose_run(conn, row, detail="gone", now=T0, by="t", budgets=Budgets(),
                                  run_facts=stopping.facts(row, now=T0), sealer=SEALER)
         assert stopping.stop_unreadable(conn, C, reason=lc.WALL_CLOCK, detail="d", outcome="o", now=T0, by="t",
-                                        title="t", body="b", sealer=SEALER)
-        assert stopping.lose_unreadable(conn, G, now=T0, by="t", title="t", body="b", sealer=SEALER)
-        assert not stopping.lose_unreadable(conn, DONE, now=T0, by="t", title="t", body="b", sealer=SEALER)
+                                        sealer=SEALER)
+        assert stopping.lose_unreadable(conn, G, pid=4242, host="h", now=T0, by="t", sealer=SEALER)
+        assert not stopping.lose_unreadable(conn, DONE, pid=4242, host="h", now=T0, by="t", sealer=SEALER)
     assert _keys(engine) == sorted([f"lost:{P}", f"stop:{C}", f"lost:{G}"])
     assert [_status(engine, r) for r in (P, C, G)] == [lc.LOST, lc.STOPPING, lc.LOST]
     assert (G, Action.LOST, "marked lost (its row could not be read whole)") in _ivs(engine)

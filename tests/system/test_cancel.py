@@ -104,7 +104,7 @@ def test_partial_is_in_the_stop_alert_and_in_show(engine, db_url, wd):
             assert Ticker(engine, config(), Killer(allowed_users=[ME]), sealer=SEALER).tick(utcnow()).stops == [(run.id, lc.MAX_STEPS)]
             run.step()
     (alert,) = alerts_of(engine, run.id)
-    assert 'stopped at max_steps with a partial answer: {"answer": "refund approved", "confidence": 0.7}' in alert.body
+    assert 'stopped at max_steps with a partial answer: «{"answer": "refund approved", "confidence": 0.7}»' in alert.body
     record = json.loads(cli(db_url, "show", run.id, "--json").output)
     assert json.loads(record["partial"]) == {"answer": "refund approved", "confidence": 0.7}
 

@@ -100,7 +100,7 @@ def test_each_policy_stops_only_its_run(reason, engine, wd):
                 assert (row.status, row.stop_reason, row.stop_requested_at) == (lc.STOPPING, reason, now)
                 assert actions(engine, runaway.id) == ["stop_requested"]
                 (alert,) = alerts_of(engine, runaway.id)
-                assert alert.title == f"agent-watchdog: stopped bot run {runaway.id[:8]} — {reason}"
+                assert alert.title == f"agent-watchdog: stopped run {runaway.id[:8]} — {reason}"
 
                 # The neighbour: still running, no intervention, no alert.
                 h = run_row(engine, healthy.id)
@@ -134,7 +134,7 @@ def test_process_gone_marks_only_that_run_lost(engine, db_url, wd, procs):
         assert row.ended_at is not None
         assert actions(engine, agent.run_id) == ["lost"]
         (alert,) = alerts_of(engine, agent.run_id)
-        assert alert.title == f"agent-watchdog: lost bot run {agent.run_id[:8]} — process_gone"
+        assert alert.title == f"agent-watchdog: lost run {agent.run_id[:8]} — process_gone"
         assert f"process {agent.pid}" in alert.body
         assert run_row(engine, healthy.id).status == lc.RUNNING
         assert actions(engine, healthy.id) == []
@@ -155,7 +155,7 @@ def test_tool_rate_alarms_once_with_on_rate_alert_and_stops_with_on_rate_stop(en
         assert run_row(engine, alarmed.id).status == lc.RUNNING
         assert actions(engine, alarmed.id) == ["rate_alarm"]
         (alert,) = alerts_of(engine, alarmed.id)
-        assert alert.title == f"agent-watchdog: LOOP? run {alarmed.id[:8]}: 16 tool calls/min, top search ×16"
+        assert alert.title == f"agent-watchdog: LOOP? run {alarmed.id[:8]}: 16 tool calls/min"
         assert 'alert only (on_rate = "alert")' in alert.body
 
         assert run_row(engine, stopped.id).status == lc.STOPPING
@@ -233,7 +233,7 @@ def test_alert_names_the_top_tool_and_the_budgets_and_arrives_by_mail_and_json(e
             assert (rep.delivered, rep.failed) == (1, 0)
             run.heartbeat()
     id8 = run.id[:8]
-    title = f"agent-watchdog: stopped support-bot run {id8} — max_steps"
+    title = f"agent-watchdog: stopped run {id8} — max_steps"
 
     assert smtp.wait_for(1) and http.wait_for(1)
     (mail,) = smtp.messages
@@ -243,15 +243,15 @@ def test_alert_names_the_top_tool_and_the_budgets_and_arrives_by_mail_and_json(e
     body = mail.get_content()
     assert post["message"].splitlines() == body.splitlines()
     lines = body.splitlines()
-    assert f"agent support-bot   run {run.id}" in lines
-    assert f"host {run_row(engine, run.id).host}   pid {os.getpid()}   kill_mode process" in lines
+    assert f"agent «support-bot»   run {run.id}" in lines
+    assert f"host «{run_row(engine, run.id).host}»   pid {os.getpid()}   kill_mode process" in lines
     assert "reason max_steps: steps 13/12" in lines
     assert "action cooperative stop requested; SIGTERM after the cancel grace if it has not ended" in lines
     assert "steps 13/12  ← OVER" in lines
     assert "tool calls 8/40 (7 errors)" in lines
     assert "cost 0.00/2.00 EUR" in lines
     assert any(line.startswith("duration ") and line.endswith("/300 s") for line in lines)
-    assert "top tool: verify_iban ×7 (87%), 7 errors — last error: upstream timeout" in lines
+    assert "top tool: «verify_iban» ×7 (87%), 7 errors — last error: «upstream timeout»" in lines
     assert lines[-1] == f"agent-watchdog show {id8}"
 
     (row,) = alerts_of(engine, run.id)
@@ -500,8 +500,8 @@ def test_agent_watchdog_run_stops_a_runaway_process_and_exits_0_on_sigterm(tmp_p
     assert actions(engine, agent.run_id) == ["stop_requested", "sigterm", "sigkill", "ended"]
     assert http.wait_for(2, timeout_s=60), daemon.log()
     titles = [p["title"] for p in http.received]
-    assert titles[0] == f"agent-watchdog: stopped bot run {agent.run_id[:8]} — max_steps"
-    assert titles[1].startswith(f"agent-watchdog: signalled bot run {agent.run_id[:8]}")
+    assert titles[0] == f"agent-watchdog: stopped run {agent.run_id[:8]} — max_steps"
+    assert titles[1].startswith(f"agent-watchdog: signalled run {agent.run_id[:8]}")
     assert _holds_lease(engine, daemon.proc.pid)
 
     assert daemon.stop() == 0, daemon.log()
@@ -556,7 +556,7 @@ def test_an_in_process_guard_stop_is_recorded_and_alerted_by_the_daemon(db_url, 
     assert (iv.action, iv.reason) == ("stop_requested", lc.MAX_STEPS) and iv.actor.startswith("daemon@")
     # (On a slow machine the ladder's next step may have its own alert: the stop has one.)
     (alert,) = [a for a in alerts_of(engine, run.id) if a.dedupe_key == f"stop:{run.id}"]
-    assert alert.title == f"agent-watchdog: stopped bot run {run.id[:8]} — max_steps"
+    assert alert.title == f"agent-watchdog: stopped run {run.id[:8]} — max_steps"
     assert "requested in the store" in alert.body and "in-process guard" not in alert.body
     assert alert.mac is not None
 

@@ -362,7 +362,8 @@ def test_a_flood_of_malformed_rows_is_a_few_alerts_and_every_row_recorded(db_url
     assert len(quarantined(engine)) == len(bad)
 
 
-def test_an_id_any_writer_chose_is_quoted_in_the_command_an_alert_suggests(db_url, engine, attestor):
+def test_an_id_any_writer_chose_is_never_pasted_into_the_command_an_alert_suggests(db_url, engine, attestor):
+    """Issue 32 item 8: only an id of the generated form goes into a command; any other is a marked field."""
     evil = "$(touch /tmp/x)"
     wd = Watchdog(db_url)
     try:
@@ -374,7 +375,8 @@ def test_an_id_any_writer_chose_is_quoted_in_the_command_an_alert_suggests(db_ur
         wd.close()
     with engine.connect() as conn:
         body = conn.execute(select(alerts.c.body).where(alerts.c.dedupe_key == f"quarantine:run:{evil}")).scalar()
-    assert "agent-watchdog show '$(touch /tmp/x)'" in body
+    assert "$(" not in body and "run «＄(touch /tmp/x)»" in body.splitlines()
+    assert body.splitlines()[-1] == "agent-watchdog runs --all"
 
 
 def test_the_sdk_refuses_what_the_store_would_refuse(sqlite_url):

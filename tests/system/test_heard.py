@@ -68,8 +68,8 @@ def test_guard_stops_of_runs_that_end_at_once_are_recorded_and_alerted_once(db_u
         (iv,) = _stops(engine, rid)
         assert iv.reason == reason and iv.actor.startswith("daemon@")
         (alert,) = alerts_of(engine, rid)
-        assert alert.title == f"agent-watchdog: stopped heard-bot run {rid[:8]} — {reason}"
-        assert "top tool: search ×" in alert.body  # the numbers and the top tool, as for its own stops
+        assert alert.title == f"agent-watchdog: stopped run {rid[:8]} — {reason}"
+        assert "top tool: «search» ×" in alert.body  # the numbers and the top tool, as for its own stops
         assert "already ended (killed)" in alert.body
         assert alert.intervention_id == iv.id and alert.mac is not None
     # A restarted daemon (a fresh Ticker: no memory) hears nothing twice.
@@ -85,7 +85,7 @@ def test_a_stop_made_while_the_daemon_was_down_is_heard_once_after_its_restart(d
     ticker(engine).tick(later(utcnow(), 1))  # and a second restart
     assert len(_stops(engine, rid)) == 1
     (alert,) = alerts_of(engine, rid)
-    assert "top tool: search ×4" in alert.body or "top tool: search ×" in alert.body
+    assert "top tool: «search» ×4" in alert.body or "top tool: «search» ×" in alert.body
 
 
 def test_many_stops_at_once_are_summarised_past_the_rate_and_each_recorded(db_url, engine):
@@ -106,7 +106,7 @@ def test_many_stops_at_once_are_summarised_past_the_rate_and_each_recorded(db_ur
     assert len(sent) == acknowledge.PER_MIN  # ...but only the rate's worth go out one by one
     (summary,) = [a for a in every if a.dedupe_key.startswith("stops:")]
     assert summary.title == f"agent-watchdog: 25 more runs stopped (summarised past {acknowledge.PER_MIN} alerts/min)"
-    assert "manual ×25" in summary.body and "mass-bot ×25" in summary.body
+    assert "manual ×25" in summary.body and "«mass-bot» ×25" in summary.body
     for i in range(n):
         assert len(_stops(engine, f"mass{i:04d}")) == 1
     ticker(engine).tick(later(now, 3))  # a restart adds nothing
@@ -120,8 +120,8 @@ def test_the_real_daemon_alerts_a_guard_stop_once_on_its_target(tmp_path, db_url
     rid = _agent(db_url, "loop")
     assert http.wait_for(1, 60), d.log()
     (msg,) = http.received
-    assert msg["title"] == f"agent-watchdog: stopped heard-bot run {rid[:8]} — loop_detected"
-    assert "top tool: search ×" in msg["message"]
+    assert msg["title"] == f"agent-watchdog: stopped run {rid[:8]} — loop_detected"
+    assert "top tool: «search» ×" in msg["message"]
     assert d.stop() == 0, d.log()
     d2 = daemon_procs(cfg, "again")  # a restart sends nothing twice...
     assert wait_until(lambda: _holds_lease(engine, d2.proc.pid), 60), d2.log()
@@ -129,8 +129,8 @@ def test_the_real_daemon_alerts_a_guard_stop_once_on_its_target(tmp_path, db_url
     assert http.wait_for(2, 60), d2.log()
     assert d2.stop() == 0, d2.log()
     titles = [m["title"] for m in http.received]
-    assert titles == [f"agent-watchdog: stopped heard-bot run {rid[:8]} — loop_detected",
-                      f"agent-watchdog: stopped heard-bot run {other[:8]} — max_tool_calls"]
+    assert titles == [f"agent-watchdog: stopped run {rid[:8]} — loop_detected",
+                      f"agent-watchdog: stopped run {other[:8]} — max_tool_calls"]
 
 
 def test_the_real_daemon_sends_each_alert_once_in_order_to_a_slow_and_a_fast_target(tmp_path, db_url, engine,

@@ -27,7 +27,7 @@ from watchdog.store import leases
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import daemons, events, interventions, runs, utcnow
 
-NO_DAEMON = "agent-watchdog: host {} has no live daemon: its runs cannot be signalled"
+NO_DAEMON = "agent-watchdog: a host has no live daemon: its runs cannot be signalled"  # .format(host): unchanged
 
 
 def _run(engine, host, *, steps=0, kill_mode="process", status="running"):
@@ -304,7 +304,7 @@ def test_the_leader_adopts_a_host_whose_daemon_is_gone_stops_cooperatively_and_a
     titles = [a.title for a in alerts_of(engine)]
     assert titles.count(NO_DAEMON.format("h2")) == 1
     (alert,) = [a for a in alerts_of(engine) if a.title == NO_DAEMON.format("h2")]
-    assert "host h2   active runs 1" in alert.body and f"last daemon: pid {os.getpid()}" in alert.body
+    assert "host «h2»   active runs 1" in alert.body and f"last daemon: pid {os.getpid()}" in alert.body
     with engine.connect() as conn:
         (iv,) = conn.execute(select(interventions).where(interventions.c.action == "no_daemon")).all()
     assert iv.detail == "host h2" and iv.run_id is None

@@ -119,8 +119,8 @@ def test_a_sigterm_ignoring_agent_gets_sigterm_then_sigkill(db_url, engine, proc
     assert outcome_of(engine, agent.run_id, "ended") == "ignored SIGTERM for 0.5 s; SIGKILL; gone within 0.1 s"
 
     stop, escalation = alerts_of(engine, agent.run_id)
-    assert stop.title == f"agent-watchdog: stopped bot run {agent.run_id[:8]} — max_steps"
-    assert escalation.title == f"agent-watchdog: signalled bot run {agent.run_id[:8]} — max_steps"
+    assert stop.title == f"agent-watchdog: stopped run {agent.run_id[:8]} — max_steps"
+    assert escalation.title == f"agent-watchdog: signalled run {agent.run_id[:8]} — max_steps"
     assert "ladder ignored SIGTERM for 0.5 s; SIGKILL" in escalation.body
     assert tk.tick(later(t, 5)).active == 0  # and nothing more, ever
     assert len(alerts_of(engine, agent.run_id)) == 2
@@ -232,7 +232,8 @@ def test_a_refused_signal_is_recorded_and_alerted_and_the_run_ends_with_its_proc
     row = run_row(engine, agent.run_id)
     assert (row.status, row.signal_stage) == (lc.STOPPING, "refused")
     stop, refused = alerts_of(engine, agent.run_id)
-    assert refused.title == f"agent-watchdog: could not stop bot run {agent.run_id[:8]} — max_steps"
+    # issue 36: the signal was refused, the run goes on: the title says what happened
+    assert refused.title == f"agent-watchdog: run {agent.run_id[:8]} asked to stop; not signalled — max_steps"
     assert f"ladder {refusal}" in refused.body.splitlines()
     tk.tick(later(t, 5))
     assert actions(engine, agent.run_id) == ["stop_requested", "signal_refused"]
@@ -329,8 +330,8 @@ def test_a_daemon_restarted_between_sigterm_and_sigkill_finishes_the_ladder_once
     assert actions(engine, agent.run_id) == ["stop_requested", "sigterm", "sigkill", "ended"]
     assert run_row(engine, agent.run_id).status == lc.KILLED
     titles = [p["title"] for p in http.received]  # deliveries are synchronous: all are in
-    assert titles == [f"agent-watchdog: stopped bot run {agent.run_id[:8]} — max_steps",
-                      f"agent-watchdog: signalled bot run {agent.run_id[:8]} — max_steps"]
+    assert titles == [f"agent-watchdog: stopped run {agent.run_id[:8]} — max_steps",
+                      f"agent-watchdog: signalled run {agent.run_id[:8]} — max_steps"]
     assert all(a.delivered_at is not None for a in alerts_of(engine))
 
 
@@ -379,7 +380,7 @@ def test_in_a_shared_process_a_run_that_ignores_the_stop_is_alerted_not_signalle
     assert actions(engine, ids["looper"]) == ["stop_requested", "not_signalled"]
     assert run_row(engine, ids["looper"]).status == lc.STOPPING
     stop, escalation = alerts_of(engine, ids["looper"])
-    assert escalation.title == f"agent-watchdog: shared-bot run {ids['looper'][:8]} did not stop — loop_detected"
+    assert escalation.title == f"agent-watchdog: run {ids['looper'][:8]} did not stop; not signalled — loop_detected"
     assert ("action none more: did not stop 0.5 s after the cooperative stop and shares its process with "
             "2 other runs; not signalled") in escalation.body.splitlines()
     assert agent.alive()
@@ -440,7 +441,7 @@ def test_agent_watchdog_kill_stops_one_run_through_the_ladder(tmp_path, db_url, 
     assert (iv.action, iv.reason, iv.detail) == ("stop_requested", lc.MANUAL, "x")
     assert iv.actor.startswith("cli@")
     (alert,) = alerts_of(engine, agent.run_id)  # sealed by the key's holder
-    assert alert.title == f"agent-watchdog: stopped bot run {agent.run_id[:8]} — manual"
+    assert alert.title == f"agent-watchdog: stopped run {agent.run_id[:8]} — manual"
     assert attestor.sealer.alert_ok(alert.mac, alert.dedupe_key, alert.title, alert.body, alert.created_at)
 
     tk = ticker(engine, attestor)

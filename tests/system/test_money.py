@@ -74,7 +74,8 @@ def test_five_gpt_4o_steps_with_no_price_table_are_stopped_for_max_cost(engine, 
     (alert,) = alerts_of(engine, run.id)
     assert "reason max_cost: cost 2.14/2.00 EUR" in alert.body
     assert re.search(r"^at [\d.]+ EUR/min this run reached its 2\.00 EUR budget in ", alert.body, re.M)
-    assert "support-bot's daily budget lasts the day" in alert.body or "support-bot's daily budget runs out" in alert.body
+    assert "the daily budget of agent «support-bot» lasts the day" in alert.body or (
+        "the daily budget of agent «support-bot» runs out" in alert.body)
     assert money_alerts(engine, "unpriced:") == []  # genai-prices knows gpt-4o: nothing to report
 
     # The daemon published gpt-4o's price: the SDK now prices the step itself, the same amount.
@@ -145,9 +146,10 @@ def test_an_unknown_model_raises_one_alert_and_a_max_tokens_stop(engine, db_url,
             run.heartbeat()
     assert stop.value.reason == lc.MAX_TOKENS
     (alert,) = money_alerts(engine, "unpriced:")
-    assert alert.title == ('agent-watchdog: model foo-7b has no price: cost budgets are not enforced for agent '
-                           'support-bot; add [prices."foo-7b"]')
-    assert '[prices."foo-7b"]' in alert.body and "max_tokens" in alert.body
+    assert alert.title == "agent-watchdog: a model has no price: cost budgets are not enforced"
+    assert alert.body.startswith('model «foo-7b» has no price: cost budgets are not enforced for agent '
+                                 '«support-bot»; add [prices."MODEL"]')
+    assert '[prices."MODEL"]' in alert.body and "max_tokens" in alert.body
     (stop_alert,) = alerts_of(engine, run.id)
     assert "tokens 2500000/2000000  ← OVER" in stop_alert.body
     assert "unpriced: 2500000 tokens" in stop_alert.body
@@ -209,7 +211,7 @@ def test_a_daily_budget_spent_by_several_agent_processes_stops_them_and_refuses_
     for rid in ids:
         row = run_row(engine, rid)
         assert row.status in (lc.STOPPING, lc.KILLED) and row.stop_reason == lc.DAILY_BUDGET
-        assert "spend-bot's daily budget is spent" in row.stop_detail
+        assert "the daily budget of agent «spend-bot» is spent" in row.stop_detail
 
     # This process too: refused at once, before any model call.
     with pytest.raises(RunKilled) as refused:
@@ -223,7 +225,7 @@ def test_a_daily_budget_spent_by_several_agent_processes_stops_them_and_refuses_
         assert a.wait() == 0, a.log()
         assert a.result() == {"killed": lc.DAILY_BUDGET, "detail": a.result()["detail"], "next": lc.DAILY_BUDGET}
     (closed,) = money_alerts(engine, "budget-closed:")
-    assert closed.title.startswith("agent-watchdog: spend-bot's daily budget is spent — ")
+    assert closed.title.startswith("agent-watchdog: a daily budget is spent — ")
     assert "action stopped 3 running runs (daily_budget)" in closed.body
     assert len(money_alerts(engine, "budget-warning:")) <= 1
 
@@ -249,8 +251,8 @@ def test_the_warning_goes_out_once_at_warn_at(engine, wd):
         run.step(model="gpt-x", cost_eur=0.6)
         tk.tick(later(now, 60))
         (warning,) = money_alerts(engine, "budget-warning:")
-        assert warning.title == "agent-watchdog: warn-bot's daily budget at 85% — 8.50/10.00 EUR"
-        assert "warn-bot's daily budget" in warning.body.splitlines()[0]
+        assert warning.title == "agent-watchdog: a daily budget at 85% — 8.50/10.00 EUR"
+        assert "the daily budget of agent «warn-bot»" in warning.body.splitlines()[0]
         for s in (120, 180, 240):
             assert tk.tick(later(now, s)).stops == []
         ticker(engine, cfg).tick(later(now, 300))  # a restarted daemon does not warn again
@@ -303,7 +305,7 @@ def test_label_budgets_are_shared_across_agents_of_a_tenant(engine, wd):
         rep = tk.tick(utcnow())
         assert sorted(rep.stops) == sorted([(a.id, lc.DAILY_BUDGET), (b.id, lc.DAILY_BUDGET)])
         assert run_row(engine, g.id).status == lc.RUNNING
-        assert "tenant=acme's daily budget is spent" in run_row(engine, a.id).stop_detail
+        assert "the daily budget of labels «tenant=acme» is spent" in run_row(engine, a.id).stop_detail
         with pytest.raises(RunKilled):
             wd.run("bot-c", labels={"tenant": "acme"})
         with wd.run("bot-c", labels={"tenant": "globex"}) as fine:
@@ -353,8 +355,9 @@ def test_drift_fires_on_an_hour_of_nine_times_the_tool_calls_and_not_on_a_steady
     assert rep.booked == 2 * (7 * 48 + 61)
     (alert,) = money_alerts(engine, "drift:")
     top = 61 * 27 - 61 * 7  # search.read: 3 of every 4 calls (indices not divisible by 4)
-    assert alert.title == (f"agent-watchdog: drift support-bot: tool calls/run 3.0 → 27.0 (×9.0) in the last hour; "
-                           f"top tool search.read ×{top}; 61 runs")
+    assert alert.title == "agent-watchdog: drift of an agent: tool calls/run ×9.0 in the last hour"
+    assert alert.body.startswith(f"agent «support-bot»: tool calls/run 3.0 → 27.0 (×9.0) in the last hour; "
+                                 f"top tool «search.read» ×{top}; 61 runs")
     assert "baseline 336 runs over the 7 days before" in alert.body
     # Once per window: later ticks within the hour add nothing, nor does a restarted daemon, even
     # across the top of the clock hour; an hour on, a drift that lasts is alerted again.

@@ -37,7 +37,7 @@ def _check_stopped_run(d, agent: str, tool: str) -> None:
     assert priced, otlp_runs(d.engine)
     stop = wait_for(lambda: [a for a in alerts_of(d.engine, run.id) if a.dedupe_key == f"stop:{run.id}"])
     assert stop and "max_tool_calls" in stop[0].title
-    assert f"top tool: {tool} ×" in stop[0].body and SPANS_UNPROVEN in stop[0].body
+    assert f"top tool: «{tool}» ×" in stop[0].body and SPANS_UNPROVEN in stop[0].body
 
 
 @pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
@@ -126,7 +126,7 @@ def test_an_agent_instrumented_by_an_otel_instrumentation_package_is_stopped(db_
             assert (stopped[0].stop_reason, stopped[0].source) == ("max_tool_calls", "otlp")
             stop = wait_for(lambda: [a for a in alerts_of(d.engine, stopped[0].id)
                                      if a.dedupe_key == f"stop:{stopped[0].id}"])
-            assert stop and "top tool: search ×" in stop[0].body
+            assert stop and "top tool: «search» ×" in stop[0].body
         finally:
             agent.kill()
             agent.wait()

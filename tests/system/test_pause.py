@@ -68,7 +68,8 @@ def test_a_paused_run_is_held_alive_and_resume_lets_it_complete(engine, db_url, 
     assert (row.status, row.stop_reason, row.paused_at) == (lc.PAUSED, lc.MAX_STEPS, now)
     assert actions(engine, rid) == ["paused"]
     (alert,) = alerts_of(engine, rid)
-    assert alert.title == f"agent-watchdog: paused bot run {rid[:8]} — max_steps: approve or kill"
+    assert alert.title.startswith(f"agent-watchdog: paused run {rid[:8]} — max_steps: to resume, "
+                                  f"agent-watchdog resume {rid[:8]} --add-steps ")
     assert f"agent-watchdog resume {rid[:8]} --add-steps" in alert.body
     assert f"agent-watchdog kill {rid[:8]}" in alert.body
     assert "--add-tool-calls N, --add-eur X, --add-s N" in alert.body
@@ -93,7 +94,7 @@ def test_a_paused_run_is_held_alive_and_resume_lets_it_complete(engine, db_url, 
     resumed = interventions_of(engine, rid)[-1]
     assert resumed.action == "resumed" and resumed.actor.startswith("cli@") and "(root" in resumed.actor
     assert "max_steps 3 → 8" in resumed.detail
-    assert [a.title for a in alerts_of(engine, rid)][-1] == f"agent-watchdog: resumed bot run {rid[:8]} — max_steps"
+    assert [a.title for a in alerts_of(engine, rid)][-1] == f"agent-watchdog: resumed run {rid[:8]} — max_steps"
 
 
 def test_nobody_answers_a_paused_run_it_is_stopped_with_its_reason(engine, db_url, procs, tmp_path):

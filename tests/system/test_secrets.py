@@ -73,8 +73,8 @@ def test_tenant_a_secret_appears_nowhere_tenant_b_or_anyone_can_see(db_url, engi
         wd_a.close()
         wd_b.close()
 
-    assert [a for a in http.received if "circuit OPEN for charge" in a["title"]]
-    assert [a for a in http.received if a["title"].startswith("agent-watchdog: stopped tenant-a run")]
+    assert [a for a in http.received if "a tool's circuit is OPEN" in a["title"]]
+    assert [a for a in http.received if a["title"].startswith("agent-watchdog: stopped run ")]
     assert leaks(json.dumps(http.received, default=str)) == []
     assert leaks(caplog.text) == []
     with engine.connect() as conn:

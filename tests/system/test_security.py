@@ -206,8 +206,8 @@ def test_a_forged_stopping_row_never_gets_its_victim_signalled(store, engine, at
     assert run_row(engine, rid).signal_stage == "refused"
     received = deliver(engine, attestor)
     titles = [r["title"] for r in received]
-    assert titles == [f"agent-watchdog: stopped mallory-bot run {rid[:8]} — max_steps",
-                      f"agent-watchdog: could not stop mallory-bot run {rid[:8]} — max_steps"]
+    assert titles == [f"agent-watchdog: stopped run {rid[:8]} — max_steps",
+                      f"agent-watchdog: run {rid[:8]} asked to stop; not signalled — max_steps"]
     assert "not signalled: identity not attested" in received[1]["message"]
     # The daemon words its alerts itself: the forger's text never reaches a human.
     assert not any("wire 10k" in r["message"] for r in received)
@@ -243,7 +243,7 @@ def test_a_forged_sigterm_row_does_not_add_a_victim_to_the_sigkill(store, engine
     sigkill = [i for i in interventions_of(engine, agent.run_id) if i.action == "sigkill"][0]
     assert [t["pid"] for t in json.loads(sigkill.detail)["targets"]] == [agent.pid]
     titles = [r["title"] for r in deliver(engine, attestor)]
-    assert f"agent-watchdog: forged rows ignored for bot run {agent.run_id[:8]}" in titles
+    assert f"agent-watchdog: forged rows ignored for run {agent.run_id[:8]}" in titles
 
 
 # -- a forged attestation ------------------------------------------------------------------------------

@@ -228,7 +228,8 @@ def test_drift_fires_on_a_ninefold_tool_calls_per_run():
     verdicts = drift.evaluate(window, baseline, CFG)
     assert [v.metric for v in verdicts] == ["tool calls/run"]
     line = drift.line("support-bot", verdicts[0], CFG.window_s, ("search.read", 412), window.runs)
-    assert line == "support-bot: tool calls/run 3.1 → 28.0 (×9.0) in the last hour; top tool search.read ×412; 61 runs"
+    assert line == ("agent «support-bot»: tool calls/run 3.1 → 28.0 (×9.0) in the last hour; "
+                    "top tool «search.read» ×412; 61 runs")
 
 
 def test_no_drift_on_a_steady_agent_too_few_runs_or_no_baseline():
@@ -253,7 +254,9 @@ def test_names_from_the_store_are_one_printable_line_in_alerts():
 
     title, body = unpriced_alert("evil\nmodel\x1b[2J", ["a\nb"] + [f"bot{i}" for i in range(12)], 10, 1, False)
     assert "\n" not in title and "\x1b" not in title
-    assert title.startswith('agent-watchdog: model evil?model?[2J has no price: cost budgets are not enforced for agents a?b, ')
-    assert "(+3 more)" in title
+    # The title is the daemon's words only (issue 32); the names are marked fields of the body.
+    assert title == "agent-watchdog: a model has no price: cost budgets are not enforced"
+    assert body.startswith("model «evil model [2J» has no price: cost budgets are not enforced for agents «a b», ")
+    assert "\x1b" not in body and "(+3 more)" in body.splitlines()[0]
     v = drift.DriftVerdict("tool calls/run", 3.0, 27.0, 9.0, "3.0", "27.0")
     assert "\n" not in drift.line("bot\n", v, 3600, ("x\ny", 5), 61)

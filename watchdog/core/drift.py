@@ -3,12 +3,14 @@
 Pure: the tick passes the two aggregates in (summed from the rolled-up per-agent
 buckets, watchdog.store.ledger), this says what grew by `factor` and writes the line:
 
-  "support-bot: tool calls/run 3.1 → 28.0 (×9.0) in the last hour; top tool search.read ×412; 61 runs"
+  "agent «support-bot»: tool calls/run 3.1 → 28.0 (×9.0) in the last hour; top tool «search.read» ×412; 61 runs"
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from watchdog.core.marked import marked
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,8 @@ def window_phrase(window_s: float) -> str:
 
 
 def line(agent: str, v: DriftVerdict, window_s: float, top_tool: tuple[str, int] | None, runs: int) -> str:
-    agent = "".join(c if c.isprintable() else "?" for c in agent)
-    tool = "".join(c if c.isprintable() else "?" for c in top_tool[0]) if top_tool else ""
-    top = f"; top tool {tool} ×{top_tool[1]}" if top_tool else ""
-    return (f"{agent}: {v.metric} {v.shown_baseline} → {v.shown_window} (×{v.ratio:.1f}) in {window_phrase(window_s)}"
+    top = f"; top tool {marked(top_tool[0])} ×{top_tool[1]}" if top_tool else ""
+    return (f"agent {marked(agent)}: {v.metric} {v.shown_baseline} → {v.shown_window} (×{v.ratio:.1f}) in {window_phrase(window_s)}"
             f"{top}; {runs} runs")
 
 
@@ -102,6 +102,8 @@ def alert(agent: str, verdicts: list[DriftVerdict], window: Totals, baseline: To
           top_tool: tuple[str, int] | None) -> tuple[str, str]:
     """Title (the largest drift) and body (every drifting metric, then both spans' numbers)."""
     first = line(agent, verdicts[0], cfg.window_s, top_tool, window.runs)
+    v = verdicts[0]
+    title = f"agent-watchdog: drift of an agent: {v.metric} ×{v.ratio:.1f} in {window_phrase(cfg.window_s)}"
     body = [first]
     body += [line(agent, v, cfg.window_s, top_tool, window.runs) for v in verdicts[1:]]
     body += [
@@ -112,6 +114,6 @@ def alert(agent: str, verdicts: list[DriftVerdict], window: Totals, baseline: To
         f"{baseline.steps} steps, {baseline.cost_eur:.2f} EUR, {baseline.stopped} stopped",
         f"(alarm at ×{cfg.factor:g} with at least {cfg.min_runs} runs in the window; [drift] in the config)",
         "",
-        f"agent-watchdog runs --all   # the runs of {agent}",
+        "agent-watchdog runs --all --agent NAME   # NAME: the agent above",
     ]
-    return f"agent-watchdog: drift {first}", "\n".join(body)
+    return title, "\n".join(body)

@@ -57,17 +57,19 @@ def when(at: dt.datetime, now: dt.datetime, tz: dt.tzinfo) -> str:
     return f"{local:%Y-%m-%d %H:%M} {zone}"
 
 
-def period_line(state: PeriodState, now: dt.datetime, tz: dt.tzinfo) -> str:
-    """One line on a period budget: spent, running out at some time, or lasting the period."""
+def period_line(state: PeriodState, now: dt.datetime, tz: dt.tzinfo, *, mark: bool = False) -> str:
+    """One line on a period budget: spent, running out at some time, or lasting the period.
+    `mark`: for an alert (the scope's name marked as a writer's, watchdog.core.marked)."""
+    label = state.marked_label if mark else state.label
     spent = f"{_eur(state.spent_eur, state.budget_eur)}/{_eur(state.budget_eur, state.budget_eur)} EUR"
     rate = state.rate_eur_per_min
     rate_txt = f" at {rate:.{2 if rate >= 0.1 else 4}f} EUR/min" if rate else ""
     if state.closed:
-        return f"{state.label} is spent ({spent}): new runs refused until {when(state.end, now, tz)}"
+        return f"{label} is spent ({spent}): new runs refused until {when(state.end, now, tz)}"
     if state.runs_out_at is not None:
-        return f"{state.label} runs out at {when(state.runs_out_at, now, tz)}{rate_txt} ({spent})"
+        return f"{label} runs out at {when(state.runs_out_at, now, tz)}{rate_txt} ({spent})"
     rest = "the day" if state.period == DAY else "the month"
-    return f"{state.label} lasts {rest}{rate_txt} ({spent})"
+    return f"{label} lasts {rest}{rate_txt} ({spent})"
 
 
 class RateTracker:

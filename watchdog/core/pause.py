@@ -11,13 +11,13 @@ Pure: numbers in, decisions and texts out.
 
 from __future__ import annotations
 
-import shlex
 
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from watchdog.core.budgets import BY_KEY, PAUSABLE, Budget, Budgets, Totals
+from watchdog.core.marked import run_ref, short_id
 from watchdog.core.messages import RunFacts, body
 
 if TYPE_CHECKING:
@@ -142,15 +142,27 @@ def _used(f: RunFacts) -> Totals:
     return Totals(steps=f.steps, tool_calls=f.tool_calls, cost_eur=f.cost_eur, tokens=f.tokens, age_s=f.duration_s)
 
 
+def _rid(f: RunFacts) -> str:
+    # Only an id of the generated form goes into a command to paste; any other is RUN (see `runs`).
+    return short_id(f.id) or "RUN"
+
+
+def resume_command(f: RunFacts, prof: Budgets, reason: str) -> str:
+    """How to resume this pause, as the operator types it (DESIGN.md: `resume RUN_ID --add-…`)."""
+    return f"agent-watchdog resume {_rid(f)} {suggestion(reason, _used(f), prof)}"
+
+
 def what_to_do(f: RunFacts, prof: Budgets, reason: str) -> list[str]:
-    rid = shlex.quote(f.id[:8])  # an id any store writer chose: a command safe to paste
     others = ", ".join(f"--{b.add_option} {'X' if b.unit == 'EUR' else 'N'}" for b in PAUSABLE if b.reason != reason)
-    return [f"to continue: agent-watchdog resume {rid} {suggestion(reason, _used(f), prof)}   (or {others})",
-            f"to stop:     agent-watchdog kill {rid}"]
+    lines = [f"to continue: {resume_command(f, prof, reason)}   (or {others})",
+             f"to stop:     agent-watchdog kill {_rid(f)}"]
+    if short_id(f.id) is None:
+        lines.append("RUN: the run's id (agent-watchdog runs --status paused)")
+    return lines
 
 
 def pause_alert(f: RunFacts, prof: Budgets, reason: str, detail: str, by_guard: bool) -> tuple[str, str]:
-    title = f"agent-watchdog: paused {f.agent} run {f.id[:8]} — {reason}: approve or kill"
+    title = f"agent-watchdog: paused {run_ref(f.id)} — {reason}: to resume, {resume_command(f, prof, reason)}"
     held = ("its in-process guard held it before the call that would exceed the budget" if by_guard else
             "held at its next record: no model or tool call goes through")
     lines = [f"reason {reason}: {detail}",
@@ -161,7 +173,7 @@ def pause_alert(f: RunFacts, prof: Budgets, reason: str, detail: str, by_guard: 
 
 
 def resume_alert(f: RunFacts, prof: Budgets, reason: str | None, granted: str, by: str) -> tuple[str, str]:
-    title = f"agent-watchdog: resumed {f.agent} run {f.id[:8]}" + (f" — {reason}" if reason else "")
+    title = f"agent-watchdog: resumed {run_ref(f.id)}" + (f" — {reason}" if reason else "")
     return title, body(f, prof, [f"resumed by {by}: {granted}"])
 
 

@@ -137,6 +137,17 @@ class PeriodState:
         """"support-bot's daily budget" / "tenant=acme's monthly budget"."""
         return f"{self.scope.name}'s {ADJECTIVE[self.period]} budget"
 
+    @property
+    def marked_label(self) -> str:
+        """The label as an alert shows it: an agent's scope is named by its runs' writers (marked)."""
+        from watchdog.core.marked import marked
+
+        return f"the {ADJECTIVE[self.period]} budget of {self.scope.kind} {marked(self.scope.name)}"
+
+    @property
+    def adjective(self) -> str:
+        return ADJECTIVE[self.period]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "scope": self.scope.kind, "name": self.scope.name, "labels": dict(self.scope.labels or {}) or None,

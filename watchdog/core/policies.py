@@ -120,7 +120,7 @@ def period_budget(state: PeriodState) -> Verdict:
     """A spent period budget (watchdog.core.periods.PeriodState) stops every running run it covers:
     the run may be well within its own budgets, the agent's (or tenant's) day is not."""
     return Verdict(state.reason, state.spent_eur, state.budget_eur,
-                   f"{state.label} is spent: {state.spent_eur:.2f}/{state.budget_eur:.2f} EUR ({state.key})")
+                   f"{state.marked_label} is spent: {state.spent_eur:.2f}/{state.budget_eur:.2f} EUR ({state.key})")
 
 
 def with_period(verdicts: list[Verdict], state: PeriodState | None) -> list[Verdict]:

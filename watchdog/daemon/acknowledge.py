@@ -24,11 +24,12 @@ from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import effective_budgets
-from watchdog.core.messages import requested_stop_alert
+from watchdog.core.outcomes import Outcome, Say, word
 from watchdog.core.text import one_line
 from watchdog.daemon.stopping import facts
 from watchdog.store import stops
-from watchdog.store.alerts import enqueue_alert, stop_key, summarised, unheard
+from watchdog.store.alerts import stop_key, summarised, unheard
+from watchdog.store.announce import Audit, announce
 from watchdog.store.interventions import record, stop_intervention
 from watchdog.store.engine import Connection, Engine, statement_reads
 
@@ -89,7 +90,7 @@ class EndedStops:
             done += self._summary(engine, grouped, now, config, sealer, by)
         return done
 
-    def _compose(self, conn: Connection, row, now: dt.datetime, config: Config) -> tuple[str, str, str]:
+    def _compose(self, conn: Connection, row, now: dt.datetime, config: Config) -> tuple[str, Outcome]:
         budgets = effective_budgets(config.profile(row.agent), row)
         f = facts(row, stops.top_tool(conn, row.id), None, now)
         # Writer text (progress, partial answer) is not quoted in an alert the daemon did not decide.
@@ -97,17 +98,15 @@ class EndedStops:
         reason = row.stop_reason if _identifier(row.stop_reason) else "unknown"
         status = row.status if row.status in tuple(lc.Status) else "ended"
         plan = f"none needed: the run had already ended ({status}) when the daemon saw its stop"
-        title, body = requested_stop_alert(f, budgets, reason, plan)
-        return reason, title, body
+        return reason, Outcome.of(Say.REQUESTED_STOP, stop_key(row.id), row.id, f=f, b=budgets, reason=reason, plan=plan)
 
     def _one(self, conn: Connection, row, now: dt.datetime, config: Config, sealer: Sealer, by: str) -> bool:
-        reason, title, body = self._compose(conn, row, now, config)
+        reason, said = self._compose(conn, row, now, config)
         iid = stop_intervention(conn, row.id)
-        if iid is None:
-            iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id, reason=reason,
-                         outcome="stop requested in the store, not by this daemon; acknowledged after the run ended")
-        queued = enqueue_alert(conn, stop_key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                               sealer=sealer)
+        audit = iid if iid is not None else Audit(
+            Action.STOP_REQUESTED, by, reason=reason, at=_asked_at(row, now),
+            outcome="stop requested in the store, not by this daemon; acknowledged after the run ended")
+        queued = announce(conn, said, now=now, sealer=sealer, audit=audit).queued
         if queued:
             self.heard.append((row.id, reason))
             log.warning("stop heard after the run ended: %s run %s — %s", one_line(row.agent, 64),
@@ -125,7 +124,8 @@ class EndedStops:
             for row in rows:
                 if unheard(conn, [row.id]) != {row.id}:
                     continue  # heard meanwhile (another daemon of the store)
-                reason, title, body = self._compose(conn, row, now, config)
+                reason, said = self._compose(conn, row, now, config)
+                title, body = word(said)
                 iid = stop_intervention(conn, row.id)
                 if iid is None:
                     iid = record(conn, at=_asked_at(row, now), action=Action.STOP_REQUESTED, by=by, run_id=row.id,
@@ -138,30 +138,11 @@ class EndedStops:
                 self.heard.append((row.id, reason))
                 done.append(row.id)
             if done:
-                title, body = summary_alert(len(done), reasons, agents, PER_MIN)
-                enqueue_alert(conn, summary_key, title, body, now=now, sealer=sealer)
+                announce(conn, Outcome.of(Say.STOPS_SUMMARY, summary_key, n=len(done), reasons=reasons, agents=agents,
+                                          per_min=PER_MIN, shown=SUMMARY_SHOWN), now=now, sealer=sealer)
         if done:
             log.warning("%d stops heard after their runs ended, summarised in one alert", len(done))
         return done
-
-
-def summary_alert(n: int, reasons: Counter, agents: Counter, per_min: int) -> tuple[str, str]:
-    """Numbers and identifiers only: how many, why, which agents."""
-    def top(c: Counter) -> str:
-        shown = ", ".join(f"{k} ×{v}" for k, v in c.most_common(SUMMARY_SHOWN))
-        rest = len(c) - SUMMARY_SHOWN
-        return shown + (f", and {rest} more" if rest > 0 else "")
-
-    title = f"agent-watchdog: {n} more runs stopped (summarised past {per_min} alerts/min)"
-    body = "\n".join([
-        f"{n} runs ended with a stop the daemon did not decide (the runs' own guards, a gateway, "
-        "agent-watchdog kill or another store writer); each is recorded",
-        f"reasons: {top(reasons)}",
-        f"agents: {top(agents)}",
-        "",
-        "agent-watchdog runs --status killed",
-    ])
-    return title, body
 
 
 def _asked_at(row, now: dt.datetime) -> dt.datetime:  # row: an ended run (store.ended_stops)

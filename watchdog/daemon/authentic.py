@@ -35,12 +35,12 @@ from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.core.evidence_mac import RecordMac
-from watchdog.core.messages import ACK_MARK, RunFacts, escalation_alert
+from watchdog.core.messages import ACK_MARK, RunFacts
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate
 from watchdog.core.seal import Sealer
 from watchdog.store import evidence as store
-from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import record
+from watchdog.store.announce import Audit, announce
 from watchdog.store.engine import Connection
 from watchdog.store.alerts import by_key as sealed_alert
 
@@ -253,10 +253,8 @@ def hold_not_own(conn: Connection, row: Any, *, now: dt.datetime, by: str, facts
     """No signal: the run stays stopped cooperatively (the ladder asks again each tick, and
     signals once the run's own records show a breach). Recorded and alerted once; `what`: what
     was refused, in the daemon's words (watchdog.core.whose)."""
-    key = AlertKind.NOT_OWN.key(row.id)
-    if queued(conn, key):
-        return
     outcome = f"{NOT_OWN} ({what})" if what else NOT_OWN
-    iid = record(conn, at=now, action=Action.SIGNAL_HELD, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
-    title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=True)
-    enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+    announce(conn, Outcome.of(Say.ESCALATION, AlertKind.NOT_OWN.key(row.id), row.id, f=facts, b=budgets,
+                              reason=row.stop_reason, outcome=outcome, failed=True),
+             now=now, sealer=sealer, once=True, audit=Audit(Action.SIGNAL_HELD, by, reason=row.stop_reason,
+                                                            outcome=outcome))

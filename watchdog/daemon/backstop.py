@@ -22,12 +22,12 @@ from watchdog.daemon import stopping
 from watchdog.daemon.tickstate import ThisTick
 
 if TYPE_CHECKING:
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.context import TickContext
 
 log = logging.getLogger("watchdog.tick")
 
 
-def backstop(tk: Ticker, this: ThisTick, light: Mapping[str, Any], batch: Batch) -> None:
+def backstop(tk: TickContext, this: ThisTick, light: Mapping[str, Any], batch: Batch) -> None:
     """For each run the tick could not judge this tick (this.rep.quarantined); `light`: the active
     runs' light rows by id (watchdog.daemon.activeset), so the cost is that of the few bad ones."""
     now, live, rep = this.now, this.live, this.rep
@@ -50,10 +50,7 @@ def backstop(tk: Ticker, this: ThisTick, light: Mapping[str, Any], batch: Batch)
         if gone:
             with batch.run() as conn:
                 if stopping.lose_unreadable(
-                        conn, rid, now=now, by=tk.by, sealer=tk.sealer,
-                        title=f"agent-watchdog: run {short} lost — its process is gone",
-                        body=f"run {rid}\nIts process {pid} on {tk.killer.host} is gone without ending the run. "
-                             "Its row could not be judged (quarantined); it is marked lost."):
+                        conn, rid, pid=pid, host=tk.killer.host, now=now, by=tk.by, sealer=tk.sealer):
                     rep.lost.append(rid)
             done.add(rid)
             continue
@@ -65,11 +62,7 @@ def backstop(tk: Ticker, this: ThisTick, light: Mapping[str, Any], batch: Batch)
         with batch.run() as conn:
             if stopping.stop_unreadable(
                     conn, rid, reason=lc.WALL_CLOCK, detail=detail, now=now, by=tk.by, sealer=tk.sealer,
-                    outcome="cooperative stop requested (its row cannot be read: it will not be signalled)",
-                    title=f"agent-watchdog: stopped run {short} — wall_clock (its row cannot be judged)",
-                    body=f"run {rid}\nreason: wall_clock: {detail}\nIts row cannot be judged (quarantined), so "
-                         "its wall clock ran from when the daemon first saw it. Cooperative stop requested: a "
-                         "row that cannot be read never leads to a signal."):
+                    outcome="cooperative stop requested (its row cannot be read: it will not be signalled)"):
                 rep.stops.append((rid, lc.WALL_CLOCK))
                 log.warning("stop requested: quarantined run %s — %s", short, detail)
         done.add(rid)

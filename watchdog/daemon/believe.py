@@ -4,20 +4,28 @@ each from the daemon's own records where the row is only a claim (watchdog.daemo
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.budgets import effective_budgets
-from watchdog.core.policies import totals
+from watchdog.core.budgets import Budgets, effective_budgets
+from watchdog.core.messages import RunFacts
+from watchdog.core.policies import RunSnapshot, totals
 from watchdog.daemon.evidence import merged
 from watchdog.daemon.stopping import facts
 
+if TYPE_CHECKING:
+    from watchdog.daemon.batch import Batch
+    from watchdog.daemon.context import Row, TickContext
 
-def snapshot(tk, row, now):
+
+def snapshot(tk: TickContext, row: Row, now: dt.datetime) -> RunSnapshot:
     """The run judged by the larger counters and its age from first sight at the latest."""
     return tk.scanner.snapshot(row, now, started_at=tk.trust.started_at(row))
 
 
-def budgets(tk, row, batch):
+def budgets(tk: TickContext, row: Row, batch: Batch) -> Budgets:
     """Profile (or [defaults] for an owner it does not bind), clamped unless a sealed resume raised it."""
     prof = tk.config.profile(row.agent)
     # (A span run's profile is its sender's to use: an anonymous sender's never is; trust says.)
@@ -26,7 +34,8 @@ def budgets(tk, row, batch):
     return tk.trust.budgets(batch.run, row)
 
 
-def run_facts(tk, row, top, last_error, now):
+def run_facts(tk: TickContext, row: Row, top: Sequence[Any] | None, last_error: str | None,
+              now: dt.datetime) -> RunFacts:
     """What alerts say of the run: its counters the larger of the row's and the daemon's, its
     duration from first sight at the latest."""
     f = facts(row, top, last_error, now)
@@ -41,7 +50,7 @@ def run_facts(tk, row, top, last_error, now):
                                duration_s=duration_s)
 
 
-def pause_is_known(tk, row, now, budgets) -> bool:
+def pause_is_known(tk: TickContext, row: Row, now: dt.datetime, budgets: Budgets) -> bool:
     """The daemon paused this run, or confirms its guard's pause (a pausing budget at its
     limit by the daemon's own counters): remembered in its state file."""
     if tk.trust.pause_mark(row.id, row.resumes) is not None:
@@ -52,7 +61,7 @@ def pause_is_known(tk, row, now, budgets) -> bool:
     return False
 
 
-def unclaimed_pause(tk, row, now, batch):
+def unclaimed_pause(tk: TickContext, row: Row, now: dt.datetime, batch: Batch) -> Any:
     """A paused row whose pause the daemon neither wrote nor confirms: denied (running again);
     the row read again, or None when it is no longer paused."""
     if row.status != lc.PAUSED:

@@ -19,14 +19,15 @@ import datetime as dt
 import logging
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core.lifecycle import CIRCUIT_STATES, Circuit
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.scrub import scrub
 from watchdog.store import circuits as store
-from watchdog.store.alerts import enqueue_alert
+from watchdog.store.announce import Audit, announce
 from watchdog.store.interventions import actor, record
 from watchdog.core.config import Config
 from watchdog.store.circuits import REFUSAL_CLASS as REFUSAL_CLASS
@@ -105,11 +106,8 @@ class CircuitBreakers:
                 return False
             detail = f"{errors} errors in {pol.window_s:g} s across {runs} runs; most common: {common or '-'}"
             self._transition(conn, tool, Action.CIRCUIT_OPEN, detail, f"open until {until:%H:%M:%S} UTC", now,
-                             f"agent-watchdog: circuit OPEN for {tool} — {errors} errors in {pol.window_s:g} s",
-                             [f"tool {tool}", f"errors {errors} in {pol.window_s:g} s (threshold {pol.errors})",
-                              f"most common error: {common or '-'}", f"runs affected: {runs}",
-                              f"calls fail fast until {until:%H:%M:%S} UTC, then one probe is let through",
-                              f"agent-watchdog circuits close {tool}   # to close it by hand"])
+                             Say.CIRCUIT_OPEN, tool=tool, errors=errors, window_s=pol.window_s, threshold=pol.errors,
+                             common=common, runs=runs, until=until)
             log.warning("circuit open: %s (%s)", tool, detail)
             return True
 
@@ -151,9 +149,7 @@ class CircuitBreakers:
                              last_error_class=error_class_name(probe.error_class) or row.last_error_class)
                 self._transition(conn, row.tool, Action.CIRCUIT_OPEN, f"probe failed: {msg}",
                                  f"open again until {until:%H:%M:%S} UTC", now,
-                                 f"agent-watchdog: circuit OPEN again for {row.tool} — the probe failed",
-                                 [f"tool {row.tool}", f"probe error: {msg or '-'}",
-                                  f"calls fail fast until {until:%H:%M:%S} UTC"])
+                                 Say.CIRCUIT_REOPEN, tool=row.tool, error=msg, until=until)
                 return Circuit.OPEN
             if row.state == Circuit.OPEN and row.open_until and now >= row.open_until:
                 if store.half_open(conn, row.tool, now):
@@ -164,8 +160,7 @@ class CircuitBreakers:
 
     def _close(self, conn: Connection, tool: str, state: str, now: dt.datetime, why: str) -> None:
         store.close(conn, tool, state, now)
-        self._transition(conn, tool, Action.CIRCUIT_CLOSED, why, "closed", now,
-                         f"agent-watchdog: circuit closed for {tool} — {why}", [f"tool {tool}", f"closed: {why}"])
+        self._transition(conn, tool, Action.CIRCUIT_CLOSED, why, "closed", now, Say.CIRCUIT_CLOSED, tool=tool, why=why)
 
     def close(self, engine: Engine, tool: str, now: dt.datetime, by: str) -> bool:
         """Close a circuit by hand (`agent-watchdog circuits close TOOL`)."""
@@ -181,10 +176,9 @@ class CircuitBreakers:
             return True
 
     def _transition(self, conn: Connection, tool: str, action: str, detail: str, outcome: str, now: dt.datetime,
-                    title: str, lines: list[str]) -> None:
-        iid = record(conn, at=now, action=action, by=self.by, tool=tool, detail=detail, outcome=outcome)
-        enqueue_alert(conn, f"{action}:{tool}:{now.isoformat()}", title, "\n".join(lines), now=now,
-                      intervention_id=iid, sealer=self.sealer)
+                    say: Say, /, **numbers: Any) -> None:
+        announce(conn, Outcome.of(say, f"{action}:{tool}:{now.isoformat()}", **numbers), now=now, sealer=self.sealer,
+                 audit=Audit(action, self.by, tool=tool, detail=detail, outcome=outcome))
 
     def _tool_rate(self, engine: Engine, scanner: Scanner, now: dt.datetime) -> None:
         """Many runs hammering one tool: the per-run rate figure, aggregated over all runs."""
@@ -198,9 +192,8 @@ class CircuitBreakers:
             self._rate_alarmed[tool] = now
             window = int(now.timestamp() // TOOL_RATE_WINDOW_S)
             with engine.begin() as conn:
-                iid = record(conn, at=now, action=Action.RATE_ALARM, by=self.by, tool=tool, reason="tool_rate",
-                             detail=f"{calls} calls/min over all runs > {limit}", outcome="alert only")
-                enqueue_alert(conn, AlertKind.TOOL_RATE.key(tool, window),
-                              f"agent-watchdog: LOOP? tool {tool}: {calls} calls/min over all runs",
-                              f"tool {tool}\n{calls} calls/min over all runs > max_calls_per_min {limit}",
-                              now=now, intervention_id=iid, sealer=self.sealer)
+                announce(conn, Outcome.of(Say.TOOL_RATE, AlertKind.TOOL_RATE.key(tool, window), tool=tool, calls=calls,
+                                          limit=limit),
+                         now=now, sealer=self.sealer, audit=Audit(
+                             Action.RATE_ALARM, self.by, tool=tool, reason="tool_rate",
+                             detail=f"{calls} calls/min over all runs > {limit}", outcome="alert only"))

@@ -26,11 +26,11 @@ from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.config import Config
 from watchdog.core.interventions import Action
 from watchdog.core.seal import Sealer
-from watchdog.core.messages import no_daemon_alert
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.daemon.partition_duty import PartitionDuty
 from watchdog.store import leases, retention, rollup
-from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import record
+from watchdog.store.alerts import queued
+from watchdog.store.announce import Audit, announce
 from watchdog.store.engine import Engine, read_connection
 from watchdog.store.leases import Holder
 
@@ -160,13 +160,13 @@ class ClusterDuties:
             if key in self._alerted:
                 continue
             last_tick = f"{last.last_tick_at:%Y-%m-%d %H:%M:%S} UTC" if last and last.last_tick_at else None
-            title, body = no_daemon_alert(host, t.role.active.get(host, 0), last.pid if last else None, last_tick,
-                                          self.by)
+            said = Outcome.of(Say.NO_DAEMON, key, host=host, active_runs=t.role.active.get(host, 0),
+                              last_pid=last.pid if last else None, last_tick=last_tick, by=self.by)
             with self.engine.begin() as conn:
                 if not queued(conn, key):
-                    iid = record(conn, at=t.now, action=Action.NO_DAEMON, by=self.by, detail=f"host {host}",
-                                 outcome="runs adopted: cooperative stops only, no signal")
-                    enqueue_alert(conn, key, title, body, now=t.now, intervention_id=iid, sealer=self.sealer)
+                    announce(conn, said, now=t.now, sealer=self.sealer, audit=Audit(
+                        Action.NO_DAEMON, self.by, detail=f"host {host}",
+                        outcome="runs adopted: cooperative stops only, no signal"))
                     log.warning("host %s has no live daemon: adopting its %d active runs (cooperative stops only)",
                                 host, t.role.active.get(host, 0))
             self._alerted.add(key)

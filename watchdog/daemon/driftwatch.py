@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import drift
-from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import record
+from watchdog.core.outcomes import Outcome, Say, word
+from watchdog.store.alerts import queued
+from watchdog.store.announce import Audit, announce
 from watchdog.store.engine import Connection, Engine, read_connection
 from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
 from watchdog.store.alerts import queued_at
@@ -77,7 +78,9 @@ class DriftWatch:
             key = AlertKind.DRIFT.key(agent, window_no)
             if key in self._alerted:
                 continue
-            title, body = drift.alert(agent, verdicts, w, baseline.get(agent, drift.Totals()), self.cfg, top)
+            said = Outcome.of(Say.DRIFT, key, agent=agent, verdicts=verdicts, window=w,
+                              baseline=baseline.get(agent, drift.Totals()), cfg=self.cfg, top_tool=top)
+            first = word(said)[1].splitlines()[0]
             with engine.begin() as conn:
                 # Sent already (by a daemon before a restart, or on another host), or sent in the
                 # previous window less than a window ago: once per window_s, not per clock hour.
@@ -85,12 +88,11 @@ class DriftWatch:
                                                     now - dt.timedelta(seconds=self.cfg.window_s)):
                     self._remember(key)
                     continue
-                iid = record(conn, at=now, action=Action.DRIFT_ALARM, by=self.by, tool=top[0] if top else None,
-                             detail=body.splitlines()[0], outcome="alert only")
-                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid, sealer=self.sealer)
+                announce(conn, said, now=now, sealer=self.sealer, audit=Audit(
+                    Action.DRIFT_ALARM, self.by, tool=top[0] if top else None, detail=first, outcome="alert only"))
             self._remember(key)
-            lines.append(body.splitlines()[0])
-            log.warning("drift %s", body.splitlines()[0])
+            lines.append(first)
+            log.warning("drift %s", first)
         return lines
 
     def _remember(self, key: str) -> None:

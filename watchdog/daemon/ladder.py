@@ -25,7 +25,8 @@ from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.seal import Sealer
 from watchdog.daemon.stopping import SPANS_UNPROVEN
-from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.core.outcomes import Outcome, Say
+from watchdog.store.announce import Audit, announce
 from watchdog.store.interventions import record
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
@@ -34,7 +35,7 @@ from watchdog.daemon.authentic import hold_not_own
 from watchdog.daemon.killer import GONE_REASONS, PERMISSION_DENIED, Killer, ProcessIdentity
 from watchdog.daemon.redrive import hold_denied
 from watchdog.daemon.runtree import directory, remaining, remove_empty
-from watchdog.core.messages import RunFacts, cooperative_alert, escalation_alert, forged_alert
+from watchdog.core.messages import RunFacts
 from watchdog.store import ladder as store
 from watchdog.store.engine import Connection
 
@@ -58,11 +59,17 @@ def _finish(conn: Connection, row, stage_from: str | None, outcome: str, now: dt
             budgets: Budgets, escalated: bool, sealer: Sealer | None = None) -> None:
     if not store.finish(conn, row.id, stage_from, now):
         return
-    iid = record(conn, at=now, action=Action.ENDED, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
-    if escalated:  # one more alert only when the ladder went past the cooperative stop
-        title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=False)
-        enqueue_alert(conn, AlertKind.ESCALATE.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                      sealer=sealer)
+    audit = Audit(Action.ENDED, by, reason=row.stop_reason, outcome=outcome)
+    if not escalated:  # one more alert only when the ladder went past the cooperative stop
+        record(conn, at=now, action=audit.action, by=by, run_id=row.id, reason=audit.reason, outcome=outcome)
+        return
+    announce(conn, _escalation(row, facts, budgets, outcome, failed=False), now=now, sealer=sealer, audit=audit)
+
+
+def _escalation(row: Any, facts: RunFacts, budgets: Budgets, outcome: str, *, failed: bool,
+                key: str | None = None) -> Outcome:
+    return Outcome.of(Say.ESCALATION, key or AlertKind.ESCALATE.key(row.id), row.id, f=facts, b=budgets,
+                      reason=row.stop_reason, outcome=outcome, failed=failed)
 
 
 # Stages where the ladder has nothing more to send but the run is still `stopping`:
@@ -94,12 +101,9 @@ def hold_unconfirmed(conn: Connection, row, *, now: dt.datetime, by: str, facts:
     CAP_KILL over another run. The stage stays where it is: the ladder asks again each tick,
     and signals once the daemon's own policies agree (a run that swallowed its stop goes
     silent and trips heartbeat_timeout). Recorded and alerted once."""
-    key = AlertKind.UNCONFIRMED.key(row.id)
-    if queued(conn, key):
-        return
-    iid = record(conn, at=now, action=Action.SIGNAL_HELD, by=by, run_id=row.id, reason=row.stop_reason, outcome=UNCONFIRMED)
-    title, body = escalation_alert(facts, budgets, row.stop_reason, UNCONFIRMED, failed=True)
-    enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+    announce(conn, _escalation(row, facts, budgets, UNCONFIRMED, failed=True, key=AlertKind.UNCONFIRMED.key(row.id)),
+             now=now, sealer=sealer, once=True,
+             audit=Audit(Action.SIGNAL_HELD, by, reason=row.stop_reason, outcome=UNCONFIRMED))
 
 
 def _fail(conn: Connection, row, stage_from: str | None, stage_to: str, action: str, outcome: str, now: dt.datetime,
@@ -107,10 +111,8 @@ def _fail(conn: Connection, row, stage_from: str | None, stage_to: str, action: 
     # Refused again on a redrive (issue 36): the stage stays, the refusal is recorded.
     if stage_from != stage_to and not _set_stage(conn, row, stage_from, stage_to, now):
         return
-    iid = record(conn, at=now, action=action, by=by, run_id=row.id, reason=row.stop_reason, outcome=outcome)
-    title, body = escalation_alert(facts, budgets, row.stop_reason, outcome, failed=True)
-    enqueue_alert(conn, AlertKind.ESCALATE.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                  sealer=sealer)
+    announce(conn, _escalation(row, facts, budgets, outcome, failed=True), now=now, sealer=sealer,
+             audit=Audit(action, by, reason=row.stop_reason, outcome=outcome))
 
 
 def _sealable(targets: Iterable[ProcessIdentity]) -> list[tuple[str, int, float, int]]:
@@ -155,12 +157,9 @@ def _signalled_targets(conn: Connection, row, *, sealer: Sealer, now: dt.datetim
 def _report_forged(conn: Connection, row, kind: str, what: str, *, now: dt.datetime, by: str, facts: RunFacts,
                    budgets: Budgets, sealer: Sealer | None) -> None:
     """One intervention and one alert per run and kind of forgery, however often it is seen."""
-    key = AlertKind.FORGED.key(row.id, kind)
-    if queued(conn, key):
-        return
-    iid = record(conn, at=now, action=Action.FORGED_ROW, by=by, run_id=row.id, reason=row.stop_reason, outcome=what[:255])
-    title, body = forged_alert(facts, budgets, what)
-    enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+    announce(conn, Outcome.of(Say.FORGED, AlertKind.FORGED.key(row.id, kind), row.id, f=facts, b=budgets, what=what),
+             now=now, sealer=sealer, once=True,
+             audit=Audit(Action.FORGED_ROW, by, reason=row.stop_reason, outcome=what[:255]))
 
 
 def _exec_tree(conn: Connection, row, leader: ProcessIdentity, killer: Killer, sealer: Sealer | None,
@@ -208,21 +207,17 @@ def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budg
     if row.kill_mode == lc.COOPERATIVE and getattr(row, "source", None) == lc.Source.OTLP:
         # Seen only through spans, from a sender the kernel did not confirm: never signalled.
         if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now):
-            iid = record(conn, at=now, action=Action.NOT_SIGNALLED, by=by, run_id=row.id, reason=row.stop_reason,
-                         outcome=SPANS_UNPROVEN)
-            title, body = escalation_alert(facts, budgets, row.stop_reason, SPANS_UNPROVEN, failed=True)
-            enqueue_alert(conn, AlertKind.ESCALATE.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                          sealer=sealer)
+            announce(conn, _escalation(row, facts, budgets, SPANS_UNPROVEN, failed=True), now=now, sealer=sealer,
+                     audit=Audit(Action.NOT_SIGNALLED, by, reason=row.stop_reason, outcome=SPANS_UNPROVEN))
         return
 
     if row.kill_mode == lc.COOPERATIVE:
         if _set_stage(conn, row, None, lc.Stage.NOT_SIGNALLED, now):
             outcome = f"did not stop {grace} after the cooperative stop; shares its process with {sharing} other runs"
-            iid = record(conn, at=now, action=Action.NOT_SIGNALLED, by=by, run_id=row.id, reason=row.stop_reason,
-                         outcome=outcome)
-            title, body = cooperative_alert(facts, budgets, row.stop_reason, daemon.cancel_grace_s, sharing)
-            enqueue_alert(conn, AlertKind.ESCALATE.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                          sealer=sealer)
+            announce(conn, Outcome.of(Say.COOPERATIVE, AlertKind.ESCALATE.key(row.id), row.id, f=facts, b=budgets,
+                                      reason=row.stop_reason, grace_s=daemon.cancel_grace_s, sharing=sharing),
+                     now=now, sealer=sealer, audit=Audit(Action.NOT_SIGNALLED, by, reason=row.stop_reason,
+                                                         outcome=outcome))
         return
 
     if row.pid is None or row.pid_create_time is None:

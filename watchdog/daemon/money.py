@@ -29,6 +29,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core import forecast
+from watchdog.core.outcomes import Outcome, Say, word
 from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
 from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, PeriodState, build_states,
                                    closed_entry, period_bounds, period_key, scope_agent, sum_spend, zone)
@@ -38,8 +39,7 @@ from watchdog.daemon.driftwatch import DriftWatch
 from watchdog.daemon.moneytick import LiveSpend, MoneyTick
 from watchdog.daemon.prices import PriceBook
 from watchdog.store import ledger
-from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import record
+from watchdog.store.announce import Audit, announce
 from watchdog.store.engine import Connection, Engine
 from watchdog.store.run_reads import RunLabels, labels_of
 from watchdog.store.settings import put as publish_setting
@@ -288,7 +288,7 @@ class Money:
         if run:
             lines.append(run)
         labels = row.labels if self.label_budgets else None  # (the whole row: its labels are at hand)
-        lines += [forecast.period_line(s, now, self.tz) for s in self.states_of(row.agent, labels)]
+        lines += [forecast.period_line(s, now, self.tz, mark=True) for s in self.states_of(row.agent, labels)]
         return tuple(lines)
 
     # -- 5. alerts and what the SDK reads -------------------------------------------------------
@@ -307,24 +307,20 @@ class Money:
         self._prune(engine, now)
 
     def _period_alert(self, engine: Engine, s: PeriodState, now: dt.datetime, kind: str, stopped: list[str]) -> None:
-        from watchdog.core.money_alerts import period_alert
-
         key = f"budget-{kind}:{s.scope.key}:{s.period}:{s.key}"
         if key in self._alerted:
             return
-        title, body = period_alert(s, kind, now, self.tz, stopped)
+        said = Outcome.of(Say.PERIOD, key, s=s, kind=kind, now=now, tz=self.tz, stopped=stopped)
+        title, body = word(said)
         with engine.begin() as conn:
-            if not queued(conn, key):
-                iid = record(conn, at=now, action=f"budget_{kind}", by=self.by, reason=s.reason if kind == "closed"
-                             else None, detail=body.splitlines()[0], outcome=f"{len(stopped)} running run(s) stopped"
-                             if kind == "closed" else "alert only")
-                enqueue_alert(conn, key, title, body, now=now, intervention_id=iid, sealer=self.sealer)
+            if announce(conn, said, now=now, sealer=self.sealer, once=True, audit=Audit(
+                    f"budget_{kind}", self.by, reason=s.reason if kind == "closed" else None,
+                    detail=body.splitlines()[0],
+                    outcome=f"{len(stopped)} running run(s) stopped" if kind == "closed" else "alert only")).queued:
                 log.warning("%s", title)
         self._remember(key)
 
     def _unpriced_alerts(self, engine: Engine, now: dt.datetime) -> None:
-        from watchdog.core.money_alerts import unpriced_alert
-
         day = period_key(DAY, now, self.tz)
         for model, u in sorted(self.last_backfill.unpriced.items()):
             if self.prices.known(model):
@@ -332,11 +328,11 @@ class Money:
             key = f"unpriced:{model}:{day}"
             if key in self._alerted:
                 continue
-            title, body = unpriced_alert(model, sorted(u.agents), u.tokens, u.steps, model == NO_MODEL)
+            said = Outcome.of(Say.UNPRICED, key, model=model, agents=sorted(u.agents), tokens=u.tokens, steps=u.steps,
+                              no_model=model == NO_MODEL)
             with engine.begin() as conn:
-                if not queued(conn, key):
-                    enqueue_alert(conn, key, title, body, now=now, sealer=self.sealer)
-                    log.warning("%s", title)
+                if announce(conn, said, now=now, sealer=self.sealer, once=True).queued:
+                    log.warning("%s", word(said)[0])
             self._remember(key)
 
     def published_state(self) -> dict[str, Any]:

@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.alert_text import alert_body, alert_title
 from watchdog.core.alert_kinds import notify_kind
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.daemon import delivered, lanes
 from watchdog.daemon.notify import Notifier, TargetResult
 from watchdog.store import outbox as rows
-from watchdog.store.alerts import enqueue_alert
+from watchdog.store.announce import announce
 from watchdog.store.engine import store_unavailable
 
 log = logging.getLogger("watchdog.alerts")
@@ -261,11 +262,6 @@ def _refuse(engine, token, ids, now: dt.datetime, sealer) -> None:
     with engine.begin() as conn:
         rows.refuse(conn, ids, now=now, reason=REFUSED)
         window = int(now.timestamp() // REFUSED_REPORT_S)
-        shown = ", ".join(map(str, ids[:20])) + (" …" if len(ids) > 20 else "")
         # Their text is never repeated: it is exactly what someone wanted a human to read.
-        enqueue_alert(conn, AlertKind.FORGED_ALERTS.key(sealer.host, window),
-                      f"agent-watchdog: refused {len(ids)} alert row(s) this daemon did not compose",
-                      f"host {sealer.host}\n{len(ids)} row(s) of the alerts table carry no valid seal of this "
-                      f"daemon: someone who can write the store inserted or changed them. Not delivered.\n"
-                      f"alert ids: {shown}\n(further refusals this hour are logged, not alerted)",
-                      now=now, sealer=sealer)
+        announce(conn, Outcome.of(Say.FORGED_ALERTS, AlertKind.FORGED_ALERTS.key(sealer.host, window),
+                                  host=sealer.host, ids=list(ids)), now=now, sealer=sealer)

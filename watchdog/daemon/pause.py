@@ -26,12 +26,12 @@ from watchdog.store.engine import Connection
 from watchdog.store.pause import acknowledge, acknowledge_resume, pause_key, request_pause
 
 if TYPE_CHECKING:
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.context import TickContext
 
 log = logging.getLogger("watchdog.tick")
 
 
-def act_on_breach(tk: Ticker, this: ThisTick, conn: Connection, row: Any, verdicts: list[Verdict], *,
+def act_on_breach(tk: TickContext, this: ThisTick, conn: Connection, row: Any, verdicts: list[Verdict], *,
                   budgets: Budgets, facts: RunFacts, stop_only: bool = False) -> tuple[str, Verdict, bool]:
     """Pause or stop a running run over budget (one transaction, the caller's):
     ("pause" | "stop", the verdict acted on, whether this tick did it). `stop_only`: a run
@@ -58,7 +58,7 @@ def act_on_breach(tk: Ticker, this: ThisTick, conn: Connection, row: Any, verdic
     return action, v, done
 
 
-def judge_paused(tk: Ticker, this: ThisTick, row: Any, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
+def judge_paused(tk: TickContext, this: ThisTick, row: Any, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
     """One paused run: lost, stopped (a loop, silence, no answer in time), or still waiting."""
     now, rep = this.now, this.rep
     if tk.gone(row, this):
@@ -93,7 +93,7 @@ def judge_paused(tk: Ticker, this: ThisTick, row: Any, *, budgets: Budgets, fact
     _timeout(tk, this, row, budgets=budgets, facts=facts, batch=batch)
 
 
-def _timeout(tk: Ticker, this: ThisTick, row: Any, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
+def _timeout(tk: TickContext, this: ThisTick, row: Any, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
     """A paused run nobody answered in time (or nobody could answer): stopped with its reason."""
     now = this.now
     # Waited since the daemon paused it or confirmed the pause (its state file), never since a
@@ -117,7 +117,7 @@ def _timeout(tk: Ticker, this: ThisTick, row: Any, *, budgets: Budgets, facts: R
             log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
 
 
-def announce_resume(tk: Ticker, row: Any, *, budgets: Budgets, facts: RunFacts, now: dt.datetime,
+def announce_resume(tk: TickContext, row: Any, *, budgets: Budgets, facts: RunFacts, now: dt.datetime,
                     batch: Batch) -> None:
     """A run a human resumed (`agent-watchdog resume`, which queues no alert): say so, once."""
     from watchdog.store.interventions import grant_ok

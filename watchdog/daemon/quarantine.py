@@ -16,17 +16,18 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-import shlex
 from typing import TYPE_CHECKING
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.text import one_line
 from watchdog.daemon.isolation import Defect
 from watchdog.daemon.scan import LIGHT, MEASURES
-from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.alerts import queued
+from watchdog.store.announce import announce
 from watchdog.store.interventions import record
 from watchdog.store import quarantine as store
 from watchdog.store.engine import Connection
@@ -141,27 +142,14 @@ class Quarantine:
             self._summary(conn, now, window)
             return True
         self._alerts += 1
-        subject = f"event {d.event_id} of run {shown}" if d.event_id is not None else f"run {shown}"
-        title = f"agent-watchdog: {subject} cannot be judged — quarantined"
-        body = (f"run {shown}\nwhat is wrong: {what}\n"
-                + ("This event is skipped (the scan moved past it); the run's other events count as usual.\n"
-                   if d.event_id is not None else
-                   "This run's row cannot be judged: no budget is enforced on it until the row is fixed. "
-                   "Written by hand, by a client in another language, or corrupted.\n")
-                + "Every other run is judged as usual.\n"
-                + (f"agent-watchdog show {shlex.quote(shown)}" if rid else ""))
-        enqueue_alert(conn, key, title, body, now=now, run_id=rid if known else None,
-                      intervention_id=iid, sealer=self.sealer)
+        announce(conn, Outcome.of(Say.QUARANTINE, key, rid if known else None, shown=shown, what=what,
+                                  event_id=d.event_id, has_run=bool(rid)), now=now, sealer=self.sealer, audit=iid)
         return True
 
     def _summary(self, conn: Connection, now: dt.datetime, window: int) -> None:
         """One alert an hour for the rows past ALERTS_PER_HOUR (its count is the first moment's)."""
-        enqueue_alert(conn, AlertKind.QUARANTINE_MANY.key(self.by, window)[:255],
-                      f"agent-watchdog: more than {ALERTS_PER_HOUR} malformed rows this hour — quarantined",
-                      f"More than {ALERTS_PER_HOUR} rows or events of the store could not be judged this hour; each "
-                      f"is recorded as a `quarantined` intervention (not alerted one by one). Every other run is "
-                      f"judged as usual. Someone or something is writing malformed rows: look at the interventions "
-                      f"(agent-watchdog show RUN) and at the writers of the store.", now=now, sealer=self.sealer)
+        announce(conn, Outcome.of(Say.QUARANTINE_MANY, AlertKind.QUARANTINE_MANY.key(self.by, window)[:255],
+                                  per_hour=ALERTS_PER_HOUR), now=now, sealer=self.sealer)
 
 
 def _recorded(conn: Connection, rid: str) -> bool:

@@ -22,13 +22,14 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.budgets import Budgets
 from watchdog.core.interventions import Action
-from watchdog.core.messages import RunFacts, escalation_alert
+from watchdog.core.messages import RunFacts
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.seal import Sealer
 from watchdog.daemon.signalcheck import FIX
 from watchdog.store import stops
-from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.alerts import queued
+from watchdog.store.announce import Audit, announce
 from watchdog.store.engine import Connection
-from watchdog.store.interventions import record
 from watchdog.store.run_reads import redrive_alerts
 
 log = logging.getLogger("watchdog.tick")
@@ -45,9 +46,9 @@ def hold_denied(conn: Connection, row: Any, *, now: dt.datetime, by: str, facts:
     if queued(conn, key):
         return
     log.warning("run %s: the signal was refused (permission denied); retried each tick; %s", row.id[:8], FIX)
-    iid = record(conn, at=now, action=Action.SIGNAL_HELD, by=by, run_id=row.id, reason=row.stop_reason, outcome=DENIED)
-    title, body = escalation_alert(facts, budgets, row.stop_reason, DENIED, failed=True)
-    enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+    announce(conn, Outcome.of(Say.ESCALATION, key, row.id, f=facts, b=budgets, reason=row.stop_reason, outcome=DENIED,
+                              failed=True),
+             now=now, sealer=sealer, audit=Audit(Action.SIGNAL_HELD, by, reason=row.stop_reason, outcome=DENIED))
 
 
 def denied_before(conn: Connection, run_id: str) -> bool:
@@ -60,11 +61,8 @@ def request(conn: Connection, row: Any, *, now: dt.datetime, by: str, facts: Run
     """The operator's side (`kill` of a run already stopping, with the daemon's key): the audit
     row, the sealed alert the daemon obeys, and the run numbered as changed. Its dedupe key."""
     key = AlertKind.REDRIVE.key(row.id, now.strftime("%Y%m%dT%H%M%S.%f"))
-    iid = record(conn, at=now, action=Action.STOP_REDRIVEN, by=by, run_id=row.id, reason=row.stop_reason,
-                 outcome=REDRIVEN)
-    _, body = escalation_alert(facts, budgets, row.stop_reason, REDRIVEN, failed=False)
-    title = f"agent-watchdog: stop of {facts.agent} run {facts.id[:8]} driven again by an operator — {row.stop_reason}"
-    enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+    announce(conn, Outcome.of(Say.REDRIVE, key, row.id, f=facts, b=budgets, reason=row.stop_reason, outcome=REDRIVEN),
+             now=now, sealer=sealer, audit=Audit(Action.STOP_REDRIVEN, by, reason=row.stop_reason, outcome=REDRIVEN))
     stops.touch(conn, row.id)
     return key
 

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core.scrub import scrub
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.seal import Sealer
 from watchdog.daemon import keyfile, outbox, sdnotify, whoami
 from watchdog.daemon import reload as reloading  # issue 19: SIGHUP reloads; SIGUSR1/2
@@ -29,7 +31,7 @@ from watchdog.daemon.loop import Periodic
 from watchdog.daemon.attest import AttestServer
 from watchdog.daemon.cluster import Membership
 from watchdog.daemon.lease import AlreadyRunning, LeaseLost, lease_for
-from watchdog.store.alerts import enqueue_alert
+from watchdog.store.announce import announce
 from watchdog.store.interventions import actor
 from watchdog.store.leases import db_now
 from watchdog.store.engine import Engine
@@ -270,12 +272,9 @@ class Daemon:
                 line = (f"{where} jumped {jump.skew_s:+.0f} s ({jump.describe()}); the times of {moved} active "
                         "run(s) moved with it, wall_clock and heartbeat_timeout not judged this tick")
                 log.warning("%s", line)
-                title = f"agent-watchdog: clock jump of {jump.skew_s:+.0f} s on {self.killer.host}"
-                body = (f"{line}. Durations measured across the jump would be false: a healthy run would look "
-                        f"an hour old, a runaway young. Check NTP / timedatectl on "
-                        f"{'the database server' if pg else self.killer.host}.")
-                enqueue_alert(conn, f"clock:{self.killer.host}:{jump.at.timestamp():.0f}", title, body, now=jump.at,
-                              sealer=self.sealer)
+                said = Outcome.of(Say.CLOCK, AlertKind.CLOCK.key(self.killer.host, f"{jump.at.timestamp():.0f}"),
+                                  host=self.killer.host, skew_s=jump.skew_s, line=line, database=pg)
+                announce(conn, said, now=jump.at, sealer=self.sealer)
         except Exception as exc:  # noqa: BLE001 — this tick still judges no duration; the next ones do
             log.warning("%s jumped %+.0f s (%s); could not move the active runs' times or queue the alert: %s",
                         where, jump.skew_s, jump.describe(), _one_line(exc))

@@ -16,12 +16,13 @@ from typing import Any, Callable, Sequence
 from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.budgets import Budgets, for_run
-from watchdog.core.messages import RunFacts, lost_alert, requested_stop_alert, stop_alert
+from watchdog.core.messages import RunFacts
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
 from watchdog.store import stops
-from watchdog.store.alerts import enqueue_alert
+from watchdog.store.announce import announce
 from watchdog.store.children import with_top_child
 from watchdog.store.engine import Connection
 
@@ -84,21 +85,22 @@ def stop_run(conn: Connection, row: Any, *, reason: str, detail: str, now: dt.da
     if iid is None:
         return False
     if sealer is not None:
-        title, body = stop_alert(with_top_child(conn, row, run_facts), budgets, reason, detail, outcome)
-        enqueue_alert(conn, AlertKind.STOP.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                      sealer=sealer)
+        announce(conn, Outcome.of(Say.STOP, AlertKind.STOP.key(row.id), row.id, f=with_top_child(conn, row, run_facts),
+                               b=budgets, reason=reason, detail=detail, action=outcome),
+                 now=now, sealer=sealer, audit=iid)
     for child, child_detail in stops.stop_children(conn, row, reason=reason, detail=detail, now=now, by=by):
         if sealer is None:
             continue
         if own_parent is not None and not own_parent(child):
             # issue 20: the link to this parent is not the daemon's own record (any writer can set
             # parent_id): a cooperative stop, alerted as a stop the daemon did not decide.
-            title, body = requested_stop_alert(facts(child, now=now), budgets_of_child(child, budgets), reason,
-                                               NOT_OWN_PARENT)
+            said = Outcome.of(Say.REQUESTED_STOP, AlertKind.STOP.key(child.id), child.id, f=facts(child, now=now),
+                           b=budgets_of_child(child, budgets), reason=reason, plan=NOT_OWN_PARENT)
         else:
-            title, body = stop_alert(facts(child, now=now), budgets_of_child(child, budgets), reason, child_detail,
-                                     stop_plan(child.kill_mode))
-        enqueue_alert(conn, AlertKind.STOP.key(child.id), title, body, now=now, run_id=child.id, sealer=sealer)
+            said = Outcome.of(Say.STOP, AlertKind.STOP.key(child.id), child.id, f=facts(child, now=now),
+                           b=budgets_of_child(child, budgets), reason=reason, detail=child_detail,
+                           action=stop_plan(child.kill_mode))
+        announce(conn, said, now=now, sealer=sealer)
     return True
 
 
@@ -108,31 +110,30 @@ def lose_run(conn: Connection, row: Any, *, detail: str, now: dt.datetime, by: s
     iid = stops.mark_lost(conn, row.id, detail=detail, now=now, by=by)
     if iid is None:
         return False
-    title, body = lost_alert(run_facts, budgets, detail)
-    enqueue_alert(conn, AlertKind.LOST.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                  sealer=sealer)
+    announce(conn, Outcome.of(Say.LOST, AlertKind.LOST.key(row.id), row.id, f=run_facts, b=budgets, detail=detail),
+             now=now, sealer=sealer, audit=iid)
     return True
 
 
 def stop_unreadable(conn: Connection, run_id: str, *, reason: str, detail: str, outcome: str, now: dt.datetime,
-                    by: str, title: str, body: str, sealer: Sealer | None = None) -> bool:
+                    by: str, sealer: Sealer | None = None) -> bool:
     """running / paused -> stopping for a run whose row the daemon cannot read whole (it never
     builds a row object): its intervention and alert, worded by the daemon. False if it was not active."""
     iid = stops.request_stop(conn, run_id, reason=reason, detail=detail, outcome=outcome, now=now, by=by)
     if iid is None:
         return False
-    enqueue_alert(conn, AlertKind.STOP.key(run_id), title, body, now=now, run_id=run_id, intervention_id=iid,
-                  sealer=sealer)
+    announce(conn, Outcome.of(Say.UNREADABLE_STOP, AlertKind.STOP.key(run_id), run_id, run_id=run_id, reason=reason,
+                           detail=detail), now=now, sealer=sealer, audit=iid)
     return True
 
 
-def lose_unreadable(conn: Connection, run_id: str, *, now: dt.datetime, by: str, title: str, body: str,
+def lose_unreadable(conn: Connection, run_id: str, *, pid: int, host: str, now: dt.datetime, by: str,
                     sealer: Sealer | None = None) -> bool:
     """An active run the daemon cannot read whole whose process is gone: lost."""
     iid = stops.mark_lost(conn, run_id, detail=GONE, now=now, by=by,
                           outcome="marked lost (its row could not be read whole)")
     if iid is None:
         return False
-    enqueue_alert(conn, AlertKind.LOST.key(run_id), title, body, now=now, run_id=run_id, intervention_id=iid,
-                  sealer=sealer)
+    announce(conn, Outcome.of(Say.UNREADABLE_LOST, AlertKind.LOST.key(run_id), run_id, run_id=run_id, pid=pid,
+                           host=host), now=now, sealer=sealer, audit=iid)
     return True

@@ -17,7 +17,8 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.budgets import Budgets
 from watchdog.core.interventions import Action
-from watchdog.core.messages import ACK_MARK, RunFacts, requested_stop_alert
+from watchdog.core.messages import ACK_MARK, RunFacts
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.policies import evaluate, with_period
 from watchdog.core.seal import Sealer
 from watchdog.daemon import believe, ownstage, redrive
@@ -26,18 +27,19 @@ from watchdog.daemon.ladder import WAITING_STAGES, advance, exited
 from watchdog.daemon.ladder import due as ladder_due
 from watchdog.daemon.tickstate import ThisTick
 from watchdog.daemon.stopping import stop_plan
-from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.alerts import queued
+from watchdog.store.announce import announce
 from watchdog.store.interventions import record, stop_intervention
 from watchdog.store.engine import Connection
 from watchdog.store.run_reads import stop_alert
 
 if TYPE_CHECKING:
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.context import TickContext
 
 log = logging.getLogger("watchdog.tick")
 
 
-def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: Budgets, f: RunFacts) -> None:
+def judge_stopping(tk: TickContext, this: ThisTick, row: Any, batch: Batch, budgets: Budgets, f: RunFacts) -> None:
     """A stopping run: acknowledged once, then its ladder (or its end, when its process is gone)."""
     now = this.now
     this.rep.stopping += 1
@@ -83,7 +85,7 @@ def judge_stopping(tk: Ticker, this: ThisTick, row: Any, batch: Batch, budgets: 
         ownstage.remember(conn, tk.memory, row, row.signal_stage)
 
 
-def confirms(tk: Ticker, this: ThisTick, conn: Connection, row: Any, budgets: Budgets) -> bool:
+def confirms(tk: TickContext, this: ThisTick, conn: Connection, row: Any, budgets: Budgets) -> bool:
     """Before the first signal: did this daemon decide the stop, or do its own budgets say
     the run is over one now? A stop only written into the store (any store writer can
     write one for any run) never leads to a signal by itself."""
@@ -108,7 +110,7 @@ def sealed_stop(sealer: Sealer | None, conn: Connection, row: Any) -> bool:
     return bool(sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at))
 
 
-def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> bool:
+def acknowledge_stop(tk: TickContext, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> bool:
     """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
     any store writer): record it if nobody did and alert it, worded by the daemon from
     the store's numbers. Once per run: remembered, and its alert key is unique. True when
@@ -121,10 +123,9 @@ def acknowledge_stop(tk: Ticker, row: Any, f: RunFacts, budgets: Budgets, now: d
             if iid is None:
                 iid = record(conn, at=now, action=Action.STOP_REQUESTED, by=tk.by, run_id=row.id, reason=reason,
                              outcome="stop requested in the store, not by this daemon; acknowledged")
-            plan = stop_plan(row.kill_mode)
-            title, body = requested_stop_alert(f, budgets, reason, plan)
-            enqueue_alert(conn, AlertKind.STOP.key(row.id), title, body, now=now, run_id=row.id, intervention_id=iid,
-                          sealer=tk.sealer)
+            said = Outcome.of(Say.REQUESTED_STOP, AlertKind.STOP.key(row.id), row.id, f=f, b=budgets, reason=reason,
+                              plan=stop_plan(row.kill_mode))
+            announce(conn, said, now=now, sealer=tk.sealer, audit=iid)
             log.warning("stop requested in the store: %s run %s — %s", row.agent, row.id[:8], reason)
             heard = True
     tk.state.acked.add(row.id)

@@ -29,7 +29,8 @@ from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import Config
 from watchdog.core.interventions import Action
-from watchdog.core.messages import RunFacts, rate_alert
+from watchdog.core.messages import RunFacts
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.periods import PeriodState
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate, rate_alarm, with_period
 from watchdog.core.seal import Sealer
@@ -55,8 +56,8 @@ from watchdog.daemon.stopping_runs import judge_stopping
 from watchdog.daemon.scan import L, RATE_WINDOW_S, Scanner
 from watchdog.daemon.tickread import TickRead
 from watchdog.daemon.tickstate import PeriodStop, ThisTick, TickReport, TickState
-from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import actor, record
+from watchdog.store.announce import Audit, announce
+from watchdog.store.interventions import actor
 from watchdog.store.engine import Connection, Engine, read_connection, store_unavailable
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ class Ticker:
             self.scanner.evidence.priced(r.run_id, cost)
         if not judged.again:
             return read.rows
-        with self._read_snapshot() as conn:
+        with self.read_snapshot() as conn:
             fresh = self.scanner.load_rows(conn, sorted(judged.again))
         return [r for r in read.rows if r.id not in judged.again] + fresh
 
@@ -345,15 +346,13 @@ class Ticker:
             return
         self.state.rate_alarmed[row.id] = now
         window = int(now.timestamp() // RATE_WINDOW_S)
-        title, body = rate_alert(f, budgets, snap.calls_last_min, snap.top_tool_last_min, stopping=False)
+        said = Outcome.of(Say.RATE, AlertKind.RATE.key(row.id, window), row.id, f=f, b=budgets,
+                          calls_min=snap.calls_last_min, top=snap.top_tool_last_min, stopping=False)
         with batch.run() as conn:
-            if queued(conn, AlertKind.RATE.key(row.id, window)):
-                return  # a daemon before a restart already alarmed this minute
-            iid = record(conn, at=now, action=Action.RATE_ALARM, by=self.by, run_id=row.id,
-                         tool=snap.top_tool_last_min[0] if snap.top_tool_last_min else None,
-                         reason=lc.TOOL_RATE, detail=alarm.detail, outcome="alert only")
-            if enqueue_alert(conn, AlertKind.RATE.key(row.id, window), title, body, now=now, run_id=row.id,
-                             intervention_id=iid, sealer=self.sealer):
+            # once: a daemon before a restart may have alarmed this minute already
+            if announce(conn, said, now=now, sealer=self.sealer, once=True, audit=Audit(
+                    Action.RATE_ALARM, self.by, tool=snap.top_tool_last_min[0] if snap.top_tool_last_min else None,
+                    reason=lc.TOOL_RATE, detail=alarm.detail, outcome="alert only")).queued:
                 this.rep.alarms.append(row.id)
 
     # -- issue 20: what the daemon believes of a row (watchdog.daemon.believe) ---------------
@@ -370,7 +369,7 @@ class Ticker:
 
         backstop(self, this, self.active.rows, batch)
 
-    def _read_snapshot(self) -> Connection:
+    def read_snapshot(self) -> Connection:
         """One snapshot for the active runs and their new events: a run started between the
         two reads must not have its first events folded (and marked seen) while not yet active."""
         return read_connection(self.engine)
@@ -404,3 +403,10 @@ class Ticker:
             raise  # another daemon holds this host now: the daemon must stop
         except Exception:  # noqa: BLE001 — retried next tick; the lease outlives a few missed ones
             log.debug("could not extend the daemon lease", exc_info=True)
+
+
+if TYPE_CHECKING:
+    from watchdog.daemon.context import TickContext
+
+    def _is_a_tick_context(tk: Ticker) -> TickContext:
+        return tk  # mypy: the Ticker is what its tick's parts are handed (watchdog.daemon.context)

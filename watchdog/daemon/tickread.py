@@ -19,7 +19,7 @@ from watchdog.daemon.tickstate import ThisTick
 from watchdog.store.engine import Connection
 
 if TYPE_CHECKING:
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.context import TickContext
 
 
 class TickRead(NamedTuple):
@@ -35,17 +35,17 @@ class TickRead(NamedTuple):
     full: bool
 
 
-def scope_of(tk: Ticker, this: ThisTick, role: Role) -> Scope:
+def scope_of(tk: TickContext, this: ThisTick, role: Role) -> Scope:
     """The leader reads every host's runs (the period budgets sum them all, and their counts per host
     spare the membership a count over every active run); the others their own."""
     return Scope(None if role.leader else role.hosts, role.hosts, tk.prefilter)
 
 
-def read(tk: Ticker, this: ThisTick, role: Role) -> TickRead:
+def read(tk: TickContext, this: ThisTick, role: Role) -> TickRead:
     """One read snapshot: incremental when the ActiveSet allows it, else full."""
     act, scope = tk.active, scope_of(tk, this, role)
     now_s = this.now.timestamp()
-    with tk._read_snapshot() as conn:
+    with tk.read_snapshot() as conn:
         reason = act.full_reason(now_s, scope, this.skip_clock)
         act.valid = False  # until this tick went through (Ticker.tick)
         changed = act.changes(conn, scope) if reason is None else None
@@ -54,7 +54,7 @@ def read(tk: Ticker, this: ThisTick, role: Role) -> TickRead:
         return _incremental(tk, conn, this, role, changed)
 
 
-def _full(tk: Ticker, conn: Connection, this: ThisTick, role: Role, scope: Scope) -> TickRead:
+def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: Scope) -> TickRead:
     mt, act = this.money, tk.active
     light = tk.scanner.load_active(conn, scope.hosts)
     act.feed.mark(conn)  # the feed starts from this snapshot: what commits after it is a change
@@ -78,7 +78,7 @@ def _full(tk: Ticker, conn: Connection, this: ThisTick, role: Role, scope: Scope
     return TickRead(light, len(mine), new, due, rows, looked, wake, True)
 
 
-def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, changed: set[str]) -> TickRead:
+def _incremental(tk: TickContext, conn: Connection, this: ThisTick, role: Role, changed: set[str]) -> TickRead:
     mt, act = this.money, tk.active
     if act.quiet:  # no run renumbered: no event was written since the last read (an event renumbers its run)
         new, tk.scanner.touched = [], set()
@@ -113,7 +113,7 @@ def _incremental(tk: Ticker, conn: Connection, this: ThisTick, role: Role, chang
     return TickRead(light, len(act.mine), new, due, rows, looked, wake, False)
 
 
-def _prefilter(tk: Ticker, this: ThisTick, light: list[Any], live: set[int] | None, wake: dict[str, Deadline],
+def _prefilter(tk: TickContext, this: ThisTick, light: list[Any], live: set[int] | None, wake: dict[str, Deadline],
                costs: dict[str, float] | None, *, sums: bool = True) -> list[str]:
     """`sums`: the pass sums the live spend (LiveSpend) of the runs it reads (a full read: all)."""
     mt, trust = this.money, tk.trust

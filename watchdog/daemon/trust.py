@@ -26,12 +26,13 @@ from watchdog.core import pause as ap
 from watchdog.core.budgets import BY_KEY, Budgets, effective, asked
 from watchdog.core.config import Config
 from watchdog.core.lifecycle import Source
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.text import one_line
 from watchdog.daemon.otlp.senders import sender_of
 from watchdog.core.whose import OWNER_PREFIX, owner_key
 from watchdog.store.pause import deny_pause
-from watchdog.store.alerts import enqueue_alert, queued
-from watchdog.store.interventions import attested_uid, grant_ok, record
+from watchdog.store.announce import Audit, announce
+from watchdog.store.interventions import attested_uid, grant_ok
 from watchdog.store.engine import Connection
 from watchdog.store.memory import Memory
 
@@ -248,18 +249,14 @@ class Trust:
             return f"uid {uid}"
 
     def _alert_owner(self, conn: Connection, row, owner: str | None) -> None:
-        key = AlertKind.OWNER.key(row.id)
-        if queued(conn, key):
-            return
-        who = f"owner {owner}" if owner else "an owner that cannot be proven (no owner column, no sealed attestation)"
-        line = (f"run {row.id[:32]} names the profile of agent {agent_shown(row.agent)}, which its {who} may not "
-                f"use: judged by [defaults]")
-        log.warning("%s", line)
-        iid = record(conn, at=row.last_seen_at, action=Action.PROFILE_REFUSED, by=self.by, run_id=row.id,
-                     detail={"owner": owner}, outcome="judged by [defaults]")
-        enqueue_alert(conn, key, f"agent-watchdog: run {row.id[:8]} may not use its profile — judged by [defaults]",
-                      line + ".\nIts profile's `owners` do not name it. Every budget of [defaults] applies.",
-                      now=row.last_seen_at, run_id=row.id, intervention_id=iid, sealer=self.sealer)
+        said = Outcome.of(Say.OWNER, AlertKind.OWNER.key(row.id), row.id, run_id=row.id,
+                          agent=row.agent, owner=owner)
+        if announce(conn, said, now=row.last_seen_at, sealer=self.sealer, once=True, audit=Audit(
+                Action.PROFILE_REFUSED, self.by, detail={"owner": owner}, outcome="judged by [defaults]")
+                ).intervention_id is not None:
+            who = f"owner {owner}" if owner else "an owner that cannot be proven"
+            log.warning("run %s names the profile of agent %s, which its %s may not use: judged by [defaults]",
+                        one_line(row.id, 32), agent_shown(row.agent), who)
 
     # -- pauses ----------------------------------------------------------------------------
 
@@ -275,14 +272,8 @@ class Trust:
             return None
 
     def deny_pause(self, conn, row, now):
-        short = row.id[:8]
-        title = f"agent-watchdog: pause of run {short} not confirmed — it goes on"
-        body = (f"run {row.id[:32]}\nagent {agent_shown(row.agent)}\n"
-                "Its row was set paused in the store, but no budget that pauses for its profile is reached by "
-                "the daemon's own counters: the pause is not confirmed and the run is running again, judged "
-                "by every budget. The store's pause text is not quoted.")
-        log.warning("run %s: a pause the daemon did not write or confirm: running again", short)
-        return deny_pause(conn, row, now=now, by=self.by, title=title, body=body, sealer=self.sealer)
+        log.warning("run %s: a pause the daemon did not write or confirm: running again", row.id[:8])
+        return deny_pause(conn, row, now=now, by=self.by, agent=row.agent, sealer=self.sealer)
 
     def confirms_pause(self, row, snap_totals: object, budgets: Budgets) -> bool:
         """A pause the run's own guard wrote, the daemon confirms: a budget that pauses for this

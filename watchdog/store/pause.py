@@ -24,9 +24,11 @@ from watchdog.core.budgets import Budgets, Totals
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core.messages import RunFacts
+from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.seal import Sealer
 from watchdog.store import statuses
-from watchdog.store.alerts import enqueue_alert, queued
+from watchdog.store.alerts import queued
+from watchdog.store.announce import Audit, announce
 from watchdog.store.interventions import record
 from watchdog.store.children import with_top_child
 from watchdog.store.stops import run_row
@@ -108,12 +110,11 @@ def _announce(conn: Connection, row: PausedRun, reason: str, detail: str, paused
               budgets: Budgets, f: RunFacts, *, by_guard: bool, at: dt.datetime | None = None,
               sealer: Sealer | None = None) -> None:
     held = "in-process guard paused the run" if by_guard else "paused: held at its next record"
-    iid = record(conn, at=at or paused_at, action=Action.PAUSED, by=f"sdk (acknowledged by {by})" if by_guard else by,
-                 run_id=row.id, reason=reason, detail=detail,
-                 outcome=f"{held}; waiting up to {budgets.approval_timeout_s:g} s for resume or kill")
-    title, body = ap.pause_alert(with_top_child(conn, row, f), budgets, reason, detail, by_guard)
-    enqueue_alert(conn, pause_key(row, paused_at), title, body, now=at or paused_at, run_id=row.id,
-                  intervention_id=iid, sealer=sealer)
+    said = Outcome.of(Say.PAUSE, pause_key(row, paused_at), row.id, f=with_top_child(conn, row, f), prof=budgets,
+                      reason=reason, detail=detail, by_guard=by_guard)
+    announce(conn, said, now=at or paused_at, sealer=sealer, audit=Audit(
+        Action.PAUSED, f"sdk (acknowledged by {by})" if by_guard else by, reason=reason, detail=detail,
+        outcome=f"{held}; waiting up to {budgets.approval_timeout_s:g} s for resume or kill"))
 
 
 def resume(conn: Connection, row: PausedRun, grant: ap.Grant, *, now: dt.datetime, by: str, budgets: Budgets,
@@ -167,20 +168,19 @@ def acknowledge_resume(conn: Connection, row: PausedRun, *, now: dt.datetime, bu
                      if getattr(budgets, b.key, None) is not None and b.add_option)
     by = ("an operator (sealed with the daemon's key)" if sealed else
           "a row in the store, not sealed by an operator: its budgets stay within its profile")
-    title, body = ap.resume_alert(run_facts, budgets, reason, f"now held to {held}", by)
-    return enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iv.id, sealer=sealer)
+    said = Outcome.of(Say.RESUME, key, row.id, f=run_facts, prof=budgets, reason=reason, granted=f"now held to {held}",
+                      by=by)
+    return announce(conn, said, now=now, sealer=sealer, audit=iv.id).queued
 
 
-def deny_pause(conn: Connection, row: PausedRun, *, now: dt.datetime, by: str, title: str, body: str,
+def deny_pause(conn: Connection, row: PausedRun, *, now: dt.datetime, by: str, agent: str,
                sealer: Sealer | None = None) -> Any:
     """paused -> running for a pause the daemon neither wrote nor confirms (a store writer's
     claim): recorded, alerted once per run in the daemon's words; the row read again (or None)."""
     if not statuses.move(conn, row.id, lc.RUNNING, was=lc.PAUSED, paused_at=None, stop_reason=None,
                          stop_detail=None):
         return None
-    key = AlertKind.PAUSE_DENIED.key(row.id)
-    if not queued(conn, key):
-        iid = record(conn, at=now, action=Action.PAUSE_DENIED, by=by, run_id=row.id,
-                     outcome="paused in the store, not confirmed by the daemon's counters: running again")
-        enqueue_alert(conn, key, title, body, now=now, run_id=row.id, intervention_id=iid, sealer=sealer)
+    said = Outcome.of(Say.PAUSE_DENIED, AlertKind.PAUSE_DENIED.key(row.id), row.id, run_id=row.id, agent=agent)
+    announce(conn, said, now=now, sealer=sealer, once=True, audit=Audit(
+        Action.PAUSE_DENIED, by, outcome="paused in the store, not confirmed by the daemon's counters: running again"))
     return run_row(conn, row.id)

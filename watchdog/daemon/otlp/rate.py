@@ -15,7 +15,8 @@ from collections.abc import Hashable
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
-from watchdog.store.alerts import enqueue_alert
+from watchdog.core.outcomes import Outcome, Say
+from watchdog.store.announce import announce
 from watchdog.store.engine import Connection
 
 log = logging.getLogger("watchdog.otlp")
@@ -50,8 +51,5 @@ def alert_flood(conn: Connection, sealer: Sealer | None, who: str, limit: int, n
     """Once per sender and day: the receiver refuses its new runs (429)."""
     shown = one_line(who)[:SENDER_SHOWN_CHARS]
     key = AlertKind.OTLP_FLOOD.key(shown, now.date().isoformat())
-    if enqueue_alert(conn, key, "agent-watchdog: an OTLP sender starts too many runs — refused (429)",
-                     f'sender "{shown}" started more than {limit} span-only runs within a minute: its new runs '
-                     "are refused with HTTP 429 until its rate falls ([otlp] max_new_runs_per_min); its runs "
-                     "already open are still counted.", now=now, sealer=sealer):
+    if announce(conn, Outcome.of(Say.OTLP_FLOOD, key, sender=shown, limit=limit), now=now, sealer=sealer).queued:
         log.warning("otlp: sender %s starts more than %d runs a minute: refused (429)", shown, limit)

@@ -1,0 +1,101 @@
+"""How a writer's words appear in an alert: marked, bounded, on one line, defanged. Pure.
+
+Anyone who can write a run (an SDK caller, a plain-SQL writer, an OTLP sender, a gateway's
+client) chooses its agent name, its tools' names, its labels, its model, its conversation id,
+its heartbeat text. An alert is read by a human who acts on it, so such text must never read
+as the daemon's own words, nor as a link or a command to follow (issue 32, item 8). The rule,
+written once here and applied by the table of outcomes (watchdog.core.outcomes):
+
+- The **title** is the daemon's words only. A run is named there by `run_ref`: its short id
+  only when that is 8 lowercase hex digits (the form every writer of this project generates),
+  else "a run"; a stop reason only when it is one of the daemon's own (`reason_ref`).
+- In the **body**, writer text appears only inside a marked field, `«…»` (`marked`): secrets
+  masked (watchdog.core.scrub), control,
+  format and line-break characters (newlines, ANSI escapes, bidi overrides, zero-width) become
+  one space; at most `limit` characters, a cut shown as `…`; URLs and shell-looking text are
+  defanged: `http` -> `hxxp`, `://` -> `[:]//`, a dot in a link's host or in a word ending in a common top-level domain -> `[.]`, the
+  shell's metacharacters ``| ; & $ ` < >`` -> their fullwidth forms, `«` `»` -> `‹` `›` (a field
+  cannot close itself early).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from watchdog.core.scrub import scrub
+
+OPEN, CLOSE = "«", "»"
+NAME_CHARS = 64  # an agent, a tool, a model, a label: past this, cut
+TEXT_CHARS = 200  # a free text (an error, a heartbeat, a partial answer)
+
+# Fullwidth forms: they read the same to a human and mean nothing to a shell.
+_SHELL = str.maketrans({"|": "¦", ";": "；", "&": "＆", "$": "＄", "`": "ˋ", "<": "＜", ">": "＞",
+                        OPEN: "‹", CLOSE: "›"})
+_SCHEME = re.compile(r"(?i)\b(h)(tt)(ps?)?(?=[:\[])|://")
+# A dot in a link's host, or in a word ending in a common top-level domain ("evil.sh"), but not
+# in a tool's dotted name ("search.read", "fs.write_file").
+_URL_HOST = re.compile(r"(?<=\[:\]//)[^\s/?#]+")
+_TLDS = ("com|net|org|io|sh|dev|app|ai|co|me|info|biz|xyz|top|site|online|link|click|zip|mov|ru|cn|"
+         "us|uk|de|fr|nl|eu|in|ly|gg|to|cc|tk|ws|su|pw|run|cloud|host|page|live|icu|shop|pro|tv")
+_DOMAIN = re.compile(rf"\b[\w-]+(?:\.[\w-]+)*\.(?:{_TLDS})\b", re.IGNORECASE)
+_RUN_REF = re.compile(r"[0-9a-f]{8}")
+_RUN_ID = re.compile(r"[0-9a-f]{8,64}")
+
+
+def _one_line(text: str) -> str:
+    # Cc (controls, ESC, newlines), Cf (bidi overrides, zero-width), Zl/Zp (line and paragraph separators).
+    kept = "".join(" " if unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp") else c
+                   for c in text)
+    return " ".join(kept.split())
+
+
+def _defang_scheme(m: re.Match[str]) -> str:
+    if m.group(0) == "://":
+        return "[:]//"
+    return f"{m.group(1)}xx{m.group(3) or ''}"
+
+
+def defanged(text: str) -> str:
+    """`text` with its links and shell-looking parts made inert (see the module docstring)."""
+    text = _SCHEME.sub(_defang_scheme, text)
+    text = _URL_HOST.sub(lambda m: m.group(0).replace(".", "[.]"), text)
+    text = _DOMAIN.sub(lambda m: m.group(0).replace(".", "[.]") if "[.]" not in m.group(0) else m.group(0), text)
+    return text.translate(_SHELL)
+
+
+def marked(text: object, limit: int = NAME_CHARS) -> str:
+    """A writer's text as one marked, bounded, defanged field: `«…»`. None reads `«»`."""
+    s = _one_line(scrub("" if text is None else str(text)[: limit * 4]))  # bound the work; no secret shown
+    s = defanged(s)
+    if len(s) > limit:
+        s = s[: max(1, limit - 1)].rstrip() + "…"
+    return f"{OPEN}{s}{CLOSE}"
+
+
+def run_ref(run_id: object) -> str:
+    """A run as a title may name it: `run 1a2b3c4d` for an id of the generated form, else `a run`."""
+    short = run_id[:8] if isinstance(run_id, str) else ""
+    return f"run {short}" if _RUN_REF.fullmatch(short) else "a run"
+
+
+def ident(run_id: object) -> str:
+    """A run's whole id in a body: as is when of the generated form (hex), else marked."""
+    return run_id if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) else marked(run_id, 40)
+
+
+def short_id(run_id: object) -> str | None:
+    """The 8 characters a command may take for the run, None when its id is not of the generated form."""
+    short = run_id[:8] if isinstance(run_id, str) else ""
+    return short if _RUN_REF.fullmatch(short) else None
+
+
+def show_command(run_id: object) -> str:
+    """The command line an alert ends with: only a generated id is pasted into a shell."""
+    short = run_id[:8] if isinstance(run_id, str) else ""
+    return f"agent-watchdog show {short}" if _RUN_REF.fullmatch(short) else "agent-watchdog runs --all"
+
+
+def reason_ref(reason: object, known: tuple[str, ...]) -> str:
+    """A stop reason as a title may name it: one of the daemon's own words (`known`), else a phrase."""
+    return reason if isinstance(reason, str) and reason in known else "a reason the run gave"

@@ -1,0 +1,59 @@
+"""What one tick knows (issue 34, second step): the typed context the tick's parts are handed.
+
+The tick's parts (watchdog.daemon.tickread, pause, stopping_runs, backstop, believe) took the
+whole Ticker as an untyped `tk`, and imported the ticker module to name it: five modules in
+one import cycle. They now take a `TickContext`, the narrow view of the daemon they read (its
+store, config, killer, key, memory, trust rules and the state kept between ticks), declared
+here without importing the ticker. The Ticker is one (structurally, checked by mypy where it
+hands itself over); a test or a later judge may hand another.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from watchdog.core.config import Config
+    from watchdog.core.periods import PeriodState
+    from watchdog.core.seal import Sealer
+    from watchdog.daemon.activeset import ActiveSet
+    from watchdog.daemon.authentic import OwnEvidence
+    from watchdog.daemon.exectree import ExecTrees
+    from watchdog.daemon.killer import Killer
+    from watchdog.daemon.owned import OwnerEvidence
+    from watchdog.daemon.prefilter import PreFilter
+    from watchdog.daemon.scan import Scanner
+    from watchdog.daemon.tickstate import ThisTick, TickState
+    from watchdog.daemon.trust import Trust
+    from watchdog.store.engine import Connection, Engine
+    from watchdog.store.memory import Memory
+
+Row = Any  # a `runs` row as the tick reads it whole (watchdog.store.scan.active_rows)
+
+
+class TickContext(Protocol):
+    """The daemon as one tick sees it."""
+
+    engine: Engine
+    config: Config
+    killer: Killer
+    sealer: Sealer | None  # the daemon's key: without it nothing is signalled nor alerted
+    by: str  # the actor of its audit rows
+    state: TickState  # what it remembers between ticks
+    scanner: Scanner
+    trust: Trust
+    active: ActiveSet
+    prefilter: PreFilter
+    memory: Memory
+    exec_trees: ExecTrees
+    own_evidence: OwnEvidence | None  # SQLite's first-signal check
+    owner_evidence: OwnerEvidence | None  # PostgreSQL's
+
+    def gone(self, row: Row, this: ThisTick) -> bool:
+        """The run's registered process on this host no longer exists."""
+
+    def closing(self, row: Row, this: ThisTick) -> PeriodState | None:
+        """The spent period budget covering the run, or None."""
+
+    def read_snapshot(self) -> Connection:
+        """One read snapshot for the active runs and their new events."""
