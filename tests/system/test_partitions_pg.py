@@ -195,14 +195,76 @@ def test_a_seq_is_stored_once_across_days_and_between_racing_writers(store):
 
     t = threading.Thread(target=second)
     t.start()
-    with _raw(store.url("daemon")) as watch:
-        assert wait_until(lambda: watch.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-                   .fetchone()[0] == 1, timeout_s=10)
+    _waits_for_a_lock(store, store.logins["a"])
     first.commit()
     first.close()
     t.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.UniqueViolation)
     assert [seq for _, seq in _where(store, rid)] == [1, 2]
+
+
+def _waits_for_a_lock(store, login: str) -> None:
+    # As the server's admin: pg_stat_activity shows another login's wait only to a superuser.
+    with _raw(store.base.render_as_string(hide_password=False)) as watch:
+        assert wait_until(lambda: watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'",
+            (login,)).fetchone()[0] == 1, timeout_s=10)
+
+
+def test_another_login_can_neither_freeze_a_runs_writes_nor_probe_its_numbers(store):
+    """Review R1/R8: the seq-once lock was an advisory key listed in pg_locks; A took B's and held it."""
+    mine, theirs = _run(store.url("a")), _run(store.url("b"))
+    writer = _raw(store.url("b"), autocommit=False)  # B mid-transaction: its lock is held now
+    _event(writer, theirs, 1)
+    with _raw(store.url("a"), autocommit=False) as squatter:
+        # Everything A can find and take: every advisory key listed, every runs row it may lock.
+        squatter.execute("SELECT pg_advisory_lock(classid::int, objid::int) FROM pg_locks "
+                         "WHERE locktype = 'advisory' AND objsubid = 2")
+        squatter.execute("SELECT pg_advisory_lock((classid::bigint << 32) | objid::bigint) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1")
+        assert squatter.execute("SELECT id FROM runs WHERE id = %s FOR NO KEY UPDATE", (theirs,)).fetchall() == []
+        squatter.execute("SELECT id FROM runs FOR NO KEY UPDATE")
+        writer.commit()
+        with _raw(store.url("b")) as again:  # B's next writes go on while A holds all of it
+            again.execute("SET statement_timeout = 5000")
+            _event(again, theirs, 2)
+            again.execute("UPDATE runs SET steps = steps + 1 WHERE id = %s", (theirs,))
+        squatter.rollback()
+        # A's probe of B's numbers: refused as RLS refuses, whether the number is taken or not.
+        for seq in (1, 3):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                _event(squatter, theirs, seq)
+            squatter.rollback()
+        _event(squatter, mine, 1)
+        squatter.commit()
+    writer.close()
+    assert [seq for _, seq in _where(store, theirs)] == [1, 2]
+
+
+def test_two_racing_owner_transactions_store_a_seq_once(store):
+    """Review R5: the tables' owner took no lock, so its two racing inserts both committed."""
+    rid = _run(store.url("daemon"))
+    first = _raw(store.url("daemon"), autocommit=False)
+    _event(first, rid, 1)
+    outcome: list[BaseException | None] = []
+
+    def second():
+        with _raw(store.url("daemon"), autocommit=False) as conn:
+            try:
+                _event(conn, rid, 1)
+                conn.commit()
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+    t = threading.Thread(target=second)
+    t.start()
+    _waits_for_a_lock(store, store.daemon)
+    first.commit()
+    first.close()
+    t.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.UniqueViolation)
+    assert outcome[0].diag.constraint_name == "uq_events_run_id_seq"
+    assert [seq for _, seq in _where(store, rid)] == [1]
 
 
 def test_a_row_for_a_day_without_partition_lands_and_moves_when_its_day_is_made(store):
