@@ -26,8 +26,9 @@ What the table promised holds on partitions:
 
 * (run_id, seq) is unique: a unique index of a partitioned table must contain the partition
   key, which would only make (run_id, seq, stored_at) unique. The trigger `events_seq_once`
-  (SECURITY DEFINER: it reads every partition, whoever inserts) takes a transaction advisory
-  lock on the run (LOCK_SPACE, hashtext(run_id)) and refuses a second row with the same key, with the
+  (SECURITY DEFINER: it reads every partition, whoever inserts) locks the run's row in `runs`
+  (FOR NO KEY UPDATE, until the end of the transaction; never an advisory lock, whose keys any
+  login can read in pg_locks and hold) and refuses a second row with the same key, with the
   unique_violation error and constraint name the old unique constraint raised, so every writer's
   "duplicate record" handling is unchanged;
 * the primary key is (id, stored_at); ids still come only from the sequence (no role may insert
@@ -36,7 +37,8 @@ What the table promised holds on partitions:
   policies (0010's and the roles script's) and the grants are moved from the old table to the
   new one by this migration: PostgreSQL clones row triggers onto every partition, and applies
   the parent's policies and grants to every statement through the parent. A partition itself
-  has no grant for any confined role: reading or writing one directly is refused.
+  has no grant for any role but its owner (whatever the owner's default privileges say) and
+  row-level security with no policy: reading or writing one directly is refused.
 
 Existing rows are copied with `stored_at = at`, into a partition per day they cover. The
 downgrade copies them back into one table (and drops `stored_at`).
@@ -58,9 +60,9 @@ DAYS_AHEAD = 2  # day partitions made beyond today (the daemon's leader keeps ma
 OLD = "aw_events_unpartitioned"
 PARTED = "aw_events_partitioned"
 SEQ_ONCE = "events_seq_once"
-# The first key of the (int4, int4) advisory locks the trigger takes; the second is hashtext(run_id).
-# Locks keyed by one bigint (the daemon's lease, judges' shards) are another space of keys.
-LOCK_SPACE = 350015
+# The witnesses' numbers (watchdog.store.joined.WITNESS_SEQ_BASE, sql/postgres-roles.sql): a gateway
+# may append there to any run; below it only the run's own login may.
+WITNESS_SEQ_BASE = 1 << 30
 
 
 def _schema(bind) -> str:
@@ -77,13 +79,21 @@ def _seq_once(schema: str) -> str:
     return f"""CREATE FUNCTION {SEQ_ONCE}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  -- Two writers of the same run wait on each other here (for the rest of the first one's
-  -- transaction); the second then sees the first's row. One lock per run and transaction, not
-  -- per event: a batch of many records takes one entry of the server's lock table per run. The
-  -- tables' owner (a restore, retention's move) only checks: nobody else inserts with it.
-  IF NOT has_table_privilege(session_user, TG_RELID, 'TRUNCATE') THEN
-    PERFORM pg_advisory_xact_lock({LOCK_SPACE}, hashtext(NEW.run_id));
+  -- Below the witnesses' range only the run's own login (or the daemon) may write a run (the
+  -- policies refuse anyone else, but only after this trigger): refused here first, so another
+  -- login's probe learns nothing of which numbers a run it cannot see has used.
+  IF NEW.seq < {WITNESS_SEQ_BASE} AND NOT has_table_privilege(session_user, TG_RELID, 'TRUNCATE')
+     AND NOT EXISTS (SELECT 1 FROM {schema}.runs r WHERE r.id = NEW.run_id AND r.owner = session_user) THEN
+    RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+      MESSAGE = 'new row violates row-level security policy for table "events"';
   END IF;
+  -- Two writers of the same run wait on each other here (for the rest of the first one's
+  -- transaction); the second then sees the first's row. The run's own row is the lock, not an
+  -- advisory key: a key is listed in pg_locks for every login to take and hold, a row lock only by
+  -- a session that may update the row (row-level security hides another owner's run). Everyone
+  -- takes it, the tables' owner too (its own ingest races like any writer). The SDK's insert
+  -- updates that row in the same transaction anyway.
+  PERFORM 1 FROM {schema}.runs r WHERE r.id = NEW.run_id FOR NO KEY UPDATE;
   IF EXISTS (SELECT 1 FROM {schema}.events e WHERE e.run_id = NEW.run_id AND e.seq = NEW.seq) THEN
     RAISE EXCEPTION USING ERRCODE = 'unique_violation', CONSTRAINT = 'uq_events_run_id_seq',
       MESSAGE = 'duplicate key value violates unique constraint "uq_events_run_id_seq"',
@@ -92,6 +102,18 @@ BEGIN
   RETURN NEW;
 END
 $$"""
+
+
+def _lock_down(bind, name: str) -> None:
+    """A partition is read and written only through `events` (whose policies and grants apply to
+    every statement through it): no grant of its own (default privileges of the owner's would give
+    one) and row-level security with no policy, so nobody but the owner reaches it directly."""
+    op.execute(f"REVOKE ALL ON {name} FROM PUBLIC")
+    for (grantee,) in bind.execute(sa.text(
+            "SELECT DISTINCT quote_ident(a.grantee::regrole::text) FROM pg_class c, aclexplode(c.relacl) a "
+            "WHERE c.oid = to_regclass(:t) AND a.grantee <> 0 AND a.grantee <> c.relowner"), {"t": name}).all():
+        op.execute(f"REVOKE ALL ON {name} FROM {grantee}")
+    op.execute(f"ALTER TABLE {name} ENABLE ROW LEVEL SECURITY")
 
 
 def _move_dressing(bind, src: str, dst: str, skip_triggers: tuple[str, ...] = ()) -> None:
@@ -148,6 +170,8 @@ def upgrade() -> None:
     days |= {today + dt.timedelta(days=n) for n in range(DAYS_AHEAD + 1)}
     for day in sorted(days):
         op.execute(_day_partition(day))
+    for name in ["events_default", *(f"events_p{day:%Y%m%d}" for day in sorted(days))]:
+        _lock_down(bind, name)
     columns = ", ".join(f'"{c}"' for c in bind.execute(sa.text(
         "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:t) AND attnum > 0 AND NOT attisdropped "
         "ORDER BY attnum"), {"t": OLD}).scalars())

@@ -195,14 +195,76 @@ def test_a_seq_is_stored_once_across_days_and_between_racing_writers(store):
 
     t = threading.Thread(target=second)
     t.start()
-    with _raw(store.url("daemon")) as watch:
-        assert wait_until(lambda: watch.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-                   .fetchone()[0] == 1, timeout_s=10)
+    _waits_for_a_lock(store, store.logins["a"])
     first.commit()
     first.close()
     t.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.UniqueViolation)
     assert [seq for _, seq in _where(store, rid)] == [1, 2]
+
+
+def _waits_for_a_lock(store, login: str) -> None:
+    # As the server's admin: pg_stat_activity shows another login's wait only to a superuser.
+    with _raw(store.base.render_as_string(hide_password=False)) as watch:
+        assert wait_until(lambda: watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'",
+            (login,)).fetchone()[0] == 1, timeout_s=10)
+
+
+def test_another_login_can_neither_freeze_a_runs_writes_nor_probe_its_numbers(store):
+    """Review R1/R8: the seq-once lock was an advisory key listed in pg_locks; A took B's and held it."""
+    mine, theirs = _run(store.url("a")), _run(store.url("b"))
+    writer = _raw(store.url("b"), autocommit=False)  # B mid-transaction: its lock is held now
+    _event(writer, theirs, 1)
+    with _raw(store.url("a"), autocommit=False) as squatter:
+        # Everything A can find and take: every advisory key listed, every runs row it may lock.
+        squatter.execute("SELECT pg_advisory_lock(classid::int, objid::int) FROM pg_locks "
+                         "WHERE locktype = 'advisory' AND objsubid = 2")
+        squatter.execute("SELECT pg_advisory_lock((classid::bigint << 32) | objid::bigint) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1")
+        assert squatter.execute("SELECT id FROM runs WHERE id = %s FOR NO KEY UPDATE", (theirs,)).fetchall() == []
+        squatter.execute("SELECT id FROM runs FOR NO KEY UPDATE")
+        writer.commit()
+        with _raw(store.url("b")) as again:  # B's next writes go on while A holds all of it
+            again.execute("SET statement_timeout = 5000")
+            _event(again, theirs, 2)
+            again.execute("UPDATE runs SET steps = steps + 1 WHERE id = %s", (theirs,))
+        squatter.rollback()
+        # A's probe of B's numbers: refused as RLS refuses, whether the number is taken or not.
+        for seq in (1, 3):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                _event(squatter, theirs, seq)
+            squatter.rollback()
+        _event(squatter, mine, 1)
+        squatter.commit()
+    writer.close()
+    assert [seq for _, seq in _where(store, theirs)] == [1, 2]
+
+
+def test_two_racing_owner_transactions_store_a_seq_once(store):
+    """Review R5: the tables' owner took no lock, so its two racing inserts both committed."""
+    rid = _run(store.url("daemon"))
+    first = _raw(store.url("daemon"), autocommit=False)
+    _event(first, rid, 1)
+    outcome: list[BaseException | None] = []
+
+    def second():
+        with _raw(store.url("daemon"), autocommit=False) as conn:
+            try:
+                _event(conn, rid, 1)
+                conn.commit()
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+    t = threading.Thread(target=second)
+    t.start()
+    _waits_for_a_lock(store, store.daemon)
+    first.commit()
+    first.close()
+    t.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.UniqueViolation)
+    assert outcome[0].diag.constraint_name == "uq_events_run_id_seq"
+    assert [seq for _, seq in _where(store, rid)] == [1]
 
 
 def test_a_row_for_a_day_without_partition_lands_and_moves_when_its_day_is_made(store):
@@ -318,3 +380,116 @@ def test_upgrade_keeps_rows_and_grants_and_downgrade_gives_one_table_back(pg_ser
         eng.dispose()
     finally:
         _drop(s, admin)
+
+
+def test_an_open_transaction_makes_retention_leave_the_day_quickly_and_drop_it_later(store):
+    """Review R2/R9: one idle-in-transaction writer made the DETACH fail after 2 s at every tick,
+    queuing every writer behind it, and the error escaped before any row was deleted."""
+    import time
+
+    eng = make_engine(store.url("daemon"))
+    try:
+        old = _old_day(eng, 50)
+        stamp = old.lo + dt.timedelta(hours=6)
+        gone = _run(store.url("a"), status="completed")
+        with eng.begin() as conn:
+            conn.execute(text("UPDATE runs SET started_at = :t, ended_at = :t, last_seen_at = :t WHERE id = :r"),
+                         {"t": stamp, "r": gone})
+            conn.execute(text("INSERT INTO events (run_id, seq, at, kind, stored_at) VALUES (:r, :s, :t, 'step', :t)"),
+                         [{"r": gone, "s": n, "t": stamp} for n in range(1, 11)])
+        idle = _raw(store.url("a"), autocommit=False)  # an agent's transaction left open on events
+        _event(idle, _run(store.url("a")), 1)
+        busy = _run(store.url("b"))
+        waits: list[float] = []
+        stop = threading.Event()
+
+        def writer():
+            with _raw(store.url("b")) as conn:
+                seq = 0
+                while not stop.is_set():
+                    seq += 1
+                    t0 = time.perf_counter()
+                    _event(conn, busy, seq)
+                    waits.append(time.perf_counter() - t0)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        assert wait_until(lambda: len(waits) >= 5, timeout_s=10)
+        t0 = time.perf_counter()
+        rep = retention.prune(eng, utcnow() - dt.timedelta(days=30))
+        took = time.perf_counter() - t0
+        n = len(waits)
+        assert wait_until(lambda: len(waits) >= n + 5, timeout_s=10)  # the writer goes on after it
+        stop.set()
+        t.join(10)
+        assert rep.partitions_busy == old.name and rep.partitions == 0
+        assert rep.runs >= 1 and rep.events >= 10  # the rows went one by one meanwhile
+        assert took < 1.5, took
+        assert max(waits) < 1.0, max(waits)  # was LOCK_TIMEOUT_MS = 2 s for every writer, at every tick
+        with eng.connect() as conn:
+            assert old.name in {p.name for p in partitions.day_partitions(conn)}
+            assert conn.execute(text("SELECT count(*) FROM runs WHERE id = :r"), {"r": gone}).scalar() == 0
+        # The leader's partition making gives up as quickly, and says so.
+        t0 = time.perf_counter()
+        with pytest.raises(partitions.Busy):
+            partitions.ensure_ahead(eng, days_ahead=partitions.DAYS_AHEAD + 9)
+        assert time.perf_counter() - t0 < 1.5
+        idle.rollback()
+        idle.close()
+        rep = retention.prune(eng, utcnow() - dt.timedelta(days=30))
+        assert rep.partitions_busy is None and rep.partitions >= 1
+        with eng.connect() as conn:
+            assert old.name not in {p.name for p in partitions.day_partitions(conn)}
+        assert f"events_p{utcnow() + dt.timedelta(days=partitions.DAYS_AHEAD + 9):%Y%m%d}" in partitions.ensure_ahead(
+            eng, days_ahead=partitions.DAYS_AHEAD + 9)
+    finally:
+        eng.dispose()
+
+
+def test_a_partition_made_under_default_privileges_is_reached_only_through_events(store):
+    """Review R12: the owner's default privileges gave the leader's new partition a grant, and a
+    partition has no row-level security of its own: a confined login wrote it directly."""
+    eng = make_engine(store.url("daemon"))
+    day = (utcnow() + dt.timedelta(days=partitions.DAYS_AHEAD + 20)).date()
+    with _raw(store.url("daemon")) as conn:
+        conn.execute(f'ALTER DEFAULT PRIVILEGES GRANT ALL ON TABLES TO "{store.agents}", PUBLIC')
+    try:
+        with eng.begin() as conn:
+            name = partitions._make_day(conn, day)
+        rid = _run(store.url("a"))
+        with _raw(store.url("a")) as conn:
+            for sql in (f"INSERT INTO {name} (id, run_id, seq, at, kind, stored_at) "
+                        f"VALUES (9223372036854775000, %s, 1, now(), 'step', '{day.isoformat()} 12:00+00')",
+                        f"SELECT * FROM {name} WHERE run_id = %s", f"DELETE FROM {name} WHERE run_id = %s"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(sql, (rid,))
+        with _raw(store.url("daemon")) as conn:
+            acl, rls = conn.execute("SELECT relacl::text[], relrowsecurity FROM pg_class WHERE oid = to_regclass(%s)",
+                                    (name,)).fetchone()
+            assert rls and all(entry.startswith(f"{store.daemon}=") for entry in acl or []), acl
+            # Every partition 0015 made is the same.
+            assert conn.execute("SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                                "WHERE i.inhparent = 'events'::regclass AND NOT c.relrowsecurity").fetchone()[0] == 0
+    finally:
+        with _raw(store.url("daemon")) as conn:
+            conn.execute(f'ALTER DEFAULT PRIVILEGES REVOKE ALL ON TABLES FROM "{store.agents}", PUBLIC')
+        eng.dispose()
+
+
+def test_retention_keeps_the_events_of_a_run_whose_keep_test_is_null(store):
+    """Review finding 4: `NOT prunable` is NULL for an ended run with no ended_at: its events went with the day."""
+    eng = make_engine(store.url("daemon"))
+    try:
+        old = _old_day(eng, 60)
+        stamp = old.lo + dt.timedelta(hours=3)
+        rid = _run(store.url("daemon"), status="completed")
+        with eng.begin() as conn:
+            conn.execute(text("UPDATE runs SET ended_at = NULL WHERE id = :r"), {"r": rid})
+            assert conn.execute(text("SELECT ended_at FROM runs WHERE id = :r"), {"r": rid}).scalar() is None
+            conn.execute(text("INSERT INTO events (run_id, seq, at, kind, stored_at) VALUES (:r, 1, :t, 'step', :t)"),
+                         {"r": rid, "t": stamp})
+        rep = retention.prune(eng, utcnow() - dt.timedelta(days=30))
+        assert rep.partitions >= 1
+        assert _where(store, rid) == [(partitions.DEFAULT, 1)]
+    finally:
+        eng.dispose()

@@ -124,3 +124,51 @@ def test_a_judge_killed_mid_tick_leaves_each_stop_decided_and_carried_out_once(s
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait(10)
+
+
+def test_an_agents_login_squatting_the_shard_keys_leaves_no_run_unjudged(pg_server_url, caplog):
+    """Review R3: the keys are public hashes and advisory locks PUBLIC: an agents' login held every
+    shard key (the judge held none: no run judged) or every member key (RuntimeError)."""
+    import psycopg
+
+    from test_partitions_pg import _drop, _make
+    from watchdog.daemon.shards import ShardSet
+
+    s, admin = _make(pg_server_url)
+    eng = make_engine(s.url("daemon"))
+    ids = [uuid.uuid4().hex for _ in range(200)]
+    n = 64
+    try:
+        with psycopg.connect(s.url("a").replace("+psycopg", ""), autocommit=True) as a:
+            for i in range(n):  # (1) every shard key, (2) all member slots but the first
+                assert a.execute("SELECT pg_try_advisory_lock(%s)", (store_shards.shard_key(i, n),)).fetchone()[0]
+            for slot in range(1, store_shards.MAX_JUDGES):
+                a.execute("SELECT pg_try_advisory_lock(%s)", (store_shards.member_key(slot),))
+            one, two = ShardSet(eng, n), ShardSet(eng, n)
+            try:
+                one.rebalance()
+                two.rebalance()
+                assert one.slot == 0 and two.slot is None  # the second judges without a slot
+                assert all(one.owns(rid) and two.owns(rid) for rid in ids)
+                assert "sessions of other logins" in caplog.text and s.logins["a"] in caplog.text
+                a.execute("SELECT pg_advisory_unlock_all()")  # the squat ends: the judges share the shards again
+                one.rebalance()
+                two.rebalance()
+                assert not one.squatted and not two.squatted
+                assert all(one.owns(rid) or two.owns(rid) for rid in ids)
+                assert len(one.held) + len(two.held) == n
+            finally:
+                one.close()
+                two.close()
+            # (3) every member slot squatted: a judge still starts and judges every run.
+            for slot in range(store_shards.MAX_JUDGES):
+                a.execute("SELECT pg_try_advisory_lock(%s)", (store_shards.member_key(slot),))
+            three = ShardSet(eng, n)
+            try:
+                three.rebalance()
+                assert three.slot is None and len(three.held) == n
+            finally:
+                three.close()
+    finally:
+        eng.dispose()
+        _drop(s, admin)

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("watchdog.cluster")
 
 PRUNE_EVERY_S = 300.0  # after a prune that finished; one that ran out of time goes on next tick
+# After a day partition was left because events stayed locked (an open transaction): the next
+# prunes delete rows only, and the DETACH, which queues every writer while it waits, is tried again this much later.
+PARTITION_DROP_RETRY_S = 600.0
 PRUNE_BUDGET_MAX_S = 2.0
 PRUNE_BUDGET_SHARE = 0.2  # of tick_s: the prune never makes a tick late
 # Ended runs are sealed in batches at most this often (a backlog goes on every tick): until then
@@ -128,6 +131,7 @@ class ClusterDuties:
         self.sealer = sealer  # the daemon's key: its alerts are sealed (no key: none is queued)
         self._alerted: set[str] = set()
         self._next_prune_at: dt.datetime | None = None
+        self._next_drop_at: dt.datetime | None = None  # partitions left busy: not before then
         self._sealed_all = False  # the last seal left no ended run unsealed
         self._last_seal_at: dt.datetime | None = None
         self._ended_since_seal = False  # a run ended after the last seal: due at the next batch
@@ -197,8 +201,17 @@ class ClusterDuties:
         with read_connection(self.engine) as conn:
             cutoff = retention.cutoff_for(leases.db_now(conn), keep_days)
         budget_s = min(PRUNE_BUDGET_MAX_S, PRUNE_BUDGET_SHARE * self.config.daemon.tick_s)
-        rep = retention.prune(self.engine, cutoff, budget_s=budget_s)
+        drop = self._next_drop_at is None or t.now >= self._next_drop_at
+        rep = retention.prune(self.engine, cutoff, budget_s=budget_s, drop_partitions=drop)
         self.last_prune = rep
+        if rep.partitions_busy:
+            if self._next_drop_at is None:  # once, not at every retry
+                log.warning("retention: %s stays whole for now: events is locked by an open transaction "
+                            "(idle in transaction?); its rows are deleted one by one, the day is dropped later",
+                            rep.partitions_busy)
+            self._next_drop_at = t.now + dt.timedelta(seconds=PARTITION_DROP_RETRY_S)
+        elif drop:
+            self._next_drop_at = None
         if rep.runs or rep.events or rep.interventions or rep.alerts:
             log.info("retention: %s", rep.summary())
         self._next_prune_at = None if not rep.complete else t.now + dt.timedelta(seconds=PRUNE_EVERY_S)

@@ -70,13 +70,29 @@ class ShardSet:
         self.engine = engine
         self.n = n_shards
         self.held: set[int] = set()
+        # Shards whose lock key another login holds (a squat: the keys are public): judged here
+        # anyway, by every judge (each stop is still decided once), never left unjudged.
+        self.squatted: set[int] = set()
+        self._reported: set[tuple[str, int, str]] = set()  # squats logged already
         self.slot: int | None = None
         self._conn: Any = None
         self._shard = functools.lru_cache(maxsize=1 << 18)(lambda rid: store.shard_of(rid, n_shards))
 
     def owns(self, run_id: str) -> bool:
         """This judge holds the run's shard (the pre-filter's hook)."""
-        return run_id.__class__ is str and self._shard(run_id) in self.held
+        if run_id.__class__ is not str:
+            return False
+        shard = self._shard(run_id)
+        return shard in self.held or shard in self.squatted
+
+    def _report(self, what: str, taken: dict[int, str]) -> None:
+        """One warning per squatted key and login (by who holds it, never by a name it gives)."""
+        new = {(what, i, who) for i, who in taken.items()} - self._reported
+        if new:
+            logins = sorted({who for _, _, who in new})
+            log.warning("shards: %d %s lock keys are held by sessions of other logins (%s), not judges: "
+                        "ignored, their runs are judged here anyway", len(new), what, ", ".join(logins))
+            self._reported |= new
 
     def _session(self) -> Any:
         if self._conn is not None:
@@ -86,22 +102,27 @@ class ShardSet:
             except Exception:  # noqa: BLE001 — the session is gone, and its locks with it
                 log.warning("shards: the lock session broke; %d shards are no longer held", len(self.held))
                 leases.end_session(self._conn)
-                self._conn, self.held, self.slot = None, set(), None
+                self._conn, self.held, self.squatted, self.slot = None, set(), set(), None
         conn = leases.open_session(self.engine)
         leases.session_keepalives(conn, KEEPALIVE_IDLE_S)
         self.slot = store.join(conn)
         if self.slot is None:
-            leases.end_session(conn)
-            raise RuntimeError(f"shards: more than {store.MAX_JUDGES} judges")
+            if store.judges(conn) >= store.MAX_JUDGES:
+                leases.end_session(conn)
+                raise RuntimeError(f"shards: more than {store.MAX_JUDGES} judges")
+            # Every free slot squatted by another login: judge without one (the others do not
+            # count this judge, so it takes fewer shards; every shard is still judged).
+            self._report("member", store.squatted_members(conn))
         self._conn = conn
         return conn
 
     def rebalance(self) -> bool:
         """Give up shards beyond the fair share, take free ones up to it; True if the set changed."""
-        before = set(self.held)
+        before = (set(self.held), set(self.squatted))
         try:
             conn = self._session()
-            fair = math.ceil(self.n / max(1, store.judges(conn)))
+            present = store.judges(conn) + (1 if self.slot is None else 0)
+            fair = math.ceil(self.n / max(1, present))
             for index in sorted(self.held, reverse=True)[:max(0, len(self.held) - fair)]:
                 store.give_up(conn, index, self.n)
                 self.held.discard(index)
@@ -110,10 +131,14 @@ class ShardSet:
                     break
                 if store.take(conn, index, self.n):
                     self.held.add(index)
+            taken = store.squatted(conn, self.n)
+            self.squatted = set(taken) - self.held
+            self._report("shard", taken)
+            self._report("member", store.squatted_members(conn))
         except Exception:  # noqa: BLE001 — the store is down: judge nothing rather than twice
             log.exception("shards: rebalance failed; holding none until the next")
             self.close()
-        return self.held != before
+        return (self.held, self.squatted) != before
 
     def before_tick(self, ticker: Any) -> None:
         """Rebalance and confine the ticker's pre-filter to the held shards; a changed set makes
@@ -130,4 +155,4 @@ class ShardSet:
             except Exception:  # noqa: BLE001 — gone already: so are its locks
                 pass
             leases.end_session(self._conn)
-        self._conn, self.held, self.slot = None, set(), None
+        self._conn, self.held, self.squatted, self.slot = None, set(), set(), None

@@ -20,22 +20,38 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, not_, select, text
+from sqlalchemy import ColumnElement, select, text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
 from watchdog.store.schema import runs
 
 DAYS_AHEAD = 2  # day partitions kept made beyond today (a daemon down that long still loses nothing)
 DEFAULT = "events_default"
-# Waiting for the lock that attaching or detaching a partition takes on `events`: the agents'
-# transactions are short, and a DDL statement queued behind a long one would hold up every insert.
-LOCK_TIMEOUT_MS = 2000
+# Waiting for the lock that attaching or detaching a partition takes on `events`: every writer
+# queues behind a waiting DDL statement, so it waits only this long; a writer's transaction left
+# open (idle in transaction, a long batch) makes the attempt give up, and it is tried again later.
+LOCK_TIMEOUT_MS = 100
+_BUSY_STATES = ("55P03", "40P01")  # lock_not_available (the timeout), deadlock_detected
 # What the partitioned events table has that the models (one for both backends) do not, and the
 # reverse: the models' drift check (tests/store/test_migrations.py) accepts exactly these.
 PG_ONLY = ("stored_at", "ix_events_run_id_seq")  # the partition key; the index (run_id, seq)
 MODEL_ONLY = ("uq_events_run_id_seq",)  # enforced by the trigger events_seq_once instead
 _BOUND = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
 _DAY_NAME = "events_p{:%Y%m%d}"
+
+
+class Busy(Exception):
+    """`events` stayed locked longer than LOCK_TIMEOUT_MS: the partitions in `made` were made, the
+    rest is for a later attempt."""
+
+    def __init__(self, made: list[str]) -> None:
+        super().__init__("events is locked by an open transaction")
+        self.made = made
+
+
+def _is_busy(exc: OperationalError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) in _BUSY_STATES
 
 
 @dataclass(frozen=True)
@@ -100,12 +116,28 @@ def _make_day(conn: Connection, day: dt.date) -> str:
                         {"n": name}).scalar()
     if owner and mine != owner:
         conn.execute(text(f"ALTER TABLE {q} OWNER TO {owner}"))
+    lock_down(conn, name)
     return name
+
+
+def lock_down(conn: Connection, name: str) -> None:
+    """A partition is read and written only through `events`, whose policies and grants apply to
+    every statement through it: no grant of its own (the owner's default privileges would give
+    one, bypassing the parent's row-level security and column grants) and row-level security with
+    no policy, so nobody but the owner reaches it directly."""
+    q = _q(conn, name)
+    conn.execute(text(f"REVOKE ALL ON {q} FROM PUBLIC"))
+    for (grantee,) in conn.execute(text(
+            "SELECT DISTINCT quote_ident(a.grantee::regrole::text) FROM pg_class c, aclexplode(c.relacl) a "
+            "WHERE c.oid = to_regclass(:n) AND a.grantee <> 0 AND a.grantee <> c.relowner"), {"n": name}).all():
+        conn.execute(text(f"REVOKE ALL ON {q} FROM {grantee}"))
+    conn.execute(text(f"ALTER TABLE {q} ENABLE ROW LEVEL SECURITY"))
 
 
 def ensure_ahead(engine: Engine, days_ahead: int = DAYS_AHEAD) -> list[str]:
     """Make the partitions of today (UTC, the server's clock) and the next `days_ahead` days that
-    do not exist yet; the names made. Idempotent; nothing on SQLite or an unpartitioned store."""
+    do not exist yet; the names made. Idempotent; nothing on SQLite or an unpartitioned store.
+    Raises Busy when `events` stays locked (the rest is made at the next attempt)."""
     with engine.connect() as conn:
         if not is_partitioned(conn):
             return []
@@ -115,8 +147,13 @@ def ensure_ahead(engine: Engine, days_ahead: int = DAYS_AHEAD) -> list[str]:
     for n in range(days_ahead + 1):
         day = today + dt.timedelta(days=n)
         if day not in have:
-            with engine.begin() as conn:
-                made.append(_make_day(conn, day))
+            try:
+                with engine.begin() as conn:
+                    made.append(_make_day(conn, day))
+            except OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+                raise Busy(made) from exc
     return made
 
 
@@ -130,6 +167,32 @@ def _run_ids_in(conn: Connection, name: str) -> list[str]:
         f"FROM ids WHERE ids.run_id IS NOT NULL) SELECT run_id FROM ids WHERE run_id IS NOT NULL")).scalars())
 
 
+def _drop_one(conn: Connection, p: DayPartition, prunable: ColumnElement[bool],
+              tick: Callable[[], float]) -> tuple[float, int, int]:
+    """Detach and drop one day, keeping what the runs retention keeps had in it: (when the
+    writers' wait began, the rows it held, the rows kept)."""
+    # Every lock of this transaction (the DETACH's, the kept runs' rows the move's trigger locks)
+    # is waited for only so long: the writers queue behind it.
+    conn.execute(text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
+    q = _q(conn, p.name)
+    ids = _run_ids_in(conn, p.name)
+    kept: list[str] = []
+    for i in range(0, len(ids), 1000):
+        chunk = ids[i:i + 1000]
+        # NULL-safe: a run whose condition is NULL (an ended run with no ended_at) is kept.
+        kept += conn.execute(select(runs.c.id).where(runs.c.id.in_(chunk), prunable.is_not(True))).scalars().all()
+    total = conn.execute(text(f"SELECT count(*) FROM {q}")).scalar_one()
+    t_lock = tick()  # from here to the commit the writers of events wait
+    conn.execute(text(f"ALTER TABLE events DETACH PARTITION {q}"))
+    moved = 0
+    if kept:
+        # Its range is no partition's now: they land in the default partition.
+        moved = conn.execute(text(f"INSERT INTO events SELECT * FROM {q} WHERE run_id = ANY(:ids)"),
+                             {"ids": kept}).rowcount
+    conn.execute(text(f"DROP TABLE {q}"))
+    return t_lock, total, moved
+
+
 @dataclass
 class Dropped:
     partitions: int = 0
@@ -137,6 +200,7 @@ class Dropped:
     kept_events: int = 0  # of runs retention keeps, moved to the default partition
     longest_s: float = 0.0
     locked_s: float = 0.0  # the longest time `events` was locked against the writers (DETACH to commit)
+    busy: str | None = None  # the partition left for later: `events` stayed locked (Busy)
 
 
 def drop_expired(engine: Engine, cutoff: dt.datetime, prunable: ColumnElement[bool],
@@ -144,7 +208,9 @@ def drop_expired(engine: Engine, cutoff: dt.datetime, prunable: ColumnElement[bo
                  clock: Callable[[], float] | None = None) -> Dropped:
     """Drop every day partition that ends at or before `cutoff`, each in its own transaction.
     `prunable` is retention's condition on `runs`: the events of a run it does not hold for are
-    kept (moved to the default partition) and the day still goes."""
+    kept (moved to the default partition) and the day still goes. A day whose DETACH would wait
+    longer than LOCK_TIMEOUT_MS (an open transaction on events) is left, named in `busy`, and so
+    are the days after it: the caller deletes rows as before and tries the days again later."""
     import time
 
     tick = clock or time.perf_counter
@@ -157,30 +223,22 @@ def drop_expired(engine: Engine, cutoff: dt.datetime, prunable: ColumnElement[bo
         if out_of_time():
             break
         t0 = tick()
-        with engine.begin() as conn:
-            q = _q(conn, p.name)
-            ids = _run_ids_in(conn, p.name)
-            kept: list[str] = []
-            for i in range(0, len(ids), 1000):
-                chunk = ids[i:i + 1000]
-                kept += conn.execute(select(runs.c.id).where(runs.c.id.in_(chunk), not_(prunable))).scalars().all()
-            total = conn.execute(text(f"SELECT count(*) FROM {q}")).scalar_one()
-            conn.execute(text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
-            t_lock = tick()  # from here to the commit the writers of events wait
-            conn.execute(text(f"ALTER TABLE events DETACH PARTITION {q}"))
-            if kept:
-                # Its range is no partition's now: they land in the default partition.
-                moved = conn.execute(text(f"INSERT INTO events SELECT * FROM {q} WHERE run_id = ANY(:ids)"),
-                                     {"ids": kept}).rowcount
-                done.kept_events += moved
-                total -= moved
-            conn.execute(text(f"DROP TABLE {q}"))
+        try:
+            with engine.begin() as conn:
+                t_lock, total, moved = _drop_one(conn, p, prunable, tick)
+        except OperationalError as exc:
+            if not _is_busy(exc):
+                raise
+            # The lock is on `events`: every other day would wait for the same transaction.
+            done.busy = p.name
+            break
         done.locked_s = max(done.locked_s, tick() - t_lock)
         done.partitions += 1
-        done.events += total
+        done.events += total - moved
+        done.kept_events += moved
         done.longest_s = max(done.longest_s, tick() - t0)
     return done
 
 
-__all__ = ["DAYS_AHEAD", "DEFAULT", "MODEL_ONLY", "PG_ONLY", "DayPartition", "Dropped", "day_partitions", "drop_expired", "ensure_ahead",
+__all__ = ["DAYS_AHEAD", "DEFAULT", "Busy", "lock_down", "MODEL_ONLY", "PG_ONLY", "DayPartition", "Dropped", "day_partitions", "drop_expired", "ensure_ahead",
            "is_partitioned"]

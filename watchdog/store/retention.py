@@ -43,6 +43,7 @@ class PruneReport:
     partitions: int = 0  # whole day partitions of events dropped (PostgreSQL, revision 0015)
     partition_drop_s: float = 0.0  # the longest of their transactions
     partition_lock_s: float = 0.0  # the longest the writers waited for one (watchdog.store.partitions.Dropped)
+    partitions_busy: str | None = None  # a day left whole for later: events stayed locked (Dropped.busy)
     complete: bool = True  # False when the time budget ran out first (the rest goes next time)
     batches: int = 0
     seconds: float = 0.0
@@ -58,6 +59,8 @@ class PruneReport:
             text += f", and {self.hosts} hosts' old lease rows"
         if self.partitions:
             text += f" ({self.partitions} day partitions of events dropped whole)"
+        if self.partitions_busy:
+            text += f" ({self.partitions_busy} left whole: events was locked by an open transaction)"
         if not self.dry_run:
             text += f" in {self.seconds:.1f} s ({self.batches} batches, longest {self.longest_batch_s * 1000:.0f} ms)"
         if not self.complete:
@@ -142,6 +145,7 @@ def prune(engine: Engine, cutoff: dt.datetime, *, budget_s: float | None = None,
             dropped = partitions.drop_expired(engine, cutoff, _prunable(cutoff), b.out_of_time)
             rep.partitions, rep.events = dropped.partitions, dropped.events
             rep.partition_drop_s, rep.partition_lock_s = dropped.longest_s, dropped.locked_s
+            rep.partitions_busy = dropped.busy
         while not b.out_of_time():
             with read_connection(engine) as conn:
                 ids = conn.execute(select(runs.c.id).where(_prunable(cutoff)).order_by(runs.c.ended_at)
