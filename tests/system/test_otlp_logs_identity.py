@@ -405,3 +405,37 @@ def test_held_sessions_are_flushed_by_the_idle_timer_outside_the_traces_lock(tmp
         assert _steps(engine, rid) == (1, 7) and lr.held == 1  # s-other: held since now_s, not due
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
+def test_the_hook_run_lookup_filters_in_sql_and_keeps_the_active_claimants_first(db_url):
+    """held_runs: one statement for many held sessions; each gets only the runs of its CLI,
+    session, owner and Unix uid (300 other sessions of the same owner around), active first."""
+    from watchdog.store import hooks, statuses, witness
+    from watchdog.store.engine import make_engine
+
+    engine = make_engine(db_url)
+    uid, tag = os.getuid(), uuid.uuid4().hex[:8]
+    try:
+        ids = {}
+        for i in range(300):
+            ids[i] = uuid.uuid4().hex
+            assert hooks.open_session(engine, ids[i], agent="victim-bot", host="h",
+                                      labels={"cli": "claude-code", "session": f"{tag}-{i}"}, uid=uid)
+        stopped = uuid.uuid4().hex
+        assert hooks.open_session(engine, stopped, agent="victim-bot", host="h",
+                                  labels={"cli": "claude-code", "session": f"{tag}-7"}, uid=uid)
+        assert hooks.open_session(engine, uuid.uuid4().hex, agent="victim-bot", host="h",  # another Unix user's
+                                  labels={"cli": "claude-code", "session": f"{tag}-8"}, uid=uid + 1)
+        with engine.begin() as conn:
+            statuses.move(conn, stopped, "killed", was="running", stop_reason="manual",
+                          ended_at=witness.store_now(conn))
+            (owner,) = conn.execute(select(runs.c.owner).where(runs.c.id == ids[0])).one()
+            keys = [("claude-code", f"{tag}-{i}", owner, uid) for i in (5, 7, 8)]
+            keys += [("codex", f"{tag}-5", owner, uid), ("claude-code", f"{tag}-5", "someone-else", uid + 2)]
+            got = hooks.held_runs(conn, keys)
+        assert [[r.id for r in got[k]] for k in keys] == [[ids[5]], [ids[7], stopped], [ids[8]], [], []]
+        assert [r.active for r in got[keys[1]]] == [True, False]
+        assert logruns.pick(got[keys[1]]).id == ids[7]  # an active run beats a stopped look-alike
+    finally:
+        engine.dispose()
