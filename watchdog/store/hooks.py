@@ -77,12 +77,6 @@ CLAIMS_KEPT = 2  # enough to tell one run from several
 SESSIONS_A_QUERY = 200  # held sessions looked up by one statement
 
 
-def held_run(conn: Connection, *, cli: str, session_id: str, owner: str, uid: int) -> list[HookRun]:
-    """The hook runs of the CLI's session that this sender holds (held_runs, for one session)."""
-    key = (cli, session_id, owner, uid)
-    return held_runs(conn, [key])[key]
-
-
 def held_runs(conn: Connection, keys: list[SessionKey]) -> dict[SessionKey, list[HookRun]]:
     """For each sender's session, the hook runs that claim it, the active first (newest first
     within each), at most CLAIMS_KEPT (enough to tell one from several:

@@ -53,7 +53,7 @@ from watchdog.daemon.otlp.outcome import Outcome
 from watchdog.store import witness
 from watchdog.store.alerts import enqueue_alert
 from watchdog.store.engine import Connection, Engine
-from watchdog.store.hooks import HookRun, held_run, held_runs
+from watchdog.store.hooks import HookRun, held_runs
 
 log = logging.getLogger("watchdog.otlp")
 
@@ -89,7 +89,7 @@ def group(s: Session, ident: Identity) -> Group:
 
 
 def pick(found: list[HookRun]) -> Found:
-    """The session's run among the rows that claim it (held_run: active first, at most two): the
+    """The session's run among the rows that claim it (held_runs: active first, at most two): the
     only one; the active one of an active and a stopped look-alike; SEVERAL for two of a kind."""
     if not found:
         return None
@@ -141,20 +141,26 @@ class LogsReceiver:
 
     def _to_hook_runs(self, found: list[Session], peer: sender.Peer, ident: Identity, who: SenderKey,
                       out: Outcome) -> tuple[list[tuple[Session, Group]], list[Group]]:
-        """The sessions' events counted on their hook runs (the store only, no receiver state:
-        without the traces' lock); (those with none yet, those claimed by several: their own)."""
+        """The sessions' events counted on their hook runs (one statement looks them all up; the
+        store only, no receiver state: without the traces' lock); (those with none yet, those
+        claimed by several: their own)."""
         rest: list[tuple[Session, Group]] = []
         own: list[Group] = []
+        uid = peer.uid
+        assert uid is not None
         with self.engine.begin() as conn:
             now = witness.store_now(conn)
+            claims = held_runs(conn, [(s.cli, s.session_id, ident.name, uid) for s in found])
             for s in found:
                 g = group(s, ident)
-                run = self._lookup(conn, s, peer, ident, who, now)
+                these = claims[(s.cli, s.session_id, ident.name, uid)]
+                run = pick(these)
                 if run is None:
                     rest.append((s, g))
                 elif isinstance(run, HookRun):
                     self._count_on(conn, run, s, g, ident, now, out)
                 else:
+                    self._alert_several(conn, s, uid, who, these, now)
                     own.append(g)
         return rest, own
 
@@ -190,16 +196,6 @@ class LogsReceiver:
         if self._per_sender[who] <= 0:
             del self._per_sender[who]
         return h
-
-    def _lookup(self, conn: Connection, s: Session, peer: sender.Peer, ident: Identity, who: SenderKey,
-                now: dt.datetime) -> Found:
-        """The sender's hook run of the session, SEVERAL (alerted once), or None."""
-        assert peer.uid is not None
-        found = held_run(conn, cli=s.cli, session_id=s.session_id, owner=ident.name, uid=peer.uid)
-        got = pick(found)
-        if got == SEVERAL:
-            self._alert_several(conn, s, peer.uid, who, found, now)
-        return got
 
     def _count_on(self, conn: Connection, run: HookRun, s: Session, g: Group, ident: Identity, now: dt.datetime,
                   out: Outcome) -> None:
