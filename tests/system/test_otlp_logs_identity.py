@@ -10,10 +10,12 @@ hook is the real `agent-watchdog hook claude-code` command; the daemon is the da
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -290,3 +292,150 @@ def test_a_token_for_another_agent_cannot_feed_a_hooks_run(db_url, tmp_path):
                             token=NARROW_TOKEN, path=LOGS)
         assert status == 200 and b"may not report for agent 'victim-bot'" in body, body
         assert [(r.source, r.tool_calls) for r in session_runs(d.engine, "s-scope")] == [("hook", 1)]
+
+
+# --- a hostile review of the hook run's lookup and the hold (R11, R6) --------------------------------
+
+
+def _look_alike(engine, real_id: str, status: str) -> str:
+    """A plain-SQL writer of the same SQLite file copies the hook's run (labels, owner), newer."""
+    with engine.begin() as conn:
+        row = conn.execute(select(runs).where(runs.c.id == real_id)).one()
+        rid = uuid.uuid4().hex
+        later = row.started_at + dt.timedelta(seconds=1)
+        conn.execute(runs.insert().values(
+            id=rid, agent=row.agent, status=status, kill_mode="cooperative", host="x", source="hook",
+            owner=row.owner, labels=row.labels, started_at=later, last_seen_at=later,
+            ended_at=None if status == "running" else later, stop_reason=None if status == "running" else "manual"))
+    return rid
+
+
+def _steps(engine, run_id: str) -> tuple[int, int]:
+    with engine.connect() as conn:
+        r = conn.execute(select(runs.c.steps, runs.c.tokens_in).where(runs.c.id == run_id)).one()
+    return r.steps, r.tokens_in
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_look_alike_of_the_hooks_run_neither_blinds_nor_captures_its_log_events_sqlite(db_url, tmp_path):
+    """R11. A `failed` copy of the hook's run (newer, same labels and owner): the events still count
+    on the hook's run. A `running` copy too: neither run gets them; they count on a run of the
+    sender's own (nothing lost), and the daemon alerts once for the session."""
+    with OtlpDaemon(db_url, tokens=[f"{VICTIM_TOKEN} agent=victim-bot owner=victim"]) as d:
+        assert hook(db_url, "s-alike", tmp_path / "home").returncode == 0
+        (real,) = session_runs(d.engine, "s-alike")
+        failed = _look_alike(d.engine, real.id, "failed")
+        assert export(d, "s-alike", steps=1) == ["SUCCESS"]
+        assert wait_for(lambda: _steps(d.engine, real.id) == (1, 1000)), all_runs(d.engine)
+        running = _look_alike(d.engine, real.id, "running")
+        assert export(d, "s-alike", steps=2) == ["SUCCESS"] * 2
+        own = wait_for(lambda: [r for r in session_runs(d.engine, "s-alike") if r.source == "otlp" and r.steps == 2])
+        assert [(r.owner, r.tokens_in) for r in own] == [("victim", 2000)], all_runs(d.engine)
+        with d.engine.connect() as conn:
+            assert sender_of(conn, d.daemon.sealer, own[0].id) == ("victim", False)
+        assert export(d, "s-alike", steps=1) == ["SUCCESS"]
+        assert wait_for(lambda: _steps(d.engine, own[0].id) == (3, 3000)), all_runs(d.engine)
+        assert [_steps(d.engine, r) for r in (real.id, failed, running)] == [(1, 1000), (0, 0), (0, 0)]
+        with d.engine.connect() as conn:
+            keys = conn.execute(select(alerts.c.dedupe_key, alerts.c.body)
+                                .where(alerts.c.dedupe_key.like("forged:session-%"))).all()
+        assert len(keys) == 1 and "s-alike" in keys[0].body and real.id in keys[0].body, keys
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_sender_filling_the_hold_leaves_room_for_another_senders_session(db_url, tmp_path, monkeypatch):
+    """R6. Mallory's token opens more new sessions than one sender may hold (the hold, all senders,
+    just above that): the victim's new session is still held, and lands on its hook's run."""
+    monkeypatch.setattr(logruns, "HOLD_S", 120.0)  # the hold outlasts the test: what is held stays held
+    monkeypatch.setattr(logruns, "MAX_HELD", logruns.MAX_HELD_PER_SENDER + 8)
+    with OtlpDaemon(db_url, tokens=TOKENS, otlp={"max_new_runs_per_min": 1000}) as d:
+        for i in range(logruns.MAX_HELD_PER_SENDER + 8):
+            status, _ = post(d.address, logs_json(f"fill-{i}", steps=1, agent="mallory-bot").encode(), JS,
+                             token=MALLORY_TOKEN, path=LOGS)
+            assert status == 200
+        logs = d.daemon.otlp_server.logs
+        assert logs.held_by(("mallory", os.getuid())) == logruns.MAX_HELD_PER_SENDER
+        assert wait_for(lambda: len([r for r in all_runs(d.engine) if r.agent == "mallory-bot"]) == 8)
+        assert export(d, "s-room", steps=1) == ["SUCCESS"]
+        assert logs.held_by(("victim", os.getuid())) == 1 and session_runs(d.engine, "s-room") == []
+        assert hook(db_url, "s-room", tmp_path / "home").returncode == 0
+        got = wait_for(lambda: [r for r in session_runs(d.engine, "s-room") if r.steps == 1])
+        assert [(r.source, r.tool_calls) for r in got] == [("hook", 1)], all_runs(d.engine)
+        assert len(session_runs(d.engine, "s-room")) == 1
+
+
+def test_held_sessions_are_flushed_by_the_idle_timer_outside_the_traces_lock(tmp_path):
+    """R6. A request never flushes the hold (its cost is the idle timer's), and the flush does
+    not wait for the lock /v1/traces holds: it counts a held session on the hook run that
+    appeared while a traces request holds that lock."""
+    from watchdog.core import lifecycle as lc
+    from watchdog.core.config import Config
+    from watchdog.daemon.otlp.auth import Identity
+    from watchdog.daemon.otlp.ingest import Receiver
+    from watchdog.daemon.otlp.logs import Session
+    from watchdog.daemon.otlp.mapping import Call
+    from watchdog.daemon.otlp.sender import Peer
+    from watchdog.store import hooks, migrate
+    from watchdog.store.engine import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path}/s.db")
+    migrate.upgrade(engine, "head")
+    now_s = [0.0]
+    receiver = Receiver(engine, Config(), None, "h")
+    lr = logruns.LogsReceiver(engine, receiver, clock=lambda: now_s[0])
+    peer, ident = Peer(("127.0.0.1", 1), os.getuid(), None), Identity(name="victim", agents=None)
+
+    def session(sid: str) -> Session:
+        return Session(cli="claude-code", session_id=sid, agent="victim-bot", records=1, calls=[
+            Call(kind=lc.EventKind.STEP, span_id="", end_ns=0, duration_s=None, model="m", tokens_in=7, tokens_out=1)])
+
+    try:
+        assert lr.ingest([session("s-late")], peer, ident).accepted == 1 and lr.held == 1
+        rid = uuid.uuid4().hex
+        assert hooks.open_session(engine, rid, agent="victim-bot", host="h",
+                                  labels={"cli": "claude-code", "session": "s-late"}, uid=os.getuid())
+        now_s[0] = logruns.HOLD_S + 1
+        assert lr.ingest([session("s-other")], peer, ident).accepted == 1
+        assert lr.held == 2 and _steps(engine, rid) == (0, 0)  # the request flushed nothing
+        with receiver.lock:  # a /v1/traces request in progress
+            t = threading.Thread(target=lr.flush)
+            t.start()
+            t.join(timeout=30)
+            assert not t.is_alive()
+        assert _steps(engine, rid) == (1, 7) and lr.held == 1  # s-other: held since now_s, not due
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
+def test_the_hook_run_lookup_filters_in_sql_and_keeps_the_active_claimants_first(db_url):
+    """held_runs: one statement for many held sessions; each gets only the runs of its CLI,
+    session, owner and Unix uid (300 other sessions of the same owner around), active first."""
+    from watchdog.store import hooks, statuses, witness
+    from watchdog.store.engine import make_engine
+
+    engine = make_engine(db_url)
+    uid, tag = os.getuid(), uuid.uuid4().hex[:8]
+    try:
+        ids = {}
+        for i in range(300):
+            ids[i] = uuid.uuid4().hex
+            assert hooks.open_session(engine, ids[i], agent="victim-bot", host="h",
+                                      labels={"cli": "claude-code", "session": f"{tag}-{i}"}, uid=uid)
+        stopped = uuid.uuid4().hex
+        assert hooks.open_session(engine, stopped, agent="victim-bot", host="h",
+                                  labels={"cli": "claude-code", "session": f"{tag}-7"}, uid=uid)
+        assert hooks.open_session(engine, uuid.uuid4().hex, agent="victim-bot", host="h",  # another Unix user's
+                                  labels={"cli": "claude-code", "session": f"{tag}-8"}, uid=uid + 1)
+        with engine.begin() as conn:
+            statuses.move(conn, stopped, "killed", was="running", stop_reason="manual",
+                          ended_at=witness.store_now(conn))
+            (owner,) = conn.execute(select(runs.c.owner).where(runs.c.id == ids[0])).one()
+            keys = [("claude-code", f"{tag}-{i}", owner, uid) for i in (5, 7, 8)]
+            keys += [("codex", f"{tag}-5", owner, uid), ("claude-code", f"{tag}-5", "someone-else", uid + 2)]
+            got = hooks.held_runs(conn, keys)
+        assert [[r.id for r in got[k]] for k in keys] == [[ids[5]], [ids[7], stopped], [ids[8]], [], []]
+        assert [r.active for r in got[keys[1]]] == [True, False]
+        assert logruns.pick(got[keys[1]]).id == ids[7]  # an active run beats a stopped look-alike
+    finally:
+        engine.dispose()

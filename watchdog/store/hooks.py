@@ -11,9 +11,10 @@ PostgreSQL its row belongs to the login the hook connects as, and only that logi
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -64,24 +65,59 @@ def sqlite_owner(uid: int) -> str:
 STOPPED_SEEN_S = 3600  # a session's stopped run still refuses its log events this long after it ended
 
 
-def held_run(conn: Connection, *, cli: str, session_id: str, owner: str, uid: int) -> tuple[str, str, bool] | None:
-    """(id, agent, active) of the newest hook run of the CLI's session that this sender holds: its
-    owner is the sender (on PostgreSQL the hook's login, which the database wrote; on SQLite also
-    `uid N` of the sender's Unix user, which the hook wrote) and its hook ran as the same Unix user.
-    Active, or stopped within STOPPED_SEEN_S (its events are refused like its calls); a run ended
-    by silence is none (the session's next call starts the next one)."""
-    owners = [owner, sqlite_owner(uid)] if conn.dialect.name == "sqlite" else [owner]
+@dataclass(frozen=True)
+class HookRun:
+    id: str
+    agent: str
+    active: bool
+
+
+SessionKey = tuple[str, str, str, int]  # (cli, session id, owner, Unix uid) of a log events' sender
+CLAIMS_KEPT = 2  # enough to tell one run from several
+SESSIONS_A_QUERY = 200  # held sessions looked up by one statement
+
+
+def held_runs(conn: Connection, keys: list[SessionKey]) -> dict[SessionKey, list[HookRun]]:
+    """For each sender's session, the hook runs that claim it, the active first (newest first
+    within each), at most CLAIMS_KEPT (enough to tell one from several:
+    watchdog.daemon.otlp.logruns). Held by the sender: its owner is the sender (on PostgreSQL the
+    hook's login, which the database wrote; on SQLite also `uid N` of the sender's Unix user, which
+    the hook wrote) and its hook ran as the same Unix user. Active, or stopped within
+    STOPPED_SEEN_S (its events are refused like its calls); a run ended by silence is none (the
+    session's next call starts the next one). On SQLite any writer may add a row that looks the
+    same: the caller never picks among two. Filtered in SQL on the CLI and the session."""
+    sqlite = conn.dialect.name == "sqlite"
+    got: dict[SessionKey, list[HookRun]] = {k: [] for k in keys}
     since = witness.store_now(conn) - dt.timedelta(seconds=STOPPED_SEEN_S)
-    recent = or_(runs.c.status.in_(lc.ACTIVE_STATUSES),
-                 and_(runs.c.status != lc.Status.COMPLETED, runs.c.ended_at >= since))
-    q = (select(runs.c.id, runs.c.agent, runs.c.labels, runs.c.status)
-         .where(and_(runs.c.source == lc.Source.HOOK, runs.c.owner.in_(owners), recent))
-         .order_by(runs.c.started_at.desc()))
-    for r in conn.execute(q):
-        labels = r.labels if isinstance(r.labels, dict) else {}
-        if labels.get("cli") == cli and labels.get("session") == session_id and labels.get("uid") == uid:
-            return r.id, r.agent, r.status in lc.ACTIVE_STATUSES
-    return None
+    active = runs.c.status.in_(lc.ACTIVE_STATUSES)
+    recent = or_(active, and_(runs.c.status != lc.Status.COMPLETED, runs.c.ended_at >= since))
+    todo = list(got)
+    for i in range(0, len(todo), SESSIONS_A_QUERY):
+        chunk = todo[i:i + SESSIONS_A_QUERY]
+        owners = {k[2] for k in chunk} | ({sqlite_owner(k[3]) for k in chunk} if sqlite else set())
+        by_session: dict[tuple[str, str, int], list[SessionKey]] = {}
+        for k in chunk:
+            by_session.setdefault((k[0], k[1], k[3]), []).append(k)
+        q = (select(runs.c.id, runs.c.agent, runs.c.status, runs.c.owner, runs.c.labels)
+             .where(and_(runs.c.source == lc.Source.HOOK, runs.c.owner.in_(owners), recent,
+                         runs.c.labels["session"].as_string().in_({k[1] for k in chunk}),
+                         runs.c.labels["cli"].as_string().in_({k[0] for k in chunk})))
+             .order_by(case((active, 0), else_=1), runs.c.started_at.desc()))
+        for r in conn.execute(q):
+            _claim(r, by_session, got, sqlite)
+    return got
+
+
+def _claim(r: Any, by_session: dict[tuple[str, str, int], list[SessionKey]], got: dict[SessionKey, list[HookRun]],
+           sqlite: bool) -> None:
+    """The row claims the sessions of its labels' (CLI, session, Unix uid) held by its owner."""
+    labels = r.labels if isinstance(r.labels, dict) else {}
+    uid = labels.get("uid")
+    if not isinstance(uid, int):
+        return
+    for k in by_session.get((labels.get("cli"), labels.get("session"), uid), []):  # type: ignore[arg-type]
+        if r.owner in (k[2], sqlite_owner(uid) if sqlite else k[2]) and len(got[k]) < CLAIMS_KEPT:
+            got[k].append(HookRun(r.id, r.agent, r.status in lc.ACTIVE_STATUSES))
 
 
 def signatures(engine: Engine, run_id: str, tool: str, args_hash: str) -> tuple[int, list[tuple[str, str]]]:
