@@ -67,6 +67,7 @@ def samples(name: str = "support-bot", rid: str = RID) -> dict[Say, dict[str, An
         Say.FORGED_ALERTS: dict(host="host-a", ids=[3, 4]),
         Say.CLOCK: dict(host="host-a", skew_s=3600.0, line="the wall clock jumped +3600 s", database=False),
         Say.OTLP_FLOOD: dict(sender=name, limit=60),
+        Say.SESSION_CLAIMED: dict(cli=name, uid=1001, session=name, runs=[name, "0123abcd"], sender=name),
     }
 
 

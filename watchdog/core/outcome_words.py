@@ -102,6 +102,16 @@ def otlp_flood_alert(sender: str, limit: int) -> tuple[str, str]:
             "already open are still counted.")
 
 
+def session_claimed_alert(cli: str, uid: int, session: str, runs: list[str], sender: str) -> tuple[str, str]:
+    """A store writer made a look-alike of a coding CLI's hook run (watchdog.daemon.otlp.logruns)."""
+    ids = ", ".join(ident(r) for r in runs)
+    return ("agent-watchdog: several runs claim a coding CLI's session — none gets its log events",
+            f"hook runs {ids} (and maybe more) of Unix user {uid} all claim {marked(cli)} session "
+            f"{marked(session)}: a writer of the store made a look-alike of the hook's run. The log events "
+            f"of that session from sender {marked(sender)} count on a run of the sender's own until one "
+            "run claims it.")
+
+
 def stops_summary_alert(n: int, reasons: Counter[str], agents: Counter[str], per_min: int,
                         shown: int) -> tuple[str, str]:
     """Numbers and identifiers only: how many, why, which agents."""

@@ -54,6 +54,7 @@ class Say(str, Enum):
     FORGED_ALERTS = "forged_alerts"
     CLOCK = "clock"
     OTLP_FLOOD = "otlp_flood"
+    SESSION_CLAIMED = "session_claimed"
 
     def __str__(self) -> str:
         return self.value
@@ -90,6 +91,7 @@ TABLE: Mapping[Say, Words] = {
     Say.FORGED_ALERTS: words.forged_alerts_alert,
     Say.CLOCK: words.clock_alert,
     Say.OTLP_FLOOD: words.otlp_flood_alert,
+    Say.SESSION_CLAIMED: words.session_claimed_alert,
 }
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import Outcome as Said, Say
 from watchdog.core.text import one_line
 from watchdog.daemon.otlp import sender
 from watchdog.daemon.otlp.auth import Identity
@@ -51,7 +52,7 @@ from watchdog.daemon.otlp.logs import Session
 from watchdog.daemon.otlp.mapping import Group
 from watchdog.daemon.otlp.outcome import Outcome
 from watchdog.store import witness
-from watchdog.store.alerts import enqueue_alert
+from watchdog.store.announce import announce
 from watchdog.store.engine import Connection, Engine
 from watchdog.store.hooks import HookRun, held_runs
 
@@ -211,14 +212,10 @@ class LogsReceiver:
         """Once per (CLI, Unix user, session): a writer of the store made a look-alike of the hook's run."""
         digest = hashlib.sha256(f"{s.cli}\x00{uid}\x00{s.session_id}".encode("utf-8", "surrogateescape"))
         key = AlertKind.FORGED.key(f"session-{digest.hexdigest()[:16]}", "hook-runs")
-        ids = ", ".join(one_line(r.id)[:32] for r in found)
         shown = one_line(s.session_id)[:SESSION_SHOWN_CHARS]
-        if enqueue_alert(conn, key, "agent-watchdog: several runs claim a coding CLI's session — none gets its "
-                         "log events", f"hook runs {ids} (and maybe more) of Unix user {uid} all claim {s.cli} "
-                         f'session "{shown}" (the agent\'s claim): a writer of the store made a look-alike of '
-                         f'the hook\'s run. The log events of that session from sender "{one_line(who[0])[:63]}" '
-                         "count on a run of the sender's own until one run claims it.",
-                         now=now, sealer=self.receiver.sealer):
+        said = Said.of(Say.SESSION_CLAIMED, key, cli=s.cli, uid=uid, session=s.session_id,
+                     runs=[r.id for r in found], sender=str(who[0]))
+        if announce(conn, said, now=now, sealer=self.receiver.sealer).queued:
             log.warning("otlp logs: several hook runs claim %s session %s of uid %d: its events count apart",
                         s.cli, shown, uid)
 
