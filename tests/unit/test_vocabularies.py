@@ -79,3 +79,19 @@ def test_a_key_that_is_not_text_is_a_warning():
 @pytest.mark.parametrize("kind", list(AlertKind))
 def test_each_kind_says_what_it_tells_and_its_keys_shape(kind):
     assert kind.meaning.startswith(kind.value)
+
+
+def test_only_announce_queues_an_alert():
+    """Issue 34: one verb announces an outcome (watchdog/store/announce.py); no other module
+    calls the outbox's enqueue, so every alert is worded from the one table of outcomes."""
+    import ast
+
+    callers = set()
+    for path, text in SOURCES.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+                if name == "enqueue_alert":
+                    callers.add(str(path))
+    assert callers and all(c.endswith("store/announce.py") for c in callers), callers
