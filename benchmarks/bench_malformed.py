@@ -124,8 +124,8 @@ def add_runs(engine, n: int, now: dt.datetime, host: str, malformed_every: int, 
 def one_pass(backend: str, n_runs: int, ticks: int, malformed_every: int) -> list[dict]:
     from watchdog.core.config import Budgets, Config, DaemonConfig
     from watchdog.core.seal import Sealer
-    from watchdog.daemon.killer import Killer
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.stops.killer import Killer
+    from watchdog.daemon.tick.ticker import Ticker
     from watchdog.store.engine import make_engine
     from watchdog.store.schema import runs
 

@@ -215,7 +215,7 @@ def bench_raw(url: str, bodies: list[bytes]) -> tuple[float, int]:
 def bench_latency(url: str, calls: int, pause_s: float, tick_s: float, auth: bool) -> tuple[list[float], list[float]]:
     from sqlalchemy import select
 
-    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.process.service import Daemon
     from watchdog.store.engine import make_engine
     from watchdog.store.schema import events
 
@@ -245,7 +245,7 @@ def bench_latency(url: str, calls: int, pause_s: float, tick_s: float, auth: boo
             t = time.time()
             folded.extend((e.id, t) for e in rep.events)
 
-    from watchdog.daemon.loop import Periodic
+    from watchdog.daemon.process.loop import Periodic
 
     th = Periodic("tick", tick, tick_s, stop).start()  # the daemon's own schedule (monotonic, no drift)
     host, port = srv.address

@@ -17,7 +17,7 @@ measurement) with EVENTS_PER_RUN events per run, owned by that login. Then, in t
   tick    one judge (a real Ticker, the daemon's lease held) ticks every --tick-s while the
           writers record at --rate events/s in total (paced): the cold tick, then the p50 / p99
           of --ticks changed ticks (every tick has new events). With --judges N, N Tickers share
-          the runs by shard (watchdog.daemon.shards, advisory locks), ticked one after the other
+          the runs by shard (watchdog.daemon.leases.shards, advisory locks), ticked one after the other
           in each period: p50 / p99 per judge's tick.
   breach  during those ticks, --breaches runs (max_steps = their steps) each get one step more,
           one at a time at a random moment of a tick period: the latency from that record's
@@ -223,11 +223,11 @@ def ingest(st: Store, ids, args) -> dict:
 
 def ticks(st: Store, ids, args) -> dict:
     from watchdog.core.config import Budgets, Config, DaemonConfig, StoreConfig
-    from watchdog.daemon.cluster import Membership
-    from watchdog.daemon.killer import Killer
-    from watchdog.daemon.lease import lease_for
-    from watchdog.daemon.shards import ShardSet
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.leases.cluster import Membership
+    from watchdog.daemon.stops.killer import Killer
+    from watchdog.daemon.leases.lease import lease_for
+    from watchdog.daemon.leases.shards import ShardSet
+    from watchdog.daemon.tick.ticker import Ticker
     from watchdog.store.agent_writes import AgentSQL
     from watchdog.store.dialects import for_name
     from watchdog.store.engine import make_engine
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tick-s", type=float, default=1.0)
     ap.add_argument("--breaches", type=int, default=10)
     ap.add_argument("--judges", type=int, default=1, help="judges sharing the runs by shard "
-                    "(watchdog.daemon.shards), ticked one after the other each period")
+                    "(watchdog.daemon.leases.shards), ticked one after the other each period")
     ap.add_argument("--drop-events", type=int, default=1_000_000, help="events in the day partition dropped")
     ap.add_argument("--no-retention", action="store_true")
     ap.add_argument("--revision", default="head", help="migrate the fleets' stores to this revision "

@@ -67,7 +67,7 @@ host with the benchmark's own pid and create time: `_gone()` then takes its
 fast path — the pid is in psutil.pids() and the run wrote within 2 ticks — and
 the killer would refuse to signal the benchmark itself anyway.)
 
-Lease. Both tickers tick under one real lease of this host (watchdog.daemon.lease: PostgreSQL's
+Lease. Both tickers tick under one real lease of this host (watchdog.daemon.leases.lease: PostgreSQL's
 advisory locks on a session of its own, SQLite's row), as a daemon does: its refresh, the leader's
 read of the hosts without a daemon and its renewal are part of every tick measured.
 
@@ -128,7 +128,7 @@ LABELS = '{"tenant": "bench"}'  # one active run in two carries it: the [[budget
 def bench_config(tick_s: float):
     """Generous budgets: a healthy active run trips nothing, whatever the grid size. Period budgets
     per agent and for a label set, and drift alarms, are all on (and never trip): the money work
-    (watchdog.daemon.money) runs in full each tick of the Ticker that has it."""
+    (watchdog.daemon.money.money) runs in full each tick of the Ticker that has it."""
     from watchdog.core.config import Budgets, Config, DaemonConfig
     from watchdog.core.periods import LabelBudget
 
@@ -556,7 +556,7 @@ class PhaseTimer:
         wrapped = {"load_active": (ticker.scanner, "load_active"), "fold": (ticker.scanner, "fold"),
                    "live_pids": (ticker, "_live_pids"), "per_run": (ticker, "_one"),
                    "lease": (ticker, "_touch_lease")}
-        if ticker.money is not None:  # the money work, by step (watchdog.daemon.money)
+        if ticker.money is not None:  # the money work, by step (watchdog.daemon.money.money)
             m = ticker.money
             wrapped.update({"m_read": (m, "read"), "m_labels": (m, "learn_labels"), "m_price": (m, "price"),
                             "m_judge": (m, "judge"), "m_book": (m, "book"), "m_after": (m, "after")})
@@ -667,10 +667,10 @@ class SchedClock:
 def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profile_this: bool) -> dict:
     from sqlalchemy import func, select
 
-    from watchdog.daemon.killer import Killer
+    from watchdog.daemon.stops.killer import Killer
     from watchdog.store.engine import make_engine
     from watchdog.store.schema import events, runs
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.tick.ticker import Ticker
 
     rng = random.Random(n_active * 7919 + n_hist)
     tag = f"r{n_active}_h{n_hist}"
@@ -695,17 +695,17 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
             res["events_total"] = conn.execute(select(func.count()).select_from(events)).scalar()
         # The same store, the same writes, two daemons' ticks: `base` is the tick without the money
         # work (what main ran before prices, the ledger, period budgets and drift), `ticker` has it.
-        # A daemon ticks under its lease (watchdog.daemon.lease): the leader's per-tick lease work is
+        # A daemon ticks under its lease (watchdog.daemon.leases.lease): the leader's per-tick lease work is
         # part of its tick. Both tickers share one, so both pay it.
-        from watchdog.daemon.cluster import Membership
-        from watchdog.daemon.lease import lease_for
+        from watchdog.daemon.leases.cluster import Membership
+        from watchdog.daemon.leases.lease import lease_for
 
         killer = Killer()
         lease = lease_for(engine, killer.host, tick_s=args.tick_s)
         lease.acquire()
-        # ...and freezes its heap after a full tick (watchdog.daemon.heap): one freezer, as one daemon.
+        # ...and freezes its heap after a full tick (watchdog.daemon.tick.heap): one freezer, as one daemon.
         try:
-            from watchdog.daemon.heap import HeapFreezer
+            from watchdog.daemon.tick.heap import HeapFreezer
 
             heap: dict = {"heap": HeapFreezer()}
         except ImportError:  # a version before it (this script measures before and after alike)
@@ -783,10 +783,10 @@ def measure(be: Backend, template: str, n_hist: int, n_active: int, args, profil
 
             # Idle: the same daemon, time going on, nothing written (agents waiting on models). The
             # runs that ended in the warm ticks are booked and sealed first, at their own 30 s pace
-            # (watchdog.daemon.money, watchdog.daemon.cluster.SEAL_EVERY_S): that is their churn's
+            # (watchdog.daemon.money.money, watchdog.daemon.leases.cluster.SEAL_EVERY_S): that is their churn's
             # work, not an idle tick's. These settling ticks are not measured.
             try:
-                from watchdog.daemon.cluster import SEAL_EVERY_S
+                from watchdog.daemon.leases.cluster import SEAL_EVERY_S
             except ImportError:  # a version that sealed every tick
                 SEAL_EVERY_S = 30.0
             k += int(SEAL_EVERY_S // args.tick_s) + 1

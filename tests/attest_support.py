@@ -19,9 +19,9 @@ import uuid
 from pathlib import Path
 
 from watchdog.core.seal import Sealer
-from watchdog.daemon import keyfile
-from watchdog.daemon.attest import AttestServer
-from watchdog.daemon.killer import Killer
+from watchdog.daemon.trust import keyfile
+from watchdog.daemon.stops.attest import AttestServer
+from watchdog.daemon.stops.killer import Killer
 from watchdog.store.engine import make_engine
 
 

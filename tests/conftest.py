@@ -143,7 +143,7 @@ def procs(tmp_path):
 def sealer():
     """The daemon's sealing key for tests that drive a Ticker or the outbox directly."""
     from watchdog.core.seal import Sealer
-    from watchdog.daemon.killer import Killer
+    from watchdog.daemon.stops.killer import Killer
 
     return Sealer(os.urandom(32), Killer().host)
 

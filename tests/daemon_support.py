@@ -12,7 +12,7 @@ from sqlalchemy import select
 from attest_support import short_dir
 from watchdog.core.config import parse
 from watchdog.core.seal import Sealer
-from watchdog.daemon.killer import Killer
+from watchdog.daemon.stops.killer import Killer
 from watchdog.store.schema import alerts, interventions, runs
 
 CANCEL_GRACE_S = 0.5
@@ -84,7 +84,7 @@ def daemon_toml(**keys) -> str:
 
 def ticker(engine, cfg=None, killer=None):
     """A Ticker on the test's store with the test sealer, allowed to signal this user's processes."""
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.tick.ticker import Ticker
 
     return Ticker(engine, cfg or config(), killer or Killer(allowed_users=[ME]), sealer=SEALER)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from daemon_support import config
-from watchdog.daemon.service import Daemon
+from watchdog.daemon.process.service import Daemon
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import runs
 

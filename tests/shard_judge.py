@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemon_support import config, ticker  # noqa: E402
-from watchdog.daemon.shards import ShardSet  # noqa: E402
+from watchdog.daemon.leases.shards import ShardSet  # noqa: E402
 from watchdog.store import stops  # noqa: E402
 from watchdog.store.engine import make_engine  # noqa: E402
 from watchdog.store.schema import utcnow  # noqa: E402

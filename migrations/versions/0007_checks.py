@@ -8,7 +8,7 @@ The table contract is public: clients in other languages write rows with plain S
 A malformed row (text in a counter, a NaN cost, an unknown status, a timestamp that does
 not parse) is refused at the door with a message naming the check, instead of reaching
 the daemon. The daemon still survives rows written before this revision or by hand with
-the checks off (it quarantines them, see watchdog/daemon/quarantine.py).
+the checks off (it quarantines them, see watchdog/daemon/trust/quarantine.py).
 
 Both databases check with BEFORE INSERT / UPDATE triggers (a plpgsql function on
 PostgreSQL), each check on an UPDATE only when the update changes one of its columns:

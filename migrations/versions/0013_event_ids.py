@@ -4,7 +4,7 @@ Revision ID: 0013
 Revises: 0012
 Create Date: 2026-12-04
 
-The daemon folds the events above the newest id it has read (watchdog.daemon.scan): an id is
+The daemon folds the events above the newest id it has read (watchdog.daemon.trust.scan): an id is
 the table's counter's, and each new event's is above every earlier one. A writer that chose an
 event's id could hide every later event from the daemon: on SQLite an event at id 2**63 - 1
 makes SQLite give later rows random ids, below the daemon's mark, for ever (and the mark comes

@@ -173,7 +173,7 @@ def test_an_event_committed_after_a_later_one_is_still_folded(wd, engine):
     """The fold reads the events above its high-water mark; on PostgreSQL an event that took a
     lower id commits after a higher one it already folded: the window below the mark is checked
     (its count and id sum against the ids read there) and the late event is folded once."""
-    from watchdog.daemon.scan import Scanner
+    from watchdog.daemon.trust.scan import Scanner
 
     (a,) = _start(wd, 1)
     scanner = Scanner()
@@ -226,7 +226,7 @@ def test_late_events_are_folded_after_the_fold_reads_fewer_hosts(engine):
     """A daemon that led (it folded every host's events) and now follows (its own host's only):
     the window's count and id sum must not be compared with ids it read of other hosts; two late
     events of its host whose ids sum like two of those are folded all the same."""
-    from watchdog.daemon.scan import Scanner
+    from watchdog.daemon.trust.scan import Scanner
     from watchdog.store.schema import events as ev
 
     def run_on(conn, host: str) -> str:
@@ -264,7 +264,7 @@ def test_no_writer_chooses_an_event_id_that_hides_the_later_ones(wd, engine):
     id makes later rows take random ids, below that mark, for ever: the store refuses an id far
     above the newest (migration 0013; on PostgreSQL the roles have no grant on the id, see
     test_owners_pg) and an id's change; the daemon goes on folding what comes next."""
-    from watchdog.daemon.scan import Scanner
+    from watchdog.daemon.trust.scan import Scanner
 
     (a,) = _start(wd, 1)
     scanner = Scanner()
@@ -301,8 +301,8 @@ def test_an_event_in_flight_is_folded_however_far_the_ids_moved_meanwhile(wd, en
     events than the window keeps were written is logged, and the window closes behind it."""
     import logging
 
-    from watchdog.daemon import latewindow
-    from watchdog.daemon.scan import Scanner
+    from watchdog.daemon.trust import latewindow
+    from watchdog.daemon.trust.scan import Scanner
 
     a, b = _start(wd, 2)
     scanner = Scanner()
@@ -356,8 +356,8 @@ def test_a_gateways_event_waiting_on_an_agents_lock_is_folded_when_it_commits(wd
     import threading
     import time
 
-    from watchdog.daemon import latewindow
-    from watchdog.daemon.scan import Scanner
+    from watchdog.daemon.trust import latewindow
+    from watchdog.daemon.trust.scan import Scanner
 
     r, r2, r3 = _start(wd, 3)
     scanner = Scanner()

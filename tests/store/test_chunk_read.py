@@ -66,7 +66,7 @@ def test_a_writers_free_text_is_read_bounded_in_whole_rows(db_url, engine):
     from sqlalchemy import insert
 
     from watchdog.core import lifecycle as lc
-    from watchdog.daemon.isolation import read_isolated
+    from watchdog.daemon.trust.isolation import read_isolated
     from watchdog.store import scan
     from watchdog.store.schema import RUN_TEXT_READ_MAX_CHARS, runs, utcnow
 

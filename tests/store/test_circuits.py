@@ -15,12 +15,12 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from watchdog import ToolUnavailable, Watchdog
-from watchdog.daemon.circuits import CircuitBreakers
+from watchdog.daemon.stops.circuits import CircuitBreakers
 from watchdog.cli import main
 from watchdog.core.config import parse
-from watchdog.daemon.killer import Killer
+from watchdog.daemon.stops.killer import Killer
 from watchdog.store.schema import alerts, interventions, tool_circuits
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.tick.ticker import Ticker
 
 OPEN_S = 0.6
 

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from watchdog.daemon.clock import JumpDetector
+from watchdog.daemon.tick.clock import JumpDetector
 
 
 def jump_of(skew_s: float, before: dt.datetime, gap_s: float = 1.0):
@@ -19,8 +19,8 @@ def jump_of(skew_s: float, before: dt.datetime, gap_s: float = 1.0):
 @pytest.fixture
 def daemon(engine):
     from daemon_support import config
-    from watchdog.daemon.notify import Notifier
-    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.alerts.notify import Notifier
+    from watchdog.daemon.process.service import Daemon
 
     d = Daemon(engine, config(defaults={"max_wall_s": 300, "heartbeat_timeout_s": 120}), notifier=Notifier([]))
     yield d

@@ -9,8 +9,8 @@ import datetime as dt
 import time
 
 from alertsinks import HttpSink
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.outbox import deliver_due
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.alerts.outbox import deliver_due
 from watchdog.store.alerts import enqueue_alert
 from watchdog.store.schema import alerts
 

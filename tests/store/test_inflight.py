@@ -11,9 +11,9 @@ from sqlalchemy import select
 from watchdog import Watchdog
 from daemon_support import SEALER
 from watchdog.core.config import parse
-from watchdog.daemon.killer import Killer
+from watchdog.daemon.stops.killer import Killer
 from watchdog.store.schema import alerts, runs
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.tick.ticker import Ticker
 
 
 def _row(engine, run_id):

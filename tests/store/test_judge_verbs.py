@@ -12,7 +12,7 @@ from sqlalchemy import insert, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.lifecycle import Circuit, IllegalCircuitMove, IllegalStageMove
-from watchdog.daemon.isolation import read_isolated
+from watchdog.daemon.trust.isolation import read_isolated
 from watchdog.store import alerts as sealed_alerts, attestations, backfill, circuits, ladder, quarantine, scan
 from watchdog.store.schema import alerts, circuit_probes, events, interventions, runs, tool_circuits
 
@@ -277,7 +277,7 @@ def test_the_registered_run_an_attestation_is_checked_against(engine):
 
 def test_closing_by_hand_closes_a_circuit_whose_state_was_written_by_hand(engine):
     from watchdog.core.config import Config
-    from watchdog.daemon.circuits import CircuitBreakers
+    from watchdog.daemon.stops.circuits import CircuitBreakers
 
     with engine.begin() as conn:
         conn.execute(insert(tool_circuits).values(tool="search", state="bogus", errors_in_window=1, updated_at=T0))

@@ -14,8 +14,8 @@ from watchdog import RunKilled, Watchdog
 from watchdog.core import lifecycle as lc
 from watchdog.core import policies as p
 from watchdog.core.budgets import BY_KEY, Budgets
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.schema import utcnow
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)

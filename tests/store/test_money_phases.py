@@ -1,4 +1,4 @@
-"""Money in phases (watchdog.daemon.moneytick) and the tick's own reads (watchdog.store.run_reads),
+"""Money in phases (watchdog.daemon.money.moneytick) and the tick's own reads (watchdog.store.run_reads),
 on both backends, for real: runs written with plain inserts, as any writer of the table contract
 could, then one tick's money work step by step, and each step refused out of its order."""
 
@@ -14,10 +14,10 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.config import parse
 from watchdog.core.periods import CLOSED_KEY
 from watchdog.core.seal import Sealer
-from watchdog.daemon.money import Money
-from watchdog.daemon.moneytick import MoneyOrderError, Phase
-from watchdog.daemon.prefilter import PreFilter
-from watchdog.daemon.scan import Scanner
+from watchdog.daemon.money.money import Money
+from watchdog.daemon.money.moneytick import MoneyOrderError, Phase
+from watchdog.daemon.tick.prefilter import PreFilter
+from watchdog.daemon.trust.scan import Scanner
 from watchdog.store import run_reads, settings
 from watchdog.store.interventions import stop_intervention
 from watchdog.store.engine import read_connection

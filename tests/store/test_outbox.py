@@ -17,10 +17,10 @@ from sqlalchemy import insert, select, text
 from alertsinks import HangSink
 from watchdog.cli import main
 from watchdog.core.alert_text import BODY_MARKER, MAX_BODY_CHARS, MAX_TITLE_CHARS, TITLE_MARKER, alert_body, alert_title
-from watchdog.daemon import lanes
-from watchdog.daemon.metrics import Metrics
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.outbox import CLAIM_MARGIN_S, deliver_due
+from watchdog.daemon.alerts import lanes
+from watchdog.daemon.process.metrics import Metrics
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.alerts.outbox import CLAIM_MARGIN_S, deliver_due
 from watchdog.store import outbox as outbox_store
 from watchdog.store.alerts import enqueue_alert
 from watchdog.store.schema import alerts

@@ -20,10 +20,10 @@ from watchdog.cli import main
 from watchdog.cli.store_cmds import parse_age
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import parse
-from watchdog.daemon.cluster import Membership
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.lease import lease_for
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.leases.cluster import Membership
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.leases.lease import lease_for
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.errors import ConfigError
 from watchdog.store import retention, rollup, views
 from watchdog.store.schema import alerts, daemons, events, interventions, runs, utcnow

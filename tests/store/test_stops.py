@@ -1,5 +1,5 @@
 """A run's stop in the store (watchdog.store.stops) and as the daemon composes it
-(watchdog.daemon.stopping), on both backends, against rows written with plain inserts."""
+(watchdog.daemon.stops.stopping), on both backends, against rows written with plain inserts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
 from watchdog.core.interventions import Action
 from watchdog.core.seal import Sealer
-from watchdog.daemon import stopping
+from watchdog.daemon.stops import stopping
 from watchdog.store import stops
 from watchdog.store.schema import alerts, events, interventions, runs
 

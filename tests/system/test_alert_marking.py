@@ -17,8 +17,8 @@ from sqlalchemy import update
 from daemon_support import SEALER, alerts_of, ticker
 from watchdog import RunKilled
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.outbox import deliver_due
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.alerts.outbox import deliver_due
 from watchdog.store.schema import runs, utcnow
 
 HOSTILE = {

@@ -19,7 +19,7 @@ from sqlalchemy import insert, select, update
 
 from attest_support import Attestor, short_dir
 from watchdog.core.seal import Sealer
-from watchdog.daemon.attest import AttestServer, verified_leader
+from watchdog.daemon.stops.attest import AttestServer, verified_leader
 from watchdog.errors import ConfigError
 from watchdog.sdk.attest import request
 from watchdog.store.engine import make_engine

@@ -20,7 +20,7 @@ import pytest
 from agent_procs import wait_until
 from attest_support import LocalUsers, short_dir
 from watchdog import Watchdog
-from watchdog.daemon.attest import IO_TIMEOUT_S, PER_UID_MAX
+from watchdog.daemon.stops.attest import IO_TIMEOUT_S, PER_UID_MAX
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a flood from another real user needs root (CI runs as root)")
 

@@ -17,8 +17,8 @@ from daemon_support import ME, SEALER, alerts_of, config, run_row
 from watchdog import RunKilled, ToolTimeout
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.schema import utcnow
 
 TICK_S = config().daemon.tick_s

@@ -147,7 +147,7 @@ def test_stopping_a_parent_takes_the_locks_in_the_agents_order_no_deadlock(db_ur
     from sqlalchemy import select, text
 
     from watchdog.core.budgets import effective_budgets
-    from watchdog.daemon.stopping import facts, stop_run as request_stop
+    from watchdog.daemon.stops.stopping import facts, stop_run as request_stop
     from watchdog.store.schema import runs
 
     with wd.run("planner", guards=False) as parent:

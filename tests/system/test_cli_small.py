@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from watchdog import RunKilled, Watchdog
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.outbox import deliver_due
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.alerts.outbox import deliver_due
 from watchdog.store.alerts import enqueue_alert
 
 EXE = str(Path(sys.executable).parent / "agent-watchdog")

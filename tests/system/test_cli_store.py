@@ -194,8 +194,8 @@ def test_kill_without_a_config_judges_by_the_published_profile_on_its_own_connec
     assert tuple(status) == ("stopping", "manual")
     # The daemon alerts the stop it did not request, against the profile it publishes.
     from daemon_support import SEALER
-    from watchdog.daemon.killer import Killer
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.stops.killer import Killer
+    from watchdog.daemon.tick.ticker import Ticker
 
     monkeypatch.setattr(engine_mod, "SQLITE_BUSY_TIMEOUT_MS", 30_000)
     daemon_cfg = parse(tomllib.loads("[agents.support-bot]\nmax_steps = 6\n"))

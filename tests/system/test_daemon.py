@@ -28,10 +28,10 @@ from daemon_support import ME, SEALER, actions, alerts_of, config, later, run_ro
 from watchdog import RunKilled, Watchdog
 from watchdog.store import migrate
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.service import Daemon
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.outbox import deliver_due
+from watchdog.daemon.process.service import Daemon
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.alerts.outbox import deliver_due
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import daemons, runs, utcnow
 

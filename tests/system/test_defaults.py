@@ -31,8 +31,8 @@ def _block(md: Path) -> str:
 def test_a_plain_user_runs_the_try_the_daemon_recipe_unchanged():
     import psutil  # noqa: F401 — loaded here: a shadow copy for other users carries what is loaded
     import watchdog.cli.app  # noqa: F401
-    import watchdog.daemon.service  # noqa: F401
-    import watchdog.daemon.notify  # noqa: F401
+    import watchdog.daemon.process.service  # noqa: F401
+    import watchdog.daemon.alerts.notify  # noqa: F401
 
     exe, env = foreign_python()
     users = LocalUsers()

@@ -18,9 +18,9 @@ from failsafe_support import constraints_off
 from daemon_support import ME, SEALER, actions, alerts_of, config, later, run_row
 from watchdog.core import lifecycle as lc
 from watchdog.core.messages import ACK_MARK
-from watchdog.daemon.evidence import Tally
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.trust.evidence import Tally
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.schema import alerts, events, interventions, runs, spend_ledger, utcnow
 
 PLANTED = "evil.example"
@@ -304,8 +304,8 @@ def test_a_runaway_writing_signal_stage_done_is_still_sigtermed(db_url, engine, 
 
 
 def test_resetting_an_alerts_delivery_state_never_sends_it_again(db_url, engine, http):
-    from watchdog.daemon.notify import Notifier
-    from watchdog.daemon.outbox import deliver_due
+    from watchdog.daemon.alerts.notify import Notifier
+    from watchdog.daemon.alerts.outbox import deliver_due
     from watchdog.store.alerts import enqueue_alert
     from watchdog.store.memory import Memory
 

@@ -22,10 +22,10 @@ from daemon_support import ME, actions, alerts_of, config, interventions_of, lat
 from watchdog.core import lifecycle as lc
 from watchdog.core.evidence_mac import RecordMac, message
 from watchdog.core.seal import Sealer
-from watchdog.daemon import keyfile
-from watchdog.daemon.authentic import NOT_OWN, OwnEvidence, own_counts, parse_evidence
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.trust import keyfile
+from watchdog.daemon.trust.authentic import NOT_OWN, OwnEvidence, own_counts, parse_evidence
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.schema import attestations, events, utcnow
 
 HEALTHY = dict(kill_mode="process", budgets={"max_steps": 3}, steps=2, block_sigterm=True, then="hang")

@@ -39,8 +39,8 @@ def test_cgroup_kill_is_written_only_when_the_daemon_may_signal_every_process_in
 
     from attest_support import LocalUsers
     from daemon_support import ME
-    from watchdog.daemon.killer import Killer
-    from watchdog.daemon.runtree import guarded_cgroup_kill
+    from watchdog.daemon.stops.killer import Killer
+    from watchdog.daemon.stops.runtree import guarded_cgroup_kill
     from watchdog.gateways.exec import cgroup as cg
 
     users = LocalUsers()

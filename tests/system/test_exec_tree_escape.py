@@ -26,8 +26,8 @@ from daemon_support import alerts_of, config, interventions_of, later, run_row
 from exec_support import attestation, exec_runs, gone
 from watchdog.core import lifecycle as lc
 from watchdog.core.interventions import Action
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import utcnow
 

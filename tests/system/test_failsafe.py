@@ -16,8 +16,8 @@ from daemon_support import ME, config, later
 from failsafe_support import constraints_off
 from watchdog import Watchdog
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.schema import alerts, events, interventions, utcnow
 
 RUNAWAY = dict(kill_mode="process", budgets={"max_steps": 3}, steps=4, then="loop")
@@ -342,7 +342,7 @@ def test_a_stopping_run_with_an_unknown_ladder_value_is_reported_not_left_on_no_
 
 
 def test_a_flood_of_malformed_rows_is_a_few_alerts_and_every_row_recorded(db_url, engine, attestor, bad_run):
-    from watchdog.daemon.quarantine import ALERTS_PER_HOUR
+    from watchdog.daemon.trust.quarantine import ALERTS_PER_HOUR
 
     bad = [bad_run() for _ in range(ALERTS_PER_HOUR + 10)]
     for b in bad:

@@ -20,8 +20,8 @@ from sqlalchemy import insert
 from agent_procs import wait_until
 from daemon_support import alerts_of, interventions_of, later, run_row, ticker
 from watchdog.core import lifecycle as lc
-from watchdog.daemon import acknowledge
-from watchdog.daemon.killer import Killer
+from watchdog.daemon.stops import acknowledge
+from watchdog.daemon.stops.killer import Killer
 from test_daemon import _holds_lease, _toml, daemon_procs  # noqa: F401 — the fixture
 from watchdog.store.schema import runs, utcnow
 

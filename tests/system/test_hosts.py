@@ -18,11 +18,11 @@ from sqlalchemy import insert, select, text, update
 from agent_procs import wait_until
 from daemon_support import SEALER, actions, alerts_of, config, later
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.cluster import Membership
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.lease import AlreadyRunning, LeaseLost, PgLease, SqliteLease, lease_for
-from watchdog.daemon.service import Daemon
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.leases.cluster import Membership
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.leases.lease import AlreadyRunning, LeaseLost, PgLease, SqliteLease, lease_for
+from watchdog.daemon.process.service import Daemon
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store import leases
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import daemons, events, interventions, runs, utcnow
@@ -74,7 +74,7 @@ def _release_leases():
 
 def _contender(url, host, barrier, results, release, state_dir):
     engine = make_engine(url)
-    # One host: one state directory, whose lock file (watchdog.daemon.hostlock) decides.
+    # One host: one state directory, whose lock file (watchdog.daemon.leases.hostlock) decides.
     daemon = Daemon(engine, config(daemon={"state_dir": state_dir}), killer=Killer(host=host))
     barrier.wait(timeout=60)
     try:

@@ -1,7 +1,7 @@
 """The tick that costs what changed (issue 25), against real stores and real processes.
 
 Between full ticks the Ticker looks only at the runs that changed, came due or lost their
-process (watchdog.daemon.activeset). These tests hold it to the promise that this changes
+process (watchdog.daemon.tick.activeset). These tests hold it to the promise that this changes
 nothing a user can see: a run that writes nothing is still stopped on time, a dead process is
 still found, a row that cannot be read is still watched, the period budgets still count every
 run; and that an idle tick really looks at no run.
@@ -17,8 +17,8 @@ from sqlalchemy import insert, text, update
 from daemon_support import config, later, run_row, ticker
 from failsafe_support import constraints_off
 from watchdog.core import lifecycle as lc
-from watchdog.daemon import activeset
-from watchdog.daemon.killer import Killer
+from watchdog.daemon.tick import activeset
+from watchdog.daemon.stops.killer import Killer
 from watchdog.store.schema import runs, utcnow
 
 
@@ -167,9 +167,9 @@ def test_a_full_tick_comes_back_after_a_clock_jump_a_reload_a_failure_and_a_minu
     assert not tk.tick(later(now, 3)).full
     assert tk.tick(later(now, 3 + activeset.FULL_EVERY_S)).full  # the backstop
     assert tk.tick(later(now, 1)).full  # the clock went back
-    from watchdog.daemon.prefilter import PreFilter
+    from watchdog.daemon.tick.prefilter import PreFilter
 
-    tk.prefilter = PreFilter(tk.config)  # what a SIGHUP reload does (watchdog.daemon.reload)
+    tk.prefilter = PreFilter(tk.config)  # what a SIGHUP reload does (watchdog.daemon.process.reload)
     assert tk.tick(later(now, 2)).full
     fold = tk.scanner.fold
 
@@ -258,7 +258,7 @@ def test_ended_runs_are_sealed_in_batches_and_listed_the_same_before(db_url, eng
     where runs ended costs no seal's round trips); until then a listing reads it from events."""
     from sqlalchemy import select
 
-    from watchdog.daemon.cluster import SEAL_EVERY_S
+    from watchdog.daemon.leases.cluster import SEAL_EVERY_S
     from watchdog.store.views import list_runs
 
     tk = ticker(engine)
@@ -315,7 +315,7 @@ def test_the_exec_roots_are_read_again_only_when_a_run_of_this_host_changed(engi
 def test_exec_roots_that_failed_to_read_are_read_again_at_the_next_tick(engine, wd, monkeypatch):
     """A failed read of the roots is not kept as "nothing changed": the next tick reads them,
     whether a run of this host changed or not."""
-    from watchdog.daemon import exectree
+    from watchdog.daemon.stops import exectree
 
     tk = ticker(engine)
     now = utcnow()
@@ -411,7 +411,7 @@ def test_a_hostile_run_whose_steps_sum_to_a_huge_cost_hides_no_other_runs_spend(
 def test_steps_whose_pricing_failed_are_priced_at_the_next_tick(engine, wd, monkeypatch):
     """Pricing failed once (logged, retried next tick): the next tick, which reads no new step,
     prices them all the same."""
-    from watchdog.daemon.backfill import Backfill
+    from watchdog.daemon.money.backfill import Backfill
 
     tk, run, now = _an_unpriced_step_after_a_full_tick(engine, wd)
     real = Backfill.apply
@@ -438,7 +438,7 @@ def test_a_leader_counts_its_own_hosts_runs_as_active_at_full_and_incremental_ti
     from sqlalchemy import text as sql_text
 
     from daemon_support import ME, SEALER
-    from watchdog.daemon.ticker import Ticker
+    from watchdog.daemon.tick.ticker import Ticker
     from watchdog.store import leases
 
     far_host = "far-away-host"
@@ -494,7 +494,7 @@ def test_the_labels_of_more_new_runs_than_one_read_carries_are_all_learned(engin
 def test_steps_the_fold_named_are_priced_after_a_tick_that_failed_before_pricing(engine, wd, monkeypatch):
     """The fold moved past an unpriced step, then the tick failed before the money work read it:
     the step is still priced at the next tick (its id is kept), not only if a range read reaches it."""
-    from watchdog.daemon import tickread
+    from watchdog.daemon.tick import tickread
 
     tk, run, now = _an_unpriced_step_after_a_full_tick(engine, wd)
     real = tickread._prefilter

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from watchdog.daemon.killer import Killer, ProcessIdentity, SignalOutcome, default_allowed_users, uid_min
+from watchdog.daemon.stops.killer import Killer, ProcessIdentity, SignalOutcome, default_allowed_users, uid_min
 
 WAIT_S = 10.0  # generous: a loaded 2-core box can be slow to start Pythons
 POLL_S = 0.02

@@ -25,11 +25,11 @@ from sqlalchemy import update
 from agent_procs import process_gone, wait_until, sigterm_pending
 from daemon_support import ME, actions, alerts_of, config, interventions_of, later, run_row
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.service import Daemon
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.notify import Notifier
+from watchdog.daemon.process.service import Daemon
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.alerts.notify import Notifier
 from watchdog.store.schema import runs, utcnow
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.tick.ticker import Ticker
 
 AGENT_WATCHDOG = str(Path(sys.executable).parent / "agent-watchdog")
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")

@@ -22,7 +22,7 @@ from agent_procs import wait_until
 from attest_support import short_dir
 from daemon_support import ME, run_row
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.hostlock import HostLock, HostLockHeld
+from watchdog.daemon.leases.hostlock import HostLock, HostLockHeld
 from watchdog.store.memory import store_key
 from watchdog.store.schema import daemons, utcnow
 
@@ -141,8 +141,8 @@ def test_postgresql_a_session_squatting_the_host_lock_does_not_make_the_daemon_e
     """Any store session can take an advisory lock: it is no proof of another daemon. The file
     lock is; the daemon watches, and takes the host lock once the squatter lets go."""
     from daemon_support import config
-    from watchdog.daemon.killer import Killer
-    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.stops.killer import Killer
+    from watchdog.daemon.process.service import Daemon
     from watchdog.store import leases
 
     squatter = engine.connect().execution_options(isolation_level="AUTOCOMMIT")

@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from daemon_support import config as daemon_config
 from litellm_support import call, proxy
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store import migrate
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import events, runs

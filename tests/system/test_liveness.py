@@ -1,4 +1,4 @@
-"""Liveness without polling (watchdog.daemon.liveness), with real child processes: a process's
+"""Liveness without polling (watchdog.daemon.stops.liveness), with real child processes: a process's
 end is known from its pidfd, a recycled or vanished pid is never taken for the run's process,
 and the polling fallback says the same."""
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from watchdog.core.procid import create_time
-from watchdog.daemon.liveness import Liveness
+from watchdog.daemon.stops.liveness import Liveness
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 MODES = ["pidfd", "polling"]
@@ -122,7 +122,7 @@ def test_unwatch_and_rewatch(children, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_keep_stops_watching_the_runs_that_left_and_forgets_their_ends(children, mode):
-    # The incremental tick (watchdog.daemon.activeset) keeps only the runs still active: an
+    # The incremental tick (watchdog.daemon.tick.activeset) keeps only the runs still active: an
     # ended run's process is no longer watched, and its end is never reported.
     with _liveness(mode) as live:
         procs = {f"run{k}": _spawn(children) for k in range(3)}
@@ -142,7 +142,7 @@ def test_keep_stops_watching_the_runs_that_left_and_forgets_their_ends(children,
 _UNDER_A_LOW_LIMIT = r"""
 import json, os, resource, signal, subprocess, sys
 from watchdog.core.procid import create_time
-from watchdog.daemon.liveness import FD_RESERVE, Liveness
+from watchdog.daemon.stops.liveness import FD_RESERVE, Liveness
 
 soft, reserve, n = (int(a) for a in sys.argv[1:])
 children = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]  # spawned before the limit bites

@@ -26,9 +26,9 @@ from sqlalchemy import select
 from daemon_support import config as daemon_config
 from mcp_support import SERVER, calls_seen, stdio_session, text
 from watchdog import Watchdog
-from watchdog.daemon.circuits import CircuitBreakers
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.circuits import CircuitBreakers
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.schema import events, runs
 
 CLI = [sys.executable, "-m", "watchdog.cli"]

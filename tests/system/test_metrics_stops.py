@@ -11,13 +11,13 @@ from daemon_support import config
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core.clock import utcnow
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.service import Daemon
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.process.service import Daemon
 from watchdog.store.engine import make_engine
 
 
 def test_guard_operator_and_daemon_stops_are_each_counted_once(sqlite_url, tmp_path):
-    from watchdog.daemon.metrics import Metrics
+    from watchdog.daemon.process.metrics import Metrics
 
     engine = make_engine(sqlite_url)
     metrics = Metrics()

@@ -23,10 +23,10 @@ from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
 from watchdog.core.periods import CLOSED_KEY
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.service import Daemon
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.process.service import Daemon
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.ledger import first_bucket_after
 from watchdog.store.schema import events, runs, settings, spend_ledger, utcnow
 
@@ -173,7 +173,7 @@ def test_an_unknown_model_raises_one_alert_and_a_max_tokens_stop(engine, db_url,
 
 
 def test_the_unpriced_metric_counts_the_tokens(engine, wd):
-    from watchdog.daemon.metrics import Metrics
+    from watchdog.daemon.process.metrics import Metrics
 
     metrics = Metrics()
     daemon = Daemon(engine, config(), notifier=Notifier([]), metrics=metrics)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from alertsinks import closed_port
-from watchdog.daemon.notify import Notifier, Target, TargetResult, url_error
+from watchdog.daemon.alerts.notify import Notifier, Target, TargetResult, url_error
 
 TITLE = "agent-watchdog: run r-42 stopped"
 BODY = "reason: budget_exceeded\nrun: r-42\ncost: $12.50 of $10.00"

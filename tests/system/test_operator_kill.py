@@ -14,7 +14,7 @@ from agent_procs import wait_until
 from daemon_support import actions, run_row
 from test_daemon import AGENT_WATCHDOG, SOCKET_OF, _toml, daemon_procs  # noqa: F401 — the fixture
 from watchdog.core import lifecycle as lc
-from watchdog.daemon import keyfile
+from watchdog.daemon.trust import keyfile
 
 
 def test_root_reads_a_private_key_owned_by_the_daemons_user_but_never_a_readable_one(tmp_path):

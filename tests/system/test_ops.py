@@ -20,8 +20,8 @@ from watchdog import Watchdog
 from daemon_support import config as daemon_config
 from daemon_support import daemon_toml
 from watchdog.core.config import parse
-from watchdog.daemon.service import Daemon
-from watchdog.daemon.metrics import start_metrics
+from watchdog.daemon.process.service import Daemon
+from watchdog.daemon.process.metrics import start_metrics
 from watchdog.store.engine import make_engine
 
 CLI = shutil.which("agent-watchdog", path=str(Path(sys.executable).parent)) or "agent-watchdog"

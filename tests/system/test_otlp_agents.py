@@ -18,7 +18,7 @@ import pytest
 from agent_procs import process_gone
 from daemon_support import actions, alerts_of
 from otlp_support import JS_AGENT_DIR, STEP_EUR, OtlpDaemon, agent_env, otlp_runs, start_py_agent, wait_for
-from watchdog.daemon.stopping import SPANS_UNPROVEN
+from watchdog.daemon.stops.stopping import SPANS_UNPROVEN
 
 
 def _stopped(engine, agent: str):

@@ -19,7 +19,7 @@ from daemon_support import alerts_of
 from otlp_support import (OtlpDaemon, STEP_EUR, otlp_runs, post, spans_request, start_py_agent, to_json,
                           wait_for)
 from watchdog.core.config import parse
-from watchdog.daemon.attest import AttestServer
+from watchdog.daemon.stops.attest import AttestServer
 from watchdog.errors import ConfigError
 from watchdog.store import witness
 from watchdog.store.schema import events, runs

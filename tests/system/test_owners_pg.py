@@ -26,7 +26,7 @@ from daemon_support import actions, config, run_row, ticker
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.service import Daemon
+from watchdog.daemon.process.service import Daemon
 from watchdog.store import migrate
 from watchdog.store.access import roles_choosing_event_ids
 from watchdog.store.engine import make_engine

@@ -19,7 +19,7 @@ from daemon_support import actions, alerts_of, config, interventions_of, later, 
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.service import Daemon
+from watchdog.daemon.process.service import Daemon
 from watchdog.store.schema import utcnow
 
 PAUSE = {"on_breach": "pause"}

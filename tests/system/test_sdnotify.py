@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from watchdog.daemon.sdnotify import notify, watchdog_interval_s
+from watchdog.daemon.process.sdnotify import notify, watchdog_interval_s
 
 
 def _receiver(address: str) -> socket.socket:

@@ -18,8 +18,8 @@ from sqlalchemy import select
 
 from daemon_support import config, later
 from watchdog import ToolUnavailable, Watchdog
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.service import Daemon
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.process.service import Daemon
 from watchdog.store.schema import metadata, utcnow
 
 AGENT_WATCHDOG = str(Path(sys.executable).parent / "agent-watchdog")

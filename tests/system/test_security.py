@@ -29,10 +29,10 @@ from attest_support import Attestor, LocalUsers, foreign_python, shared_sqlite, 
 from pg_support import empty_pg as _empty_pg
 from daemon_support import actions, alerts_of, config, interventions_of, later, run_row
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.notify import Notifier
-from watchdog.daemon.outbox import deliver_due
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.alerts.notify import Notifier
+from watchdog.daemon.alerts.outbox import deliver_due
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import attestations, events, utcnow
 
@@ -304,7 +304,7 @@ def test_a_real_agent_of_an_allowed_user_is_attested_and_its_tree_killed(store, 
 
 def test_a_settings_flip_by_a_store_writer_does_not_make_agents_record_arguments(store, engine, attestor, users,
                                                                                 uprocs):
-    from watchdog.daemon.service import Daemon
+    from watchdog.daemon.process.service import Daemon
     from watchdog.store.schema import settings
 
     cfg = config(daemon={"allowed_users": [users["agent"]]})

@@ -1,4 +1,4 @@
-"""Issue 35: judges sharded by run id on PostgreSQL (watchdog.daemon.shards), as real processes.
+"""Issue 35: judges sharded by run id on PostgreSQL (watchdog.daemon.leases.shards), as real processes.
 
 Two judge processes share one store's 16 shards by advisory locks. Forty running runs breach
 their budget at once; one judge dies (SIGKILL) in the middle of its tick, with a stop decided in
@@ -21,7 +21,7 @@ from sqlalchemy import func, insert, select, update
 from agent_procs import wait_until
 from daemon_support import alerts_of
 from pg_support import empty_pg
-from watchdog.daemon.killer import Killer
+from watchdog.daemon.stops.killer import Killer
 from watchdog.store import shards as store_shards
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import interventions, runs, utcnow
@@ -132,7 +132,7 @@ def test_an_agents_login_squatting_the_shard_keys_leaves_no_run_unjudged(pg_serv
     import psycopg
 
     from test_partitions_pg import _drop, _make
-    from watchdog.daemon.shards import ShardSet
+    from watchdog.daemon.leases.shards import ShardSet
 
     s, admin = _make(pg_server_url)
     eng = make_engine(s.url("daemon"))

@@ -21,7 +21,7 @@ from daemon_support import actions, interventions_of, run_row, wait_ticks
 from test_daemon import AGENT_WATCHDOG
 from watchdog.core import lifecycle as lc
 from watchdog.core.clock import utcnow
-from watchdog.daemon.redrive import DENIED
+from watchdog.daemon.stops.redrive import DENIED
 from watchdog.store.engine import make_engine
 
 WAIT_S = 60

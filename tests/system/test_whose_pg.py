@@ -22,8 +22,8 @@ from agent_procs import sigterm_pending, wait_until
 from daemon_support import ME, actions, alerts_of, config, later, run_row
 from watchdog.core import lifecycle as lc
 from watchdog.core import whose
-from watchdog.daemon.killer import Killer
-from watchdog.daemon.ticker import Ticker
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store import migrate
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import spend_ledger, utcnow

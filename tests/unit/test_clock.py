@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from watchdog.daemon.clock import JumpDetector
-from watchdog.daemon.loop import Periodic
+from watchdog.daemon.tick.clock import JumpDetector
+from watchdog.daemon.process.loop import Periodic
 
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
 

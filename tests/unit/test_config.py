@@ -22,7 +22,7 @@ from watchdog.core.config import (
     parse,
     resolve_db_url,
 )
-from watchdog.daemon.notify import url_error
+from watchdog.daemon.alerts.notify import url_error
 from watchdog.errors import ConfigError
 
 
@@ -383,7 +383,7 @@ def test_alert_urls_file_is_read_from_the_credentials_directory_when_alerts_are_
     with pytest.raises(ConfigError, match=r"alerts.urls_file: cannot read .*/etc/alert-urls \(No such file"):
         alert_urls(cfg)
     # issue 36: the daemon started by hand with the unit's credential name still runs (one error line)
-    from watchdog.daemon.notify import daemon_alert_urls
+    from watchdog.daemon.alerts.notify import daemon_alert_urls
 
     assert daemon_alert_urls(cfg) == ("json://a.example.org/x",)
     assert parse(tomllib.loads("[alerts]\nurls_file = \"\"\n")).alert_urls_file is None  # "" = none, as absent

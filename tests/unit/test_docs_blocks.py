@@ -246,7 +246,7 @@ def test_the_metrics_page_names_every_metric_the_daemon_defines():
     pytest.importorskip("prometheus_client")  # the test extra has it; CI turns a skip into a failure
     from prometheus_client import CollectorRegistry
 
-    from watchdog.daemon.metrics import Metrics
+    from watchdog.daemon.process.metrics import Metrics
 
     registry = CollectorRegistry()
     Metrics(registry)

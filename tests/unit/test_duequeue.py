@@ -1,4 +1,4 @@
-"""The due-queue and the deadlines it holds (watchdog.daemon.duequeue, watchdog.core.deadlines):
+"""The due-queue and the deadlines it holds (watchdog.daemon.tick.duequeue, watchdog.core.deadlines):
 pure, no store, no clock of their own. The deadlines are checked against the policies
 themselves: one instant before a deadline the rule does not trip, at it, it does."""
 
@@ -18,7 +18,7 @@ from watchdog.core.config import DaemonConfig
 from watchdog.core.deadlines import Deadline, deadlines, next_deadline, next_period_boundary
 from watchdog.core.periods import zone
 from watchdog.core.policies import RunSnapshot, evaluate
-from watchdog.daemon.duequeue import Due, DueQueue, Why
+from watchdog.daemon.tick.duequeue import Due, DueQueue, Why
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""The daemon's heap freezer (watchdog.daemon.heap): a full collection, then a freeze, at most
+"""The daemon's heap freezer (watchdog.daemon.tick.heap): a full collection, then a freeze, at most
 every `every_s`, so the kept runs are not walked by a full collection every few ticks."""
 
 from __future__ import annotations
 
 import gc
 
-from watchdog.daemon.heap import HeapFreezer
+from watchdog.daemon.tick.heap import HeapFreezer
 
 
 class Cycle:

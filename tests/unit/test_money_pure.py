@@ -15,7 +15,7 @@ from watchdog.core import drift, forecast
 from watchdog.core.periods import (DAY, MONTH, LabelBudget, build_states, closed_entry, live_by_scope, period_bounds,
                                    period_key, refusal, sum_spend, zone)
 from watchdog.core.pricing import Price
-from watchdog.daemon.prices import PriceBook
+from watchdog.daemon.money.prices import PriceBook
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2025, 3, 14, 15, 30, tzinfo=UTC)

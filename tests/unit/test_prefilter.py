@@ -1,4 +1,4 @@
-"""The pre-filter over light rows (watchdog.daemon.prefilter): which runs the tick evaluates whole,
+"""The pre-filter over light rows (watchdog.daemon.tick.prefilter): which runs the tick evaluates whole,
 what it sums for the period budgets, the first sights it records. Pure: light rows built here."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import datetime as dt
 from types import SimpleNamespace
 
 from watchdog.core.config import parse
-from watchdog.daemon.isolation import Defect
-from watchdog.daemon.money import Money
-from watchdog.daemon.prefilter import PreFilter
-from watchdog.daemon.scan import L, LIGHT
+from watchdog.daemon.trust.isolation import Defect
+from watchdog.daemon.money.money import Money
+from watchdog.daemon.tick.prefilter import PreFilter
+from watchdog.daemon.trust.scan import L, LIGHT
 
 T0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
 NOW_S = T0.timestamp()

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from watchdog.core.seal import Sealer
-from watchdog.daemon import keyfile
+from watchdog.daemon.trust import keyfile
 from watchdog.errors import ConfigError
 
 KEY = bytes(range(32))
@@ -118,7 +118,7 @@ def test_an_alert_seal_covers_its_age():
 def test_daemons_creating_the_key_at_once_agree_on_one_and_never_read_half_of_it(tmp_path):
     import threading
 
-    from watchdog.daemon import keyfile
+    from watchdog.daemon.trust import keyfile
 
     for round_ in range(20):
         path = str(tmp_path / f"attest{round_}.key")

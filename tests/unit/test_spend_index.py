@@ -8,9 +8,9 @@ import math
 import pytest
 
 from watchdog.core.deadlines import Deadline, Why
-from watchdog.daemon.spendindex import SpendIndex
-from watchdog.daemon.duequeue import DueQueue
-from watchdog.daemon.money import LiveSpend
+from watchdog.daemon.money.spendindex import SpendIndex
+from watchdog.daemon.tick.duequeue import DueQueue
+from watchdog.daemon.money.money import LiveSpend
 
 
 def _sums(index: SpendIndex) -> tuple[dict[str, float], dict[str, float]]:
@@ -83,7 +83,7 @@ def test_a_huge_cost_that_came_and_went_leaves_the_others_counted():
 def test_running_totals_stay_at_the_exact_sum_and_forget_an_agent_without_runs():
     import random
 
-    from watchdog.daemon.spendindex import RESUM_EVERY
+    from watchdog.daemon.money.spendindex import RESUM_EVERY
 
     rng = random.Random(7)
     covered = {f"r{i}": ("tenant=x",) if i % 2 else () for i in range(200)}

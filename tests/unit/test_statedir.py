@@ -5,7 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from watchdog.daemon.statedir import prune
+from watchdog.daemon.process.statedir import prune
 
 DAY_S = 86400.0
 

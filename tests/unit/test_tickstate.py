@@ -8,9 +8,9 @@ import datetime as dt
 import pytest
 
 from watchdog.core.config import parse
-from watchdog.daemon.money import Money
-from watchdog.daemon.moneytick import MoneyOrderError, Phase
-from watchdog.daemon.tickstate import MAX_PAUSE_KEYS, PeriodStop, ThisTick, TickReport, TickState
+from watchdog.daemon.money.money import Money
+from watchdog.daemon.money.moneytick import MoneyOrderError, Phase
+from watchdog.daemon.tick.tickstate import MAX_PAUSE_KEYS, PeriodStop, ThisTick, TickReport, TickState
 
 T0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
 

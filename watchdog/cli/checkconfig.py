@@ -36,7 +36,7 @@ def urls_file_path(config: Config) -> str | None:
 
 def checked_urls(config: Config) -> tuple[list[str], list[str]]:
     """(every alert URL in privacy form, warnings); ConfigError (one line) for a bad one."""
-    from watchdog.daemon.notify import Notifier, url_error
+    from watchdog.daemon.alerts.notify import Notifier, url_error
 
     path = urls_file_path(config)
     warnings = []

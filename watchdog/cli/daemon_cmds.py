@@ -15,7 +15,7 @@ def _logging(verbose: bool):
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     # apprise logs full URLs on some failures: only our own privacy-form lines reach the log
-    # (watchdog.daemon.notify still reads each delivery's own warnings and cause).
+    # (watchdog.daemon.alerts.notify still reads each delivery's own warnings and cause).
     logging.getLogger("apprise").setLevel(logging.CRITICAL)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # -v is about the watchdog: urllib3 (under apprise) would log every HTTP connection.
@@ -30,10 +30,10 @@ def _logging(verbose: bool):
 @fail_cleanly
 def run_cmd(app, once, verbose):
     """Run the watchdog daemon in the foreground (SIGTERM/SIGINT: finish the tick and exit 0)."""
-    from watchdog.daemon.metrics import start_metrics
-    from watchdog.daemon.service import AlreadyRunning, Daemon, check_allowed_users
+    from watchdog.daemon.process.metrics import start_metrics
+    from watchdog.daemon.process.service import AlreadyRunning, Daemon, check_allowed_users
 
-    from watchdog.daemon.preflight import check
+    from watchdog.daemon.process.preflight import check
 
     _logging(verbose)
     check(app.config)  # what the config needs (extras, users) is there: loud at start, not mid-run
@@ -130,7 +130,7 @@ def _warn_event_id_grants(engine) -> None:
 def kill_cmd(app, run_id, reason):
     """Stop one run through the same ladder as the daemon (stop_reason = manual)."""
     from watchdog.core import lifecycle as lc
-    from watchdog.daemon.stopping import facts, stop_run
+    from watchdog.daemon.stops.stopping import facts, stop_run
     from watchdog.store.pause import operator
     from watchdog.errors import StoreError
     from watchdog.core.budgets import effective_budgets
@@ -158,10 +158,10 @@ def kill_cmd(app, run_id, reason):
 
 def _redrive(conn, row, sealer, run_facts, budgets, now) -> str:
     """`kill` of a run already stopping: what is true of its stop, and with the daemon's key
-    (root, the daemon's user) the stop driven again (watchdog.daemon.redrive)."""
+    (root, the daemon's user) the stop driven again (watchdog.daemon.stops.redrive)."""
     from watchdog.core import lifecycle as lc
-    from watchdog.daemon import redrive
-    from watchdog.daemon.signalcheck import FIX
+    from watchdog.daemon.stops import redrive
+    from watchdog.daemon.stops.signalcheck import FIX
     from watchdog.errors import StoreError
     from watchdog.store.pause import operator
 
@@ -204,7 +204,7 @@ def _operator_sealer(app):
     `kill` is a stop written into the store: cooperative only (any store writer could write it)."""
     from watchdog.core.seal import Sealer
     from watchdog.core.procid import hostname
-    from watchdog.daemon import keyfile
+    from watchdog.daemon.trust import keyfile
 
     key = keyfile.load_existing(app.config.daemon.key_file)
     return Sealer(key, hostname()) if key else None
@@ -246,7 +246,7 @@ def circuits_cmd(ctx, app, as_json):
 def circuits_close(app, tool):
     """Close TOOL's circuit by hand (after fixing the tool)."""
     from watchdog.store.interventions import actor
-    from watchdog.daemon.circuits import CircuitBreakers
+    from watchdog.daemon.stops.circuits import CircuitBreakers
     from watchdog.errors import StoreError
 
     if not CircuitBreakers(app.config).close(app.engine, tool, utcnow(), actor("cli")):
@@ -261,7 +261,7 @@ def circuits_close(app, tool):
 def test_alert(app):
     """Send a test alert to every configured URL; one line per URL; exit 1 if any failed."""
     from watchdog.core.config import alert_urls
-    from watchdog.daemon.notify import Notifier, url_error
+    from watchdog.daemon.alerts.notify import Notifier, url_error
 
     urls = alert_urls(app.config, url_error=url_error)
     if not urls:

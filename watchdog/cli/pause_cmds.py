@@ -51,7 +51,7 @@ def resume_cmd(app, run_id, **adds):
     from watchdog.core.pause import Grant
     from watchdog.core.budgets import effective_budgets
     from watchdog.errors import StoreError
-    from watchdog.daemon.stopping import facts
+    from watchdog.daemon.stops.stopping import facts
     from watchdog.store.pause import operator, resume
     from watchdog.store.views import load_run, resolve_run_id, tool_stats
 

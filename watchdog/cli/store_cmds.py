@@ -215,8 +215,8 @@ def check_config(app, file, as_json):
     (postgres, metrics) are installed and the users of allowed_users exist."""
     from watchdog.cli import checkconfig
     from watchdog.core.config import load
-    from watchdog.daemon.notify import url_error
-    from watchdog.daemon.preflight import check
+    from watchdog.daemon.alerts.notify import url_error
+    from watchdog.daemon.process.preflight import check
 
     if file:
         app.config_path = file

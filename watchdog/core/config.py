@@ -27,7 +27,7 @@ from watchdog.errors import ConfigError
 
 __all__ = ["Budgets", "RUN_BUDGET_KEYS", "Config", "load", "parse", "resolve_db_url"]
 
-# Why an alert URL cannot be used, or None (watchdog.daemon.notify.url_error).
+# Why an alert URL cannot be used, or None (watchdog.daemon.alerts.notify.url_error).
 UrlCheck = Callable[[str], "str | None"]
 
 ENV_CONFIG = "AGENT_WATCHDOG_CONFIG"

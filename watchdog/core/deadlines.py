@@ -2,7 +2,7 @@
 
 A run whose rows do not change can still come due: its wall clock runs out, it has been silent
 too long, nobody answered its pause, its stop ladder's grace is over, a period budget's day
-ends. The tick keeps each active run's next deadline in a due-queue (watchdog.daemon.duequeue)
+ends. The tick keeps each active run's next deadline in a due-queue (watchdog.daemon.tick.duequeue)
 and evaluates a run only when it changed or a deadline came; these functions say when, from the
 run's light row (watchdog.store.changes.RunChange, or anything with the same fields) and its
 profile. They only say *when to look*: the policies still decide, on the whole row. So a
@@ -84,7 +84,7 @@ def deadlines(row: DeadlineRow, prof: Budgets, daemon: DaemonConfig, now_s: floa
     """Every deadline of the run, soonest first (none for an ended run).
 
     `prof`: the profile that judges it (the [defaults] one when its owner may not use its own);
-    `raised`: a sealed resume raised its budgets (watchdog.daemon.trust); `first_seen_s`: when the
+    `raised`: a sealed resume raised its budgets (watchdog.daemon.trust.trust); `first_seen_s`: when the
     daemon first saw it (its wall clock runs from then at the latest); `pause_since_s`: when the
     daemon paused it or confirmed the pause (its state file), else the row's paused_at counts;
     `period_end_s`: the end of the current period-budget day (`next_period_boundary`), when the
@@ -104,7 +104,7 @@ def deadlines(row: DeadlineRow, prof: Budgets, daemon: DaemonConfig, now_s: floa
     out.append(Deadline(NOW if seen is None else crossing(SILENT, seen, b.heartbeat_timeout_s), Why.SILENCE))
     if status == lc.PAUSED:
         since = pause_since_s if pause_since_s is not None else row.paused_s
-        # The approval timeout trips when the wait reaches it (watchdog.daemon.pause: waited >= timeout).
+        # The approval timeout trips when the wait reaches it (watchdog.daemon.tick.pause: waited >= timeout).
         out.append(Deadline(NOW if since is None else since + b.approval_timeout_s, Why.APPROVAL_TIMEOUT))
     else:
         starts = [s for s in (row.started_s, first_seen_s) if s is not None]
@@ -125,10 +125,10 @@ def next_deadline(row: DeadlineRow, prof: Budgets, daemon: DaemonConfig, now_s: 
 
 
 def _ladder_step(row: DeadlineRow, daemon: DaemonConfig, now_s: float) -> float:
-    """When the stop ladder (watchdog.daemon.ladder) may act next on a stopping run: the
+    """When the stop ladder (watchdog.daemon.stops.ladder) may act next on a stopping run: the
     cooperative stop's grace after the request, SIGTERM's grace after the signal; otherwise
     (SIGKILL sent, or waiting for a process it will not signal) one tick later, unless the
-    process's end wakes the tick first (watchdog.daemon.liveness)."""
+    process's end wakes the tick first (watchdog.daemon.stops.liveness)."""
     stage = row.signal_stage
     if stage is None:
         at = row.stop_requested_s

@@ -12,7 +12,7 @@ from enum import Enum
 
 
 class Action(str, Enum):
-    # A run's stop and its ladder (watchdog.daemon.stopping, watchdog.daemon.ladder).
+    # A run's stop and its ladder (watchdog.daemon.stops.stopping, watchdog.daemon.stops.ladder).
     STOP_REQUESTED = "stop_requested"
     GUARD_STOP = "guard_stop"  # an in-process guard's own stop as older versions recorded it (read, not written)
     SIGTERM = "sigterm"

@@ -117,7 +117,7 @@ STAGE_MOVES: dict[Stage | None, frozenset[Stage]] = {
     # TERM -> FAILED: the attestation stopped verifying after the SIGTERM: no SIGKILL on its word.
     Stage.TERM: frozenset({Stage.KILL, Stage.FAILED, Stage.DONE}),
     Stage.KILL: frozenset({Stage.FAILED, Stage.DONE}),
-    # REFUSED -> TERM: the operator's sealed `kill` drove the stop again (watchdog.daemon.redrive).
+    # REFUSED -> TERM: the operator's sealed `kill` drove the stop again (watchdog.daemon.stops.redrive).
     Stage.REFUSED: frozenset({Stage.TERM, Stage.DONE}),
     Stage.NOT_SIGNALLED: frozenset({Stage.DONE}),
     Stage.FAILED: frozenset({Stage.DONE}),

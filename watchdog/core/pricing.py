@@ -2,7 +2,7 @@
 
 Pure and light: the SDK prices steps with this from the table the daemon publishes
 in the store; the daemon fills that table from `[prices."MODEL"]` overrides and from
-genai-prices (USD, converted at `[pricing] eur_per_usd`; see watchdog.daemon.prices).
+genai-prices (USD, converted at `[pricing] eur_per_usd`; see watchdog.daemon.money.prices).
 
 Token conventions (those of OpenAI and LangChain's usage_metadata): `tokens_in`
 counts every input token, the cached ones included (`cached_tokens_in` <= tokens_in);

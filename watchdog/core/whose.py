@@ -1,6 +1,6 @@
 """Whose evidence a stop rests on (issue 32): only the run's own may lead to a signal.
 
-Pure: the daemon gathers the facts (watchdog.daemon.owned), this says whether they are the run's
+Pure: the daemon gathers the facts (watchdog.daemon.trust.owned), this says whether they are the run's
 own and, if not, what was refused — in the daemon's own words, never a writer's text.
 
 The run's own evidence: an operator's sealed `kill`; the kernel's (exec's tree, a pinned span
@@ -39,7 +39,7 @@ def period_own(scope_kind: str | None, owners: Collection[str], owner: str | Non
                budget_eur: float) -> bool:
     """A spent period budget is the run's own evidence when the run alone spent it, or when the
     scope is its agent's and the profile names exactly its owner (every run counted there is
-    that owner's: watchdog.daemon.trust books the others under their own)."""
+    that owner's: watchdog.daemon.trust.trust books the others under their own)."""
     if scope_kind is None:
         return False
     if budget_eur > 0 and run_cost_eur >= budget_eur:

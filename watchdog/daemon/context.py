@@ -1,6 +1,6 @@
 """What one tick knows (issue 34, second step): the typed context the tick's parts are handed.
 
-The tick's parts (watchdog.daemon.tickread, pause, stopping_runs, backstop, believe) took the
+The tick's parts (watchdog.daemon.tick.tickread, pause, stopping_runs, backstop, believe) took the
 whole Ticker as an untyped `tk`, and imported the ticker module to name it: five modules in
 one import cycle. They now take a `TickContext`, the narrow view of the daemon they read (its
 store, config, killer, key, memory, trust rules and the state kept between ticks), declared
@@ -16,15 +16,15 @@ if TYPE_CHECKING:
     from watchdog.core.config import Config
     from watchdog.core.periods import PeriodState
     from watchdog.core.seal import Sealer
-    from watchdog.daemon.activeset import ActiveSet
-    from watchdog.daemon.authentic import OwnEvidence
-    from watchdog.daemon.exectree import ExecTrees
-    from watchdog.daemon.killer import Killer
-    from watchdog.daemon.owned import OwnerEvidence
-    from watchdog.daemon.prefilter import PreFilter
-    from watchdog.daemon.scan import Scanner
-    from watchdog.daemon.tickstate import ThisTick, TickState
-    from watchdog.daemon.trust import Trust
+    from watchdog.daemon.tick.activeset import ActiveSet
+    from watchdog.daemon.trust.authentic import OwnEvidence
+    from watchdog.daemon.stops.exectree import ExecTrees
+    from watchdog.daemon.stops.killer import Killer
+    from watchdog.daemon.trust.owned import OwnerEvidence
+    from watchdog.daemon.tick.prefilter import PreFilter
+    from watchdog.daemon.trust.scan import Scanner
+    from watchdog.daemon.tick.tickstate import ThisTick, TickState
+    from watchdog.daemon.trust.trust import Trust
     from watchdog.store.engine import Connection, Engine
     from watchdog.store.memory import Memory
 

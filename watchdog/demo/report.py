@@ -148,7 +148,7 @@ class Feed:
 
 
 def acknowledged(i: InterventionRow | store.Action) -> bool:
-    """A stop the daemon recorded but did not decide (watchdog.daemon.acknowledge, ticker)."""
+    """A stop the daemon recorded but did not decide (watchdog.daemon.stops.acknowledge, ticker)."""
     return isinstance(i.outcome, str) and "not by this daemon" in i.outcome
 
 

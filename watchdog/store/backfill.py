@@ -1,4 +1,4 @@
-"""The steps the SDK could not price, as the daemon prices them (watchdog.daemon.backfill).
+"""The steps the SDK could not price, as the daemon prices them (watchdog.daemon.money.backfill).
 
 Reads: the unpriced steps of runs not booked yet, with what pricing and the tick's sums need of
 their runs, in id order, one statement on the tick's read snapshot. Writes: a step's cost as a

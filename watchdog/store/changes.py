@@ -13,7 +13,7 @@ cursor passed it. The feed therefore re-reads the numbers above where its cursor
 `late_reads` reads ago and reports those it has not reported yet (a window that is empty when
 nothing changes: an idle read costs one probe of the index). A transaction that stays open
 for longer than that window delays only its own run's change, until the run's next change or
-deadline (the tick reads every active run at least once a minute: watchdog.daemon.activeset).
+deadline (the tick reads every active run at least once a minute: watchdog.daemon.tick.activeset).
 
 Nothing of the feed is kept in the store: a restarted daemon starts from 0 (`read` returns
 every run that ever changed) or, cheaper, from `start` (the active runs and the high-water

@@ -1,6 +1,6 @@
 """The SQL behind a run's own evidence: the sealed record of its key, and its MAC'd records.
 
-The daemon writes `attestations.evidence` (JSON, sealed: watchdog.daemon.authentic) next to
+The daemon writes `attestations.evidence` (JSON, sealed: watchdog.daemon.trust.authentic) next to
 the identity it attested; it reads back a run's events that carry a MAC to count only those
 the run's attested process wrote (watchdog.core.evidence_mac). Both only at attestation and
 before a first signal: never on the tick's hot path.

@@ -69,7 +69,7 @@ def event_totals(conn: Connection, run_ids: Sequence[str]) -> dict[str, EventTot
 
 
 class OwnEvents(NamedTuple):
-    """What a run's events not marked with any of `excluded` sources show (watchdog.daemon.owned)."""
+    """What a run's events not marked with any of `excluded` sources show (watchdog.daemon.trust.owned)."""
 
     totals: EventTotals
     top_signature: tuple[str, int] | None  # the most repeated (tool, args hash) and its count

@@ -45,7 +45,7 @@ def read_state(writer: Writer, run_id: str) -> ExecRunState | None:
 
 def active_exec_roots(conn: Connection, host: str, kill_mode: str) -> list[tuple[str, int, float]]:
     """(run id, pid, create time) of this host's active exec'd runs of `kill_mode` (the daemon
-    remembers their trees: watchdog.daemon.runtree.TreeMemory). Candidates only: what the
+    remembers their trees: watchdog.daemon.stops.runtree.TreeMemory). Candidates only: what the
     daemon acts on is checked against the sealed attestation."""
     from sqlalchemy import and_, select
 

@@ -3,7 +3,7 @@
 The tick reads runs, events and steps in chunks; a value that does not parse (a timestamp
 written as 'garbage', labels that are not JSON, a year-20000 date PostgreSQL accepts and
 Python does not) fails the whole chunk. Here a failed chunk is read again key by key, and
-what still fails becomes a Defect, which the tick reports once (watchdog.daemon.quarantine).
+what still fails becomes a Defect, which the tick reports once (watchdog.daemon.trust.quarantine).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ once), and in the same transaction its cost is added to
   the run's totals and its tools' calls (what the drift alarms compare).
 
 Period spend = what the ledger holds + the ended runs not booked yet + the active
-runs' live cost, all read in one snapshot by the tick (watchdog.daemon.money), so a
+runs' live cost, all read in one snapshot by the tick (watchdog.daemon.money.money), so a
 run is counted exactly once whichever daemon books it. Every read here is bounded
 by the current periods or the rollup window: never a scan of history.
 """

@@ -1,7 +1,7 @@
 """Pause and approve in the store: running → paused, paused → running with more budget.
 
 Each state change is written with its audit row and its alert in one transaction, like
-every stop (watchdog.daemon.stopping). The decisions are watchdog.core.pause'; who
+every stop (watchdog.daemon.stops.stopping). The decisions are watchdog.core.pause'; who
 pauses is the daemon (its tick) or the run's own in-process guard (which writes only
 the status: the daemon records and alerts what it did not request, `acknowledge`).
 """

@@ -36,7 +36,7 @@ def _each(conn: Connection, fn: Callable[[], int]) -> int:
 
 
 def rebase_active_runs(conn: Connection, rebased: Callable[[dt.datetime | None], dt.datetime | None]) -> int:
-    """Apply `rebased` (watchdog.daemon.clock.Jump.rebased) to the active runs' times; the rows changed."""
+    """Apply `rebased` (watchdog.daemon.tick.clock.Jump.rebased) to the active runs' times; the rows changed."""
     cols = [runs.c[name] for name in TIME_COLUMNS]
     ids = conn.execute(select(runs.c.id).where(runs.c.status.in_(lc.ACTIVE_STATUSES))).scalars().all()
 

@@ -1,8 +1,8 @@
-"""The tick's reads of active runs and new events (watchdog.daemon.scan folds them).
+"""The tick's reads of active runs and new events (watchdog.daemon.trust.scan folds them).
 
 Each read is one statement on the tick's own read snapshot (the caller's connection). Rows
 anyone may have written by hand can hold values that do not parse: the reads that meet them
-take the caller's `isolated` reader (watchdog.daemon.isolation.read_isolated), which reads a
+take the caller's `isolated` reader (watchdog.daemon.trust.isolation.read_isolated), which reads a
 failed chunk again key by key so that one bad row costs only itself.
 """
 
@@ -52,7 +52,7 @@ class FoldedEvent:
     ok: bool | None
     error_msg: str | None
     attempt: int | None = None
-    # issue 20: what the evidence fold counts (watchdog.daemon.evidence)
+    # issue 20: what the evidence fold counts (watchdog.daemon.trust.evidence)
     kind: str = lc.EV_TOOL
     tokens_in: int | None = None
     tokens_out: int | None = None
@@ -67,7 +67,7 @@ _EVENT_COLS = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.
 
 
 class IsolatedRead(Protocol):
-    """watchdog.daemon.isolation.read_isolated's shape: `query_for(chunk of keys)` per chunk, a
+    """watchdog.daemon.trust.isolation.read_isolated's shape: `query_for(chunk of keys)` per chunk, a
     failed chunk read again key by key, a key that still fails appended to `defects`."""
 
     def __call__(self, conn: Connection, query_for: Callable[[list[Any]], Any], keys: list[Any], *, table: Any,

@@ -247,7 +247,7 @@ alerts = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("next_attempt_at", UTCDateTime),
     # Ids of the URLs that already got it; `at:<id>:<time>` says when (`alerts --all`) and
-    # `dead:<id>` that a send to it hung past the hard limit (watchdog.daemon.lanes).
+    # `dead:<id>` that a send to it hung past the hard limit (watchdog.daemon.alerts.lanes).
     Column("delivered_targets", JSON),
     Column("delivered_at", UTCDateTime),
     Column("last_error", Text),

@@ -1,5 +1,5 @@
 """Judges sharded by run id on PostgreSQL: which shard a run is in, and the advisory locks that
-say which judge holds a shard (watchdog.daemon.shards).
+say which judge holds a shard (watchdog.daemon.leases.shards).
 
 A run's shard is a range of a 32-bit hash of its id (blake2b: a writer picks its run's id, never
 its shard's judge). Shard i of n is held by whoever holds the session-level advisory lock

@@ -2,7 +2,7 @@
 lost, and the reads the deciders make about stopped runs.
 
 Each verb does one thing in the caller's transaction; what a stop says to a human (the
-alert, sealed) is composed by the daemon (watchdog.daemon.stopping), which calls these.
+alert, sealed) is composed by the daemon (watchdog.daemon.stops.stopping), which calls these.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ PostgreSQL), sealed with its key, with the sender in its evidence record (sealed
 - a run whose sender the kernel confirmed (`[otlp] kill_mode = "process"`): the pinned process
   (pid + create time, uid) and, as an SDK's attestation has, a nonce for the run's evidence key:
   the receiver MACs every event it writes for the run with it, so that the signal check
-  (watchdog.daemon.authentic) counts only what the daemon itself received from that sender;
+  (watchdog.daemon.trust.authentic) counts only what the daemon itself received from that sender;
 - any other run: pid 0 (no process: nothing to signal, the ladder's identity check refuses it),
   the socket owner's uid (-1 when not local), kill mode cooperative.
 """
@@ -24,7 +24,7 @@ from typing import Any
 from watchdog.core import lifecycle as lc
 from watchdog.core.evidence_mac import RecordMac
 from watchdog.core.seal import Sealer
-from watchdog.daemon.authentic import new_evidence, parse_evidence, run_key
+from watchdog.daemon.trust.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import evidence as evstore
 from watchdog.store.attestations import Attestation, replace as replace_attestation
 from watchdog.store.engine import Connection

@@ -4,7 +4,7 @@ A span-only run (`source = "otlp"`) has no process to watch and no writer to say
 after `heartbeat_timeout_s` without a span it ends as `completed`, with no alert (the next
 span starts a new run) — not `heartbeat_timeout`, which is for a run whose writer went quiet.
 A stopped one that nobody could signal ends as `killed` once its spans stop arriving.
-Called by the tick for each run it evaluates (watchdog.daemon.ticker), before its policies.
+Called by the tick for each run it evaluates (watchdog.daemon.tick.ticker), before its policies.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from watchdog.core.budgets import Budgets
 from watchdog.store import witness
 
 if TYPE_CHECKING:
-    from watchdog.daemon.batch import Batch
+    from watchdog.daemon.tick.batch import Batch
 
 # The sources whose runs end by silence: witnesses outside the run's process.
 # A coding CLI's hook session (source hook) is one too: nothing says when a human left the

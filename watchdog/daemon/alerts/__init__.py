@@ -1,0 +1,1 @@
+"""Alert delivery: the outbox, one lane per target, apprise, what was delivered."""

@@ -1,0 +1,1 @@
+"""Who judges what: the host and store leases, the leader's duties, the shards."""

@@ -1,0 +1,1 @@
+"""The tick's money: prices, backfill, period budgets, live spend, drift alarms."""

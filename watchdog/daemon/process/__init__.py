@@ -1,0 +1,1 @@
+"""The daemon process: service, reload, the jobs' loop, its files, metrics, status."""

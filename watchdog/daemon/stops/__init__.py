@@ -1,0 +1,1 @@
+"""Stopping runs: compose a stop, the ladder, the killer, attestation, process trees."""

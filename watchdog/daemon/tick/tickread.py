@@ -1,0 +1,126 @@
+"""The tick's read: one snapshot, full or incremental (issue 25).
+
+A full read is the tick as it always was: every active run's light row, the new events, the
+pre-filter over all of them. An incremental read (watchdog.daemon.tick.activeset) looks only at the
+runs that changed, came due, lost their process or were due last time; the light rows of the
+others are the ones the ActiveSet kept. Both end the same way: the whole rows of the runs the
+pre-filter says may need something, which the Ticker judges exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from watchdog.core.deadlines import Deadline
+from watchdog.daemon.tick.activeset import Scope
+from watchdog.daemon.leases.cluster import Role
+from watchdog.daemon.trust.scan import L, NewEvent
+from watchdog.daemon.tick.tickstate import ThisTick
+from watchdog.store.engine import Connection
+
+if TYPE_CHECKING:
+    from watchdog.daemon.context import TickContext
+
+
+class TickRead(NamedTuple):
+    """What the tick's read found in its one snapshot."""
+
+    light: list[Any]  # every active run's light row (watchdog.store.scan.LIGHT) this daemon reads
+    mine: int  # how many of them are on the hosts it judges
+    new: list[NewEvent]  # the tool events folded this tick
+    due: list[str]  # the runs the pre-filter says may need something
+    rows: list[Any]  # their whole rows
+    looked: list[str]  # the runs the pre-filter looked at (every active run in a full read)
+    wake: dict[str, Deadline]  # their next clock deadlines, from the pre-filter
+    full: bool
+
+
+def scope_of(tk: TickContext, this: ThisTick, role: Role) -> Scope:
+    """The leader reads every host's runs (the period budgets sum them all, and their counts per host
+    spare the membership a count over every active run); the others their own."""
+    return Scope(None if role.leader else role.hosts, role.hosts, tk.prefilter)
+
+
+def read(tk: TickContext, this: ThisTick, role: Role) -> TickRead:
+    """One read snapshot: incremental when the ActiveSet allows it, else full."""
+    act, scope = tk.active, scope_of(tk, this, role)
+    now_s = this.now.timestamp()
+    with tk.read_snapshot() as conn:
+        reason = act.full_reason(now_s, scope, this.skip_clock)
+        act.valid = False  # until this tick went through (Ticker.tick)
+        changed = act.changes(conn, scope) if reason is None else None
+        if changed is None:
+            return _full(tk, conn, this, role, scope)
+        return _incremental(tk, conn, this, role, changed)
+
+
+def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: Scope) -> TickRead:
+    mt, act = this.money, tk.active
+    light = tk.scanner.load_active(conn, scope.hosts)
+    act.feed.mark(conn)  # the feed starts from this snapshot: what commits after it is a change
+    i_host, hosts = L["host"], role.hosts
+    mine = light if scope.hosts is not None else [r for r in light if r[i_host] in hosts]  # (the leader read all)
+    new = tk.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else hosts)
+    wake: dict[str, Deadline] = {}
+    costs: dict[str, float] | None = {} if mt is not None else None
+    if mt is not None:  # whose each run's spend is (issue 32), before the pass sums it
+        tk.trust.check_spend(conn, light, L["id"], L["agent"])
+        act.spend.spend_as = tk.trust.spend_as if tk.trust.bound else None
+    due = _prefilter(tk, this, light, this.live, wake, costs)
+    if mt is not None:  # unreadable steps: reported with the rest
+        tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, unpriced=tk.scanner.unpriced_ids, ranged=True))
+        tk.scanner.took_unpriced()
+    rows = tk.scanner.load_rows(conn, due)
+    act.rebuild(light, scope, this.now.timestamp(), wake=wake, due=due, costs=costs,
+                covered=mt.spend.covered if mt is not None else None)
+    tk.trust.flush(act.rows)  # first sights and parent links (issue 20)
+    looked = [rid for r in light if (rid := r[L["id"]]).__class__ is str]
+    return TickRead(light, len(mine), new, due, rows, looked, wake, True)
+
+
+def _incremental(tk: TickContext, conn: Connection, this: ThisTick, role: Role, changed: set[str]) -> TickRead:
+    mt, act = this.money, tk.active
+    if act.quiet:  # no run renumbered: no event was written since the last read (an event renumbers its run)
+        new, tk.scanner.touched = [], set()
+    else:
+        new = tk.scanner.fold(conn, act.mine, hosts=None if role.leader else role.hosts)
+    changed.update(tk.scanner.touched)  # a run with an event folded is looked at, whatever the feed said
+    cand = act.candidates(this.now.timestamp(), changed)
+    looked = [r[L["id"]] for r in cand]
+    wake: dict[str, Deadline] = {}
+    costs: dict[str, float] | None = {} if mt is not None else None
+    if mt is not None:
+        tk.trust.check_spend(conn, cand, L["id"], L["agent"])
+        act.spend.spend_as = tk.trust.spend_as if tk.trust.bound else None
+    # The processes: their ends come from the ActiveSet's watches, not a check of every local run.
+    # The live spend's sums come from the ActiveSet's index (below), not from this pass over a few.
+    due = _prefilter(tk, this, cand, None, wake, costs, sums=False)
+    listed = set(due)
+    due.extend(rid for rid in sorted(act.dead) if rid in act.mine and rid not in listed)
+    light = list(act.rows.values())
+    if mt is not None:
+        covered = mt.spend.covered
+        mt.spend.new.extend(act.spend_looked(looked, costs or {}, covered))  # their labels: read below
+        mt.spend.i_id = L["id"]  # (what the pre-filter's pass would have set)
+        act.spend.learn(covered)
+        act.spend.fill(mt.spend)  # every run's live cost, not only the few looked at
+        mt.spend.light = light
+        tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, quiet=act.quiet, none_ended=act.none_ended,
+                                          unpriced=tk.scanner.unpriced_ids))
+        tk.scanner.took_unpriced()
+    rows = tk.scanner.load_rows(conn, due)
+    tk.trust.flush(act.rows)
+    return TickRead(light, len(act.mine), new, due, rows, looked, wake, False)
+
+
+def _prefilter(tk: TickContext, this: ThisTick, light: list[Any], live: set[int] | None, wake: dict[str, Deadline],
+               costs: dict[str, float] | None, *, sums: bool = True) -> list[str]:
+    """`sums`: the pass sums the live spend (LiveSpend) of the runs it reads (a full read: all)."""
+    mt, trust = this.money, tk.trust
+    return tk.prefilter.due(light, this.now, live, mt.spend if mt is not None and sums else None,
+                            stats=tk.scanner.stats, host=tk.killer.host, judged=this.judged,
+                            resume_seen=tk.state.resume_seen, skip_clock=this.skip_clock,
+                            defects=tk.scanner.defects, evidence=tk.scanner.evidence.tallies,
+                            first=trust.first, new_seen=trust.new_seen, raised=trust.raised_key,
+                            owner_ok=trust.owner_ok, wake=wake, costs=costs,
+                            spend_as=trust.spend_as if trust.bound else None)
