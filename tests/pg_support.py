@@ -7,8 +7,11 @@ folder has its own conftest.py, and a bare `import conftest` gets whichever was 
 from __future__ import annotations
 
 import os
+import subprocess
+import uuid
+from pathlib import Path
 
-from sqlalchemy import text
+from sqlalchemy import create_engine, make_url, text
 
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import metadata
@@ -24,3 +27,60 @@ def empty_pg(url: str) -> None:
         names = ", ".join(t.name for t in metadata.sorted_tables)
         conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
     engine.dispose()
+
+
+class RolesStore:
+    """A store of its own on the test server, set up as production is: a database owned by the
+    daemon's login, migrated by it, then the real roles script (sql/postgres-roles.sql), and
+    logins `a` and `b` in the agents' role and `gw` in the gateway role. `drop()` leaves nothing
+    on the server (the database and every role it made)."""
+
+    SCRIPT = Path(__file__).resolve().parents[1] / "sql" / "postgres-roles.sql"
+
+    def __init__(self, server: str, prefix: str = "aw") -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.db, self.daemon = f"{prefix}_{tag}", f"{prefix}_d_{tag}"
+        self.agents, self.gateway, self.viewer = f"{prefix}_ag_{tag}", f"{prefix}_gw_{tag}", f"{prefix}_vw_{tag}"
+        self.logins = {"a": f"{prefix}_a_{tag}", "b": f"{prefix}_b_{tag}", "gw": f"{prefix}_gl_{tag}"}
+        self.roles = {"daemon": self.daemon, "agents": self.agents, "gateway": self.gateway, "viewer": self.viewer}
+        self.base = make_url(server)
+        self.admin = create_engine(server, isolation_level="AUTOCOMMIT")
+
+    def url(self, who: str) -> str:
+        user = self.daemon if who == "daemon" else self.logins[who]
+        return self.base.set(username=user, database=self.db).render_as_string(hide_password=False)
+
+    def roles_script(self) -> None:
+        u = self.base
+        done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={self.agents}",
+                               "-v", f"gateway_role={self.gateway}", "-v", f"viewer_role={self.viewer}",
+                               "-h", str(u.host), "-p", str(u.port or 5432), "-U", str(u.username), "-d", self.db,
+                               "-f", str(self.SCRIPT)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    def create(self, revision: str = "head") -> "RolesStore":
+        from watchdog.store import migrate
+
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE ROLE "{self.daemon}" LOGIN'))
+            conn.execute(text(f'CREATE DATABASE "{self.db}" OWNER "{self.daemon}"'))
+        try:
+            engine = make_engine(self.url("daemon"))
+            migrate.upgrade(engine, revision)
+            engine.dispose()
+            self.roles_script()
+            with self.admin.connect() as conn:
+                for key, group in (("a", self.agents), ("b", self.agents), ("gw", self.gateway)):
+                    conn.execute(text(f'CREATE ROLE "{self.logins[key]}" LOGIN'))
+                    conn.execute(text(f'GRANT "{group}" TO "{self.logins[key]}"'))
+        except BaseException:
+            self.drop()  # nothing of a failed set-up is left on the server
+            raise
+        return self
+
+    def drop(self) -> None:
+        with self.admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)'))
+            for role in (*self.logins.values(), self.agents, self.gateway, self.viewer, self.daemon):
+                conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        self.admin.dispose()

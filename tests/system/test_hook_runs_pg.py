@@ -11,65 +11,32 @@ hook's own run exists, then counts them there.
 from __future__ import annotations
 
 import json
-import uuid
-from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, text as sql
-from sqlalchemy.engine import make_url
+from sqlalchemy import select
 
 from otlp_support import OtlpDaemon, wait_for
+from pg_support import RolesStore
 from test_otlp_logs_identity import VICTIM_TOKEN, _old_predictable_id, export, hook
-from watchdog.store import migrate, witness
+from watchdog.store import witness
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import runs
 
 B_TOKEN = "login-b-logs-token-" + "f6" * 10
-SCRIPT = Path(__file__).resolve().parents[2] / "sql" / "postgres-roles.sql"
 
 
-class Store:
+class Store(RolesStore):
     def __init__(self, server: str):
-        tag = uuid.uuid4().hex[:8]
-        self.db = f"aw_hkpg_{tag}"
-        self.roles = {"daemon": f"aw_hd_{tag}", "agents": f"aw_hag_{tag}", "gateway": f"aw_hgw_{tag}",
-                      "viewer": f"aw_hvw_{tag}"}
-        self.logins = {"a": f"aw_ha_{tag}", "b": f"aw_hb_{tag}"}
-        self.base = make_url(server)
-
-    def url(self, who: str) -> str:
-        user = self.roles["daemon"] if who == "daemon" else self.logins[who]
-        return self.base.set(username=user, database=self.db).render_as_string(hide_password=False)
+        super().__init__(server, "aw_hkpg")
 
 
 @pytest.fixture(scope="module")
 def store(pg_server_url):
-    import subprocess
-
-    s = Store(pg_server_url)
-    admin = create_engine(pg_server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sql(f'CREATE ROLE "{s.roles["daemon"]}" LOGIN'))
-        conn.execute(sql(f'CREATE DATABASE "{s.db}" OWNER "{s.roles["daemon"]}"'))
+    s = Store(pg_server_url).create()
     try:
-        daemon = make_engine(s.url("daemon"))
-        migrate.upgrade(daemon)
-        daemon.dispose()
-        done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={s.roles['agents']}",
-                               "-v", f"gateway_role={s.roles['gateway']}", "-v", f"viewer_role={s.roles['viewer']}",
-                               "-h", s.base.host, "-p", str(s.base.port or 5432), "-U", s.base.username,
-                               "-d", s.db, "-f", str(SCRIPT)], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        with admin.connect() as conn:
-            for login in ("a", "b"):
-                conn.execute(sql(f'CREATE ROLE "{s.logins[login]}" LOGIN IN ROLE "{s.roles["agents"]}"'))
         yield s
     finally:
-        with admin.connect() as conn:
-            conn.execute(sql(f'DROP DATABASE IF EXISTS "{s.db}" WITH (FORCE)'))
-            for role in (*s.logins.values(), *s.roles.values()):
-                conn.execute(sql(f'DROP ROLE IF EXISTS "{role}"'))
-        admin.dispose()
+        s.drop()
 
 
 def session_rows(store: Store, session: str) -> list:

@@ -12,75 +12,34 @@ the upgrade of a store with rows and the roles script's grants, and the downgrad
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
 import threading
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import text
 
 from agent_procs import wait_until
 from daemon_support import config, later, ticker
+from pg_support import RolesStore
 from watchdog import Watchdog
 from watchdog.store import ledger, migrate, partitions, retention
 from watchdog.store.engine import make_engine
 from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.schema import utcnow
 
-SCRIPT = Path(__file__).resolve().parents[2] / "sql" / "postgres-roles.sql"
-
-
-class Store:
+class Store(RolesStore):
     def __init__(self, server: str):
-        tag = uuid.uuid4().hex[:8]
-        self.db, self.daemon = f"aw_part_{tag}", f"aw_pd_{tag}"
-        self.agents, self.gateway, self.viewer = f"aw_pag_{tag}", f"aw_pgw_{tag}", f"aw_pvw_{tag}"
-        self.logins = {"a": f"aw_pa_{tag}", "b": f"aw_pb_{tag}", "gw": f"aw_pgl_{tag}"}
-        self.base = make_url(server)
-
-    def url(self, who: str) -> str:
-        user = self.daemon if who == "daemon" else self.logins[who]
-        return self.base.set(username=user, database=self.db).render_as_string(hide_password=False)
-
-    def roles_script(self) -> None:
-        u = self.base
-        done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={self.agents}",
-                               "-v", f"gateway_role={self.gateway}", "-v", f"viewer_role={self.viewer}",
-                               "-h", u.host, "-p", str(u.port or 5432), "-U", u.username, "-d", self.db,
-                               "-f", str(SCRIPT)], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
+        super().__init__(server, "aw_part")
 
 
 def _make(pg_server_url, revision="head"):
-    s = Store(pg_server_url)
-    admin = create_engine(pg_server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE ROLE "{s.daemon}" LOGIN'))
-        conn.execute(text(f'CREATE DATABASE "{s.db}" OWNER "{s.daemon}"'))
-    try:
-        eng = make_engine(s.url("daemon"))
-        migrate.upgrade(eng, revision)
-        eng.dispose()
-        s.roles_script()
-        with admin.connect() as conn:
-            for key, group in (("a", s.agents), ("b", s.agents), ("gw", s.gateway)):
-                conn.execute(text(f'CREATE ROLE "{s.logins[key]}" LOGIN'))
-                conn.execute(text(f'GRANT "{group}" TO "{s.logins[key]}"'))
-    except BaseException:
-        _drop(s, admin)  # nothing of a failed set-up is left on the server
-        raise
-    return s, admin
+    s = Store(pg_server_url).create(revision)
+    return s, s.admin
 
 
 def _drop(s, admin):
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{s.db}" WITH (FORCE)'))
-        for role in (*s.logins.values(), s.agents, s.gateway, s.viewer, s.daemon):
-            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
-    admin.dispose()
+    s.drop()
 
 
 @pytest.fixture(scope="module")

@@ -9,69 +9,29 @@ honest control of each attack (the run's own evidence) is still SIGTERMed.
 
 from __future__ import annotations
 
-import subprocess
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import select
 
 from agent_procs import sigterm_pending, wait_until
 from daemon_support import ME, actions, alerts_of, config, later, run_row
+from pg_support import RolesStore
 from watchdog.core import lifecycle as lc
 from watchdog.core import whose
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.tick.ticker import Ticker
-from watchdog.store import migrate
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import spend_ledger, utcnow
 
-SCRIPT = Path(__file__).resolve().parents[2] / "sql" / "postgres-roles.sql"
-
-
-class Store:
-    def __init__(self, server: str):
-        tag = uuid.uuid4().hex[:8]
-        self.db, self.daemon = f"aw_whose_{tag}", f"aw_wd_{tag}"
-        self.agents, self.gateway, self.viewer = f"aw_wag_{tag}", f"aw_wgw_{tag}", f"aw_wvw_{tag}"
-        self.logins = {"a": f"aw_wa_{tag}", "b": f"aw_wb_{tag}", "gw": f"aw_wgl_{tag}"}
-        self.base = make_url(server)
-
-    def url(self, who: str) -> str:
-        user = self.daemon if who == "daemon" else self.logins[who]
-        return self.base.set(username=user, database=self.db).render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="module")
 def store(pg_server_url):
-    s = Store(pg_server_url)
-    admin = create_engine(pg_server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE ROLE "{s.daemon}" LOGIN'))
-        conn.execute(text(f'CREATE DATABASE "{s.db}" OWNER "{s.daemon}"'))
+    s = RolesStore(pg_server_url, "aw_whose").create()
     try:
-        eng = make_engine(s.url("daemon"))
-        migrate.upgrade(eng)
-        eng.dispose()
-        u = s.base
-        done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={s.agents}",
-                               "-v", f"gateway_role={s.gateway}", "-v", f"viewer_role={s.viewer}",
-                               "-h", u.host, "-p", str(u.port or 5432), "-U", u.username, "-d", s.db,
-                               "-f", str(SCRIPT)], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        with admin.connect() as conn:
-            for key, group in (("a", s.agents), ("b", s.agents), ("gw", s.gateway)):
-                conn.execute(text(f'CREATE ROLE "{s.logins[key]}" LOGIN'))
-                conn.execute(text(f'GRANT "{group}" TO "{s.logins[key]}"'))
         yield s
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{s.db}" WITH (FORCE)'))
-            for role in (*s.logins.values(), s.agents, s.gateway, s.viewer, s.daemon):
-                conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
-        admin.dispose()
+        s.drop()
 
 
 @pytest.fixture
