@@ -68,7 +68,9 @@ def test_stop_children_stops_the_active_descendants_with_the_parents_reason(engi
         parent = stops.run_row(conn, P)
         stopped = stops.stop_children(conn, parent, reason=lc.MAX_COST, detail="1.2/1.0 EUR", now=T0, by="t")
     assert sorted(child.id for child, _why in stopped) == [C, G]
-    assert all(why.startswith(f"its parent run {P[:8]} (bot) was stopped: max_cost") for _c, why in stopped)
+    from watchdog.core.marked import ident
+
+    assert all(why.startswith(f"its parent run {ident(P)} («bot») was stopped: max_cost") for _c, why in stopped)
     assert [_status(engine, r) for r in (P, C, G, DONE)] == [lc.RUNNING, lc.STOPPING, lc.STOPPING, lc.COMPLETED]
     assert sorted(r for r, a, o in _ivs(engine) if a == Action.STOP_REQUESTED and o == "stopped with its parent") \
         == [C, G]

@@ -19,7 +19,7 @@ from watchdog import RunKilled
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.alerts.notify import Notifier
 from watchdog.daemon.alerts.outbox import deliver_due
-from watchdog.store.schema import runs, utcnow
+from watchdog.store.schema import events, runs, utcnow
 
 HOSTILE = {
     "url": "https://login.evil-example.com/reset?u=oncall",
@@ -71,3 +71,37 @@ def test_hostile_names_reach_the_on_call_marked_never_in_the_title(engine, wd, s
         assert len(field) <= 202 and "://" not in field and "| sh" not in field and "\x1b" not in field
         assert "\u202e" not in field and ".evil-example.com" not in field
     assert lines[-1] == f"agent-watchdog show {run.id[:8]}"
+
+
+def _only_marked(body: str) -> None:
+    """Outside its `«…»` fields the body holds none of the writer's text."""
+    outside = FIELD.sub("«»", body)
+    for part in ("evil", "curl", "http", "Stopped by operator", "\x1b", "\u202e", "A" * 70):
+        assert part not in outside, (part, body)
+    assert not any(line.startswith(("Stopped by operator", "action none")) for line in body.splitlines())
+
+
+@pytest.mark.parametrize("name", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_a_looping_tools_hostile_name_is_marked_in_the_stop_and_its_childs_alert(engine, wd, name):
+    """The review of this wave: a loop's detail quoted the tool's name raw (`reason loop_detected:
+    <name> called 4× …`), and a child's stop repeated its parent's agent and detail raw."""
+    with pytest.raises(RunKilled):
+        with wd.run("bot", kill_mode="process", guards=False) as run:
+            child = run.child("bot", guards=False).__enter__()
+            for _ in range(4):
+                run.record_tool("search", {"q": "same"})
+            with engine.begin() as conn:  # a plain-SQL writer renames the tool and the agent
+                conn.execute(update(events).where(events.c.run_id == run.id).values(tool=name[:128]))
+                conn.execute(update(runs).where(runs.c.id == run.id).values(agent=name[:128]))
+            now = utcnow()
+            assert (run.id, lc.LOOP_DETECTED) in ticker(engine).tick(now).stops
+            run.heartbeat()
+    (row,) = alerts_of(engine, run.id)
+    assert "loop_detected" in row.title and not FIELD.search(row.title)
+    _only_marked(row.body)
+    (reason_line,) = [line for line in row.body.splitlines() if line.startswith("reason loop_detected: ")]
+    assert reason_line.startswith("reason loop_detected: «"), reason_line
+    kid = alerts_of(engine, child.id)
+    assert kid, "the child's stop is alerted"
+    for a in kid:
+        _only_marked(a.body)

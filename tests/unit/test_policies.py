@@ -88,7 +88,7 @@ def test_details_read_like_the_alerts():
     assert p.max_steps(snap(steps=13), B, T0).detail == "steps 13/12"
     assert p.max_tool_calls(snap(tool_calls=41), B, T0).detail == "tool calls 41/40"
     assert p.max_cost(snap(cost_eur=2.04), B, T0).detail == "cost 2.04/2.00 EUR"
-    assert p.loop_detected(snap(top_signature=("verify_iban", 40)), B, T0).detail.startswith("verify_iban called 40×")
+    assert p.loop_detected(snap(top_signature=("verify_iban", 40)), B, T0).detail.startswith("«verify_iban» called 40×")  # the tool: the writer's text, marked
 
 
 def test_a_healthy_snapshot_has_no_verdict():
@@ -122,7 +122,7 @@ def test_rate_alarms_but_does_not_stop_with_on_rate_alert():
     assert p.evaluate(s, B, T0) == []
     alarm = p.rate_alarm(s, B, T0)
     assert alarm is not None and alarm.reason == lc.TOOL_RATE
-    assert alarm.detail == "16 tool calls/min > 15, top verify_iban ×14"
+    assert alarm.detail == "16 tool calls/min > 15, top «verify_iban» ×14"
     assert p.rate_alarm(dataclasses.replace(s, calls_last_min=15), B, T0) is None
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import BUDGETS, BY_KEY, RATE, Budget, Budgets, Totals
+from watchdog.core.marked import marked
 from watchdog.core.periods import PeriodState
 
 
@@ -72,10 +73,12 @@ def check(budget: Budget, s: RunSnapshot, b: Budgets, now: dt.datetime, used: To
     if not budget.over(value, limit):
         return None
     detail = budget.detail(value, limit)
+    # A tool's name is the writer's text: marked (one line, bounded, defanged), since the detail is
+    # stored as the stop's detail and quoted in its alert (watchdog.core.marked).
     if budget.measure == "identical_calls" and s.top_signature:
-        detail = f"{s.top_signature[0]} {detail}"
+        detail = f"{marked(s.top_signature[0])} {detail}"
     elif budget is RATE and s.top_tool_last_min:
-        detail += f", top {s.top_tool_last_min[0]} ×{s.top_tool_last_min[1]}"
+        detail += f", top {marked(s.top_tool_last_min[0])} ×{s.top_tool_last_min[1]}"
     return Verdict(budget.reason, value, limit, detail)
 
 

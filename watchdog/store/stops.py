@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection, Row
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.interventions import Action
-from watchdog.core.scrub import scrub
-from watchdog.core.text import one_line
+from watchdog.core.marked import ident, marked
+from watchdog.core.messages import reason_of
 from watchdog.store import statuses
 from watchdog.store.children import descendants, lock_family
 from watchdog.store.interventions import record
@@ -63,10 +63,10 @@ def stop_children(conn: Connection, row: Any, *, reason: str, detail: str, now: 
     for child in descendants(conn, row.id):
         if child.status not in lc.STOPPABLE_STATUSES:
             continue
-        # The agent name is the parent writer's own text: one line, scrubbed, so it cannot add a
-        # line of its own to the child's alert.
-        agent = one_line(scrub(str(row.agent)), 64)
-        why = f"its parent run {row.id[:8]} ({agent}) was stopped: {reason}: {detail}"[:DETAIL_CHARS]
+        # The parent's agent name and id are its writer's text: marked (watchdog.core.marked), and
+        # the parent's own detail is not repeated (it may quote its writer), only its reason's words.
+        why = (f"its parent run {ident(row.id)} ({marked(row.agent)}) was stopped: "
+               f"{reason_of(reason)}")[:DETAIL_CHARS]
         if statuses.move(conn, child.id, lc.STOPPING, was=lc.STOPPABLE_STATUSES, stop_reason=reason,
                          stop_detail=why, stop_requested_at=now):
             record(conn, at=now, action=Action.STOP_REQUESTED, by=by, run_id=child.id, reason=reason, detail=why,
