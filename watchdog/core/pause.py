@@ -11,7 +11,7 @@ Pure: numbers in, decisions and texts out.
 
 from __future__ import annotations
 
-
+import datetime as dt
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -191,3 +191,20 @@ def measured_detail(reason: str, f: RunFacts, prof: Budgets) -> str:
 
 def timeout_plan(prof: Budgets, plan: str) -> str:
     return f"nobody answered within approval_timeout_s {_num(prof.approval_timeout_s)} s of the pause; {plan}"
+
+
+def waited_s(now: dt.datetime, since_s: float | None, paused_at: dt.datetime | None) -> float | None:
+    """How long a paused run has waited for a human: since the daemon paused it or confirmed the
+    pause (`since_s`, epoch seconds from its state file), else since the row's paused_at."""
+    if since_s is not None:
+        return now.timestamp() - since_s
+    return (now - paused_at).total_seconds() if paused_at is not None else None
+
+
+def approval_expired(paused_at: dt.datetime | None, reason: str | None, waited: float | None,
+                     approval_timeout_s: float) -> bool:
+    """A paused run is stopped: nobody answered within approval_timeout_s, or nobody could
+    answer (no pause time, or a reason no `resume` option raises)."""
+    if paused_at is None or reason not in BY_REASON:
+        return True
+    return waited is not None and waited >= approval_timeout_s

@@ -10,7 +10,11 @@ hands itself over); a test or a later judge may hand another.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+# A `runs` row as the tick reads it whole, and the columns the trust rules and the ladder read
+# off it: declared in core, below every wing, so that naming them ties no two wings together.
+from watchdog.core.rowviews import Row as Row, RunView as RunView
 
 if TYPE_CHECKING:
     from watchdog.core.config import Config
@@ -27,8 +31,6 @@ if TYPE_CHECKING:
     from watchdog.daemon.trust.trust import Trust
     from watchdog.store.engine import Connection, Engine
     from watchdog.store.memory import Memory
-
-Row = Any  # a `runs` row as the tick reads it whole (watchdog.store.scan.active_rows)
 
 
 class TickContext(Protocol):

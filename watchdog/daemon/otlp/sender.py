@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from watchdog.daemon.stops.killer import CREATE_TIME_TOLERANCE_S
+from watchdog.core.procid import CREATE_TIME_TOLERANCE_S
 
 PROC_NET = ("/proc/net/tcp", "/proc/net/tcp6")
 MAX_ANCESTRY = 64  # parents walked up at most

@@ -20,6 +20,7 @@ import re
 from collections import Counter, deque
 from typing import TYPE_CHECKING
 
+from watchdog.core.rowviews import Row
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
@@ -90,7 +91,7 @@ class EndedStops:
             done += self._summary(engine, grouped, now, config, sealer, by)
         return done
 
-    def _compose(self, conn: Connection, row, now: dt.datetime, config: Config) -> tuple[str, Outcome]:
+    def _compose(self, conn: Connection, row: Row, now: dt.datetime, config: Config) -> tuple[str, Outcome]:
         budgets = effective_budgets(config.profile(row.agent), row)
         f = facts(row, stops.top_tool(conn, row.id), None, now)
         # Writer text (progress, partial answer) is not quoted in an alert the daemon did not decide.
@@ -100,7 +101,7 @@ class EndedStops:
         plan = f"none needed: the run had already ended ({status}) when the daemon saw its stop"
         return reason, Outcome.of(Say.REQUESTED_STOP, stop_key(row.id), row.id, f=f, b=budgets, reason=reason, plan=plan)
 
-    def _one(self, conn: Connection, row, now: dt.datetime, config: Config, sealer: Sealer, by: str) -> bool:
+    def _one(self, conn: Connection, row: Row, now: dt.datetime, config: Config, sealer: Sealer, by: str) -> bool:
         reason, said = self._compose(conn, row, now, config)
         iid = stop_intervention(conn, row.id)
         audit = iid if iid is not None else Audit(
@@ -113,7 +114,7 @@ class EndedStops:
                         one_line(row.id, 40)[:8], reason)
         return queued
 
-    def _summary(self, engine: Engine, rows: list, now: dt.datetime, config: Config, sealer: Sealer,
+    def _summary(self, engine: Engine, rows: list[Row], now: dt.datetime, config: Config, sealer: Sealer,
                  by: str) -> list[str]:
         """One alert for many stops; each still recorded, each with its own (summarised) alert row."""
         summary_key = AlertKind.STOPS.key(now.isoformat(), one_line(rows[0].id, 40))
@@ -145,7 +146,7 @@ class EndedStops:
         return done
 
 
-def _asked_at(row, now: dt.datetime) -> dt.datetime:  # row: an ended run (store.ended_stops)
+def _asked_at(row: Row, now: dt.datetime) -> dt.datetime:  # row: an ended run (store.ended_stops)
     """When the stop was asked for (the store's clock), for its audit row; else now."""
     at = row.stop_requested_at or row.ended_at
     return at if isinstance(at, dt.datetime) and at <= now else now

@@ -43,15 +43,16 @@ from collections.abc import Callable
 
 import psutil
 
+from watchdog.core.rowviews import RunView
 from watchdog.core import lifecycle as lc
 from watchdog.core.seal import Sealer
-from watchdog.daemon.stops.killer import CREATE_TIME_TOLERANCE_S, ProcessIdentity
+from watchdog.core.procid import CREATE_TIME_TOLERANCE_S, ProcessIdentity
 from watchdog.errors import ConfigError
 from watchdog.daemon.trust.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import attestations as rows
 from watchdog.store import evidence as evstore
 from watchdog.core.clock import utcnow
-from watchdog.store.engine import Engine
+from watchdog.store.engine import Connection, Engine
 
 log = logging.getLogger("watchdog.attest")
 
@@ -68,7 +69,7 @@ class Refused(Exception):
     """Why a peer's request is not attested (said back to it)."""
 
 
-def verified_leader(conn, row, sealer: Sealer | None) -> tuple[ProcessIdentity | None, str]:
+def verified_leader(conn: Connection, row: RunView, sealer: Sealer | None) -> tuple[ProcessIdentity | None, str]:
     """The run's process identity if this daemon attested it and its seal verifies, else (None, why).
 
     The identity comes from the attestation, never from the run row: a row changed
@@ -275,9 +276,9 @@ class AttestServer:
             raise Refused("the connecting process is gone")
         if uids.real != uid or uids.effective != uid:
             raise Refused("the connecting process changed user")
-        return create_time
+        return float(create_time)
 
-    def _row_of(self, conn, run_id: str, pid: int, create_time: float) -> rows.RegisteredRun:
+    def _row_of(self, conn: Connection, run_id: str, pid: int, create_time: float) -> rows.RegisteredRun:
         """The run's row, if it registers this very process on this host (else Refused)."""
         row = rows.registered(conn, run_id)
         if row is None:
@@ -320,7 +321,7 @@ def checked_cgroup(run_id: str, kill_mode: str, cgroup: str | None, pid: int, cr
     return cgroup
 
 
-def verified_cgroup(conn, row, sealer: Sealer | None) -> str | None:
+def verified_cgroup(conn: Connection, row: RunView, sealer: Sealer | None) -> str | None:
     """The cgroup of a verified attestation (the ladder's only source of one), else None."""
     if sealer is None or verified_leader(conn, row, sealer)[0] is None:
         return None

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from watchdog.core import circuit_rules as rules
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core.lifecycle import CIRCUIT_STATES, Circuit
@@ -92,12 +93,10 @@ class CircuitBreakers:
 
     def _maybe_open(self, engine: Engine, tool: str, row: CircuitRow | None, now: dt.datetime) -> bool:
         pol = self.config.circuit.for_tool(tool)
-        since = now - dt.timedelta(seconds=pol.window_s)
-        if row is not None and row.updated_at and row.updated_at > since:
-            since = row.updated_at  # errors from before the last close were already paid for
+        since = rules.window_start(now, pol.window_s, None if row is None else row.updated_at)
         with engine.begin() as conn:
             errors, runs, common, cls = self._window_errors(conn, tool, since)
-            if errors < pol.errors:
+            if not rules.opens(errors, pol.errors):
                 return False
             until = now + dt.timedelta(seconds=pol.open_s)
             if not store.open_circuit(conn, tool, None if row is None else row.state, now=now, until=until,
@@ -116,8 +115,7 @@ class CircuitBreakers:
         claim in circuit_probes, mirrored onto the circuit's row (which is then half-open)."""
         if row.probe_run_id and row.probe_at:
             return store.ProbeClaim(row.probe_run_id, row.probe_at)
-        claimable = row.state == Circuit.HALF_OPEN or (row.open_until is not None and row.open_until <= now)
-        if row.opened_at is None or not claimable:  # a claim inserted early by hand is not one
+        if row.opened_at is None or not rules.probe_claimable(row.state, row.open_until, now):  # a claim inserted early by hand is not one
             return None
         claim = store.probe_claim(conn, row.tool, row.opened_at)
         if claim is None:
@@ -135,7 +133,7 @@ class CircuitBreakers:
                 state = Circuit.HALF_OPEN if row.state == Circuit.OPEN else row.state
                 probe = store.probe_result(conn, row.tool, claim)
                 if probe is None:
-                    if (now - probe_at).total_seconds() > pol.open_s:  # the probe never reported: free the slot
+                    if rules.probe_lost(probe_at, now, pol.open_s):  # the probe never reported: free the slot
                         store.free_probe(conn, row.tool, now)
                     return None
                 if probe.ok:
@@ -151,7 +149,7 @@ class CircuitBreakers:
                                  f"open again until {until:%H:%M:%S} UTC", now,
                                  Say.CIRCUIT_REOPEN, tool=row.tool, error=msg, until=until)
                 return Circuit.OPEN
-            if row.state == Circuit.OPEN and row.open_until and now >= row.open_until:
+            if rules.half_opens(row.state, row.open_until, now):
                 if store.half_open(conn, row.tool, now):
                     record(conn, at=now, action=Action.CIRCUIT_HALF_OPEN, by=self.by, tool=row.tool,
                            outcome="one probe call will be let through")

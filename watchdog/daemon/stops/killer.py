@@ -28,7 +28,7 @@ from watchdog.core import procid
 # The identity, its tolerance and the reasons a process is gone live in watchdog.core.procid, below
 # runtree (which the killer builds on); they are re-exported here, where the daemon imports them.
 from watchdog.core.procid import (CREATE_TIME_TOLERANCE_S, GONE, GONE_REASONS, RECYCLED, ZOMBIE,
-                                  ProcessIdentity)
+                                  ProcessIdentity as ProcessIdentity)  # re-exported: the killer's callers name it
 from watchdog.daemon.stops.runtree import cgroup_members, guarded_cgroup_kill
 
 MODES = ("process", "tree", "cgroup")
@@ -206,7 +206,8 @@ class Killer:
         if self._pidfd_open is None:
             return None
         try:
-            return self._pidfd_open(pid)
+            fd: int = self._pidfd_open(pid)
+            return fd
         except OSError as e:
             if e.errno == errno.ENOSYS:
                 return None

@@ -20,6 +20,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from watchdog.core.rowviews import RunView
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
@@ -32,7 +33,8 @@ from watchdog.core.budgets import Budgets
 from watchdog.core.config import DaemonConfig
 from watchdog.daemon.stops.attest import verified_cgroup, verified_leader
 from watchdog.daemon.trust.authentic import hold_not_own
-from watchdog.daemon.stops.killer import GONE_REASONS, PERMISSION_DENIED, Killer, ProcessIdentity
+from watchdog.core.procid import GONE_REASONS, ProcessIdentity
+from watchdog.daemon.stops.killer import PERMISSION_DENIED, Killer
 from watchdog.daemon.stops.redrive import hold_denied
 from watchdog.daemon.stops.runtree import directory, remaining, remove_empty
 from watchdog.core.messages import RunFacts
@@ -51,11 +53,11 @@ def _since(t: dt.datetime | None, now: dt.datetime) -> float:
     return (now - t).total_seconds() if t else 0.0
 
 
-def _set_stage(conn: Connection, row, expected: str | None, stage: str, now: dt.datetime) -> bool:
+def _set_stage(conn: Connection, row: RunView, expected: str | None, stage: str, now: dt.datetime) -> bool:
     return store.set_stage(conn, row.id, expected, stage, signalled_at=now)
 
 
-def _finish(conn: Connection, row, stage_from: str | None, outcome: str, now: dt.datetime, by: str, facts: RunFacts,
+def _finish(conn: Connection, row: RunView, stage_from: str | None, outcome: str, now: dt.datetime, by: str, facts: RunFacts,
             budgets: Budgets, escalated: bool, sealer: Sealer | None = None) -> None:
     if not store.finish(conn, row.id, stage_from, now):
         return
@@ -66,7 +68,7 @@ def _finish(conn: Connection, row, stage_from: str | None, outcome: str, now: dt
     announce(conn, _escalation(row, facts, budgets, outcome, failed=False), now=now, sealer=sealer, audit=audit)
 
 
-def _escalation(row: Any, facts: RunFacts, budgets: Budgets, outcome: str, *, failed: bool,
+def _escalation(row: RunView, facts: RunFacts, budgets: Budgets, outcome: str, *, failed: bool,
                 key: str | None = None) -> Outcome:
     return Outcome.of(Say.ESCALATION, key or AlertKind.ESCALATE.key(row.id), row.id, f=facts, b=budgets,
                       reason=row.stop_reason, outcome=outcome, failed=failed)
@@ -75,7 +77,7 @@ def _escalation(row: Any, facts: RunFacts, budgets: Budgets, outcome: str, *, fa
 # Stages where the ladder has nothing more to send but the run is still `stopping`:
 # the tick ends such a run once its process is gone, so it never stays active forever.
 WAITING_STAGES = lc.WAITING_STAGES
-_EXITED = {
+_EXITED: dict[str | None, str] = {  # by signal_stage (a Stage is a str)
     None: "process exited after the cooperative stop",
     lc.Stage.REFUSED: "process gone; it was never signalled (the signal was refused)",
     lc.Stage.NOT_SIGNALLED: "process gone; it was never signalled (shared process)",
@@ -83,7 +85,7 @@ _EXITED = {
 }
 
 
-def exited(conn: Connection, row, *, now: dt.datetime, by: str, facts: RunFacts, budgets: Budgets,
+def exited(conn: Connection, row: RunView, *, now: dt.datetime, by: str, facts: RunFacts, budgets: Budgets,
            sealer: Sealer | None = None) -> None:
     """The process ended without ending its run (after the cooperative stop, or after a
     refused / impossible / failed signal): the run is killed."""
@@ -94,7 +96,7 @@ def exited(conn: Connection, row, *, now: dt.datetime, by: str, facts: RunFacts,
 UNCONFIRMED = "not signalled: the stop was requested in the store and the daemon's own budgets do not confirm it"
 
 
-def hold_unconfirmed(conn: Connection, row, *, now: dt.datetime, by: str, facts: RunFacts, budgets: Budgets,
+def hold_unconfirmed(conn: Connection, row: RunView, *, now: dt.datetime, by: str, facts: RunFacts, budgets: Budgets,
                      sealer: Sealer | None = None) -> None:
     """A stop someone wrote into the store (a guard, the CLI, any store writer) that the
     daemon's own budgets do not confirm: no signal, so a row cannot lend anyone the daemon's
@@ -106,7 +108,7 @@ def hold_unconfirmed(conn: Connection, row, *, now: dt.datetime, by: str, facts:
              audit=Audit(Action.SIGNAL_HELD, by, reason=row.stop_reason, outcome=UNCONFIRMED))
 
 
-def _fail(conn: Connection, row, stage_from: str | None, stage_to: str, action: str, outcome: str, now: dt.datetime,
+def _fail(conn: Connection, row: RunView, stage_from: str | None, stage_to: str, action: str, outcome: str, now: dt.datetime,
           by: str, facts: RunFacts, budgets: Budgets, sealer: Sealer | None = None) -> None:
     # Refused again on a redrive (issue 36): the stage stays, the refusal is recorded.
     if stage_from != stage_to and not _set_stage(conn, row, stage_from, stage_to, now):
@@ -131,7 +133,7 @@ def _parse_targets(detail: Any) -> tuple[list[ProcessIdentity], object] | None:
         return None
 
 
-def _signalled_targets(conn: Connection, row, *, sealer: Sealer, now: dt.datetime, by: str, facts: RunFacts,
+def _signalled_targets(conn: Connection, row: RunView, *, sealer: Sealer, now: dt.datetime, by: str, facts: RunFacts,
                        budgets: Budgets) -> list[ProcessIdentity]:
     """What the SIGTERM reached, from the newest `sigterm` row whose seal verifies.
 
@@ -154,7 +156,7 @@ def _signalled_targets(conn: Connection, row, *, sealer: Sealer, now: dt.datetim
     return found
 
 
-def _report_forged(conn: Connection, row, kind: str, what: str, *, now: dt.datetime, by: str, facts: RunFacts,
+def _report_forged(conn: Connection, row: RunView, kind: str, what: str, *, now: dt.datetime, by: str, facts: RunFacts,
                    budgets: Budgets, sealer: Sealer | None) -> None:
     """One intervention and one alert per run and kind of forgery, however often it is seen."""
     announce(conn, Outcome.of(Say.FORGED, AlertKind.FORGED.key(row.id, kind), row.id, f=facts, b=budgets, what=what),
@@ -162,7 +164,7 @@ def _report_forged(conn: Connection, row, kind: str, what: str, *, now: dt.datet
              audit=Audit(Action.FORGED_ROW, by, reason=row.stop_reason, outcome=what[:255]))
 
 
-def _exec_tree(conn: Connection, row, leader: ProcessIdentity, killer: Killer, sealer: Sealer | None,
+def _exec_tree(conn: Connection, row: RunView, leader: ProcessIdentity, killer: Killer, sealer: Sealer | None,
                remembered: Remembered | None) -> tuple[str | None, list[ProcessIdentity]]:
     """(the run's cgroup directory, the live processes of its tree besides what is enumerated
     from the leader) for an exec'd run: from the verified attestation's cgroup and the daemon's
@@ -174,7 +176,7 @@ def _exec_tree(conn: Connection, row, leader: ProcessIdentity, killer: Killer, s
     return cgroup_dir, remaining(killer, found, cgroup_dir)
 
 
-def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
+def due(row: RunView, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
     """Whether advance() could do anything for this stopping run now (pure: no store, no OS).
     advance() starts by asking this, so the two cannot disagree."""
     if row.signal_stage not in lc.ACTING_STAGES:  # done, or waiting for a process it will not signal
@@ -184,7 +186,7 @@ def due(row, now: dt.datetime, daemon: DaemonConfig, host: str) -> bool:
     return row.kill_mode == lc.COOPERATIVE or row.host == host
 
 
-def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
+def advance(conn: Connection, row: RunView, *, killer: Killer, daemon: DaemonConfig, budgets: Budgets, facts: RunFacts,
             now: dt.datetime, by: str, sharing: int, sealer: Sealer | None = None,
             confirmed: Callable[[], bool] | None = None, remembered: Remembered | None = None,
             own_evidence: Callable[[], bool | str] | None = None, redriven: bool = False) -> None:
@@ -265,7 +267,7 @@ def advance(conn: Connection, row, *, killer: Killer, daemon: DaemonConfig, budg
                   f"still alive {waited_s:.0f} s after SIGKILL (pids {pids}; uninterruptible?)", **common)
 
 
-def _first_signal(conn: Connection, row: Any, leader: ProcessIdentity, cgroup_dir: Any, orphans: list[Any], *,
+def _first_signal(conn: Connection, row: RunView, leader: ProcessIdentity, cgroup_dir: Any, orphans: list[Any], *,
                   killer: Killer, confirmed: Callable[[], bool] | None, own_evidence: Callable[[], bool | str] | None,
                   common: dict[str, Any], start: str | None = None) -> None:
     """The ladder's first step (SIGTERM), once the process is checked and the stop confirmed the

@@ -32,7 +32,8 @@ import select
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from watchdog.daemon.stops.killer import Killer, ProcessIdentity
+from watchdog.core.procid import ProcessIdentity
+from watchdog.daemon.stops.killer import Killer
 
 log = logging.getLogger("watchdog.liveness")
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from watchdog.daemon.stops.killer import CREATE_TIME_TOLERANCE_S, ProcessIdentity
+from watchdog.core.procid import CREATE_TIME_TOLERANCE_S, ProcessIdentity
 
 if TYPE_CHECKING:
     from watchdog.store.memory import Memory

@@ -99,10 +99,8 @@ def _timeout(tk: TickContext, this: ThisTick, row: Any, *, budgets: Budgets, fac
     # Waited since the daemon paused it or confirmed the pause (its state file), never since a
     # paused_at its writer could set ahead (issue 20).
     since_s = tk.trust.pause_mark(row.id, row.resumes)
-    waited_s = (now.timestamp() - since_s) if since_s is not None else (
-        (now - row.paused_at).total_seconds() if row.paused_at is not None else None)
-    if not (row.paused_at is None or row.stop_reason not in ap.BY_REASON
-            or (waited_s is not None and waited_s >= budgets.approval_timeout_s)):
+    waited_s = ap.waited_s(now, since_s, row.paused_at)
+    if not ap.approval_expired(row.paused_at, row.stop_reason, waited_s, budgets.approval_timeout_s):
         return  # still waiting for a human
     # No answer in time (or a paused row nobody could answer: no pause time, no pausable reason).
     reason = row.stop_reason if row.stop_reason in ap.BY_REASON else "manual"

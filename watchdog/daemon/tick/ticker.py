@@ -44,7 +44,8 @@ from watchdog.daemon.tick.batch import Batch
 from watchdog.daemon.leases.cluster import ClusterDuties, DutyTick, Membership, Role
 from watchdog.daemon.tick.heap import HeapFreezer
 from watchdog.daemon.trust.isolation import Defect
-from watchdog.daemon.stops.killer import Killer, ProcessIdentity
+from watchdog.core.procid import ProcessIdentity
+from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.leases.lease import LeaseLost
 from watchdog.daemon.money.money import Money
 from watchdog.daemon.otlp import silence

@@ -107,8 +107,8 @@ class OwnCounts:
     newest_seq: int = 0
     newest_at: dt.datetime | None = None  # the newest time the run's own records carry
     records: int = 0
-    seqs: set = dataclasses.field(default_factory=set)
-    signatures: Counter = dataclasses.field(default_factory=Counter)
+    seqs: set[int] = dataclasses.field(default_factory=set)
+    signatures: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)
 
 
 def own_counts(conn: Connection, sealer: Sealer, run_id: str, sealed: Sealed,
@@ -238,7 +238,8 @@ class OwnEvidence:
 
         try:
             proc = psutil.Process(int(a.pid))
-            return abs(proc.create_time() - float(a.pid_create_time)) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE
+            return bool(abs(proc.create_time() - float(a.pid_create_time)) > 0.01
+                        or proc.status() == psutil.STATUS_ZOMBIE)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return True
         except (psutil.Error, ValueError, OverflowError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Container
+from typing import Any
 from dataclasses import dataclass, field
 
 from watchdog.core import lifecycle as lc
@@ -134,7 +135,7 @@ class Evidence:
         return None if t is None else t.values
 
 
-def merged(row_values: tuple, folded: list | None) -> tuple:
+def merged(row_values: tuple[Any, ...], folded: list[float] | None) -> tuple[Any, ...]:
     """(steps, tool_calls, tool_errors, tokens, cost_eur): the larger of the row's and the tally's."""
     if folded is None:
         return row_values

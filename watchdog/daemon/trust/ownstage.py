@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from watchdog.core.rowviews import RunView
 from watchdog.store import stops
 from watchdog.store.engine import Connection
 from watchdog.store.memory import Memory
@@ -31,11 +32,11 @@ def own_stage(memory: Memory, run_id: str) -> OwnStage:
     return stage, dt.datetime.fromtimestamp(at_s, dt.timezone.utc)
 
 
-def differs(row, own: OwnStage) -> bool:
+def differs(row: RunView, own: OwnStage) -> bool:
     return (row.signal_stage or None) != own[0]
 
 
-def restore(conn: Connection, row, own: OwnStage):
+def restore(conn: Connection, row: RunView, own: OwnStage) -> RunView:
     """The row with the daemon's stage written back; returns the row read again."""
     log.warning("run %s: its signal_stage %r is not the stage this daemon reached (%r): put back",
                 row.id[:8], str(row.signal_stage)[:20], own[0])
@@ -43,7 +44,7 @@ def restore(conn: Connection, row, own: OwnStage):
     return stops.run_row(conn, row.id) or row
 
 
-def remember(conn: Connection, memory: Memory, row, before: str | None) -> None:
+def remember(conn: Connection, memory: Memory, row: RunView, before: str | None) -> None:
     """After the ladder acted in `conn`'s transaction: record the stage it reached."""
     now = stops.stage_of(conn, row.id)
     if now is None or now.signal_stage is None or now.signal_stage == before:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from watchdog.core.rowviews import RunView
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
@@ -49,7 +51,7 @@ FUTURE_S = 86400.0
 _MEMO_MAX = 10_000
 
 
-def light_defect(r, now_s: float) -> str:
+def light_defect(r: Sequence[object], now_s: float) -> str:
     """Name what is wrong with a light row that failed the pre-filter (the failure path only)."""
     problems = []
     for name in ("id", "agent", "status", "host"):
@@ -82,7 +84,7 @@ class Malformed(ValueError):
 _STAGES = frozenset(s.value for s in lc.Stage)
 
 
-def check_actionable(row) -> None:
+def check_actionable(row: RunView) -> None:
     """What the stop ladder reads and the checks would have refused: an unknown kill mode or
     ladder stage would leave a stopping run on a step nobody takes (never escalated, never
     reported)."""

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchdog.core.rowviews import RunView
 from watchdog.core import lifecycle as lc
 from watchdog.core.policies import RunSnapshot
 from watchdog.daemon.trust.evidence import Evidence, merged
@@ -24,8 +25,10 @@ from watchdog.store.scan import EventSelection
 # The light row's columns, by position (the tick's modules index it with `L`).
 from watchdog.store.scan import IDENTITY as IDENTITY, LIGHT as LIGHT, MEASURES as MEASURES
 from watchdog.store.scan import L as L, OWN_BUDGETS as OWN_BUDGETS
-# An event as the fold reads it.
-from watchdog.store.scan import FoldedEvent as NewEvent
+from watchdog.store.scan import FoldedEvent
+
+# An event as the fold reads it (the name the tick and the circuits know it by).
+NewEvent = FoldedEvent
 
 RATE_WINDOW_S = 60.0
 MAX_PENDING_UNPRICED = 100_000  # unpriced step ids kept for the money work, at most
@@ -218,7 +221,7 @@ class Scanner:
             evidence.keep(active)
         return tools
 
-    def snapshot(self, row, now: dt.datetime, started_at: dt.datetime | None = None) -> RunSnapshot:
+    def snapshot(self, row: RunView, now: dt.datetime, started_at: dt.datetime | None = None) -> RunSnapshot:
         st = self.stats.get(row.id) or RunStats()
         calls_min, top_min = st.rate(now)
         # The larger of the row's counters and the daemon's own (watchdog.daemon.trust.evidence).

@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from watchdog.core.rowviews import Row, RunView
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.interventions import Action
 from watchdog.core import pause as ap
@@ -86,12 +87,12 @@ class Trust:
             for rid, at in new:
                 self.memory.first.setdefault(rid, at)
 
-    def parent_ok(self, child) -> bool:
+    def parent_ok(self, child: RunView) -> bool:
         """The child's parent link is the one the daemon recorded when it first saw the child."""
         parent = getattr(child, "parent_id", None)
         return bool(parent) and self.memory.marked("parent", child.id) == parent
 
-    def started_at(self, row) -> dt.datetime:
+    def started_at(self, row: RunView) -> dt.datetime:
         """The run's start as the wall clock counts it: its own, or the daemon's first sight if earlier."""
         seen = self.memory.first.get(row.id)
         if seen is None:
@@ -105,7 +106,7 @@ class Trust:
         """For the pre-filter: a sealed resume was verified for these exact budgets."""
         return self._raised.get((rid, r_resumes, tuple(own_budgets)), False)
 
-    def budgets(self, connect: Callable[[], AbstractContextManager[Connection]], row) -> Budgets:
+    def budgets(self, connect: Callable[[], AbstractContextManager[Connection]], row: RunView) -> Budgets:
         """What the run is held to: its profile (or [defaults] for an owner it does not bind),
         lowered by its own request, raised only by a sealed operator resume. `connect()`: a
         transaction, opened only when a cache misses (once per run, resume and budgets)."""
@@ -142,7 +143,7 @@ class Trust:
             self._owner_ok.clear()
         self._owner_ok[rid] = False
 
-    def profile_of(self, conn: Connection, row) -> Budgets:
+    def profile_of(self, conn: Connection, row: RunView) -> Budgets:
         prof = self.config.profile(row.agent)
         owners = getattr(prof, "owners", ())
         otlp = getattr(row, "source", None) == OTLP
@@ -226,13 +227,13 @@ class Trust:
                 owner, source = owners.get(rid, (None, None))
                 self.spend_as_row(conn, rid, agent, owner, source)
 
-    def owner_of(self, conn: Connection, row) -> str | None:
+    def owner_of(self, conn: Connection, row: Row) -> str | None:
         """The run's owner as the daemon can prove it (None: it cannot)."""
         if row.id in self._owners:
             return self._owners[row.id]
         return self._owner(conn, row)
 
-    def _owner(self, conn: Connection, row) -> str | None:
+    def _owner(self, conn: Connection, row: Row) -> str | None:
         if getattr(row, "source", None) == OTLP:  # the receiver's sealed record of its sender
             sent = sender_of(conn, self.sealer, row.id)
             if sent is not None:
@@ -248,7 +249,7 @@ class Trust:
         except KeyError:
             return f"uid {uid}"
 
-    def _alert_owner(self, conn: Connection, row, owner: str | None) -> None:
+    def _alert_owner(self, conn: Connection, row: Row, owner: str | None) -> None:
         said = Outcome.of(Say.OWNER, AlertKind.OWNER.key(row.id), row.id, run_id=row.id,
                           agent=row.agent, owner=owner)
         if announce(conn, said, now=row.last_seen_at, sealer=self.sealer, once=True, audit=Audit(
@@ -271,15 +272,17 @@ class Trust:
         except ValueError:
             return None
 
-    def deny_pause(self, conn, row, now):
+    def deny_pause(self, conn: Connection, row: RunView, now: dt.datetime) -> Row:
+        """paused -> running (store.pause.deny_pause): the row read again, or None."""
         log.warning("run %s: a pause the daemon did not write or confirm: running again", row.id[:8])
         return deny_pause(conn, row, now=now, by=self.by, agent=row.agent, sealer=self.sealer)
 
-    def confirms_pause(self, row, snap_totals: object, budgets: Budgets) -> bool:
+    def confirms_pause(self, row: RunView, snap_totals: object, budgets: Budgets) -> bool:
         """A pause the run's own guard wrote, the daemon confirms: a budget that pauses for this
         profile is at (or over) its limit by the daemon's own counters."""
-        budget = ap.BY_REASON.get(row.stop_reason)
-        if budget is None or not ap.pauses(budgets, row.stop_reason):
+        reason = row.stop_reason or ""
+        budget = ap.BY_REASON.get(reason)
+        if budget is None or not ap.pauses(budgets, reason):
             return False
         limit = getattr(budgets, budget.key, None)
         return limit is not None and getattr(snap_totals, budget.measure) >= limit
@@ -300,5 +303,5 @@ def first_sight_budget_s(config: Config, agent: object) -> float:
     prof = config.profile(agent) if isinstance(agent, str) else config.defaults
     if getattr(prof, "owners", ()):  # whose it is cannot be told from an unreadable row
         prof = config.defaults
-    return min(getattr(prof, BY_KEY["max_wall_s"].key), config.defaults.max_wall_s) \
-        if prof is config.defaults else getattr(prof, BY_KEY["max_wall_s"].key)
+    wall_s = float(getattr(prof, BY_KEY["max_wall_s"].key))
+    return min(wall_s, config.defaults.max_wall_s) if prof is config.defaults else wall_s
