@@ -66,7 +66,7 @@ def test_run_budget_verdict_under_and_over(reason: str) -> None:
 def test_identical_calls_verdict_names_the_repeated_tool() -> None:
     (v,) = p.evaluate(snap(top_signature=("verify_iban", 3)), B, T0)
     assert (v.reason, v.value, v.limit) == (lc.LOOP_DETECTED, 3, 3)
-    assert v.detail.startswith("verify_iban ")
+    assert v.detail.startswith("«verify_iban» ")
 
 
 def test_a_b_a_b_oscillation_under_and_at_the_window() -> None:
