@@ -9,6 +9,7 @@ import click
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
 from watchdog.store.engine import read_connection
 from watchdog.core.clock import utcnow
+from watchdog.core.text import terminal_safe
 
 # The daemon's last published period state: shared with the web view (watchdog.store.viewer).
 from watchdog.store.viewer import published_state  # noqa: E402,F401
@@ -50,4 +51,4 @@ def budgets_cmd(app, as_json):
     if as_json:
         emit_json([s.to_json() for s in states])
     else:
-        click.echo(table(states, now, zone(config.pricing.budget_tz)))
+        click.echo(terminal_safe(table(states, now, zone(config.pricing.budget_tz))))  # writers chose the names

@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 from watchdog.core.budgets import BUDGETS, Totals
-from watchdog.core.text import duration
+from watchdog.core.text import duration, one_line
+
+# What a record of the store can hold (writers chose its names): every string one line, without
+# control, escape or bidi characters, before it is laid out for a terminal.
+_LONG = 100_000
+
+
+def clean(obj: object) -> object:
+    if isinstance(obj, str):
+        return one_line(obj, _LONG)
+    if isinstance(obj, dict):
+        return {k: clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [clean(v) for v in obj]
+    return obj
 
 
 def short(run_id: str) -> str:
@@ -23,6 +37,7 @@ def cut(text: str, width: int) -> str:
 
 
 def runs_table(records: list[dict]) -> str:
+    records = clean(records)  # type: ignore[assignment]
     if not records:
         return "no runs"
     reason_w = max(6, min(17, max(len(r["stop_reason"] or "-") for r in records)))
@@ -38,6 +53,7 @@ def runs_table(records: list[dict]) -> str:
 
 
 def run_detail(r: dict) -> str:
+    r = clean(r)  # type: ignore[assignment]
     b = r["budgets"]
     used = Totals(steps=r["steps"], tool_calls=r["tool_calls"], cost_eur=r["cost_eur"],
                   tokens=(r.get("tokens_in") or 0) + (r.get("tokens_out") or 0), age_s=r["duration_s"])
@@ -91,6 +107,7 @@ def run_detail(r: dict) -> str:
 
 
 def event_line(e: dict) -> str:
+    e = clean(e)  # type: ignore[assignment]
     t = e["at"][11:19]
     if e["kind"] == "tool":
         status = "ok" if e["ok"] else f"ERR {error_text(e['error_class'], e['error_msg'])}"
@@ -113,6 +130,7 @@ def error_text(error_class: str | None, error_msg: str | None) -> str:
 def circuit_line(r: dict, open_until, now) -> str:
     """One line of `circuits`: an open circuit whose time is up says so (the next call is its
     probe) instead of "open until" a time already past."""
+    r = clean(r)  # type: ignore[assignment]
     state = r["state"]
     if state == "open" and open_until is not None:
         if open_until > now:

@@ -8,6 +8,7 @@ import click
 
 from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
 from watchdog.core.clock import utcnow
+from watchdog.core.text import terminal_safe
 
 
 @main.command("top")
@@ -31,8 +32,9 @@ def top_cmd(app, once, interval_s):
         with app.reader() as conn:
             profiles = app.judge_by(conn)
             periods = period_report(conn, profiles, now, published_state(conn, now))
-            text = top.frame(top.rows(conn, profiles, now), now, periods=periods,
-                             tz=zone(profiles.pricing.budget_tz))
+            # Writers chose the agents' and tools' names: no escape sequence of theirs reaches the terminal.
+            text = terminal_safe(top.frame(top.rows(conn, profiles, now), now, periods=periods,
+                                           tz=zone(profiles.pricing.budget_tz)))
             warning = banner(conn)  # issue 36: on stderr (the frame's 80 columns stay the frame's)
         if once:
             if warning:
@@ -68,7 +70,7 @@ def postmortem_cmd(app, run_id, output):
     with app.reader() as conn:
         rid = resolve_run_id(conn, run_id)
         if not output:
-            click.echo(postmortem.render(conn, rid, app.judge_by(conn), now))
+            click.echo(terminal_safe(postmortem.render(conn, rid, app.judge_by(conn), now)))
             return
         if output.endswith(".md") or os.path.isfile(output):  # a file named, as before: the SVG beside it
             folder, name = os.path.split(os.path.abspath(output))

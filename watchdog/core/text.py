@@ -52,6 +52,15 @@ def one_line(text: object, limit: int = 200) -> str:
     return s if len(s) <= limit else s[: max(0, limit - 1)] + "…"
 
 
+_TERMINAL_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069]+")
+
+
+def terminal_safe(text: str) -> str:
+    """A text the CLI prints whose lines and tabs stay, but no escape sequence (ANSI colours, an
+    OSC 8 link, a screen clear) nor bidi control of a writer's name reaches the terminal."""
+    return _TERMINAL_UNSAFE.sub(" ", text)
+
+
 def printable(text: str) -> bool:
     """No control, line-break or bidi characters: fit to be a name on one line."""
     return _UNPRINTABLE.search(text) is None
