@@ -27,6 +27,7 @@ from watchdog.core.config import Config
 from watchdog.core.interventions import Action
 from watchdog.core.seal import Sealer
 from watchdog.core.outcomes import Outcome, Say
+from watchdog.core.text import one_line
 from watchdog.daemon.leases.partition_duty import PartitionDuty
 from watchdog.store import leases, retention, rollup
 from watchdog.store.alerts import queued
@@ -172,7 +173,7 @@ class ClusterDuties:
                         Action.NO_DAEMON, self.by, detail=f"host {host}",
                         outcome="runs adopted: cooperative stops only, no signal"))
                     log.warning("host %s has no live daemon: adopting its %d active runs (cooperative stops only)",
-                                host, t.role.active.get(host, 0))
+                                one_line(host, 64), t.role.active.get(host, 0))
             self._alerted.add(key)
 
     def update_circuits(self, t: DutyTick) -> None:

@@ -18,6 +18,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
 from watchdog.core.messages import RunFacts
 from watchdog.core.seal import Sealer
+from watchdog.core.text import one_line
 from watchdog.daemon.stops.attest import verified_cgroup, verified_leader
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.stops.runtree import directory, remaining
@@ -83,5 +84,6 @@ class ExecTrees:
         if not stop_run(conn, row, reason=lc.PROCESS_GONE, detail=detail, now=now, by=self.by, budgets=budgets,
                          run_facts=facts, sealer=self.sealer):
             return False
-        log.warning("stop requested: %s run %s — process_gone (%s)", row.agent, row.id[:8], detail)
+        log.warning("stop requested: %s run %s — process_gone (%s)", one_line(row.agent, 64), one_line(row.id, 8),
+                    one_line(detail))
         return True

@@ -18,6 +18,7 @@ from watchdog.core import pause as ap
 from watchdog.core.budgets import Budgets
 from watchdog.core.messages import RunFacts
 from watchdog.core.policies import Verdict, evaluate
+from watchdog.core.text import one_line
 from watchdog.daemon.tick.batch import Batch
 from watchdog.daemon.tick.believe import snapshot
 from watchdog.daemon.stops.stopping import lose_run, stop_run
@@ -54,7 +55,8 @@ def act_on_breach(tk: TickContext, this: ThisTick, conn: Connection, row: Any, v
                         run_facts=facts, sealer=tk.sealer, own_parent=tk.trust.parent_ok)
     if done:
         rep.stops.append((row.id, v.reason))
-        log.warning("stop requested: %s run %s — %s (%s)", row.agent, row.id[:8], v.reason, v.detail)
+        log.warning("stop requested: %s run %s — %s (%s)", one_line(row.agent, 64), one_line(row.id, 8), v.reason,
+                    one_line(v.detail))
     return action, v, done
 
 
