@@ -149,10 +149,12 @@ def fleet_rows(n: int, login: str, now: dt.datetime, breaches: int):
     return ids, runs, evs
 
 
-def writer(db: str, login: str, ids: list[str], seq0: int, rate: float, seconds: float, out, burst: int = 1) -> None:
+def writer(db: str, login: str, ids: list[str], seq0: int, rate: float, seconds: float, out, burst: int = 1,
+           per_run: int = 1) -> None:
     """One writer process: records for its runs, round robin, through the SDK's statement; with
     `burst` > 1, that many records at a time through the SDK's burst (watchdog.store.bursts: what
-    the SDK writes when that many of its threads' records meet at the store)."""
+    the SDK writes when that many of its threads' records meet at the store), `per_run` consecutive
+    records of each run (1: every record of a burst another run's; > 1: runs of several threads)."""
     from watchdog.store.agent_writes import AgentSQL
     from watchdog.store.bursts import burst_statements
     from watchdog.store.dialects import for_name
@@ -172,7 +174,7 @@ def writer(db: str, login: str, ids: list[str], seq0: int, rate: float, seconds:
                 continue
             records = []
             for _ in range(burst):
-                rid = ids[k % len(ids)]
+                rid = ids[(k // per_run) % len(ids)]
                 k += 1
                 seq[rid] += 1
                 event = (rid, seq[rid], None, "tool", "search", uuid.uuid4().hex[:16], None, True, None, None, 0.2,
@@ -185,11 +187,11 @@ def writer(db: str, login: str, ids: list[str], seq0: int, rate: float, seconds:
     out.put(n)
 
 
-def start_writers(st: Store, ids, n_writers, seq0, rate, seconds, burst: int = 1):
+def start_writers(st: Store, ids, n_writers, seq0, rate, seconds, burst: int = 1, per_run: int = 1):
     q: mp.Queue = mp.Queue()
     share = [ids[i::n_writers] for i in range(n_writers)]
     procs = [mp.Process(target=writer, args=(st.db, st.login, share[i], seq0, rate / n_writers if rate else 0.0,
-                                             seconds, q, burst)) for i in range(n_writers)]
+                                             seconds, q, burst, per_run)) for i in range(n_writers)]
     for p in procs:
         p.start()
     return procs, q
@@ -203,7 +205,8 @@ def pct(values: list[float], p: float) -> float:
 def ingest(st: Store, ids, args) -> dict:
     with psycopg.connect(conninfo(st.db), autocommit=True) as conn:
         top = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-    procs, q = start_writers(st, ids, args.writers, SEQ_PHASE["ingest"], 0.0, args.ingest_s, args.burst)
+    procs, q = start_writers(st, ids, args.writers, SEQ_PHASE["ingest"], 0.0, args.ingest_s, args.burst,
+                             args.burst_per_run)
     for p in procs:
         p.join()
     with psycopg.connect(conninfo(st.db), autocommit=True) as conn:
@@ -225,7 +228,7 @@ def ingest(st: Store, ids, args) -> dict:
                 cp.write_row((*r, stamp))
         copy_s = time.perf_counter() - t0
     return {"sdk_eps": stored / args.ingest_s, "copy_eps": stored / copy_s, "ingest_events": stored,
-            "burst": args.burst, "writers": args.writers}
+            "burst": args.burst, "burst_per_run": args.burst_per_run, "writers": args.writers}
 
 
 def ticks(st: Store, ids, args) -> dict:
@@ -367,6 +370,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ingest-s", type=float, default=8.0)
     ap.add_argument("--burst", type=int, default=1, help="records per transaction in the ingest phase "
                     "(> 1: the SDK's burst, watchdog.store.bursts, as its threads' records meeting at the store)")
+    ap.add_argument("--burst-per-run", type=int, default=1, help="consecutive records of each run in a burst "
+                    "(1: each record of a burst another run's; N: runs of N threads each)")
     ap.add_argument("--rate", type=float, default=1000.0, help="events/s the writers offer during the ticks")
     ap.add_argument("--ticks", type=int, default=20)
     ap.add_argument("--tick-s", type=float, default=1.0)
