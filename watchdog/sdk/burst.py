@@ -15,7 +15,9 @@ its rejection count, its misconfiguration error raised to the agent whose record
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,6 +66,14 @@ class Bursts:
         self._writing = 0
         self.bursts = 0  # transactions of more than one record so far (tests, benchmarks)
         self.burst_records = 0  # the records they held
+        _ALL.add(self)
+
+    def _after_fork(self) -> None:
+        # A forked child has none of the parent's threads: their queued records are not its own,
+        # and the parent's lock may have been held at the fork.
+        self._cond = threading.Condition(threading.Lock())
+        self._queue = []
+        self._writing = 0
 
     def record(self, event: Sequence[Any], update: Sequence[Any], statements: Sequence[Statement]) -> Any:
         """Write one record (`statements`: its writes alone, AgentSQL.record and the status read;
@@ -115,3 +125,14 @@ class Bursts:
             p.row = status.get(p.update[-1])
         self.bursts += 1
         self.burst_records += len(batch)
+
+
+_ALL: weakref.WeakSet[Bursts] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for bursts in list(_ALL):
+        bursts._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
