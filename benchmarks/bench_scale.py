@@ -149,9 +149,14 @@ def fleet_rows(n: int, login: str, now: dt.datetime, breaches: int):
     return ids, runs, evs
 
 
-def writer(db: str, login: str, ids: list[str], seq0: int, rate: float, seconds: float, out) -> None:
-    """One writer process: records for its runs, round robin, through the SDK's statement."""
+def writer(db: str, login: str, ids: list[str], seq0: int, rate: float, seconds: float, out, burst: int = 1,
+           per_run: int = 1) -> None:
+    """One writer process: records for its runs, round robin, through the SDK's statement; with
+    `burst` > 1, that many records at a time through the SDK's burst (watchdog.store.bursts: what
+    the SDK writes when that many of its threads' records meet at the store), `per_run` consecutive
+    records of each run (1: every record of a burst another run's; > 1: runs of several threads)."""
     from watchdog.store.agent_writes import AgentSQL
+    from watchdog.store.bursts import burst_statements
     from watchdog.store.dialects import for_name
 
     sql = AgentSQL(for_name("postgresql"))
@@ -167,23 +172,26 @@ def writer(db: str, login: str, ids: list[str], seq0: int, rate: float, seconds:
             if rate and n >= rate * now:
                 time.sleep(min(0.005, n / rate - now))
                 continue
-            rid = ids[k % len(ids)]
-            k += 1
-            seq[rid] += 1
-            event = (rid, seq[rid], None, "tool", "search", uuid.uuid4().hex[:16], None, True, None, None, 0.2,
-                     None, None, None, None, None, None, None, None, None)
-            update = (0, 1, 0, 0, 0, 0.0, 0, 0, 0, seq[rid], None, None, rid)
-            for statement, params in sql.record(event, update):
+            records = []
+            for _ in range(burst):
+                rid = ids[(k // per_run) % len(ids)]
+                k += 1
+                seq[rid] += 1
+                event = (rid, seq[rid], None, "tool", "search", uuid.uuid4().hex[:16], None, True, None, None, 0.2,
+                         None, None, None, None, None, None, None, None, None)
+                records.append((event, (0, 1, 0, 0, 0, 0.0, 0, 0, 0, seq[rid], None, None, rid)))
+            for statement, params in (sql.record(*records[0]) if burst == 1 else burst_statements(sql, records)):
                 cur.execute(statement, params)
-            n += 1
+                cur.fetchall()  # the runs' statuses, as the SDK reads them back
+            n += burst
     out.put(n)
 
 
-def start_writers(st: Store, ids, n_writers, seq0, rate, seconds):
+def start_writers(st: Store, ids, n_writers, seq0, rate, seconds, burst: int = 1, per_run: int = 1):
     q: mp.Queue = mp.Queue()
     share = [ids[i::n_writers] for i in range(n_writers)]
     procs = [mp.Process(target=writer, args=(st.db, st.login, share[i], seq0, rate / n_writers if rate else 0.0,
-                                             seconds, q)) for i in range(n_writers)]
+                                             seconds, q, burst, per_run)) for i in range(n_writers)]
     for p in procs:
         p.start()
     return procs, q
@@ -197,7 +205,8 @@ def pct(values: list[float], p: float) -> float:
 def ingest(st: Store, ids, args) -> dict:
     with psycopg.connect(conninfo(st.db), autocommit=True) as conn:
         top = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
-    procs, q = start_writers(st, ids, args.writers, SEQ_PHASE["ingest"], 0.0, args.ingest_s)
+    procs, q = start_writers(st, ids, args.writers, SEQ_PHASE["ingest"], 0.0, args.ingest_s, args.burst,
+                             args.burst_per_run)
     for p in procs:
         p.join()
     with psycopg.connect(conninfo(st.db), autocommit=True) as conn:
@@ -218,7 +227,8 @@ def ingest(st: Store, ids, args) -> dict:
             for r in rows:
                 cp.write_row((*r, stamp))
         copy_s = time.perf_counter() - t0
-    return {"sdk_eps": stored / args.ingest_s, "copy_eps": stored / copy_s, "ingest_events": stored}
+    return {"sdk_eps": stored / args.ingest_s, "copy_eps": stored / copy_s, "ingest_events": stored,
+            "burst": args.burst, "burst_per_run": args.burst_per_run, "writers": args.writers}
 
 
 def ticks(st: Store, ids, args) -> dict:
@@ -358,6 +368,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fleets", default="10000,30000,100000", help="active runs per fleet, comma-separated")
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--ingest-s", type=float, default=8.0)
+    ap.add_argument("--burst", type=int, default=1, help="records per transaction in the ingest phase "
+                    "(> 1: the SDK's burst, watchdog.store.bursts, as its threads' records meeting at the store)")
+    ap.add_argument("--burst-per-run", type=int, default=1, help="consecutive records of each run in a burst "
+                    "(1: each record of a burst another run's; N: runs of N threads each)")
     ap.add_argument("--rate", type=float, default=1000.0, help="events/s the writers offer during the ticks")
     ap.add_argument("--ticks", type=int, default=20)
     ap.add_argument("--tick-s", type=float, default=1.0)

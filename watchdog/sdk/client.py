@@ -27,6 +27,7 @@ from watchdog.core.config import load as load_config
 from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name, validate_record_errors
 from watchdog.errors import ConfigError, RunKilled, StoreError, StoreMisconfigured, ToolUnavailable
 from watchdog.sdk.attest import socket_path
+from watchdog.sdk.burst import Bursts
 from watchdog.sdk.circuits import CIRCUIT_CACHE_MAX_S, Circuits
 from watchdog.sdk import children
 from watchdog.sdk.inflight import InflightTools
@@ -105,6 +106,8 @@ class Watchdog:
         self.engine = make_engine(url, pool_size=pool_size, max_overflow=1, pool_timeout=PG_CONNECT_TIMEOUT_S * 2,
                                   create=False, **kw)
         self.writer = Writer(self.engine, pool_size)
+        # Records of this process's threads that meet at the store go in one transaction (issue 35).
+        self.bursts = Bursts(self, pool_size)
         self.closed = False
         self._buffer: deque[Statements] = deque()
         self._buffer_max = buffer_max
@@ -292,6 +295,10 @@ class Watchdog:
             return None
         self._written = True
         return row
+
+    def note_written(self) -> None:
+        """A write went through outside `write` (a burst, watchdog.sdk.burst)."""
+        self._written = True
 
     def _enqueue(self, statements: Statements) -> None:
         if len(self._buffer) >= self._buffer_max:

@@ -31,6 +31,7 @@ from watchdog.sdk.seams import WatchdogLike
 
 if TYPE_CHECKING:
     from watchdog.sdk.attest import Attester
+    from watchdog.sdk.burst import Bursts
     from watchdog.store.lineage import Statement
 
 T = TypeVar("T")
@@ -62,6 +63,9 @@ class Maker(WatchdogLike, Protocol):
     def attest_socket(self) -> str: ...
 
     def write(self, statements: Sequence[Statement], *, raise_conflict: bool = False) -> Sequence[Any] | None: ...
+
+    @property
+    def bursts(self) -> Bursts: ...
 
     def price_eur(self, model: str | None, tokens_in: int, tokens_out: int, cached_tokens_in: int = 0,
                   reasoning_tokens: int = 0) -> float | None: ...
@@ -541,9 +545,12 @@ class Run:
             while ancestor is not None:
                 ancestor._absorb(*counts)
                 ancestor = ancestor.parent
-        elif not d.returning:
-            statements.append((sql.select_status, (self.id,)))
-        row = self.wd.write(statements)
+            row = self.wd.write(statements)
+        else:
+            if not d.returning:
+                statements.append((sql.select_status, (self.id,)))
+            # With other threads' records at the same moment: one transaction (watchdog.sdk.burst).
+            row = self.wd.bursts.record(event, update, statements)
         if self._attester is not None:
             self._attest()
         if row is not None:

@@ -270,6 +270,31 @@ class Writer:
         self._give(slot)
         return row
 
+    def transaction_rows(self, statements: Sequence[Statement]) -> list[Any]:
+        """Execute [(sql, params), ...] in one transaction; return every row they read back
+        (a burst, watchdog.store.bursts: one status row per run)."""
+        slot = self._take()
+        cur = slot[1]
+        has_rows = self.dialect.has_rows
+        rows: list[Any] = []
+        try:
+            if self._autocommit and len(statements) == 1:  # its own transaction: one round trip
+                cur.execute(*statements[0])
+                if has_rows(cur):
+                    rows += cur.fetchall()
+            else:
+                cur.execute(self._begin)
+                for sql, params in statements:
+                    cur.execute(sql, params)
+                    if has_rows(cur):
+                        rows += cur.fetchall()
+                cur.execute("COMMIT")
+        except BaseException:
+            self._abort(slot)
+            raise
+        self._give(slot)
+        return rows
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """A read outside any write transaction (no write lock taken on SQLite)."""
         slot = self._take()
