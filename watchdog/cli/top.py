@@ -54,9 +54,9 @@ def frame(records: list[dict], now: dt.datetime, title: str = "", periods=(), tz
     lines = [head[:WIDTH],
              f"{'RUN':8} {'AGENT':10} {'AGE':>5} {'STEPS':>6} {'CALLS':>6} {'EUR':>9} {'C/MIN':>5} {'TOP TOOL':14} STATUS"]
     for d in records:
-        top = f"{one_line(d['top'].name, 9)}×{d['top'].calls}" if d["top"] else "-"
+        top = f"{one_line(d['top'].name, 1000)[:9]}×{d['top'].calls}" if d["top"] else "-"
         eur = f"{d['cost']:.2f}/{d['max_cost']:.2f}"
-        line = (f"{short(d['id']):8} {one_line(d['agent'], 10):10} {duration(d['age_s']):>5} "
+        line = (f"{short(d['id']):8} {one_line(d['agent'], 1000)[:10]:10} {duration(d['age_s']):>5} "
                 f"{d['steps']:>3}/{d['max_steps']:<2} {d['calls']:>3}/{d['max_calls']:<2} {eur:>9} "
                 f"{d['per_min']:>5} {top[:14]:14} {'STOP' if d['status'] == lc.STOPPING else 'run'}")
         lines.append(line[:WIDTH])
