@@ -9,7 +9,7 @@ host, is dropped.
 Exactly once, keyed by (run_id, action_no). A command's action_no names the step that leaves
 its `from_stage`, and that stage is the key's durable record, in the two places it already
 lives: the run row's `signal_stage` and the daemon's own state file (watchdog.store.memory,
-`stages`, written through watchdog.daemon.trust.ownstage). A command runs only while both say
+`stages`, read through watchdog.daemon.trust.ownstage). A command runs only while both say
 the run is still at its `from_stage`; the row is read under its lock (FOR UPDATE; SQLite's
 writers hold the write lock from BEGIN IMMEDIATE), so a second enforcer on the same store waits
 for the first one's commit and then finds the stage moved. Why no store writer can forge the
@@ -17,14 +17,16 @@ key: the state file is the daemon's (mode 0600 in its state directory; no store 
 so a run's writer that puts its row's stage back (`term` -> NULL, to be signalled again) finds
 its step still taken there; the tick also writes the daemon's stage back to the row
 (ownstage.restore). No new row is written for the key: a row any store writer can insert is no
-proof of what the daemon did. The step's stage is remembered in the same transaction, right
-after the signal: a crash in between (the kernel took the signal, nothing was written) costs at
-most one more SIGTERM to the same attested process, as a lost state file does (ownstage).
+proof of what the daemon did. The state file is written the moment the killer returns, before
+the store: a crash after it sends nothing twice (the tick writes the stage back to the row); only
+one between the kernel taking the signal and that local write could cost one more signal, to
+the same attested process (pidfd + create time), as a lost state file would (ownstage).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +101,14 @@ class Enforcer:
             ownstage.remember(conn, self.memory, row, command.from_stage)
         return True
 
+    def _taken(self, run_id: str, stage: str, now: dt.datetime) -> None:
+        """The step is taken: in the daemon's state file at once, before any store write, so that
+        a crash from here on sends no second signal (the tick puts the stage back on the row).
+        Later than every stage remembered before (ownstage reads the newest as the run's)."""
+        if self.memory is not None:
+            before = self.memory.stages(run_id).values()
+            self.memory.reached(run_id, stage, max([now.timestamp(), *(at_s + 1e-6 for at_s in before)]))
+
     def _signal_step(self, conn: Connection, command: Command, row: RunView, checks: Checks) -> None:
         s, first = checks.said, command.kind == Kind.SIGTERM
         start = command.from_stage if first else None  # the stage the first step moves from
@@ -155,11 +165,9 @@ class Enforcer:
             hold_denied(conn, row, **_kw(s))  # the daemon lacks CAP_KILL: not final, retried each tick
         elif out.refused is not None:  # it exited between the check and the signal, or was refused
             _not_sent(conn, row, out.refused, s, start)
-        elif set_stage(conn, row, start, lc.Stage.TERM, s.now):
-            assert s.sealer is not None
-            detail = sealed_detail(s.sealer, row.id, out.targets, skipped=list(out.skipped))
-            record(conn, at=s.now, action=Action.SIGTERM, by=s.by, run_id=row.id, reason=row.stop_reason,
-                   detail=detail, outcome=out.summary())
+        else:
+            self._taken(row.id, lc.Stage.TERM, s.now)
+            _terminated(conn, row, out, s, start)
 
     def _after_sigterm(self, conn: Connection, command: Command, row: RunView, leader: ProcessIdentity,
                        cgroup_dir: str | None, orphans: list[ProcessIdentity], checks: Checks) -> None:
@@ -180,6 +188,7 @@ class Enforcer:
             finish(conn, row, stage, said, s, escalated=True)
         elif command.kind in (Kind.SIGKILL, Kind.CGROUP_KILL):
             out = self.killer.kill(leader, row.kill_mode, [*targets, *orphans], cgroup_dir=cgroup_dir)
+            self._taken(row.id, lc.Stage.KILL, s.now)
             _killed(conn, row, out, s)
         elif command.give_up and stage == lc.Stage.KILL:
             pids = ", ".join(str(t.pid) for t in alive)
@@ -209,6 +218,14 @@ def _not_sent(conn: Connection, row: RunView, why: str, s: Said, start: str | No
         finish(conn, row, start, f"process exited after the cooperative stop ({why})", s, escalated=False)
     else:
         fail(conn, row, start, lc.Stage.REFUSED, Action.SIGNAL_REFUSED, f"not signalled: {why}", s)
+
+
+def _terminated(conn: Connection, row: RunView, out: SignalOutcome, s: Said, start: str | None) -> None:
+    if set_stage(conn, row, start, lc.Stage.TERM, s.now):
+        assert s.sealer is not None
+        detail = sealed_detail(s.sealer, row.id, out.targets, skipped=list(out.skipped))
+        record(conn, at=s.now, action=Action.SIGTERM, by=s.by, run_id=row.id, reason=row.stop_reason,
+               detail=detail, outcome=out.summary())
 
 
 def _killed(conn: Connection, row: RunView, out: SignalOutcome, s: Said) -> None:
