@@ -16,11 +16,16 @@ for the first one's commit and then finds the stage moved. Why no store writer c
 key: the state file is the daemon's (mode 0600 in its state directory; no store writer has it),
 so a run's writer that puts its row's stage back (`term` -> NULL, to be signalled again) finds
 its step still taken there; the tick also writes the daemon's stage back to the row
-(ownstage.restore). No new row is written for the key: a row any store writer can insert is no
-proof of what the daemon did. The state file is written the moment the killer returns, before
-the store: a crash after it sends nothing twice (the tick writes the stage back to the row); only
-one between the kernel taking the signal and that local write could cost one more signal, to
-the same attested process (pidfd + create time), as a lost state file would (ownstage).
+(ownstage.restore). The state file is one per state directory and store, beside the host lock
+(an flock in the same directory: one daemon per directory holds a store), so a second enforcer
+with an empty file on a forged row takes the operator starting a second daemon with another
+state_dir; another host's enforcer signals nothing here (the killer refuses another host's
+identity). Two enforcers at once serialise on the row lock whatever their files. No new row is
+written for the key: a row any store writer can insert is no proof of what the daemon did. The
+state file is written the moment the killer returns, before the store: a crash after it sends
+nothing twice (the tick writes the stage back to the row); only one between the kernel taking
+the signal and that local write could cost one more signal, to the same attested process (pidfd
++ create time), as a lost state file would (ownstage).
 """
 
 from __future__ import annotations
