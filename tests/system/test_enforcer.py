@@ -123,6 +123,40 @@ def test_an_enforcer_restarted_between_decide_and_execute_signals_once(db_url, e
     assert run_row(engine, agent.run_id).status == lc.STOPPING
 
 
+class Crash(Exception):
+    """The daemon dies inside the enforcer's transaction: the store rolls it back."""
+
+
+def test_a_crash_after_the_signal_before_the_commit_sends_no_second_sigterm(db_url, engine, procs, attest, tmp_path):
+    attestor = attest(db_url)
+    log = tmp_path / "signals.log"
+    agent, t, cfg = stopped_runaway(db_url, engine, procs, attestor, log)
+    state = str(tmp_path / "daemon.state")
+    now = later(t, 0.6)
+    row = run_row(engine, agent.run_id)
+    commands = judge(row, now, cfg.daemon, Killer().host)
+    dying = Enforcer(Killer(allowed_users=[ME]), Memory(state))
+    with pytest.raises(Crash):
+        with engine.begin() as conn:
+            assert dying.execute(conn, commands[0], row, checks(row, now, attestor.sealer))
+            assert wait_until(lambda: "SIGTERM" in received(log)), agent.log()
+            raise Crash
+    assert run_row(engine, agent.run_id).signal_stage is None  # the store never heard of the SIGTERM
+    dying.memory.close()
+
+    # Restarted: a daemon with the same state file ticks, inside and then past the term grace.
+    memory = Memory(state)
+    tk = Ticker(engine, cfg, Killer(allowed_users=[ME]), sealer=attestor.sealer, memory=memory)
+    tk.tick(later(t, 0.7))
+    assert run_row(engine, agent.run_id).signal_stage == lc.Stage.TERM  # put back from the state file
+    assert execute(engine, Enforcer(Killer(allowed_users=[ME]), memory), commands, later(t, 0.7),
+                   attestor.sealer) == [False]  # and the replayed list finds its step taken
+    assert sentinel(agent.pid, log) == ["SIGTERM", "SIGUSR1"]
+    tk.tick(later(t, 1.2))  # the ladder goes on from there: SIGKILL
+    assert agent.wait() == -signal.SIGKILL
+    assert actions(engine, agent.run_id)[-1] == "sigkill"
+
+
 def test_two_enforcers_racing_on_one_postgresql_store_take_the_step_once(db_url, engine, procs, attest, tmp_path):
     """Two daemons, two state files, one command, at once: the second waits on the row's lock
     until the first commits, then finds the stage moved."""

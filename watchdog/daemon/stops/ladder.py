@@ -1,6 +1,7 @@
 """The stop ladder for runs in `stopping`: cooperative stop → SIGTERM → SIGKILL.
 
-Its state lives on the run row (`signal_stage`, `signalled_at`) and in the
+Its state lives on the run row (`signal_stage`, `signalled_at`), in the daemon's
+state file (the stages it reached: watchdog.daemon.trust.ownstage) and in the
 interventions (the SIGTERM row keeps the identities signalled, sealed), so a
 daemon restarted at any moment continues exactly where the last one was, once.
 The killer decides nothing. The decision and its execution are two roles with a typed seam:
