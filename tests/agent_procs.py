@@ -98,12 +98,25 @@ def _start_chain(depth: int, folder: Path, ignore: bool) -> list[int]:
     return sorted(int(p.name.split(".")[1]) for p in folder.glob("pid.*"))
 
 
+def _log_signals(path: str) -> None:
+    """SIGTERM and SIGUSR1 (the test's sentinel) each append their name to `path` and are
+    otherwise ignored: the file says how many of each the process received, in order."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def logged(signum, _frame):
+        os.write(fd, f"{signal.Signals(signum).name}\n".encode())
+
+    signal.signal(signal.SIGTERM, logged)
+    signal.signal(signal.SIGUSR1, logged)
+
+
 def runaway(spec: dict) -> int:
     """One run: `steps` steps, `tools` tool calls, then `then`:
     hang (stop writing and sleep), loop (a step every `interval` s until stopped),
     exit (die without ending the run), attest_then_hang (heartbeat every `interval` s
     until the daemon has attested the run, then hang). Options: ignore_sigterm,
-    block_sigterm, children (a chain of that depth: a child, a grandchild...),
+    block_sigterm, signal_log (a file: each SIGTERM / SIGUSR1 received, a line),
+    children (a chain of that depth: a child, a grandchild...),
     children_ignore_sigterm, attest_retry_s (how often an unattested run asks again)."""
     from watchdog import RunKilled, Watchdog
 
@@ -114,6 +127,8 @@ def runaway(spec: dict) -> int:
 
     if spec.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if spec.get("signal_log"):  # each SIGTERM / SIGUSR1 received, one line each: signals counted, not guessed
+        _log_signals(spec["signal_log"])
     if spec.get("block_sigterm"):  # a SIGTERM sent stays pending, visible in /proc: proof it was (not) sent
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     children = []

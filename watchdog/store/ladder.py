@@ -51,3 +51,11 @@ def sigterm_details(conn: Connection, run_id: str) -> list[Any]:
         select(interventions.c.detail)
         .where(and_(interventions.c.run_id == run_id, interventions.c.action == Action.SIGTERM))
         .order_by(desc(interventions.c.id))).scalars())
+
+
+def stage_now(conn: Connection, run_id: str) -> tuple[str, str | None] | None:
+    """(status, signal_stage) of the run, read under its row lock (FOR UPDATE on PostgreSQL;
+    SQLite's writers hold the write lock from BEGIN IMMEDIATE): until the caller's transaction
+    ends, no other daemon takes the same step (watchdog.daemon.stops.enforcer). None: no such run."""
+    r = conn.execute(select(runs.c.status, runs.c.signal_stage).where(runs.c.id == run_id).with_for_update()).first()
+    return None if r is None else (str(r.status), r.signal_stage or None)

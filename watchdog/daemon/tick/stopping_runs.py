@@ -81,7 +81,7 @@ def judge_stopping(tk: TickContext, this: ThisTick, row: Any, batch: Batch, budg
                 confirmed=lambda: confirms(tk, this, conn, row, budgets),
                 remembered=tk.exec_trees.remembered(row.id),
                 own_evidence=None if own_evidence is None and owner_evidence is None else own_says,
-                redriven=redriven is not None)
+                redriven=redriven is not None, memory=tk.memory)
         if redriven is not None:
             tk.state.redriven.add(redriven)  # once per redrive alert
         ownstage.remember(conn, tk.memory, row, row.signal_stage)
