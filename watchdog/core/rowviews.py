@@ -62,3 +62,15 @@ class RunView(Protocol):
     def tokens_out(self) -> int | None: ...
     @property
     def cost_eur(self) -> float: ...
+    @property
+    def source(self) -> str | None: ...  # who writes it (core.lifecycle.Source): span-only runs end by silence
+
+
+class AlertKeyView(Protocol):
+    """What names an outbox alert in the daemon's delivery record (watchdog.daemon.alerts.delivered):
+    a store outbox row is one (watchdog.store.outbox.read)."""
+
+    @property
+    def dedupe_key(self) -> str: ...
+    @property
+    def created_at(self) -> object: ...  # a datetime; as stored (delivered._key reads it either way)

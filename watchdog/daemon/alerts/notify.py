@@ -267,7 +267,7 @@ def _first_warning(outcome: apprise.AppriseResult) -> str | None:
     for entry in outcome.logs():
         level = logging.getLevelName(entry.level)  # "WARNING" -> 30
         if isinstance(level, int) and level >= logging.WARNING:
-            return entry.message
+            return str(entry.message)
     return None
 
 

@@ -34,7 +34,8 @@ from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
 from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, PeriodState, build_states,
                                    closed_entry, period_bounds, period_key, scope_agent, sum_spend, zone)
 from watchdog.core.pricing import NO_MODEL
-from watchdog.daemon.money.backfill import Backfill, BackfillReport, UnpricedStep
+from watchdog.daemon.money.backfill import Backfill, BackfillReport
+from watchdog.store.backfill import UnpricedStep
 from watchdog.daemon.money.driftwatch import DriftWatch
 from watchdog.daemon.money.moneytick import LiveSpend, MoneyTick
 from watchdog.daemon.money.prices import PriceBook
