@@ -63,6 +63,8 @@ class RunView(Protocol):
     @property
     def cost_eur(self) -> float: ...
     @property
+    def labels(self) -> object: ...  # a JSON table as stored (periods.labels_match reads it)
+    @property
     def source(self) -> str | None: ...  # who writes it (core.lifecycle.Source): span-only runs end by silence
 
 
@@ -74,3 +76,27 @@ class AlertKeyView(Protocol):
     def dedupe_key(self) -> str: ...
     @property
     def created_at(self) -> object: ...  # a datetime; as stored (delivered._key reads it either way)
+
+
+class AttestationView(Protocol):
+    """An `attestations` row as a sealed record is checked off it (watchdog.store.evidence.load):
+    values as stored, the seal (`mac`) is what vouches for them."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def pid_create_time(self) -> float: ...
+    @property
+    def uid(self) -> int: ...
+    @property
+    def kill_mode(self) -> str: ...
+    @property
+    def mac(self) -> str: ...
+    @property
+    def cgroup(self) -> str | None: ...
+    @property
+    def evidence(self) -> str | None: ...

@@ -180,17 +180,22 @@ def _in_order(engine: Engine, notifier: Notifier, host: str, ids: Sequence[int],
                         and f"dead:{target.id}" not in (o.delivered_targets or [])), None)
         if blocker is None:
             continue
-        keep: list[lanes.Job] = []
-        for job in work.get(target, []):
-            alert_id = job[0]
-            if isinstance(alert_id, int) and alert_id > blocker.id:
-                results[(alert_id, target.id)] = TargetResult(target, False, lanes.HELD)
-            else:
-                keep.append(job)
-        work[target] = keep
+        work[target] = _hold_newer(target, work.get(target, []), blocker.id, results)
         if isinstance(blocker.next_attempt_at, dt.datetime):
             until[target.id] = blocker.next_attempt_at
     return results, until
+
+
+def _hold_newer(target: Target, jobs: list[lanes.Job], blocker_id: int, results: Results) -> list[lanes.Job]:
+    """The target's jobs up to its blocker's id; each newer one HELD (its result in `results`)."""
+    keep: list[lanes.Job] = []
+    for job in jobs:
+        alert_id = job[0]  # the outbox's jobs are keyed by their alert's id
+        if isinstance(alert_id, int) and alert_id > blocker_id:
+            results[(alert_id, target.id)] = TargetResult(target, False, lanes.HELD)
+        else:
+            keep.append(job)
+    return keep
 
 
 def _record(engine: Engine, token: str, notifier: Notifier, a: _Due, results: Results, now: dt.datetime,
