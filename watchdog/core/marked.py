@@ -84,16 +84,19 @@ def ident(run_id: object) -> str:
     return run_id if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) else marked(run_id, 40)
 
 
-def short_id(run_id: object) -> str | None:
-    """The 8 characters a command may take for the run, None when its id is not of the generated form."""
-    short = run_id[:8] if isinstance(run_id, str) else ""
-    return short if _RUN_REF.fullmatch(short) else None
+def command_id(run_id: object) -> str | None:
+    """The id a command names the run by: its whole id, when of the generated form (hex), else None.
+    Never its 8-character short form: a writer chooses its run's id, so another run may share
+    those 8 (chosen to), and `show 1a2b3c4d` would then fail as ambiguous, or name the other run
+    once the first is gone. A title may still call the run `run 1a2b3c4d` (run_ref): a name to
+    read, not a command to paste."""
+    return run_id if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) else None
 
 
 def show_command(run_id: object) -> str:
-    """The command line an alert ends with: only a generated id is pasted into a shell."""
-    short = run_id[:8] if isinstance(run_id, str) else ""
-    return f"agent-watchdog show {short}" if _RUN_REF.fullmatch(short) else "agent-watchdog runs --all"
+    """The command line an alert ends with: only a generated id is pasted into a shell, whole."""
+    whole = command_id(run_id)
+    return f"agent-watchdog show {whole}" if whole is not None else "agent-watchdog runs --all"
 
 
 def reason_ref(reason: object, known: tuple[str, ...]) -> str:
