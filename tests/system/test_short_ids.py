@@ -49,3 +49,9 @@ def test_a_listing_shows_the_whole_ids_of_runs_that_share_their_first_8_digits(d
     listing = cli(db_url, "runs", "--all").output.splitlines()
     ids = {line.split()[0] for line in listing if re.match(r"[0-9a-f]{8}", line)}  # (not the header, nor a warning)
     assert ids == {VICTIM, MIMIC, "9f8e7d6c"}  # the one run alone there keeps its short form
+
+
+def test_a_hooked_cli_is_told_the_whole_id_to_resume() -> None:
+    from watchdog.gateways.hooks.core import paused
+
+    assert paused(VICTIM, "max_steps").endswith(f"agent-watchdog resume {VICTIM}")
