@@ -70,7 +70,7 @@ def test_hostile_names_reach_the_on_call_marked_never_in_the_title(engine, wd, s
     for field in FIELD.findall(body):
         assert len(field) <= 202 and "://" not in field and "| sh" not in field and "\x1b" not in field
         assert "\u202e" not in field and ".evil-example.com" not in field
-    assert lines[-1] == f"agent-watchdog show {run.id[:8]}"
+    assert lines[-1] == f"agent-watchdog show {run.id}"
 
 
 def _only_marked(body: str) -> None:

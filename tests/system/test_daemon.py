@@ -252,7 +252,7 @@ def test_alert_names_the_top_tool_and_the_budgets_and_arrives_by_mail_and_json(e
     assert "cost 0.00/2.00 EUR" in lines
     assert any(line.startswith("duration ") and line.endswith("/300 s") for line in lines)
     assert "top tool: «verify_iban» ×7 (87%), 7 errors — last error: «upstream timeout»" in lines
-    assert lines[-1] == f"agent-watchdog show {id8}"
+    assert lines[-1] == f"agent-watchdog show {run.id}"  # whole: 8 characters may name two runs
 
     (row,) = alerts_of(engine, run.id)
     assert row.delivered_at == now and row.attempts == 1 and len(_ids(row.delivered_targets)) == 2

@@ -69,9 +69,9 @@ def test_a_paused_run_is_held_alive_and_resume_lets_it_complete(engine, db_url, 
     assert actions(engine, rid) == ["paused"]
     (alert,) = alerts_of(engine, rid)
     assert alert.title.startswith(f"agent-watchdog: paused run {rid[:8]} — max_steps: to resume, "
-                                  f"agent-watchdog resume {rid[:8]} --add-steps ")
-    assert f"agent-watchdog resume {rid[:8]} --add-steps" in alert.body
-    assert f"agent-watchdog kill {rid[:8]}" in alert.body
+                                  f"agent-watchdog resume {rid} --add-steps ")
+    assert f"agent-watchdog resume {rid} --add-steps" in alert.body
+    assert f"agent-watchdog kill {rid}" in alert.body
     assert "--add-tool-calls N, --add-eur X, --add-s N" in alert.body
 
     # Let the agent go on: its next record finds the run paused and waits there.

@@ -127,7 +127,7 @@ def test_writer_text_never_in_a_title_and_only_marked_in_a_body(say: Say, name: 
 def test_a_generated_run_id_names_the_run_in_the_title_and_the_command() -> None:
     title, body = word(Outcome.of(Say.STOP, "stop:x", RID, **samples()[Say.STOP]))
     assert title == "agent-watchdog: stopped run 1a2b3c4d — max_tool_calls"
-    assert "agent «support-bot»" in body and body.endswith("agent-watchdog show 1a2b3c4d")
+    assert "agent «support-bot»" in body and body.endswith(f"agent-watchdog show {RID}")
 
 
 def test_a_stop_that_cannot_be_signalled_says_so_in_its_title() -> None:
@@ -144,5 +144,5 @@ def test_a_stop_that_cannot_be_signalled_says_so_in_its_title() -> None:
 def test_a_pause_title_names_the_resume_command() -> None:
     title, body = word(Outcome.of(Say.PAUSE, "pause:x", RID, **samples()[Say.PAUSE]))
     assert title.startswith("agent-watchdog: paused run 1a2b3c4d — max_cost: to resume, "
-                            "agent-watchdog resume 1a2b3c4d --add-eur ")
-    assert "to continue: agent-watchdog resume 1a2b3c4d --add-eur" in body
+                            f"agent-watchdog resume {RID} --add-eur ")
+    assert f"to continue: agent-watchdog resume {RID} --add-eur" in body

@@ -8,7 +8,8 @@ import os
 
 from watchdog.core import timeline_svg
 from watchdog.core.config import Config
-from watchdog.core.postmortem import render as render_facts
+from watchdog.core.marked import run_ref
+from watchdog.core.postmortem import file_stem, render as render_facts
 from watchdog.store.viewer import postmortem_facts, timeline
 
 TIMELINE_SUFFIX = "-timeline.svg"
@@ -24,14 +25,14 @@ def timeline_svg_of(conn, run_id: str, now: dt.datetime) -> str:
     row = load_run(conn, run_id)
     calls, spend = timeline(conn, row.id)
     return timeline_svg.render(calls, spend, row.started_at, row.ended_at or now,
-                               title=f"{row.agent} run {row.id[:8]}: tool calls over time")
+                               title=f"{row.agent} {run_ref(row.id)}: tool calls over time")
 
 
 def write_report(conn, run_id: str, config: Config, now: dt.datetime, folder: str) -> tuple[str, str]:
     """The Markdown and its SVG timeline, side by side in `folder` (made if missing)."""
     os.makedirs(folder, exist_ok=True)
-    svg_name = f"postmortem-{run_id[:8]}{TIMELINE_SUFFIX}"
-    md_path = os.path.join(folder, f"postmortem-{run_id[:8]}.md")
+    svg_name = f"{file_stem(run_id)}{TIMELINE_SUFFIX}"
+    md_path = os.path.join(folder, f"{file_stem(run_id)}.md")
     svg_path = os.path.join(folder, svg_name)
     with open(svg_path, "w", encoding="utf-8") as fh:
         fh.write(timeline_svg_of(conn, run_id, now))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
+
 from watchdog.core.budgets import BUDGETS, Totals
+from watchdog.core.marked import command_id
 from watchdog.core.text import duration, one_line
 
 # What a record of the store can hold (writers chose its names): every string one line, without
@@ -24,6 +28,14 @@ def short(run_id: str) -> str:
     return run_id[:8]
 
 
+def shorts(run_ids: Iterable[str]) -> dict[str, str]:
+    """Each id as a listing shows it: its 8 first characters, or the whole id where another listed
+    run shares them (a writer chooses its run's id: `show` would find both, ambiguous)."""
+    ids = list(run_ids)
+    taken = Counter(short(rid) for rid in ids)
+    return {rid: rid if taken[short(rid)] > 1 else short(rid) for rid in ids}
+
+
 def top_tool_text(top: dict | None) -> str:
     if not top:
         return "-"
@@ -43,13 +55,21 @@ def runs_table(records: list[dict]) -> str:
     reason_w = max(6, min(17, max(len(r["stop_reason"] or "-") for r in records)))
     lines = [f"{'RUN':8} {'AGENT':14} {'STATUS':9} {'REASON':{reason_w}} {'STEP':>4} {'CALL':>4} {'EUR':>6} "
              f"{'DURATION':>8} TOP TOOL"]
+    shown = shorts(r["id"] for r in records)
     for r in records:
         lines.append(
-            f"{short(r['id']):8} {cut(r['agent'], 14):14} {r['status']:9} {cut(r['stop_reason'] or '-', reason_w):{reason_w}} "
+            f"{shown[r['id']]:8} {cut(r['agent'], 14):14} {r['status']:9} {cut(r['stop_reason'] or '-', reason_w):{reason_w}} "
             f"{r['steps']:>4} {r['tool_calls']:>4} {r['cost_eur']:>6.2f} {duration(r['duration_s']):>8} "
             f"{cut(top_tool_text(r['top_tool']), 18)}"
         )
     return "\n".join(lines)
+
+
+def _paused_line(r: dict) -> str:
+    # The whole id in a command (watchdog.core.marked.command_id): 8 characters may name two runs.
+    rid = command_id(r["id"]) or "RUN"
+    return (f"  paused      since {r['paused_at'] or '-'}: agent-watchdog resume {rid} "
+            f"--add-... or agent-watchdog kill {rid}")
 
 
 def run_detail(r: dict) -> str:
@@ -79,8 +99,7 @@ def run_detail(r: dict) -> str:
     if r.get("progress"):
         lines.append(f"  progress    {r['progress']}")
     if r["status"] == "paused":
-        lines.append(f"  paused      since {r['paused_at'] or '-'}: agent-watchdog resume {short(r['id'])} "
-                     f"--add-... or agent-watchdog kill {short(r['id'])}")
+        lines.append(_paused_line(r))
     if r.get("partial"):
         at = f"stopped at {r['stop_reason']} " if r.get("stop_reason") and r["status"] != "completed" else ""
         lines.append(f"  partial     {at}with a partial answer: {' '.join(r['partial'].split())[:200]}")

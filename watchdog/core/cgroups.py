@@ -1,7 +1,7 @@
 """The rules about a run's cgroup, written once for exec (which makes it) and the daemon (which checks it).
 
 Pure: texts in (what /proc/self/mountinfo and /proc/PID/cgroup say), answers out. The I/O lives
-in watchdog.gateways.exec.cgroup and watchdog.daemon.stops.runtree.
+in watchdog.core.cgroupfs (the reads), watchdog.gateways.exec.cgroup and watchdog.daemon.stops.runtree.
 
 A run's cgroup is named `agent-watchdog-run-<run id>`; made by `systemd-run --user --scope`
 it is the scope unit's cgroup, `agent-watchdog-run-<run id>.scope`. It lies under the cgroup2

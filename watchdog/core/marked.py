@@ -73,6 +73,31 @@ def marked(text: object, limit: int = NAME_CHARS) -> str:
     return f"{OPEN}{s}{CLOSE}"
 
 
+# What could open a Markdown or HTML construct mid-line once `defanged` made the shell's and the
+# field's characters inert (backticks, `<`, `>`, `|`, `&` are fullwidth by then): emphasis,
+# links and images, strikethrough, a heading's closing `#`, escapes (a list, a heading or a fence
+# only opens at a line's start, and the text is one line inside the daemon's). CommonMark lets
+# any ASCII punctuation be backslash-escaped, and an escaped one is only itself.
+_MARKDOWN = re.compile(r"[\\*_\[\]()!#~]")
+
+
+def md_text(text: object, limit: int = TEXT_CHARS) -> str:
+    """A writer's text inside Markdown (the postmortem): one line (no heading, list or fence can
+    start), bounded, secrets masked, links and shell-looking text defanged as in `marked`, and
+    every character that could open emphasis, a link, an image or HTML escaped. Unmarked (no
+    «»): it reads as the name it is. None reads as an empty string."""
+    s = _one_line(scrub("" if text is None else str(text)[: limit * 4]))
+    s = defanged(s)
+    if len(s) > limit:
+        s = s[: max(1, limit - 1)].rstrip() + "…"
+    return _MARKDOWN.sub(lambda m: "\\" + m.group(0), s)
+
+
+def md_run_id(run_id: object) -> str:
+    """A run's whole id in Markdown: as code when of the generated form (hex), else as `md_text`."""
+    return f"`{run_id}`" if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) else md_text(run_id, 64)
+
+
 def run_ref(run_id: object) -> str:
     """A run as a title may name it: `run 1a2b3c4d` for an id of the generated form, else `a run`."""
     short = run_id[:8] if isinstance(run_id, str) else ""
@@ -84,16 +109,19 @@ def ident(run_id: object) -> str:
     return run_id if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) else marked(run_id, 40)
 
 
-def short_id(run_id: object) -> str | None:
-    """The 8 characters a command may take for the run, None when its id is not of the generated form."""
-    short = run_id[:8] if isinstance(run_id, str) else ""
-    return short if _RUN_REF.fullmatch(short) else None
+def command_id(run_id: object) -> str | None:
+    """The id a command names the run by: its whole id, when of the generated form (hex), else None.
+    Never its 8-character short form: a writer chooses its run's id, so another run may share
+    those 8 (chosen to), and `show 1a2b3c4d` would then fail as ambiguous, or name the other run
+    once the first is gone. A title may still call the run `run 1a2b3c4d` (run_ref): a name to
+    read, not a command to paste."""
+    return run_id if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) else None
 
 
 def show_command(run_id: object) -> str:
-    """The command line an alert ends with: only a generated id is pasted into a shell."""
-    short = run_id[:8] if isinstance(run_id, str) else ""
-    return f"agent-watchdog show {short}" if _RUN_REF.fullmatch(short) else "agent-watchdog runs --all"
+    """The command line an alert ends with: only a generated id is pasted into a shell, whole."""
+    whole = command_id(run_id)
+    return f"agent-watchdog show {whole}" if whole is not None else "agent-watchdog runs --all"
 
 
 def reason_ref(reason: object, known: tuple[str, ...]) -> str:

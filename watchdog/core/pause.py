@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from watchdog.core.budgets import BY_KEY, PAUSABLE, Budget, Budgets, Totals
-from watchdog.core.marked import run_ref, short_id
+from watchdog.core.marked import command_id, run_ref
 from watchdog.core.messages import RunFacts, body
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def _used(f: RunFacts) -> Totals:
 
 def _rid(f: RunFacts) -> str:
     # Only an id of the generated form goes into a command to paste; any other is RUN (see `runs`).
-    return short_id(f.id) or "RUN"
+    return command_id(f.id) or "RUN"
 
 
 def resume_command(f: RunFacts, prof: Budgets, reason: str) -> str:
@@ -156,7 +156,7 @@ def what_to_do(f: RunFacts, prof: Budgets, reason: str) -> list[str]:
     others = ", ".join(f"--{b.add_option} {'X' if b.unit == 'EUR' else 'N'}" for b in PAUSABLE if b.reason != reason)
     lines = [f"to continue: {resume_command(f, prof, reason)}   (or {others})",
              f"to stop:     agent-watchdog kill {_rid(f)}"]
-    if short_id(f.id) is None:
+    if command_id(f.id) is None:
         lines.append("RUN: the run's id (agent-watchdog runs --status paused)")
     return lines
 

@@ -17,6 +17,7 @@ from typing import Sequence
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets, effective_budgets
 from watchdog.core.config import Config
+from watchdog.core.marked import NAME_CHARS, md_run_id, md_text, run_ref
 from watchdog.core.postmortem_facts import AlertRow, CircuitRow, EventRow, InterventionRow, PostmortemFacts, RunRow
 
 SCHEMA_RE = re.compile(r"schema|validat|invalid|malformed|required field|pydantic|jsondecode", re.I)
@@ -87,6 +88,13 @@ def _first_repeat(evs: Sequence[EventRow]) -> EventRow | None:
     return None
 
 
+def file_stem(run_id: str) -> str:
+    """The report's file name without its suffix: `postmortem-1a2b3c4d`; a character of a chosen id
+    that could leave the folder, end the Markdown link to its timeline or a header's quoted file
+    name reads `_`."""
+    return "postmortem-" + re.sub(r"[^0-9A-Za-z_-]", "_", run_id[:8])
+
+
 def render(facts: PostmortemFacts, config: Config, now: dt.datetime, *, timeline_file: str | None = None) -> str:
     """The Markdown. `facts`: a watchdog.store.viewer.PostmortemFacts; `timeline_file`: the SVG
     timeline written beside the report, linked from it."""
@@ -101,21 +109,14 @@ def render(facts: PostmortemFacts, config: Config, now: dt.datetime, *, timeline
     cause = _cause(row, sig)
     acted = _defense(row, ivs)
 
-    out = [f"# Postmortem: {row.agent} run {row.id[:8]} — {row.stop_reason or row.status}", "",
-           f"Run `{row.id}` on {row.host} (pid {row.pid}, kill_mode {row.kill_mode}); status **{row.status}**.", "",
+    # Every name and text a writer chose (or a store writer wrote) is md_text: it cannot add a
+    # heading, a link, an image, HTML or a code fence to the file (watchdog.core.marked).
+    name, status = md_text(row.agent, NAME_CHARS), md_text(row.status, NAME_CHARS)
+    out = [f"# Postmortem: {name} {run_ref(row.id)} — {md_text(row.stop_reason or row.status, NAME_CHARS)}", "",
+           f"Run {md_run_id(row.id)} on {md_text(row.host, NAME_CHARS)} (pid {md_text(row.pid)}, kill_mode "
+           f"{md_text(row.kill_mode, NAME_CHARS)}); status **{status}**.", "",
            "## What happened", "", f"- {_ts(row.started_at)} run started"]
-    if _hung_in(row):
-        out.append(f"- the run was stuck in a call to **{_hung_in(row)}** ({row.progress})")
-    rep = _first_repeat(evs)
-    if rep is not None:
-        out.append(f"- {_ts(rep.at)} first repeated call: {rep.tool} with identical arguments (event #{rep.seq})")
-    for c in circ:
-        out.append(f"- {_ts(c.at)} circuit breaker: {c.action.replace('circuit_', '')} for {c.tool} — {c.detail or c.outcome}")
-    for i in ivs:
-        out.append(f"- {_ts(i.at)} {i.action}: {i.outcome or ''}{f' ({i.detail})' if i.action == 'stop_requested' else ''}")
-    if row.ended_at:
-        out.append(f"- {_ts(row.ended_at)} run ended: {row.status}" + (f" ({row.stop_reason}: {row.stop_detail})"
-                                                                        if row.stop_reason else ""))
+    out += _happened(row, evs, circ, ivs)
     if timeline_file:
         out += ["", f"![Tool calls over time]({timeline_file})"]
     out += ["", f"Defense that acted: **{acted}**.", "", "## Impact", "",
@@ -124,7 +125,7 @@ def render(facts: PostmortemFacts, config: Config, now: dt.datetime, *, timeline
             f"- tokens {row.tokens_in} in / {row.tokens_out} out; cost burned **{row.cost_eur:.2f} EUR** "
             f"(budget {budgets.max_cost_eur:.2f})",
             f"- duration {(end - row.started_at).total_seconds():.0f} s (budget {budgets.max_wall_s:g} s)",
-            f"- top tool: {top[0]} ×{top[1]} ({100 * top[1] // max(1, sum(tools.values()))}%), {errs[top[0]]} errors"
+            f"- top tool: {md_text(top[0], NAME_CHARS)} ×{top[1]} ({100 * top[1] // max(1, sum(tools.values()))}%), {errs[top[0]]} errors"
             if top else "- no tool calls",
             f"- other runs at the same time: {len(others)}; stopped among them: "
             f"{sum(1 for o in others if o.status in (lc.KILLED, lc.LOST, lc.STOPPING))}", ""]
@@ -140,6 +141,29 @@ def render(facts: PostmortemFacts, config: Config, now: dt.datetime, *, timeline
             "- add the case below to the chaos suite so this loop never comes back.", "",
             "## Chaos test to add", "", "```python", _chaos_case(row, cause, top, budgets), "```", ""]
     return "\n".join(out)
+
+
+def _happened(row: RunRow, evs: Sequence[EventRow], circ: Sequence[CircuitRow], ivs: Sequence[InterventionRow]
+              ) -> list[str]:
+    """The timeline's lines after the start, each store text escaped (md_text)."""
+    out: list[str] = []
+    if _hung_in(row):
+        out.append(f"- the run was stuck in a call to **{md_text(_hung_in(row), NAME_CHARS)}** "
+                   f"({md_text(row.progress)})")
+    rep = _first_repeat(evs)
+    if rep is not None:
+        out.append(f"- {_ts(rep.at)} first repeated call: {md_text(rep.tool, NAME_CHARS)} with identical arguments "
+                   f"(event #{md_text(rep.seq)})")
+    for c in circ:
+        out.append(f"- {_ts(c.at)} circuit breaker: {md_text(c.action.replace('circuit_', ''), NAME_CHARS)} for "
+                   f"{md_text(c.tool, NAME_CHARS)} — {md_text(c.detail or c.outcome)}")
+    for i in ivs:
+        detail = f" ({md_text(i.detail)})" if i.action == "stop_requested" else ""
+        out.append(f"- {_ts(i.at)} {md_text(i.action, NAME_CHARS)}: {md_text(i.outcome)}{detail}")
+    if row.ended_at:
+        out.append(f"- {_ts(row.ended_at)} run ended: {md_text(row.status, NAME_CHARS)}"
+                   + (f" ({md_text(row.stop_reason, NAME_CHARS)}: {md_text(row.stop_detail)})" if row.stop_reason else ""))
+    return out
 
 
 def _defense(row: RunRow, ivs: Sequence[InterventionRow]) -> str:
@@ -170,20 +194,25 @@ def _worked(row: RunRow, ivs: Sequence[InterventionRow], circ: Sequence[CircuitR
         lines.append(f"- SIGTERM: {'ignored — SIGKILL was needed' if 'sigkill' in acts else 'the process exited'}")
     bad = acts.get("signal_refused") or acts.get("stop_failed") or acts.get("not_signalled")
     if bad is not None:
-        lines.append(f"- **did not work**: {bad.action}: {bad.outcome}")
+        lines.append(f"- **did not work**: {md_text(bad.action, NAME_CHARS)}: {md_text(bad.outcome)}")
     opened = [c for c in circ if c.action == "circuit_open"]
-    lines.append(f"- circuit breaker: {'opened for ' + ', '.join(sorted({c.tool for c in opened})) if opened else 'did not open'}")
-    for a in sent:
-        state = (f"dead letter since {_ts(a.dead_at)}, never retried ({a.last_error})" if a.dead_at else
-                 "logged only (no alert URLs configured)" if a.delivered_at and a.last_error else
-                 f"delivered {_ts(a.delivered_at)}" if a.delivered_at else
-                 f"NOT delivered yet ({a.attempts} attempts: {a.last_error or 'pending'})")
-        lines.append(f"- alert “{a.title}”: {state}")
+    tools = ", ".join(md_text(t, NAME_CHARS) for t in sorted({str(c.tool) for c in opened}))
+    lines.append(f"- circuit breaker: {'opened for ' + tools if opened else 'did not open'}")
+    lines += _alert_lines(sent)
     if not sent:
         lines.append("- alert: none was sent for this run")
     return lines
 
 
+def _alert_lines(sent: Sequence[AlertRow]) -> list[str]:
+    lines: list[str] = []
+    for a in sent:
+        state = (f"dead letter since {_ts(a.dead_at)}, never retried ({md_text(a.last_error)})" if a.dead_at else
+                 "logged only (no alert URLs configured)" if a.delivered_at and a.last_error else
+                 f"delivered {_ts(a.delivered_at)}" if a.delivered_at else
+                 f"NOT delivered yet ({md_text(a.attempts)} attempts: {md_text(a.last_error or 'pending')})")
+        lines.append(f"- alert “{md_text(a.title, 300)}”: {state}")
+    return lines
 
 
 def _hung_in(row: RunRow) -> str | None:
@@ -207,7 +236,7 @@ def _chaos_case(row: RunRow, cause: str, top: tuple[str | None, int] | None, bud
         "",
         "",
         f"def test_{name}_is_stopped(tmp_path):",
-        f"    # {tool!r} misbehaved every time in run {row.id[:8]} ({cause}): the guards must stop it",
+        f"    # {tool!r} misbehaved every time in {run_ref(row.id)} ({cause}): the guards must stop it",
         "    url = f\"sqlite:///{tmp_path / 'runs.db'}\"",
         "    subprocess.run([\"agent-watchdog\", \"--db\", url, \"db\", \"upgrade\"], check=True)",
         "    wd = Watchdog(url)",

@@ -62,3 +62,41 @@ class RunView(Protocol):
     def tokens_out(self) -> int | None: ...
     @property
     def cost_eur(self) -> float: ...
+    @property
+    def labels(self) -> object: ...  # a JSON table as stored (periods.labels_match reads it)
+    @property
+    def source(self) -> str | None: ...  # who writes it (core.lifecycle.Source): span-only runs end by silence
+
+
+class AlertKeyView(Protocol):
+    """What names an outbox alert in the daemon's delivery record (watchdog.daemon.alerts.delivered):
+    a store outbox row is one (watchdog.store.outbox.read)."""
+
+    @property
+    def dedupe_key(self) -> str: ...
+    @property
+    def created_at(self) -> object: ...  # a datetime; as stored (delivered._key reads it either way)
+
+
+class AttestationView(Protocol):
+    """An `attestations` row as a sealed record is checked off it (watchdog.store.evidence.load):
+    values as stored, the seal (`mac`) is what vouches for them."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def pid_create_time(self) -> float: ...
+    @property
+    def uid(self) -> int: ...
+    @property
+    def kill_mode(self) -> str: ...
+    @property
+    def mac(self) -> str: ...
+    @property
+    def cgroup(self) -> str | None: ...
+    @property
+    def evidence(self) -> str | None: ...

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from watchdog.core.config import Config
+from watchdog.core.postmortem import file_stem
 from watchdog.store.engine import Engine
 from watchdog.web import api
 from watchdog.web.api import BadRequest, NotFound
@@ -129,7 +130,7 @@ class WebApp:
     def postmortem_md(self, query: dict, run_id: str) -> Response:
         rid, text = self.views.postmortem_md(_run_id(run_id))
         return "200 OK", MARKDOWN, text.encode(), [
-            ("Content-Disposition", f'inline; filename="postmortem-{rid[:8]}.md"')]
+            ("Content-Disposition", f'inline; filename="{file_stem(rid)}.md"')]
 
     def timeline_svg(self, query: dict, run_id: str) -> Response:
         return "200 OK", SVG, self.views.timeline_svg(_run_id(run_id)).encode(), []

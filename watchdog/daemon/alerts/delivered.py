@@ -12,6 +12,8 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from watchdog.core.rowviews import AlertKeyView
+
 if TYPE_CHECKING:
     from watchdog.daemon.alerts.notify import Target
     from watchdog.store.memory import Memory
@@ -24,7 +26,7 @@ def _key(dedupe_key: str, created_at: object) -> str:
     return f"{dedupe_key}@{stamp}"
 
 
-def already(memory: Memory | None, row, targets: Iterable[Target]) -> set[str]:  # row: the outbox's alert row
+def already(memory: Memory | None, row: AlertKeyView, targets: Iterable[Target]) -> set[str]:
     """The ids of the targets this daemon delivered this alert to (none without a memory)."""
     if memory is None:
         return set()

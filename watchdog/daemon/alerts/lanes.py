@@ -18,11 +18,28 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
-Target = Any  # anything with an `id` (watchdog.daemon.alerts.notify.Target)
-Result = Any
-Job = tuple  # (key, title, body[, notify kind]): the rest after the key is passed to `send`
+
+class LaneTarget(Protocol):
+    """What a lane needs of a target (watchdog.daemon.alerts.notify.Target): its id names the lane."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class LaneResult(Protocol):
+    """What a lane reads of a send's result (watchdog.daemon.alerts.notify.TargetResult)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+Target = TypeVar("Target", bound=LaneTarget)
+Result = TypeVar("Result", bound=LaneResult)
+Job = tuple[Hashable, *tuple[str, ...]]  # (key, title, body[, notify kind]): the rest is passed to `send`
 
 PENDING = "still being sent in this target's lane (a slow target): recorded when it returns, never sent twice"
 HELD = "held: an earlier alert to this target has not gone yet; sent after it, in order"
@@ -38,28 +55,28 @@ def held(result: Result) -> bool:
     return getattr(result, "error", None) == HELD
 
 
-def hung(result: Result) -> bool:
-    return str(getattr(result, "error", "") or "").startswith(HUNG)
+def hung(result: LaneResult) -> bool:
+    return (result.error or "").startswith(HUNG)
 
 
 @dataclass
-class _Lane:
-    queue: deque = field(default_factory=deque)  # jobs not started yet, in order
-    keys: set = field(default_factory=set)  # queued or in flight
-    results: dict = field(default_factory=dict)  # key -> result, finished and not handed out yet
+class _Lane(Generic[Result]):
+    queue: deque[Job] = field(default_factory=deque)  # jobs not started yet, in order
+    keys: set[Hashable] = field(default_factory=set)  # queued or in flight
+    results: dict[Hashable, Result] = field(default_factory=dict)  # key -> result, finished, not handed out yet
     current: Hashable | None = None
     started_at: float = 0.0  # time.monotonic() when `current` began
     thread: threading.Thread | None = None
 
 
-class Lanes:
+class Lanes(Generic[Target, Result]):
     def __init__(self, send: Callable[[Target, str, str], Result], fail: Callable[[Target, str], Result],
                  hard_limit_s: float = 60.0):
         self._send = send  # must return a result for every target, even one that is down
         self._fail = fail  # the result of a send that did not happen or did not finish
         self.hard_limit_s = hard_limit_s
         self._cond = threading.Condition()
-        self._lanes: dict[str, _Lane] = {}  # target id -> its lane
+        self._lanes: dict[str, _Lane[Result]] = {}  # target id -> its lane
 
     def busy(self) -> list[str]:
         """Ids of the targets whose lane is still sending."""
@@ -85,29 +102,29 @@ class Lanes:
                     lane.thread.start()
             self._cond.wait_for(lambda: all(k in self._lanes[t.id].results for t, k in asked),
                                 max(0.0, deadline - time.monotonic()))
-            out = {}
+            out: dict[tuple[Hashable, str], Result] = {}
             for target, key in asked:
                 lane = self._lanes[target.id]
                 result = lane.results.pop(key, None)
                 out[(key, target.id)] = result if result is not None else self._fail(target, PENDING)
             return out
 
-    def _check_hung(self, target: Target) -> _Lane:
+    def _check_hung(self, target: Target) -> _Lane[Result]:
         """The target's lane; one whose send has run past the hard limit is replaced (its
         queue moves to a new thread) and that send is given up as HUNG."""
         lane = self._lanes.get(target.id)
         if lane is None:
-            lane = self._lanes[target.id] = _Lane()
+            lane = self._lanes[target.id] = _Lane[Result]()
             return lane
         alive = lane.thread is not None and lane.thread.is_alive()
         if alive and lane.current is not None and time.monotonic() - lane.started_at > self.hard_limit_s:
-            fresh = _Lane(queue=lane.queue, keys=set(lane.keys) - {lane.current}, results=lane.results)
+            fresh = _Lane[Result](queue=lane.queue, keys=set(lane.keys) - {lane.current}, results=lane.results)
             fresh.results[lane.current] = self._fail(target, f"{HUNG} of {self.hard_limit_s:g} s")
             self._lanes[target.id] = fresh  # the old thread sees it is not its lane any more
             return fresh
         return lane
 
-    def _work(self, target: Target, lane: _Lane) -> None:
+    def _work(self, target: Target, lane: _Lane[Result]) -> None:
         while True:
             with self._cond:
                 if self._lanes.get(target.id) is not lane or not lane.queue:
@@ -125,7 +142,7 @@ class Lanes:
                 lane.keys.discard(key)
                 lane.current = None
                 _keep(lane, key, result)
-                if not getattr(result, "ok", False):  # the rest go after this one, in order
+                if not result.ok:  # the rest go after this one, in order
                     while lane.queue:
                         k = lane.queue.popleft()[0]
                         lane.keys.discard(k)
@@ -133,7 +150,7 @@ class Lanes:
                 self._cond.notify_all()
 
 
-def _keep(lane: _Lane, key: Hashable, result: Result) -> None:
+def _keep(lane: _Lane[Result], key: Hashable, result: Result) -> None:
     if len(lane.results) >= KEPT_RESULTS:
         lane.results.pop(next(iter(lane.results)))
     lane.results[key] = result

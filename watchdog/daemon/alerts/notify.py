@@ -22,13 +22,16 @@ import threading
 import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import apprise
 
 from watchdog.core.text import url_scheme_only
 from watchdog.daemon.alerts.lanes import Job, Lanes
+
+if TYPE_CHECKING:
+    from watchdog.core.config import Config
 
 log = logging.getLogger("watchdog.notify")
 _APPRISE_LOG = logging.getLogger(apprise.LOGGER_NAME)
@@ -267,7 +270,7 @@ def _first_warning(outcome: apprise.AppriseResult) -> str | None:
     for entry in outcome.logs():
         level = logging.getLevelName(entry.level)  # "WARNING" -> 30
         if isinstance(level, int) and level >= logging.WARNING:
-            return entry.message
+            return str(entry.message)
     return None
 
 
@@ -358,7 +361,7 @@ def _without_added_params(privacy_url: str, url: str) -> str:
     return base + ("?" + "&".join(kept) if kept else "")
 
 
-def daemon_alert_urls(config: Any) -> tuple[str, ...]:
+def daemon_alert_urls(config: Config) -> tuple[str, ...]:
     """The daemon's alert URLs. A relative urls_file (the unit's credential) that a daemon started
     by hand cannot read is one error line, and alerts go to `[alerts] urls` only (issue 36): the
     daemon still stops runaways. Any other unreadable or invalid file stays fatal."""

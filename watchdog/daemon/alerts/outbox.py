@@ -26,7 +26,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.alert_text import alert_body, alert_title
@@ -36,7 +38,17 @@ from watchdog.daemon.alerts import delivered, lanes
 from watchdog.daemon.alerts.notify import Notifier, TargetResult
 from watchdog.store import outbox as rows
 from watchdog.store.announce import announce
-from watchdog.store.engine import store_unavailable
+from watchdog.store.engine import Engine, store_unavailable
+
+if TYPE_CHECKING:
+    from watchdog.core.seal import Sealer
+    from watchdog.daemon.alerts.notify import Target
+    from watchdog.store.memory import Memory
+
+Jobs = dict["Target", list[lanes.Job]]  # per target, the (alert id, title, body, kind) it is sent
+Results = dict[tuple[Hashable, str], TargetResult]  # (alert id, target id) -> what its send did
+OnResult = Callable[[TargetResult], object]
+OnDead = Callable[[str], object]  # why a row was dead-lettered: EXPIRED, UNUSABLE, HUNG_KIND
 
 log = logging.getLogger("watchdog.alerts")
 
@@ -63,17 +75,18 @@ class _Due:
     id: int
     key: str
     attempts: int
-    done: set
+    done: set[str]
     created_at: object = None  # with the key: the alert in the daemon's delivery record
 
 
 def backoff_s(attempts: int, first_s: float) -> float:
-    return min(BACKOFF_MAX_S, first_s * (2 ** max(0, attempts - 1)))
+    return min(BACKOFF_MAX_S, first_s * (2.0 ** max(0, attempts - 1)))
 
 
-def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s: float = 30.0,
-                expire_s: float = 86400.0, budget_s: float = 5.0, on_result=None, on_dead=None,
-                batch: int = BATCH, _rounds: int = 100, memory=None) -> DeliveryReport:
+def deliver_due(engine: Engine, notifier: Notifier, now: dt.datetime, *, sealer: Sealer, retry_s: float = 30.0,
+                expire_s: float = 86400.0, budget_s: float = 5.0, on_result: OnResult | None = None,
+                on_dead: OnDead | None = None, batch: int = BATCH, _rounds: int = 100,
+                memory: Memory | None = None) -> DeliveryReport:
     """Deliver every alert this daemon sealed that is due, within `budget_s` seconds; never
     raises for a target that is down or a row that is bad (a store that is down raises)."""
     deadline = time.monotonic() + budget_s
@@ -83,10 +96,10 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
                      expire_before=now - dt.timedelta(seconds=expire_s), limit=batch)
     if not ids:
         return report
-    refused = []
+    refused: list[int] = []
     try:
         due: list[_Due] = []
-        work: dict = {t: [] for t in notifier.targets}
+        work: Jobs = {t: [] for t in notifier.targets}
         for alert_id, row, unreadable in rows.read(engine, ids):
             try:
                 outcome = unreadable if row is None else rows.problem(row)
@@ -145,7 +158,8 @@ def deliver_due(engine, notifier: Notifier, now: dt.datetime, *, sealer, retry_s
     return report
 
 
-def _in_order(engine, notifier, host, ids, work) -> tuple[dict, dict]:
+def _in_order(engine: Engine, notifier: Notifier, host: str, ids: Sequence[int], work: Jobs
+              ) -> tuple[Results, dict[str, dt.datetime]]:
     """Per target, alerts leave in the order they were queued: a claimed alert newer than one
     the target has not got yet (in its backoff) is HELD, not sent (taken out of `work`).
     Returns those results and, per target id, when the older alert is due again."""
@@ -158,31 +172,38 @@ def _in_order(engine, notifier, host, ids, work) -> tuple[dict, dict]:
         if store_unavailable(exc):
             raise
         return {}, {}
-    results: dict = {}
-    until: dict = {}
+    results: Results = {}
+    until: dict[str, dt.datetime] = {}
     for target in notifier.targets:
         blocker = next((o for o in older if isinstance(o.delivered_targets, (list, type(None)))
                         and target.id not in (o.delivered_targets or [])
                         and f"dead:{target.id}" not in (o.delivered_targets or [])), None)
         if blocker is None:
             continue
-        keep = []
-        for job in work.get(target, []):
-            if job[0] > blocker.id:
-                results[(job[0], target.id)] = TargetResult(target, False, lanes.HELD)
-            else:
-                keep.append(job)
-        work[target] = keep
+        work[target] = _hold_newer(target, work.get(target, []), blocker.id, results)
         if isinstance(blocker.next_attempt_at, dt.datetime):
             until[target.id] = blocker.next_attempt_at
     return results, until
 
 
-def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_result, on_dead=None,
-            held_until=None, host: str = "", memory=None) -> None:
-    errors = []
+def _hold_newer(target: Target, jobs: list[lanes.Job], blocker_id: int, results: Results) -> list[lanes.Job]:
+    """The target's jobs up to its blocker's id; each newer one HELD (its result in `results`)."""
+    keep: list[lanes.Job] = []
+    for job in jobs:
+        alert_id = job[0]  # the outbox's jobs are keyed by their alert's id
+        if isinstance(alert_id, int) and alert_id > blocker_id:
+            results[(alert_id, target.id)] = TargetResult(target, False, lanes.HELD)
+        else:
+            keep.append(job)
+    return keep
+
+
+def _record(engine: Engine, token: str, notifier: Notifier, a: _Due, results: Results, now: dt.datetime,
+            retry_s: float, report: DeliveryReport, on_result: OnResult | None, on_dead: OnDead | None = None,
+            held_until: dict[str, dt.datetime] | None = None, host: str = "", memory: Memory | None = None) -> None:
+    errors: list[str] = []
     tried = pending = hung = False
-    waits = []  # when the alerts these ones are held behind are due again
+    waits: list[dt.datetime] = []  # when the alerts these ones are held behind are due again
     for target in notifier.targets:
         r = results.get((a.id, target.id))
         if r is None:
@@ -210,7 +231,7 @@ def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_
             on_result(r)
     all_done = all(t.id in a.done or f"dead:{t.id}" in a.done for t in notifier.targets)
     attempts = a.attempts + 1 if tried or not notifier.targets else a.attempts
-    values = {"attempts": attempts, "delivered_targets": sorted(a.done),
+    values: dict[str, object] = {"attempts": attempts, "delivered_targets": sorted(a.done),
               "last_error": "; ".join(errors)[:2000] if errors else None}
     if not notifier.targets:
         values["last_error"] = NO_TARGETS
@@ -239,7 +260,8 @@ def _record(engine, token, notifier, a: _Due, results, now, retry_s, report, on_
                         "another pass may send it again", a.key)
 
 
-def _dead(engine, token, alert_id, now, reason: str, kind: str, report: DeliveryReport, on_dead) -> None:
+def _dead(engine: Engine, token: str, alert_id: int, now: dt.datetime, reason: str, kind: str,
+          report: DeliveryReport, on_dead: OnDead | None) -> None:
     if rows.dead_letter(engine, token, alert_id, now, reason):
         log.warning("alert %d dead-lettered (never retried; `agent-watchdog alerts --dead`): %s", alert_id, reason)
         report.dead += 1
@@ -247,7 +269,8 @@ def _dead(engine, token, alert_id, now, reason: str, kind: str, report: Delivery
             on_dead(kind)
 
 
-def _unusable(engine, token, alert_id, now, exc: Exception, report, on_dead) -> None:
+def _unusable(engine: Engine, token: str, alert_id: int, now: dt.datetime, exc: Exception,
+              report: DeliveryReport, on_dead: OnDead | None) -> None:
     try:
         _dead(engine, token, alert_id, now, f"unusable row: handling it raised {type(exc).__name__}", UNUSABLE,
               report, on_dead)
@@ -256,7 +279,7 @@ def _unusable(engine, token, alert_id, now, exc: Exception, report, on_dead) -> 
                   type(again).__name__)
 
 
-def _refuse(engine, token, ids, now: dt.datetime, sealer) -> None:
+def _refuse(engine: Engine, token: str, ids: list[int], now: dt.datetime, sealer: Sealer) -> None:
     log.warning("refused %d alert row(s) not sealed by this daemon (ids %s): not delivered", len(ids),
                 ", ".join(map(str, ids[:20])))
     with engine.begin() as conn:

@@ -26,7 +26,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterator, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from watchdog.core import forecast
 from watchdog.core.outcomes import Outcome, Say, word
@@ -34,10 +34,13 @@ from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
 from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, PeriodState, build_states,
                                    closed_entry, period_bounds, period_key, scope_agent, sum_spend, zone)
 from watchdog.core.pricing import NO_MODEL
-from watchdog.daemon.money.backfill import Backfill, BackfillReport, UnpricedStep
+from watchdog.core.rowviews import RunView
+from watchdog.daemon.money.backfill import Backfill, BackfillReport
+from watchdog.store.backfill import UnpricedStep
 from watchdog.daemon.money.driftwatch import DriftWatch
 from watchdog.daemon.money.moneytick import LiveSpend, MoneyTick
 from watchdog.daemon.money.prices import PriceBook
+from watchdog.daemon.trust.lightrow import Light
 from watchdog.store import ledger
 from watchdog.store.announce import Audit, announce
 from watchdog.store.engine import Connection, Engine
@@ -77,9 +80,9 @@ class Money:
         self.states: list[PeriodState] = []
         self.closed: dict[str, PeriodState] = {}  # scope key -> the closed period (day first)
         # (agent, labels, cost ended today, this month) of the unbooked runs
-        self._unbooked: list[tuple[str, Any, float, float]] = []
+        self._unbooked: list[ledger.UnbookedSpend] = []
         self._n_unbooked = 0
-        self._spend: dict[Any, float] = {}
+        self._spend: ledger.Spend = {}
         self._keys: dict[str, str] = {}
         self._alerted: set[str] = set()
         self._published: tuple[tuple[str, str, str, str], ...] | None = None
@@ -89,10 +92,10 @@ class Money:
         self._booked_at: dt.datetime | None = None
         self._warned_bad: set[str] = set()
         self.last_backfill = BackfillReport()
-        self._found: list[Any] = []
+        self._found: list[UnpricedStep] = []
         self._booked_since_read = True  # the books moved since the ledger was last read
         # run id -> labels (None: not a JSON table, or no such run), read with the ledger this tick
-        self._labels_read: dict[str, Any] = {}
+        self._labels_read: dict[str, dict[str, object] | None] = {}
 
     def begin(self, now: dt.datetime) -> MoneyTick:
         """This tick's money work, its steps in their order (watchdog.daemon.money.moneytick)."""
@@ -153,7 +156,7 @@ class Money:
             for scope, cost in self._learn_labels(conn, spend.new):
                 spend.labelled[scope] += cost
         if len(self.run_scopes) > 2 * len(spend.light) + 1000:  # forget the runs that ended
-            active = {r[spend.i_id] for r in spend.light}
+            active = {Light(r).id for r in spend.light}  # the rare path: by name
             self.run_scopes = {k: v for k, v in self.run_scopes.items() if k in active}
 
     # -- 2. after it: price, then judge ------------------------------------------------------
@@ -191,7 +194,7 @@ class Money:
         by_scope.update(labelled)
         spent, agents = sum_spend(self._spend, self._unbooked, by_scope, self.label_budgets)
 
-        def rate_of(scope: Any, period: str, key: str, s: float, start: dt.datetime) -> Any:
+        def rate_of(scope: str, period: str, key: str, s: float, start: dt.datetime) -> float | None:
             return self.rates.rate(scope, period, key, s, now, start)
 
         states = build_states(spent, agents, self.config.profile, self.label_budgets, now, self.tz, rate_of)
@@ -232,14 +235,11 @@ class Money:
 
     def _resum(self, spend: LiveSpend, key: str) -> float:
         """One scope's live cost again, each bad cost as 0 (the rare path: a hand-written bad row)."""
-        from watchdog.daemon.trust.scan import L
-
-        i_agent, i_cost = L["agent"], L["cost_eur"]
         total = 0.0
-        for r in spend.light:
-            agent = self._spend_as(r[spend.i_id], r[i_agent])
-            if agent == key or (agent == r[i_agent] and key in self.run_scopes.get(r[spend.i_id], ())):
-                total += ledger.sane_cost(r[i_cost])
+        for r in map(Light, spend.light):
+            agent = self._spend_as(r.id, r.agent)
+            if agent == key or (agent == r.agent and key in self.run_scopes.get(r.id, ())):
+                total += ledger.sane_cost(r.cost_eur)
         if key not in self._warned_bad:
             self._warned_bad.add(key)
             log.warning("a run of %s has a bad cost_eur (negative, infinite or NaN): counted as 0", key)
@@ -274,12 +274,12 @@ class Money:
                 return s
         return None
 
-    def states_of(self, agent: str, labels: Any = None) -> list[PeriodState]:
+    def states_of(self, agent: str, labels: object = None) -> list[PeriodState]:
         """The period states that cover a run of `agent` (for the forecast lines of its alerts)."""
         keys = {scope_agent(agent)} | {b.scope for b in self.label_budgets if b.matches(labels)}
         return [s for s in self.states if s.scope.key in keys and s.budget_eur > 0]
 
-    def forecast_lines(self, row: Any, budgets: Budgets, now: dt.datetime) -> tuple[str, ...]:
+    def forecast_lines(self, row: RunView, budgets: Budgets, now: dt.datetime) -> tuple[str, ...]:
         """The burn-rate lines of a run's alerts: the run against its max_cost_eur, then every
         period budget covering it ("support-bot's daily budget runs out at 16:40 UTC")."""
         lines: list[str] = []
@@ -335,7 +335,7 @@ class Money:
                     log.warning("%s", word(said)[0])
             self._remember(key)
 
-    def published_state(self) -> dict[str, Any]:
+    def published_state(self) -> dict[str, object]:
         return {"tz": self.config.pricing.budget_tz, "periods": [s.to_json() for s in self.states]}
 
     def publish_closed(self, engine: Engine, now: dt.datetime) -> bool:

@@ -21,13 +21,13 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Protocol
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.periods import PeriodState
 from watchdog.daemon.money.backfill import Backfill, BackfillReport
 from watchdog.daemon.trust.isolation import Defect
-from watchdog.daemon.trust.scan import L
+from watchdog.daemon.trust.lightrow import LightRow, agent_of, run_id, status_of
 from watchdog.store.engine import Connection, Engine, store_unavailable
 
 log = logging.getLogger("watchdog.money")
@@ -65,8 +65,8 @@ class LiveSpend:
         self.labelled: dict[str, float] = defaultdict(float)
         self.covered = covered  # run id -> the label budgets covering it; None: no [[budgets]]
         self.new: list[tuple[str, float]] = []  # (run id, live cost) of runs first seen
-        self.light: Sequence[Any] = []  # the tick's light rows (for forgetting the runs that ended)
-        self.i_id = 0
+        self.light: Sequence[LightRow] = []  # the tick's light rows (for forgetting the runs that ended)
+        self.i_id = 0  # the id's position in `light` (the pre-filter's positional pass; others read by name)
 
 
 class Books(Protocol):
@@ -126,7 +126,7 @@ class MoneyTick:
         m.learn_labels(conn, self.spend)
         return defects
 
-    def judge(self, engine: Engine, light: Sequence[Any], due: Sequence[str]) -> MoneyJudgement:
+    def judge(self, engine: Engine, light: Sequence[LightRow], due: Sequence[str]) -> MoneyJudgement:
         """After the snapshot: price what the SDK could not, judge every period budget, publish
         the spent ones (before the tick stops the runs they cover: see Money.publish_closed)."""
         self._step(Phase.READ, Phase.JUDGED)
@@ -166,13 +166,13 @@ class MoneyTick:
                            "period budgets / drift / unpriced alerts")
         return booked
 
-    def _covered_running(self, light: Sequence[Any], due: Sequence[str]) -> list[str]:
-        """The running runs not already due that a spent period budget covers."""
+    def _covered_running(self, light: Sequence[LightRow], due: Sequence[str]) -> list[str]:
+        """The running runs not already due that a spent period budget covers (only while one is
+        spent: every active run, by name through the light row's getters)."""
         seen = set(due)
-        i_id, i_agent, i_status = L["id"], L["agent"], L["status"]
         closing = self.money.closing
-        return [r[i_id] for r in light if r[i_status] == lc.RUNNING and r[i_id] not in seen
-                and closing(r[i_id], r[i_agent]) is not None]
+        return [rid for r in light if status_of(r) == lc.RUNNING and (rid := run_id(r)) not in seen
+                and closing(rid, agent_of(r)) is not None]
 
 
 def _retried_next_tick(fn: Callable[[], object], what: str) -> None:

@@ -40,7 +40,8 @@ class Match:
 def _genai() -> ModuleType:
     import genai_prices  # noqa: F401 — a dependency of the daemon only
 
-    return genai_prices
+    module: ModuleType = genai_prices  # not followed by mypy (Any): a module all the same
+    return module
 
 
 def _candidates(model: str) -> Iterator[tuple[str, str | None]]:
@@ -61,7 +62,7 @@ class PriceBook:
         self.overrides = dict(overrides)
         self.eur_per_usd = eur_per_usd
         self._matches: dict[str, Match | None] = {}
-        self._published: dict[str, dict] = {}
+        self._published: dict[str, dict[str, float | int]] = {}
 
     # -- lookup ------------------------------------------------------------------
 
@@ -160,7 +161,7 @@ class PriceBook:
         self._published[model] = price.to_json()
         return True
 
-    def published(self) -> dict[str, dict]:
+    def published(self) -> dict[str, dict[str, float | int]]:
         """The price table for the SDK: resolved models, then the overrides (which win)."""
         out = dict(self._published)
         out.update({k: v.to_json() for k, v in self.overrides.items()})

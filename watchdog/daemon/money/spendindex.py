@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from watchdog.daemon.money.moneytick import LiveSpend
@@ -27,6 +27,8 @@ RESUM_EVERY = 64  # fills between two exact sums of every key
 # A live cost this large (no run spends a million euros) is summed exactly with its neighbours,
 # never by difference: a running total loses ~1e-16 of its largest term per update.
 EXACT_ABOVE_EUR = 1e6
+# run id -> the label budgets covering it; None: its labels not read yet (LiveSpend.covered.get)
+Scopes = Callable[[str], "tuple[str, ...] | None"]
 _INF = math.inf
 
 
@@ -110,7 +112,7 @@ class SpendIndex:
         an incremental tick puts every run it looked at."""
         unknown: list[tuple[str, float]] = []
         runs_get = self._runs.get
-        covered_get: Callable[[str], Any] | None = covered.get if covered is not None else None
+        covered_get: Scopes | None = covered.get if covered is not None else None
         if self.spend_as is not None:  # (rare: a profile names its owners)
             items, covered_get = self._whose(items, covered_get)
         agent_total, agent_dirty = self._by_agent.total, self._by_agent.dirty
@@ -141,8 +143,8 @@ class SpendIndex:
                     self._by_scope.join(scope, rid, cost)
         return unknown
 
-    def _whose(self, items: Iterable[tuple[str, str, float]], covered_get: Callable[[str], Any] | None
-               ) -> tuple[list[tuple[str, str, float]], Callable[[str], Any] | None]:
+    def _whose(self, items: Iterable[tuple[str, str, float]], covered_get: Scopes | None
+               ) -> tuple[list[tuple[str, str, float]], Scopes | None]:
         """The items under the name each run's spend counts (a run whose owner is not checked
         yet: left out), and the label-budget lookup that answers none for those booked elsewhere."""
         spend_as = self.spend_as
@@ -161,7 +163,7 @@ class SpendIndex:
             return out, covered_get
         inner = covered_get
 
-        def lookup(rid: str) -> Any:
+        def lookup(rid: str) -> tuple[str, ...] | None:
             return () if rid in elsewhere else (() if inner is None else inner(rid))
 
         return out, lookup

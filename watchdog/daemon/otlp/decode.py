@@ -275,7 +275,7 @@ def response(kind: str, rejected: int, message: str) -> bytes:
     if rejected or message:
         resp.partial_success.rejected_spans = rejected
         resp.partial_success.error_message = message
-    return resp.SerializeToString()
+    return bytes(resp.SerializeToString())  # protobuf is not followed: Any
 
 
 def error_body(kind: str, code: int, message: str) -> bytes:

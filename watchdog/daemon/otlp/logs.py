@@ -86,14 +86,16 @@ def decode_logs(body: bytes, kind: str, max_records: int) -> tuple[list[tuple[di
     return out, dropped
 
 
-def _name(body: Any, attrs: dict[str, Any]) -> str:
+def _name(body: object, attrs: dict[str, Any]) -> str:
     """`claude_code.tool_result` from the body, else from event.name (which lacks the prefix)."""
     if isinstance(body, str) and any(body.startswith(p) for p in EVENT_PREFIXES):
         return body[:128]
     return str(attrs.get("event.name") or "")[:128]
 
 
-def _int(v: Any) -> int | None:
+def _int(v: object) -> int | None:
+    if not isinstance(v, (str, bytes, int, float)):  # a decoded value: nothing else is a number
+        return None
     try:
         n = int(float(v))
     except (TypeError, ValueError):

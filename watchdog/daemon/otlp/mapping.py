@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from watchdog.core.records import error_fields, hash_args
 from watchdog.core.text import one_line
@@ -68,14 +68,14 @@ class Group:
     labels: dict[str, str] = field(default_factory=dict)  # more labels for the run it starts (logs: the CLI)
 
 
-def _text(v: Any) -> str | None:
+def _text(v: object) -> str | None:
     if v is None or isinstance(v, (dict, list)):
         return None
     s = str(v).strip()
     return s or None
 
 
-def _count(attrs: Mapping[str, Any], *names: str) -> int | None:
+def _count(attrs: Mapping[str, object], *names: str) -> int | None:
     for n in names:
         v = attrs.get(n)
         if isinstance(v, bool):
@@ -87,7 +87,7 @@ def _count(attrs: Mapping[str, Any], *names: str) -> int | None:
     return None
 
 
-def _first(attrs: Mapping[str, Any], *names: str) -> str | None:
+def _first(attrs: Mapping[str, object], *names: str) -> str | None:
     for n in names:
         t = _text(attrs.get(n))
         if t is not None:
@@ -104,7 +104,7 @@ def operation(span: Span) -> str | None:
     return {"LLM": "chat", "TOOL": TOOL_OPERATION, "AGENT": AGENT_OPERATION}.get(kind)
 
 
-def args_hash(raw: Any) -> str | None:
+def args_hash(raw: object) -> str | None:
     """The hash the SDK would give the same arguments: JSON text is parsed and hashed canonically."""
     if raw is None:
         return None
@@ -156,7 +156,7 @@ def _bounded(name: str | None) -> str | None:
     return one_line(name, NAME_MAX)
 
 
-def _pid(v: Any) -> int | None:
+def _pid(v: object) -> int | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, str) and v.isdigit() and len(v) < 10:

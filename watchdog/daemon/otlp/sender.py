@@ -62,7 +62,7 @@ def _norm(host: str) -> ipaddress._BaseAddress:
     return ip
 
 
-def peer(client: tuple, server: tuple) -> Peer:
+def peer(client: tuple[str, int], server: tuple[str, int]) -> Peer:
     """The socket of `client` (host, port) connected to `server` (host, port), from /proc/net."""
     address = (str(client[0]), int(client[1]))
     try:
@@ -138,7 +138,7 @@ def _descends(pid: int, root_pid: int, root_create: float) -> bool:
         p = psutil.Process(pid)
         for _ in range(MAX_ANCESTRY):
             if p.pid == root_pid:
-                return abs(p.create_time() - root_create) <= CREATE_TIME_TOLERANCE_S
+                return bool(abs(p.create_time() - root_create) <= CREATE_TIME_TOLERANCE_S)  # psutil: Any
             if p.pid <= 1:
                 return False
             parent = p.parent()

@@ -23,18 +23,20 @@ from typing import Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.evidence_mac import RecordMac
+from watchdog.core.rowviews import AttestationView
 from watchdog.core.seal import Sealer
+from watchdog.daemon.otlp.sender import Pinned
 from watchdog.daemon.trust.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import evidence as evstore
 from watchdog.store.attestations import Attestation, replace as replace_attestation
 from watchdog.store.engine import Connection
-from watchdog.store.witness import MacFn
+from watchdog.store.witness import MacFn, WitnessedCall
 
 NO_UID = -1
 
 
 def record(conn: Connection, sealer: Sealer, *, run_id: str, host: str, name: str, anonymous: bool,
-           uid: int | None, pinned: Any | None, now: dt.datetime) -> RecordMac | None:
+           uid: int | None, pinned: Pinned | None, now: dt.datetime) -> RecordMac | None:
     """Write the run's sealed attestation with its sender; the MAC for its events when pinned."""
     if pinned is not None:
         pid, create_time, uid, kill_mode = pinned.pid, pinned.create_time, pinned.uid, lc.PROCESS
@@ -62,12 +64,12 @@ class Recorded:
     pinned: tuple[RecordMac, int, float] | None  # its events' MAC, the pinned pid + create time
 
 
-def _verified(conn: Connection, sealer: Sealer | None, run_id: str) -> tuple[Any, dict[str, Any]] | None:
+def _verified(conn: Connection, sealer: Sealer | None, run_id: str) -> tuple[AttestationView, dict[str, Any]] | None:
     if sealer is None:
         return None
-    a = evstore.load(conn, run_id)
+    a: AttestationView | None = evstore.load(conn, run_id)  # (a store Row, typed Any there)
     if a is None or not sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode,
-                                           getattr(a, "cgroup", None)):
+                                           a.cgroup):
         return None
     try:
         d = json.loads(a.evidence) if isinstance(a.evidence, str) else None
@@ -103,7 +105,7 @@ def event_mac(mac: RecordMac, run_id: str) -> MacFn:
     """The witness.append MAC function of a pinned run's events (the fields a step or tool call
     written by the receiver has: no reasoning tokens, no attempt, a token-less step's cost 0)."""
 
-    def of(seq: int, c: Any, at_text: str | None) -> str:
+    def of(seq: int, c: WitnessedCall, at_text: str | None) -> str:
         cost = 0.0 if c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out) else None
         return mac.mac(run_id, seq, c.kind, c.tool, c.args_hash, c.ok, c.model, c.tokens_in, c.tokens_out,
                        c.cached_tokens_in, None, cost, None, at_text)

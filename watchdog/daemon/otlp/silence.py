@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets
+from watchdog.core.rowviews import RunView
 from watchdog.store import witness
 
 if TYPE_CHECKING:
@@ -25,21 +26,21 @@ if TYPE_CHECKING:
 SPAN_ONLY = frozenset({lc.Source.OTLP, lc.Source.HOOK})
 
 
-def silent(row, budgets: Budgets, now: dt.datetime) -> bool:
+def silent(row: RunView, budgets: Budgets, now: dt.datetime) -> bool:
     """A span-only run that has been silent past its heartbeat timeout (pure)."""
-    if getattr(row, "source", None) not in SPAN_ONLY or row.last_seen_at is None:
+    if row.source not in SPAN_ONLY or row.last_seen_at is None:
         return False
     limit = budgets.heartbeat_timeout_s
     limit = 120.0 if limit is None else limit
-    return (now - row.last_seen_at).total_seconds() >= limit  # never after heartbeat_timeout would judge it
+    return bool((now - row.last_seen_at).total_seconds() >= limit)  # never after heartbeat_timeout would judge it
 
 
-def end_if_silent(batch: Batch, row, budgets: Budgets, now: dt.datetime, by: str,
+def end_if_silent(batch: Batch, row: RunView, budgets: Budgets, now: dt.datetime, by: str,
                   gone: Callable[[], bool] | None = None) -> bool:
     """End the run if it is a silent span-only run; True when it was ended (nothing more to judge).
     `gone`: whether its pinned sender's process is gone (kill_mode process): a running span-only
     run whose sender exited without its root span is done, not lost (spans end when work ends)."""
-    if getattr(row, "source", None) not in SPAN_ONLY:
+    if row.source not in SPAN_ONLY:
         return False
     if row.status == lc.RUNNING and row.pid and gone is not None and gone():
         with batch.run() as conn:

@@ -99,7 +99,7 @@ class Metrics:
             self.period_budget.labels(name, st.period).set(st.budget_eur)
 
     @staticmethod
-    def _bounded(seen: set, name: str) -> str:
+    def _bounded(seen: set[str], name: str) -> str:
         if name in seen or len(seen) < MAX_TOOL_LABELS:
             seen.add(name)
             return name

@@ -35,7 +35,7 @@ from watchdog.daemon.leases.cluster import Membership
 from watchdog.daemon.leases.lease import AlreadyRunning, LeaseLost, lease_for
 from watchdog.store.announce import announce
 from watchdog.store.interventions import actor
-from watchdog.store.leases import db_now
+from watchdog.store.leases import Holder, db_now
 from watchdog.store.engine import Engine
 from watchdog.store.rebase import rebase_active_runs, rebase_pending_alerts
 from watchdog.core.config import Config
@@ -131,7 +131,7 @@ class Daemon:
             raise
         self.membership.lease = lease
 
-    def _holder_named(self, pid):
+    def _holder_named(self, pid: int | None) -> Holder | None:
         """The daemons row of the lock's holder, for its start time in the message (never obeyed)."""
         from watchdog.daemon.leases.lease import HOLDER_WAIT_S
         from watchdog.store import leases as lease_rows
@@ -236,7 +236,7 @@ class Daemon:
         """One small read per tick: the settings row still holds what this daemon wrote."""
         with self.engine.connect() as conn:
             stored = published_value(conn, CONFIG_KEY)
-        return stored == self._published_value
+        return bool(stored == self._published_value)  # settings.get: a JSON value, Any
 
     def store_now(self) -> dt.datetime:
         """The store's clock: the database server's on PostgreSQL (one cheap SELECT), this host's on SQLite."""
@@ -330,7 +330,7 @@ class Daemon:
             return
         metrics.observe_circuits(counts, self.config.daemon.tick_s)
 
-    def deliver_job(self, now: dt.datetime | None = None):
+    def deliver_job(self, now: dt.datetime | None = None) -> outbox.DeliveryReport | None:
         # Each daemon delivers the alerts it sealed (watchdog.daemon.alerts.outbox): several daemons
         # on one store never send one alert twice; the leader's duties' alerts are its own.
         if self.lost_lease:

@@ -18,9 +18,8 @@ from typing import Protocol
 import psutil
 
 from watchdog.core import cgroups as rules
+from watchdog.core.cgroupfs import cgroup_of as _cgroup_of, cgroup_pids as cgroup_pids, mount_point as mount_point
 from watchdog.core.procid import CREATE_TIME_TOLERANCE_S, GONE_REASONS, ProcessIdentity
-
-MOUNTINFO = "/proc/self/mountinfo"
 
 
 class Killer(Protocol):
@@ -32,25 +31,6 @@ class Killer(Protocol):
     def refusal(self, ident: ProcessIdentity) -> str | None: ...
 
     def alive(self, idents: Iterable[ProcessIdentity]) -> list[ProcessIdentity]: ...
-
-
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
-
-
-def mount_point() -> str | None:
-    try:
-        return rules.cgroup2_mount(_read(MOUNTINFO))
-    except OSError:
-        return None
-
-
-def _cgroup_of(pid: int) -> str | None:
-    try:
-        return rules.unified_path(_read(f"/proc/{pid}/cgroup"))
-    except OSError:
-        return None
 
 
 def directory(run_id: str, path: str | None, mount: str | None = None) -> str | None:
@@ -96,19 +76,6 @@ def attest_refusal(run_id: str, path: str, exec_pid: int, exec_create_time: floa
         except psutil.Error:
             continue
     return f"neither your process nor a child of it is in {path!r}"
-
-
-def cgroup_pids(d: str | None) -> list[int]:
-    """Every pid in the cgroup directory `d` and below."""
-    found: list[int] = []
-    if not d:
-        return found
-    for dirpath, _dirs, _files in os.walk(d):
-        try:
-            found += [int(x) for x in _read(os.path.join(dirpath, "cgroup.procs")).split()]
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def cgroup_kill(d: str | None) -> bool:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.tick.batch import Batch
-from watchdog.daemon.trust.scan import L
+from watchdog.daemon.trust.lightrow import Light, LightRow
 from watchdog.daemon.trust.trust import first_sight_budget_s
 from watchdog.daemon.stops import stopping
 from watchdog.daemon.tick.tickstate import ThisTick
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("watchdog.tick")
 
 
-def backstop(tk: TickContext, this: ThisTick, light: Mapping[str, Any], batch: Batch) -> None:
+def backstop(tk: TickContext, this: ThisTick, light: Mapping[str, LightRow], batch: Batch) -> None:
     """For each run the tick could not judge this tick (this.rep.quarantined); `light`: the active
     runs' light rows by id (watchdog.daemon.tick.activeset), so the cost is that of the few bad ones."""
     now, live, rep = this.now, this.live, this.rep
@@ -35,28 +35,27 @@ def backstop(tk: TickContext, this: ThisTick, light: Mapping[str, Any], batch: B
     if not bad:
         return
     now_s = now.timestamp()
-    i_status, i_host, i_pid, i_ctime, i_agent = (L[k] for k in ("status", "host", "pid", "pid_create_time",
-                                                                 "agent"))
     done = tk.state.backstopped
     for rid in sorted(bad):
-        r = light.get(rid)
-        if r is None or rid in done:
+        row = light.get(rid)
+        if row is None or rid in done:
             continue
+        r = Light(row)
         first = tk.trust.first.get(rid, now_s)
-        pid, ctime = r[i_pid], r[i_ctime]
-        gone = (live is not None and r[i_host] == tk.killer.host and isinstance(pid, int) and pid > 0
+        pid, ctime = r.pid, r.pid_create_time
+        gone = (live is not None and r.host == tk.killer.host and isinstance(pid, int) and pid > 0
                 and isinstance(ctime, float) and pid not in live)
         short = rid[:8]
-        if gone:
+        if gone and isinstance(pid, int):  # (gone says it is: for the type)
             with batch.run() as conn:
                 if stopping.lose_unreadable(
                         conn, rid, pid=pid, host=tk.killer.host, now=now, by=tk.by, sealer=tk.sealer):
                     rep.lost.append(rid)
             done.add(rid)
             continue
-        limit_s = first_sight_budget_s(tk.config, r[i_agent])
+        limit_s = first_sight_budget_s(tk.config, r.agent)
         watched_s = now_s - first
-        if watched_s <= limit_s or r[i_status] not in lc.STOPPABLE_STATUSES:
+        if watched_s <= limit_s or r.status not in lc.STOPPABLE_STATUSES:
             continue
         detail = f"watched {watched_s:.0f} s > max_wall_s {limit_s:g} s (from the daemon's first sight)"
         with batch.run() as conn:

@@ -6,26 +6,27 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets, effective_budgets
 from watchdog.core.messages import RunFacts
 from watchdog.core.policies import RunSnapshot, totals
+from watchdog.core.rowviews import RunView
 from watchdog.daemon.trust.evidence import merged
 from watchdog.daemon.stops.stopping import facts
 
 if TYPE_CHECKING:
     from watchdog.daemon.tick.batch import Batch
-    from watchdog.daemon.context import Row, TickContext
+    from watchdog.daemon.context import TickContext
 
 
-def snapshot(tk: TickContext, row: Row, now: dt.datetime) -> RunSnapshot:
+def snapshot(tk: TickContext, row: RunView, now: dt.datetime) -> RunSnapshot:
     """The run judged by the larger counters and its age from first sight at the latest."""
     return tk.scanner.snapshot(row, now, started_at=tk.trust.started_at(row))
 
 
-def budgets(tk: TickContext, row: Row, batch: Batch) -> Budgets:
+def budgets(tk: TickContext, row: RunView, batch: Batch) -> Budgets:
     """Profile (or [defaults] for an owner it does not bind), clamped unless a sealed resume raised it."""
     prof = tk.config.profile(row.agent)
     # (A span run's profile is its sender's to use: an anonymous sender's never is; trust says.)
@@ -34,7 +35,7 @@ def budgets(tk: TickContext, row: Row, batch: Batch) -> Budgets:
     return tk.trust.budgets(batch.run, row)
 
 
-def run_facts(tk: TickContext, row: Row, top: Sequence[Any] | None, last_error: str | None,
+def run_facts(tk: TickContext, row: RunView, top: tuple[str, int, int] | None, last_error: str | None,
               now: dt.datetime) -> RunFacts:
     """What alerts say of the run: its counters the larger of the row's and the daemon's, its
     duration from first sight at the latest."""
@@ -50,7 +51,7 @@ def run_facts(tk: TickContext, row: Row, top: Sequence[Any] | None, last_error: 
                                duration_s=duration_s)
 
 
-def pause_is_known(tk: TickContext, row: Row, now: dt.datetime, budgets: Budgets) -> bool:
+def pause_is_known(tk: TickContext, row: RunView, now: dt.datetime, budgets: Budgets) -> bool:
     """The daemon paused this run, or confirms its guard's pause (a pausing budget at its
     limit by the daemon's own counters): remembered in its state file."""
     if tk.trust.pause_mark(row.id, row.resumes) is not None:
@@ -61,10 +62,11 @@ def pause_is_known(tk: TickContext, row: Row, now: dt.datetime, budgets: Budgets
     return False
 
 
-def unclaimed_pause(tk: TickContext, row: Row, now: dt.datetime, batch: Batch) -> Any:
+def unclaimed_pause(tk: TickContext, row: RunView, now: dt.datetime, batch: Batch) -> RunView | None:
     """A paused row whose pause the daemon neither wrote nor confirms: denied (running again);
     the row read again, or None when it is no longer paused."""
     if row.status != lc.PAUSED:
         return None
     with batch.run() as conn:
-        return tk.trust.deny_pause(conn, row, now)
+        again: RunView | None = tk.trust.deny_pause(conn, row, now)  # store.pause.deny_pause: a Row or None
+        return again

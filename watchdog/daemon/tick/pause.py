@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from watchdog.core import lifecycle as lc
 from watchdog.core import pause as ap
 from watchdog.core.budgets import Budgets
 from watchdog.core.messages import RunFacts
 from watchdog.core.policies import Verdict, evaluate
+from watchdog.core.rowviews import RunView
 from watchdog.core.text import one_line
 from watchdog.daemon.tick.batch import Batch
 from watchdog.daemon.tick.believe import snapshot
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("watchdog.tick")
 
 
-def act_on_breach(tk: TickContext, this: ThisTick, conn: Connection, row: Any, verdicts: list[Verdict], *,
+def act_on_breach(tk: TickContext, this: ThisTick, conn: Connection, row: RunView, verdicts: list[Verdict], *,
                   budgets: Budgets, facts: RunFacts, stop_only: bool = False) -> tuple[str, Verdict, bool]:
     """Pause or stop a running run over budget (one transaction, the caller's):
     ("pause" | "stop", the verdict acted on, whether this tick did it). `stop_only`: a run
@@ -60,7 +61,7 @@ def act_on_breach(tk: TickContext, this: ThisTick, conn: Connection, row: Any, v
     return action, v, done
 
 
-def judge_paused(tk: TickContext, this: ThisTick, row: Any, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
+def judge_paused(tk: TickContext, this: ThisTick, row: RunView, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
     """One paused run: lost, stopped (a loop, silence, no answer in time), or still waiting."""
     now, rep = this.now, this.rep
     if tk.gone(row, this):
@@ -95,7 +96,7 @@ def judge_paused(tk: TickContext, this: ThisTick, row: Any, *, budgets: Budgets,
     _timeout(tk, this, row, budgets=budgets, facts=facts, batch=batch)
 
 
-def _timeout(tk: TickContext, this: ThisTick, row: Any, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
+def _timeout(tk: TickContext, this: ThisTick, row: RunView, *, budgets: Budgets, facts: RunFacts, batch: Batch) -> None:
     """A paused run nobody answered in time (or nobody could answer): stopped with its reason."""
     now = this.now
     # Waited since the daemon paused it or confirmed the pause (its state file), never since a
@@ -117,7 +118,7 @@ def _timeout(tk: TickContext, this: ThisTick, row: Any, *, budgets: Budgets, fac
             log.warning("approval timeout: %s run %s stopped — %s", row.agent, row.id[:8], reason)
 
 
-def announce_resume(tk: TickContext, row: Any, *, budgets: Budgets, facts: RunFacts, now: dt.datetime,
+def announce_resume(tk: TickContext, row: RunView, *, budgets: Budgets, facts: RunFacts, now: dt.datetime,
                     batch: Batch) -> None:
     """A run a human resumed (`agent-watchdog resume`, which queues no alert): say so, once."""
     from watchdog.store.interventions import grant_ok

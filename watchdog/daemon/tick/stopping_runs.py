@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
@@ -20,6 +20,7 @@ from watchdog.core.interventions import Action
 from watchdog.core.messages import ACK_MARK, RunFacts
 from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.policies import evaluate, with_period
+from watchdog.core.rowviews import RunView
 from watchdog.core.seal import Sealer
 from watchdog.daemon.tick import believe
 from watchdog.daemon.trust import ownstage
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("watchdog.tick")
 
 
-def judge_stopping(tk: TickContext, this: ThisTick, row: Any, batch: Batch, budgets: Budgets, f: RunFacts) -> None:
+def judge_stopping(tk: TickContext, this: ThisTick, row: RunView, batch: Batch, budgets: Budgets, f: RunFacts) -> None:
     """A stopping run: acknowledged once, then its ladder (or its end, when its process is gone)."""
     now = this.now
     this.rep.stopping += 1
@@ -87,7 +88,7 @@ def judge_stopping(tk: TickContext, this: ThisTick, row: Any, batch: Batch, budg
         ownstage.remember(conn, tk.memory, row, row.signal_stage)
 
 
-def confirms(tk: TickContext, this: ThisTick, conn: Connection, row: Any, budgets: Budgets) -> bool:
+def confirms(tk: TickContext, this: ThisTick, conn: Connection, row: RunView, budgets: Budgets) -> bool:
     """Before the first signal: did this daemon decide the stop, or do its own budgets say
     the run is over one now? A stop only written into the store (any store writer can
     write one for any run) never leads to a signal by itself."""
@@ -97,7 +98,7 @@ def confirms(tk: TickContext, this: ThisTick, conn: Connection, row: Any, budget
                                      skip_clock=this.skip_clock), tk.closing(row, this)))
 
 
-def sealed_stop(sealer: Sealer | None, conn: Connection, row: Any) -> bool:
+def sealed_stop(sealer: Sealer | None, conn: Connection, row: RunView) -> bool:
     """The stop's alert was sealed with this daemon's key by someone who is not acknowledging
     a store request: this daemon in an earlier life, or an operator running `kill` as the
     daemon's user. Only the key's holders can write such a row."""
@@ -112,7 +113,7 @@ def sealed_stop(sealer: Sealer | None, conn: Connection, row: Any) -> bool:
     return bool(sealer.alert_ok(a.mac, a.dedupe_key, a.title, a.body, a.created_at))
 
 
-def acknowledge_stop(tk: TickContext, row: Any, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> bool:
+def acknowledge_stop(tk: TickContext, row: RunView, f: RunFacts, budgets: Budgets, now: dt.datetime, batch: Batch) -> bool:
     """A stopping run whose stop this daemon did not request (the run's guard, the CLI,
     any store writer): record it if nobody did and alert it, worded by the daemon from
     the store's numbers. Once per run: remembered, and its alert key is unique. True when

@@ -13,7 +13,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from watchdog.core.periods import PeriodState
@@ -71,7 +71,7 @@ class TickReport:
     events: list[NewEvent] = field(default_factory=list)  # the tool events folded this tick
     duration_s: float = 0.0
     priced_steps: int = 0  # steps the SDK could not price that the daemon priced this tick
-    learned_prices: list[Any] = field(default_factory=list)  # models added to the published price table
+    learned_prices: list[str] = field(default_factory=list)  # models added to the published price table
     unpriced: dict[str, int] = field(default_factory=dict)  # model -> tokens no table prices (first seen this tick)
     booked: int = 0  # ended runs booked into the spend ledger
     periods: list[PeriodState] = field(default_factory=list)  # every period budget's state (core.periods)
@@ -102,5 +102,5 @@ class ThisTick:
     judged: frozenset[str] | None = None  # the hosts whose runs this daemon judges (None: every host)
     live: set[int] | None = None  # the process table's pids (None: unknown, so no run is called lost)
     money: MoneyTick | None = None  # the money work, when this daemon leads
-    sharing: Counter[tuple[str, int]] = field(default_factory=Counter)  # (host, pid) -> active runs on it
+    sharing: Counter[tuple[str, int | None]] = field(default_factory=Counter)  # (host, pid) -> active runs on it
     period_stops: list[PeriodStop] = field(default_factory=list)

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from watchdog.core import cgroups as rules
-
-MOUNTINFO = "/proc/self/mountinfo"
+# The kernel's word, read as the daemon reads it (one rule): names kept for exec's callers.
+from watchdog.core.cgroupfs import cgroup_of as cgroup_of, cgroup_pids, mount_point as mount_point
 SYSTEMD_PROBE_TIMEOUT_S = 10.0
 SCOPE_APPEAR_TIMEOUT_S = 10.0
 
@@ -28,26 +28,6 @@ ROOT, DELEGATED, SYSTEMD = "root", "delegated", "systemd-run --user --scope"
 
 class CgroupImpossible(Exception):
     """No cgroup of its own can be made for the run here (the message says why)."""
-
-
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
-
-
-def mount_point() -> str | None:
-    try:
-        return rules.cgroup2_mount(_read(MOUNTINFO))
-    except OSError:
-        return None
-
-
-def cgroup_of(pid: int | str = "self") -> str | None:
-    """The cgroup v2 path of a process ("/a/b"), or None."""
-    try:
-        return rules.unified_path(_read(f"/proc/{pid}/cgroup"))
-    except OSError:
-        return None
 
 
 @dataclass
@@ -101,16 +81,7 @@ class Placement:
 
     def pids(self) -> list[int]:
         """Every process in the cgroup and its sub-cgroups."""
-        found: list[int] = []
-        top = self.directory
-        if not top:
-            return found
-        for dirpath, _dirs, _files in os.walk(top):
-            try:
-                found += [int(x) for x in _read(os.path.join(dirpath, "cgroup.procs")).split()]
-            except (OSError, ValueError):
-                continue
-        return found
+        return cgroup_pids(self.directory)
 
     def owned(self) -> bool:
         """exec may write the cgroup's cgroup.kill (Linux >= 5.14)."""

@@ -25,6 +25,7 @@ from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
 from watchdog.core import pause as ap
 from watchdog.core.clock import utcnow
+from watchdog.core.marked import command_id
 from watchdog.core.config import Config
 from watchdog.core.records import hash_args
 from watchdog.core.sessions import MAX_GENERATIONS
@@ -98,7 +99,7 @@ def _subagent(engine: Any, cli: str, agent: str, ev: HookEvent, parent_id: str) 
 def paused(run_id: str, reason: str | None) -> str:
     why = f" ({reason})" if reason else ""
     return (f"{PREFIX} run {run_id[:8]} paused: waiting for approval{why}; "
-            f"a human may let it go on: agent-watchdog resume {run_id[:8]}")
+            f"a human may let it go on: agent-watchdog resume {command_id(run_id) or 'RUN'}")  # whole: see command_id
 
 
 def refused(reason: str, detail: str | None, run_id: str) -> str:
