@@ -55,3 +55,29 @@ def test_a_hooked_cli_is_told_the_whole_id_to_resume() -> None:
     from watchdog.gateways.hooks.core import paused
 
     assert paused(VICTIM, "max_steps").endswith(f"agent-watchdog resume {VICTIM}")
+
+
+def test_a_whole_id_finds_its_run_when_a_longer_id_begins_with_it(sqlite_url) -> None:
+    """SQLite does not enforce String(32): a plain-SQL writer may store an id that starts with the
+    victim's whole id, to make the whole id every alert names "ambiguous" too."""
+    from sqlalchemy import update
+
+    from watchdog import Watchdog
+    from watchdog.store.engine import make_engine
+    from watchdog.store.schema import runs
+
+    wd = Watchdog(sqlite_url)
+    try:
+        with wd.run("bot", run_id=VICTIM) as run:
+            run.step()
+        with wd.run("mimic", run_id=MIMIC):
+            pass
+    finally:
+        wd.close()
+    engine = make_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(update(runs).where(runs.c.id == MIMIC).values(id=VICTIM + "ff"))
+    engine.dispose()
+    shown = cli(sqlite_url, "show", VICTIM)
+    assert shown.exit_code == 0 and f"run {VICTIM}  agent bot" in shown.output
+    assert "ambiguous prefix" in cli(sqlite_url, "show", VICTIM[:8]).output

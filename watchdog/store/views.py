@@ -50,6 +50,13 @@ def resolve_run_id(conn: Connection, run_id: str, *, owner: str | None = None) -
     run_id = (run_id or "").strip().lower()
     if len(run_id) < 4:
         raise StoreError(f"run id {run_id!r}: give at least 4 characters of the run id")
+    # A whole id names its run even when a longer id begins with it: on SQLite a writer may store
+    # an id longer than 32 characters that starts with a victim's, to make the victim's whole id
+    # (the one every alert's command names) "ambiguous".
+    exact = select(runs.c.id).where(runs.c.id == run_id)
+    hit = conn.execute(exact if owner is None else exact.where(runs.c.owner == owner)).scalar()
+    if hit is not None:
+        return str(hit)
     # A literal prefix: "_" and "%" in what the user typed are not LIKE wildcards.
     q = select(runs.c.id).where(runs.c.id.startswith(run_id, autoescape=True)).limit(2)
     rows = conn.execute(q if owner is None else q.where(runs.c.owner == owner)).all()
