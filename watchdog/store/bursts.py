@@ -7,20 +7,25 @@ events), and each run's counters once, summed over its records of the burst. Eac
 is read back in the same transaction as its records, so a stop is seen by the record that
 follows it, as with one record per transaction.
 
-PostgreSQL: one statement (a multi-row INSERT in a data-modifying WITH, the runs' counters from a
-VALUES list), one round trip in autocommit. SQLite: one multi-row INSERT, one UPDATE per run and
-one SELECT of the statuses, inside the writer's BEGIN IMMEDIATE (the write lock taken once).
+PostgreSQL: one statement of one shape whatever the burst's size, the records as one array per
+column (`unnest`), so the server parses and plans it in the same ~0.3 ms for 2 records as for
+256 (a multi-row VALUES list cost ~65 us of planning a record, more than its insert; measured,
+benchmarks/README.md): the event rows inserted, each run's row locked in id order and its
+counters added once, its status returned; one round trip in autocommit. SQLite: one multi-row
+INSERT, one UPDATE per run and one SELECT of the statuses, inside the writer's BEGIN IMMEDIATE
+(the write lock taken once).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from watchdog.store.agent_writes import EVENT_COLUMNS, AgentSQL, Statement
 
-# Records per burst at most: 20 parameters each keeps a statement far below SQLite's 32,766
-# parameters and PostgreSQL's 65,535.
+# Records per burst at most: 20 parameters each keeps SQLite's statement far below its 32,766
+# parameters (PostgreSQL's array form has 34 parameters whatever the size).
 BURST_MAX_RECORDS = 256
 
 # The counters of AgentSQL.update_run's parameters that a burst sums per run (steps .. unpriced).
@@ -29,12 +34,24 @@ _SEQ, _AT, _PROGRESS, _ID = 9, 10, 11, 12
 
 Record = tuple[Sequence[Any], Sequence[Any]]  # (event: EVENT_COLUMNS, update: update_run's parameters)
 
+# PostgreSQL's type of each event column (EVENT_COLUMNS' order), for its cast out of the JSON.
+_EVENT_TYPES = {
+    "run_id": "text", "seq": "int", "at": "timestamptz", "kind": "text", "tool": "text", "args_hash": "text",
+    "args": "json", "ok": "boolean", "error_class": "text", "error_msg": "text", "duration_s": "float8",
+    "model": "text", "tokens_in": "bigint", "tokens_out": "bigint", "cost_eur": "float8", "progress": "text",
+    "attempt": "bigint", "cached_tokens_in": "bigint", "reasoning_tokens": "bigint", "mac": "text",
+}  # fmt: skip
+# ... and of each of update_run's parameters: steps .. unpriced, seq, at, progress, id.
+_UPDATE_NAMES = ("steps", "calls", "errors", "t_in", "t_out", "cost", "cached", "reasoning", "unpriced",
+                 "seq", "at", "progress", "id")
+_UPDATE_TYPES = ("bigint",) * 5 + ("float8",) + ("bigint",) * 4 + ("timestamptz", "text", "text")
+
 
 def _per_run(records: Sequence[Record]) -> dict[str, list[Any]]:
     """Each run's update parameters summed over its records: the counters added, the highest seq
     and time, the progress of its last record that said one (as the records one by one leave it)."""
     runs: dict[str, list[Any]] = {}
-    for _event, update in sorted(records, key=lambda r: (r[1][_ID], r[1][_SEQ])):
+    for _event, update in records:
         acc = runs.get(update[_ID])
         if acc is None:
             runs[update[_ID]] = list(update)
@@ -49,41 +66,90 @@ def _per_run(records: Sequence[Record]) -> dict[str, list[Any]]:
     return runs
 
 
-def burst_statements(sql: AgentSQL, records: Sequence[Record]) -> list[Statement]:
+def _fields(types: Sequence[str]) -> list[str]:
+    """The columns of a row sent as a JSON array (`r`), each cast to its type; the time defaults to
+    the server's clock, as AgentSQL's placeholder does. (`->>` gives the text of a JSON string, so
+    `args`, the SDK's JSON text, comes out as it went in.)"""
+    cast = ["(r->>%d)" % i + ("" if t == "text" else f"::{t}") for i, t in enumerate(types)]
+    return [f"COALESCE({c}, now())" if t == "timestamptz" else c for c, t in zip(cast, types)]
+
+
+# The burst on PostgreSQL: one statement of one shape, each record a JSON array of its columns.
+_ARRAY_SQL = (
+    f"WITH ev AS (INSERT INTO events ({', '.join(EVENT_COLUMNS)}) "
+    f"SELECT {', '.join(_fields([_EVENT_TYPES[c] for c in EVENT_COLUMNS]))} "
+    "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY e.n), "
+    f"u AS (SELECT {', '.join(f'{v} AS {n}' for v, n in zip(_fields(_UPDATE_TYPES), _UPDATE_NAMES))} "
+    "FROM jsonb_array_elements(%s::jsonb) AS x(r)), "
+    # Every run's row locked in id order before it is updated: two bursts sharing runs never
+    # wait on each other in a cycle (the seq-once trigger, revision 0017, takes them so too).
+    # (= ANY (ARRAY(...)): probes of the primary key, never a join planned as a scan of every run.)
+    "lk AS MATERIALIZED (SELECT r.id FROM runs r WHERE r.id = ANY (ARRAY(SELECT id FROM u)) ORDER BY r.id "
+    "FOR NO KEY UPDATE) "
+    "UPDATE runs SET steps = runs.steps + u.steps, tool_calls = runs.tool_calls + u.calls, "
+    "tool_errors = runs.tool_errors + u.errors, tokens_in = runs.tokens_in + u.t_in, "
+    "tokens_out = runs.tokens_out + u.t_out, cost_eur = runs.cost_eur + u.cost, "
+    "cached_tokens_in = runs.cached_tokens_in + u.cached, "
+    "reasoning_tokens = runs.reasoning_tokens + u.reasoning, "
+    "cost_unpriced_tokens = runs.cost_unpriced_tokens + u.unpriced, "
+    "last_seq = GREATEST(runs.last_seq, u.seq), "
+    "last_seen_at = GREATEST(runs.last_seen_at, u.at), "
+    "progress = COALESCE(u.progress, runs.progress) FROM u JOIN lk ON lk.id = u.id "
+    "WHERE runs.id = ANY (ARRAY(SELECT id FROM lk)) AND runs.id = u.id "
+    "RETURNING runs.id, runs.status, runs.stop_reason, runs.stop_detail"
+)
+
+
+def _array_statement(ordered: Sequence[Record], runs: dict[str, list[Any]]) -> Statement:
+    # default=str: a time given explicitly (a datetime) as the text PostgreSQL reads back.
+    return _ARRAY_SQL, (json.dumps([event for event, _update in ordered], default=str),
+                        json.dumps(list(runs.values()), default=str))
+
+
+def _values_cte(sql: AgentSQL, insert: str, ev_params: list[Any], runs: dict[str, list[Any]]) -> Statement:
+    """The burst as a multi-row VALUES list in a data-modifying WITH (revision 0015's form: kept
+    for the benchmark's before/after in the same run, benchmarks/bench_bursts.py)."""
+    b = sql.backend
+    row = ("(%s::bigint, %s::bigint, %s::bigint, %s::bigint, %s::bigint, %s::float8, %s::bigint, %s::bigint, "
+           "%s::bigint, %s::bigint, %s::timestamptz, %s::text, %s::text)")
+    up = (
+        f"WITH ev AS ({insert}), "
+        "u (steps, calls, errors, t_in, t_out, cost, cached, reasoning, unpriced, seq, at, progress, id) "
+        f"AS (VALUES {', '.join([row] * len(runs))}) "
+        "UPDATE runs SET steps = runs.steps + u.steps, tool_calls = runs.tool_calls + u.calls, "
+        "tool_errors = runs.tool_errors + u.errors, tokens_in = runs.tokens_in + u.t_in, "
+        "tokens_out = runs.tokens_out + u.t_out, cost_eur = runs.cost_eur + u.cost, "
+        "cached_tokens_in = runs.cached_tokens_in + u.cached, "
+        "reasoning_tokens = runs.reasoning_tokens + u.reasoning, "
+        "cost_unpriced_tokens = runs.cost_unpriced_tokens + u.unpriced, "
+        f"last_seq = {b.greatest}(runs.last_seq, u.seq), "
+        f"last_seen_at = {b.greatest}(runs.last_seen_at, COALESCE(u.at, now())), "
+        "progress = COALESCE(u.progress, runs.progress) FROM u WHERE runs.id = u.id "
+        "RETURNING runs.id, runs.status, runs.stop_reason, runs.stop_detail"
+    )
+    return up, (*ev_params, *(v for update in runs.values() for v in update))
+
+
+def burst_statements(sql: AgentSQL, records: Sequence[Record], *, arrays: bool = True) -> list[Statement]:
     """The statements of a burst; their rows are (run id, status, stop_reason, stop_detail), one per run.
 
-    The events go in by run id then seq: the seq-once trigger locks each run's row in that order,
-    so two bursts of one process never wait on each other in a cycle."""
+    The events go in by run id then seq (as one thread's records would, run by run). `arrays`
+    False: PostgreSQL's multi-row VALUES form instead of the arrays (a benchmark's baseline)."""
     if not records:
         raise ValueError("a burst of no records")
     if len(records) > BURST_MAX_RECORDS:
         raise ValueError(f"a burst of {len(records)} records: at most {BURST_MAX_RECORDS}")
     b = sql.backend
+    ordered = sorted(records, key=lambda r: (r[1][_ID], r[1][_SEQ]))
+    runs = _per_run(ordered)
+    if b.modifying_cte and b.returning and arrays:
+        return [_array_statement(ordered, runs)]
     ph, clock, json_ph = b.ph, b.clock_ph, b.json_ph
     one = "(" + ", ".join(json_ph if c == "args" else clock if c == "at" else ph for c in EVENT_COLUMNS) + ")"
-    ordered = sorted(records, key=lambda r: (r[1][_ID], r[1][_SEQ]))
     insert = f"INSERT INTO events ({', '.join(EVENT_COLUMNS)}) VALUES {', '.join([one] * len(ordered))}"
     ev_params = [v for event, _update in ordered for v in event]
-    runs = _per_run(ordered)
     if b.modifying_cte and b.returning:
-        row = ("(%s::bigint, %s::bigint, %s::bigint, %s::bigint, %s::bigint, %s::float8, %s::bigint, %s::bigint, "
-               "%s::bigint, %s::bigint, %s::timestamptz, %s::text, %s::text)")
-        up = (
-            f"WITH ev AS ({insert}), "
-            "u (steps, calls, errors, t_in, t_out, cost, cached, reasoning, unpriced, seq, at, progress, id) "
-            f"AS (VALUES {', '.join([row] * len(runs))}) "
-            "UPDATE runs SET steps = runs.steps + u.steps, tool_calls = runs.tool_calls + u.calls, "
-            "tool_errors = runs.tool_errors + u.errors, tokens_in = runs.tokens_in + u.t_in, "
-            "tokens_out = runs.tokens_out + u.t_out, cost_eur = runs.cost_eur + u.cost, "
-            "cached_tokens_in = runs.cached_tokens_in + u.cached, "
-            "reasoning_tokens = runs.reasoning_tokens + u.reasoning, "
-            "cost_unpriced_tokens = runs.cost_unpriced_tokens + u.unpriced, "
-            f"last_seq = {b.greatest}(runs.last_seq, u.seq), "
-            f"last_seen_at = {b.greatest}(runs.last_seen_at, COALESCE(u.at, now())), "
-            "progress = COALESCE(u.progress, runs.progress) FROM u WHERE runs.id = u.id "
-            "RETURNING runs.id, runs.status, runs.stop_reason, runs.stop_detail"
-        )
-        return [(up, (*ev_params, *(v for update in runs.values() for v in update)))]
+        return [_values_cte(sql, insert, ev_params, runs)]
     update_run = sql.update_run.split(" RETURNING ")[0]  # the statuses are read once, below
     statements: list[Statement] = [(insert, ev_params)]
     statements += [(update_run, tuple(update)) for update in runs.values()]
