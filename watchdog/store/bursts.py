@@ -7,11 +7,13 @@ events), and each run's counters once, summed over its records of the burst. Eac
 is read back in the same transaction as its records, so a stop is seen by the record that
 follows it, as with one record per transaction.
 
-PostgreSQL: one statement of one shape whatever the burst's size, the records as one array per
-column (`unnest`), so the server parses and plans it in the same ~0.3 ms for 2 records as for
-256 (a multi-row VALUES list cost ~65 us of planning a record, more than its insert; measured,
-benchmarks/README.md): the event rows inserted, each run's row locked in id order and its
-counters added once, its status returned; one round trip in autocommit. SQLite: one multi-row
+PostgreSQL: one call, `aw_burst(events, runs)` (revision 0017: a plpgsql function with the
+invoker's rights, so row-level security, the triggers and the checks apply as to the login's own
+INSERT and UPDATE), the records as one JSON array and the runs' summed updates as another: the
+server parses and plans nothing per burst (the session keeps the function's plans; a multi-row
+VALUES list cost ~65 us of planning a record, more than its insert), each run's row is locked in
+id order, its counters added once and its status returned under that lock, then the events go
+in; one round trip in autocommit. SQLite: one multi-row
 INSERT, one UPDATE per run and one SELECT of the statuses, inside the writer's BEGIN IMMEDIATE
 (the write lock taken once).
 """
@@ -25,7 +27,7 @@ from typing import Any
 from watchdog.store.agent_writes import EVENT_COLUMNS, AgentSQL, Statement
 
 # Records per burst at most: 20 parameters each keeps SQLite's statement far below its 32,766
-# parameters (PostgreSQL's array form has 34 parameters whatever the size).
+# parameters (PostgreSQL's JSON form has 2 whatever the size).
 BURST_MAX_RECORDS = 256
 
 # The counters of AgentSQL.update_run's parameters that a burst sums per run (steps .. unpriced).
@@ -33,19 +35,6 @@ _SUMMED = 9
 _SEQ, _AT, _PROGRESS, _ID = 9, 10, 11, 12
 
 Record = tuple[Sequence[Any], Sequence[Any]]  # (event: EVENT_COLUMNS, update: update_run's parameters)
-
-# PostgreSQL's type of each event column (EVENT_COLUMNS' order), for its cast out of the JSON.
-_EVENT_TYPES = {
-    "run_id": "text", "seq": "int", "at": "timestamptz", "kind": "text", "tool": "text", "args_hash": "text",
-    "args": "json", "ok": "boolean", "error_class": "text", "error_msg": "text", "duration_s": "float8",
-    "model": "text", "tokens_in": "bigint", "tokens_out": "bigint", "cost_eur": "float8", "progress": "text",
-    "attempt": "bigint", "cached_tokens_in": "bigint", "reasoning_tokens": "bigint", "mac": "text",
-}  # fmt: skip
-# ... and of each of update_run's parameters: steps .. unpriced, seq, at, progress, id.
-_UPDATE_NAMES = ("steps", "calls", "errors", "t_in", "t_out", "cost", "cached", "reasoning", "unpriced",
-                 "seq", "at", "progress", "id")
-_UPDATE_TYPES = ("bigint",) * 5 + ("float8",) + ("bigint",) * 4 + ("timestamptz", "text", "text")
-
 
 def _per_run(records: Sequence[Record]) -> dict[str, list[Any]]:
     """Each run's update parameters summed over its records: the counters added, the highest seq
@@ -66,43 +55,14 @@ def _per_run(records: Sequence[Record]) -> dict[str, list[Any]]:
     return runs
 
 
-def _fields(types: Sequence[str]) -> list[str]:
-    """The columns of a row sent as a JSON array (`r`), each cast to its type; the time defaults to
-    the server's clock, as AgentSQL's placeholder does. (`->>` gives the text of a JSON string, so
-    `args`, the SDK's JSON text, comes out as it went in.)"""
-    cast = ["(r->>%d)" % i + ("" if t == "text" else f"::{t}") for i, t in enumerate(types)]
-    return [f"COALESCE({c}, now())" if t == "timestamptz" else c for c, t in zip(cast, types)]
-
-
-# The burst on PostgreSQL: one statement of one shape, each record a JSON array of its columns.
-_ARRAY_SQL = (
-    f"WITH ev AS (INSERT INTO events ({', '.join(EVENT_COLUMNS)}) "
-    f"SELECT {', '.join(_fields([_EVENT_TYPES[c] for c in EVENT_COLUMNS]))} "
-    "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY e.n), "
-    f"u AS (SELECT {', '.join(f'{v} AS {n}' for v, n in zip(_fields(_UPDATE_TYPES), _UPDATE_NAMES))} "
-    "FROM jsonb_array_elements(%s::jsonb) AS x(r)), "
-    # Every run's row locked in id order before it is updated: two bursts sharing runs never
-    # wait on each other in a cycle (the seq-once trigger, revision 0017, takes them so too).
-    # (= ANY (ARRAY(...)): probes of the primary key, never a join planned as a scan of every run.)
-    "lk AS MATERIALIZED (SELECT r.id FROM runs r WHERE r.id = ANY (ARRAY(SELECT id FROM u)) ORDER BY r.id "
-    "FOR NO KEY UPDATE) "
-    "UPDATE runs SET steps = runs.steps + u.steps, tool_calls = runs.tool_calls + u.calls, "
-    "tool_errors = runs.tool_errors + u.errors, tokens_in = runs.tokens_in + u.t_in, "
-    "tokens_out = runs.tokens_out + u.t_out, cost_eur = runs.cost_eur + u.cost, "
-    "cached_tokens_in = runs.cached_tokens_in + u.cached, "
-    "reasoning_tokens = runs.reasoning_tokens + u.reasoning, "
-    "cost_unpriced_tokens = runs.cost_unpriced_tokens + u.unpriced, "
-    "last_seq = GREATEST(runs.last_seq, u.seq), "
-    "last_seen_at = GREATEST(runs.last_seen_at, u.at), "
-    "progress = COALESCE(u.progress, runs.progress) FROM u JOIN lk ON lk.id = u.id "
-    "WHERE runs.id = ANY (ARRAY(SELECT id FROM lk)) AND runs.id = u.id "
-    "RETURNING runs.id, runs.status, runs.stop_reason, runs.stop_detail"
-)
+# The burst on PostgreSQL: one call of revision 0017's aw_burst (its plans kept by the session),
+# each record a JSON array of EVENT_COLUMNS, each run's summed update one of update_run's parameters.
+_BURST_SQL = "SELECT out_id, out_status, out_reason, out_detail FROM aw_burst(%s::jsonb, %s::jsonb)"
 
 
 def _array_statement(ordered: Sequence[Record], runs: dict[str, list[Any]]) -> Statement:
     # default=str: a time given explicitly (a datetime) as the text PostgreSQL reads back.
-    return _ARRAY_SQL, (json.dumps([event for event, _update in ordered], default=str),
+    return _BURST_SQL, (json.dumps([event for event, _update in ordered], default=str),
                         json.dumps(list(runs.values()), default=str))
 
 
