@@ -22,11 +22,11 @@ N = 60  # steps and as many tool calls: 120 spans, more than one SQLite statemen
 
 
 def test_one_export_of_many_spans_is_one_transaction_and_counts_each_span_once(db_url):
-    statements: list[str] = []
+    traced: list[tuple[int, str]] = []  # (connection, statement): the tick's own connections write too
     with OtlpDaemon(db_url, defaults={"max_tool_calls": 1000, "max_steps": 1000}) as d:
         if d.engine.dialect.name == "sqlite":
             def trace(dbapi_conn, _record) -> None:
-                dbapi_conn.set_trace_callback(statements.append)
+                dbapi_conn.set_trace_callback(lambda sql: traced.append((id(dbapi_conn), sql)))
 
             event.listen(d.engine, "connect", trace)
             d.engine.dispose()  # every connection from now on is traced
@@ -42,9 +42,11 @@ def test_one_export_of_many_spans_is_one_transaction_and_counts_each_span_once(d
             if d.engine.dialect.name == "postgresql":
                 assert conn.execute(text("SELECT count(DISTINCT xmin::text), count(DISTINCT cmin::text) "
                                          "FROM events WHERE run_id = :r"), {"r": run.id}).one() == (1, 1)
-        if statements:  # SQLite: the export's INSERTs, all inside one BEGIN ... COMMIT
+        if traced:  # SQLite: the export's INSERTs, all inside one BEGIN ... COMMIT of one connection
+            writer = next(c for c, sql in traced if sql.startswith("INSERT INTO events"))
+            mine = [sql for c, sql in traced if c == writer]
             # (SQLite's trace names a statement again at each trigger program it starts: once is enough.)
-            statements = [s for i, s in enumerate(statements) if i == 0 or s != statements[i - 1]]
+            statements = [s for i, s in enumerate(mine) if i == 0 or s != mine[i - 1]]
             inserts = [i for i, s in enumerate(statements) if s.startswith("INSERT INTO events")]
             assert len(inserts) == math.ceil(2 * N / witness._SQLITE_ROWS)
             begins = [i for i, s in enumerate(statements) if s.startswith("BEGIN") and i < inserts[0]]
