@@ -13,9 +13,8 @@ INSERT and UPDATE), the records as one JSON array and the runs' summed updates a
 server parses and plans nothing per burst (the session keeps the function's plans; a multi-row
 VALUES list cost ~65 us of planning a record, more than its insert), each run's row is locked in
 id order, its counters added once and its status returned under that lock, then the events go
-in; one round trip in autocommit. SQLite: one multi-row
-INSERT, one UPDATE per run and one SELECT of the statuses, inside the writer's BEGIN IMMEDIATE
-(the write lock taken once).
+in; one round trip in autocommit. SQLite: one multi-row INSERT, one UPDATE per run and one
+SELECT of the statuses, inside the writer's BEGIN IMMEDIATE (the write lock taken once).
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ _SUMMED = 9
 _SEQ, _AT, _PROGRESS, _ID = 9, 10, 11, 12
 
 Record = tuple[Sequence[Any], Sequence[Any]]  # (event: EVENT_COLUMNS, update: update_run's parameters)
+
 
 def _per_run(records: Sequence[Record]) -> dict[str, list[Any]]:
     """Each run's update parameters summed over its records: the counters added, the highest seq
