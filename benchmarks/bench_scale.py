@@ -60,6 +60,7 @@ AGENT = "bench-agent"
 HOST = "bench-elsewhere"  # not this machine: the judge never reads /proc for them nor signals
 EVENTS_PER_RUN = 5
 COPY_SINKS = 1000  # ended runs the COPY baseline writes its events to
+AW_BURST = True  # the stores have revision 0017's aw_burst (main: False for an older --revision)
 SEQ_PHASE = {"ingest": 1_000, "tick": 10_000_000, "breach": 500_000_000}
 RUN_COLS = ("id", "agent", "status", "kill_mode", "host", "pid", "pid_create_time", "steps", "tool_calls",
             "last_seq", "started_at", "last_seen_at", "ended_at", "owner", "max_steps", "source", "tokens_in",
@@ -180,7 +181,9 @@ def writer(db: str, login: str, ids: list[str], seq0: int, rate: float, seconds:
                 event = (rid, seq[rid], None, "tool", "search", uuid.uuid4().hex[:16], None, True, None, None, 0.2,
                          None, None, None, None, None, None, None, None, None)
                 records.append((event, (0, 1, 0, 0, 0, 0.0, 0, 0, 0, seq[rid], None, None, rid)))
-            for statement, params in (sql.record(*records[0]) if burst == 1 else burst_statements(sql, records)):
+            # (Before revision 0017 there is no aw_burst: the burst as 0015's multi-row VALUES.)
+            for statement, params in (sql.record(*records[0]) if burst == 1
+                                      else burst_statements(sql, records, arrays=AW_BURST)):
                 cur.execute(statement, params)
                 cur.fetchall()  # the runs' statuses, as the SDK reads them back
             n += burst
@@ -385,6 +388,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.breaches = min(args.breaches, max(0, args.ticks - 5))
+    global AW_BURST
+    AW_BURST = args.revision == "head" or args.revision >= "0017"  # (forked writers inherit it)
     out: dict = {"machine": machine(), "fleets": []}
     print(f"machine: {out['machine']}", flush=True)
     for n in [int(x) for x in args.fleets.split(",") if x]:

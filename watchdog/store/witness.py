@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -154,7 +155,7 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
             0 if joined else base + len(calls), run_id))
         if calls:
             at_text = at if isinstance(at, str) else None
-            cur.executemany(sql.insert_event, [
+            _insert_events(cur, sql, [
                 (run_id, base + i, at, c.kind, c.tool, c.args_hash, c.ok, c.error_class, c.error_msg, c.duration_s,
                  c.model, c.tokens_in, c.tokens_out, c.cached_tokens_in,
                  0.0 if c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out) else None, source, c.call_id,
@@ -165,8 +166,32 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
     return True
 
 
+# SQLite: rows a multi-row INSERT (18 parameters each: below the 999 of the oldest SQLite builds).
+_SQLITE_ROWS = 50
+
+
+def _insert_events(cur: Any, sql: _Sql, rows: list[tuple[Any, ...]]) -> None:
+    """The events in as few statements as the backend allows (issue 35: a request's spans, a
+    burst of calls): on PostgreSQL one statement whatever their number, the rows as one JSON
+    array (one statement shape: parsed and planned once, its statement triggers fired once);
+    on SQLite multi-row INSERTs of _SQLITE_ROWS rows. Each row exactly as one INSERT would write it."""
+    if sql.insert_rows is not None:
+        cur.execute(sql.insert_rows, (json.dumps(rows, default=str),))
+        return
+    for i in range(0, len(rows), _SQLITE_ROWS):
+        chunk = rows[i:i + _SQLITE_ROWS]
+        if len(chunk) == 1:
+            cur.execute(sql.insert_event, chunk[0])
+            continue
+        one = sql.insert_event.partition(" VALUES ")[2]  # "(?, ?, ...)": one row's
+        cur.execute(sql.insert_event + (", " + one) * (len(chunk) - 1), [v for row in chunk for v in row])
+
+
 _EVENT_COLUMNS = ("run_id", "seq", "at", "kind", "tool", "args_hash", "ok", "error_class", "error_msg", "duration_s",
                   "model", "tokens_in", "tokens_out", "cached_tokens_in", "cost_eur", "source", "call_id", "mac")
+# PostgreSQL's type of each, for its cast out of the JSON array a row is sent as.
+_EVENT_TYPES = ("text", "int", "timestamptz", "text", "text", "text", "boolean", "text", "text", "float8",
+                "text", "bigint", "bigint", "bigint", "float8", "text", "text", "text")
 
 
 @dataclass(frozen=True)
@@ -177,6 +202,7 @@ class _Sql:
     insert_event: str
     insert_run: str
     joined_seq_base: str
+    insert_rows: str | None  # PostgreSQL: the events as one JSON array of rows (_insert_events)
 
 
 @functools.cache
@@ -198,6 +224,10 @@ def _sql(d: Dialect) -> _Sql:
         f"{d.clock_ph}, {d.clock_ph}, {ph}, {ph}, {ph})",
         f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph} AND seq >= {ph}) FROM runs WHERE id = {ph} "
         f"AND status IN ({active}){d.for_update}",
+        None if d.name != "postgresql" else (
+            f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) SELECT "
+            + ", ".join(f"(r->>{i})" + ("" if t == "text" else f"::{t}") for i, t in enumerate(_EVENT_TYPES))
+            + " FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY e.n"),
     )
 
 
