@@ -157,11 +157,11 @@ def test_a_crash_after_the_signal_before_the_commit_sends_no_second_sigterm(db_u
     assert actions(engine, agent.run_id)[-1] == "sigkill"
 
 
+# PostgreSQL only: SQLite's writers never overlap (BEGIN IMMEDIATE); the sequential cases above cover it.
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_two_enforcers_racing_on_one_postgresql_store_take_the_step_once(db_url, engine, procs, attest, tmp_path):
     """Two daemons, two state files, one command, at once: the second waits on the row's lock
     until the first commits, then finds the stage moved."""
-    if not db_url.startswith("postgresql"):
-        pytest.skip("SQLite's writers never overlap (BEGIN IMMEDIATE): the sequential case above covers it")
     attestor = attest(db_url)
     log = tmp_path / "signals.log"
     agent, t, cfg = stopped_runaway(db_url, engine, procs, attestor, log)
