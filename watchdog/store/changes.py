@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence, cast
 
-from sqlalchemy import literal_column, or_, select
+from sqlalchemy import select, text
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
@@ -121,9 +121,9 @@ def _rendered(conn: Connection, what: str, columns: Any) -> str:
     sql = _ABOVE.get((conn.dialect.name, what))
     if sql is None:
         stmt = columns.where(runs.c.change_seq > 0).order_by(runs.c.change_seq)
-        text = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-        head, sep, tail = text.rpartition("runs.change_seq > 0")
-        assert sep, text
+        rendered = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        head, sep, tail = rendered.rpartition("runs.change_seq > 0")
+        assert sep, rendered
         sql = _ABOVE[(conn.dialect.name, what)] = head + "runs.change_seq > " + dialects.of(conn).ph + tail
     return sql
 
@@ -176,8 +176,10 @@ def reach_params(reach: Reach) -> tuple[list[int], list[str]]:
 
 
 def reach_clause(reach: Reach) -> Any:
-    """The same confinement as an SQLAlchemy condition on `runs`."""
-    return or_(literal_column("runs.shard").in_(list(reach.buckets)), runs.c.host.in_(sorted(reach)))
+    """The same confinement as an SQLAlchemy condition on `runs` (two array parameters)."""
+    buckets, hosts = reach_params(reach)
+    return text("(runs.shard = ANY(:r_buckets) OR runs.host = ANY(:r_hosts))").bindparams(
+        r_buckets=buckets, r_hosts=hosts)
 
 
 def _confined(sql: str, backend: dialects.Dialect) -> str:
