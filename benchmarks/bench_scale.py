@@ -255,22 +255,31 @@ def ticks(st: Store, ids, args) -> dict:
 
     eng = make_engine(url(st.db))
     killer = Killer()
-    lease = lease_for(eng, killer.host, tick_s=args.tick_s)
-    lease.acquire()
-    judges = [Ticker(eng, config(), killer, membership=Membership(eng, killer.host, lease))
-              for _ in range(args.judges)]
+    # One judge: this machine's daemon. Several: each the daemon of a host of its own (its own
+    # lease, as `agent-watchdog run` with [daemon] shards on each host), the first the leader
+    # (the money, the cluster duties, the fleet's host adopted: it reads every run).
+    hosts = [killer.host] if args.judges == 1 else [f"bench-judge-{i}" for i in range(args.judges)]
+    leases = [lease_for(eng, h, tick_s=args.tick_s) for h in hosts]
+    for lease in leases:
+        lease.acquire()
+    judges = [Ticker(eng, config(), killer, membership=Membership(eng, h, lease)) for h, lease in zip(hosts, leases)]
     shards = [ShardSet(eng) for _ in judges] if args.judges > 1 else []
     for s in shards:  # every judge present before any takes its share
         s.rebalance()
+    per_judge: list[list[float]] = [[] for _ in judges]
 
     def tick(i: int) -> float:
         if shards:
             shards[i].before_tick(judges[i])
         t = time.perf_counter()
         judges[i].tick(utcnow())
-        return (time.perf_counter() - t) * 1000
+        ms = (time.perf_counter() - t) * 1000
+        per_judge[i].append(ms)
+        return ms
 
     cold_ms = max(tick(i) for i in range(len(judges)))
+    for ms in per_judge:
+        ms.clear()
     breach_ids = ids[:args.breaches]
     writing = ids[args.breaches:]
     procs, q = start_writers(st, writing, args.writers, SEQ_PHASE["tick"], args.rate, args.ticks * args.tick_s + 5)
@@ -307,11 +316,18 @@ def ticks(st: Store, ids, args) -> dict:
     for p in procs:
         p.join()
     written = sum(q.get() for _ in procs)
+    leader = [i for i, j in enumerate(judges) if j.this is not None and j.this.rep.leader]
+    others = [ms for i, ms in enumerate(per_judge) if i not in leader]
     for sh in shards:
         sh.close()
-    lease.release()
+    for lease in leases:
+        lease.release()
     eng.dispose()
     return {"judges": len(judges), "cold_ms": cold_ms, "tick_p50_ms": pct(durations, 50), "tick_p99_ms": pct(durations, 99),
+            "leader_p50_ms": pct([m for i in leader for m in per_judge[i]], 50) if leader else float("nan"),
+            "others_p50_ms": pct([m for ms in others for m in ms], 50) if others else float("nan"),
+            "others_p99_ms": pct([m for ms in others for m in ms], 99) if others else float("nan"),
+            "judge_p50_ms": [pct(ms, 50) for ms in per_judge], "leaders": len(leader),
             "tick_max_ms": max(durations), "ticks": len(durations), "offered_eps": written / (args.ticks * args.tick_s + 5),
             "breach_p50_ms": pct(latency, 50), "breach_max_ms": max(latency) if latency else float("nan"),
             "breaches_stopped": len(latency), "breaches": len(breach_ids),
@@ -414,13 +430,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def _ms(v) -> str:
+    return "-" if v is None or v != v else f"{v:.0f}"
+
+
 def table(out: dict) -> str:
     lines = ["| active runs | judges | SDK events/s stored | COPY events/s | SDK/COPY | offered events/s | cold tick ms "
-             "| changed tick p50 / p99 ms | breach -> stopping p50 / max ms (ticks) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| changed tick p50 / p99 ms | leader p50 ms | others p50 / p99 ms | breach -> stopping p50 / max ms (ticks) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in out["fleets"]:
         lines.append(f"| {r['active']:,} | {r.get('judges', 1)} | {r['sdk_eps']:,.0f} | {r['copy_eps']:,.0f} | {r['sdk_eps'] / r['copy_eps']:.2f} "
                      f"| {r['offered_eps']:,.0f} | {r['cold_ms']:,.0f} | {r['tick_p50_ms']:.0f} / {r['tick_p99_ms']:.0f} "
+                     f"| {_ms(r.get('leader_p50_ms'))} | {_ms(r.get('others_p50_ms'))} / {_ms(r.get('others_p99_ms'))} "
                      f"| {r['breach_p50_ms']:.0f} / {r['breach_max_ms']:.0f} ({r['breaches_stopped']}/{r['breaches']} "
                      f"stopped, <= {r['breach_max_ticks']} tick) |")
     ret = out.get("retention")

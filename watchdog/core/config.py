@@ -60,6 +60,9 @@ class DaemonConfig:
     state_dir: str = field(default_factory=lambda: _paths().state_dir)
     socket: str = field(default_factory=lambda: _paths().socket)  # where agents attest their process identity
     key_file: str = field(default_factory=lambda: _paths().key_file)  # the sealing key, 0600, made at first start
+    # issue 35: judging sharded by run id across the store's daemons (PostgreSQL): the number of
+    # shards, the same on every daemon of the store; 0 (the key absent): each judges its host's runs
+    shards: int = 0
 
 
 @dataclass(frozen=True)
@@ -379,18 +382,37 @@ def _store(ctx: _Ctx, store_t: Mapping[str, Any]) -> StoreConfig:
                        record_errors=record_errors, keep_days=keep_days)
 
 
-def _daemon(ctx: _Ctx, daemon_t: Mapping[str, Any]) -> DaemonConfig:
-    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",
-                                          "alert_expire_s", "socket", "key_file", "state_dir"))
-    d: dict[str, Any] = {}  # DaemonConfig's fields: seconds, user names, paths
-    for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s", "alert_expire_s"):
-        if k in daemon_t:
-            d[k] = _number(ctx, f"daemon.{k}", daemon_t[k], allow_zero=k.endswith("grace_s"))
+MAX_SHARDS = 1024  # watchdog.store.shards.BUCKETS: a shard is a range of the stored buckets
+
+
+def _shards(ctx: _Ctx, value: object) -> int:
+    """[daemon] shards: a whole number from 1 to MAX_SHARDS (absent: judging not sharded)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SHARDS:
+        raise ctx.fail("daemon.shards", f"a whole number of shards from 1 to {MAX_SHARDS} (or no key: "
+                       "each daemon judges its own host's runs)", value)
+    return value
+
+
+def _users_and_shards(ctx: _Ctx, daemon_t: Mapping[str, Any]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
     if "allowed_users" in daemon_t:
         users = daemon_t["allowed_users"]
         if not isinstance(users, list) or not all(isinstance(u, str) and u for u in users):
             raise ctx.fail("daemon.allowed_users", "a list of user names", users)
         d["allowed_users"] = tuple(users)
+    if "shards" in daemon_t:
+        d["shards"] = _shards(ctx, daemon_t["shards"])
+    return d
+
+
+def _daemon(ctx: _Ctx, daemon_t: Mapping[str, Any]) -> DaemonConfig:
+    _check_keys(ctx, "daemon", daemon_t, ("tick_s", "cancel_grace_s", "term_grace_s", "allowed_users", "alert_retry_s",
+                                          "alert_expire_s", "socket", "key_file", "state_dir", "shards"))
+    d: dict[str, Any] = {}  # DaemonConfig's fields: seconds, user names, paths
+    for k in ("tick_s", "cancel_grace_s", "term_grace_s", "alert_retry_s", "alert_expire_s"):
+        if k in daemon_t:
+            d[k] = _number(ctx, f"daemon.{k}", daemon_t[k], allow_zero=k.endswith("grace_s"))
+    d.update(_users_and_shards(ctx, daemon_t))
     given = {}
     for k in ("state_dir", "socket", "key_file"):
         if k in daemon_t:

@@ -10,7 +10,7 @@ hands itself over); a test or a later judge may hand another.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 # A `runs` row as the tick reads it whole, and the columns the trust rules and the ladder read
 # off it: declared in core, below every wing, so that naming them ties no two wings together.
@@ -46,6 +46,7 @@ class TickContext(Protocol):
     trust: Trust
     active: ActiveSet
     prefilter: PreFilter
+    shards: Any  # a ShardSet or None; issue 35: a sharded judge's shards (watchdog.daemon.leases.shards)
     memory: Memory
     exec_trees: ExecTrees
     own_evidence: OwnEvidence | None  # SQLite's first-signal check

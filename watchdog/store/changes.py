@@ -15,6 +15,10 @@ nothing changes: an idle read costs one probe of the index). A transaction that 
 for longer than that window delays only its own run's change, until the run's next change or
 deadline (the tick reads every active run at least once a minute: watchdog.daemon.tick.activeset).
 
+A sharded judge (watchdog.daemon.leases.shards) reads only its part of the feed: with a `reach`
+(watchdog.store.shards.Reach) every read of the feed, its late window included, is confined in
+SQL to the runs of the reach's hosts and of its buckets (`runs.shard`, revision 0016).
+
 Nothing of the feed is kept in the store: a restarted daemon starts from 0 (`read` returns
 every run that ever changed) or, cheaper, from `start` (the active runs and the high-water
 mark of one snapshot).
@@ -26,15 +30,16 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, cast
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.store import dialects
 from watchdog.store.schema import runs
+from watchdog.store.shards import Reach
 
 log = logging.getLogger("watchdog.changes")
 
@@ -116,9 +121,9 @@ def _rendered(conn: Connection, what: str, columns: Any) -> str:
     sql = _ABOVE.get((conn.dialect.name, what))
     if sql is None:
         stmt = columns.where(runs.c.change_seq > 0).order_by(runs.c.change_seq)
-        text = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-        head, sep, tail = text.rpartition("runs.change_seq > 0")
-        assert sep, text
+        rendered = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        head, sep, tail = rendered.rpartition("runs.change_seq > 0")
+        assert sep, rendered
         sql = _ABOVE[(conn.dialect.name, what)] = head + "runs.change_seq > " + dialects.of(conn).ph + tail
     return sql
 
@@ -161,6 +166,28 @@ def _window(backend: dialects.Dialect) -> str:
     return _WINDOW.format(ph=backend.ph)
 
 
+# A reach's confinement of a pre-rendered read (PostgreSQL only: judges are sharded there): its
+# buckets' runs on any host, and every run of its hosts. Two array parameters.
+_REACH = " AND (runs.shard = ANY({ph}) OR runs.host = ANY({ph}))"
+
+
+def reach_params(reach: Reach) -> tuple[list[int], list[str]]:
+    return list(reach.buckets), sorted(reach)
+
+
+def reach_clause(reach: Reach) -> Any:
+    """The same confinement as an SQLAlchemy condition on `runs` (two array parameters)."""
+    buckets, hosts = reach_params(reach)
+    return text("(runs.shard = ANY(:r_buckets) OR runs.host = ANY(:r_hosts))").bindparams(
+        r_buckets=buckets, r_hosts=hosts)
+
+
+def _confined(sql: str, backend: dialects.Dialect) -> str:
+    """A rendered `... WHERE runs.change_seq > ? [ORDER BY ...]` read, confined to a reach."""
+    head, sep, tail = sql.partition(" ORDER BY ")
+    return head + _REACH.format(ph=backend.ph) + sep + tail
+
+
 def high_water(conn: Connection) -> int:
     """The highest number any run holds now (0 for none)."""
     return _number(conn.exec_driver_sql(_TOP).scalar())
@@ -192,12 +219,13 @@ class ChangeFeed:
         return ChangeBatch(tuple(out), got.cursor, got.unreadable)
 
     def read_rows(self, conn: Connection, what: str, columns: Any, *, i_id: int, i_seq: int,
-                  since: int | None = None) -> ChangedRows:
+                  since: int | None = None, reach: Reach | None = None) -> ChangedRows:
         """`read` with the caller's columns (a SELECT of `runs` holding its id and change_seq at
         `i_id` and `i_seq`; `what` names it, unique per SELECT: it is rendered once): for a reader that wants its own
         row of each changed run (the tick's light row, watchdog.store.scan.changed_light)
-        without a second read by id. Ended runs are among them."""
-        rows, probed = self._fetch(conn, since, _rendered(conn, what, columns), columns)
+        without a second read by id. Ended runs are among them. `reach`: only its runs (the
+        feed's cursor then counts only theirs: one reach per feed, a new feed when it changes)."""
+        rows, probed = self._fetch(conn, since, _rendered(conn, what, columns), columns, reach)
         ids: set[str] = set()
         good: list[Sequence[Any]] = []
         numbers: list[int] = []
@@ -219,7 +247,7 @@ class ChangeFeed:
         self._moved(conn, numbers, top)
         return ChangedRows(good, frozenset(ids), top, unreadable, probed)
 
-    def _fetch(self, conn: Connection, since: int | None, above: str, columns: Any
+    def _fetch(self, conn: Connection, since: int | None, above: str, columns: Any, reach: Reach | None = None
                ) -> tuple[list[Sequence[Any]], int]:
         """The rows numbered above the cursor, and the late ones of the window (see `read`);
         and the high-water mark, probed in the same round trip."""
@@ -228,18 +256,25 @@ class ChangeFeed:
         backend = dialects.of(conn)
         cursor, reported = self.cursor, self._reported
         low = cursor if backend.commits_in_order or not self._lows else min(self._lows[0], cursor)
-        reads: list[tuple[str, tuple[Any, ...]]] = [(above, (cursor,)), (_TOP, ())]
+        extra: tuple[Any, ...] = () if reach is None else reach_params(reach)
+        if reach is not None:
+            above = _confined(above, backend)
+        reads: list[tuple[str, tuple[Any, ...]]] = [(above, (cursor, *extra)), (_TOP, ())]
         if low < cursor:
             # The late window: its numbers only (the index alone), whole rows for the few not
             # reported yet: a number that committed after the cursor passed it.
-            reads.append((_window(backend), (low, cursor)))
+            window = _window(backend) if reach is None else _confined(_window(backend), backend)
+            reads.append((window, (low, cursor, *extra)))
         got = backend.read_batch(conn, reads)
         rows: list[Sequence[Any]] = got[0]
         probed = _number(got[1][0][0]) if got[1] else 0
         if low < cursor:
             late = [n for (n,) in got[2] if n not in reported]
             if late:
-                rows = list(conn.execute(columns.where(runs.c.change_seq.in_(late)))) + rows
+                cond = runs.c.change_seq.in_(late)
+                if reach is not None:
+                    cond = cond & reach_clause(reach)
+                rows = list(conn.execute(columns.where(cond))) + rows
         return rows, probed
 
     def _moved(self, conn: Connection, numbers: list[int], top: int) -> None:
@@ -264,7 +299,7 @@ class ChangeFeed:
         active = tuple(c for r in rows if (c := _row(r)) is not None)
         return ChangeBatch(active, top)
 
-    def mark(self, conn: Connection) -> int:
+    def mark(self, conn: Connection, reach: Reach | None = None) -> int:
         """`start` for a reader that read the active runs itself in this snapshot (the tick's full
         read): the cursor moves to the high-water mark, the late-commit window set up as `start`
         does. Returns the mark."""
@@ -281,7 +316,10 @@ class ChangeFeed:
             floor = max(0, top - START_WINDOW)
             if 0 < prior < floor:
                 floor = prior
-            visible = [n for (n,) in backend.read_batch(conn, [(_window(backend), (floor, top))])[0]]
+            window, extra = _window(backend), cast(tuple[Any, ...], ())
+            if reach is not None:
+                window, extra = _confined(window, backend), reach_params(reach)
+            visible = [n for (n,) in backend.read_batch(conn, [(window, (floor, top, *extra))])[0]]
             self._reported = set(visible)
             self._batches.append(visible)
             self._lows.append(floor)

@@ -1,8 +1,10 @@
 """Judges sharded by run id on PostgreSQL: which shard a run is in, and the advisory locks that
 say which judge holds a shard (watchdog.daemon.leases.shards).
 
-A run's shard is a range of a 32-bit hash of its id (blake2b: a writer picks its run's id, never
-its shard's judge). Shard i of n is held by whoever holds the session-level advisory lock
+A run's shard is a range of a 32-bit hash of its id (the first 32 bits of md5: a writer picks its
+run's id, never its shard's judge), in BUCKETS buckets: the bucket is the hash's top 10 bits, and
+PostgreSQL stores it with each run row and each new event (`shard`, revision 0016, computed by
+the database from the run id), so a judge reads only its shards' rows (`Reach`). Shard i of n is held by whoever holds the session-level advisory lock
 `lock_key("shard:<n>:<i>")`, on a session of its own; a judge that is present holds one
 "member" lock (`lock_key("judge:<slot>")`), so every judge can count the others from pg_locks
 without a row anyone could write. A judge that dies loses its session and with it every lock:
@@ -16,7 +18,9 @@ as a holder. A key another login holds is a squat: its shard is judged by every 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+from collections.abc import Collection, Iterable
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
@@ -24,17 +28,72 @@ from sqlalchemy.engine import Connection
 from watchdog.store.leases import lock_key, try_lock, unlock
 
 HASH_SPACE = 1 << 32
+BUCKETS = 1024  # the stored `shard` column's range: a judge's shard is a range of these
+MAX_SHARDS = BUCKETS
 MAX_JUDGES = 256  # member slots
+PG_ONLY = ("shard", "ix_runs_shard_change_seq")  # revision 0016's names, not in the models (read by name)
+# revision 0016's expression, as the database computes `runs.shard` and `events.shard`
+BUCKET_SQL = "((('x' || substr(md5({col}), 1, 8))::bit(32)::bigint >> 22)::smallint)"
 
 
 def run_hash(run_id: str) -> int:
-    """The run id's place in [0, HASH_SPACE)."""
-    return int.from_bytes(hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=4).digest(), "big")
+    """The run id's place in [0, HASH_SPACE): the first 32 bits of md5 of its UTF-8 bytes, as the
+    database computes it (BUCKET_SQL)."""
+    return int.from_bytes(hashlib.md5(run_id.encode("utf-8", "surrogatepass")).digest()[:4], "big")
+
+
+def bucket_of(run_id: str) -> int:
+    """The run's stored bucket (`shard` on PostgreSQL): its hash's top 10 bits."""
+    return run_hash(run_id) * BUCKETS // HASH_SPACE
+
+
+_bucket = functools.lru_cache(maxsize=1 << 18)(bucket_of)  # a run's bucket, asked every tick it changes
 
 
 def shard_of(run_id: str, n_shards: int) -> int:
-    """The shard whose hash range holds the run: shard i covers [i, i + 1) * HASH_SPACE / n."""
-    return run_hash(run_id) * n_shards // HASH_SPACE
+    """The shard whose range of buckets holds the run: shard i of n is the buckets b with
+    b * n // BUCKETS == i (n <= BUCKETS; every bucket in exactly one shard)."""
+    return bucket_of(run_id) * n_shards // BUCKETS
+
+
+def buckets_of(shards: Iterable[int], n_shards: int) -> tuple[int, ...]:
+    """The stored buckets of these shards of n, sorted."""
+    held = set(shards)
+    return tuple(b for b in range(BUCKETS) if b * n_shards // BUCKETS in held)
+
+
+class Reach(frozenset[str]):
+    """What a sharded judge reads: the runs of its hosts (the set itself: the hosts whose
+    processes it watches and whose stops it carries out) and, on any host, the runs of the
+    buckets of its shards (`buckets`). Passed where the reads take the hosts they read
+    (watchdog.store.scan, watchdog.store.changes); equal only to a Reach of the same hosts and
+    buckets, so a change of either makes the tick's caches start over."""
+
+    buckets: tuple[int, ...]
+    _set: frozenset[int]
+
+    def __new__(cls, hosts: Collection[str], buckets: Iterable[int]) -> "Reach":
+        self = super().__new__(cls, hosts)
+        self._set = frozenset(buckets)
+        self.buckets = tuple(sorted(self._set))
+        return self
+
+    def covers(self, run_id: str, host: object) -> bool:
+        """The run is read by this reach: on one of its hosts, or of one of its buckets."""
+        return host in self or (run_id.__class__ is str and _bucket(run_id) in self._set)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Reach) and self.buckets == other.buckets
+                and frozenset.__eq__(self, other))
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((frozenset(self), self.buckets))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Reach, (frozenset(self), self.buckets))
 
 
 def shard_key(index: int, n_shards: int) -> int:

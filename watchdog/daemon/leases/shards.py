@@ -1,5 +1,6 @@
 """Judges sharded by run id (issue 35): several judges share the judging of one PostgreSQL store,
-each judging the runs whose id hashes into the shards it holds.
+each judging the runs whose id hashes into the shards it holds. `[daemon] shards = N` makes
+every `agent-watchdog run` of the store one judge (watchdog.daemon.process.service).
 
 Each shard is held by a session-level advisory lock on a session of the judge's own (the
 database's primitive: no row anyone can write says who judges what). Before each tick a judge
@@ -9,14 +10,24 @@ and its locks with it (its host's TCP keepalives bound how long the server takes
 vanished host); the others take its shards at their next rebalance, within one tick. A judge
 whose session broke judges nothing until it holds shards again.
 
+What a judge reads (its `Reach`, watchdog.store.shards): the runs of its shards on every host,
+and every run of its own hosts (its host, and the hosts it adopted as the leader). Both in SQL:
+the change feed and the new events by their stored bucket (revision 0016), so a judge's tick
+costs its part of what changed, not all of it. What it does with them:
+
+* a *running* run of its shards is judged (budgets, silence, loops: the stop decided here);
+* a run of its hosts, whoever's shard, is carried out here: its ladder once it is `stopping`
+  (decided by any judge: the ladder confirms the stop by its own evidence before a signal, as
+  for any stop it did not decide, watchdog.daemon.tick.stopping_runs), its pause, its process's
+  end. Another host's stopping run is left to that host's daemon (or its adopter).
+
 Each stop is still decided once whatever the timing: the decision is the store's conditional
 move `running -> stopping` with its audit row (watchdog.store.stops.request_stop), which a
-second decider finds already made. What sharding saves is the judging (the rows, snapshots and
-policies of the held shards' runs only; the cheap pre-filter still passes every active run, whose
-live spend the period budgets need); every judge still folds every event of the hosts
-it reads (its counters must be whole when it takes a shard over). Wiring into `agent-watchdog
-run` (a config key, one judge per process) and the judge/enforcer split across hosts are not
-built yet: docs/explanation/scale.md.
+second decider finds already made. A judge that gains shards folds the history of the runs it
+reads now and did not before (a cold fold of its Scanner), before it judges them: its counters
+are whole. The leader (the cluster duties and the money: every run's live spend for the period
+budgets, the circuits' every event) still reads every host's runs and events; what sharding
+saves there is the judging.
 """
 
 from __future__ import annotations
@@ -27,9 +38,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from watchdog.core import lifecycle as lc
+from watchdog.store.scan import LIGHT
 from watchdog.store import leases
 from watchdog.store import shards as store
 from watchdog.store.engine import Engine
+from watchdog.store.shards import Reach
 
 log = logging.getLogger("watchdog.daemon")
 
@@ -38,11 +52,13 @@ KEEPALIVE_IDLE_S = 5
 
 
 class ShardedPreFilter:
-    """The Ticker's pre-filter (watchdog.daemon.tick.prefilter.PreFilter), its verdict confined to the
-    held shards: it still passes every active run (their live spend counts toward the period
-    budgets whichever judge holds them), and only the held shards' runs come out due and get
-    their deadlines queued. One object for as long as the config lasts: the tick's scope compares
-    the pre-filter by identity."""
+    """The Ticker's pre-filter (watchdog.daemon.tick.prefilter.PreFilter), its verdict confined to
+    what this judge does: it still passes every run it reads (their live spend counts toward the
+    period budgets whichever judge holds them); a running run comes out due only if it is of the
+    held shards (or its process on this host is gone), any other run only if it is on the hosts
+    this daemon carries out stops for (`judged`: its ladder, its pause). Only the held shards'
+    runs get their deadlines queued. One object for as long as the config lasts: the tick's
+    scope compares the pre-filter by identity."""
 
     def __init__(self, inner: Any, owns: Callable[[str], bool]) -> None:
         self.inner = inner
@@ -51,14 +67,38 @@ class ShardedPreFilter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def due(self, light: Any, *args: Any, **kw: Any) -> list[str]:
+    def due(self, light: Any, now: Any, live: set[int] | None, *args: Any, **kw: Any) -> list[str]:
         owns = self.owns
-        ids = self.inner.due(light, *args, **kw)
+        hosts = kw.get("judged")
+        kw["judged"] = None  # every run read is looked at; what comes out is confined below
+        ids = self.inner.due(light, now, live, *args, **kw)
         wake = kw.get("wake")
         if wake:
             for rid in [rid for rid in wake if not owns(rid)]:
                 del wake[rid]
-        return [rid for rid in ids if owns(rid)]
+        return _confined(ids, light, live, owns, hosts, kw.get("host")) if ids else ids
+
+
+_I_ID, _I_STATUS, _I_HOST, _I_PID = (LIGHT.index(k) for k in ("id", "status", "host", "pid"))
+
+
+def _confined(ids: list[str], light: Any, live: set[int] | None, owns: Callable[[str], bool],
+              hosts: Any, my_host: str | None) -> list[str]:
+    """Of the runs the pre-filter found due, those this judge acts on (ShardedPreFilter)."""
+    wanted = set(ids)
+    rows = {r[_I_ID]: r for r in light if r[_I_ID] in wanted}
+    out = []
+    for rid in ids:
+        r = rows.get(rid)
+        if r is None:
+            continue
+        here = hosts is None or r[_I_HOST] in hosts
+        if r[_I_STATUS] != lc.RUNNING:
+            if here:  # its ladder, its pause: its host's daemon's
+                out.append(rid)
+        elif owns(rid) or (here and live is not None and r[_I_HOST] == my_host and r[_I_PID] not in live):
+            out.append(rid)  # its shard's, or its process here is gone (lost: only this host can tell)
+    return out
 
 
 class ShardSet:
@@ -77,6 +117,15 @@ class ShardSet:
         self.slot: int | None = None
         self._conn: Any = None
         self._shard = functools.lru_cache(maxsize=1 << 18)(lambda rid: store.shard_of(rid, n_shards))
+
+    @property
+    def active(self) -> bool:
+        """Judging by shard (a session: else it holds nothing and judges nothing)."""
+        return self._conn is not None
+
+    def reach(self, hosts: frozenset[str]) -> Reach:
+        """What this judge reads: the runs of `hosts` and of its shards (held or squatted)."""
+        return Reach(hosts, store.buckets_of(self.held | self.squatted, self.n))
 
     def owns(self, run_id: str) -> bool:
         """This judge holds the run's shard (the pre-filter's hook)."""
@@ -141,10 +190,15 @@ class ShardSet:
         return (self.held, self.squatted) != before
 
     def before_tick(self, ticker: Any) -> None:
-        """Rebalance and confine the ticker's pre-filter to the held shards; a changed set makes
-        the next tick a full one (the gained runs' deadlines were another judge's)."""
+        """Rebalance and confine the ticker's reads and pre-filter to the held shards; a changed
+        set makes the next tick a full one (the gained runs' deadlines were another judge's), and
+        gained shards a cold fold (their runs' history was never folded here)."""
+        before = self.held | self.squatted
         if self.rebalance():
             ticker.active.valid = False
+            if (self.held | self.squatted) - before:
+                ticker.scanner = type(ticker.scanner)()  # a cold fold of every run it reads now
+        ticker.shards = self
         if not isinstance(ticker.prefilter, ShardedPreFilter):  # the first tick, or a reload made a new one
             ticker.prefilter = ShardedPreFilter(ticker.prefilter, self.owns)
 

@@ -42,6 +42,7 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("[daemon] socket", lambda c: c.daemon.socket),
     ("[daemon] key_file", lambda c: c.daemon.key_file),
     ("[daemon] state_dir", lambda c: c.daemon.state_dir),
+    ("[daemon] shards", lambda c: c.daemon.shards),  # issue 35: the judge's ShardSet is made at start
     ("[metrics] listen", lambda c: c.metrics_listen),
     ("[otlp]", lambda c: c.otlp),
     ("[pricing]", lambda c: c.pricing),
@@ -107,7 +108,7 @@ def reload(daemon: Daemon, path: str | None) -> bool:
 
 def _keep_restart_only(new: Config, old: Config) -> Config:
     d = dataclasses.replace(new.daemon, tick_s=old.daemon.tick_s, socket=old.daemon.socket,
-                            key_file=old.daemon.key_file, state_dir=old.daemon.state_dir)
+                            key_file=old.daemon.key_file, state_dir=old.daemon.state_dir, shards=old.daemon.shards)
     store = dataclasses.replace(new.store, url=old.store.url, record_errors=old.store.record_errors)
     return dataclasses.replace(new, daemon=d, store=store, metrics_listen=old.metrics_listen, pricing=old.pricing,
                                prices=old.prices, drift=old.drift, otlp=old.otlp)

@@ -51,6 +51,7 @@ from watchdog.daemon.tick.ticker import TickReport, Ticker
 
 if TYPE_CHECKING:
     from watchdog.daemon.leases.hostlock import HostLock
+    from watchdog.daemon.leases.shards import ShardSet
     from watchdog.daemon.process.metrics import Metrics
     from watchdog.daemon.otlp.server import OtlpServer
     from watchdog.store.memory import Memory
@@ -67,6 +68,7 @@ class Daemon:
     def __init__(self, engine: Engine, config: Config, *, killer: Killer | None = None,
                  notifier: Notifier | None = None, metrics: Metrics | None = None) -> None:
         check_allowed_users(config)
+        self.shards = _shards(engine, config)  # issue 35: [daemon] shards, refused at start where it cannot hold
         self.engine = engine
         self.config = config
         self.killer = killer or Killer(config.daemon.allowed_users or None)
@@ -196,6 +198,8 @@ class Daemon:
 
     def release(self) -> None:
         self.stop_attesting()
+        if self.shards is not None:
+            self.shards.close()  # the other judges take its shards at their next tick
         lease, self.membership.lease = self.membership.lease, None
         try:
             if lease is not None:
@@ -288,6 +292,8 @@ class Daemon:
             skip_clock = False
             if now is None:
                 now, skip_clock = self.clock()
+            if self.shards is not None:  # rebalanced before each tick: a dead judge's shards taken within one
+                self.shards.before_tick(self.ticker)
             rep = self.ticker.tick(now, skip_clock=skip_clock)
             if rep.learned_prices:  # the SDK prices these models itself from its next settings read
                 self.publish(force=True)
@@ -405,6 +411,21 @@ class Daemon:
             self.deliver_job()  # alerts the last tick queued leave with us, not with the next daemon
             self.stop_attesting()
         return 1 if self.lost_lease else 0
+
+
+def _shards(engine: Engine, config: Config) -> ShardSet | None:
+    """The judge's shards when `[daemon] shards` is set (None: it judges its host's runs)."""
+    n = config.daemon.shards
+    if not n:
+        return None
+    from watchdog.daemon.leases.shards import ShardSet
+    from watchdog.store.leases import is_postgres
+
+    if not is_postgres(engine):
+        raise ConfigError(f"[daemon] shards = {n}: judging is sharded on a PostgreSQL store only (advisory "
+                          f"locks); this store is {engine.dialect.name}: remove the key")
+    log.info("judging sharded: %d shards shared by the store's daemons (PostgreSQL advisory locks)", n)
+    return ShardSet(engine, n)
 
 
 def _state_file(config: Config, engine: Engine) -> Memory:

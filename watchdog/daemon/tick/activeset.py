@@ -40,6 +40,7 @@ from watchdog.daemon.trust.scan import L
 from watchdog.daemon.money.spendindex import SpendIndex
 from watchdog.store import scan as store_scan
 from watchdog.store.changes import ChangeFeed
+from watchdog.store.shards import Reach
 from watchdog.store.engine import Connection
 
 if TYPE_CHECKING:
@@ -63,8 +64,10 @@ _ID, _AGENT, _HOST, _PID, _CTIME = L["id"], L["agent"], L["host"], L["pid"], L["
 class Scope:
     """What a tick reads and judges; a change of any of it makes the next tick full."""
 
-    hosts: frozenset[str] | None  # the hosts whose runs it reads (None: every host: the leader's money)
-    judged: frozenset[str] | None  # the hosts whose runs it judges (None: every host)
+    # the hosts whose runs it reads (None: every host: the leader's money); a sharded judge's
+    # Reach (watchdog.store.shards): its hosts' runs and, on any host, its shards'
+    hosts: frozenset[str] | None
+    judged: frozenset[str] | None  # the hosts whose runs it judges (None: every host; a Reach: as `hosts`)
     config: object  # the pre-filter, compared by identity (a new one per config: SIGHUP changes the budgets)
 
 
@@ -217,8 +220,8 @@ class ActiveSet:
             self.by_host[old[_HOST]] -= 1
         self.rows[rid] = r
         self.by_host[r[_HOST]] += 1
-        if judged is None or r[_HOST] in judged:
-            self.mine.add(rid)
+        if judged is None or r[_HOST] in judged or (isinstance(judged, Reach) and judged.covers(rid, r[_HOST])):
+            self.mine.add(rid)  # (a sharded judge's: its hosts' runs and its shards')
         else:
             self.mine.discard(rid)
         pid, ctime = r[_PID], r[_CTIME]

@@ -62,6 +62,7 @@ from watchdog.store.interventions import actor
 from watchdog.store.engine import Connection, Engine, read_connection, store_unavailable
 
 if TYPE_CHECKING:
+    from watchdog.daemon.leases.shards import ShardSet
     from watchdog.store.memory import Memory
 
 __all__ = ["Ticker", "TickReport"]
@@ -123,6 +124,7 @@ class Ticker:
         # issue 25: the active runs kept between ticks, so that a tick costs what changed.
         self.active = ActiveSet(killer)
         self.heap = heap  # the daemon's: its heap frozen after a full tick (watchdog.daemon.tick.heap)
+        self.shards: ShardSet | None = None  # issue 35: a sharded judge's shards (set by ShardSet.before_tick)
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.tick.clock): durations measured on it
@@ -313,9 +315,11 @@ class Ticker:
         now = this.now
         snap = self._snapshot(row, now)
         period = self.closing(row, this)
-        if this.judged is not None and row.host not in this.judged:
-            # Due only because a spent period budget covers it (the leader's duty): that stop
-            # alone; its own host's daemon judges everything else about it.
+        judges = self.shards.owns(row.id) if self.shards is not None and self.shards.active else (
+            this.judged is None or row.host in this.judged)  # issue 35: a sharded judge judges its shards' runs
+        if not judges:
+            # Due only because a spent period budget covers it (the leader's duty), or a sharded
+            # judge's own host's run another judge judges: that stop alone.
             verdicts = with_period([], period)
         else:
             verdicts = with_period(evaluate(snap, budgets, now, skip_clock=this.skip_clock), period)
@@ -330,7 +334,7 @@ class Ticker:
                 if done and action == "stop" and period is not None and v.reason == period.reason:
                     this.period_stops.append(PeriodStop(row.id, v.reason, period.scope.key))
             return
-        alarm = rate_alarm(snap, budgets, now)
+        alarm = rate_alarm(snap, budgets, now) if judges or self.shards is None else None
         if alarm:
             self._alarm(row, alarm, snap, budgets, f, this, batch)
 

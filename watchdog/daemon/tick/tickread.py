@@ -17,6 +17,7 @@ from watchdog.daemon.leases.cluster import Role
 from watchdog.daemon.trust.scan import L, NewEvent
 from watchdog.daemon.tick.tickstate import ThisTick
 from watchdog.store.engine import Connection
+from watchdog.store.shards import Reach
 
 if TYPE_CHECKING:
     from watchdog.daemon.context import TickContext
@@ -37,8 +38,25 @@ class TickRead(NamedTuple):
 
 def scope_of(tk: TickContext, this: ThisTick, role: Role) -> Scope:
     """The leader reads every host's runs (the period budgets sum them all, and their counts per host
-    spare the membership a count over every active run); the others their own."""
+    spare the membership a count over every active run); the others their own. A sharded judge
+    (watchdog.daemon.leases.shards) reads its Reach: its hosts' runs and its shards' on any host
+    (the leader still every host's), and keeps as its own the runs of its Reach."""
+    shards = tk.shards
+    if shards is not None and shards.active:
+        reach = shards.reach(role.hosts)
+        return Scope(None if role.leader else reach, reach, tk.prefilter)
     return Scope(None if role.leader else role.hosts, role.hosts, tk.prefilter)
+
+
+def _mine(light: list[Any], scope: Scope) -> list[Any]:
+    """The runs read that are this daemon's own (those of the hosts, or the Reach, it judges)."""
+    judged = scope.judged
+    if scope.hosts is not None or judged is None:
+        return light  # (it read only its own)
+    i_id, i_host = L["id"], L["host"]
+    if isinstance(judged, Reach):
+        return [r for r in light if judged.covers(r[i_id], r[i_host])]
+    return [r for r in light if r[i_host] in judged]
 
 
 def read(tk: TickContext, this: ThisTick, role: Role) -> TickRead:
@@ -51,16 +69,16 @@ def read(tk: TickContext, this: ThisTick, role: Role) -> TickRead:
         changed = act.changes(conn, scope) if reason is None else None
         if changed is None:
             return _full(tk, conn, this, role, scope)
-        return _incremental(tk, conn, this, role, changed)
+        return _incremental(tk, conn, this, scope, changed)
 
 
 def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: Scope) -> TickRead:
     mt, act = this.money, tk.active
     light = tk.scanner.load_active(conn, scope.hosts)
-    act.feed.mark(conn)  # the feed starts from this snapshot: what commits after it is a change
-    i_host, hosts = L["host"], role.hosts
-    mine = light if scope.hosts is not None else [r for r in light if r[i_host] in hosts]  # (the leader read all)
-    new = tk.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=None if role.leader else hosts)
+    # the feed starts from this snapshot: what commits after it is a change
+    act.feed.mark(conn, scope.hosts if isinstance(scope.hosts, Reach) else None)
+    mine = _mine(light, scope)  # (the leader read all)
+    new = tk.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=scope.hosts)
     wake: dict[str, Deadline] = {}
     costs: dict[str, float] | None = {} if mt is not None else None
     if mt is not None:  # whose each run's spend is (issue 32), before the pass sums it
@@ -78,12 +96,12 @@ def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: 
     return TickRead(light, len(mine), new, due, rows, looked, wake, True)
 
 
-def _incremental(tk: TickContext, conn: Connection, this: ThisTick, role: Role, changed: set[str]) -> TickRead:
+def _incremental(tk: TickContext, conn: Connection, this: ThisTick, scope: Scope, changed: set[str]) -> TickRead:
     mt, act = this.money, tk.active
     if act.quiet:  # no run renumbered: no event was written since the last read (an event renumbers its run)
         new, tk.scanner.touched = [], set()
     else:
-        new = tk.scanner.fold(conn, act.mine, hosts=None if role.leader else role.hosts)
+        new = tk.scanner.fold(conn, act.mine, hosts=scope.hosts)  # (the leader's: None, every host)
     changed.update(tk.scanner.touched)  # a run with an event folded is looked at, whatever the feed said
     cand = act.candidates(this.now.timestamp(), changed)
     looked = [r[L["id"]] for r in cand]

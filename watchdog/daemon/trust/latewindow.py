@@ -28,11 +28,17 @@ from collections.abc import Collection
 
 from watchdog.store import scan as store
 from watchdog.store.engine import Connection
+from watchdog.store.shards import Reach
 
 log = logging.getLogger("watchdog.tick")
 
 ID_OVERLAP = 2000  # the window's least width, in ids
 MAX_WINDOW_EVENTS = 1_000_000  # ...and the most folded events it keeps (~60 bytes each)
+
+
+def _key(hosts: Collection[str] | None) -> frozenset[str] | None:
+    """Whose events: a sharded judge's Reach as it is (its buckets count), other hosts as a set."""
+    return hosts if hosts is None or isinstance(hosts, Reach) else frozenset(hosts)
 
 
 class LateWindow:
@@ -54,7 +60,7 @@ class LateWindow:
     def start(self, conn: Connection, high: int, hosts: Collection[str] | None) -> None:
         """A cold start at `high`: the window's ids as they are now."""
         self._low, self._folds, self._snapshot = max(0, high - ID_OVERLAP), deque(), None
-        self._hosts = None if hosts is None else frozenset(hosts)
+        self._hosts = _key(hosts)
         self._set(set(store.folded_ids_between(conn, self._low, high, hosts)), self._low)
 
     def late(self, conn: Connection, high: int, hosts: Collection[str] | None) -> list[int]:
@@ -63,7 +69,7 @@ class LateWindow:
         self._keep_above(low)
         check = store.folded_sum_between(conn, low, high, hosts)
         self._snapshot = None if check.xmin is None or check.xid_bound is None else (check.xmin, check.xid_bound)
-        hosts_key = None if hosts is None else frozenset(hosts)
+        hosts_key = _key(hosts)
         # Equal count and sum prove nothing new only while every id read there is still counted:
         # after other hosts (the leadership changed) or a mismatch (an event deleted, or one late)
         # the ids are read, and the seen ones kept only where they still are.
