@@ -1,7 +1,7 @@
 """statement triggers: a burst of events pays its seq-once check and its change feed once
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-12-07
 
 Issue 35 (batched ingest at 0.8x COPY): measured on PostgreSQL 15 with the roles script, the
@@ -44,7 +44,7 @@ from alembic import op
 import sqlalchemy as sa
 
 revision = '0017'
-down_revision = '0015'
+down_revision = '0016'
 branch_labels = None
 depends_on = None
 
