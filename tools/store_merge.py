@@ -74,7 +74,7 @@ RENAMES: dict[tuple[str, str], str] = {
 }
 TEXT_SUFFIXES = {".py", ".md", ".rst", ".toml", ".txt", ".cfg", ".ini", ".yml", ".yaml", ".sql", ".sh", ".mako"}
 WALKED = ["watchdog", "tests", "benchmarks", "docs", "migrations", "tools", "examples", "README.md",
-          "pyproject.toml", "CHANGELOG.md", ".ci", ".importlinter"]
+          "pyproject.toml", "CHANGELOG.md", ".ci", ".importlinter", "sql", "contrib", "systemd"]
 SELF = Path(__file__).resolve()
 
 
@@ -184,6 +184,9 @@ def rename_in(src: str, names: dict[str, str], modules: dict[str, tuple[str | No
     toks = _tokens(src)
     edits: list[tuple[int, int, int, str]] = []
     for i, t in enumerate(toks):
+        if t.type == tokenize.STRING and modules and re.match(r"[rRbB]?[fF]", t.string):
+            edits += _in_fstring(t, modules)
+            continue
         if t.type != tokenize.NAME or keyword.iskeyword(t.string):
             continue
         prev = toks[i - 1] if i else None
@@ -207,6 +210,25 @@ def rename_in(src: str, names: dict[str, str], modules: dict[str, tuple[str | No
                                       and prev.string in ("(", ",")):
             edits.append((t.start[0], t.start[1], t.end[1], names[t.string]))
     return apply_edits(src, edits)
+
+
+def _in_fstring(t: tokenize.TokenInfo, modules: dict[str, tuple[str | None, dict[str, str]]]
+                ) -> list[tuple[int, int, int, str]]:
+    """Python 3.11 tokenizes an f-string as one STRING: `{migrate.current(e)}` is rewritten inside
+    its braces (the literal text around them is left as it is)."""
+    def field_(m: re.Match[str]) -> str:
+        def one(a: re.Match[str]) -> str:
+            binding, attrs = modules[a.group(1)]
+            attr = attrs.get(a.group(2), a.group(2))
+            return attr if binding is None else f"{binding}.{attr}"
+        pat = r"(?<![\w.])(" + "|".join(map(re.escape, modules)) + r")\.(\w+)"
+        return re.sub(pat, one, m.group(0))
+    new = re.sub(r"\{[^{}]*\}", field_, t.string)
+    if new == t.string:
+        return []
+    if t.start[0] != t.end[0]:
+        sys.exit(f"line {t.start[0]}: a multi-line f-string names a merged module: rewrite it by hand")
+    return [(t.start[0], t.start[1], t.end[1], new)]
 
 
 # -- merging a group ------------------------------------------------------------------------------------------
@@ -519,13 +541,18 @@ def rewrite(moved: dict[str, str], renamed: dict[tuple[str, str], str], dry_run:
     return changed
 
 
+def _tool(name: str) -> str:
+    beside = Path(sys.executable).parent / name  # the venv's, whether it is activated or not
+    return str(beside) if beside.exists() else name
+
+
 def self_check(olds: list[str]) -> int:
     failures = 0
     mods = sorted(p.stem for p in STORE.glob("*.py"))
     code = "import importlib\n" + "".join(f"importlib.import_module('watchdog.store.{m}'.replace('.__init__', ''))\n"
                                           for m in mods)
     for label, cmd in (("import every store module", [sys.executable, "-c", code]),
-                       ("mypy", ["mypy"]), ("lint-imports", ["lint-imports"])):
+                       ("mypy", [sys.executable, "-m", "mypy"]), ("lint-imports", [_tool("lint-imports")])):
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
         print(f"  {label}: {'ok' if r.returncode == 0 else 'FAILED'}" + ("" if r.returncode == 0 else "\n    "
