@@ -302,14 +302,25 @@ def merge_group(new: str, summary: str, parts: list[Part]) -> tuple[str, dict[tu
         body = rename_in(p.body, names, sibling_mods[p.name])
         if p is not parts[0]:
             first = p.doc.strip().splitlines()[0] if p.doc.strip() else p.name
-            body = f"# -- {first.rstrip('.')} " + "-" * max(3, 100 - len(first)) + "\n\n\n" + body
+            body = f"# -- {first.rstrip('.')} " + "-" * max(3, 100 - len(first)) + "\n\n" + body
         bodies.append(body)
     doc = _summary(summary) + "\n\n" + "\n\n".join(_wrap_doc(p.doc) for p in parts if p.doc.strip())
     all_names = _merged_all(parts, renamed)
     out = [f'"""{doc}\n"""\n', "from __future__ import annotations\n", _sorted_imports(import_lines)]
     if all_names is not None:
-        out.append("__all__ = [" + ", ".join(f'"{n}"' for n in all_names) + "]\n")
-    return "\n".join(out) + "\n\n" + "\n\n\n".join(b.rstrip("\n") + "\n" for b in bodies), renamed
+        out.append(_all_line(all_names))
+    return "\n".join(out) + "\n\n" + "\n\n".join(b.rstrip("\n") + "\n" for b in bodies), renamed
+
+
+def _all_line(names: list[str], width: int = 120) -> str:
+    lines, cur = [], "__all__ = ["
+    for i, n in enumerate(names):
+        piece = f'"{n}"' + ("," if i < len(names) - 1 else "]")
+        if len(cur) + len(piece) + 1 > width:
+            lines.append(cur.rstrip())
+            cur = " " * len("__all__ = [")
+        cur += piece + " "
+    return "\n".join(lines + [cur.rstrip()]) + "\n"
 
 
 def _defined_of(parts: list[Part], name: str) -> list[tuple[str, str]]:
@@ -350,11 +361,26 @@ def _from_line(indent: str, module: str, names: list[tuple[str, str | None]], wi
 
 
 def _sorted_imports(lines: list[str]) -> str:
+    """One `from M import ...` per module (the parts' names joined), in three blocks: the standard
+    library, third parties, watchdog."""
+    by_module: dict[str, list[str]] = {}
+    plain: list[str] = []
+    for ln in lines:
+        words = ln.split(None, 3)
+        if words[0] == "from":
+            names = [n.strip() for n in words[3].replace("(", "").replace(")", "").replace("\n", " ").split(",")]
+            by_module.setdefault(words[1], [])
+            by_module[words[1]] += [n for n in names if n and n not in by_module[words[1]]]
+        else:
+            plain.append(ln)
+    merged = plain + [_from_line("", m, [(n.split(" as ")[0], n.split(" as ")[1] if " as " in n else None)
+                                         for n in names]) for m, names in by_module.items()]
+
     def group(ln: str) -> int:
         mod = ln.split()[1]
         return 2 if mod.startswith("watchdog") else 1 if mod.split(".")[0] in _THIRD else 0
     blocks: dict[int, list[str]] = {0: [], 1: [], 2: []}
-    for ln in lines:
+    for ln in merged:
         blocks[group(ln)].append(ln)
     return "\n\n".join("\n".join(sorted(b, key=lambda s: (s.startswith("from"), s.split()[1])))
                        for b in blocks.values() if b) + "\n"
