@@ -19,7 +19,10 @@ and every dotted or path mention (`watchdog.store.joined`, `watchdog/store/joine
 A group whose parts are all gone already is skipped, so a second run changes nothing.
 
 Modules that are not in GROUPS are left where they are whatever their content (their imports of a
-merged module are rewritten like any caller's).
+merged module are rewritten like any caller's). What the SDK imports (agent_writes, lineage, probes,
+joined, settings) is merged only with modules as light, so that `import watchdog.client` loads no
+more of the store than before: probes stays apart from the daemon's circuits (which import the
+views), joined apart from witness (which imports the run's reads, the ledger and the scan).
 """
 
 from __future__ import annotations
@@ -52,16 +55,12 @@ GROUPS: dict[str, tuple[str, list[str]]] = {
                      "events that evidence is checked against.", ["attestations", "evidence"]),
     "event_rows": ("What a run's append-only events show: their totals for the ledger, and the steps the daemon "
                    "prices.", ["evidence_rows", "backfill"]),
-    "circuits": ("The tool circuits (`tool_circuits`, `circuit_probes`): the daemon's error window and state "
-                 "moves, and the SDK's probe claims.", ["circuits", "probes"]),
     "settings": ("What is published in `settings` (the config, the period budgets, each daemon's own "
                  "description) and which daemons watch the store.", ["settings", "daemon_status"]),
     "viewer": ("Read verbs for what people look at: the web view, `postmortem`, `budgets`, `top`, and the "
                "demo's narration.", ["viewer", "demo"]),
-    "witness": ("Events a witness outside the run's process writes: the runs it saw start, the calls it saw "
-                "(its own runs or a run another writer owns), their ends.", ["witness", "joined"]),
-    "commands": ("The runs agent-watchdog's own commands open and read: a coding CLI's hook session, and "
-                 "`exec`'s run.", ["hooks", "execrun"]),
+    "joined": ("A run another writer owns, as the commands around it read it: a gateway's reads and appends "
+               "(the MCP proxy, the LiteLLM callback), and `exec`'s reads of its own run.", ["joined", "execrun"]),
     "retention": ("What the leader does to ended runs: seals their top tool once, then prunes them when they "
                   "are old.", ["retention", "rollup"]),
     "access": ("How a command reaches the store: an engine on a migrated store, what a driver's error means, "
