@@ -12,23 +12,25 @@ import dataclasses
 from typing import Any
 
 from sqlalchemy import and_, desc, literal, select
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 
 from watchdog.core.messages import RunFacts
+from watchdog.store.rows import RunRow
 from watchdog.store.schema import runs, WHOLE_RUN
 
 MAX_DEPTH = 32  # a parent_id chain (or cycle, in a row written by hand) is never followed further
 
 
-def descendants(conn: Connection, run_id: str) -> list[Row[Any]]:
+def descendants(conn: Connection, run_id: str) -> list[RunRow]:
     """Every run below `run_id` (children, grandchildren...), each once, cycles cut."""
     tree = select(runs.c.id, literal(1).label("depth")).where(runs.c.parent_id == run_id).cte("tree", recursive=True)
     tree = tree.union(select(runs.c.id, (tree.c.depth + 1).label("depth"))
                       .where(and_(runs.c.parent_id == tree.c.id, tree.c.depth < MAX_DEPTH)))
-    ids = {r[0] for r in conn.execute(select(tree.c.id))} - {run_id}
+    ids = set(conn.execute(select(tree.c.id)).scalars()) - {run_id}
     if not ids:
         return []
-    return list(conn.execute(select(*WHOLE_RUN).where(runs.c.id.in_(sorted(ids)))).all())
+    rows = conn.execute(select(*WHOLE_RUN).where(runs.c.id.in_(sorted(ids))))
+    return [RunRow.from_mapping(r._mapping) for r in rows]
 
 
 def lock_family(conn: Connection, run_id: str) -> None:
@@ -48,13 +50,13 @@ def lock_family(conn: Connection, run_id: str) -> None:
             conn.execute(select(runs.c.id).where(runs.c.id == rid).with_for_update())
 
 
-def children_of(conn: Connection, run_id: str) -> list[Row[Any]]:
+def children_of(conn: Connection, run_id: str) -> list[RunRow]:
     """The direct children of a run, oldest first."""
-    return list(conn.execute(select(*WHOLE_RUN).where(runs.c.parent_id == run_id)
-                             .order_by(runs.c.started_at, runs.c.id)).all())
+    return [RunRow.from_mapping(r._mapping) for r in conn.execute(
+        select(*WHOLE_RUN).where(runs.c.parent_id == run_id).order_by(runs.c.started_at, runs.c.id))]
 
 
-def child_line(child: Any) -> str:
+def child_line(child: RunRow) -> str:
     outcome = child.status + (f" ({child.stop_reason})" if child.stop_reason else "")
     return (f"{child.agent} run {child.id[:8]}: {child.cost_eur:.4f} EUR, {child.steps} steps, "
             f"{child.tool_calls} tool calls, {outcome}")
@@ -64,4 +66,4 @@ def with_top_child(conn: Connection, row: Any, f: RunFacts) -> RunFacts:
     """The facts of a parent run with its child that spent most (money, then steps) named."""
     top = conn.execute(select(*WHOLE_RUN).where(runs.c.parent_id == row.id)
                        .order_by(desc(runs.c.cost_eur), desc(runs.c.steps), desc(runs.c.tool_calls)).limit(1)).first()
-    return dataclasses.replace(f, top_child=child_line(top)) if top is not None else f
+    return dataclasses.replace(f, top_child=child_line(RunRow.from_mapping(top._mapping))) if top is not None else f

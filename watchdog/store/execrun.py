@@ -67,4 +67,7 @@ def killed_child(writer: Writer, run_id: str) -> tuple[str, str | None] | None:
     """(stop reason, detail) of a child run of `run_id` that was stopped (an in-process guard of
     the SDK inside exec's command, holding it to exec's run's budgets), or None."""
     rows: list[Any] = writer.query(_killed_child_sql(writer.dialect), (run_id,))
-    return (str(rows[0][0]), rows[0][1]) if rows else None
+    if not rows:
+        return None
+    reason, detail = rows[0][:2]
+    return str(reason), detail

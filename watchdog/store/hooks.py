@@ -130,7 +130,7 @@ def signatures(engine: Engine, run_id: str, tool: str, args_hash: str) -> tuple[
         recent = conn.execute(select(events.c.tool, events.c.args_hash).where(and_(
             events.c.run_id == run_id, events.c.kind == lc.EventKind.TOOL))
             .order_by(events.c.seq.desc()).limit(RECENT_CALLS)).all()
-    return int(same or 0), [(r[0] or "", r[1] or "") for r in reversed(recent)]
+    return int(same or 0), [(r.tool or "", r.args_hash or "") for r in reversed(recent)]
 
 
 def count_call(engine: Engine, run_id: str, *, tool: str, args_hash: str, call_id: str | None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import TextClause, bindparam, func, select, text
 from sqlalchemy.engine import Engine
@@ -75,18 +75,29 @@ def run_state(engine: Engine, run_id: str) -> RunState | None:
     )
 
 
-def own_status(writer: Any, run_id: str) -> tuple[str, str | None, str | None] | None:
+class OwnStatus(NamedTuple):
+    """A run's status and why it stopped (a tuple: `status, reason, detail = ...` still reads it)."""
+
+    status: str
+    stop_reason: str | None
+    stop_detail: str | None
+
+
+def own_status(writer: Any, run_id: str) -> OwnStatus | None:
     """`run_status` on the SDK writer's pooled connection (the hot path: one read per call)."""
     rows = writer.query(writer.sql.select_status, (run_id,))
-    return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+    if not rows:
+        return None
+    status, reason, detail = rows[0][:3]
+    return OwnStatus(status, reason, detail)
 
 
-def run_status(engine: Engine, run_id: str) -> tuple[str, str | None, str | None] | None:
+def run_status(engine: Engine, run_id: str) -> OwnStatus | None:
     """(status, stop_reason, stop_detail) of a run, or None when there is no such run."""
     with engine.connect() as conn:
         r = conn.execute(select(runs.c.status, runs.c.stop_reason, runs.c.stop_detail)
                          .where(runs.c.id == run_id)).first()
-    return None if r is None else (r[0], r[1], r[2])
+    return None if r is None else OwnStatus(r.status, r.stop_reason, r.stop_detail)
 
 
 @functools.cache

@@ -223,7 +223,7 @@ def _claim(conn: Connection, ids: list[str], now: dt.datetime) -> set[str]:
     if conn.dialect.update_returning:
         q = (update(runs).where(and_(runs.c.id.in_(ids), runs.c.booked_at.is_(None)))
              .values(booked_at=now).returning(runs.c.id))
-        return {r[0] for r in conn.execute(q)}
+        return set(conn.execute(q).scalars())
     claimed: set[str] = set()
     for rid in ids:  # an old SQLite without RETURNING: one compare-and-set per run
         res = conn.execute(update(runs).where(and_(runs.c.id == rid, runs.c.booked_at.is_(None))).values(booked_at=now))
@@ -350,7 +350,7 @@ def top_tool(conn: Connection, agent: str, since: dt.datetime) -> tuple[str, int
     q = (select(c.tool, func.sum(c.calls).label("n")).where(and_(c.agent == agent, c.bucket_at >= since))
          .group_by(c.tool).order_by(desc("n"), c.tool).limit(1))
     row = conn.execute(q).first()
-    return (row[0], int(row[1])) if row else None
+    return (row.tool, int(row.n)) if row else None
 
 
 def ledger_rows(conn: Connection, keys: Mapping[str, str]) -> Sequence[Row[Any]]:

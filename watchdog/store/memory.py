@@ -211,4 +211,7 @@ class Memory:
     def marked(self, kind: str, key: str) -> str | None:
         with self._lock:
             row = self._db.execute("SELECT value FROM marks WHERE kind = ? AND key = ?", (kind, key)).fetchone()
-        return None if row is None else row[0]
+        if row is None:
+            return None
+        (value,) = row
+        return value

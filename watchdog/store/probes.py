@@ -36,8 +36,9 @@ def open_circuits(writer: Writer) -> dict[str, CircuitState]:
     """The circuits that are not closed, by tool: open or half-open, a probe marked ok counting
     as closed (the SDK's pre-rendered statement, AgentSQL.select_circuits: no query per call)."""
     parse = writer.dialect.parse_ts
-    return {r[0]: CircuitState(r[0], r[1], parse(r[2]), r[3] or 0, r[4], r[5], r[6])
-            for r in writer.query(writer.sql.select_circuits)}
+    return {tool: CircuitState(tool, state, parse(open_until), errors or 0, window_s, error_class, probe_run_id)
+            for tool, state, open_until, errors, window_s, error_class, probe_run_id
+            in writer.query(writer.sql.select_circuits)}
 
 
 def claim_probe(engine: Engine, tool: str, run_id: str, now: dt.datetime) -> tuple[bool, str | None]:

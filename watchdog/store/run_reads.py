@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from watchdog.store.alerts import stop_key
 from watchdog.store.ledger import parse_labels
+from watchdog.store.rows import RunRow
 from watchdog.store.schema import alerts, runs
 
 CHUNK = 500  # ids per IN (...): well under every backend's bound-parameter limit
@@ -24,6 +25,13 @@ CHUNK = 500  # ids per IN (...): well under every backend's bound-parameter limi
 class RunLabels(NamedTuple):
     run_id: str
     labels: dict[str, Any] | None  # None when the stored value is not a JSON object
+
+
+class RunOwner(NamedTuple):
+    """Who inserted a run (PostgreSQL's login; None on SQLite) and which witness created it."""
+
+    owner: str | None
+    source: str | None
 
 
 class StopAlert(NamedTuple):
@@ -66,18 +74,19 @@ def redrive_alerts(conn: Connection, run_id: str, limit: int = 5) -> list[StopAl
 _OWNERS = select(runs.c.id, runs.c.owner, runs.c.source).where(runs.c.id.in_(bindparam("b_ids", expanding=True)))
 
 
-def owners_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+def owners_of(conn: Connection, run_ids: Sequence[str]) -> dict[str, RunOwner]:
     """run id -> (its `owner` column, its `source`): PostgreSQL's owner is the login that
     inserted it (NULL on SQLite); the source, the witness that created it."""
-    out: dict[str, tuple[Any, Any]] = {}
+    out: dict[str, RunOwner] = {}
     for i in range(0, len(run_ids), 500):
-        out.update((rid, (owner, source))
+        out.update((rid, RunOwner(owner, source))
                    for rid, owner, source in conn.execute(_OWNERS, {"b_ids": list(run_ids[i:i + 500])}))
     return out
 
 
-def whole_run(conn: Connection, run_id: str) -> Any:
+def whole_run(conn: Connection, run_id: str) -> RunRow | None:
     """One run's whole row (its free text bounded), or None."""
     from watchdog.store.schema import WHOLE_RUN
 
-    return conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
+    row = conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
+    return None if row is None else RunRow.from_mapping(row._mapping)

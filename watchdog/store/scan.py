@@ -235,8 +235,10 @@ def folded_sum_between(conn: Connection, low: int, high: int, hosts: Collection[
     q = _folded_between("sum+snapshot" if pg else "sum", _on(hosts), True)
     row = conn.execute(q, _folded_params(low, high, hosts)).one()
     if not pg:
-        return WindowSum(int(row[0]), int(row[1]))
-    return WindowSum(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+        n, total = row
+        return WindowSum(int(n), int(total))
+    n, total, xmin, xid_bound = row
+    return WindowSum(int(n), int(total), int(xmin), int(xid_bound))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from watchdog.core.messages import reason_of
 from watchdog.store import statuses
 from watchdog.store.children import descendants, lock_family
 from watchdog.store.interventions import record
+from watchdog.store.rows import RunRow
 from watchdog.store.schema import events, runs, WHOLE_RUN
 
 # How many ended runs one look reads at most: the rest are read on the next tick.
@@ -55,7 +56,7 @@ def request_stop(conn: Connection, run_id: str, *, reason: str, detail: str, out
 
 
 def stop_children(conn: Connection, row: Any, *, reason: str, detail: str, now: dt.datetime,
-                  by: str) -> list[tuple[Row[Any], str]]:
+                  by: str) -> list[tuple[RunRow, str]]:
     """The active descendants of a run being stopped go to `stopping` too (each with its audit row),
     with the parent's reason: cooperatively, and through the ladder by signal for a child that owns
     its process. Returns the rows stopped, each with its stop's words (the caller alerts them)."""
@@ -124,9 +125,10 @@ def top_tool(conn: Connection, run_id: str) -> ToolCount | None:
     return ToolCount(row.tool, int(row.calls or 0), int(row.errors or 0))
 
 
-def run_row(conn: Connection, run_id: str) -> Row[Any] | None:
+def run_row(conn: Connection, run_id: str) -> RunRow | None:
     """The run's whole row as the caller's transaction sees it."""
-    return conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
+    row = conn.execute(select(*WHOLE_RUN).where(runs.c.id == run_id)).first()
+    return None if row is None else RunRow.from_mapping(row._mapping)
 
 
 def restore_stage(conn: Connection, run_id: str, stage: Any, signalled_at: Any) -> None:

@@ -64,7 +64,7 @@ def resolve_run_id(conn: Connection, run_id: str, *, owner: str | None = None) -
         raise StoreError(f"run id {run_id!r}: no such run")
     if len(rows) > 1:
         raise StoreError(f"run id {run_id!r}: ambiguous prefix, give more characters")
-    return str(rows[0][0])
+    return str(rows[0].id)
 
 
 def tool_stats(conn: Connection, run_ids: Iterable[str]) -> dict[str, list[ToolStat]]:

@@ -101,7 +101,7 @@ def known_call_ids(conn: Connection, run_id: str, call_ids: Sequence[str]) -> se
     if not call_ids:
         return set()
     q = select(events.c.call_id).where(and_(events.c.run_id == run_id, events.c.call_id.in_(sorted(set(call_ids)))))
-    return {r[0] for r in conn.execute(q)}
+    return set(conn.execute(q).scalars())
 
 
 MacFn = Callable[[int, Any, "str | None"], str]  # (seq, call, the event's time as written) -> events.mac
