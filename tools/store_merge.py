@@ -409,6 +409,7 @@ def rewrite_python(path: Path, src: str, moved: dict[str, str], renamed: dict[tu
     except SyntaxError:
         return src
     this_mod = _module_of(path)
+    taken = _bound_elsewhere(tree)
     stmt_edits: list[tuple[ast.stmt, str]] = []
     modules: dict[str, tuple[str | None, dict[str, str]]] = {}
     for node in ast.walk(tree):
@@ -420,12 +421,17 @@ def rewrite_python(path: Path, src: str, moved: dict[str, str], renamed: dict[tu
                 new = moved.get(a.name, a.name)
                 attrs = {n: r for (m, n), r in renamed.items() if m == a.name}
                 local = a.asname or a.name
+                alias = a.asname
+                if a.name in moved and alias is None and new in taken:
+                    # the file binds the new name to something else (`interventions`, the table, from
+                    # the schema): the module keeps its old local name, `import interventions as quarantine`
+                    alias = local = a.name
                 if a.name in moved:
-                    if a.asname is None:
+                    if alias is None:
                         modules[a.name] = (None if this_mod == f"{PKG}.{new}" else new, attrs)
                     else:
                         modules[local] = (local, attrs)
-                item = (new, a.asname if a.asname and a.asname != new else None)
+                item = (new, alias if alias and alias != new else None)
                 if item not in names:
                     names.append(item)
             stmt_edits.append((node, _from_line(_indent(src, node), PKG, names)))
@@ -460,6 +466,23 @@ def rewrite_python(path: Path, src: str, moved: dict[str, str], renamed: dict[tu
     if modules:
         src = rename_in(src, {}, modules)
     return _rewrite_text(src, moved, renamed)
+
+
+def _bound_elsewhere(tree: ast.Module) -> set[str]:
+    """Every name the file binds other than by `from watchdog.store import ...`: imports from
+    elsewhere, defs, classes, assignments, parameters (a local shadows a module as surely)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not (isinstance(node, ast.ImportFrom)
+                                                                   and node.module == PKG and node.level == 0):
+            out |= {local for local, _origin in _bindings(node)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+    return out
 
 
 def _dedupe_imports(src: str) -> str:
