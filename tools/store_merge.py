@@ -31,6 +31,7 @@ import argparse
 import ast
 import io
 import keyword
+import os
 import re
 import subprocess
 import sys
@@ -601,7 +602,9 @@ def self_check(olds: list[str]) -> int:
                                           for m in mods)
     for label, cmd in (("import every store module", [sys.executable, "-c", code]),
                        ("mypy", [sys.executable, "-m", "mypy"]), ("lint-imports", [_tool("lint-imports")])):
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        # this tree's package, whatever an editable install of another checkout says
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
         print(f"  {label}: {'ok' if r.returncode == 0 else 'FAILED'}" + ("" if r.returncode == 0 else "\n    "
                                                                           + "\n    ".join(tail)))
