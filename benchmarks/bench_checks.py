@@ -25,7 +25,7 @@ PG_SERVER = os.environ.get("AW_BENCH_PG", "postgresql+psycopg://postgres@127.0.0
 
 def fresh_store(backend: str, checks: bool):
     """(url, cleanup): a migrated store, its checks dropped unless `checks`."""
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import make_engine
 
     if backend == "sqlite":
@@ -48,7 +48,7 @@ def fresh_store(backend: str, checks: bool):
                 c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
             admin.dispose()
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     if not checks:
         with engine.begin() as conn:
             if backend == "sqlite":

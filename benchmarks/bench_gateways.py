@@ -29,12 +29,12 @@ KEY = "sk-watchdog-bench-0123456789abcdef"
 
 
 def store(folder: Path) -> str:
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import make_engine
 
     url = f"sqlite:///{folder / 'runs.db'}"
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     engine.dispose()
     return url
 

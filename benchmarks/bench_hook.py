@@ -31,12 +31,12 @@ AW = str(Path(sys.executable).with_name("agent-watchdog"))
 
 
 def fresh_store(folder: str) -> str:
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import make_engine
 
     url = f"sqlite:///{folder}/runs.db"
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     engine.dispose()
     return url
 

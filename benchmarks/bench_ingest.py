@@ -334,7 +334,7 @@ class Store:
     """A fresh, migrated store for one backend; `close()` removes it."""
 
     def __init__(self, backend: str, bouncer_pool: int = 20, max_clients: int = 2000):
-        from watchdog.store.migrate import upgrade
+        from watchdog.store.access import upgrade
         from watchdog.store.engine import make_engine
 
         self.backend = backend

@@ -59,7 +59,7 @@ def store(backend: str):
     """(url, cleanup): a fresh migrated store."""
     from sqlalchemy import create_engine
 
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import make_engine
 
     if backend == "sqlite":
@@ -82,7 +82,7 @@ def store(backend: str):
                 c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
             admin.dispose()
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     engine.dispose()
     return url, cleanup
 

@@ -107,12 +107,12 @@ def _requests(n: int, spans: int) -> list[bytes]:
 
 
 def _store(folder: str) -> str:
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import make_engine
 
     url = f"sqlite:///{folder}/runs-{uuid.uuid4().hex[:6]}.db"
     e = make_engine(url)
-    migrate.upgrade(e)
+    access.upgrade(e)
     e.dispose()
     return url
 

@@ -54,7 +54,7 @@ class Stores:
             raise
 
     def _make(self):
-        from watchdog.store import migrate
+        from watchdog.store import access
         from watchdog.store.engine import make_engine
 
         with psycopg.connect(_conninfo("postgres"), autocommit=True) as admin:
@@ -64,7 +64,7 @@ class Stores:
             admin.execute(f'CREATE ROLE "{self.roles[3]}" LOGIN')
         for key, rev in (("old", "0009"), ("new", "head")):
             engine = make_engine(make_url(PG_SERVER).set(database=self.dbs[key]).render_as_string(hide_password=False))
-            migrate.upgrade(engine, rev)
+            access.upgrade(engine, rev)
             engine.dispose()
         with psycopg.connect(_conninfo(self.dbs["old"]), autocommit=True) as conn:  # the grants before 0010
             login = self.logins["old"]

@@ -59,7 +59,7 @@ def percentile(values, q):
 
 class Store:
     def __init__(self, backend: str):
-        from watchdog.store import migrate
+        from watchdog.store import access
         from watchdog.store.engine import make_engine
 
         self.backend = backend
@@ -78,7 +78,7 @@ class Store:
             admin.dispose()
             self.url = f"{PG_SERVER}/{self.dbname}"
         self.engine = make_engine(self.url)
-        migrate.upgrade(self.engine)
+        access.upgrade(self.engine)
 
     def close(self):
         self.engine.dispose()
@@ -256,7 +256,7 @@ def seal_rate(store: Store, n: int = 5000) -> float:
     """Runs per second the leader seals (n old runs unsealed, then sealed batch by batch)."""
     from sqlalchemy import text
 
-    from watchdog.store import rollup
+    from watchdog.store import retention
 
     with store.engine.begin() as c:
         ids = c.execute(text(f"SELECT id FROM runs ORDER BY ended_at LIMIT {n}")).scalars().all()
@@ -265,7 +265,7 @@ def seal_rate(store: Store, n: int = 5000) -> float:
     t0 = time.perf_counter()
     done = 0
     while True:
-        k = rollup.seal_ended(store.engine)
+        k = retention.seal_ended(store.engine)
         if not k:
             break
         done += k

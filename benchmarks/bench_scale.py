@@ -96,11 +96,11 @@ class Store:
         self.db = f"aw_bench_scale_{os.getpid()}_{tag}"
         self.login = f"aw_bsa_{os.getpid()}_{tag}"
         admin(f'CREATE DATABASE "{self.db}"')
-        from watchdog.store import migrate
+        from watchdog.store import access
         from watchdog.store.engine import make_engine
 
         eng = make_engine(url(self.db))
-        migrate.upgrade(eng, revision)
+        access.upgrade(eng, revision)
         eng.dispose()
         u = psycopg.conninfo.conninfo_to_dict(conninfo(self.db))
         done = subprocess.run(["psql", "-q", "-v", "ON_ERROR_STOP=1", "-h", u["host"], "-p", str(u["port"]),

@@ -147,7 +147,7 @@ def main(argv=None) -> int:
 
     from sqlalchemy import create_engine, text
 
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import make_engine
 
     dbname = f"aw_bench_soak_{os.getpid()}"
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
         c.execute(text(f'CREATE DATABASE "{dbname}"'))
     url = f"{PG_SERVER}/{dbname}"
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     tmp = tempfile.mkdtemp(prefix="aw_soak_")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG_")}
     daemons, workers = {}, []

@@ -352,7 +352,7 @@ class Backend:
             admin.execute(sql)
 
     def create_empty(self, tag: str) -> str:
-        from watchdog.store.migrate import upgrade
+        from watchdog.store.access import upgrade
         from watchdog.store.engine import make_engine
 
         if self.sqlite:
@@ -929,7 +929,7 @@ def book_history(be: Backend, where: str, now: dt.datetime) -> None:
     real baseline (3 days of 5-minute buckets), and do not drain a backlog of 20,000 unsealed
     runs 500 a tick (what a daemon does once after an upgrade, not in its steady state)."""
     from watchdog.core.periods import zone
-    from watchdog.store import ledger, rollup
+    from watchdog.store import ledger, retention
     from watchdog.store.engine import make_engine
 
     engine = make_engine(be.url(where))
@@ -940,7 +940,7 @@ def book_history(be: Backend, where: str, now: dt.datetime) -> None:
                 if not rows:
                     break
                 ledger.book(conn, rows, now, zone("UTC"), bench_config(5.0).budgets)
-        while rollup.seal_ended(engine, limit=5_000):
+        while retention.seal_ended(engine, limit=5_000):
             pass
     finally:
         engine.dispose()

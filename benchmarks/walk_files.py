@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from watchdog import RunKilled, Watchdog
     from watchdog.core.seal import Sealer
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import make_engine
     from watchdog.store.schema import utcnow
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         db = f"sqlite:///{tmp}/runs.db"
         engine = make_engine(db)
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         os.environ.setdefault("AGENT_WATCHDOG_SOCKET", f"{tmp}/none.sock")
         cfg = Config()
         killer = Killer()

@@ -73,14 +73,14 @@ class LocalUsers:
 def shared_sqlite(tmp_root: Path | None = None) -> tuple[str, Path]:
     """A SQLite store every local user may write (as the README's group setup allows):
     directory 0777, file 0666; SQLite gives its -wal and -shm the file's mode and owner."""
-    from watchdog.store import migrate
+    from watchdog.store import access
 
     folder = short_dir("awdb") if tmp_root is None else tmp_root
     folder.chmod(0o777)
     path = folder / "runs.db"
     url = f"sqlite:///{path}"
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     engine.dispose()
     path.chmod(0o666)
     return url, folder
@@ -134,7 +134,7 @@ def _foreign_paths() -> tuple[str, ...]:
     atexit.register(shutil.rmtree, shadow, True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "scratch_root")
     shutil.copytree(repo / "watchdog", shadow / "repo" / "watchdog", ignore=skip)
-    # The source tree's migrations beside the package (watchdog.store.migrate looks there): a
+    # The source tree's migrations beside the package (watchdog.store.access looks there): a
     # plain user's `db upgrade` runs from this copy too.
     shutil.copytree(repo / "migrations", shadow / "repo" / "migrations", ignore=skip)
     shutil.copytree(tests, shadow / "tests", ignore=skip)

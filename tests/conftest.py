@@ -34,7 +34,7 @@ import pytest  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from pg_support import BACKENDS, PG_ADMIN_URL, empty_pg  # noqa: E402
-from watchdog.store import migrate  # noqa: E402
+from watchdog.store import access  # noqa: E402
 from watchdog.store.engine import make_engine  # noqa: E402
 
 # noskip: under CI=true a skip is a failure; hermetic: a test touching the host's own
@@ -62,7 +62,7 @@ def pg_server_url():
 @pytest.fixture(scope="session")
 def pg_migrated(pg_server_url):
     engine = make_engine(pg_server_url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     engine.dispose()
     return pg_server_url
 
@@ -73,7 +73,7 @@ def db_url(request, tmp_path):
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'runs.db'}"
         engine = make_engine(url)
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         engine.dispose()
         yield url
     else:
@@ -103,7 +103,7 @@ def engine(db_url):
 def sqlite_url(tmp_path):
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     engine.dispose()
     return url
 

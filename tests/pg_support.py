@@ -59,14 +59,14 @@ class RolesStore:
         assert done.returncode == 0, done.stderr
 
     def create(self, revision: str = "head") -> "RolesStore":
-        from watchdog.store import migrate
+        from watchdog.store import access
 
         with self.admin.connect() as conn:
             conn.execute(text(f'CREATE ROLE "{self.daemon}" LOGIN'))
             conn.execute(text(f'CREATE DATABASE "{self.db}" OWNER "{self.daemon}"'))
         try:
             engine = make_engine(self.url("daemon"))
-            migrate.upgrade(engine, revision)
+            access.upgrade(engine, revision)
             engine.dispose()
             self.roles_script()
             with self.admin.connect() as conn:

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine, make_url
 
 from watchdog import Watchdog
 from watchdog.core import lifecycle as lc
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.store.changes import ChangeFeed, high_water
 from watchdog.store.engine import make_engine, read_connection
 from watchdog.store.schema import runs, utcnow
@@ -466,7 +466,7 @@ def roles(pg_server_url: str) -> Iterator[_Roles]:
         conn.execute(text(f'CREATE DATABASE "{r.db}" OWNER "{r.daemon}"'))
     try:
         engine = make_engine(r.url(r.daemon))
-        migrate.upgrade(engine)  # as the daemon's role: it owns the tables, the sequence, the functions
+        access.upgrade(engine)  # as the daemon's role: it owns the tables, the sequence, the functions
         engine.dispose()
         u = r.base
         done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={r.agents}",

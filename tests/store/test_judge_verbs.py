@@ -13,7 +13,8 @@ from sqlalchemy import insert, select
 from watchdog.core import lifecycle as lc
 from watchdog.core.lifecycle import Circuit, IllegalCircuitMove, IllegalStageMove
 from watchdog.daemon.trust.isolation import read_isolated
-from watchdog.store import alerts as sealed_alerts, attestations, backfill, circuits, ladder, quarantine, scan
+from watchdog.store import (alerts as sealed_alerts, attestations, event_rows, circuits, ladder,
+                            interventions as quarantine, scan)
 from watchdog.store.schema import alerts, circuit_probes, events, interventions, runs, tool_circuits
 
 T0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
@@ -226,15 +227,15 @@ def test_unpriced_steps_are_read_then_priced_once_and_moved_onto_the_run(engine)
         _event(conn, "a" * 32, 2, kind=lc.EV_STEP, model="m", tokens_in=1, cost_eur=0.5)  # priced already
         e3 = _event(conn, "b" * 32, 1, kind=lc.EV_STEP, model="m", tokens_in=1)
     with engine.connect() as conn:
-        assert backfill.unbooked_unpriced_runs(conn) == ["a" * 32]
+        assert event_rows.unbooked_unpriced_runs(conn) == ["a" * 32]
         kw = dict(isolated=read_isolated, defects=[], suspects={})
-        found = backfill.unpriced_steps(conn, run_ids=["a" * 32], **kw)
+        found = event_rows.unpriced_steps(conn, run_ids=["a" * 32], **kw)
         assert [(s.id, s.agent, s.model, s.tokens_in) for s in found] == [(e1, "bot", "m", 10)]
-        assert [s.id for s in backfill.unpriced_steps(conn, above=e1, **kw)] == [e3]
+        assert [s.id for s in event_rows.unpriced_steps(conn, above=e1, **kw)] == [e3]
     with engine.begin() as conn:
-        assert backfill.price_step(conn, e1, 0.25)
-        assert not backfill.price_step(conn, e1, 0.25)  # priced once
-        backfill.add_run_cost(conn, "a" * 32, 0.25, 40)
+        assert event_rows.price_step(conn, e1, 0.25)
+        assert not event_rows.price_step(conn, e1, 0.25)  # priced once
+        event_rows.add_run_cost(conn, "a" * 32, 0.25, 40)
         row = conn.execute(select(runs.c.cost_eur, runs.c.cost_unpriced_tokens).where(runs.c.id == "a" * 32)).one()
         assert tuple(row) == (1.25, 0)  # never below 0
 

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from watchdog import Watchdog
 
-from watchdog.store import migrate, partitions, shards
+from watchdog.store import access, partitions, shards
 from watchdog.cli import main
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import metadata
@@ -70,19 +70,19 @@ def tables(engine) -> set:
 
 
 def head() -> str:
-    return ScriptDirectory.from_config(migrate.alembic_config(make_engine("sqlite://"))).get_current_head()
+    return ScriptDirectory.from_config(access.alembic_config(make_engine("sqlite://"))).get_current_head()
 
 
 def test_one_linear_history_ending_at_head():
-    script = ScriptDirectory.from_config(migrate.alembic_config(make_engine("sqlite://")))
+    script = ScriptDirectory.from_config(access.alembic_config(make_engine("sqlite://")))
     assert len(script.get_heads()) == 1
     assert [r.revision for r in script.walk_revisions()][-1] == "0001"
-    assert migrate.migrations_dir().joinpath("env.py").is_file()
+    assert access.migrations_dir().joinpath("env.py").is_file()
 
 
 def test_models_and_migrations_never_drift(db_url, engine):
     """compare_metadata (what `alembic check` runs) against a migrated database: no diffs."""
-    assert migrate.current(engine) == head()
+    assert access.current(engine) == head()
     assert TABLES <= tables(engine)
     assert diffs(engine) == []
 
@@ -108,9 +108,9 @@ def test_drift_detection_would_notice_a_change(sqlite_url):
 def test_upgrade_downgrade_upgrade_round_trip(fresh_url):
     engine = make_engine(fresh_url)
     try:
-        assert migrate.current(engine) is None
-        migrate.upgrade(engine)
-        assert migrate.current(engine) == head()
+        assert access.current(engine) is None
+        access.upgrade(engine)
+        assert access.current(engine) == head()
         assert TABLES <= tables(engine)
         # Some data in it: downgrade must drop it in foreign-key order without complaint.
         wd = Watchdog(fresh_url)
@@ -119,12 +119,12 @@ def test_upgrade_downgrade_upgrade_round_trip(fresh_url):
             run.record_tool("t", {"a": 1})
         wd.close()
 
-        migrate.downgrade(engine, "base")
-        assert migrate.current(engine) is None
+        access.downgrade(engine, "base")
+        assert access.current(engine) is None
         assert tables(engine) & TABLES == set()
 
-        migrate.upgrade(engine)
-        assert migrate.current(engine) == head()
+        access.upgrade(engine)
+        assert access.current(engine) == head()
         assert TABLES <= tables(engine)
         assert diffs(engine) == []
         with engine.connect() as conn:
@@ -144,17 +144,17 @@ def test_db_upgrade_twice_is_idempotent_and_keeps_data(fresh_url):
     runner = CliRunner()
     first = runner.invoke(main, ["--db", fresh_url, "db", "upgrade"])
     assert first.exit_code == 0, first.output
-    assert f"revision {migrate.head()}" in first.stdout
+    assert f"revision {access.head()}" in first.stdout
     wd = Watchdog(fresh_url)
     with wd.run(agent="keep-me") as run:
         run.step(tokens_in=5)
     wd.close()
     second = runner.invoke(main, ["db", "upgrade", "--db", fresh_url])
     assert second.exit_code == 0, second.output
-    assert f"revision {migrate.head()}" in second.stdout
+    assert f"revision {access.head()}" in second.stdout
     engine = make_engine(fresh_url)
     try:
-        assert migrate.current(engine) == migrate.head()
+        assert access.current(engine) == access.head()
         with engine.connect() as conn:
             assert conn.execute(text("SELECT agent, steps FROM runs")).one() == ("keep-me", 1)
             assert conn.execute(text("SELECT COUNT(*) FROM alembic_version")).scalar() == 1
@@ -209,19 +209,19 @@ def test_the_pause_migration_lets_an_existing_status_check_allow_paused(fresh_ur
     insert = ("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at) "
               "VALUES (:id, 'a', :status, 'cooperative', 'h', '2026-12-01 00:00:00', '2026-12-01 00:00:00')")
     try:
-        migrate.upgrade(engine, "0005")
+        access.upgrade(engine, "0005")
         with engine.begin() as conn:
             ops = Operations(MigrationContext.configure(conn))
             with ops.batch_alter_table("runs", recreate="always" if conn.dialect.name == "sqlite" else "auto") as b:
                 b.create_check_constraint("ck_runs_status", check)
         with pytest.raises(Exception), engine.begin() as conn:
             conn.execute(text(insert), {"id": "p0", "status": "paused"})
-        migrate.upgrade(engine, "0006")
+        access.upgrade(engine, "0006")
         with engine.begin() as conn:
             conn.execute(text(insert), {"id": "p1", "status": "paused"})
         with pytest.raises(Exception), engine.begin() as conn:
             conn.execute(text(insert), {"id": "p2", "status": "nonsense"})
-        migrate.downgrade(engine, "0005")
+        access.downgrade(engine, "0005")
         with engine.connect() as conn:  # the paused run went back to running with the revision
             assert conn.execute(text("SELECT status FROM runs WHERE id = 'p1'")).scalar() == "running"
         with pytest.raises(Exception), engine.begin() as conn:
@@ -237,16 +237,16 @@ def test_the_outbox_migration_closes_dead_letters_on_its_way_down(fresh_url):
     insert = ("INSERT INTO alerts (dedupe_key, created_at, title, body, attempts, dead_at, last_error) "
               "VALUES (:k, '2026-12-01 00:00:00', 't', 'b', 3, :dead, 'why')")
     try:
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         with engine.begin() as conn:
             conn.execute(text(insert), {"k": "dead", "dead": "2026-12-02 00:00:00"})
             conn.execute(text(insert), {"k": "waiting", "dead": None})
-        migrate.downgrade(engine, "0007")
+        access.downgrade(engine, "0007")
         assert {"claimed_by", "claimed_until", "dead_at"}.isdisjoint(c["name"] for c in inspect(engine).get_columns("alerts"))
         with engine.connect() as conn:
             closed = dict(conn.execute(text("SELECT dedupe_key, delivered_at FROM alerts")).all())
         assert closed["dead"] is not None and closed["waiting"] is None
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         assert diffs(engine) == []
     finally:
         engine.dispose()

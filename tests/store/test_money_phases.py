@@ -1,4 +1,4 @@
-"""Money in phases (watchdog.daemon.money.moneytick) and the tick's own reads (watchdog.store.run_reads),
+"""Money in phases (watchdog.daemon.money.moneytick) and the tick's own reads (watchdog.store.run_rows),
 on both backends, for real: runs written with plain inserts, as any writer of the table contract
 could, then one tick's money work step by step, and each step refused out of its order."""
 
@@ -18,7 +18,7 @@ from watchdog.daemon.money.money import Money
 from watchdog.daemon.money.moneytick import MoneyOrderError, Phase
 from watchdog.daemon.tick.prefilter import PreFilter
 from watchdog.daemon.trust.scan import Scanner
-from watchdog.store import run_reads, settings
+from watchdog.store import run_rows, settings
 from watchdog.store.interventions import stop_intervention
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import alerts, interventions, runs
@@ -86,13 +86,13 @@ def test_one_tick_of_money_in_its_order(engine):
 
 def test_labels_of_reads_many_runs_and_tells_a_non_table_apart(engine):
     now = _now()
-    ids = [f"{i:032d}" for i in range(run_reads.CHUNK + 3)]  # more than one IN (...) chunk
+    ids = [f"{i:032d}" for i in range(run_rows.CHUNK + 3)]  # more than one IN (...) chunk
     with engine.begin() as conn:
         for i, rid in enumerate(ids):
             _run(conn, rid, cost=0.0, labels=ACME if i % 2 else [1, 2], now=now)
         _run(conn, "n" * 32, cost=0.0, labels=None, now=now)
     with engine.connect() as conn:
-        got = {r.run_id: r.labels for r in run_reads.labels_of(conn, [*ids, "n" * 32, "missing"])}
+        got = {r.run_id: r.labels for r in run_rows.labels_of(conn, [*ids, "n" * 32, "missing"])}
     assert len(got) == len(ids) + 1
     assert got[ids[1]] == ACME and got[ids[0]] is None and got["n" * 32] is None
 
@@ -103,7 +103,7 @@ def test_stop_alert_and_stop_intervention(engine):
     with engine.begin() as conn:
         _run(conn, rid, cost=0.0, labels=None, now=now)
         _run(conn, other, cost=0.0, labels=None, now=now)
-        assert run_reads.stop_alert(conn, rid) is None and stop_intervention(conn, rid) is None
+        assert run_rows.stop_alert(conn, rid) is None and stop_intervention(conn, rid) is None
         iid = conn.execute(insert(interventions).values(at=now, run_id=rid, action="stop_requested", reason="manual")
                            .returning(interventions.c.id)).scalar_one()
         conn.execute(insert(interventions).values(at=now, run_id=other, action="pause_requested"))
@@ -112,7 +112,7 @@ def test_stop_alert_and_stop_intervention(engine):
     with engine.connect() as conn:
         assert stop_intervention(conn, rid) == iid
         assert stop_intervention(conn, other) is None
-        a = run_reads.stop_alert(conn, rid)
+        a = run_rows.stop_alert(conn, rid)
         assert a is not None and (a.dedupe_key, a.title, a.body, a.mac) == (f"stop:{rid}", "t", "b", "m" * 64)
         assert a.created_at is not None and abs((a.created_at - now).total_seconds()) < 1
-        assert run_reads.stop_alert(conn, other) is None
+        assert run_rows.stop_alert(conn, other) is None

@@ -25,7 +25,7 @@ from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.leases.lease import lease_for
 from watchdog.daemon.tick.ticker import Ticker
 from watchdog.errors import ConfigError
-from watchdog.store import retention, rollup, views
+from watchdog.store import retention, views
 from watchdog.store.schema import alerts, daemons, events, interventions, runs, utcnow
 
 DAY = dt.timedelta(days=1)
@@ -191,8 +191,8 @@ def test_ended_runs_are_sealed_once_and_list_the_same_top_tool(db_url, engine, a
     cfg = config()
     with engine.connect() as conn:
         before = views.list_runs(conn, cfg, utcnow(), all_runs=True, limit=10)
-    assert rollup.seal_ended(engine) == 4  # the ended ones
-    assert rollup.seal_ended(engine) == 0
+    assert retention.seal_ended(engine) == 4  # the ended ones
+    assert retention.seal_ended(engine) == 0
     with engine.connect() as conn:
         sealed = {r.id: (r.top_tool, r.top_tool_calls, r.top_tool_errors) for r in conn.execute(select(runs))}
         after = views.list_runs(conn, cfg, utcnow(), all_runs=True, limit=10)
@@ -206,7 +206,7 @@ def test_ended_runs_are_sealed_once_and_list_the_same_top_tool(db_url, engine, a
 
 def test_a_run_without_tools_is_sealed_as_such(engine):
     rid = _run(engine, ended_days=2)
-    rollup.seal_ended(engine)
+    retention.seal_ended(engine)
     with engine.connect() as conn:
         row = conn.execute(select(runs).where(runs.c.id == rid)).one()
         assert (row.top_tool, row.top_tool_calls) == (None, 0)

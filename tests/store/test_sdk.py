@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, insert, select, text
 
 from watchdog import RunKilled, Watchdog
 
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.core.config import parse as parse_config
 from watchdog.core.records import hash_args
 from watchdog.store.engine import make_engine
@@ -747,7 +747,7 @@ class PgOutage:
         with self.admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{self.name}"'))
         engine = make_engine(self.url)
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         engine.dispose()
 
     def backends(self) -> int:

@@ -1,4 +1,4 @@
-"""watchdog.store.statuses.move, the one writer of runs.status, on both backends: a listed move
+"""watchdog.store.run_rows.move, the one writer of runs.status, on both backends: a listed move
 is a compare-and-set on the expected status; an unlisted one raises before anything is written."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import insert, select
 
 from watchdog.core import lifecycle as lc
-from watchdog.store import statuses
+from watchdog.store import run_rows
 from watchdog.store.schema import runs
 
 T0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
@@ -31,7 +31,7 @@ def _status(engine) -> tuple:
 def test_a_listed_move_writes_the_status_and_its_values(engine):
     _run(engine)
     with engine.begin() as conn:
-        assert statuses.move(conn, RID, lc.STOPPING, was=lc.STOPPABLE_STATUSES, stop_reason=lc.MANUAL,
+        assert run_rows.move(conn, RID, lc.STOPPING, was=lc.STOPPABLE_STATUSES, stop_reason=lc.MANUAL,
                              stop_requested_at=T0)
     assert _status(engine)[:2] == (lc.STOPPING, lc.MANUAL)
 
@@ -39,17 +39,17 @@ def test_a_listed_move_writes_the_status_and_its_values(engine):
 def test_a_move_from_another_status_than_expected_writes_nothing(engine):
     _run(engine, status=lc.PAUSED)
     with engine.begin() as conn:
-        assert not statuses.move(conn, RID, lc.COMPLETED, was=lc.RUNNING, ended_at=T0)
-        assert not statuses.move(conn, "z" * 32, lc.COMPLETED, was=lc.RUNNING, ended_at=T0)  # no such run
+        assert not run_rows.move(conn, RID, lc.COMPLETED, was=lc.RUNNING, ended_at=T0)
+        assert not run_rows.move(conn, "z" * 32, lc.COMPLETED, was=lc.RUNNING, ended_at=T0)  # no such run
     assert _status(engine) == (lc.PAUSED, None, None)
 
 
 def test_a_further_condition_must_hold_too(engine):
     _run(engine, status=lc.STOPPING, signal_stage=lc.Stage.TERM)
     with engine.begin() as conn:
-        assert not statuses.move(conn, RID, lc.KILLED, was=lc.STOPPING, when=runs.c.signal_stage.is_(None),
+        assert not run_rows.move(conn, RID, lc.KILLED, was=lc.STOPPING, when=runs.c.signal_stage.is_(None),
                                  ended_at=T0)
-        assert statuses.move(conn, RID, lc.KILLED, was=lc.STOPPING, when=runs.c.signal_stage == lc.Stage.TERM,
+        assert run_rows.move(conn, RID, lc.KILLED, was=lc.STOPPING, when=runs.c.signal_stage == lc.Stage.TERM,
                              ended_at=T0)
     assert _status(engine)[0] == lc.KILLED
 
@@ -60,7 +60,7 @@ def test_an_unlisted_move_raises_and_writes_nothing(engine, was, to):
     start = was[0] if isinstance(was, tuple) else was
     _run(engine, status=start)
     with engine.begin() as conn:
-        with pytest.raises(statuses.IllegalMove) as err:
-            statuses.move(conn, RID, to, was=was)
+        with pytest.raises(run_rows.IllegalMove) as err:
+            run_rows.move(conn, RID, to, was=was)
     assert "STATUS_MOVES" in str(err.value)
     assert _status(engine)[0] == start

@@ -12,7 +12,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS, effective_budgets
 from watchdog.core.config import load
 from watchdog.core.clock import utcnow
-from watchdog.store import demo, viewer, views
+from watchdog.store import viewer, views
 from watchdog.store.engine import read_connection
 from watchdog.store.rows import AlertRow, EventRow, InterventionRow, RunRow
 from watchdog.store.schema import runs
@@ -56,8 +56,8 @@ def test_postmortem_facts_and_the_demos_reads_are_typed(wd, engine):
     assert all(isinstance(i, InterventionRow) for i in facts.interventions + facts.circuit)
     assert all(isinstance(a, AlertRow) for a in facts.alerts)
     assert active == [] and per_min == {rid: 2}
-    news = demo.news(engine, [rid], interventions_after=0, alerts_after=0)
+    news = viewer.news(engine, [rid], interventions_after=0, alerts_after=0)
     assert list(news.runs) == [rid] and isinstance(news.runs[rid], RunRow)
-    ending = demo.ending(engine, [rid])
+    ending = viewer.ending(engine, [rid])
     assert [(t.name, t.calls, t.errors) for t in ending.tools[rid]] == [("search", 2, 1)]
-    assert demo.untried_alerts(engine) == 0
+    assert viewer.untried_alerts(engine) == 0

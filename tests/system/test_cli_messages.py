@@ -29,7 +29,7 @@ from daemon_support import daemon_toml
 from pg_support import PG_ADMIN_URL
 from watchdog import ToolUnavailable, Watchdog
 from watchdog.cli import main
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import runs, tool_circuits, utcnow
 
@@ -111,12 +111,12 @@ def test_an_unmigrated_postgresql_store_says_run_db_upgrade_first(empty_pg_datab
 def test_a_store_older_than_the_code_says_run_db_upgrade_first(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = make_engine(url)
-    migrate.upgrade(engine, "0001")
+    access.upgrade(engine, "0001")
     with engine.begin() as conn:
         conn.execute(insert(runs).values(id="ab" * 16, agent="a", status="running", kill_mode="cooperative",
                                          host="h", pid=1, started_at=utcnow(), last_seen_at=utcnow()))
     engine.dispose()
-    head = migrate.head()
+    head = access.head()
     assert head != "0001"
     (tmp_path / "c.toml").write_text(daemon_toml())
     assert one_error_line(cli("--db", url, "--config", str(tmp_path / "c.toml"), "run", "--once")) == (

@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
-from watchdog.store import migrate
+from watchdog.store import access
 
 RUN_FIELDS = {"id", "agent", "status", "stop_reason", "steps", "tool_calls", "tool_errors", "cost_eur", "host", "pid",
               "kill_mode", "started_at", "ended_at", "top_tool"}
@@ -294,7 +294,7 @@ def test_the_store_password_is_never_printed(pg_migrated):
     assert "s3cr3t-pw" in with_pw
     ok = invoke("--db", with_pw, "db", "upgrade")
     assert ok.exit_code == 0, ok.output
-    assert f"revision {migrate.head()}" in ok.stdout and "s3cr3t-pw" not in ok.output
+    assert f"revision {access.head()}" in ok.stdout and "s3cr3t-pw" not in ok.output
     unreachable = invoke("--db", "postgresql+psycopg://postgres:s3cr3t-pw@127.0.0.1:1/none", "runs")
     assert unreachable.exit_code != 0 and "s3cr3t-pw" not in unreachable.output
 
@@ -341,7 +341,7 @@ def test_console_script_db_upgrade_from_another_directory(tmp_path):
     for _ in range(2):
         result = aw("db", "upgrade", env={"AGENT_WATCHDOG_DB": url})
         assert result.returncode == 0, result.stderr
-        assert f"revision {migrate.head()}" in result.stdout
+        assert f"revision {access.head()}" in result.stdout
     import sqlite3
 
     conn = sqlite3.connect(tmp_path / "new.db")

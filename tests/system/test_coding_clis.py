@@ -30,7 +30,7 @@ from daemon_support import alerts_of, daemon_toml  # noqa: E402
 from otlp_support import free_port  # noqa: E402
 from fake_model import FakeModel  # noqa: E402
 from watchdog.core.config import parse  # noqa: E402
-from watchdog.store import migrate  # noqa: E402
+from watchdog.store import access  # noqa: E402
 from watchdog.store.engine import make_engine  # noqa: E402
 from watchdog.store.hooks import judged_by  # noqa: E402
 from watchdog.store.schema import runs  # noqa: E402
@@ -63,7 +63,7 @@ def store(tmp_path_factory):
     folder = tmp_path_factory.mktemp("coding-clis")
     url = f"sqlite:///{folder / 'runs.db'}"
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     cfg = folder / "watchdog.toml"
     port = free_port()
     tokens = folder / "otlp-tokens"  # the receiver refuses senders without a token (allow_anonymous = false)

@@ -26,7 +26,7 @@ from pg_support import PG_ADMIN_URL
 from attest_support import short_dir
 from daemon_support import ME, SEALER, actions, alerts_of, config, later, run_row, ticker
 from watchdog import RunKilled, Watchdog
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.process.service import Daemon
 from watchdog.daemon.stops.killer import Killer
@@ -310,7 +310,7 @@ def own_pg_database(pg_server_url):
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     try:
         yield admin, name, engine
     finally:

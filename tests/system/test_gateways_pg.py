@@ -30,7 +30,7 @@ from daemon_support import daemon_toml
 from litellm_support import call, proxy
 from mcp_support import calls_seen, stdio_session, text
 from watchdog import RunKilled, Watchdog
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.store.engine import make_engine
 from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.schema import events, runs
@@ -83,7 +83,7 @@ def store(pg_server_url, tmp_path_factory):
         conn.execute(sql(f'CREATE DATABASE "{s.db}" OWNER "{s.roles["daemon"]}"'))
     try:
         daemon = make_engine(s.url("daemon"))
-        migrate.upgrade(daemon)  # as the daemon's role: it owns the tables
+        access.upgrade(daemon)  # as the daemon's role: it owns the tables
         daemon.dispose()
         done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={s.roles['agents']}",
                                "-v", f"gateway_role={s.roles['gateway']}", "-v", f"viewer_role={s.roles['viewer']}",

@@ -17,7 +17,7 @@ from daemon_support import config as daemon_config
 from litellm_support import call, proxy
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.tick.ticker import Ticker
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import events, runs
 
@@ -33,7 +33,7 @@ def gateway(tmp_path_factory):
     folder = tmp_path_factory.mktemp("litellm")
     url = f"sqlite:///{folder / 'runs.db'}"
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     with proxy(folder, url, WATCHDOG_TOML) as base:
         yield base, engine
     engine.dispose()

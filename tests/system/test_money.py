@@ -402,7 +402,7 @@ def test_budgets_command_shows_spend_against_budgets(engine, db_url, wd, tmp_pat
 
 
 def test_migration_books_the_history_and_downgrade_keeps_the_events(tmp_path):
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import make_engine
 
     # Yesterday's run: older history would be pruned by the tick's retention ([store] keep_days).
@@ -410,7 +410,7 @@ def test_migration_books_the_history_and_downgrade_keeps_the_events(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = make_engine(url)
     try:
-        migrate.upgrade(engine, "0002")
+        access.upgrade(engine, "0002")
         with engine.begin() as conn:
             conn.execute(text(f"INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at, "
                               f"ended_at, cost_eur) VALUES ('r1', 'old', 'completed', 'process', 'h', "
@@ -418,12 +418,12 @@ def test_migration_books_the_history_and_downgrade_keeps_the_events(tmp_path):
                               f"'{day} 00:01:00.000000', 9.0)"))
             conn.execute(text("INSERT INTO events (run_id, seq, at, kind) VALUES "
                               f"('r1', 1, '{day} 00:00:30.000000', 'heartbeat')"))
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         with engine.connect() as conn:
             assert conn.execute(select(runs.c.booked_at)).scalar() is not None  # history: not re-counted
         rep = ticker(engine, config()).tick(utcnow())
         assert rep.booked == 0
-        migrate.downgrade(engine, "0002")
+        access.downgrade(engine, "0002")
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM events")).scalar() == 1
     finally:

@@ -375,11 +375,11 @@ def test_held_sessions_are_flushed_by_the_idle_timer_outside_the_traces_lock(tmp
     from watchdog.daemon.otlp.logs import Session
     from watchdog.daemon.otlp.mapping import Call
     from watchdog.daemon.otlp.sender import Peer
-    from watchdog.store import hooks, migrate
+    from watchdog.store import hooks, access
     from watchdog.store.engine import make_engine
 
     engine = make_engine(f"sqlite:///{tmp_path}/s.db")
-    migrate.upgrade(engine, "head")
+    access.upgrade(engine, "head")
     now_s = [0.0]
     receiver = Receiver(engine, Config(), None, "h")
     lr = logruns.LogsReceiver(engine, receiver, clock=lambda: now_s[0])
@@ -411,7 +411,7 @@ def test_held_sessions_are_flushed_by_the_idle_timer_outside_the_traces_lock(tmp
 def test_the_hook_run_lookup_filters_in_sql_and_keeps_the_active_claimants_first(db_url):
     """held_runs: one statement for many held sessions; each gets only the runs of its CLI,
     session, owner and Unix uid (300 other sessions of the same owner around), active first."""
-    from watchdog.store import hooks, statuses, witness
+    from watchdog.store import hooks, run_rows, witness
     from watchdog.store.engine import make_engine
 
     engine = make_engine(db_url)
@@ -428,7 +428,7 @@ def test_the_hook_run_lookup_filters_in_sql_and_keeps_the_active_claimants_first
         assert hooks.open_session(engine, uuid.uuid4().hex, agent="victim-bot", host="h",  # another Unix user's
                                   labels={"cli": "claude-code", "session": f"{tag}-8"}, uid=uid + 1)
         with engine.begin() as conn:
-            statuses.move(conn, stopped, "killed", was="running", stop_reason="manual",
+            run_rows.move(conn, stopped, "killed", was="running", stop_reason="manual",
                           ended_at=witness.store_now(conn))
             (owner,) = conn.execute(select(runs.c.owner).where(runs.c.id == ids[0])).one()
             keys = [("claude-code", f"{tag}-{i}", owner, uid) for i in (5, 7, 8)]

@@ -27,7 +27,7 @@ from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.process.service import Daemon
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.store.access import roles_choosing_event_ids
 from watchdog.store.engine import make_engine
 from watchdog.store.joined import WITNESS_SEQ_BASE
@@ -76,7 +76,7 @@ def store(pg_server_url):
         conn.execute(text(f'CREATE DATABASE "{s.db}" OWNER "{s.daemon}"'))
     try:
         daemon_engine = make_engine(s.url("daemon"))
-        migrate.upgrade(daemon_engine)  # as the daemon's role: it owns the tables
+        access.upgrade(daemon_engine)  # as the daemon's role: it owns the tables
         daemon_engine.dispose()
         done = s.roles_script()
         assert done.returncode == 0, done.stderr
@@ -473,7 +473,7 @@ def test_the_roles_script_is_idempotent_and_wants_the_owners_revision(store, pg_
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         old = make_engine(pg_server_url.rsplit("/", 1)[0] + f"/{name}")
-        migrate.upgrade(old, "0009")
+        access.upgrade(old, "0009")
         old.dispose()
         u = make_url(pg_server_url)
         done = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-v", f"agents_role={store.agents}",
@@ -506,15 +506,15 @@ def test_the_owners_revision_round_trips_on_postgresql(store):
     engine = make_engine(store.url("daemon"))
     try:
         assert _pg_state(engine) == {"policies": 9, "triggers": 2, "rls": True}
-        migrate.downgrade(engine, "0009")
+        access.downgrade(engine, "0009")
         assert "owner" not in {c["name"] for c in inspect(engine).get_columns("runs")}
         assert _pg_state(engine) == {"policies": 0, "triggers": 0, "rls": False}
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         assert _pg_state(engine) == {"policies": 2, "triggers": 2, "rls": True}
         done = store.roles_script()
         assert done.returncode == 0, done.stderr
         assert _pg_state(engine)["policies"] == 9
-        assert migrate.current(engine) == migrate.head()
+        assert access.current(engine) == access.head()
     finally:
         engine.dispose()
     with _raw(store.url("a")) as conn:  # and the rules hold again
@@ -528,15 +528,15 @@ def test_the_owners_revision_round_trips_on_sqlite(tmp_path):
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     engine = make_engine(url)
     try:
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         wd = Watchdog(url)
         with wd.run("bot") as run:
             run.step()
         wd.close()
         assert run_row(engine, run.id).owner is None  # one trust domain per file: no owner
-        migrate.downgrade(engine, "0009")
+        access.downgrade(engine, "0009")
         assert "owner" not in {c["name"] for c in inspect(engine).get_columns("runs")}
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         with engine.connect() as conn:
             assert conn.execute(select(runs.c.steps, runs.c.owner).where(runs.c.id == run.id)).one() == (1, None)
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.store import migrate
+from watchdog.store import access
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = {"runs", "events", "interventions", "alerts", "tool_circuits", "settings", "daemons"}
@@ -59,7 +59,7 @@ def test_the_wheel_contains_the_migrations_and_the_console_script(wheel):
         metadata = next(zf.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
     for required in ("watchdog/_migrations/env.py", "watchdog/_migrations/script.py.mako",
                      "watchdog/_migrations/versions/0001_initial.py", "watchdog/__init__.py", "watchdog/client.py",
-                     "watchdog/store/migrate.py", "watchdog/sdk/client.py",
+                     "watchdog/store/access.py", "watchdog/sdk/client.py",
                      "watchdog/py.typed"):  # PEP 561: type checkers read the SDK's own annotations
         assert required in names, required
     assert not any(n.endswith(".pyc") or "__pycache__" in n for n in names)
@@ -80,11 +80,11 @@ def test_installed_wheel_upgrades_a_store_from_the_root_directory(venv, tmp_path
         result = subprocess.run([str(script), "db", "upgrade", "--db", f"sqlite:///{db}"], capture_output=True,
                                 text=True, timeout=120, cwd="/", env=clean_env())
         assert result.returncode == 0, result.stderr
-        assert f"revision {migrate.head()}" in result.stdout
+        assert f"revision {access.head()}" in result.stdout
     conn = sqlite3.connect(db)
     try:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(migrate.head(),)]
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(access.head(),)]
     finally:
         conn.close()
     assert TABLES <= names
@@ -92,7 +92,7 @@ def test_installed_wheel_upgrades_a_store_from_the_root_directory(venv, tmp_path
 
 def test_installed_package_uses_its_own_migrations_and_a_light_sdk(venv):
     code = (
-        "import sys, watchdog, watchdog.client, watchdog.store.migrate as m\n"
+        "import sys, watchdog, watchdog.client, watchdog.store.access as m\n"
         "print(watchdog.__file__)\n"
         "print(m.migrations_dir())\n"
         "print(','.join(sorted(x for x in sys.modules if x.split('.')[0] in ('psutil', 'apprise', 'apscheduler',\n"

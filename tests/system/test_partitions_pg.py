@@ -23,7 +23,7 @@ from agent_procs import wait_until
 from daemon_support import config, later, ticker
 from pg_support import RolesStore
 from watchdog import Watchdog
-from watchdog.store import ledger, migrate, partitions, retention
+from watchdog.store import ledger, access, partitions, retention
 from watchdog.store.engine import make_engine
 from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.schema import utcnow
@@ -313,7 +313,7 @@ def test_upgrade_keeps_rows_and_grants_and_downgrade_gives_one_table_back(pg_ser
         with _raw(s.url("daemon")) as conn:
             conn.execute("INSERT INTO events (run_id, seq, at, kind) VALUES (%s, 2, now() - interval '3 days', 'step')",
                          (rid,))
-        migrate.upgrade(eng)  # no roles script run after it: the grants and policies came along
+        access.upgrade(eng)  # no roles script run after it: the grants and policies came along
         with _raw(s.url("a")) as conn:
             _event(conn, rid, 3)
             with pytest.raises(psycopg.errors.UniqueViolation):
@@ -325,7 +325,7 @@ def test_upgrade_keeps_rows_and_grants_and_downgrade_gives_one_table_back(pg_ser
         with _raw(s.url("b")) as conn:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 _event(conn, rid, 4)
-        migrate.downgrade(eng, "0014")
+        access.downgrade(eng, "0014")
         with _raw(s.url("daemon")) as conn:
             assert conn.execute("SELECT relkind FROM pg_class WHERE oid = 'events'::regclass").fetchone()[0] == "r"
             assert conn.execute("SELECT seq FROM events WHERE run_id = %s ORDER BY seq", (rid,)).fetchall() == [
@@ -334,7 +334,7 @@ def test_upgrade_keeps_rows_and_grants_and_downgrade_gives_one_table_back(pg_ser
             _event(conn, rid, 4)
             with pytest.raises(psycopg.errors.UniqueViolation):
                 _event(conn, rid, 4)
-        migrate.upgrade(eng)
+        access.upgrade(eng)
         assert [seq for _, seq in _where(s, rid)] == [1, 2, 3, 4]
         eng.dispose()
     finally:

@@ -18,7 +18,7 @@ from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
 from watchdog.core.evidence_mac import RecordMac
 from watchdog.daemon.trust.authentic import own_counts, parse_evidence, run_key
-from watchdog.store.evidence import macd_events
+from watchdog.store.attestations import macd_events
 from watchdog.store.schema import attestations, events, runs
 
 RUNS, THREADS_PER_RUN, RECORDS_PER_THREAD = 4, 4, 25

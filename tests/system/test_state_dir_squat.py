@@ -22,7 +22,7 @@ from sqlalchemy import select
 from agent_procs import wait_until
 from attest_support import LocalUsers, short_dir
 from daemon_support import ME
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.store.engine import make_engine
 from watchdog.store.memory import state_path
 from watchdog.store.schema import daemons
@@ -65,7 +65,7 @@ def test_a_squatted_state_dir_is_refused_loudly_and_an_own_one_runs(tmp_path, us
     try:
         subprocess.run(["mkdir", "-m", "0755", str(state)], user=squatter, check=True)
         engine = make_engine(url)
-        migrate.upgrade(engine)
+        access.upgrade(engine)
         lock = state_path(str(state), engine.url, "lock")
         # The squatter holds the flock the daemon would take for its own (util-linux flock).
         holder = subprocess.Popen(["flock", lock, "sleep", "600"], user=squatter)

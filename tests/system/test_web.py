@@ -26,7 +26,7 @@ import pytest
 from daemon_support import config, later, ticker
 from watchdog import RunKilled, Watchdog
 from watchdog.core import lifecycle as lc
-from watchdog.store import migrate
+from watchdog.store import access
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import utcnow
 
@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 def _make_store(url: str) -> dict[str, str]:
     engine = make_engine(url)
-    migrate.upgrade(engine)
+    access.upgrade(engine)
     cfg = config(agents={"pauser": {"on_breach": "pause"}, "billing-bot": {"max_cost_eur_per_day": 0.5}})
     wd = Watchdog(url)
     ids: dict[str, str] = {}

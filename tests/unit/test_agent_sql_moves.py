@@ -1,4 +1,4 @@
-"""The SDK's pre-rendered status writes (agent_writes, lineage) skip watchdog.store.statuses.move on
+"""The SDK's pre-rendered status writes (agent_writes, lineage) skip watchdog.store.run_rows.move on
 their hot path: each fixed move is checked against lifecycle.STATUS_MOVES once, when its SQL is
 rendered, so an illegal one fails at build time, not on some run's record."""
 

@@ -1,4 +1,4 @@
-"""lifecycle.STATUS_MOVES as a table every status write asks (watchdog.store.statuses.move)."""
+"""lifecycle.STATUS_MOVES as a table every status write asks (watchdog.store.run_rows.move)."""
 
 from __future__ import annotations
 

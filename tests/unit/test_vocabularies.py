@@ -82,7 +82,7 @@ def test_each_kind_says_what_it_tells_and_its_keys_shape(kind):
 
 
 def test_only_announce_queues_an_alert():
-    """Issue 34: one verb announces an outcome (watchdog/store/announce.py); no other module
+    """Issue 34: one verb announces an outcome (watchdog/store/alerts.py); no other module
     calls the outbox's enqueue, so every alert is worded from the one table of outcomes."""
     import ast
 
@@ -94,4 +94,4 @@ def test_only_announce_queues_an_alert():
                 name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
                 if name == "enqueue_alert":
                     callers.add(str(path))
-    assert callers and all(c.endswith("store/announce.py") for c in callers), callers
+    assert callers and all(c.endswith("store/alerts.py") for c in callers), callers

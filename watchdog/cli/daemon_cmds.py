@@ -84,7 +84,7 @@ def _acquire(daemon, url: str, retry: bool):
     import time
 
     from watchdog.errors import StoreError
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.access import unreachable
     from watchdog.store.engine import require_tables, upgrade_hint
 
@@ -92,8 +92,8 @@ def _acquire(daemon, url: str, retry: bool):
     while True:
         try:
             require_tables(daemon.engine, url)
-            current, head = migrate.current(daemon.engine), migrate.head()
-            if current != head and migrate.is_older(current):
+            current, head = access.current(daemon.engine), access.head()
+            if current != head and access.is_older(current):
                 raise StoreError(f"the store is at revision {current}, this agent-watchdog needs {head}: "
                                  f"{upgrade_hint(url)}")
             acquired = daemon.acquire()

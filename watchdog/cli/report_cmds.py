@@ -24,7 +24,7 @@ def top_cmd(app, once, interval_s):
     from watchdog.store.viewer import published_state
     from watchdog.core.periods import zone
     from watchdog.store.ledger import period_report
-    from watchdog.store.daemon_status import banner
+    from watchdog.store.settings import banner
 
     interval_s = interval_s or app.config.daemon.tick_s
     while True:

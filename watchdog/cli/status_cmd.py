@@ -73,7 +73,7 @@ def _text(d: Any, rec: dict[str, Any], now: dt.datetime) -> list[str]:
 @fail_cleanly
 def status_cmd(app, as_json):
     """Which daemons watch the store: last tick, leader, lease, receivers; exit 1 if none is alive."""
-    from watchdog.store.daemon_status import watchers
+    from watchdog.store.settings import watchers
 
     with app.reader() as conn:
         w = watchers(conn)

@@ -20,14 +20,14 @@ def db():
 @fail_cleanly
 def db_upgrade(app, revision):
     """Create or migrate the store's tables."""
-    from watchdog.store import migrate
+    from watchdog.store import access
     from watchdog.store.engine import existing_files, share_sqlite_files
 
     before = existing_files(app.db_url)
     engine = app.open_store()  # the one command that may create the SQLite file
-    migrate.upgrade(engine, revision)
+    access.upgrade(engine, revision)
     share_sqlite_files(app.db_url, before)  # the agents' group writes it too (0660, whatever the umask)
-    click.echo(f"store at revision {migrate.current(engine)}: {engine.url.render_as_string(hide_password=True)}")
+    click.echo(f"store at revision {access.current(engine)}: {engine.url.render_as_string(hide_password=True)}")
 
 
 @db.command("downgrade")
@@ -41,11 +41,11 @@ def db_downgrade(app, revision, yes):
     import sys
 
     from watchdog.errors import StoreError
-    from watchdog.store import migrate
+    from watchdog.store import access
 
     engine = app.open_store(must_exist=True)
-    migrate.check_revision(engine, revision)
-    if not yes and migrate.current(engine) is not None:  # issue 36: as `db prune`, asks first (no tables: no data)
+    access.check_revision(engine, revision)
+    if not yes and access.current(engine) is not None:  # issue 36: as `db prune`, asks first (no tables: no data)
         where = engine.url.render_as_string(hide_password=True)
         question = (f"drop every table of {where} (and all its runs)?" if revision == "base"
                     else f"migrate {where} down to {revision} (the tables and columns newer than it go, with their rows)?")
@@ -53,8 +53,8 @@ def db_downgrade(app, revision, yes):
             raise StoreError(f"{question} refused: no terminal to ask; add --yes")
         if not click.confirm(question, default=False):
             raise StoreError("nothing changed")
-    migrate.downgrade(engine, revision)
-    click.echo(f"store at revision {migrate.current(engine) or 'base (no tables)'}")
+    access.downgrade(engine, revision)
+    click.echo(f"store at revision {access.current(engine) or 'base (no tables)'}")
 
 
 _AGE_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -155,7 +155,7 @@ def runs_cmd(app, all_runs, limit, before, as_json, agent, status, label_filters
 
 def _no_daemon_banner(conn) -> None:
     """issue 36: on stderr (--json stays valid), when no live daemon judges these runs."""
-    from watchdog.store.daemon_status import banner
+    from watchdog.store.settings import banner
 
     text = banner(conn)
     if text:

@@ -1,6 +1,6 @@
 """The table of outcomes: every kind of thing the daemon tells a human, and the one function
 that words each. Pure: an outcome (its kind, its dedupe key, its numbers and names) in, the
-alert's title and body out. `watchdog.store.announce.announce` records, words (here), seals
+alert's title and body out. `watchdog.store.alerts.announce` records, words (here), seals
 and queues an outcome in one transaction; nothing else queues an alert.
 
 The wording functions apply the rule of writer text (watchdog.core.marked): a title is the

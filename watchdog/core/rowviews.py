@@ -79,7 +79,7 @@ class AlertKeyView(Protocol):
 
 
 class AttestationView(Protocol):
-    """An `attestations` row as a sealed record is checked off it (watchdog.store.evidence.load):
+    """An `attestations` row as a sealed record is checked off it (watchdog.store.attestations.load_evidence):
     values as stored, the seal (`mac`) is what vouches for them."""
 
     @property

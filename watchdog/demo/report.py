@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.clock import utcnow
-from watchdog.store import demo as store
+from watchdog.store import viewer as store
 from watchdog.store.engine import Engine
 from watchdog.store.rows import AlertRow, InterventionRow, RunRow
 from watchdog.store.views import run_record

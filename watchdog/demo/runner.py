@@ -25,7 +25,7 @@ import click
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import load
-from watchdog.store import demo as store
+from watchdog.store import viewer as store
 from watchdog.store.engine import make_engine
 from watchdog.demo.agents import BEHAVIOURS
 from watchdog.demo.model import MODEL
@@ -129,9 +129,9 @@ class Demo:
     # -- setup --------------------------------------------------------------------
 
     def start_daemon(self):
-        from watchdog.store import migrate
+        from watchdog.store import access
 
-        migrate.upgrade(self.engine)
+        access.upgrade(self.engine)
         argv = [sys.executable, "-c", "from watchdog.cli import main; main(prog_name='agent-watchdog')",
                 "run", "--db", self.db_url, "--config", str(self.cfg_path)]
         self.daemon = _spawn(argv, self.dir / "daemon.log")

@@ -1,13 +1,23 @@
-"""The outbox's writes and reads by dedupe key: an alert is queued once per key, ever, sealed
+"""The alerts a daemon queues (`alerts` by dedupe key) and the one verb that announces an outcome.
+
+The outbox's writes and reads by dedupe key: an alert is queued once per key, ever, sealed
 with the daemon's key; the deciders ask what was queued before (when, and with what seal:
 the caller verifies the MAC, any store writer can insert an alert row).
 
 Only a daemon composes what reaches a human: without a sealer nothing is queued.
+
+One verb to announce an outcome (issue 34): record the intervention, word the alert from
+the table of outcomes (watchdog.core.outcomes), seal it and queue it, in the caller's one
+transaction, so a crash never leaves an alert without its record nor a record half-told.
+
+This is the only caller of the outbox's enqueue: every stop, signal, pause, alarm and
+circuit change the daemon tells a human goes through here, worded in one place.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import insert, select
@@ -15,8 +25,12 @@ from sqlalchemy.engine import Connection
 
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.alert_text import alert_body, alert_title
+from watchdog.core.interventions import Action
+from watchdog.core.outcomes import Outcome, word
 from watchdog.core.seal import Sealer
+from watchdog.store.interventions import record
 from watchdog.store.schema import alerts
+
 
 KEY_CHARS = 255  # alerts.dedupe_key's width: longer keys are stored cut
 
@@ -93,3 +107,44 @@ def by_key(conn: Connection, key: str) -> SealedAlert | None:
     a = conn.execute(select(alerts.c.dedupe_key, alerts.c.title, alerts.c.body, alerts.c.mac, alerts.c.created_at)
                      .where(alerts.c.dedupe_key == key[:KEY_CHARS])).first()
     return None if a is None else SealedAlert(*a)
+
+
+# -- One verb to announce an outcome (issue 34): record the intervention, word the alert from ------------
+
+@dataclass(frozen=True)
+class Audit:
+    """The intervention an announcement records (its run is the outcome's unless `run_id`)."""
+
+    action: Action | str
+    by: str
+    reason: str | None = None
+    outcome: str | None = None
+    detail: Any = None
+    tool: str | None = None
+    at: dt.datetime | None = None  # when it happened, if not `now`
+    run_id: str | None = None
+
+
+class Announced(NamedTuple):
+    intervention_id: int | None  # the audit row (recorded here, or the caller's)
+    queued: bool  # the alert is in the outbox now (False: its key was queued before, or no sealer)
+
+
+def announce(conn: Connection, o: Outcome, *, now: dt.datetime, sealer: Sealer | None,
+             audit: Audit | int | None = None, once: bool = False) -> Announced:
+    """Record `audit` (an Audit to write, or the id of the row the caller's state change wrote),
+    word `o` and queue its alert sealed, once per key ever. `once`: if the key was queued
+    before, nothing at all is recorded (the outcome was announced already)."""
+    if once and queued(conn, o.key):
+        return Announced(None, False)
+    if isinstance(audit, Audit):
+        iid: int | None = record(conn, at=audit.at or now, action=audit.action, by=audit.by,
+                                 run_id=audit.run_id or o.run_id, tool=audit.tool, reason=audit.reason,
+                                 detail=audit.detail, outcome=audit.outcome)
+    else:
+        iid = audit
+    if sealer is None:  # not the daemon: it words nothing (it will when it sees the record)
+        return Announced(iid, False)
+    title, body = word(o)
+    return Announced(iid, enqueue_alert(conn, o.key, title, body, now=now, run_id=o.run_id, intervention_id=iid,
+                                        sealer=sealer))

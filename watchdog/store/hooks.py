@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.config import Config
-from watchdog.store import statuses, witness
+from watchdog.store import run_rows, witness
 from watchdog.store.joined import RunState, run_state
 from watchdog.store.schema import events, runs
 from watchdog.store.views import published_profiles
@@ -161,7 +161,7 @@ def end_stopped(engine: Engine, run_id: str, *, reason: str, detail: str) -> boo
     in-process guard ends its run), which the daemon alerts once. False if it was not running."""
     with engine.begin() as conn:
         now = witness.store_now(conn)
-        return statuses.move(conn, run_id, lc.Status.KILLED, was=lc.Status.RUNNING, stop_reason=reason,
+        return run_rows.move(conn, run_id, lc.Status.KILLED, was=lc.Status.RUNNING, stop_reason=reason,
                              stop_detail=detail[:500], ended_at=now)
 
 
@@ -171,5 +171,5 @@ def pause(engine: Engine, run_id: str, *, reason: str, detail: str) -> bool:
     lets the run go on with more). False if it was not running."""
     with engine.begin() as conn:
         now = witness.store_now(conn)
-        return statuses.move(conn, run_id, lc.Status.PAUSED, was=lc.Status.RUNNING, stop_reason=reason,
+        return run_rows.move(conn, run_id, lc.Status.PAUSED, was=lc.Status.RUNNING, stop_reason=reason,
                              stop_detail=detail[:500], paused_at=now)

@@ -1,7 +1,12 @@
-"""The audit rows (`interventions`): every stop, signal, pause and circuit change is one,
+"""The audit rows (`interventions`): written, believed, and the quarantine's reads of them.
+
+The audit rows (`interventions`): every stop, signal, pause and circuit change is one,
 written in the same transaction as the state change it records, so a crash never leaves a
 stop without its record. And what the daemon believes of them: a resume counts only with
 the daemon's seal, an owner only from a sealed attestation.
+
+The reads the quarantine of malformed rows makes before it records one (its writes are an
+intervention and an alert: watchdog.store.interventions, watchdog.store.alerts).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.core.interventions import Action
 from watchdog.core.seal import Sealer
 from watchdog.store.schema import attestations, interventions, runs, WHOLE_RUN
+
 
 GRANT_TAG = "sealed grant/1 "
 _GRANT = re.compile(r"sealed grant/1 ([0-9a-f]{64})")
@@ -91,3 +97,17 @@ def attested_uid(conn: Connection, run_id: str, sealer: Sealer | None) -> int | 
     if a is None or not sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode):
         return None
     return int(a.uid)
+
+
+# -- The reads the quarantine of malformed rows makes before it records one (its writes are an -----------
+
+def recorded(conn: Connection, run_id: str, *, action: str, reason: str) -> bool:
+    """The run has an intervention of this action and reason (a quarantine recorded before)."""
+    return conn.execute(select(interventions.c.id).where(
+        interventions.c.run_id == run_id, interventions.c.action == action,
+        interventions.c.reason == reason).limit(1)).first() is not None
+
+
+def run_exists(conn: Connection, run_id: str) -> bool:
+    """A row of `runs` has this id (the foreign keys accept no other)."""
+    return conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first() is not None

@@ -16,7 +16,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.interventions import Action
-from watchdog.store import statuses
+from watchdog.store import run_rows
 from watchdog.store.schema import interventions, runs
 
 
@@ -40,7 +40,7 @@ def set_stage(conn: Connection, run_id: str, expected: str | None, stage: str, *
 def finish(conn: Connection, run_id: str, expected: str | None, now: dt.datetime) -> bool:
     """expected -> done: the stopping run is killed, ended `now`; False as for set_stage."""
     lc.check_stage_move(expected, lc.Stage.DONE)
-    return statuses.move(conn, run_id, lc.KILLED, was=lc.STOPPING, when=_cond(expected), signal_stage=lc.Stage.DONE,
+    return run_rows.move(conn, run_id, lc.KILLED, was=lc.STOPPING, when=_cond(expected), signal_stage=lc.Stage.DONE,
                          ended_at=now)
 
 

@@ -34,7 +34,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.drift import Totals
 from watchdog.core.periods import MONTH, PERIODS, LabelBudget, end_of, period_key, scope_agent, scopes_of
 from watchdog.store import dialects
-from watchdog.store.evidence_rows import EventTotals, event_totals
+from watchdog.store.event_rows import EventTotals, event_totals
 from watchdog.store.schema import agent_rollup_tools, agent_rollups, events, runs, spend_ledger
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ _HELD = f"'{lc.RUNNING}', '{lc.PAUSED}'"
 
 def status_move_sql(to: lc.Status, was: lc.Status | Iterable[lc.Status], sets: str, ph: str) -> str:
     """`UPDATE runs SET status = 'to', <sets> WHERE id = <ph> AND status IN (<was>)`: a fixed status
-    move the SDK renders once and then executes on its hot path without watchdog.store.statuses.move
+    move the SDK renders once and then executes on its hot path without watchdog.store.run_rows.move
     (which would check it on every write). Each was -> to is checked against lifecycle.STATUS_MOVES
     here, when the SQL is rendered: a move the table does not list raises IllegalStatusMove at once,
     never a record later. The parameters: those of `sets`, then the run's id."""

@@ -137,7 +137,7 @@ class Memory:
 
     def rebase_first(self, moved: Callable[[float], float]) -> int:
         """A clock jump: every first sight read off the old clock moves with the runs' own times
-        (watchdog.store.rebase), or a healthy run would look an hour old. Returns how many moved."""
+        (watchdog.store.run_rows), or a healthy run would look an hour old. Returns how many moved."""
         changed = [(new, rid) for rid, at in self.first.items() if (new := moved(at)) != at]
         if not changed:
             return 0

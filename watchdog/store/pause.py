@@ -26,11 +26,11 @@ from watchdog.core.interventions import Action
 from watchdog.core.messages import RunFacts
 from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.seal import Sealer
-from watchdog.store import statuses
+from watchdog.store import run_rows
 from watchdog.store.alerts import queued
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.interventions import record
-from watchdog.store.children import with_top_child
+from watchdog.store.run_rows import with_top_child
 from watchdog.store.stops import run_row
 from watchdog.store.schema import interventions, runs
 
@@ -84,7 +84,7 @@ def request_pause(conn: Connection, row: PausedRun, *, reason: str, detail: str,
                   budgets: Budgets, run_facts: RunFacts, sealer: Sealer | None = None) -> bool:
     """running → paused, with its intervention and its alert (what to answer); False if the run
     is no longer running."""
-    if not statuses.move(conn, row.id, lc.PAUSED, was=lc.RUNNING, stop_reason=reason, stop_detail=detail,
+    if not run_rows.move(conn, row.id, lc.PAUSED, was=lc.RUNNING, stop_reason=reason, stop_detail=detail,
                          paused_at=now):
         return False
     _announce(conn, row, reason, detail, now, by, budgets, run_facts, by_guard=False, sealer=sealer)
@@ -133,7 +133,7 @@ def resume(conn: Connection, row: PausedRun, grant: ap.Grant, *, now: dt.datetim
     why = ap.still_over(row.stop_reason, used, columns, grant)
     if why:
         raise ValueError(why)
-    if not statuses.move(conn, row.id, lc.RUNNING, was=lc.PAUSED, stop_reason=None, stop_detail=None,
+    if not run_rows.move(conn, row.id, lc.RUNNING, was=lc.PAUSED, stop_reason=None, stop_detail=None,
                          paused_at=None, resumes=runs.c.resumes + 1, **dict[str, Any](columns)):
         raise ValueError(f"run {row.id[:8]} was stopped or resumed meanwhile")
     granted = grant.describe(budgets, columns)
@@ -177,7 +177,7 @@ def deny_pause(conn: Connection, row: PausedRun, *, now: dt.datetime, by: str, a
                sealer: Sealer | None = None) -> Any:
     """paused -> running for a pause the daemon neither wrote nor confirms (a store writer's
     claim): recorded, alerted once per run in the daemon's words; the row read again (or None)."""
-    if not statuses.move(conn, row.id, lc.RUNNING, was=lc.PAUSED, paused_at=None, stop_reason=None,
+    if not run_rows.move(conn, row.id, lc.RUNNING, was=lc.PAUSED, paused_at=None, stop_reason=None,
                          stop_detail=None):
         return None
     said = Outcome.of(Say.PAUSE_DENIED, AlertKind.PAUSE_DENIED.key(row.id), row.id, run_id=row.id, agent=agent)

@@ -1,4 +1,6 @@
-"""Retention: ended runs older than `[store] keep_days` go, with their events,
+"""What the leader does to ended runs: seals their top tool once, then prunes them when they are old.
+
+Retention: ended runs older than `[store] keep_days` go, with their events,
 interventions and (delivered) alerts; so do old run-less interventions and
 delivered alerts (circuit changes, all-runs alarms) and the lease rows of hosts
 gone for as long. On PostgreSQL the expired days of events are dropped whole
@@ -9,6 +11,13 @@ prune never holds a lock long enough to stall the agents' writes (on SQLite a
 write transaction blocks every other writer, so the pause is as long as the
 batch was: agents get the lock at least half the time). A run with an alert
 still waiting for delivery is kept until the alert is delivered.
+
+Sealing ended runs: their top tool is written on the run row once, so listing
+ended runs (`runs --all`) reads rows from an index and never aggregates events.
+
+Whoever ended the run (the SDK, the daemon's ladder, another language's plain
+SQL), the leader seals it a tick later: one place covers every writer. Until
+then `views.list_runs` computes the top tool from the events, as before.
 """
 
 from __future__ import annotations
@@ -17,14 +26,17 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import ColumnElement, Executable, and_, delete, exists, func, or_, select
+from sqlalchemy import ColumnElement, Executable, and_, delete, exists, func, or_, select, bindparam, update
 from sqlalchemy.engine import Engine
 
 from watchdog.core import lifecycle as lc
 from watchdog.store import dialects, partitions
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import alerts, daemons, events, interventions, runs
+from watchdog.store.views import tool_stats
+
 
 RUNS_PER_BATCH = 200
 # Rows per delete, and the sleep after each batch as a share of its duration: per backend
@@ -185,3 +197,36 @@ def prune(engine: Engine, cutoff: dt.datetime, *, budget_s: float | None = None,
 
 def cutoff_for(now: dt.datetime, keep_days: float) -> dt.datetime:
     return now - dt.timedelta(days=keep_days)
+
+
+# -- Sealing ended runs: their top tool is written on the run row once, so listing -----------------------
+
+SEAL_BATCH = 500
+
+
+def unsealed() -> ColumnElement[bool]:
+    # Spelled as the partial index ix_runs_unsealed's predicate, so both databases use it.
+    return and_(runs.c.ended_at.is_not(None), runs.c.top_tool_calls.is_(None))
+
+
+def seal_ended(engine: Engine, limit: int = SEAL_BATCH) -> int:
+    """Seal up to `limit` ended runs (the oldest first); returns how many."""
+    with read_connection(engine) as conn:
+        ids = conn.execute(select(runs.c.id).where(unsealed()).order_by(runs.c.ended_at).limit(limit)).scalars().all()
+        if not ids:
+            return 0
+        stats = tool_stats(conn, ids)
+    params: list[dict[str, Any]] = []
+    for rid in ids:
+        top = stats[rid][0] if stats[rid] else None
+        params.append({"rid": rid, "b_tool": top.name if top else None, "b_calls": top.calls if top else 0,
+                       "b_errors": top.errors if top else 0})
+    with engine.begin() as conn:
+        # What is written here is read back from the events whenever it is missing (the partial
+        # index finds the run unsealed again): a commit that a database crash loses costs a re-seal,
+        # so it does not wait for the log flush (an fsync each tick that runs ended).
+        dialects.of(conn).commit_without_flush(conn)
+        conn.execute(update(runs).where(and_(runs.c.id == bindparam("rid"), runs.c.top_tool_calls.is_(None)))
+                     .values(top_tool=bindparam("b_tool"), top_tool_calls=bindparam("b_calls"),
+                             top_tool_errors=bindparam("b_errors")), params)
+    return len(ids)

@@ -345,7 +345,7 @@ attestations = Table(
     # attestation: the only cgroup the daemon will ever kill.
     Column("cgroup", Text),
     # What the daemon recorded at attestation for the run's evidence key (JSON: the key's nonce,
-    # when, the budgets registered), sealed: see watchdog.store.evidence (migration 0011).
+    # when, the budgets registered), sealed: see watchdog.store.attestations (migration 0011).
     Column("evidence", Text),
 )
 

@@ -17,8 +17,8 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.interventions import Action
 from watchdog.core.marked import ident, marked
 from watchdog.core.messages import reason_of
-from watchdog.store import statuses
-from watchdog.store.children import descendants, lock_family
+from watchdog.store import run_rows
+from watchdog.store.run_rows import descendants, lock_family
 from watchdog.store.interventions import record
 from watchdog.store.rows import RunRow
 from watchdog.store.schema import events, runs, WHOLE_RUN
@@ -48,7 +48,7 @@ def request_stop(conn: Connection, run_id: str, *, reason: str, detail: str, out
     """running (or paused) -> stopping, with its `stop_requested` audit row; that row's id, or
     None if the run was not stoppable (someone else got there first, or it ended)."""
     lock_family(conn, run_id)  # in the agents' lock order: descendants first, then this run
-    if not statuses.move(conn, run_id, lc.STOPPING, was=lc.STOPPABLE_STATUSES, stop_reason=reason,
+    if not run_rows.move(conn, run_id, lc.STOPPING, was=lc.STOPPABLE_STATUSES, stop_reason=reason,
                          stop_detail=detail, stop_requested_at=now):
         return None
     return record(conn, at=now, action=Action.STOP_REQUESTED, by=by, run_id=run_id, reason=reason, detail=detail,
@@ -68,7 +68,7 @@ def stop_children(conn: Connection, row: Any, *, reason: str, detail: str, now: 
         # the parent's own detail is not repeated (it may quote its writer), only its reason's words.
         why = (f"its parent run {ident(row.id)} ({marked(row.agent)}) was stopped: "
                f"{reason_of(reason)}")[:DETAIL_CHARS]
-        if statuses.move(conn, child.id, lc.STOPPING, was=lc.STOPPABLE_STATUSES, stop_reason=reason,
+        if run_rows.move(conn, child.id, lc.STOPPING, was=lc.STOPPABLE_STATUSES, stop_reason=reason,
                          stop_detail=why, stop_requested_at=now):
             record(conn, at=now, action=Action.STOP_REQUESTED, by=by, run_id=child.id, reason=reason, detail=why,
                    outcome="stopped with its parent")
@@ -80,7 +80,7 @@ def mark_lost(conn: Connection, run_id: str, *, detail: str, now: dt.datetime, b
               outcome: str = "marked lost") -> int | None:
     """An active run whose process is gone without ending it -> lost, with its audit row; that
     row's id, or None if the run was not active any more."""
-    if not statuses.move(conn, run_id, lc.LOST, was=lc.ACTIVE_STATUSES, stop_reason=lc.PROCESS_GONE,
+    if not run_rows.move(conn, run_id, lc.LOST, was=lc.ACTIVE_STATUSES, stop_reason=lc.PROCESS_GONE,
                          stop_detail=detail, ended_at=now):
         return None
     return record(conn, at=now, action=Action.LOST, by=by, run_id=run_id, reason=lc.PROCESS_GONE, detail=detail,

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 from watchdog.core.interventions import STOP_ACTIONS
 from watchdog.core import budgets as bud
 from watchdog.core import lifecycle as lc
-from watchdog.store.children import MAX_DEPTH, children_of
+from watchdog.store.run_rows import MAX_DEPTH, children_of
 from watchdog.store.schema import events, interventions, runs, WHOLE_RUN
 
 _SIGNALS = {"sigterm": "SIGTERM", "sigkill": "SIGKILL", "signal_refused": None, "not_signalled": None,

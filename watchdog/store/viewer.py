@@ -1,28 +1,38 @@
-"""Read verbs for the views people look at: the web view, `postmortem`, `budgets` and `top`.
+"""Read verbs for what people look at: the web view, `postmortem`, `budgets`, `top`, and the demo's narration.
+
+Read verbs for the views people look at: the web view, `postmortem`, `budgets` and `top`.
 
 Reads only (every caller holds a read connection): the facts of a postmortem, a run's
 tool-call timeline, its alerts with their per-target delivery, the daemon's published period
 state, the active runs `top` shows with their calls of the last minute, the circuit breakers.
 Rows cross as typed rows (watchdog.store.rows). Rendering is elsewhere (watchdog.core.postmortem,
 watchdog.core.timeline_svg, watchdog.cli).
+
+What `agent-watchdog demo` reads to narrate: its runs, the interventions and alerts new since
+its last look, whether its daemon is ready, what is left in the outbox.
+
+Reads only, each verb on a connection of its own: the demo decides nothing and writes nothing
+(its daemon and its agents do, through their own verbs).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Sequence, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.timeline_svg import MAX_MARKS, Call, Spend
+from watchdog.store.engine import Engine
 from watchdog.store.rows import AlertRow, CircuitRow, EventRow, InterventionRow, OtherRun, RunRow, ToolIntervention
-from watchdog.store.schema import alerts, events, interventions, runs, tool_circuits, WHOLE_RUN
-from watchdog.store.settings import get_with_time
-from watchdog.store.views import load_run
+from watchdog.store.schema import alerts, events, interventions, runs, tool_circuits, WHOLE_RUN, daemons
+from watchdog.store.settings import get_with_time, CONFIG_KEY, get as published_value
+from watchdog.store.views import load_run, ToolStat, tool_stats
+
 
 MAX_SPEND_ROWS = 50_000  # the cost line of a huge run: its first priced steps (the chart is ~700 px wide)
 STALE_S = 120.0  # an older published period state (a stopped daemon) gives no burn rates
@@ -131,3 +141,72 @@ def tool_calls_since(conn: Connection, run_ids: Sequence[str], since: dt.datetim
              .group_by(events.c.run_id))
         out.update({str(rid): int(n) for rid, n in conn.execute(q)})
     return out
+
+
+# -- What `agent-watchdog demo` reads to narrate: its runs, the interventions and alerts new since -------
+
+_demo_ALERT_COLUMNS = [alerts.c[k] for k in AlertRow.__dataclass_fields__]
+
+
+class News(NamedTuple):
+    """One look at the store: the demo's runs by id, and what happened since the last look."""
+
+    runs: dict[str, RunRow]
+    interventions: list[InterventionRow]  # after the cursor, in id order
+    alerts: list[AlertRow]  # after the cursor, in id order
+
+
+def news(engine: Engine, run_ids: Collection[str], *, interventions_after: int, alerts_after: int) -> News:
+    """The runs `run_ids` and the interventions and alerts whose ids are above the cursors, read
+    on one connection."""
+    with engine.connect() as conn:
+        found = {r.id: RunRow.from_mapping(r._mapping)
+                 for r in conn.execute(select(*WHOLE_RUN).where(runs.c.id.in_(list(run_ids))))}
+        ivs = [InterventionRow.from_mapping(i._mapping) for i in conn.execute(
+            select(interventions).where(interventions.c.id > interventions_after).order_by(interventions.c.id))]
+        als = [AlertRow.from_mapping(a._mapping) for a in conn.execute(
+            select(*_demo_ALERT_COLUMNS).where(alerts.c.id > alerts_after).order_by(alerts.c.id))]
+    return News(found, ivs, als)
+
+
+class Action(NamedTuple):
+    """What an intervention did, to whom: the demo's final table tells the defenses apart by it."""
+
+    run_id: str | None
+    action: str
+    tool: str | None
+    outcome: str | None
+
+
+class Ending(NamedTuple):
+    """How the demo's runs ended: their rows, their tools, every intervention's action."""
+
+    runs: dict[str, RunRow]
+    tools: dict[str, list[ToolStat]]  # per run found, by calls
+    actions: list[Action]  # every intervention (the demo's store holds only its own few runs)
+
+
+def ending(engine: Engine, run_ids: Collection[str]) -> Ending:
+    with engine.connect() as conn:
+        found = {r.id: RunRow.from_mapping(r._mapping)
+                 for r in conn.execute(select(*WHOLE_RUN).where(runs.c.id.in_(list(run_ids))))}
+        tools = tool_stats(conn, list(found))
+        acts = [Action(r.run_id, r.action, r.tool, r.outcome) for r in conn.execute(
+            select(interventions.c.run_id, interventions.c.action, interventions.c.tool, interventions.c.outcome))]
+    return Ending(found, tools, acts)
+
+
+def daemon_ready(engine: Engine, pid: int) -> bool:
+    """The daemon `pid` published its settings (the agents price their steps with them) and
+    finished a tick (its scan cursor is set, so every later error counts for the circuits)."""
+    with engine.connect() as conn:
+        published = published_value(conn, CONFIG_KEY) is not None
+        ticked: dt.datetime | None = conn.execute(
+            select(daemons.c.last_tick_at).where(daemons.c.pid == pid)).scalar()
+    return published and ticked is not None
+
+
+def untried_alerts(engine: Engine) -> int:
+    """The alerts no delivery has tried yet."""
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(alerts).where(alerts.c.attempts == 0)).scalar_one())

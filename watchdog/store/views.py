@@ -206,7 +206,7 @@ def list_runs(conn: Connection, config: Config, now: dt.datetime, *, all_runs: b
 
 
 def sealed_tools(row: Any) -> list[ToolStat]:
-    """The top tool sealed on an ended run's row (watchdog.store.rollup)."""
+    """The top tool sealed on an ended run's row (watchdog.store.retention)."""
     if not row.top_tool:
         return []
     return [ToolStat(row.top_tool, int(row.top_tool_calls), int(row.top_tool_errors or 0))]
@@ -241,7 +241,7 @@ def run_detail(conn: Connection, run_id: str, config: Config, now: dt.datetime, 
     ivs = conn.execute(
         select(interventions).where(interventions.c.run_id == row.id).order_by(interventions.c.id)
     ).all()
-    from watchdog.store.children import children_of
+    from watchdog.store.run_rows import children_of
 
     record["children"] = [
         {"id": c.id, "agent": c.agent, "status": c.status, "stop_reason": c.stop_reason, "steps": c.steps,
@@ -280,9 +280,9 @@ class DaemonLiveness:
 
 def daemon_liveness(conn: Connection) -> DaemonLiveness:
     """The hosts whose daemon holds a live lease and when one was last seen (the one reading of
-    watchdog.store.daemon_status, which `status`, `runs` and `top` share). A table that does not
+    watchdog.store.settings, which `status`, `runs` and `top` share). A table that does not
     read counts as no live daemon: a banner too many, never one missing."""
-    from watchdog.store.daemon_status import watchers
+    from watchdog.store.settings import watchers
 
     try:
         w = watchers(conn)

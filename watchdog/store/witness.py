@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.interventions import Action
-from watchdog.store import statuses
+from watchdog.store import run_rows
 from watchdog.store.interventions import record
 from watchdog.store import dialects
 from watchdog.store.dialects import Dialect
@@ -233,12 +233,12 @@ def _sql(d: Dialect) -> _Sql:
 
 def complete(conn: Connection, run_id: str, *, now: dt.datetime) -> bool:
     """A running run the witness saw end (its root span) or that went silent: completed, no alert."""
-    return statuses.move(conn, run_id, lc.COMPLETED, was=lc.RUNNING, ended_at=now)
+    return run_rows.move(conn, run_id, lc.COMPLETED, was=lc.RUNNING, ended_at=now)
 
 
 def end_stopped(conn: Connection, run_id: str, *, now: dt.datetime, by: str, outcome: str) -> bool:
     """A stopping run nobody can signal whose witness went silent: killed (its stop took effect)."""
-    if not statuses.move(conn, run_id, lc.KILLED, was=lc.STOPPING, when=runs.c.signal_stage.in_(lc.WAITING_STAGES),
+    if not run_rows.move(conn, run_id, lc.KILLED, was=lc.STOPPING, when=runs.c.signal_stage.in_(lc.WAITING_STAGES),
                          ended_at=now, signal_stage=lc.Stage.DONE):
         return False
     record(conn, at=now, action=Action.ENDED, by=by, run_id=run_id, outcome=outcome[:255])

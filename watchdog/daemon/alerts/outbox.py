@@ -37,7 +37,7 @@ from watchdog.core.outcomes import Outcome, Say
 from watchdog.daemon.alerts import delivered, lanes
 from watchdog.daemon.alerts.notify import Notifier, TargetResult
 from watchdog.store import outbox as rows
-from watchdog.store.announce import announce
+from watchdog.store.alerts import announce
 from watchdog.store.engine import Engine, store_unavailable
 
 if TYPE_CHECKING:

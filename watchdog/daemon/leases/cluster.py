@@ -29,9 +29,9 @@ from watchdog.core.seal import Sealer
 from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.text import one_line
 from watchdog.daemon.leases.partition_duty import PartitionDuty
-from watchdog.store import leases, retention, rollup
+from watchdog.store import leases, retention
 from watchdog.store.alerts import queued
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.engine import Engine, read_connection
 from watchdog.store.leases import Holder
 
@@ -192,7 +192,7 @@ class ClusterDuties:
             last = self._last_seal_at
             if last is not None and 0 <= (t.now - last).total_seconds() < SEAL_EVERY_S:
                 return  # the runs that ended since wait for the next batch (read from events until then)
-        self._sealed_all = rollup.seal_ended(self.engine) < rollup.SEAL_BATCH
+        self._sealed_all = retention.seal_ended(self.engine) < retention.SEAL_BATCH
         self._last_seal_at, self._ended_since_seal = t.now, False
 
     def prune(self, t: DutyTick) -> None:

@@ -25,8 +25,8 @@ from watchdog.core.pricing import NO_MODEL
 from watchdog.daemon.money.prices import PriceBook
 from watchdog.daemon.trust.isolation import Defect, read_isolated
 from watchdog.daemon.trust.latewindow import ID_OVERLAP
-from watchdog.store import backfill as store
-from watchdog.store.backfill import MAX_PER_TICK as MAX_PER_TICK, UnpricedStep, WriteRefused
+from watchdog.store import event_rows as store
+from watchdog.store.event_rows import MAX_PER_TICK as MAX_PER_TICK, UnpricedStep, WriteRefused
 from watchdog.store.engine import Connection, Engine
 from watchdog.store.scan import commits_late, newest_event_id
 

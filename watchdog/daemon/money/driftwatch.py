@@ -18,7 +18,7 @@ from watchdog.core.interventions import Action
 from watchdog.core import drift
 from watchdog.core.outcomes import Outcome, Say, word
 from watchdog.store.alerts import queued
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.engine import Connection, Engine, read_connection
 from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
 from watchdog.store.alerts import queued_at

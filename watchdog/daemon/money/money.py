@@ -36,15 +36,15 @@ from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, P
 from watchdog.core.pricing import NO_MODEL
 from watchdog.core.rowviews import RunView
 from watchdog.daemon.money.backfill import Backfill, BackfillReport
-from watchdog.store.backfill import UnpricedStep
+from watchdog.store.event_rows import UnpricedStep
 from watchdog.daemon.money.driftwatch import DriftWatch
 from watchdog.daemon.money.moneytick import LiveSpend, MoneyTick
 from watchdog.daemon.money.prices import PriceBook
 from watchdog.daemon.trust.lightrow import Light
 from watchdog.store import ledger
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.engine import Connection, Engine
-from watchdog.store.run_reads import RunLabels, labels_of
+from watchdog.store.run_rows import RunLabels, labels_of
 from watchdog.store.settings import put as publish_setting
 
 if TYPE_CHECKING:

@@ -52,7 +52,7 @@ from watchdog.daemon.otlp.logs import Session
 from watchdog.daemon.otlp.mapping import Group
 from watchdog.daemon.otlp.outcome import Outcome
 from watchdog.store import witness
-from watchdog.store.announce import announce
+from watchdog.store.alerts import announce
 from watchdog.store.engine import Connection, Engine
 from watchdog.store.hooks import HookRun, held_runs
 

@@ -16,7 +16,7 @@ from watchdog.core.alert_kinds import AlertKind
 from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
 from watchdog.core.outcomes import Outcome, Say
-from watchdog.store.announce import announce
+from watchdog.store.alerts import announce
 from watchdog.store.engine import Connection
 
 log = logging.getLogger("watchdog.otlp")

@@ -27,7 +27,7 @@ from watchdog.core.rowviews import AttestationView
 from watchdog.core.seal import Sealer
 from watchdog.daemon.otlp.sender import Pinned
 from watchdog.daemon.trust.authentic import new_evidence, parse_evidence, run_key
-from watchdog.store import evidence as evstore
+from watchdog.store import attestations as evstore
 from watchdog.store.attestations import Attestation, replace as replace_attestation
 from watchdog.store.engine import Connection
 from watchdog.store.witness import MacFn, WitnessedCall
@@ -47,7 +47,7 @@ def record(conn: Connection, sealer: Sealer, *, run_id: str, host: str, name: st
     evidence: dict[str, Any] = json.loads(new_evidence(sealer, run_id, {}, now)) if pinned is not None else {"v": 1}
     evidence.update(sender=name, anonymous=anonymous, sender_mac=sealer.sender(run_id, name, anonymous))
     text = json.dumps(evidence)
-    evstore.save(conn, run_id, text)
+    evstore.save_evidence(conn, run_id, text)
     if pinned is None:
         return None
     sealed = parse_evidence(sealer, run_id, text)
@@ -67,7 +67,7 @@ class Recorded:
 def _verified(conn: Connection, sealer: Sealer | None, run_id: str) -> tuple[AttestationView, dict[str, Any]] | None:
     if sealer is None:
         return None
-    a: AttestationView | None = evstore.load(conn, run_id)  # (a store Row, typed Any there)
+    a: AttestationView | None = evstore.load_evidence(conn, run_id)  # (a store Row, typed Any there)
     if a is None or not sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode,
                                            a.cgroup):
         return None

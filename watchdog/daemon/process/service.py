@@ -33,11 +33,11 @@ from watchdog.daemon.process.loop import Periodic
 from watchdog.daemon.stops.attest import AttestServer
 from watchdog.daemon.leases.cluster import Membership
 from watchdog.daemon.leases.lease import AlreadyRunning, LeaseLost, lease_for
-from watchdog.store.announce import announce
+from watchdog.store.alerts import announce
 from watchdog.store.interventions import actor
 from watchdog.store.leases import Holder, db_now
 from watchdog.store.engine import Engine
-from watchdog.store.rebase import rebase_active_runs, rebase_pending_alerts
+from watchdog.store.run_rows import rebase_active_runs, rebase_pending_alerts
 from watchdog.core.config import Config
 from watchdog.errors import ConfigError
 from watchdog.daemon.stops.killer import Killer
@@ -261,7 +261,7 @@ class Daemon:
 
     def _clock_jumped(self, jump: Jump) -> None:
         """Logged and alerted once per jump; the active runs' times are moved onto the new clock
-        (watchdog.store.rebase) and this tick judges no duration (see tick_job)."""
+        (watchdog.store.run_rows) and this tick judges no duration (see tick_job)."""
         self.last_jump = jump
         pg = self.engine.dialect.name == "postgresql"
         where = "the database server's clock" if pg else f"the clock of {self.killer.host}"

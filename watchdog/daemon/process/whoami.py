@@ -1,5 +1,5 @@
 """What a daemon publishes about itself for `agent-watchdog status` (issue 36): its receivers'
-addresses and whom it can signal, under the settings key `daemon:<host>` (watchdog.store.daemon_status).
+addresses and whom it can signal, under the settings key `daemon:<host>` (watchdog.store.settings).
 
 Written by the daemon's login only (on PostgreSQL the agents' roles cannot write settings), at
 start once its receivers listen and with the other published settings after that; shown by
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from watchdog.core.clock import utcnow
 from watchdog.core.config import Config
-from watchdog.store.daemon_status import publish_self
+from watchdog.store.settings import publish_self
 from watchdog.store.engine import Engine
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from watchdog.core.text import one_line
 from watchdog.daemon.stops.stopping import facts
 from watchdog.store import stops
 from watchdog.store.alerts import stop_key, summarised, unheard
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.interventions import record, stop_intervention
 from watchdog.store.engine import Connection, Engine, statement_reads
 

@@ -50,7 +50,7 @@ from watchdog.core.procid import CREATE_TIME_TOLERANCE_S, ProcessIdentity
 from watchdog.errors import ConfigError
 from watchdog.daemon.trust.authentic import new_evidence, parse_evidence, run_key
 from watchdog.store import attestations as rows
-from watchdog.store import evidence as evstore
+from watchdog.store import attestations as evstore
 from watchdog.core.clock import utcnow
 from watchdog.store.engine import Connection, Engine
 
@@ -243,7 +243,7 @@ class AttestServer:
             mac = self.sealer.identity(run_id, self.host, pid, create_time, uid, row.kill_mode, cgroup)
             now = utcnow()
             a = rows.Attestation(run_id, self.host, pid, create_time, uid, row.kill_mode, now, mac, cgroup)
-            current = evstore.load(conn, run_id)
+            current = evstore.load_evidence(conn, run_id)
             if current is not None and current.mac == mac:  # asked twice: the same key again
                 sealed = parse_evidence(self.sealer, run_id, current.evidence)
                 stored = rows.load(conn, run_id)  # the row `current` is, as its typed record
@@ -253,7 +253,7 @@ class AttestServer:
                 rows.replace(conn, a)
             # A new key for a new identity (or for one whose evidence record is gone or forged).
             text = new_evidence(self.sealer, run_id, row.budgets, now)
-            evstore.save(conn, run_id, text)
+            evstore.save_evidence(conn, run_id, text)
             sealed = parse_evidence(self.sealer, run_id, text)
             if sealed is None:  # this daemon's own record, sealed a line above: it always verifies
                 raise RuntimeError(f"run {run_id}: the evidence record just sealed does not verify")

@@ -28,7 +28,7 @@ from watchdog.core.lifecycle import CIRCUIT_STATES, Circuit
 from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.scrub import scrub
 from watchdog.store import circuits as store
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.interventions import actor, record
 from watchdog.core.config import Config
 from watchdog.store.circuits import REFUSAL_CLASS as REFUSAL_CLASS

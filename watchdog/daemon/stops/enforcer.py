@@ -53,7 +53,7 @@ from watchdog.daemon.stops.stopping import SPANS_UNPROVEN
 from watchdog.daemon.trust import ownstage
 from watchdog.daemon.trust.authentic import hold_not_own
 from watchdog.store import ladder as store
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.engine import Connection
 from watchdog.store.interventions import record
 from watchdog.store.memory import Memory

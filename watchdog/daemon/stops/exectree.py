@@ -25,7 +25,7 @@ from watchdog.daemon.stops.runtree import directory, remaining
 from watchdog.daemon.stops.treememory import TreeMemory
 from watchdog.daemon.stops.stopping import stop_run
 from watchdog.store.engine import Connection, Engine, read_connection, statement_reads
-from watchdog.store.execrun import active_exec_roots
+from watchdog.store.joined import active_exec_roots
 
 log = logging.getLogger("watchdog.tick")
 

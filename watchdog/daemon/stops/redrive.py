@@ -28,9 +28,9 @@ from watchdog.core.seal import Sealer
 from watchdog.daemon.stops.signalcheck import FIX
 from watchdog.store import stops
 from watchdog.store.alerts import queued
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.engine import Connection
-from watchdog.store.run_reads import redrive_alerts
+from watchdog.store.run_rows import redrive_alerts
 
 log = logging.getLogger("watchdog.tick")
 

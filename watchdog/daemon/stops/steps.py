@@ -24,7 +24,7 @@ from watchdog.core.procid import ProcessIdentity
 from watchdog.core.rowviews import RunView
 from watchdog.core.seal import Sealer
 from watchdog.store import ladder as store
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.engine import Connection
 from watchdog.store.interventions import record
 

@@ -22,8 +22,8 @@ from watchdog.core.scrub import scrub
 from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
 from watchdog.store import stops
-from watchdog.store.announce import announce
-from watchdog.store.children import with_top_child
+from watchdog.store.alerts import announce
+from watchdog.store.run_rows import with_top_child
 from watchdog.store.engine import Connection
 
 # A run seen only through spans whose sender the kernel did not confirm (watchdog.daemon.otlp).

@@ -31,10 +31,10 @@ from watchdog.daemon.stops.ladder import due as ladder_due
 from watchdog.daemon.tick.tickstate import ThisTick
 from watchdog.daemon.stops.stopping import stop_plan
 from watchdog.store.alerts import queued
-from watchdog.store.announce import announce
+from watchdog.store.alerts import announce
 from watchdog.store.interventions import record, stop_intervention
 from watchdog.store.engine import Connection
-from watchdog.store.run_reads import stop_alert
+from watchdog.store.run_rows import stop_alert
 
 if TYPE_CHECKING:
     from watchdog.daemon.context import TickContext

@@ -57,7 +57,7 @@ from watchdog.daemon.tick.stopping_runs import judge_stopping
 from watchdog.daemon.trust.scan import L, RATE_WINDOW_S, Scanner
 from watchdog.daemon.tick.tickread import TickRead
 from watchdog.daemon.tick.tickstate import PeriodStop, ThisTick, TickReport, TickState
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.interventions import actor
 from watchdog.store.engine import Connection, Engine, read_connection, store_unavailable
 

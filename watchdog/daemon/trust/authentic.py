@@ -39,8 +39,8 @@ from watchdog.core.messages import ACK_MARK, RunFacts
 from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate
 from watchdog.core.seal import Sealer
-from watchdog.store import evidence as store
-from watchdog.store.announce import Audit, announce
+from watchdog.store import attestations as store
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.engine import Connection
 from watchdog.store.alerts import by_key as sealed_alert
 
@@ -194,7 +194,7 @@ class OwnEvidence:
 
     def breach(self, conn: Connection, row: Any, now: dt.datetime, *, skip_clock: bool = False) -> Verdict | None:
         """The breach the run's own evidence shows, or None."""
-        a = store.load(conn, row.id)
+        a = store.load_evidence(conn, row.id)
         if a is None or self.sealer is None:
             return None
         if not self.sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid, a.kill_mode,
@@ -230,7 +230,7 @@ class OwnEvidence:
     def _exec_gone(self, conn: Connection, row: Any) -> bool:
         if getattr(row, "source", None) != lc.Source.EXEC or self.sealer is None:
             return False
-        a = store.load(conn, row.id)
+        a = store.load_evidence(conn, row.id)
         if a is None or not self.sealer.identity_ok(a.mac, a.run_id, a.host, a.pid, a.pid_create_time, a.uid,
                                                     a.kill_mode, getattr(a, "cgroup", None)):
             return False

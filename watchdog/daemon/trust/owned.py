@@ -28,8 +28,8 @@ from watchdog.core.policies import RunSnapshot, evaluate
 from watchdog.daemon.trust.scan import RATE_WINDOW_S
 from watchdog.daemon.trust.authentic import OwnEvidence, operator_stop
 from watchdog.store.engine import Connection
-from watchdog.store.evidence_rows import own_events
-from watchdog.store.run_reads import whole_run
+from watchdog.store.event_rows import own_events
+from watchdog.store.run_rows import whole_run
 
 MAX_PARENTS = 8  # a child is judged by its parent's evidence this many levels up at most
 RECHECK_S = 5.0  # a held run's evidence is read again at most this often

@@ -29,9 +29,9 @@ from watchdog.core.text import one_line
 from watchdog.daemon.trust.isolation import Defect
 from watchdog.daemon.trust.scan import LIGHT, MEASURES
 from watchdog.store.alerts import queued
-from watchdog.store.announce import announce
+from watchdog.store.alerts import announce
 from watchdog.store.interventions import record
-from watchdog.store import quarantine as store
+from watchdog.store import interventions as store
 from watchdog.store.engine import Connection
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from watchdog.core.text import one_line
 from watchdog.daemon.otlp.senders import sender_of
 from watchdog.core.whose import OWNER_PREFIX, owner_key
 from watchdog.store.pause import deny_pause
-from watchdog.store.announce import Audit, announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.interventions import attested_uid, grant_ok
 from watchdog.store.engine import Connection
 from watchdog.store.memory import Memory
@@ -219,7 +219,7 @@ class Trust:
         todo = [(r[i_id], r[i_agent]) for r in rows if r[i_agent] in bound and r[i_id] not in known]
         if not todo:
             return
-        from watchdog.store.run_reads import owners_of
+        from watchdog.store.run_rows import owners_of
 
         owners = owners_of(conn, [rid for rid, _a in todo if isinstance(rid, str)])
         for rid, agent in todo:

@@ -22,7 +22,7 @@ from watchdog.errors import RunKilled
 from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
 from watchdog.gateways.exec.exits import EXIT_STOPPED, say
-from watchdog.store.execrun import ExecRunState, killed_child, read_state
+from watchdog.store.joined import ExecRunState, killed_child, read_state
 from watchdog.core.clock import utcnow
 
 if TYPE_CHECKING:
