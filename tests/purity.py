@@ -2,7 +2,9 @@
 opens no database, so that the whole folder runs in seconds as the inner loop while editing.
 
 tests/unit/conftest.py imports the three hooks below; pytest applies a conftest's hooks only to
-the tests under its folder, so the store and system kinds are untouched. The checks are Python's
+the tests under its folder, so the store and system kinds are untouched. A SQLite database in memory
+(`:memory:`, watchdog.store.inmemory) is no database file and is let through: the judge's rules are
+unit-tested on the real store verbs over it. The checks are Python's
 audit events (PEP 578: every socket, process and sqlite3 connection raises one, whatever library
 asks) plus the PostgreSQL driver's connect, which is C code without an event. An audit hook
 cannot be removed, so it is installed once and stays off outside a unit test's phases.
@@ -52,12 +54,17 @@ class _Guard:
         if not self.on:
             return
         what = IMPURE_EVENTS.get(event)
-        if what is not None:
+        if what is not None and not _in_memory(event, args):
             self.breach(f"{what} ({event}{_brief(args)})")
 
     def breach(self, what: str) -> None:
         self.breaches.append(what)
         raise ImpureTest(f"a unit test {what}: {WHERE_INSTEAD}")
+
+
+def _in_memory(event: str, args: tuple) -> bool:
+    # Only the exact name: "" is a temporary file on disk, and a `file:` URI may name any file.
+    return event == "sqlite3.connect" and bool(args) and args[0] == ":memory:"
 
 
 def _brief(args: tuple) -> str:

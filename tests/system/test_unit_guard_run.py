@@ -1,6 +1,7 @@
 """The unit folder's guard bites: pytest, run on a copy of tests/unit/conftest.py beside small
 offending tests, fails each test that opens a socket, starts a process or opens a database (even
-one that swallows the error), and passes the pure one and the same acts outside the unit folder."""
+one that swallows the error), and passes the pure one, one on a SQLite database in memory (no
+file: watchdog.store.inmemory) and the same acts outside the unit folder."""
 
 from __future__ import annotations
 
@@ -29,14 +30,22 @@ OFFENDERS = textwrap.dedent('''
     def test_starts_a_process():
         subprocess.run([sys.executable, "-c", "pass"], check=True)
 
-    def test_opens_a_database():
-        sqlite3.connect(":memory:").close()
+    def test_opens_a_database(tmp_path):
+        sqlite3.connect(str(tmp_path / "store.db")).close()
 
-    def test_swallows_the_error():
+    def test_opens_a_temporary_database():
+        sqlite3.connect("").close()  # "": SQLite's temporary database, a file on disk
+
+    def test_swallows_the_error(tmp_path):
         try:
-            sqlite3.connect(":memory:").close()
+            sqlite3.connect(str(tmp_path / "store.db")).close()
         except Exception:
             pass
+
+    def test_may_use_a_store_in_memory():
+        db = sqlite3.connect(":memory:")
+        assert db.execute("SELECT 1").fetchone() == (1,)
+        db.close()
 
     def test_connects_to_postgresql():
         import psycopg
@@ -66,9 +75,10 @@ def test_the_unit_guard_fails_impure_tests_and_only_under_tests_unit(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
-    assert "5 failed, 2 passed" in out, out
+    assert "6 failed, 3 passed" in out, out
     for name, what in [("opens_a_socket", "opened a socket"), ("starts_a_process", "started a process"),
-                       ("opens_a_database", "opened a database"), ("swallows_the_error", "opened a database"),
+                       ("opens_a_database", "opened a database"), ("opens_a_temporary_database", "opened a database"),
+                       ("swallows_the_error", "opened a database"),
                        ("connects_to_postgresql", "opened a database (psycopg connect)")]:
         (line,) = [ln for ln in out.splitlines() if ln.startswith("FAILED") and name in ln]
         assert what in line, line
