@@ -30,3 +30,11 @@ def test_the_package_names_a_module_the_same_way_in_any_import_order() -> None:
     alerts = importlib.import_module("watchdog.store.alerts")
     from watchdog.store import alerts as via_package
     assert via_package is alerts and callable(alerts.enqueue_alert)
+
+
+def test_the_design_map_names_every_store_module_and_no_other() -> None:
+    # docs/explanation/design.md draws the store by what it stores (issue 34): the map follows the tree.
+    design = (STORE.parents[1] / "docs" / "explanation" / "design.md").read_text()
+    figure = design.split("\nwatchdog/store/\n", 1)[1].split("```", 1)[0]
+    named = {word for line in figure.splitlines() for word in line[:38].split()}
+    assert named == {p.stem for p in STORE.glob("*.py") if p.stem != "__init__"}
