@@ -79,6 +79,11 @@ def marked(text: object, limit: int = NAME_CHARS) -> str:
 # only opens at a line's start, and the text is one line inside the daemon's). CommonMark lets
 # any ASCII punctuation be backslash-escaped, and an escaped one is only itself.
 _MARKDOWN = re.compile(r"[\\*_\[\]()!#~]")
+# GFM's extended autolinks need no `<>` nor a scheme: `www.` starts a link to any domain (one
+# `_DOMAIN` does not know: "www.evil.ninja"), `@` an email one ("x@evil.ninja", also after
+# `mailto:` / `xmpp:`). The dot after www and the @ are made inert, as `defanged` does a host's dots.
+_WWW = re.compile(r"(?i)\b(www)\.")
+_AT = str.maketrans({"@": "＠"})
 
 
 def md_text(text: object, limit: int = TEXT_CHARS) -> str:
@@ -87,7 +92,7 @@ def md_text(text: object, limit: int = TEXT_CHARS) -> str:
     every character that could open emphasis, a link, an image or HTML escaped. Unmarked (no
     «»): it reads as the name it is. None reads as an empty string."""
     s = _one_line(scrub("" if text is None else str(text)[: limit * 4]))
-    s = defanged(s)
+    s = _WWW.sub(r"\1[.]", defanged(s)).translate(_AT)
     if len(s) > limit:
         s = s[: max(1, limit - 1)].rstrip() + "…"
     return _MARKDOWN.sub(lambda m: "\\" + m.group(0), s)

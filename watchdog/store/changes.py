@@ -45,8 +45,9 @@ log = logging.getLogger("watchdog.changes")
 
 # Reads after which a number below the cursor is no longer waited for (PostgreSQL): with one read
 # per tick, that many ticks for a writer's transaction between taking its number and committing.
-# A writer's transaction takes its number in its UPDATE (or, for an event, at its COMMIT) and
-# commits within milliseconds: three ticks is ample, and keeps the window's re-read small.
+# A writer's transaction takes its number in its UPDATE (or, for an event, at the end of its
+# INSERT: revision 0017's statement trigger, no longer at COMMIT) and commits within
+# milliseconds: three ticks is ample, and keeps the window's re-read small.
 LATE_READS = 3
 # At `start`, the numbers below the high-water mark that may still commit late (PostgreSQL).
 START_WINDOW = 1_000

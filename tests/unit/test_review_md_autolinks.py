@@ -1,0 +1,33 @@
+"""Review (hostile): a writer's text in the postmortem cannot become a link through GFM's extended
+autolinks, which need neither `<>` nor a scheme (GitHub Flavored Markdown spec, 6.9): `www.`
+followed by a domain, and an email address (also after `mailto:` / `xmpp:`). `md_text` defanged
+schemes and the top-level domains it knows, so `www.evil.ninja/login` and `ops@evil.ninja` were
+left as they are: clickable where the report is rendered (GitHub, GitLab, most viewers)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from watchdog.core.marked import md_text
+
+# The spec's two scheme-less triggers, as a renderer scans the text (escapes removed first).
+GFM_WWW = re.compile(r"(?:^|[\s*_~(])www\.[\w-]+(?:\.[\w-]+)*", re.I)
+GFM_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+
+
+def _as_rendered(md: str) -> str:
+    return re.sub(r"\\(.)", r"\1", md)  # a backslash escape reads as the character itself
+
+
+@pytest.mark.parametrize("text", ["go to www.evil.ninja/login now", "WWW.Evil.Ninja", "(www.x-y.example)",
+                                  "write to ops@evil.ninja", "mailto:ops@evil.ninja", "xmpp:bot@chat.evil.ninja"])
+def test_a_writers_text_is_no_gfm_autolink(text):
+    shown = _as_rendered(md_text(text))
+    assert not GFM_WWW.search(shown) and not GFM_EMAIL.search(shown), shown
+    assert "evil" in shown.lower() or "x-y" in shown  # still readable
+
+
+def test_a_tools_dotted_name_reads_as_it_is():
+    assert md_text("search.read") == "search.read"
