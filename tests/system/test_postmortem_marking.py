@@ -43,7 +43,7 @@ def test_hostile_names_add_no_heading_link_image_html_or_fence_to_the_postmortem
             tool=INJECT[:128]))
     out = CliRunner().invoke(main, ["--db", db_url, "postmortem", run.id, "--output", str(tmp_path / "pm")])
     assert out.exit_code == 0, out.output
-    md = (tmp_path / "pm" / f"postmortem-{run.id[:8]}.md").read_text()
+    md = (tmp_path / "pm" / f"postmortem-{run.id}.md").read_text()
 
     tokens = _blocks(md)
     heads = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
@@ -52,7 +52,7 @@ def test_hostile_names_add_no_heading_link_image_html_or_fence_to_the_postmortem
     strong = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "strong_open"]
     assert "bold" not in strong  # the template's own bold only (status, defense, cost)
     images = [t.attrs.get("src") for t in tokens if t.type == "image"]
-    assert images == [f"postmortem-{run.id[:8]}-timeline.svg"]
+    assert images == [f"postmortem-{run.id}-timeline.svg"]
     assert [t.info for t in tokens if t.type in ("fence", "code_block")] == ["python"]  # the chaos case only
     tables = [t for t in tokens if t.type == "table_open"]
     assert len(tables) == 1  # the signature table only

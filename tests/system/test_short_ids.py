@@ -81,3 +81,14 @@ def test_a_whole_id_finds_its_run_when_a_longer_id_begins_with_it(sqlite_url) ->
     shown = cli(sqlite_url, "show", VICTIM)
     assert shown.exit_code == 0 and f"run {VICTIM}  agent bot" in shown.output
     assert "ambiguous prefix" in cli(sqlite_url, "show", VICTIM[:8]).output
+
+
+def test_two_runs_sharing_their_first_8_digits_get_a_postmortem_file_each(db_url, wd, tmp_path) -> None:
+    """The reports were named by the first 8 digits: the second report overwrote the first."""
+    for rid in (VICTIM, MIMIC):
+        with wd.run("bot", run_id=rid) as run:
+            run.step()
+        assert cli(db_url, "postmortem", rid, "--output", str(tmp_path / "pm")).exit_code == 0
+    reports = sorted(p.name for p in (tmp_path / "pm").glob("*.md"))
+    assert reports == [f"postmortem-{VICTIM}.md", f"postmortem-{MIMIC}.md"]
+    assert VICTIM in (tmp_path / "pm" / f"postmortem-{VICTIM}.md").read_text()

@@ -322,9 +322,9 @@ def test_postmortem_output_dir_writes_markdown_and_the_same_timeline(web, tmp_pa
     out = subprocess.run([CLI, "--db", web.url, "postmortem", rid[:8], "--output", str(tmp_path / "pm")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    md = (tmp_path / "pm" / f"postmortem-{rid[:8]}.md").read_text()
-    svg = (tmp_path / "pm" / f"postmortem-{rid[:8]}-timeline.svg").read_text()
-    assert f"![Tool calls over time](postmortem-{rid[:8]}-timeline.svg)" in md and "max_tool_calls" in md
+    md = (tmp_path / "pm" / f"postmortem-{rid}.md").read_text()
+    svg = (tmp_path / "pm" / f"postmortem-{rid}-timeline.svg").read_text()
+    assert f"![Tool calls over time](postmortem-{rid}-timeline.svg)" in md and "max_tool_calls" in md
     assert svg == web.text(f"/runs/{rid}/timeline.svg")  # one renderer: the page shows the same chart
     page = web.text(f"/runs/{rid}/postmortem")
     assert "<h3>Probable cause</h3>" in page and f'href="/runs/{rid}/postmortem.md"' in page

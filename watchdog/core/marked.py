@@ -13,7 +13,8 @@ written once here and applied by the table of outcomes (watchdog.core.outcomes):
   masked (watchdog.core.scrub), control,
   format and line-break characters (newlines, ANSI escapes, bidi overrides, zero-width) become
   one space; at most `limit` characters, a cut shown as `…`; URLs and shell-looking text are
-  defanged: `http` -> `hxxp`, `://` -> `[:]//`, a dot in a link's host or in a word ending in a common top-level domain -> `[.]`, the
+  defanged: `http` -> `hxxp`, `://` -> `[:]//`, a dot in a link's host, after `www`, in a host
+  followed by a path or in a word ending in a common top-level domain -> `[.]`, the
   shell's metacharacters ``| ; & $ ` < >`` -> their fullwidth forms, `«` `»` -> `‹` `›` (a field
   cannot close itself early).
 """
@@ -39,6 +40,10 @@ _URL_HOST = re.compile(r"(?<=\[:\]//)[^\s/?#]+")
 _TLDS = ("com|net|org|io|sh|dev|app|ai|co|me|info|biz|xyz|top|site|online|link|click|zip|mov|ru|cn|"
          "us|uk|de|fr|nl|eu|in|ly|gg|to|cc|tk|ws|su|pw|run|cloud|host|page|live|icu|shop|pro|tv")
 _DOMAIN = re.compile(rf"\b[\w-]+(?:\.[\w-]+)*\.(?:{_TLDS})\b", re.IGNORECASE)
+# Chat apps link more than a scheme or a known domain: any `www.` word ("www.evil.ninja"), and
+# a dotted host followed by a path ("evil.ninja/login"). Not a tool's dotted name ("fs.read").
+_WWW_WORD = re.compile(r"(?i)\bwww\.[\w.-]+")
+_HOST_PATH = re.compile(r"\b[\w-]+(?:\.[\w-]+)*\.[A-Za-z][\w-]*(?=/)")
 _RUN_REF = re.compile(r"[0-9a-f]{8}")
 _RUN_ID = re.compile(r"[0-9a-f]{8,64}")
 
@@ -61,6 +66,8 @@ def defanged(text: str) -> str:
     text = _SCHEME.sub(_defang_scheme, text)
     text = _URL_HOST.sub(lambda m: m.group(0).replace(".", "[.]"), text)
     text = _DOMAIN.sub(lambda m: m.group(0).replace(".", "[.]") if "[.]" not in m.group(0) else m.group(0), text)
+    text = _WWW_WORD.sub(lambda m: m.group(0).replace(".", "[.]"), text)
+    text = _HOST_PATH.sub(lambda m: m.group(0).replace(".", "[.]"), text)
     return text.translate(_SHELL)
 
 

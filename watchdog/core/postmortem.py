@@ -89,10 +89,11 @@ def _first_repeat(evs: Sequence[EventRow]) -> EventRow | None:
 
 
 def file_stem(run_id: str) -> str:
-    """The report's file name without its suffix: `postmortem-1a2b3c4d`; a character of a chosen id
-    that could leave the folder, end the Markdown link to its timeline or a header's quoted file
-    name reads `_`."""
-    return "postmortem-" + re.sub(r"[^0-9A-Za-z_-]", "_", run_id[:8])
+    """The report's file name without its suffix: `postmortem-<the whole run id>`. The whole id, not
+    its first 8 digits: a writer chooses its run's id, and a run sharing another's first 8 would
+    overwrite that run's report. A character of a chosen id that could leave the folder, end the
+    Markdown link to its timeline or a header's quoted file name reads `_`; bounded to 64."""
+    return "postmortem-" + re.sub(r"[^0-9A-Za-z_-]", "_", run_id[:64])
 
 
 def render(facts: PostmortemFacts, config: Config, now: dt.datetime, *, timeline_file: str | None = None) -> str:
