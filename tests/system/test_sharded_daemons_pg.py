@@ -194,4 +194,7 @@ def test_sharded_daemons_decide_once_carry_out_on_their_host_and_take_a_dead_jud
     assert stop_alerts == Counter({rid: 1 for rid in ids})  # alerted once each
     per_kind = Counter((key.split(":")[0], rid) for rid, key in every)
     assert max(per_kind.values()) == 1, per_kind  # nothing else about a run twice either
-    assert {kind for kind, _ in per_kind} == {"stop"}, sorted(key for _, key in every if not key.startswith("stop:"))
+    # A run whose thread did not acknowledge the cooperative stop within the tests' tiny grace (a
+    # loaded machine) is also told about once, as "did not stop; shares its process": timing, not
+    # a second decision. Nothing else may be said of these runs.
+    assert {kind for kind, _ in per_kind} <= {"stop", "escalate"}, sorted(key for _, key in every)

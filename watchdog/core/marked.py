@@ -86,6 +86,16 @@ def marked(text: object, limit: int = NAME_CHARS) -> str:
 # only opens at a line's start, and the text is one line inside the daemon's). CommonMark lets
 # any ASCII punctuation be backslash-escaped, and an escaped one is only itself.
 _MARKDOWN = re.compile(r"[\\*_\[\]()!#~]")
+
+
+def _md_escape(m: re.Match[str], s: str) -> str:
+    """Backslash-escaped, but an underscore between two letters or digits (`verify_iban`): it can
+    neither open nor close emphasis there (CommonMark), and the raw file keeps the name readable."""
+    i = m.start()
+    if m.group(0) == "_" and 0 < i < len(s) - 1 and s[i - 1].isalnum() and s[i + 1].isalnum():
+        return "_"
+    return "\\" + m.group(0)
+
 # GFM's extended autolinks need no `<>` nor a scheme: `www.` starts a link to any domain (one
 # `_DOMAIN` does not know: "www.evil.ninja"), `@` an email one ("x@evil.ninja", also after
 # `mailto:` / `xmpp:`). The dot after www and the @ are made inert, as `defanged` does a host's dots.
@@ -102,7 +112,7 @@ def md_text(text: object, limit: int = TEXT_CHARS) -> str:
     s = _WWW.sub(r"\1[.]", defanged(s)).translate(_AT)
     if len(s) > limit:
         s = s[: max(1, limit - 1)].rstrip() + "…"
-    return _MARKDOWN.sub(lambda m: "\\" + m.group(0), s)
+    return _MARKDOWN.sub(lambda m: _md_escape(m, s), s)
 
 
 def md_run_id(run_id: object) -> str:

@@ -13,10 +13,8 @@ Alembic, driven from code: works from any directory, with no alembic.ini.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -25,6 +23,9 @@ from watchdog.store.dialects import for_url
 from watchdog.store.engine import (GATEWAY_ROLE, Engine, is_missing_schema, make_engine, normalise_url, require_tables,
                                    share_sqlite_files)
 
+
+if TYPE_CHECKING:  # alembic is imported by the migration verbs only: opening a store (the web view,
+    from alembic.config import Config as AlembicConfig  # the LiteLLM callback) never loads it
 
 def open_store(url: str, *, must_exist: bool = False, read_only: bool = False, tables: bool = False) -> Engine:
     """An engine on the store. `tables`: it must have been migrated (`db upgrade`): StoreError
@@ -156,6 +157,8 @@ def migrations_dir() -> Path:
 
 
 def alembic_config(engine: Engine) -> AlembicConfig:
+    from alembic.config import Config as AlembicConfig
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%"))
@@ -183,6 +186,8 @@ def check_revision(engine: Engine, revision: str) -> None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    from alembic import command
+
     check_revision(engine, revision)
     cfg = alembic_config(engine)
     with engine.begin() as conn:
@@ -191,6 +196,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
     check_revision(engine, revision)
     cfg = alembic_config(engine)
     with engine.begin() as conn:
@@ -207,6 +214,7 @@ def current(engine: Engine) -> str | None:
 
 def head() -> str:
     """The newest revision this installation ships (what `db upgrade` migrates to)."""
+    from alembic.config import Config as AlembicConfig
     from alembic.script import ScriptDirectory
 
     cfg = AlembicConfig()
@@ -220,6 +228,7 @@ def head() -> str:
 def is_older(revision: str | None) -> bool:
     """The store is at a revision this installation knows and can upgrade (not at head). An
     unknown revision was written by a newer agent-watchdog: not for this one to judge."""
+    from alembic.config import Config as AlembicConfig
     from alembic.script import ScriptDirectory
     from alembic.util import CommandError
 
