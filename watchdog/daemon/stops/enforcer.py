@@ -85,8 +85,14 @@ class Enforcer:
 
     def pending(self, conn: Connection, command: Command) -> bool:
         """Whether the step `command` takes is still to take: the run is stopping at its
-        `from_stage` by its row (read under the row's lock) and by the daemon's own record."""
-        if store.stage_now(conn, command.run_id) != (lc.STOPPING, command.from_stage):
+        `from_stage` by its row (read under the row's lock) and by the daemon's own record, and
+        the row's target (host, pid, create time, kill mode), read again under that lock, is still
+        the one the judge decided about: a writer that re-registered its process between the
+        judge's read and this step gets the step dropped (the next tick judges the new row)."""
+        now = store.stage_now(conn, command.run_id)
+        if now is None or (now.status, now.signal_stage) != (lc.STOPPING, command.from_stage):
+            return False
+        if Target(now.host, now.pid, now.pid_create_time, now.kill_mode) != command.target:
             return False
         return self.memory is None or ownstage.own_stage(self.memory, command.run_id)[0] == command.from_stage
 

@@ -1,0 +1,110 @@
+"""An agent's login holding its own run row locked, against a whole tick (PostgreSQL).
+
+The review (tests/system/test_review_row_locks_pg.py) showed the daemon's stop request and the
+ladder's FOR UPDATE waiting on such a lock with no bound. Here: the tick gives up on that run
+after the bounded wait, stops every other login's runaway in the same tick, reports the locked
+run once (a log line, then one alert at the next tick that still finds it locked) and records
+and carries out its stop the first tick after the lock goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from daemon_support import actions, alerts_of, config, later, run_row
+from pg_support import RolesStore
+from watchdog.core import lifecycle as lc
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
+from watchdog.store.engine import DAEMON_LOCK_TIMEOUT_MS, make_engine
+from watchdog.store.schema import utcnow
+
+# A tick meets each locked run's bounded wait once or twice (its step, then its report): far
+# below this, and far below the 10 s of the review's "frozen".
+TICK_WITHIN_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def store(pg_server_url):
+    s = RolesStore(pg_server_url, "aw_lockt").create()
+    try:
+        yield s
+    finally:
+        s.drop()
+
+
+@pytest.fixture
+def daemon(store, attest):
+    a = attest(store.url("daemon"))
+    eng = make_engine(store.url("daemon"))
+    yield eng, a.sealer
+    eng.dispose()
+
+
+def _raw(url: str, **kw):
+    return psycopg.connect(url.replace("+psycopg", ""), **kw)
+
+
+def _runaway(url: str, status: str = "running") -> str:
+    """A plain-SQL run of the login of `url`, far over the default cost budget (2 EUR)."""
+    rid = uuid.uuid4().hex
+    with _raw(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at, cost_eur, "
+                     "source) VALUES (%s, 'bot', %s, 'cooperative', 'h', now(), now(), 9.0, 'sql')", (rid, status))
+        if status == lc.STOPPING:  # its writer asked for its stop itself (a run may: running -> stopping)
+            conn.execute("UPDATE runs SET stop_reason = 'max_cost' WHERE id = %s", (rid,))
+    return rid
+
+
+def _timed_tick(tk: Ticker, now):
+    t0 = time.monotonic()
+    rep = tk.tick(now)
+    return rep, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("status", [lc.RUNNING, lc.STOPPING])
+def test_a_locked_run_costs_one_bounded_wait_and_the_others_are_stopped_in_the_same_tick(
+        store, daemon, status, caplog):
+    eng, sealer = daemon
+    held_rid = _runaway(store.url("a"), status)
+    other = _runaway(store.url("b"))
+    tk = Ticker(eng, config(), Killer(), sealer=sealer)
+    now = utcnow()
+    holder = _raw(store.url("a"))  # the agent's transaction, left open on its own run's row
+    try:
+        assert holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (held_rid,)).fetchone() == (held_rid,)
+        with caplog.at_level(logging.WARNING, logger="watchdog.tick"):
+            rep, took_s = _timed_tick(tk, now)
+        assert took_s < TICK_WITHIN_S, took_s
+        assert (other, lc.MAX_COST) in rep.stops  # the other login's runaway: stopped in this very tick
+        assert run_row(eng, other).status == lc.STOPPING
+        assert rep.locked == [held_rid] and held_rid not in rep.quarantined
+        assert [r for r in caplog.records if held_rid in r.getMessage() and "locked" in r.getMessage()]
+        assert run_row(eng, held_rid).status == status and actions(eng, held_rid) == []  # nothing written yet
+
+        rep2, took_s = _timed_tick(tk, later(now, 1))  # still locked: tried again, now alerted (once)
+        assert took_s < TICK_WITHIN_S and rep2.locked == [held_rid]
+        tk.tick(later(now, 2))
+        said = [a for a in alerts_of(eng) if a.dedupe_key == AlertKind.LOCKED.key(held_rid)]
+        assert len(said) == 1 and said[0].run_id is None  # no column naming the run: its FK would wait too
+        assert f"{DAEMON_LOCK_TIMEOUT_MS} ms" in said[0].body and held_rid in said[0].body
+    finally:
+        holder.close()  # the lock goes
+    rep4 = tk.tick(later(now, 3))
+    assert rep4.locked == []
+    row = run_row(eng, held_rid)
+    assert row.status == lc.STOPPING and row.stop_reason == lc.MAX_COST
+    assert actions(eng, held_rid).count("stop_requested") == 1  # recorded once, when the lock went
+    if status == lc.STOPPING:
+        assert (held_rid, lc.MAX_COST) in rep4.heard  # its own request, acknowledged once
+        return
+    assert (held_rid, lc.MAX_COST) in rep4.stops
+    tk.tick(later(now, 5))  # past the cancel grace: the cooperative run's ladder step is taken
+    assert run_row(eng, held_rid).signal_stage == lc.Stage.NOT_SIGNALLED
+    assert actions(eng, held_rid).count("stop_requested") == 1
