@@ -108,3 +108,31 @@ def test_a_locked_run_costs_one_bounded_wait_and_the_others_are_stopped_in_the_s
     tk.tick(later(now, 5))  # past the cancel grace: the cooperative run's ladder step is taken
     assert run_row(eng, held_rid).signal_stage == lc.Stage.NOT_SIGNALLED
     assert actions(eng, held_rid).count("stop_requested") == 1
+
+
+def test_the_receivers_event_insert_meets_the_seq_once_lock_and_gives_up_bounded(store, daemon):
+    """0017's seq-once trigger locks each inserted event's run row (FOR NO KEY UPDATE): the OTLP
+    receiver's insert for a run whose login holds its row waits on it too, bounded like the tick's
+    (the request gets 503 and the exporter retries; the receiver's lock is not held forever)."""
+    from watchdog.store import witness
+    from watchdog.store.engine import bound_lock_waits, row_locked
+
+    eng, _ = daemon
+    rid = _runaway(store.url("a"))
+    holder = _raw(store.url("a"))
+    try:
+        holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (rid,))
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as got:
+            with eng.begin() as conn:
+                bound_lock_waits(conn)
+                witness.append(conn, rid, [witness.WitnessedCall(kind=lc.EV_TOOL, tool="search", ok=True)],
+                               source=lc.Source.OTLP, now=utcnow(), joined=True)
+        assert row_locked(got.value), repr(got.value)[:300]
+        assert time.monotonic() - t0 < TICK_WITHIN_S
+    finally:
+        holder.close()
+    with eng.begin() as conn:  # the lock gone, the same insert goes through
+        bound_lock_waits(conn)
+        assert witness.append(conn, rid, [witness.WitnessedCall(kind=lc.EV_TOOL, tool="search", ok=True)],
+                              source=lc.Source.OTLP, now=utcnow(), joined=True)

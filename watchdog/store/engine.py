@@ -108,7 +108,9 @@ def bound_lock_waits(conn: Connection) -> None:
 def row_locked(exc: BaseException) -> bool:
     """A statement gave up waiting for a lock another session holds (lock_timeout): one run's
     row is held by a writer, the store is not down; the caller passes over that run only."""
-    return _sqlstate(exc) == LOCK_NOT_AVAILABLE
+    # SQLAlchemy's error carries the driver's as .orig; a statement sent on the raw driver's
+    # cursor (the bulk event inserts) raises the driver's own.
+    return LOCK_NOT_AVAILABLE in (_sqlstate(exc), getattr(exc, "sqlstate", None))
 
 
 def store_unavailable(exc: BaseException) -> bool:
