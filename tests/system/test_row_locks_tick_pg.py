@@ -136,3 +136,35 @@ def test_the_receivers_event_insert_meets_the_seq_once_lock_and_gives_up_bounded
         bound_lock_waits(conn)
         assert witness.append(conn, rid, [witness.WitnessedCall(kind=lc.EV_TOOL, tool="search", ok=True)],
                               source=lc.Source.OTLP, now=utcnow(), joined=True)
+
+
+def test_many_locked_runs_cost_a_tick_a_bounded_number_of_waits_and_each_is_tried_in_turn(
+        store, daemon, monkeypatch):
+    """A login holding many of its runs' rows: past locked.MAX_WAITS_PER_TICK waits a tick tries no
+    more of them; the others come first, the locked ones least recently tried first."""
+    from watchdog.daemon.tick import locked
+
+    monkeypatch.setattr(locked, "MAX_WAITS_PER_TICK", 1)
+    eng, sealer = daemon
+    held = sorted(_runaway(store.url("a")) for _ in range(3))
+    tk = Ticker(eng, config(), Killer(), sealer=sealer)
+    now = utcnow()
+    holder = _raw(store.url("a"))
+    try:
+        for rid in held:
+            holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (rid,))
+        rep = tk.tick(now)  # each is new: tried once (three waits, once per run ever)
+        assert sorted(rep.locked) == held and set(tk.state.locked_tried) == set(held)
+        tried = []
+        for i in range(1, 4):  # then one wait a tick, in turn
+            other = _runaway(store.url("b"))
+            before = dict(tk.state.locked_tried)
+            rep = tk.tick(later(now, i))
+            assert (other, lc.MAX_COST) in rep.stops  # the other login's runaway: this tick
+            assert sorted(rep.locked) == held  # all still looked at
+            tried += [rid for rid in held if tk.state.locked_tried[rid] != before[rid]]
+        assert sorted(tried) == held  # each tried exactly once in three ticks
+    finally:
+        holder.close()
+    rep = tk.tick(later(now, 5))
+    assert rep.locked == [] and sorted(r for r, _ in rep.stops if r in held) == held

@@ -191,7 +191,7 @@ class Ticker:
             this.sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light)
         batch = Batch(self.engine)
         try:
-            for row in rows:
+            for row in locked.order(self.state, rows):
                 self._one_isolated(row, this, batch)
             self._report_defects(this, batch)
             self._backstop(this, batch)
@@ -226,6 +226,8 @@ class Ticker:
     # -- defects ---------------------------------------------------------------------------
 
     def _one_isolated(self, row: Row, this: ThisTick, batch: Batch) -> None:
+        if locked.skipped(self, this, row):
+            return
         try:
             self._one(row, this, batch)
         except Exception as exc:  # one bad row must not stop the scan of the others...

@@ -38,6 +38,8 @@ class TickState:
     redriven: set[str] = field(default_factory=set)  # redrive alert keys carried out (watchdog.daemon.stops.redrive)
     # runs whose row a writer held locked: run id -> ticks in a row (watchdog.daemon.tick.locked)
     locked: dict[str, int] = field(default_factory=dict)
+    locked_tried: dict[str, int] = field(default_factory=dict)  # run id -> the number of its last try
+    locked_tries: int = 0  # tries numbered, so the least recently tried locked run goes first
 
     def holds_runs(self) -> bool:
         """Whether `forget` has anything to do (the ticker then builds the set of active ids)."""
@@ -54,6 +56,7 @@ class TickState:
             del self.rate_alarmed[rid]
         for rid in [k for k in self.locked if k not in active_ids]:
             del self.locked[rid]
+            self.locked_tried.pop(rid, None)
         if len(self.pause_seen) > MAX_PAUSE_KEYS or len(self.resume_seen) > MAX_PAUSE_KEYS:
             self.pause_seen.clear()
             self.resume_seen.clear()
@@ -109,3 +112,4 @@ class ThisTick:
     money: MoneyTick | None = None  # the money work, when this daemon leads
     sharing: Counter[tuple[str, int | None]] = field(default_factory=Counter)  # (host, pid) -> active runs on it
     period_stops: list[PeriodStop] = field(default_factory=list)
+    lock_waits: int = 0  # the bounded lock waits that gave up this tick (watchdog.daemon.tick.locked)
