@@ -168,3 +168,29 @@ def test_many_locked_runs_cost_a_tick_a_bounded_number_of_waits_and_each_is_trie
         holder.close()
     rep = tk.tick(later(now, 5))
     assert rep.locked == [] and sorted(r for r, _ in rep.stops if r in held) == held
+
+
+def test_sealing_ended_runs_skips_a_row_its_login_holds_and_seals_the_others(store, daemon):
+    """The leader's seal duty writes ended runs' top tool on their rows: a row held locked is
+    skipped (sealed once free), the rest of the batch is written, nothing waits."""
+    from sqlalchemy import update
+
+    from watchdog.store import retention
+    from watchdog.store.schema import runs
+
+    eng, _ = daemon
+    held_rid, free_rid = _runaway(store.url("a")), _runaway(store.url("a"))
+    with eng.begin() as conn:  # both ended, unsealed (as the daemon's own stops leave them)
+        conn.execute(update(runs).where(runs.c.id.in_([held_rid, free_rid]))
+                     .values(status=lc.KILLED, ended_at=utcnow(), top_tool_calls=None))
+    holder = _raw(store.url("a"))
+    try:
+        holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (held_rid,))
+        t0 = time.monotonic()
+        retention.seal_ended(eng)
+        assert time.monotonic() - t0 < TICK_WITHIN_S
+        assert run_row(eng, free_rid).top_tool_calls == 0 and run_row(eng, held_rid).top_tool_calls is None
+    finally:
+        holder.close()
+    retention.seal_ended(eng)
+    assert run_row(eng, held_rid).top_tool_calls == 0
