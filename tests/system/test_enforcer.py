@@ -194,3 +194,28 @@ def lock_waiters(engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                      "AND datname = current_database()")).scalar_one())
+
+
+@pytest.mark.parametrize("column, changed", [("pid_create_time", lambda v: v + 1.0), ("kill_mode", lambda v: lc.TREE),
+                                             ("host", lambda v: v + "-elsewhere")])
+def test_a_command_whose_target_changed_under_it_is_dropped_and_nothing_is_signalled(
+        db_url, engine, procs, attest, tmp_path, column, changed):
+    """ladder.advance hands the enforcer the very row the judge read: the target is read again
+    under the row lock (store.ladder.stage_now), so a row re-registered in between drops the step."""
+    attestor = attest(db_url)
+    log = tmp_path / "signals.log"
+    agent, t, cfg = stopped_runaway(db_url, engine, procs, attestor, log)
+    now = later(t, 0.6)
+    read = run_row(engine, agent.run_id)  # the judge's read
+    commands = judge(read, now, cfg.daemon, Killer().host)
+    assert [c.kind for c in commands] == [Kind.SIGTERM]
+    with engine.begin() as conn:  # a writer moves the row's target between the judge's read and the step
+        conn.execute(update(runs).where(runs.c.id == agent.run_id)
+                     .values({column: changed(getattr(read, column))}))
+    enforcer = Enforcer(Killer(allowed_users=[ME]), Memory(str(tmp_path / "daemon.state")))
+    with engine.begin() as conn:  # the row object the judge read, as advance() passes it
+        assert enforcer.execute(conn, commands[0], read, checks(read, now, attestor.sealer)) is False
+
+    assert sentinel(agent.pid, log) == ["SIGUSR1"]
+    assert actions(engine, agent.run_id) == ["stop_requested"]
+    assert run_row(engine, agent.run_id).signal_stage is None

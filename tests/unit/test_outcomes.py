@@ -45,6 +45,7 @@ def samples(name: str = "support-bot", rid: str = RID) -> dict[Say, dict[str, An
         Say.REDRIVE: dict(f=f, b=b, reason="manual", outcome="stop driven again by the operator"),
         Say.UNREADABLE_STOP: dict(run_id=rid, reason="wall_clock", detail="watched 99 s > max_wall_s 60 s"),
         Say.UNREADABLE_LOST: dict(run_id=rid, pid=4242, host="host-a"),
+        Say.ROW_LOCKED: dict(run_id=rid, status=name, waited_ms=250, ticks=2),
         Say.STOPS_SUMMARY: dict(n=40, reasons=Counter({name: 30, "manual": 10}), agents=Counter({name: 40}),
                                 per_min=30, shown=10),
         Say.PAUSE: dict(f=f, prof=Budgets(max_cost_eur=0.4), reason="max_cost", detail="0.42 > 0.40",

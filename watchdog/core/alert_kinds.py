@@ -37,6 +37,7 @@ class AlertKind(str, Enum):
     DENIED = "denied"
     REDRIVE = "redrive"
     FORGED = "forged"
+    LOCKED = "locked"
     # Pause and resume.
     PAUSE = "pause"
     RESUME = "resume"
@@ -93,7 +94,7 @@ class AlertKind(str, Enum):
 
 
 _FAILURE = frozenset({AlertKind.ESCALATE, AlertKind.DENIED, AlertKind.LOST, AlertKind.NO_DAEMON, AlertKind.FORGED,
-                      AlertKind.FORGED_ALERTS, AlertKind.UNCONFIRMED})
+                      AlertKind.FORGED_ALERTS, AlertKind.UNCONFIRMED, AlertKind.LOCKED})
 _INFO = frozenset({AlertKind.CIRCUIT_CLOSED, AlertKind.RESUME, AlertKind.TEST})
 
 
@@ -108,6 +109,7 @@ _MEANING: dict[AlertKind, str] = {
     AlertKind.DENIED: "denied:<run> — the kernel refused the signal (the daemon lacks CAP_KILL): retried each tick",
     AlertKind.REDRIVE: "redrive:<run>:<time> — an operator's `kill` of a run already stopping: its stop driven again",
     AlertKind.FORGED: "forged:<run>:<what> — a row the daemon's seal does not cover",
+    AlertKind.LOCKED: "locked:<run> — another session holds the run's row locked: its step waits, tried each tick",
     AlertKind.PAUSE: 'pause:<run>:<paused at> — each pause once',
     AlertKind.RESUME: 'resume:<run>:<resumes> — each resume once',
     AlertKind.PAUSE_DENIED: 'pause-denied:<run> — a pause the daemon did not confirm',

@@ -146,6 +146,19 @@ def unreadable_stop_alert(run_id: str, reason: str, detail: str) -> tuple[str, s
             "row that cannot be read never leads to a signal.")
 
 
+def row_locked_alert(run_id: str, status: str, waited_ms: int, ticks: int) -> tuple[str, str]:
+    """A run whose row another session holds locked (on PostgreSQL, a login may lock its own run
+    and leave its transaction open): the daemon can write nothing of it, so it says so."""
+    state = status if status in ("running", "paused", "stopping") else "active"
+    return (f"agent-watchdog: {run_ref(run_id)} cannot be stopped: another session holds its row locked",
+            f"run {ident(run_id)} ({state})\nThe daemon waited {waited_ms} ms for the run's row lock at {ticks} "
+            "ticks in a row and gave up each time: another session (an open transaction, most likely the "
+            "run's own writer's) holds it. Until it is released nothing of this run is recorded, stopped or "
+            "signalled; the daemon tries again every tick and carries out what is due once the lock goes. "
+            "Every other run is judged as usual. To release it, end that session: pg_stat_activity names it "
+            "(pg_blocking_pids), pg_terminate_backend ends it.")
+
+
 def redrive_alert(f: RunFacts, b: Budgets, reason: str, outcome: str) -> tuple[str, str]:
     _, body = escalation_alert(f, b, reason, outcome, failed=False)
     return f"agent-watchdog: stop of {run_ref(f.id)} driven again by an operator — {title_reason(reason)}", body

@@ -30,6 +30,7 @@ class Say(str, Enum):
     REDRIVE = "redrive"
     UNREADABLE_STOP = "unreadable_stop"
     UNREADABLE_LOST = "unreadable_lost"
+    ROW_LOCKED = "row_locked"
     STOPS_SUMMARY = "stops_summary"
     # Pause and resume.
     PAUSE = "pause"
@@ -72,6 +73,7 @@ TABLE: Mapping[Say, Words] = {
     Say.REDRIVE: words.redrive_alert,
     Say.UNREADABLE_STOP: words.unreadable_stop_alert,
     Say.UNREADABLE_LOST: words.unreadable_lost_alert,
+    Say.ROW_LOCKED: words.row_locked_alert,
     Say.STOPS_SUMMARY: words.stops_summary_alert,
     Say.PAUSE: pause.pause_alert,
     Say.RESUME: pause.resume_alert,

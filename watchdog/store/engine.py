@@ -28,6 +28,15 @@ if TYPE_CHECKING:
     from sqlalchemy.pool import ConnectionPoolEntry
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# PostgreSQL: how long one of the daemon's statements may wait for a row lock (the tick's stop
+# requests, the ladder's FOR UPDATE, the foreign-key share lock of an audit or alert row): an
+# agent's login may lock its own run row and leave its transaction idle, so an unbounded wait
+# would stall the tick for every run. Far above an agent's own short record transactions, far
+# under one tick (tick_s, 5 s by default): a tick meets at most one such wait per locked run (its
+# step is rolled back to its SAVEPOINT at the first), and the run is tried again at the next tick.
+DAEMON_LOCK_TIMEOUT_MS = 250
+# SQLSTATE 55P03, lock_not_available: raised by lock_timeout (and NOWAIT).
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _lenient_text(raw: bytes) -> str:
@@ -86,11 +95,32 @@ def _sqlite_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def bound_lock_waits(conn: Connection) -> None:
+    """PostgreSQL: the rest of the caller's transaction waits at most DAEMON_LOCK_TIMEOUT_MS for
+    any one lock (`SET LOCAL`: it ends with the transaction, so it holds behind PgBouncer's
+    transaction pooling too, and a SAVEPOINT's rollback after it keeps it). A wait past it raises
+    lock_not_available (row_locked() says so). The daemon's transactions call it first; SQLite
+    needs none (its writers wait busy_timeout for the one file lock, then fail)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(DAEMON_LOCK_TIMEOUT_MS)}ms'")
+
+
+def row_locked(exc: BaseException) -> bool:
+    """A statement gave up waiting for a lock another session holds (lock_timeout): one run's
+    row is held by a writer, the store is not down; the caller passes over that run only."""
+    # SQLAlchemy's error carries the driver's as .orig; a statement sent on the raw driver's
+    # cursor (the bulk event inserts) raises the driver's own.
+    return LOCK_NOT_AVAILABLE in (_sqlstate(exc), getattr(exc, "sqlstate", None))
+
+
 def store_unavailable(exc: BaseException) -> bool:
     """The store is down, unreachable or locked (as opposed to one row being bad): the
-    caller retries everything later instead of passing over a row."""
+    caller retries everything later instead of passing over a row. A PostgreSQL row lock that
+    timed out (row_locked) is one row's, not the store's."""
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
+    if row_locked(exc):
+        return False
     if isinstance(exc, OperationalError) and _sqlstate(exc)[:2] in NOT_OUTAGE_CLASSES:
         return False  # the server refused this statement for what it read: the rows decide, not the store
     return isinstance(exc, (OperationalError, InterfaceError, PoolTimeoutError))

@@ -8,7 +8,7 @@ read, so two daemons never take the same step twice. The transaction is the call
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, desc, select, update
 from sqlalchemy.engine import Connection
@@ -17,6 +17,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from watchdog.core import lifecycle as lc
 from watchdog.core.interventions import Action
 from watchdog.store import run_rows
+from watchdog.store.engine import bound_lock_waits
 from watchdog.store.schema import interventions, runs
 
 
@@ -53,9 +54,27 @@ def sigterm_details(conn: Connection, run_id: str) -> list[Any]:
         .order_by(desc(interventions.c.id))).scalars())
 
 
-def stage_now(conn: Connection, run_id: str) -> tuple[str, str | None] | None:
-    """(status, signal_stage) of the run, read under its row lock (FOR UPDATE on PostgreSQL;
-    SQLite's writers hold the write lock from BEGIN IMMEDIATE): until the caller's transaction
-    ends, no other daemon takes the same step (watchdog.daemon.stops.enforcer). None: no such run."""
-    r = conn.execute(select(runs.c.status, runs.c.signal_stage).where(runs.c.id == run_id).with_for_update()).first()
-    return None if r is None else (str(r.status), r.signal_stage or None)
+class Locked(NamedTuple):
+    """A run's stage and its process target, as read under its row lock."""
+
+    status: str
+    signal_stage: str | None
+    host: str
+    pid: int | None
+    pid_create_time: float | None
+    kill_mode: str
+
+
+def stage_now(conn: Connection, run_id: str) -> Locked | None:
+    """The run's status, stage and target (host, pid, pid_create_time, kill_mode), read under its
+    row lock (FOR UPDATE on PostgreSQL; SQLite's writers hold the write lock from BEGIN IMMEDIATE):
+    until the caller's transaction ends, no other daemon takes the same step, and the target
+    cannot change under the step (watchdog.daemon.stops.enforcer). None: no such run.
+    The wait for the lock is bounded (engine.bound_lock_waits): a run's writer may hold its own
+    row locked in an idle transaction; past the bound this raises (engine.row_locked)."""
+    bound_lock_waits(conn)
+    r = conn.execute(select(runs.c.status, runs.c.signal_stage, runs.c.host, runs.c.pid, runs.c.pid_create_time,
+                            runs.c.kill_mode).where(runs.c.id == run_id).with_for_update()).first()
+    if r is None:
+        return None
+    return Locked(str(r.status), r.signal_stage or None, r.host, r.pid, r.pid_create_time, r.kill_mode)

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Engine
 
 from watchdog.core import lifecycle as lc
 from watchdog.store import dialects, partitions
-from watchdog.store.engine import read_connection
+from watchdog.store.engine import bound_lock_waits, read_connection
 from watchdog.store.schema import alerts, daemons, events, interventions, runs
 from watchdog.store.views import tool_stats
 
@@ -222,10 +222,18 @@ def seal_ended(engine: Engine, limit: int = SEAL_BATCH) -> int:
         params.append({"rid": rid, "b_tool": top.name if top else None, "b_calls": top.calls if top else 0,
                        "b_errors": top.errors if top else 0})
     with engine.begin() as conn:
+        bound_lock_waits(conn)
         # What is written here is read back from the events whenever it is missing (the partial
         # index finds the run unsealed again): a commit that a database crash loses costs a re-seal,
         # so it does not wait for the log flush (an fsync each tick that runs ended).
         dialects.of(conn).commit_without_flush(conn)
+        # A row its writer holds locked (PostgreSQL: a login may lock its own runs, ended ones too)
+        # is skipped, not waited for: sealed at a later pass, never holding up the others.
+        free = set(conn.execute(select(runs.c.id).where(runs.c.id.in_(ids)).with_for_update(skip_locked=True))
+                   .scalars())
+        params = [p for p in params if p["rid"] in free]
+        if not params:
+            return len(ids)
         conn.execute(update(runs).where(and_(runs.c.id == bindparam("rid"), runs.c.top_tool_calls.is_(None)))
                      .values(top_tool=bindparam("b_tool"), top_tool_calls=bindparam("b_calls"),
                              top_tool_errors=bindparam("b_errors")), params)

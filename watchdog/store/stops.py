@@ -18,6 +18,7 @@ from watchdog.core.interventions import Action
 from watchdog.core.marked import ident, marked
 from watchdog.core.messages import reason_of
 from watchdog.store import run_rows
+from watchdog.store.engine import bound_lock_waits
 from watchdog.store.run_rows import descendants, lock_family
 from watchdog.store.interventions import record
 from watchdog.store.rows import RunRow
@@ -46,7 +47,9 @@ class Stage(NamedTuple):
 def request_stop(conn: Connection, run_id: str, *, reason: str, detail: str, outcome: str, now: dt.datetime,
                  by: str) -> int | None:
     """running (or paused) -> stopping, with its `stop_requested` audit row; that row's id, or
-    None if the run was not stoppable (someone else got there first, or it ended)."""
+    None if the run was not stoppable (someone else got there first, or it ended). Its lock waits
+    are bounded (engine.bound_lock_waits): a writer holding the row raises (engine.row_locked)."""
+    bound_lock_waits(conn)
     lock_family(conn, run_id)  # in the agents' lock order: descendants first, then this run
     if not run_rows.move(conn, run_id, lc.STOPPING, was=lc.STOPPABLE_STATUSES, stop_reason=reason,
                          stop_detail=detail, stop_requested_at=now):
@@ -79,7 +82,8 @@ def stop_children(conn: Connection, row: Any, *, reason: str, detail: str, now: 
 def mark_lost(conn: Connection, run_id: str, *, detail: str, now: dt.datetime, by: str,
               outcome: str = "marked lost") -> int | None:
     """An active run whose process is gone without ending it -> lost, with its audit row; that
-    row's id, or None if the run was not active any more."""
+    row's id, or None if the run was not active any more. Lock waits bounded as request_stop's."""
+    bound_lock_waits(conn)
     if not run_rows.move(conn, run_id, lc.LOST, was=lc.ACTIVE_STATUSES, stop_reason=lc.PROCESS_GONE,
                          stop_detail=detail, ended_at=now):
         return None

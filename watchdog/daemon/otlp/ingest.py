@@ -45,7 +45,7 @@ from watchdog.daemon.otlp.mapping import Call, Group
 from watchdog.daemon.otlp.outcome import Lru as _Lru, Outcome
 from watchdog.store import witness
 from watchdog.store.attestations import load as load_attestation
-from watchdog.store.engine import Connection, Engine
+from watchdog.store.engine import Connection, Engine, bound_lock_waits
 from watchdog.core.clock import utcnow
 
 log = logging.getLogger("watchdog.otlp")
@@ -114,6 +114,10 @@ class Receiver:
         exec_ok = {g.key: self._inside_exec_tree(g, peer, ident) for g in groups if g.key[0] == "run"}
         who = self.sender_of(peer, ident)
         with self.lock, self.engine.begin() as conn:
+            # Bounded: a span's events lock their run's row (0017's seq-once trigger), which the
+            # run's own login may hold locked; an unbounded wait here, under the receiver's lock,
+            # would stall every sender's spans. Past it: 503, the exporter retries.
+            bound_lock_waits(conn)
             now = witness.store_now(conn)
             run_id: str | None
             for g in groups:

@@ -53,7 +53,7 @@ from watchdog.daemon.otlp.mapping import Group
 from watchdog.daemon.otlp.outcome import Outcome
 from watchdog.store import witness
 from watchdog.store.alerts import announce
-from watchdog.store.engine import Connection, Engine
+from watchdog.store.engine import Connection, Engine, bound_lock_waits
 from watchdog.store.hooks import HookRun, held_runs
 
 log = logging.getLogger("watchdog.otlp")
@@ -126,6 +126,7 @@ class LogsReceiver:
         full: list[Group] = []  # held sessions past MAX_HELD_CALLS: their own run now (admitted already)
         if rest:
             with self.receiver.lock, self.engine.begin() as conn:
+                bound_lock_waits(conn)  # as the receiver's ingest: a locked run row fails this request only
                 now = witness.store_now(conn)
                 for s, g in rest:
                     self._hold(conn, s, g, peer, ident, who, now, out, own, full)

@@ -34,7 +34,7 @@ from watchdog.daemon.otlp.bodies import REQUEST_DEADLINE_S, BadFraming as _BadFr
 from watchdog.daemon.otlp.connections import HEADERS_DEADLINE_S, Server
 from watchdog.daemon.otlp.ingest import Receiver
 from watchdog.errors import ConfigError
-from watchdog.store.engine import Engine, store_unavailable
+from watchdog.store.engine import Engine, row_locked, store_unavailable
 
 log = logging.getLogger("watchdog.otlp")
 
@@ -99,7 +99,9 @@ class _Handler(BodyReader, BaseHTTPRequestHandler):
             self.close_connection = True  # the peer is too slow or gone: no answer is owed
         except Exception as exc:  # noqa: BLE001 — never into the daemon; the client retries on 503
             self.close_connection = True
-            if not store_unavailable(exc):
+            if row_locked(exc):  # a run's row held by another session: this request only (bounded wait)
+                log.warning("otlp: a run's row is locked by another session; the exporter will retry")
+            elif not store_unavailable(exc):
                 log.exception("otlp: request failed")
             else:
                 log.warning("otlp: the store is unavailable (%s); the exporter will retry", type(exc).__name__)

@@ -32,7 +32,7 @@ from watchdog.store import stops
 from watchdog.store.alerts import stop_key, summarised, unheard
 from watchdog.store.alerts import Audit, announce
 from watchdog.store.interventions import record, stop_intervention
-from watchdog.store.engine import Connection, Engine, statement_reads
+from watchdog.store.engine import Connection, Engine, bound_lock_waits, statement_reads
 
 if TYPE_CHECKING:
     from watchdog.core.config import Config
@@ -79,6 +79,7 @@ class EndedStops:
         for row in alone:
             try:
                 with engine.begin() as conn:
+                    bound_lock_waits(conn)  # its audit row's key waits on the run's row, which its writer may hold
                     if self._one(conn, row, now, config, sealer, by):
                         self._sent.append(now)
                         done.append(row.id)
@@ -122,6 +123,7 @@ class EndedStops:
         agents: Counter[str] = Counter()
         done: list[str] = []
         with engine.begin() as conn:
+            bound_lock_waits(conn)  # as above: a held run row fails this summary (retried), never the tick
             for row in rows:
                 if unheard(conn, [row.id]) != {row.id}:
                     continue  # heard meanwhile (another daemon of the store)

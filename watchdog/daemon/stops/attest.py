@@ -52,7 +52,7 @@ from watchdog.daemon.trust.authentic import new_evidence, parse_evidence, run_ke
 from watchdog.store import attestations as rows
 from watchdog.store import attestations as evstore
 from watchdog.core.clock import utcnow
-from watchdog.store.engine import Connection, Engine
+from watchdog.store.engine import Connection, Engine, bound_lock_waits
 
 log = logging.getLogger("watchdog.attest")
 
@@ -236,6 +236,7 @@ class AttestServer:
         """`attest`, and the run's evidence key (for the attested process only: the reply)."""
         create_time = self._connected(pid, uid, connected_before)
         with self.engine.begin() as conn:
+            bound_lock_waits(conn)  # the attestation's key waits on the run's row, which its writer may hold
             row = self._row_of(conn, run_id, pid, create_time)
             if kill_mode is not None and kill_mode != row.kill_mode:
                 raise Refused(f"run {run_id} is registered with kill_mode {row.kill_mode!r}, you said {kill_mode!r}")

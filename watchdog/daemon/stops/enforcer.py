@@ -4,7 +4,7 @@ It attests the processes (the leader this host's daemon sealed, its tree, its cg
 carries each command out through the Killer (pidfd + create time; every killer rule holds),
 and writes the step (watchdog.daemon.stops.steps). It decides nothing the judge did not: a
 command whose run moved on, whose target no longer matches its row, or that names another
-host, is dropped.
+host, is dropped (the target is read again under the row's lock: store.ladder.stage_now).
 
 Exactly once, keyed by (run_id, action_no). A command's action_no names the step that leaves
 its `from_stage`, and that stage is the key's durable record, in the two places it already
@@ -12,7 +12,10 @@ lives: the run row's `signal_stage` and the daemon's own state file (watchdog.st
 `stages`, read through watchdog.daemon.trust.ownstage). A command runs only while both say
 the run is still at its `from_stage`; the row is read under its lock (FOR UPDATE; SQLite's
 writers hold the write lock from BEGIN IMMEDIATE), so a second enforcer on the same store waits
-for the first one's commit and then finds the stage moved. Why no store writer can forge the
+for the first one's commit and then finds the stage moved. That wait is bounded
+(engine.bound_lock_waits): a run's own writer may hold its row locked, and then the step is not
+taken this tick (watchdog.daemon.tick.locked) — never from the state file alone, which would
+give up that serialisation (docs/explanation/security.md, "A run that holds its own row locked"). Why no store writer can forge the
 key: the state file is the daemon's (mode 0600 in its state directory; no store writer has it),
 so a run's writer that puts its row's stage back (`term` -> NULL, to be signalled again) finds
 its step still taken there; the tick also writes the daemon's stage back to the row
@@ -85,8 +88,14 @@ class Enforcer:
 
     def pending(self, conn: Connection, command: Command) -> bool:
         """Whether the step `command` takes is still to take: the run is stopping at its
-        `from_stage` by its row (read under the row's lock) and by the daemon's own record."""
-        if store.stage_now(conn, command.run_id) != (lc.STOPPING, command.from_stage):
+        `from_stage` by its row (read under the row's lock) and by the daemon's own record, and
+        the row's target (host, pid, create time, kill mode), read again under that lock, is still
+        the one the judge decided about: a writer that re-registered its process between the
+        judge's read and this step gets the step dropped (the next tick judges the new row)."""
+        now = store.stage_now(conn, command.run_id)
+        if now is None or (now.status, now.signal_stage) != (lc.STOPPING, command.from_stage):
+            return False
+        if Target(now.host, now.pid, now.pid_create_time, now.kill_mode) != command.target:
             return False
         return self.memory is None or ownstage.own_stage(self.memory, command.run_id)[0] == command.from_stage
 

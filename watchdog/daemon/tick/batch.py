@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from watchdog.store.engine import Connection, Engine
+from watchdog.store.engine import Connection, Engine, bound_lock_waits
 
 
 class _Transaction(Protocol):
@@ -16,7 +16,9 @@ class _Transaction(Protocol):
 class Batch:
     """The tick's writes for running runs (stop requests, lost runs, rate alarms) in ONE
     transaction, opened at the first write, with a SAVEPOINT per run so a failing run rolls
-    back only its own rows: one commit per tick instead of one per run."""
+    back only its own rows: one commit per tick instead of one per run. On PostgreSQL its lock
+    waits are bounded (engine.bound_lock_waits, for the whole transaction): a run whose row a
+    writer holds locked fails its own step (rolled back to its SAVEPOINT), never the tick's."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -32,6 +34,7 @@ class Batch:
         if self._open is None:
             conn = self.engine.connect()
             self._open = (conn, conn.begin())
+            bound_lock_waits(conn)
         conn = self._open[0]
         sp = conn.begin_nested()
         try:

@@ -33,7 +33,7 @@ from watchdog.daemon.stops.stopping import stop_plan
 from watchdog.store.alerts import queued
 from watchdog.store.alerts import announce
 from watchdog.store.interventions import record, stop_intervention
-from watchdog.store.engine import Connection
+from watchdog.store.engine import Connection, bound_lock_waits
 from watchdog.store.run_rows import stop_alert
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ def judge_stopping(tk: TickContext, this: ThisTick, row: RunView, batch: Batch, 
     if ownstage.differs(row, own):  # the ladder goes by the daemon's record (issue 20)
         batch.commit()
         with tk.engine.begin() as conn:
+            bound_lock_waits(conn)  # a writer may hold the row locked: this run's step fails, not the tick
             row = ownstage.restore(conn, row, own)
     if row.id not in tk.state.acked and acknowledge_stop(tk, row, f, budgets, now, batch):
         this.rep.heard.append((row.id, row.stop_reason if row.stop_reason in lc.STOP_REASONS else "unknown"))
@@ -63,6 +64,7 @@ def judge_stopping(tk: TickContext, this: ThisTick, row: RunView, batch: Batch, 
         return  # nothing to do yet: no transaction (on SQLite, no write lock)
     batch.commit()  # first: on SQLite the batch holds the write lock this transaction needs
     with tk.engine.begin() as conn:  # its own transaction: it may signal a process
+        bound_lock_waits(conn)  # before its first statement: exited()'s writes wait on the row too
         if gone:
             # It ended without saying so: after the cooperative stop (no need to wait for the
             # grace), or after a signal that was refused / not allowed / did not work.

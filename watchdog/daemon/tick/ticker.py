@@ -36,7 +36,7 @@ from watchdog.core.policies import RunSnapshot, Verdict, evaluate, rate_alarm, w
 from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
 from watchdog.daemon.tick import believe
-from watchdog.daemon.tick import tickread
+from watchdog.daemon.tick import locked, tickread
 from watchdog.daemon.stops.acknowledge import EndedStops
 from watchdog.daemon.tick.activeset import ActiveSet
 from watchdog.daemon.trust.authentic import OwnEvidence
@@ -59,7 +59,7 @@ from watchdog.daemon.tick.tickread import TickRead
 from watchdog.daemon.tick.tickstate import PeriodStop, ThisTick, TickReport, TickState
 from watchdog.store.alerts import Audit, announce
 from watchdog.store.interventions import actor
-from watchdog.store.engine import Connection, Engine, read_connection, store_unavailable
+from watchdog.store.engine import Connection, Engine, read_connection, row_locked, store_unavailable
 
 if TYPE_CHECKING:
     from watchdog.daemon.leases.shards import ShardSet
@@ -141,7 +141,7 @@ class Ticker:
         self._end(this, role, read)
         # What the next incremental tick needs of this one: the deadlines, the sticky runs.
         self.active.settle(() if read.full else read.looked, wake=read.wake, due=read.due,
-                           unreadable=rep.quarantined)
+                           unreadable=[*rep.quarantined, *rep.locked])
         self.active.ticked(now.timestamp())
         rep.duration_s = time.perf_counter() - t0
         if read.full and self.heap is not None:
@@ -191,7 +191,7 @@ class Ticker:
             this.sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light)
         batch = Batch(self.engine)
         try:
-            for row in rows:
+            for row in locked.order(self.state, rows):
                 self._one_isolated(row, this, batch)
             self._report_defects(this, batch)
             self._backstop(this, batch)
@@ -226,9 +226,14 @@ class Ticker:
     # -- defects ---------------------------------------------------------------------------
 
     def _one_isolated(self, row: Row, this: ThisTick, batch: Batch) -> None:
+        if locked.skipped(self, this, row):
+            return
         try:
             self._one(row, this, batch)
         except Exception as exc:  # one bad row must not stop the scan of the others...
+            if row_locked(exc):  # a writer holds its row: its step rolled back alone, tried next tick
+                locked.held(self, this, row, batch)
+                return
             if store_unavailable(exc):
                 raise  # ...but a store that is down or locked fails them all: retry the whole tick
             if not isinstance(exc, Malformed) and row.id not in self.quarantine.logged:  # once: our bug?
@@ -236,6 +241,9 @@ class Ticker:
                 log.exception("run %s: evaluation failed", one_line(row.id, 40))
             detail = str(exc) if isinstance(exc, Malformed) else f"its evaluation failed ({type(exc).__name__})"
             self.scanner.defects.append(Defect(row.id, detail))
+            return
+        if self.state.locked:
+            locked.released(self, row)
 
     def _report_defects(self, this: ThisTick, batch: Batch) -> None:
         """Each row or event the tick could not read or judge, reported once (quarantine.py)."""

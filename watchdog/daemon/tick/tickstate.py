@@ -36,10 +36,14 @@ class TickState:
     resume_seen: set[tuple[str, int]] = field(default_factory=set)  # (run id, resumes) whose resume is alerted
     backstopped: set[str] = field(default_factory=set)  # quarantined runs stopped or ended by the backstop
     redriven: set[str] = field(default_factory=set)  # redrive alert keys carried out (watchdog.daemon.stops.redrive)
+    # runs whose row a writer held locked: run id -> ticks in a row (watchdog.daemon.tick.locked)
+    locked: dict[str, int] = field(default_factory=dict)
+    locked_tried: dict[str, int] = field(default_factory=dict)  # run id -> the number of its last try
+    locked_tries: int = 0  # tries numbered, so the least recently tried locked run goes first
 
     def holds_runs(self) -> bool:
         """Whether `forget` has anything to do (the ticker then builds the set of active ids)."""
-        return bool(self.acked or self.decided or self.rate_alarmed or self.backstopped
+        return bool(self.acked or self.decided or self.rate_alarmed or self.backstopped or self.locked
                     or len(self.pause_seen) > MAX_PAUSE_KEYS or len(self.resume_seen) > MAX_PAUSE_KEYS)
 
     def forget(self, active_ids: Collection[str]) -> None:
@@ -50,6 +54,9 @@ class TickState:
         self.backstopped = {r for r in self.backstopped if r in active_ids}
         for rid in [k for k in self.rate_alarmed if k not in active_ids]:
             del self.rate_alarmed[rid]
+        for rid in [k for k in self.locked if k not in active_ids]:
+            del self.locked[rid]
+            self.locked_tried.pop(rid, None)
         if len(self.pause_seen) > MAX_PAUSE_KEYS or len(self.resume_seen) > MAX_PAUSE_KEYS:
             self.pause_seen.clear()
             self.resume_seen.clear()
@@ -78,6 +85,7 @@ class TickReport:
     leader: bool = True  # this daemon did the cluster duties this tick
     adopted: tuple[str, ...] = ()  # hosts without a live daemon whose runs it judged too
     quarantined: list[str | None] = field(default_factory=list)  # run ids (None: an event of no run) not judged
+    locked: list[str] = field(default_factory=list)  # runs whose row a writer held locked: tried again next tick
     full: bool = True  # this tick read every active run (False: only what changed, issue 25)
     looked: int = 0  # the runs the pre-filter looked at (all of them on a full tick)
 
@@ -104,3 +112,4 @@ class ThisTick:
     money: MoneyTick | None = None  # the money work, when this daemon leads
     sharing: Counter[tuple[str, int | None]] = field(default_factory=Counter)  # (host, pid) -> active runs on it
     period_stops: list[PeriodStop] = field(default_factory=list)
+    lock_waits: int = 0  # the bounded lock waits that gave up this tick (watchdog.daemon.tick.locked)

@@ -1,0 +1,196 @@
+"""An agent's login holding its own run row locked, against a whole tick (PostgreSQL).
+
+The review (tests/system/test_review_row_locks_pg.py) showed the daemon's stop request and the
+ladder's FOR UPDATE waiting on such a lock with no bound. Here: the tick gives up on that run
+after the bounded wait, stops every other login's runaway in the same tick, reports the locked
+run once (a log line, then one alert at the next tick that still finds it locked) and records
+and carries out its stop the first tick after the lock goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from daemon_support import actions, alerts_of, config, later, run_row
+from pg_support import RolesStore
+from watchdog.core import lifecycle as lc
+from watchdog.core.alert_kinds import AlertKind
+from watchdog.daemon.stops.killer import Killer
+from watchdog.daemon.tick.ticker import Ticker
+from watchdog.store.engine import DAEMON_LOCK_TIMEOUT_MS, make_engine
+from watchdog.store.schema import utcnow
+
+# A tick meets each locked run's bounded wait once or twice (its step, then its report): far
+# below this, and far below the 10 s of the review's "frozen".
+TICK_WITHIN_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def store(pg_server_url):
+    s = RolesStore(pg_server_url, "aw_lockt").create()
+    try:
+        yield s
+    finally:
+        s.drop()
+
+
+@pytest.fixture
+def daemon(store, attest):
+    a = attest(store.url("daemon"))
+    eng = make_engine(store.url("daemon"))
+    yield eng, a.sealer
+    eng.dispose()
+
+
+def _raw(url: str, **kw):
+    return psycopg.connect(url.replace("+psycopg", ""), **kw)
+
+
+def _runaway(url: str, status: str = "running") -> str:
+    """A plain-SQL run of the login of `url`, far over the default cost budget (2 EUR)."""
+    rid = uuid.uuid4().hex
+    with _raw(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at, cost_eur, "
+                     "source) VALUES (%s, 'bot', %s, 'cooperative', 'h', now(), now(), 9.0, 'sql')", (rid, status))
+        if status == lc.STOPPING:  # its writer asked for its stop itself (a run may: running -> stopping)
+            conn.execute("UPDATE runs SET stop_reason = 'max_cost' WHERE id = %s", (rid,))
+    return rid
+
+
+def _timed_tick(tk: Ticker, now):
+    t0 = time.monotonic()
+    rep = tk.tick(now)
+    return rep, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("status", [lc.RUNNING, lc.STOPPING])
+def test_a_locked_run_costs_one_bounded_wait_and_the_others_are_stopped_in_the_same_tick(
+        store, daemon, status, caplog):
+    eng, sealer = daemon
+    held_rid = _runaway(store.url("a"), status)
+    other = _runaway(store.url("b"))
+    tk = Ticker(eng, config(), Killer(), sealer=sealer)
+    now = utcnow()
+    holder = _raw(store.url("a"))  # the agent's transaction, left open on its own run's row
+    try:
+        assert holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (held_rid,)).fetchone() == (held_rid,)
+        with caplog.at_level(logging.WARNING, logger="watchdog.tick"):
+            rep, took_s = _timed_tick(tk, now)
+        assert took_s < TICK_WITHIN_S, took_s
+        assert (other, lc.MAX_COST) in rep.stops  # the other login's runaway: stopped in this very tick
+        assert run_row(eng, other).status == lc.STOPPING
+        assert rep.locked == [held_rid] and held_rid not in rep.quarantined
+        assert [r for r in caplog.records if held_rid in r.getMessage() and "locked" in r.getMessage()]
+        assert run_row(eng, held_rid).status == status and actions(eng, held_rid) == []  # nothing written yet
+
+        rep2, took_s = _timed_tick(tk, later(now, 1))  # still locked: tried again, now alerted (once)
+        assert took_s < TICK_WITHIN_S and rep2.locked == [held_rid]
+        tk.tick(later(now, 2))
+        said = [a for a in alerts_of(eng) if a.dedupe_key == AlertKind.LOCKED.key(held_rid)]
+        assert len(said) == 1 and said[0].run_id is None  # no column naming the run: its FK would wait too
+        assert f"{DAEMON_LOCK_TIMEOUT_MS} ms" in said[0].body and held_rid in said[0].body
+    finally:
+        holder.close()  # the lock goes
+    rep4 = tk.tick(later(now, 3))
+    assert rep4.locked == []
+    row = run_row(eng, held_rid)
+    assert row.status == lc.STOPPING and row.stop_reason == lc.MAX_COST
+    assert actions(eng, held_rid).count("stop_requested") == 1  # recorded once, when the lock went
+    if status == lc.STOPPING:
+        assert (held_rid, lc.MAX_COST) in rep4.heard  # its own request, acknowledged once
+        return
+    assert (held_rid, lc.MAX_COST) in rep4.stops
+    tk.tick(later(now, 5))  # past the cancel grace: the cooperative run's ladder step is taken
+    assert run_row(eng, held_rid).signal_stage == lc.Stage.NOT_SIGNALLED
+    assert actions(eng, held_rid).count("stop_requested") == 1
+
+
+def test_the_receivers_event_insert_meets_the_seq_once_lock_and_gives_up_bounded(store, daemon):
+    """0017's seq-once trigger locks each inserted event's run row (FOR NO KEY UPDATE): the OTLP
+    receiver's insert for a run whose login holds its row waits on it too, bounded like the tick's
+    (the request gets 503 and the exporter retries; the receiver's lock is not held forever)."""
+    from watchdog.store import witness
+    from watchdog.store.engine import bound_lock_waits, row_locked
+
+    eng, _ = daemon
+    rid = _runaway(store.url("a"))
+    holder = _raw(store.url("a"))
+    try:
+        holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (rid,))
+        t0 = time.monotonic()
+        with pytest.raises(Exception) as got:
+            with eng.begin() as conn:
+                bound_lock_waits(conn)
+                witness.append(conn, rid, [witness.WitnessedCall(kind=lc.EV_TOOL, tool="search", ok=True)],
+                               source=lc.Source.OTLP, now=utcnow(), joined=True)
+        assert row_locked(got.value), repr(got.value)[:300]
+        assert time.monotonic() - t0 < TICK_WITHIN_S
+    finally:
+        holder.close()
+    with eng.begin() as conn:  # the lock gone, the same insert goes through
+        bound_lock_waits(conn)
+        assert witness.append(conn, rid, [witness.WitnessedCall(kind=lc.EV_TOOL, tool="search", ok=True)],
+                              source=lc.Source.OTLP, now=utcnow(), joined=True)
+
+
+def test_many_locked_runs_cost_a_tick_a_bounded_number_of_waits_and_each_is_tried_in_turn(
+        store, daemon, monkeypatch):
+    """A login holding many of its runs' rows: past locked.MAX_WAITS_PER_TICK waits a tick tries no
+    more of them; the others come first, the locked ones least recently tried first."""
+    from watchdog.daemon.tick import locked
+
+    monkeypatch.setattr(locked, "MAX_WAITS_PER_TICK", 1)
+    eng, sealer = daemon
+    held = sorted(_runaway(store.url("a")) for _ in range(3))
+    tk = Ticker(eng, config(), Killer(), sealer=sealer)
+    now = utcnow()
+    holder = _raw(store.url("a"))
+    try:
+        for rid in held:
+            holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (rid,))
+        rep = tk.tick(now)  # each is new: tried once (three waits, once per run ever)
+        assert sorted(rep.locked) == held and set(tk.state.locked_tried) == set(held)
+        tried = []
+        for i in range(1, 4):  # then one wait a tick, in turn
+            other = _runaway(store.url("b"))
+            before = dict(tk.state.locked_tried)
+            rep = tk.tick(later(now, i))
+            assert (other, lc.MAX_COST) in rep.stops  # the other login's runaway: this tick
+            assert sorted(rep.locked) == held  # all still looked at
+            tried += [rid for rid in held if tk.state.locked_tried[rid] != before[rid]]
+        assert sorted(tried) == held  # each tried exactly once in three ticks
+    finally:
+        holder.close()
+    rep = tk.tick(later(now, 5))
+    assert rep.locked == [] and sorted(r for r, _ in rep.stops if r in held) == held
+
+
+def test_sealing_ended_runs_skips_a_row_its_login_holds_and_seals_the_others(store, daemon):
+    """The leader's seal duty writes ended runs' top tool on their rows: a row held locked is
+    skipped (sealed once free), the rest of the batch is written, nothing waits."""
+    from sqlalchemy import update
+
+    from watchdog.store import retention
+    from watchdog.store.schema import runs
+
+    eng, _ = daemon
+    held_rid, free_rid = _runaway(store.url("a")), _runaway(store.url("a"))
+    with eng.begin() as conn:  # both ended, unsealed (as the daemon's own stops leave them)
+        conn.execute(update(runs).where(runs.c.id.in_([held_rid, free_rid]))
+                     .values(status=lc.KILLED, ended_at=utcnow(), top_tool_calls=None))
+    holder = _raw(store.url("a"))
+    try:
+        holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (held_rid,))
+        t0 = time.monotonic()
+        retention.seal_ended(eng)
+        assert time.monotonic() - t0 < TICK_WITHIN_S
+        assert run_row(eng, free_rid).top_tool_calls == 0 and run_row(eng, held_rid).top_tool_calls is None
+    finally:
+        holder.close()
+    retention.seal_ended(eng)
+    assert run_row(eng, held_rid).top_tool_calls == 0
