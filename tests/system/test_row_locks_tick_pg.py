@@ -9,6 +9,7 @@ and carries out its stop the first tick after the lock goes.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 import uuid
@@ -194,3 +195,32 @@ def test_sealing_ended_runs_skips_a_row_its_login_holds_and_seals_the_others(sto
         holder.close()
     retention.seal_ended(eng)
     assert run_row(eng, held_rid).top_tool_calls == 0
+
+
+def test_the_leaders_booking_and_pricing_pass_over_a_row_its_login_holds(store, daemon):
+    """The money work books ended runs (booked_at on their rows) and moves priced steps' cost onto
+    their runs: a row held locked is passed over, never waited on; the rest is booked at once,
+    and the held run once its lock goes (a review follow-up: these waited with no bound)."""
+    from sqlalchemy import update
+
+    from watchdog.store import event_rows, ledger
+    from watchdog.store.schema import runs
+
+    eng, sealer = daemon
+    held_rid, free_rid = _runaway(store.url("a")), _runaway(store.url("a"))
+    with eng.begin() as conn:  # both ended, not booked yet
+        conn.execute(update(runs).where(runs.c.id.in_([held_rid, free_rid])).values(status=lc.KILLED, ended_at=utcnow()))
+    tk = Ticker(eng, config(), Killer(), sealer=sealer)
+    holder = _raw(store.url("a"))
+    try:
+        holder.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (held_rid,))
+        with eng.begin() as conn:
+            assert not event_rows.hold_run_row(conn, held_rid) and event_rows.hold_run_row(conn, free_rid)
+        rep, took_s = _timed_tick(tk, utcnow())
+        assert took_s < TICK_WITHIN_S, took_s
+        assert run_row(eng, free_rid).booked_at is not None and run_row(eng, held_rid).booked_at is None
+    finally:
+        holder.close()
+    with eng.begin() as conn:
+        booking = ledger.book(conn, ledger.read_unbooked(conn), utcnow(), dt.timezone.utc)
+    assert [r.id for r in booking.booked] == [held_rid] and run_row(eng, held_rid).booked_at is not None

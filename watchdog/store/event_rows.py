@@ -213,6 +213,17 @@ def _guarded(conn: Connection, stmt: Any) -> Any:
         raise WriteRefused(str(type(exc).__name__)) from exc
 
 
+def hold_run_row(conn: Connection, run_id: str) -> bool:
+    """Lock the run's row for the rest of the transaction, or False if another session holds it
+    (PostgreSQL: SKIP LOCKED): an agent that holds its own run row locked and idles must not
+    stall the leader's pricing (a review finding); that run's steps stay unpriced, priced a later
+    tick. SQLite has no row locks (its writers take the whole file): always True."""
+    if conn.dialect.name != "postgresql":
+        return True
+    q = select(runs.c.id).where(runs.c.id == run_id).with_for_update(skip_locked=True)
+    return conn.execute(q).first() is not None
+
+
 def price_step(conn: Connection, event_id: int, cost_eur: float) -> bool:
     """Set the step's cost if it is still unpriced; False: another daemon priced it first.
     WriteRefused: the store's checks refused the row."""

@@ -219,7 +219,15 @@ class Booking:
 
 
 def _claim(conn: Connection, ids: list[str], now: dt.datetime) -> set[str]:
-    """Set booked_at on those of `ids` nobody booked yet; the ids this transaction claimed."""
+    """Set booked_at on those of `ids` nobody booked yet; the ids this transaction claimed. On
+    PostgreSQL a run row another session holds locked is passed over, never waited on (an agent
+    that locks its own ended run and idles must not stall the leader's booking): booked a later tick."""
+    if conn.dialect.name == "postgresql":
+        free = (select(runs.c.id).where(and_(runs.c.id.in_(ids), runs.c.booked_at.is_(None)))
+                .with_for_update(skip_locked=True))
+        ids = list(conn.execute(free).scalars())
+        if not ids:
+            return set()
     if conn.dialect.update_returning:
         q = (update(runs).where(and_(runs.c.id.in_(ids), runs.c.booked_at.is_(None)))
              .values(booked_at=now).returning(runs.c.id))

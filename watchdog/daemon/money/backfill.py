@@ -153,30 +153,45 @@ class Backfill:
         return rep
 
     def _write(self, engine: Engine, priced: list[tuple[UnpricedStep, float]], rep: BackfillReport) -> None:
-        cost_of: dict[str, float] = defaultdict(float)  # run id -> the cost priced now
-        tokens_of: dict[str, int] = defaultdict(int)  # run id -> the tokens of those steps
+        by_run: dict[str, list[tuple[UnpricedStep, float]]] = defaultdict(list)
+        for r, cost in priced:
+            by_run[r.run_id].append((r, cost))
+        cost_of: dict[str, float] = {}  # run id -> the cost priced now
         with engine.begin() as conn:
-            for r, cost in priced:
-                # Each step and each run in a SAVEPOINT of its own: a row written by hand that the
-                # store's checks refuse to update costs only itself (it stays unpriced, reported).
-                try:
-                    priced_now = store.price_step(conn, r.id, cost)
-                except WriteRefused:
-                    self.defects.append(Defect(r.run_id, f"event {r.id}: its price cannot be written", r.id))
-                    continue
-                if not priced_now:
-                    continue  # another daemon priced it first
-                cost_of[r.run_id] += cost
-                tokens_of[r.run_id] += (r.tokens_in or 0) + (r.tokens_out or 0)
-                rep.deltas.append((r, cost))
-                rep.priced_steps += 1
-                rep.cost_eur += cost
-            for rid in sorted(cost_of):
-                try:
-                    store.add_run_cost(conn, rid, cost_of[rid], tokens_of[rid])
-                except WriteRefused:
-                    self.defects.append(Defect(rid, "its cost cannot be written (a counter the checks refuse)"))
+            for rid in sorted(by_run):
+                # A run row its writer holds locked is passed over, never waited on: its steps
+                # stay unpriced (priced a later tick), and its steps and its cost move together.
+                if store.hold_run_row(conn, rid):
+                    self._price_run(conn, rid, by_run[rid], rep, cost_of)
         rep.runs.update(cost_of)
         if rep.priced_steps:
             log.debug("priced %d step(s) the SDK could not (%.4f EUR) in %d run(s)", rep.priced_steps, rep.cost_eur,
                       len(cost_of))
+
+    def _price_run(self, conn: Connection, rid: str, steps: list[tuple[UnpricedStep, float]], rep: BackfillReport,
+                   cost_of: dict[str, float]) -> None:
+        """One run's priced steps, then its cost. Each step and the run in a SAVEPOINT of its own: a
+        row written by hand that the store's checks refuse to update costs only itself (it stays
+        unpriced, reported)."""
+        cost_run, tokens_run, any_priced = 0.0, 0, False
+        for r, cost in steps:
+            try:
+                priced_now = store.price_step(conn, r.id, cost)
+            except WriteRefused:
+                self.defects.append(Defect(r.run_id, f"event {r.id}: its price cannot be written", r.id))
+                continue
+            if not priced_now:
+                continue  # another daemon priced it first
+            cost_run += cost
+            tokens_run += (r.tokens_in or 0) + (r.tokens_out or 0)
+            any_priced = True
+            rep.deltas.append((r, cost))
+            rep.priced_steps += 1
+            rep.cost_eur += cost
+        if not any_priced:
+            return
+        cost_of[rid] = cost_run
+        try:
+            store.add_run_cost(conn, rid, cost_run, tokens_run)
+        except WriteRefused:
+            self.defects.append(Defect(rid, "its cost cannot be written (a counter the checks refuse)"))
