@@ -25,9 +25,12 @@ Each stop is still decided once whatever the timing: the decision is the store's
 move `running -> stopping` with its audit row (watchdog.store.stops.request_stop), which a
 second decider finds already made. A judge that gains shards folds the history of the runs it
 reads now and did not before (a cold fold of its Scanner), before it judges them: its counters
-are whole. The leader (the cluster duties and the money: every run's live spend for the period
-budgets, the circuits' every event) still reads every host's runs and events; what sharding
-saves there is the judging.
+are whole. The leader (the cluster duties and the money) still reads every host's changed run
+rows: the period budgets count another judge's run by its row's counters (monotonic on
+PostgreSQL), the adoption counts runs per host. It folds only the events of its shards and its
+own host, like any judge (watchdog.daemon.tick.tickread._folded; an adopted host's runs are
+carried out from their rows), and reads every run's new events in five columns for the
+circuits, the all-runs tool rate and the unpriced steps (watchdog.daemon.tick.toolwatch).
 """
 
 from __future__ import annotations

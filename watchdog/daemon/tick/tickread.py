@@ -44,7 +44,8 @@ def scope_of(tk: TickContext, this: ThisTick, role: Role) -> Scope:
     """The leader reads every host's runs (the period budgets sum them all, and their counts per host
     spare the membership a count over every active run); the others their own. A sharded judge
     (watchdog.daemon.leases.shards) reads its Reach: its hosts' runs and its shards' on any host
-    (the leader still every host's), and keeps as its own the runs of its Reach."""
+    (the leader still every host's rows, but folds the events of fewer: _folded), and keeps as
+    its own the runs of its Reach."""
     shards = tk.shards
     if shards is not None and shards.active:
         reach = shards.reach(role.hosts)
