@@ -74,7 +74,14 @@ class ShardedPreFilter:
         owns = self.owns
         hosts = kw.get("judged")
         kw["judged"] = None  # every run read is looked at; what comes out is confined below
-        ids = self.inner.due(light, now, live, *args, **kw)
+        theirs = _theirs(light, owns, kw.get("host"))
+        if theirs:  # (the leader: every host's rows) another judge's running runs: only their spend counted
+            ids = self.inner.due(theirs, now, live, *args, **{**kw, "judged": frozenset()})
+            ids += self.inner.due([r for r in light if id(r) not in theirs.ids], now, live, *args, **kw)
+            if args and args[0] is not None:
+                args[0].light = light  # (LiveSpend: the rows the pass read, all of them)
+        else:
+            ids = self.inner.due(light, now, live, *args, **kw)
         wake = kw.get("wake")
         if wake:
             for rid in [rid for rid in wake if not owns(rid)]:
@@ -83,6 +90,19 @@ class ShardedPreFilter:
 
 
 _I_ID, _I_STATUS, _I_HOST, _I_PID = (LIGHT.index(k) for k in ("id", "status", "host", "pid"))
+
+
+class _Theirs(list[Any]):
+    ids: set[int]  # id() of each row in it
+
+
+def _theirs(light: Any, owns: Callable[[str], bool], my_host: str | None) -> _Theirs:
+    """The running runs of other judges' shards, not on this host: nothing of theirs comes out of
+    the pre-filter here (_confined), so the pass only counts their live spend (the pre-filter's
+    path for another host's run) and spares their budgets, deadlines and loop checks."""
+    out = _Theirs(r for r in light if r[_I_STATUS] == lc.RUNNING and r[_I_HOST] != my_host and not owns(r[_I_ID]))
+    out.ids = {id(r) for r in out}
+    return out
 
 
 def _confined(ids: list[str], light: Any, live: set[int] | None, owns: Callable[[str], bool],
