@@ -36,6 +36,7 @@ Server: AW_BENCH_PG (default postgresql+psycopg://postgres@127.0.0.1:5432, a sup
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime as dt
 import json
 import multiprocessing as mp
@@ -268,11 +269,18 @@ def ticks(st: Store, ids, args) -> dict:
         s.rebalance()
     per_judge: list[list[float]] = [[] for _ in judges]
 
+    prof = cProfile.Profile() if args.profile else None
+
     def tick(i: int) -> float:
         if shards:
             shards[i].before_tick(judges[i])
+        profiled = prof is not None and bool(per_judge[0]) and judges[i].this is not None and judges[i].this.rep.leader
         t = time.perf_counter()
+        if profiled:
+            prof.enable()
         judges[i].tick(utcnow())
+        if profiled:
+            prof.disable()
         ms = (time.perf_counter() - t) * 1000
         per_judge[i].append(ms)
         return ms
@@ -318,6 +326,8 @@ def ticks(st: Store, ids, args) -> dict:
     written = sum(q.get() for _ in procs)
     leader = [i for i, j in enumerate(judges) if j.this is not None and j.this.rep.leader]
     others = [ms for i, ms in enumerate(per_judge) if i not in leader]
+    if prof is not None:  # the leader's changed ticks, by cumulative time
+        prof.dump_stats(args.profile)
     for sh in shards:
         sh.close()
     for lease in leases:
@@ -399,6 +409,7 @@ def main(argv=None) -> int:
                     "(watchdog.daemon.leases.shards), ticked one after the other each period")
     ap.add_argument("--drop-events", type=int, default=1_000_000, help="events in the day partition dropped")
     ap.add_argument("--no-retention", action="store_true")
+    ap.add_argument("--profile", type=Path, help="profile the leader's changed ticks (cProfile stats to this file)")
     ap.add_argument("--revision", default="head", help="migrate the fleets' stores to this revision "
                     "(0014: events unpartitioned, to compare in the same run)")
     ap.add_argument("--json", type=Path)

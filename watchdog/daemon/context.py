@@ -47,6 +47,7 @@ class TickContext(Protocol):
     active: ActiveSet
     prefilter: PreFilter
     shards: Any  # a ShardSet or None; issue 35: a sharded judge's shards (watchdog.daemon.leases.shards)
+    toolwatch: Any  # a ToolWatch or None: a sharded leader's every-run tool calls (watchdog.daemon.tick.toolwatch)
     memory: Memory
     exec_trees: ExecTrees
     own_evidence: OwnEvidence | None  # SQLite's first-signal check

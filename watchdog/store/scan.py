@@ -193,7 +193,7 @@ def _folded_between(what: str, on_hosts: bool | str, bounded: bool) -> Any:
                          sql_cast(func.pg_current_xact_id(), Text)]
             q = _on_hosts(select(*sums).where(cond), on_hosts)
         else:
-            cols = _EVENT_COLS if what == "rows" else (events.c.id,)
+            cols = _EVENT_COLS if what == "rows" else _CALL_COLS if what == "calls" else (events.c.id,)
             q = _on_hosts(select(*cols).where(cond), on_hosts).order_by(events.c.id)
         _FOLDED[key] = q
     return q
@@ -213,6 +213,25 @@ def folded_ids_between(conn: Connection, low: int, high: int, hosts: Collection[
     one fetchall: a fetch per id cost more than the query, at ~2,000 ids each tick)."""
     q = _folded_between("ids", _on(hosts), True)
     return list(conn.execute(q, _folded_params(low, high, hosts)).scalars().all())
+
+
+# The few columns the store-wide tool watch needs of a folded event (watchdog.daemon.tick.toolwatch)
+_CALL_COLS = (events.c.id, events.c.kind, events.c.tool, events.c.ok, events.c.at, events.c.cost_eur)
+
+
+def calls_above(conn: Connection, low: int) -> list[Any]:
+    """(id, kind, tool, ok, at, cost_eur) of every folded event above `low`, every run's, in id
+    order: the columns the circuits, the all-runs tool rate and the money's unpriced steps need,
+    not the fold's whole rows."""
+    return cast(list[Any], conn.execute(_folded_between("calls", False, False), _folded_params(low, None, None)).all())
+
+
+def calls_of(conn: Connection, *, run_ids: Sequence[str] = (), event_ids: Sequence[int] = ()) -> list[Any]:
+    """calls_above's columns for the folded events of these runs (a cold start: their history) or
+    of these ids (those committed late below the mark), in id order."""
+    cond = events.c.run_id.in_(list(run_ids)) if run_ids else events.c.id.in_(list(event_ids))
+    q = select(*_CALL_COLS).where(and_(cond, events.c.kind.in_(FOLDED))).order_by(events.c.id)
+    return cast(list[Any], conn.execute(q).all())
 
 
 class WindowSum(NamedTuple):

@@ -25,9 +25,12 @@ Each stop is still decided once whatever the timing: the decision is the store's
 move `running -> stopping` with its audit row (watchdog.store.stops.request_stop), which a
 second decider finds already made. A judge that gains shards folds the history of the runs it
 reads now and did not before (a cold fold of its Scanner), before it judges them: its counters
-are whole. The leader (the cluster duties and the money: every run's live spend for the period
-budgets, the circuits' every event) still reads every host's runs and events; what sharding
-saves there is the judging.
+are whole. The leader (the cluster duties and the money) still reads every host's changed run
+rows: the period budgets count another judge's run by its row's counters (monotonic on
+PostgreSQL), the adoption counts runs per host. It folds only the events of its shards and its
+own host, like any judge (watchdog.daemon.tick.tickread._folded; an adopted host's runs are
+carried out from their rows), and reads every run's new events in five columns for the
+circuits, the all-runs tool rate and the unpriced steps (watchdog.daemon.tick.toolwatch).
 """
 
 from __future__ import annotations
@@ -71,7 +74,14 @@ class ShardedPreFilter:
         owns = self.owns
         hosts = kw.get("judged")
         kw["judged"] = None  # every run read is looked at; what comes out is confined below
-        ids = self.inner.due(light, now, live, *args, **kw)
+        theirs = _theirs(light, owns, kw.get("host"))
+        if theirs:  # (the leader: every host's rows) another judge's running runs: only their spend counted
+            ids = self.inner.due(theirs, now, live, *args, **{**kw, "judged": frozenset()})
+            ids += self.inner.due([r for r in light if id(r) not in theirs.ids], now, live, *args, **kw)
+            if args and args[0] is not None:
+                args[0].light = light  # (LiveSpend: the rows the pass read, all of them)
+        else:
+            ids = self.inner.due(light, now, live, *args, **kw)
         wake = kw.get("wake")
         if wake:
             for rid in [rid for rid in wake if not owns(rid)]:
@@ -80,6 +90,19 @@ class ShardedPreFilter:
 
 
 _I_ID, _I_STATUS, _I_HOST, _I_PID = (LIGHT.index(k) for k in ("id", "status", "host", "pid"))
+
+
+class _Theirs(list[Any]):
+    ids: set[int]  # id() of each row in it
+
+
+def _theirs(light: Any, owns: Callable[[str], bool], my_host: str | None) -> _Theirs:
+    """The running runs of other judges' shards, not on this host: nothing of theirs comes out of
+    the pre-filter here (_confined), so the pass only counts their live spend (the pre-filter's
+    path for another host's run) and spares their budgets, deadlines and loop checks."""
+    out = _Theirs(r for r in light if r[_I_STATUS] == lc.RUNNING and r[_I_HOST] != my_host and not owns(r[_I_ID]))
+    out.ids = {id(r) for r in out}
+    return out
 
 
 def _confined(ids: list[str], light: Any, live: set[int] | None, owns: Callable[[str], bool],

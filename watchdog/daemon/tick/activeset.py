@@ -81,6 +81,9 @@ class ActiveSet:
         self.rows: dict[str, Any] = {}  # run id -> its light row (watchdog.store.scan.LIGHT), every host read
         self.mine: set[str] = set()  # those on the hosts this daemon judges
         self.by_host: Counter[str] = Counter()  # host -> its runs in `rows`
+        # (host, pid) -> its runs in `rows`: the ladder's "runs sharing the process", kept here so
+        # that a tick with a stopping run does not count every active run's process again
+        self.by_proc: Counter[tuple[Any, Any]] = Counter()
         self.quiet = False  # this tick's feed named no run: nothing was written to any run since the last
         self.none_ended = False  # no run the feed named has left the active ones (none ended, none deleted)
         self.local_quiet = False  # nor was any run of this host named (the exec roots hold: watchdog.daemon.stops.exectree)
@@ -169,6 +172,7 @@ class ActiveSet:
         """After a full read's pre-filter (and the money's read): everything from what it read."""
         self.rows, self.mine, self.dead = {}, set(), set()
         self.by_host, self.quiet, self.none_ended, self.local_quiet = Counter(), False, False, False
+        self.by_proc = Counter()
         self.spend = SpendIndex()
         for r in light:
             if r[_ID].__class__ is str:
@@ -218,8 +222,10 @@ class ActiveSet:
         old = self.rows.get(rid)
         if old is not None:
             self.by_host[old[_HOST]] -= 1
+            self._unproc(old)
         self.rows[rid] = r
         self.by_host[r[_HOST]] += 1
+        self.by_proc[(r[_HOST], r[_PID])] += 1
         if judged is None or r[_HOST] in judged or (isinstance(judged, Reach) and judged.covers(rid, r[_HOST])):
             self.mine.add(rid)  # (a sharded judge's: its hosts' runs and its shards')
         else:
@@ -232,10 +238,19 @@ class ActiveSet:
         elif self.liveness is not None:
             self.liveness.unwatch(rid)
 
+    def _unproc(self, old: Any) -> None:
+        key = (old[_HOST], old[_PID])
+        n = self.by_proc[key] - 1
+        if n > 0:
+            self.by_proc[key] = n
+        else:
+            del self.by_proc[key]
+
     def _drop(self, rid: str) -> None:
         old = self.rows.pop(rid, None)
         if old is not None:
             self.by_host[old[_HOST]] -= 1
+            self._unproc(old)
         self.mine.discard(rid)
         self.queue.discard(rid)
         self.sticky.discard(rid)

@@ -43,6 +43,7 @@ from watchdog.daemon.trust.authentic import OwnEvidence
 from watchdog.daemon.tick.batch import Batch
 from watchdog.daemon.leases.cluster import ClusterDuties, DutyTick, Membership, Role
 from watchdog.daemon.tick.heap import HeapFreezer
+from watchdog.daemon.tick.toolwatch import ToolWatch
 from watchdog.daemon.trust.isolation import Defect
 from watchdog.core.procid import ProcessIdentity
 from watchdog.daemon.stops.killer import Killer
@@ -125,6 +126,7 @@ class Ticker:
         self.active = ActiveSet(killer)
         self.heap = heap  # the daemon's: its heap frozen after a full tick (watchdog.daemon.tick.heap)
         self.shards: ShardSet | None = None  # issue 35: a sharded judge's shards (set by ShardSet.before_tick)
+        self.toolwatch: ToolWatch | None = None  # a sharded leader's every-run tool calls (tickread)
 
     def tick(self, now: dt.datetime, *, skip_clock: bool = False) -> TickReport:
         """`skip_clock`: the clock just jumped (watchdog.daemon.tick.clock): durations measured on it
@@ -137,7 +139,7 @@ class Ticker:
         rep = this.rep
         rep.new_events, rep.events, rep.active = len(read.new), read.new, read.mine
         rep.full, rep.looked = read.full, len(read.looked)
-        self._judge_rows(this, read.light, rows)
+        self._judge_rows(this, read.light, rows, read.full)
         self._end(this, role, read)
         # What the next incremental tick needs of this one: the deadlines, the sticky runs.
         self.active.settle(() if read.full else read.looked, wake=read.wake, due=read.due,
@@ -184,11 +186,11 @@ class Ticker:
             fresh = self.scanner.load_rows(conn, sorted(judged.again))
         return [r for r in read.rows if r.id not in judged.again] + fresh
 
-    def _judge_rows(self, this: ThisTick, light: list[Any], rows: list[Row]) -> None:
+    def _judge_rows(self, this: ThisTick, light: list[Any], rows: list[Row], full: bool = True) -> None:
         """Each due run, then the defects and the backstop: this tick's stop requests, lost runs
         and rate alarms in one commit (rolled back on failure: the next tick finds them again)."""
-        if any(r.status == lc.STOPPING for r in rows):
-            this.sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light)
+        if any(r.status == lc.STOPPING for r in rows):  # (incremental: the ActiveSet's count, not a pass)
+            this.sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light) if full else self.active.by_proc
         batch = Batch(self.engine)
         try:
             for row in locked.order(self.state, rows):
@@ -218,7 +220,9 @@ class Ticker:
                 stopped.setdefault(s.scope, []).append(s.run_id)
             this.rep.booked = this.money.finish(self.engine, stopped)
         if role.leader:  # the cluster duties: exactly one daemon of the store does them
-            self.duties.run(DutyTick(now, role, read.new, self.scanner, none_ended=self.active.none_ended))
+            # (a sharded leader folded only its Reach's events: the circuits take every run's calls)
+            calls, rates = (read.new, self.scanner) if read.calls is None else (read.calls, self.toolwatch)
+            self.duties.run(DutyTick(now, role, calls, rates, none_ended=self.active.none_ended))
         else:
             self.duties.follow()
         self._touch_lease(now)

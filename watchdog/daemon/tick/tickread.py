@@ -16,6 +16,7 @@ from watchdog.daemon.tick.activeset import Scope
 from watchdog.daemon.leases.cluster import Role
 from watchdog.daemon.trust.scan import L, NewEvent
 from watchdog.daemon.tick.tickstate import ThisTick
+from watchdog.daemon.tick.toolwatch import ToolCall, ToolWatch
 from watchdog.store.engine import Connection
 from watchdog.store.shards import Reach
 
@@ -34,18 +35,48 @@ class TickRead(NamedTuple):
     looked: list[str]  # the runs the pre-filter looked at (every active run in a full read)
     wake: dict[str, Deadline]  # their next clock deadlines, from the pre-filter
     full: bool
+    # A sharded leader's every-run tool calls (watchdog.daemon.tick.toolwatch), for the circuits and
+    # the all-runs tool rate; None: `new` holds every host's (an unsharded leader) or nobody needs them.
+    calls: list[ToolCall] | None = None
 
 
 def scope_of(tk: TickContext, this: ThisTick, role: Role) -> Scope:
     """The leader reads every host's runs (the period budgets sum them all, and their counts per host
     spare the membership a count over every active run); the others their own. A sharded judge
     (watchdog.daemon.leases.shards) reads its Reach: its hosts' runs and its shards' on any host
-    (the leader still every host's), and keeps as its own the runs of its Reach."""
+    (the leader still every host's rows, but folds the events of fewer: _folded), and keeps as
+    its own the runs of its Reach."""
     shards = tk.shards
     if shards is not None and shards.active:
         reach = shards.reach(role.hosts)
         return Scope(None if role.leader else reach, reach, tk.prefilter)
     return Scope(None if role.leader else role.hosts, role.hosts, tk.prefilter)
+
+
+def _folded(scope: Scope, role: Role) -> frozenset[str] | None:
+    """Whose events the Scanner folds: those it reads, but a sharded judge's only those of its
+    shards and its own host. It reads every run's row (the leader: the period budgets, whose live
+    spend of another judge's run is its row's, counters PostgreSQL keeps monotonic; the circuits
+    and the tool rate read every run's tool calls narrow, ToolWatch), and the runs of the hosts it
+    adopted (no daemon: their stops are cooperative, no signal, so no first signal to confirm by
+    its own evidence) are carried out from their rows: a stopping or paused run of another judge's
+    shard there is judged on its row's counters, which are the larger on PostgreSQL."""
+    judged = scope.judged
+    if not isinstance(judged, Reach):
+        return scope.hosts
+    if role.adopted:
+        return Reach(frozenset(judged) - role.adopted.keys(), judged.buckets)
+    return judged if scope.hosts is None else scope.hosts
+
+
+def _watch(tk: TickContext, role: Role, scope: Scope) -> ToolWatch | None:
+    """The ToolWatch of a sharded leader (kept while it stays one), else None (and dropped)."""
+    if role.leader and scope.hosts is None and isinstance(scope.judged, Reach):
+        if tk.toolwatch is None:
+            tk.toolwatch = ToolWatch()
+    else:
+        tk.toolwatch = None
+    return tk.toolwatch
 
 
 def _mine(light: list[Any], scope: Scope) -> list[Any]:
@@ -67,18 +98,21 @@ def read(tk: TickContext, this: ThisTick, role: Role) -> TickRead:
         reason = act.full_reason(now_s, scope, this.skip_clock)
         act.valid = False  # until this tick went through (Ticker.tick)
         changed = act.changes(conn, scope) if reason is None else None
+        watch = _watch(tk, role, scope)
         if changed is None:
-            return _full(tk, conn, this, role, scope)
-        return _incremental(tk, conn, this, scope, changed)
+            return _full(tk, conn, this, role, scope, watch)
+        return _incremental(tk, conn, this, scope, changed, watch, _folded(scope, role))
 
 
-def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: Scope) -> TickRead:
+def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: Scope,
+          watch: ToolWatch | None) -> TickRead:
     mt, act = this.money, tk.active
     light = tk.scanner.load_active(conn, scope.hosts)
     # the feed starts from this snapshot: what commits after it is a change
     act.feed.mark(conn, scope.hosts if isinstance(scope.hosts, Reach) else None)
     mine = _mine(light, scope)  # (the leader read all)
-    new = tk.scanner.fold(conn, [r[L["id"]] for r in mine], hosts=scope.hosts)
+    new = _fold_read(tk, conn, mine, scope.hosts, _folded(scope, role))
+    calls = watch.read(conn, [rid for r in light if (rid := r[L["id"]]).__class__ is str]) if watch else None
     wake: dict[str, Deadline] = {}
     costs: dict[str, float] | None = {} if mt is not None else None
     if mt is not None:  # whose each run's spend is (issue 32), before the pass sums it
@@ -86,22 +120,41 @@ def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: 
         act.spend.spend_as = tk.trust.spend_as if tk.trust.bound else None
     due = _prefilter(tk, this, light, this.live, wake, costs)
     if mt is not None:  # unreadable steps: reported with the rest
-        tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, unpriced=tk.scanner.unpriced_ids, ranged=True))
-        tk.scanner.took_unpriced()
+        tk.scanner.defects.extend(mt.read(conn, _mark(tk, watch), unpriced=_unpriced(tk, watch), ranged=True))
+        _took_unpriced(tk, watch)
     rows = tk.scanner.load_rows(conn, due)
     act.rebuild(light, scope, this.now.timestamp(), wake=wake, due=due, costs=costs,
                 covered=mt.spend.covered if mt is not None else None)
     tk.trust.flush(act.rows)  # first sights and parent links (issue 20)
     looked = [rid for r in light if (rid := r[L["id"]]).__class__ is str]
-    return TickRead(light, len(mine), new, due, rows, looked, wake, True)
+    return TickRead(light, len(mine), new, due, rows, looked, wake, True, calls)
 
 
-def _incremental(tk: TickContext, conn: Connection, this: ThisTick, scope: Scope, changed: set[str]) -> TickRead:
-    mt, act = this.money, tk.active
+def _fold_read(tk: TickContext, conn: Connection, mine: list[Any], read: frozenset[str] | None,
+               folded: frozenset[str] | None) -> list[NewEvent]:
+    """A full read's fold: of the runs it judges, those whose events it folds (`folded`, _folded)."""
+    of = mine if folded is read or not isinstance(folded, Reach) else [
+        r for r in mine if folded.covers(r[L["id"]], r[L["host"]])]
+    return tk.scanner.fold(conn, [r[L["id"]] for r in of], hosts=folded)
+
+
+def _fold_changes(tk: TickContext, conn: Connection, folded: frozenset[str] | None) -> list[NewEvent]:
+    """An incremental read's fold (an unsharded leader's: `folded` None, every host's events)."""
+    act = tk.active
     if act.quiet:  # no run renumbered: no event was written since the last read (an event renumbers its run)
-        new, tk.scanner.touched = [], set()
-    else:
-        new = tk.scanner.fold(conn, act.mine, hosts=scope.hosts)  # (the leader's: None, every host)
+        tk.scanner.touched = set()
+        return []
+    mine: set[str] = act.mine
+    if tk.scanner.high_water is None and isinstance(folded, Reach):  # a cold fold: of those it folds only
+        mine = {rid for rid in mine if folded.covers(rid, act.rows[rid][L["host"]])}
+    return tk.scanner.fold(conn, mine, hosts=folded)
+
+
+def _incremental(tk: TickContext, conn: Connection, this: ThisTick, scope: Scope, changed: set[str],
+                 watch: ToolWatch | None, folded: frozenset[str] | None) -> TickRead:
+    mt, act = this.money, tk.active
+    new = _fold_changes(tk, conn, folded)
+    calls = watch.read(conn, act.rows, quiet=act.quiet) if watch else None
     changed.update(tk.scanner.touched)  # a run with an event folded is looked at, whatever the feed said
     cand = act.candidates(this.now.timestamp(), changed)
     looked = [r[L["id"]] for r in cand]
@@ -123,12 +176,29 @@ def _incremental(tk: TickContext, conn: Connection, this: ThisTick, scope: Scope
         act.spend.learn(covered)
         act.spend.fill(mt.spend)  # every run's live cost, not only the few looked at
         mt.spend.light = light
-        tk.scanner.defects.extend(mt.read(conn, tk.scanner.high_water, quiet=act.quiet, none_ended=act.none_ended,
-                                          unpriced=tk.scanner.unpriced_ids))
-        tk.scanner.took_unpriced()
+        tk.scanner.defects.extend(mt.read(conn, _mark(tk, watch), quiet=act.quiet, none_ended=act.none_ended,
+                                          unpriced=_unpriced(tk, watch)))
+        _took_unpriced(tk, watch)
     rows = tk.scanner.load_rows(conn, due)
     tk.trust.flush(act.rows)
-    return TickRead(light, len(act.mine), new, due, rows, looked, wake, False)
+    return TickRead(light, len(act.mine), new, due, rows, looked, wake, False, calls)
+
+
+def _unpriced(tk: TickContext, watch: ToolWatch | None) -> list[int]:
+    """The unpriced steps (and unreadable events) the tick read: the fold's, and a sharded leader's
+    ToolWatch's of every run (its fold saw only its Reach's)."""
+    return tk.scanner.unpriced_ids if watch is None else tk.scanner.unpriced_ids + watch.unpriced_ids
+
+
+def _took_unpriced(tk: TickContext, watch: ToolWatch | None) -> None:
+    tk.scanner.took_unpriced()
+    if watch is not None:
+        watch.took_unpriced()
+
+
+def _mark(tk: TickContext, watch: ToolWatch | None) -> int | None:
+    """The largest event id the tick saw: every run's (the ToolWatch's) where the fold read a Reach."""
+    return watch.high_water if watch is not None else tk.scanner.high_water
 
 
 def _prefilter(tk: TickContext, this: ThisTick, light: list[Any], live: set[int] | None, wake: dict[str, Deadline],
