@@ -140,44 +140,52 @@ def test_a_child_in_another_process_joins_by_parent_id(engine, db_url, wd):
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_stopping_a_parent_takes_the_locks_in_the_agents_order_no_deadlock(db_url, engine, wd):
     """An agent's record locks its own (child) run, then its parent (the roll-up). The daemon's
-    stop of the parent takes the child first too: it waits for the agent's transaction instead
-    of holding the parent it needs (PostgreSQL would kill one of the two as a deadlock)."""
+    stop of the parent takes the child first too, so it never holds the parent the agent needs
+    (PostgreSQL would kill one of the two as a deadlock); and it waits for the agent's lock on
+    the child only its bounded time (lock_timeout: an agent holding its row must not stall the
+    tick), then gives up without having written anything. The next try, after the agent's
+    commit, stops both."""
     import threading
 
     from sqlalchemy import select, text
 
     from watchdog.core.budgets import effective_budgets
     from watchdog.daemon.stops.stopping import facts, stop_run as request_stop
+    from watchdog.store.engine import row_locked
     from watchdog.store.schema import runs
+
+    def daemon_stops_the_parent(errors: list, done: threading.Event) -> None:
+        try:
+            with engine.begin() as conn:
+                row = conn.execute(select(runs).where(runs.c.id == parent.id)).one()
+                request_stop(conn, row, reason=lc.MAX_STEPS, detail="steps 13/12", now=utcnow(), by="test",
+                             budgets=effective_budgets(wd.config().profile("planner"), row),
+                             run_facts=facts(row, now=utcnow()))
+        except Exception as exc:  # noqa: BLE001 — the assertion names it
+            errors.append(exc)
+        finally:
+            done.set()
 
     with wd.run("planner", guards=False) as parent:
         with parent.child("researcher", guards=False) as child:
             agent = engine.connect()
-            tx = agent.begin()
-            agent.execute(text("UPDATE runs SET steps = steps + 1 WHERE id = :c"), {"c": child.id})  # its record
+            try:
+                tx = agent.begin()
+                agent.execute(text("UPDATE runs SET steps = steps + 1 WHERE id = :c"), {"c": child.id})  # its record
+                done, errors = threading.Event(), []
+                stopper = threading.Thread(target=daemon_stops_the_parent, args=(errors, done))
+                stopper.start()
+                assert done.wait(30)  # it gave up waiting for the agent's lock on the child (bounded)...
+                stopper.join()
+                assert len(errors) == 1 and row_locked(errors[0]), errors
+                agent.execute(text("SET LOCAL lock_timeout = '20s'"))
+                agent.execute(text("UPDATE runs SET steps = steps + 1 WHERE id = :p"), {"p": parent.id})  # roll-up
+                tx.commit()  # ...and the agent's roll-up to the parent was never blocked by it
+            finally:
+                agent.close()
+            assert {run_row(engine, r).status for r in (parent.id, child.id)} == {lc.RUNNING}  # nothing written
             done, errors = threading.Event(), []
-
-            def daemon_stops_the_parent():
-                try:
-                    with engine.begin() as conn:
-                        row = conn.execute(select(runs).where(runs.c.id == parent.id)).one()
-                        request_stop(conn, row, reason=lc.MAX_STEPS, detail="steps 13/12", now=utcnow(), by="test",
-                                     budgets=effective_budgets(wd.config().profile("planner"), row),
-                                     run_facts=facts(row, now=utcnow()))
-                except Exception as exc:  # noqa: BLE001 — the assertion names it
-                    errors.append(exc)
-                finally:
-                    done.set()
-
-            stopper = threading.Thread(target=daemon_stops_the_parent)
-            stopper.start()
-            assert not done.wait(1.0)  # it waits for the agent's lock on the child...
-            agent.execute(text("SET LOCAL lock_timeout = '20s'"))
-            agent.execute(text("UPDATE runs SET steps = steps + 1 WHERE id = :p"), {"p": parent.id})  # roll-up
-            tx.commit()  # ...and the agent's roll-up to the parent was never blocked by it
-            agent.close()
-            assert done.wait(30)
-            stopper.join()
+            daemon_stops_the_parent(errors, done)  # the next tick's try
             assert errors == []
             assert {run_row(engine, r).status for r in (parent.id, child.id)} == {lc.STOPPING}
             with pytest.raises(RunKilled):
