@@ -6,6 +6,8 @@ folder has its own conftest.py, and a bare `import conftest` gets whichever was 
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 import subprocess
 import uuid
@@ -27,6 +29,14 @@ def empty_pg(url: str) -> None:
         names = ", ".join(t.name for t in metadata.sorted_tables)
         conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
     engine.dispose()
+
+
+def raw(url: str, **kw: Any) -> Any:
+    """The driver's own connection (psycopg) to a store URL of SQLAlchemy's form: what a plain-SQL
+    writer, or an agent holding its own transaction open, does."""
+    import psycopg
+
+    return psycopg.connect(url.replace("+psycopg", ""), **kw)
 
 
 class RolesStore:
@@ -77,6 +87,12 @@ class RolesStore:
             self.drop()  # nothing of a failed set-up is left on the server
             raise
         return self
+
+    def __enter__(self) -> "RolesStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.drop()
 
     def drop(self) -> None:
         with self.admin.connect() as conn:

@@ -16,7 +16,7 @@ import uuid
 import psycopg
 import pytest
 
-from pg_support import RolesStore
+from pg_support import RolesStore, raw
 from watchdog.store.agent_writes import Writer
 from watchdog.store.bursts import burst_statements
 from watchdog.store.engine import make_engine
@@ -24,11 +24,8 @@ from watchdog.store.engine import make_engine
 
 @pytest.fixture(scope="module")
 def store(pg_server_url):
-    s = RolesStore(pg_server_url, "aw_burst").create()
-    try:
+    with RolesStore(pg_server_url, "aw_burst").create() as s:
         yield s
-    finally:
-        s.drop()
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +38,7 @@ def writers(store):
 
 
 def _raw(url: str):
-    return psycopg.connect(url.replace("+psycopg", ""), autocommit=True)
+    return raw(url, autocommit=True)
 
 
 def _run(url: str) -> str:

@@ -9,7 +9,7 @@ import uuid
 import psycopg
 import pytest
 
-from pg_support import RolesStore
+from pg_support import RolesStore, raw
 
 INSERT = "INSERT INTO events (run_id, seq, at, kind, tool) VALUES (%s, %s, now(), 'tool', 't')"
 UPS = "[[1, 1, 0, 0, 0, 0, 0, 0, 0, {seq}, null, null, \"{rid}\"]]"
@@ -17,15 +17,12 @@ UPS = "[[1, 1, 0, 0, 0, 0, 0, 0, 0, {seq}, null, null, \"{rid}\"]]"
 
 @pytest.fixture(scope="module")
 def store(pg_server_url):
-    s = RolesStore(pg_server_url, "aw_rev").create()
-    try:
+    with RolesStore(pg_server_url, "aw_rev").create() as s:
         yield s
-    finally:
-        s.drop()
 
 
 def _conn(store, who: str, **kw):
-    return psycopg.connect(store.url(who).replace("+psycopg", ""), autocommit=True, **kw)
+    return raw(store.url(who), autocommit=True, **kw)
 
 
 def _run(store, who: str) -> str:
@@ -81,7 +78,7 @@ def test_a_merge_insert_is_numbered_in_the_change_feed(store):
 
 def test_a_repeatable_read_writer_cannot_repeat_a_seq_committed_after_its_snapshot(store):
     rid = _run(store, "a")
-    with _conn(store, "a") as a, psycopg.connect(store.url("a").replace("+psycopg", "")) as late:
+    with _conn(store, "a") as a, raw(store.url("a")) as late:
         late.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         late.execute("SELECT 1 FROM runs WHERE id = %s", (rid,)).fetchall()  # its snapshot, before the row
         a.execute(INSERT, (rid, 5))

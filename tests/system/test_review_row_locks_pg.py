@@ -14,10 +14,9 @@ import datetime as dt
 import threading
 import uuid
 
-import psycopg
 import pytest
 
-from pg_support import RolesStore
+from pg_support import RolesStore, raw
 from watchdog.store import ladder, stops
 from watchdog.store.engine import make_engine, row_locked
 
@@ -26,15 +25,12 @@ RETURN_WITHIN_S = 10.0  # far above the daemon's tick: a call blocked this long 
 
 @pytest.fixture(scope="module")
 def store(pg_server_url):
-    s = RolesStore(pg_server_url, "aw_lock").create()
-    try:
+    with RolesStore(pg_server_url, "aw_lock").create() as s:
         yield s
-    finally:
-        s.drop()
 
 
 def _raw(url: str, **kw):
-    return psycopg.connect(url.replace("+psycopg", ""), **kw)
+    return raw(url, **kw)
 
 
 def _run(url: str, status: str = "running") -> str:

@@ -14,11 +14,10 @@ import logging
 import time
 import uuid
 
-import psycopg
 import pytest
 
 from daemon_support import actions, alerts_of, config, later, run_row
-from pg_support import RolesStore
+from pg_support import RolesStore, raw
 from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.daemon.stops.killer import Killer
@@ -33,11 +32,8 @@ TICK_WITHIN_S = 5.0
 
 @pytest.fixture(scope="module")
 def store(pg_server_url):
-    s = RolesStore(pg_server_url, "aw_lockt").create()
-    try:
+    with RolesStore(pg_server_url, "aw_lockt").create() as s:
         yield s
-    finally:
-        s.drop()
 
 
 @pytest.fixture
@@ -49,7 +45,7 @@ def daemon(store, attest):
 
 
 def _raw(url: str, **kw):
-    return psycopg.connect(url.replace("+psycopg", ""), **kw)
+    return raw(url, **kw)
 
 
 def _runaway(url: str, status: str = "running") -> str:

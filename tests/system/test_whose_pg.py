@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg
 import pytest
 from sqlalchemy import select
 
 from agent_procs import sigterm_pending, wait_until
 from daemon_support import ME, actions, alerts_of, config, later, run_row
-from pg_support import RolesStore
+from pg_support import RolesStore, raw
 from watchdog.core import lifecycle as lc
 from watchdog.core import whose
 from watchdog.daemon.stops.killer import Killer
@@ -27,11 +26,8 @@ from watchdog.store.schema import spend_ledger, utcnow
 
 @pytest.fixture(scope="module")
 def store(pg_server_url):
-    s = RolesStore(pg_server_url, "aw_whose").create()
-    try:
+    with RolesStore(pg_server_url, "aw_whose").create() as s:
         yield s
-    finally:
-        s.drop()
 
 
 @pytest.fixture
@@ -48,7 +44,7 @@ def _ticker(eng, cfg, sealer) -> Ticker:
 
 
 def _raw(url: str):
-    return psycopg.connect(url.replace("+psycopg", ""), autocommit=True)
+    return raw(url, autocommit=True)
 
 
 def _plain_run(url: str, agent: str, cost_eur: float, status: str = "running", source: str = "sql") -> str:
