@@ -39,6 +39,15 @@ def raw(url: str, **kw: Any) -> Any:
     return psycopg.connect(url.replace("+psycopg", ""), **kw)
 
 
+def let_go(conn: Any) -> None:
+    """End a raw connection that holds row locks, the locks gone when this returns. A bare close()
+    only hangs up: the server's backend releases the locks when it notices and exits, which on a
+    loaded machine can be after the test's next statement (seen: a SKIP LOCKED read still passed
+    over the row). ROLLBACK is answered only once the locks are released."""
+    conn.rollback()
+    conn.close()
+
+
 class RolesStore:
     """A store of its own on the test server, set up as production is: a database owned by the
     daemon's login, migrated by it, then the real roles script (sql/postgres-roles.sql), and

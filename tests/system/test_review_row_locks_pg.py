@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from pg_support import RolesStore, raw
+from pg_support import RolesStore, let_go, raw
 from watchdog.store import ladder, stops
 from watchdog.store.engine import make_engine, row_locked
 
@@ -83,5 +83,5 @@ def test_an_agent_holding_its_run_row_lock_does_not_freeze_the_daemon(store, ste
         assert _returns(daemon_step), f"the daemon's {step} waited {RETURN_WITHIN_S} s on an agent's row lock"
         assert len(raised) == 1 and row_locked(raised[0])  # the bounded wait gave up, and says why
     finally:
-        holder.close()  # releases the lock: the blocked thread finishes
+        let_go(holder)  # releases the lock: the blocked thread finishes
         engine.dispose()

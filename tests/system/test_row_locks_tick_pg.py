@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from daemon_support import actions, alerts_of, config, later, run_row
-from pg_support import RolesStore, raw
+from pg_support import RolesStore, let_go, raw
 from watchdog.core import lifecycle as lc
 from watchdog.core.alert_kinds import AlertKind
 from watchdog.daemon.stops.killer import Killer
@@ -92,7 +92,7 @@ def test_a_locked_run_costs_one_bounded_wait_and_the_others_are_stopped_in_the_s
         assert len(said) == 1 and said[0].run_id is None  # no column naming the run: its FK would wait too
         assert f"{DAEMON_LOCK_TIMEOUT_MS} ms" in said[0].body and held_rid in said[0].body
     finally:
-        holder.close()  # the lock goes
+        let_go(holder)  # the lock goes
     rep4 = tk.tick(later(now, 3))
     assert rep4.locked == []
     row = run_row(eng, held_rid)
@@ -128,7 +128,7 @@ def test_the_receivers_event_insert_meets_the_seq_once_lock_and_gives_up_bounded
         assert row_locked(got.value), repr(got.value)[:300]
         assert time.monotonic() - t0 < TICK_WITHIN_S
     finally:
-        holder.close()
+        let_go(holder)
     with eng.begin() as conn:  # the lock gone, the same insert goes through
         bound_lock_waits(conn)
         assert witness.append(conn, rid, [witness.WitnessedCall(kind=lc.EV_TOOL, tool="search", ok=True)],
@@ -162,7 +162,7 @@ def test_many_locked_runs_cost_a_tick_a_bounded_number_of_waits_and_each_is_trie
             tried += [rid for rid in held if tk.state.locked_tried[rid] != before[rid]]
         assert sorted(tried) == held  # each tried exactly once in three ticks
     finally:
-        holder.close()
+        let_go(holder)
     rep = tk.tick(later(now, 5))
     assert rep.locked == [] and sorted(r for r, _ in rep.stops if r in held) == held
 
@@ -188,7 +188,7 @@ def test_sealing_ended_runs_skips_a_row_its_login_holds_and_seals_the_others(sto
         assert time.monotonic() - t0 < TICK_WITHIN_S
         assert run_row(eng, free_rid).top_tool_calls == 0 and run_row(eng, held_rid).top_tool_calls is None
     finally:
-        holder.close()
+        let_go(holder)
     retention.seal_ended(eng)
     assert run_row(eng, held_rid).top_tool_calls == 0
 
@@ -216,7 +216,7 @@ def test_the_leaders_booking_and_pricing_pass_over_a_row_its_login_holds(store, 
         assert took_s < TICK_WITHIN_S, took_s
         assert run_row(eng, free_rid).booked_at is not None and run_row(eng, held_rid).booked_at is None
     finally:
-        holder.close()
+        let_go(holder)
     with eng.begin() as conn:
         booking = ledger.book(conn, ledger.read_unbooked(conn), utcnow(), dt.timezone.utc)
     assert [r.id for r in booking.booked] == [held_rid] and run_row(eng, held_rid).booked_at is not None
