@@ -81,7 +81,11 @@ def upgrade() -> None:
         op.execute(f"""CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  {body.format(s=schema)};
+  -- An UPDATE of no row still fires its statement trigger (0017's feed trigger renumbers none
+  -- of the SDK's runs, already renumbered by the record's own update): one probe, no INSERT.
+  IF EXISTS (SELECT FROM {transition.split()[-1]}) THEN
+    {body.format(s=schema)};
+  END IF;
   RETURN NULL;
 END
 $$""")
