@@ -6,8 +6,10 @@ login and a fleet of --runs active runs (bench_scale's fixture):
 
   before  migrated to revision 0015 (row triggers: seq-once per row, the change feed per row at
           COMMIT), the burst as 0015's multi-row VALUES in a data-modifying WITH;
-  after   migrated to head (revision 0017: those two as statement triggers), the burst as the SDK
-          writes it now (watchdog.store.bursts: one array per column, one statement shape).
+  0017    migrated to revision 0017 (those two as statement triggers), the burst as the SDK
+          writes it now (watchdog.store.bursts: one array per column, one statement shape);
+  after   migrated to head (revision 0018: the change feed's index out of the runs row, whose
+          update by a record is then HOT), the same burst.
 
 Each round, for each store in turn (the order alternates from round to round, so drift of a
 shared machine weighs on both alike):
@@ -15,7 +17,8 @@ shared machine weighs on both alike):
   sdk     --writers processes, each its own slice of the runs, logged in as the agent login, write
           --burst records a statement (--per-run consecutive records of each run: 1 is the worst
           case, every record of a burst another run's) flat out for --seconds, reading the runs'
-          statuses back as the SDK does: events/s found in the store afterwards;
+          statuses back as the SDK does: events/s found in the store afterwards, and the share
+          of the run rows' updates that were HOT (pg_stat_user_tables);
   copy    as many events in one COPY by the tables' owner (a login under row-level security may
           not COPY), every trigger on, into 1,000 ended runs of their own: events/s;
   single  one writer, one record a statement (AgentSQL.record: the SDK's record alone, which sees a
@@ -44,7 +47,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scale as bs  # noqa: E402  (the fleet fixture, the stores, the COPY baseline's rows)
 
-VARIANTS = {"before": ("0015", False), "after": ("head", True)}
+VARIANTS = {"before": ("0015", False), "0017": ("0017", True), "after": ("head", True)}
 COPY_SINKS = 1000
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -101,10 +104,16 @@ def writer(db, login, ids, seq0, seconds, burst, per_run, arrays, out, gate) -> 
         out.put((n, backend_cpu_s(conn) - server0, time.process_time() - client0))
 
 
-def sdk_round(st, ids, seq0, args, arrays) -> tuple[int, float, float]:
-    """Events stored in the timed part; the server's and the writers' CPU seconds for them."""
+_RUNS_UPDATES = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'runs'::regclass"
+STATS_FLUSH_S = 0.5  # the writers' server processes report their counts as they exit
+
+
+def sdk_round(st, ids, seq0, args, arrays) -> tuple[int, float, float, float]:
+    """Events stored in the timed part; the server's and the writers' CPU seconds for them; the
+    share of the run rows' updates (warm-up included) that were HOT."""
     with psycopg.connect(bs.conninfo(st.db), autocommit=True) as conn:
         top = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone()[0]
+        upd0, hot0 = conn.execute(_RUNS_UPDATES).fetchone()
     q: mp.Queue = mp.Queue()
     gate = mp.Barrier(args.writers)
     share = [ids[i::args.writers] for i in range(args.writers)]
@@ -115,12 +124,14 @@ def sdk_round(st, ids, seq0, args, arrays) -> tuple[int, float, float]:
     done = [q.get() for _ in procs]
     for p in procs:
         p.join()
+    time.sleep(STATS_FLUSH_S)
     with psycopg.connect(bs.conninfo(st.db), autocommit=True) as conn:
         stored = conn.execute("SELECT count(*) FROM events WHERE id > %s", (top,)).fetchone()[0]
+        upd, hot = conn.execute(_RUNS_UPDATES).fetchone()
     timed = sum(d[0] for d in done)
     if stored != timed + args.writers * WARMUP_BURSTS * args.burst:
         raise SystemExit(f"stored {stored} events, the writers wrote {timed} + their warm-up")
-    return timed, sum(d[1] for d in done), sum(d[2] for d in done)
+    return timed, sum(d[1] for d in done), sum(d[2] for d in done), (hot - hot0) / max(upd - upd0, 1)
 
 
 def copy_round(st, n: int) -> tuple[float, float, float]:
@@ -193,12 +204,12 @@ def main(argv=None) -> int:
                 st, ids, arrays = stores[name], fleets[name], VARIANTS[name][1]
                 load = os.getloadavg()[0]
                 seq0 = 1_000 + rnd * 10_000_000
-                stored, sdk_server, sdk_client = sdk_round(st, ids[1:], seq0, args, arrays)
+                stored, sdk_server, sdk_client, hot = sdk_round(st, ids[1:], seq0, args, arrays)
                 sdk_eps = stored / args.seconds
                 copy_eps, copy_server, copy_client = copy_round(st, stored)
                 p50, p99 = single_round(st, ids[0], seq0, args.single)
                 row = {"variant": name, "round": rnd + 1, "load": load, "sdk_eps": sdk_eps, "copy_eps": copy_eps,
-                       "ratio": sdk_eps / copy_eps, "single_p50_us": p50, "single_p99_us": p99,
+                       "ratio": sdk_eps / copy_eps, "runs_hot": hot, "single_p50_us": p50, "single_p99_us": p99,
                        "sdk_server_us": 1e6 * sdk_server / stored, "sdk_client_us": 1e6 * sdk_client / stored,
                        "copy_server_us": 1e6 * copy_server / stored, "copy_client_us": 1e6 * copy_client / stored}
                 rows.append(row)
@@ -220,19 +231,19 @@ def _cpu_ratio(r) -> float:
 def table(rows, args) -> str:
     lines = [f"writers {args.writers}, burst {args.burst} ({args.per_run} a run), {args.runs:,} active runs",
              "", "| store | round | load avg | SDK events/s | COPY events/s | SDK/COPY | CPU us an event: SDK server + "
-             "writers / COPY server + client | CPU SDK/COPY | single record p50 / p99 us |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "writers / COPY server + client | CPU SDK/COPY | run updates HOT | single record p50 / p99 us |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['variant']} | {r['round']} | {r['load']:.1f} | {r['sdk_eps']:,.0f} | {r['copy_eps']:,.0f} "
                      f"| {r['ratio']:.2f} | {r['sdk_server_us']:.0f} + {r['sdk_client_us']:.0f} / "
-                     f"{r['copy_server_us']:.0f} + {r['copy_client_us']:.0f} | {_cpu_ratio(r):.2f} "
+                     f"{r['copy_server_us']:.0f} + {r['copy_client_us']:.0f} | {_cpu_ratio(r):.2f} | {100 * r['runs_hot']:.0f} % "
                      f"| {r['single_p50_us']:,.0f} / {r['single_p99_us']:,.0f} |")
     for name in dict.fromkeys(r["variant"] for r in rows):
         mine = [r for r in rows if r["variant"] == name]
         med = {k: statistics.median(r[k] for r in mine) for k in ("sdk_eps", "copy_eps", "ratio", "single_p50_us")}
         cpu = statistics.median(_cpu_ratio(r) for r in mine)
         lines.append(f"| **{name}: median** | | | {med['sdk_eps']:,.0f} | {med['copy_eps']:,.0f} | "
-                     f"**{med['ratio']:.2f}** | | **{cpu:.2f}** | {med['single_p50_us']:,.0f} |")
+                     f"**{med['ratio']:.2f}** | | **{cpu:.2f}** | | {med['single_p50_us']:,.0f} |")
     return "\n".join(lines)
 
 

@@ -127,6 +127,10 @@ class Store:
             with cur.copy(f"COPY events ({', '.join(cols)}) FROM STDIN") as cp:
                 for r in event_rows:
                     cp.write_row(r[:len(cols)])
+            # Revision 0018's index of the change numbers, as the triggers would have filled it.
+            if cur.execute("SELECT to_regclass('run_changes') IS NOT NULL").fetchone()[0]:
+                cur.execute("INSERT INTO run_changes (run_id, change_seq, shard) SELECT id, change_seq, shard FROM runs "
+                            "ON CONFLICT (run_id) DO UPDATE SET change_seq = EXCLUDED.change_seq")
         with psycopg.connect(conninfo(self.db), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
 

@@ -526,3 +526,81 @@ def test_an_agent_role_can_neither_set_nor_rewind_the_number(roles):
         run.__exit__(None, None, None)
     finally:
         wd.close()
+
+
+def _numbers(daemon, rid: str) -> tuple:
+    """The run's number in its row and in revision 0018's index of the numbers (None: no row)."""
+    row = daemon.execute("SELECT r.change_seq, c.change_seq, c.shard = r.shard FROM runs r "
+                         "FULL JOIN run_changes c ON c.run_id = r.id WHERE %s IN (r.id, c.run_id)", (rid,)).fetchone()
+    return tuple(row) if row else (None, None, None)
+
+
+def test_a_records_update_of_its_run_is_hot_and_its_number_still_indexed(roles):
+    """Revision 0018: no index of runs holds change_seq, so the SDK's record (its event and its
+    run's counters, one statement) updates the run row HOT; the number is indexed in run_changes,
+    equal to the row's after every write of the run: its record, an event alone, its deletion."""
+    from watchdog.store.agent_writes import AgentSQL
+    from watchdog.store.dialects import for_name
+
+    agent_url, daemon_url = roles.url(roles.login), roles.url(roles.daemon)
+    with _pg(agent_url) as agent, _pg(daemon_url) as daemon:
+        indexed = daemon.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'runs' "
+                                 "AND indexdef LIKE '%change_seq%'").fetchall()
+        assert indexed == []
+        rid = uuid.uuid4().hex
+        agent.execute("INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at) "
+                      "VALUES (%s, 'bot', 'running', 'cooperative', 'h', now(), now())", (rid,))
+        first = _numbers(daemon, rid)
+        assert first[0] == first[1] and first[0] > 0 and first[2] is True
+        event = (rid, 1, None, "tool", "search", "a" * 16, None, True, None, None, 0.2,
+                 None, None, None, None, None, None, None, None, None)
+        update = (0, 1, 0, 0, 0, 0.0, 0, 0, 0, 1, None, None, rid)
+        with agent.transaction():
+            for statement, params in AgentSQL(for_name("postgresql")).record(event, update):
+                assert agent.execute(statement, params).fetchall()[0][0] == "running"
+            upd, hot = agent.execute("SELECT pg_stat_get_xact_tuples_updated('runs'::regclass), "
+                                     "pg_stat_get_xact_tuples_hot_updated('runs'::regclass)").fetchone()
+        assert (upd, hot) == (1, 1)  # one update of the run row (the feed's own renumbering none), HOT
+        second = _numbers(daemon, rid)
+        assert second[0] == second[1] > first[0]
+        # An event alone (a gateway's, a plain-SQL writer's) renumbers its run in both places.
+        agent.execute("INSERT INTO events (run_id, seq, at, kind) VALUES (%s, 2, now(), 'heartbeat')", (rid,))
+        third = _numbers(daemon, rid)
+        assert third[0] == third[1] > second[0]
+        with engine_of(daemon_url) as conn:
+            assert high_water(conn) == third[0]
+        # A run row without its index row (written with the triggers off: a restore, a bulk load)
+        # gets one at its next change, so the feed still reads it.
+        daemon.execute("DELETE FROM run_changes WHERE run_id = %s", (rid,))
+        agent.execute("UPDATE runs SET progress = 'x' WHERE id = %s", (rid,))
+        fourth = _numbers(daemon, rid)
+        assert fourth[0] == fourth[1] > third[0]
+        daemon.execute("DELETE FROM runs WHERE id = %s", (rid,))  # retention's delete
+        assert _numbers(daemon, rid) == (None, None, None)
+
+
+class engine_of:
+    """A read connection of a fresh engine, disposed on exit."""
+
+    def __init__(self, url: str):
+        self.engine = make_engine(url)
+
+    def __enter__(self):
+        self.conn = self.engine.connect()
+        return self.conn
+
+    def __exit__(self, *exc) -> None:
+        self.conn.close()
+        self.engine.dispose()
+
+
+def test_no_writer_reads_or_writes_the_index_of_the_numbers(roles):
+    """run_changes is the tables' owner's alone (the roles script grants nothing on it): no
+    agent can read another's runs there, nor set, rewind or delete a number, nor drop its triggers."""
+    with _pg(roles.url(roles.login)) as agent:
+        for forged in ("SELECT * FROM run_changes", "UPDATE run_changes SET change_seq = 0",
+                       "INSERT INTO run_changes VALUES ('x', 1, 0)", "DELETE FROM run_changes",
+                       "TRUNCATE run_changes", "DROP TRIGGER zz_aw_run_changes_update ON runs",
+                       "ALTER TABLE runs DISABLE TRIGGER zz_aw_run_changes_update"):
+            with pytest.raises(REFUSED):
+                agent.execute(forged)

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from watchdog import Watchdog
 
-from watchdog.store import access, partitions, shards
+from watchdog.store import access, change_index, partitions, shards
 from watchdog.cli import main
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import metadata
@@ -54,7 +54,11 @@ def diffs(engine):
             # name, and the partitioned table differs from the models in exactly these names.
             if type_ == "table" and name in parts:
                 return False
+            if parts and type_ == "table" and name in change_index.PG_ONLY:
+                return False  # revision 0018's index of the change numbers (watchdog.store.change_index)
             table = getattr(obj, "table", None)
+            if parts and getattr(table, "name", None) == "runs" and name in change_index.MODEL_ONLY:
+                return False  # SQLite's index of runs.change_seq, which PostgreSQL keeps in run_changes
             if parts and getattr(table, "name", None) in ("runs", "events") and name in shards.PG_ONLY:
                 return False  # revision 0016's stored buckets: PostgreSQL's, read by name (watchdog.store.shards)
             return not (parts and getattr(table, "name", None) == "events"

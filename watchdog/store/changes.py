@@ -19,6 +19,10 @@ A sharded judge (watchdog.daemon.leases.shards) reads only its part of the feed:
 (watchdog.store.shards.Reach) every read of the feed, its late window included, is confined in
 SQL to the runs of the reach's hosts and of its buckets (`runs.shard`, revision 0016).
 
+On PostgreSQL (revision 0018) the numbers' index is the narrow table `run_changes`, kept equal to
+`runs.change_seq` by the database in the same statement, so that a record's update of its run
+row is a HOT one (watchdog.store.change_index): the range is read there, the rows from `runs`.
+
 Nothing of the feed is kept in the store: a restarted daemon starts from 0 (`read` returns
 every run that ever changed) or, cheaper, from `start` (the active runs and the high-water
 mark of one snapshot).
@@ -37,7 +41,7 @@ from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
-from watchdog.store import dialects
+from watchdog.store import change_index, dialects
 from watchdog.store.schema import runs
 from watchdog.store.shards import Reach
 
@@ -112,20 +116,21 @@ def _light(conn: Connection) -> Any:
     return q
 
 
-# (dialect name, what) -> a SELECT of the runs above a number, rendered
-_ABOVE: dict[tuple[str, str], str] = {}
+# (dialect name, source, what) -> a SELECT of the runs above a number, rendered
+_ABOVE: dict[tuple[str, str, str], str] = {}
 
 
-def _rendered(conn: Connection, what: str, columns: Any) -> str:
+def _rendered(conn: Connection, src: change_index.Source, what: str, columns: Any) -> str:
     """A read of every tick, rendered once per backend and run as the driver's own statement:
     building, compiling and typing a 25-column SELECT each time cost more than the read itself."""
-    sql = _ABOVE.get((conn.dialect.name, what))
+    sql = _ABOVE.get((conn.dialect.name, src.key, what))
     if sql is None:
-        stmt = columns.where(runs.c.change_seq > 0).order_by(runs.c.change_seq)
+        stmt = src.rows(columns).where(src.number > 0).order_by(src.number)
         rendered = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-        head, sep, tail = rendered.rpartition("runs.change_seq > 0")
+        marker = f"{src.number.table.name}.change_seq > "
+        head, sep, tail = rendered.rpartition(marker + "0")
         assert sep, rendered
-        sql = _ABOVE[(conn.dialect.name, what)] = head + "runs.change_seq > " + dialects.of(conn).ph + tail
+        sql = _ABOVE[(conn.dialect.name, src.key, what)] = head + marker + dialects.of(conn).ph + tail
     return sql
 
 
@@ -157,19 +162,20 @@ def _row(r: Sequence[Any]) -> RunChange | None:
         stage if stage.__class__ is str else None, resumes if resumes.__class__ is int else 0, asked)
 
 
-# The high-water probe (one probe of the index), and the late window's numbers: the tick reads
-# both with the rows above the cursor, in the same round trip (Dialect.read_batch).
-_TOP = "SELECT max(change_seq) FROM runs"
-_WINDOW = "SELECT change_seq FROM runs WHERE change_seq > {ph} AND change_seq <= {ph}"
+# The high-water probe (one probe of the index, change_index.Source.top), and the late window's
+# numbers: the tick reads both with the rows above the cursor, in the same round trip
+# (Dialect.read_batch).
 
 
-def _window(backend: dialects.Dialect) -> str:
-    return _WINDOW.format(ph=backend.ph)
+def _window(backend: dialects.Dialect, src: change_index.Source, reach: Reach | None = None) -> str:
+    if reach is None:
+        return src.window.format(ph=backend.ph)
+    return _confined(src.window_hosts.format(ph=backend.ph), backend, src)
 
 
 # A reach's confinement of a pre-rendered read (PostgreSQL only: judges are sharded there): its
 # buckets' runs on any host, and every run of its hosts. Two array parameters.
-_REACH = " AND (runs.shard = ANY({ph}) OR runs.host = ANY({ph}))"
+_REACH = " AND ({shard} = ANY({ph}) OR runs.host = ANY({ph}))"
 
 
 def reach_params(reach: Reach) -> tuple[list[int], list[str]]:
@@ -183,15 +189,15 @@ def reach_clause(reach: Reach) -> Any:
         r_buckets=buckets, r_hosts=hosts)
 
 
-def _confined(sql: str, backend: dialects.Dialect) -> str:
-    """A rendered `... WHERE runs.change_seq > ? [ORDER BY ...]` read, confined to a reach."""
+def _confined(sql: str, backend: dialects.Dialect, src: change_index.Source) -> str:
+    """A rendered `... WHERE <number> > ? [ORDER BY ...]` read, confined to a reach."""
     head, sep, tail = sql.partition(" ORDER BY ")
-    return head + _REACH.format(ph=backend.ph) + sep + tail
+    return head + _REACH.format(shard=src.shard, ph=backend.ph) + sep + tail
 
 
 def high_water(conn: Connection) -> int:
     """The highest number any run holds now (0 for none)."""
-    return _number(conn.exec_driver_sql(_TOP).scalar())
+    return _number(conn.exec_driver_sql(change_index.source(conn).top).scalar())
 
 
 def _number(top: object) -> int:
@@ -226,7 +232,8 @@ class ChangeFeed:
         row of each changed run (the tick's light row, watchdog.store.scan.changed_light)
         without a second read by id. Ended runs are among them. `reach`: only its runs (the
         feed's cursor then counts only theirs: one reach per feed, a new feed when it changes)."""
-        rows, probed = self._fetch(conn, since, _rendered(conn, what, columns), columns, reach)
+        src = change_index.source(conn)
+        rows, probed = self._fetch(conn, since, src, _rendered(conn, src, what, columns), columns, reach)
         ids: set[str] = set()
         good: list[Sequence[Any]] = []
         numbers: list[int] = []
@@ -248,8 +255,8 @@ class ChangeFeed:
         self._moved(conn, numbers, top)
         return ChangedRows(good, frozenset(ids), top, unreadable, probed)
 
-    def _fetch(self, conn: Connection, since: int | None, above: str, columns: Any, reach: Reach | None = None
-               ) -> tuple[list[Sequence[Any]], int]:
+    def _fetch(self, conn: Connection, since: int | None, src: change_index.Source, above: str, columns: Any,
+               reach: Reach | None = None) -> tuple[list[Sequence[Any]], int]:
         """The rows numbered above the cursor, and the late ones of the window (see `read`);
         and the high-water mark, probed in the same round trip."""
         if since is not None and since != self.cursor:
@@ -259,23 +266,22 @@ class ChangeFeed:
         low = cursor if backend.commits_in_order or not self._lows else min(self._lows[0], cursor)
         extra: tuple[Any, ...] = () if reach is None else reach_params(reach)
         if reach is not None:
-            above = _confined(above, backend)
-        reads: list[tuple[str, tuple[Any, ...]]] = [(above, (cursor, *extra)), (_TOP, ())]
+            above = _confined(above, backend, src)
+        reads: list[tuple[str, tuple[Any, ...]]] = [(above, (cursor, *extra)), (src.top, ())]
         if low < cursor:
             # The late window: its numbers only (the index alone), whole rows for the few not
             # reported yet: a number that committed after the cursor passed it.
-            window = _window(backend) if reach is None else _confined(_window(backend), backend)
-            reads.append((window, (low, cursor, *extra)))
+            reads.append((_window(backend, src, reach), (low, cursor, *extra)))
         got = backend.read_batch(conn, reads)
         rows: list[Sequence[Any]] = got[0]
         probed = _number(got[1][0][0]) if got[1] else 0
         if low < cursor:
             late = [n for (n,) in got[2] if n not in reported]
             if late:
-                cond = runs.c.change_seq.in_(late)
+                cond = src.number.in_(late)
                 if reach is not None:
                     cond = cond & reach_clause(reach)
-                rows = list(conn.execute(columns.where(cond))) + rows
+                rows = list(conn.execute(src.rows(columns).where(cond))) + rows
         return rows, probed
 
     def _moved(self, conn: Connection, numbers: list[int], top: int) -> None:
@@ -317,9 +323,10 @@ class ChangeFeed:
             floor = max(0, top - START_WINDOW)
             if 0 < prior < floor:
                 floor = prior
-            window, extra = _window(backend), cast(tuple[Any, ...], ())
+            src = change_index.source(conn)
+            window, extra = _window(backend, src, reach), cast(tuple[Any, ...], ())
             if reach is not None:
-                window, extra = _confined(window, backend), reach_params(reach)
+                extra = reach_params(reach)
             visible = [n for (n,) in backend.read_batch(conn, [(window, (floor, top, *extra))])[0]]
             self._reported = set(visible)
             self._batches.append(visible)
