@@ -274,7 +274,9 @@ def ticks(st: Store, ids, args) -> dict:
     def tick(i: int) -> float:
         if shards:
             shards[i].before_tick(judges[i])
-        profiled = prof is not None and bool(per_judge[0]) and judges[i].this is not None and judges[i].this.rep.leader
+        this = judges[i].this
+        profiled = (prof is not None and bool(per_judge[0]) and this is not None
+                    and (i == follower if args.profile_follower else this.rep.leader))
         t = time.perf_counter()
         if profiled:
             prof.enable()
@@ -285,7 +287,9 @@ def ticks(st: Store, ids, args) -> dict:
         per_judge[i].append(ms)
         return ms
 
+    follower = -1  # the judge whose ticks --profile-follower profiles: set after the cold ticks
     cold_ms = max(tick(i) for i in range(len(judges)))
+    follower = next((i for i, j in enumerate(judges) if j.this is not None and not j.this.rep.leader), -1)
     for ms in per_judge:
         ms.clear()
     breach_ids = ids[:args.breaches]
@@ -410,6 +414,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drop-events", type=int, default=1_000_000, help="events in the day partition dropped")
     ap.add_argument("--no-retention", action="store_true")
     ap.add_argument("--profile", type=Path, help="profile the leader's changed ticks (cProfile stats to this file)")
+    ap.add_argument("--profile-follower", action="store_true", help="with --profile: profile one follower's "
+                    "changed ticks instead (the first judge that does not lead)")
     ap.add_argument("--revision", default="head", help="migrate the fleets' stores to this revision "
                     "(0014: events unpartitioned, to compare in the same run)")
     ap.add_argument("--json", type=Path)
