@@ -11,7 +11,7 @@ import uuid
 import pytest
 from sqlalchemy import insert, select, text
 
-from pg_support import empty_pg
+from pg_support import empty_pg, raw
 from watchdog.daemon.tick.toolwatch import ToolWatch
 from watchdog.store import shards, toolcounts
 from watchdog.store.engine import make_engine, read_connection
@@ -104,3 +104,23 @@ def test_a_reach_s_bucket_mask_selects_in_sql_what_covers_says(engine):
                                {"m": reach.mask}).scalars())
     assert got == {rid for rid in ids if reach.covers(rid, "elsewhere")}
     assert 0 < len(got) < len(ids)
+
+
+def test_a_call_committed_below_the_watch_s_mark_is_read_once_in_its_late_window(engine, pg_migrated):
+    a, b = _runs(engine, 2)
+    now = utcnow()
+    watch = ToolWatch()
+    with read_connection(engine) as conn:
+        watch.read(conn, [a, b])
+    with raw(pg_migrated) as slow:  # a writer that took its event's id, then commits late
+        slow.execute("INSERT INTO events (run_id, seq, kind, tool, ok, at) VALUES (%s, 1, 'tool', 'slow', false, %s)",
+                     (a, now))
+        _events(engine, [dict(run_id=b, seq=1, kind="tool", tool="fast", ok=True, at=now)])
+        with read_connection(engine) as conn:
+            assert [c.tool for c in watch.read(conn, [a, b])] == ["fast"]  # the mark passed the open one
+        slow.commit()
+    with read_connection(engine) as conn:
+        assert [(c.tool, c.ok) for c in watch.read(conn, [a, b])] == [("slow", False)]
+    with read_connection(engine) as conn:
+        assert watch.read(conn, [a, b]) == []  # once
+    assert watch.tool_rates(now) == {"fast": 1, "slow": 1}

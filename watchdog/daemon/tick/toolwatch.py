@@ -34,6 +34,9 @@ from watchdog.store import toolcounts
 from watchdog.store.engine import Connection
 
 
+_NONE_ABOVE = (1 << 63) - 1  # grouped_calls' bound above which no id is: the late ids only
+
+
 class ToolCall(NamedTuple):
     """A tool's new calls as the circuits read them (the fields of NewEvent they use): `ok` False
     when one of them failed."""
@@ -74,8 +77,14 @@ class ToolWatch:
             return self._took(_grouped(rows))
         if quiet:
             return []
-        late = self.window.late(conn, self.high_water, None) if late_ok else []
-        groups = toolcounts.grouped_calls(conn, self.high_water, late)
+        if late_ok:  # the window's check and the read above the mark in one round trip
+            groups, check = toolcounts.grouped_calls_and_window(conn, self.high_water,
+                                                                self.window.bottom(self.high_water))
+            late = self.window.late(conn, self.high_water, None, check=check)
+            if late:  # (rare: a commit below the mark since the last read)
+                groups += toolcounts.grouped_calls(conn, _NONE_ABOVE, late)
+        else:
+            groups = toolcounts.grouped_calls(conn, self.high_water)
         read = [i for g in groups for i in g.ids]
         if read:
             self.high_water = max(self.high_water, max(read))
