@@ -135,7 +135,14 @@ class Store:
             conn.execute("VACUUM ANALYZE")
 
 
-def fleet_rows(n: int, login: str, now: dt.datetime, breaches: int):
+def judge_hosts(judges: int) -> list[str]:
+    """The hosts of several judges: each the daemon of a host of its own."""
+    return [f"bench-judge-{i}" for i in range(judges)]
+
+
+def fleet_rows(n: int, login: str, now: dt.datetime, breaches: int, hosts: list[str] | None = None):
+    """`hosts`: the runs' hosts, round robin (default: HOST, one host no daemon holds)."""
+    hosts = hosts or [HOST]
     runs, evs = [], []
     ids = [uuid.uuid4().hex for _ in range(n)]
     for i, rid in enumerate(ids):
@@ -143,7 +150,7 @@ def fleet_rows(n: int, login: str, now: dt.datetime, breaches: int):
         steps = (EVENTS_PER_RUN + 1) // 2
         # The row's counters are its events' sums (as the SDK keeps them): a row behind its events
         # is judged whole every tick.
-        runs.append((rid, AGENT, "running", "process", HOST, 20_000 + i, 1.7e9 + i, steps, EVENTS_PER_RUN - steps,
+        runs.append((rid, AGENT, "running", "process", hosts[i % len(hosts)], 20_000 + i, 1.7e9 + i, steps, EVENTS_PER_RUN - steps,
                      EVENTS_PER_RUN, started, now, None, login, steps if i < breaches else None, "sdk",
                      900 * steps, 120 * steps, 0.0002 * steps))
         for seq in range(1, EVENTS_PER_RUN + 1):
@@ -262,8 +269,10 @@ def ticks(st: Store, ids, args) -> dict:
     killer = Killer()
     # One judge: this machine's daemon. Several: each the daemon of a host of its own (its own
     # lease, as `agent-watchdog run` with [daemon] shards on each host), the first the leader
-    # (the money, the cluster duties, the fleet's host adopted: it reads every run).
-    hosts = [killer.host] if args.judges == 1 else [f"bench-judge-{i}" for i in range(args.judges)]
+    # (the money, the cluster duties, the fleet's host adopted: it reads every run). With
+    # --hosts-have-daemons the runs are on the judges' hosts: no host adopted, each judge carries
+    # out its own host's runs (none are this machine's: the shared Killer never signals them).
+    hosts = [killer.host] if args.judges == 1 else judge_hosts(args.judges)
     leases = [lease_for(eng, h, tick_s=args.tick_s) for h in hosts]
     for lease in leases:
         lease.acquire()
@@ -278,7 +287,9 @@ def ticks(st: Store, ids, args) -> dict:
     def tick(i: int) -> float:
         if shards:
             shards[i].before_tick(judges[i])
-        profiled = prof is not None and bool(per_judge[0]) and judges[i].this is not None and judges[i].this.rep.leader
+        this = judges[i].this
+        profiled = (prof is not None and bool(per_judge[0]) and this is not None
+                    and (i == follower if args.profile_follower else this.rep.leader))
         t = time.perf_counter()
         if profiled:
             prof.enable()
@@ -289,7 +300,9 @@ def ticks(st: Store, ids, args) -> dict:
         per_judge[i].append(ms)
         return ms
 
+    follower = -1  # the judge whose ticks --profile-follower profiles: set after the cold ticks
     cold_ms = max(tick(i) for i in range(len(judges)))
+    follower = next((i for i, j in enumerate(judges) if j.this is not None and not j.this.rep.leader), -1)
     for ms in per_judge:
         ms.clear()
     breach_ids = ids[:args.breaches]
@@ -342,6 +355,7 @@ def ticks(st: Store, ids, args) -> dict:
             "others_p50_ms": pct([m for ms in others for m in ms], 50) if others else float("nan"),
             "others_p99_ms": pct([m for ms in others for m in ms], 99) if others else float("nan"),
             "judge_p50_ms": [pct(ms, 50) for ms in per_judge], "leaders": len(leader),
+            "adopted": sorted({h for j in judges if j.this is not None for h in j.this.rep.adopted}),
             "tick_max_ms": max(durations), "ticks": len(durations), "offered_eps": written / (args.ticks * args.tick_s + 5),
             "breach_p50_ms": pct(latency, 50), "breach_max_ms": max(latency) if latency else float("nan"),
             "breaches_stopped": len(latency), "breaches": len(breach_ids),
@@ -411,14 +425,21 @@ def main(argv=None) -> int:
     ap.add_argument("--breaches", type=int, default=10)
     ap.add_argument("--judges", type=int, default=1, help="judges sharing the runs by shard "
                     "(watchdog.daemon.leases.shards), ticked one after the other each period")
+    ap.add_argument("--hosts-have-daemons", action="store_true", help="with --judges > 1: the runs spread "
+                    "over the judges' own hosts (each host's daemon a judge, no host adopted) instead of one "
+                    "host no daemon holds (which the leader adopts, carrying out every run)")
     ap.add_argument("--drop-events", type=int, default=1_000_000, help="events in the day partition dropped")
     ap.add_argument("--no-retention", action="store_true")
     ap.add_argument("--profile", type=Path, help="profile the leader's changed ticks (cProfile stats to this file)")
+    ap.add_argument("--profile-follower", action="store_true", help="with --profile: profile one follower's "
+                    "changed ticks instead (the first judge that does not lead)")
     ap.add_argument("--revision", default="head", help="migrate the fleets' stores to this revision "
                     "(0014: events unpartitioned, to compare in the same run)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.breaches = min(args.breaches, max(0, args.ticks - 5))
+    if args.hosts_have_daemons and args.judges < 2:
+        ap.error("--hosts-have-daemons needs --judges > 1 (one judge is this machine's daemon)")
     global AW_BURST
     AW_BURST = args.revision == "head" or args.revision >= "0017"  # (forked writers inherit it)
     out: dict = {"machine": machine(), "fleets": []}
@@ -427,9 +448,10 @@ def main(argv=None) -> int:
         st = Store(str(n), args.revision)
         try:
             t0 = time.perf_counter()
-            ids, runs, evs = fleet_rows(n, st.login, dt.datetime.now(dt.timezone.utc), args.breaches)
+            ids, runs, evs = fleet_rows(n, st.login, dt.datetime.now(dt.timezone.utc), args.breaches,
+                                        judge_hosts(args.judges) if args.hosts_have_daemons else None)
             st.load(runs, evs)
-            row = {"active": n, "load_s": time.perf_counter() - t0}
+            row = {"active": n, "load_s": time.perf_counter() - t0, "hosts_have_daemons": args.hosts_have_daemons}
             row.update(ingest(st, ids[args.breaches:], args))
             row.update(ticks(st, ids, args))
             out["fleets"].append(row)

@@ -43,7 +43,7 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.store import change_index, dialects
 from watchdog.store.schema import runs
-from watchdog.store.shards import Reach
+from watchdog.store.shards import Reach, bucket_mask_sql
 
 log = logging.getLogger("watchdog.changes")
 
@@ -174,19 +174,20 @@ def _window(backend: dialects.Dialect, src: change_index.Source, reach: Reach | 
 
 
 # A reach's confinement of a pre-rendered read (PostgreSQL only: judges are sharded there): its
-# buckets' runs on any host, and every run of its hosts. Two array parameters.
-_REACH = " AND ({shard} = ANY({ph}) OR runs.host = ANY({ph}))"
+# buckets' runs on any host (the Reach's bit mask, tested on the number's row: `runs` or
+# `run_changes`), and every run of its hosts (an array).
+_REACH = " AND (" + bucket_mask_sql("{shard}", "{ph}") + " OR runs.host = ANY({ph}))"
 
 
-def reach_params(reach: Reach) -> tuple[list[int], list[str]]:
-    return list(reach.buckets), sorted(reach)
+def reach_params(reach: Reach) -> tuple[bytes, list[str]]:
+    return reach.mask, sorted(reach)
 
 
 def reach_clause(reach: Reach) -> Any:
-    """The same confinement as an SQLAlchemy condition on `runs` (two array parameters)."""
-    buckets, hosts = reach_params(reach)
-    return text("(runs.shard = ANY(:r_buckets) OR runs.host = ANY(:r_hosts))").bindparams(
-        r_buckets=buckets, r_hosts=hosts)
+    """The same confinement as an SQLAlchemy condition on `runs` (two parameters)."""
+    mask, hosts = reach_params(reach)
+    return text("(" + bucket_mask_sql("runs.shard", ":r_mask") + " OR runs.host = ANY(:r_hosts))").bindparams(
+        r_mask=mask, r_hosts=hosts)
 
 
 def _confined(sql: str, backend: dialects.Dialect, src: change_index.Source) -> str:

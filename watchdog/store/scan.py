@@ -23,7 +23,7 @@ from watchdog.store.changes import ChangeFeed, reach_clause
 from watchdog.store.engine import store_unavailable
 from watchdog.store.isolated import chunk_read
 from watchdog.store.schema import events, runs, WHOLE_RUN
-from watchdog.store.shards import Reach
+from watchdog.store.shards import Reach, bucket_mask_sql
 
 # What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
 # a full evaluation. The two timestamps come back as epoch seconds computed by the
@@ -151,15 +151,16 @@ def commits_late(conn: Connection) -> bool:
 def _on_hosts(q: Select[Any], on_hosts: bool | str) -> Select[Any]:
     """Only the events of runs on the hosts bound as `b_hosts`: a join on the run's primary key,
     cheap for the few events above the high-water mark. `on_hosts == "reach"` (a sharded judge,
-    watchdog.store.shards.Reach): also every event whose stored bucket is among `b_buckets`, on
-    any host (the join only for the others)."""
+    watchdog.store.shards.Reach): also every event whose stored bucket is in `b_mask` (the Reach's
+    bit mask), on any host (the join only for the others)."""
     if not on_hosts:
         return q
     if on_hosts == "reach":
-        # Arrays, one parameter each (PostgreSQL): an IN of 256 parameters made the driver parse a
-        # long statement again every tick, which cost more than the read.
+        # One parameter each (PostgreSQL): an IN of 256 parameters made the driver parse a long
+        # statement again every tick, which cost more than the read; an array of the buckets cost
+        # its dump per statement and a compare per bucket per row; the mask, one get_bit.
         theirs = exists().where(runs.c.id == events.c.run_id, text("runs.host = ANY(:b_hosts)"))
-        return q.where(or_(text("events.shard = ANY(:b_buckets)"), theirs))
+        return q.where(or_(text(bucket_mask_sql("events.shard", ":b_mask")), theirs))
     on_host = runs.c.host.in_(bindparam("b_hosts", expanding=True))
     return q.join_from(events, runs, runs.c.id == events.c.run_id).where(on_host)
 
@@ -204,7 +205,7 @@ def _folded_params(low: int, high: int | None, hosts: Collection[str] | None) ->
     if hosts is not None:
         params["b_hosts"] = sorted(hosts)
     if isinstance(hosts, Reach):
-        params["b_buckets"] = list(hosts.buckets)
+        params["b_mask"] = hosts.mask
     return params
 
 

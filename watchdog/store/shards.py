@@ -36,6 +36,11 @@ PG_ONLY = ("shard", "ix_runs_shard_change_seq")  # revision 0016's names, not in
 BUCKET_SQL = "((('x' || substr(md5({col}), 1, 8))::bit(32)::bigint >> 22)::smallint)"
 
 
+def bucket_mask_sql(col: str, param: str) -> str:
+    """A stored bucket (`col`, NULL: none) is among a Reach's, its `mask` bound as `param`."""
+    return f"coalesce(get_bit(CAST({param} AS bytea), {col}) = 1, false)"
+
+
 def run_hash(run_id: str) -> int:
     """The run id's place in [0, HASH_SPACE): the first 32 bits of md5 of its UTF-8 bytes, as the
     database computes it (BUCKET_SQL)."""
@@ -70,12 +75,21 @@ class Reach(frozenset[str]):
     buckets, so a change of either makes the tick's caches start over."""
 
     buckets: tuple[int, ...]
+    # The buckets as a bit mask, bit b of byte b // 8 (low bit first: PostgreSQL's get_bit): the
+    # reads test a row's bucket with one get_bit (bucket_mask_sql), not a compare with each bucket
+    # of an array (a judge of 16 shards of 64 holds 256), nor the array built per statement.
+    mask: bytes
     _set: frozenset[int]
 
     def __new__(cls, hosts: Collection[str], buckets: Iterable[int]) -> "Reach":
         self = super().__new__(cls, hosts)
         self._set = frozenset(buckets)
         self.buckets = tuple(sorted(self._set))
+        mask = bytearray(BUCKETS // 8)
+        for b in self.buckets:
+            if 0 <= b < BUCKETS:
+                mask[b // 8] |= 1 << (b % 8)
+        self.mask = bytes(mask)
         return self
 
     def covers(self, run_id: str, host: object) -> bool:

@@ -29,8 +29,8 @@ are whole. The leader (the cluster duties and the money) still reads every host'
 rows: the period budgets count another judge's run by its row's counters (monotonic on
 PostgreSQL), the adoption counts runs per host. It folds only the events of its shards and its
 own host, like any judge (watchdog.daemon.tick.tickread._folded; an adopted host's runs are
-carried out from their rows), and reads every run's new events in five columns for the
-circuits, the all-runs tool rate and the unpriced steps (watchdog.daemon.tick.toolwatch).
+carried out from their rows), and reads every run's new events grouped by tool in the database
+for the circuits, the all-runs tool rate and the unpriced steps (watchdog.daemon.tick.toolwatch).
 """
 
 from __future__ import annotations

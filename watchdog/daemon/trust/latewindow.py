@@ -63,11 +63,15 @@ class LateWindow:
         self._hosts = _key(hosts)
         self._set(set(store.folded_ids_between(conn, self._low, high, hosts)), self._low)
 
-    def late(self, conn: Connection, high: int, hosts: Collection[str] | None) -> list[int]:
-        """The ids in the window the fold has not read (committed since it passed them)."""
+    def late(self, conn: Connection, high: int, hosts: Collection[str] | None,
+             check: store.WindowSum | None = None) -> list[int]:
+        """The ids in the window the fold has not read (committed since it passed them). `check`:
+        folded_sum_between(bottom(high), high, hosts) as the caller read it in this snapshot (with
+        another read, in one round trip)."""
         low = self.bottom(high)
         self._keep_above(low)
-        check = store.folded_sum_between(conn, low, high, hosts)
+        if check is None:
+            check = store.folded_sum_between(conn, low, high, hosts)
         self._snapshot = None if check.xmin is None or check.xid_bound is None else (check.xmin, check.xid_bound)
         hosts_key = _key(hosts)
         # Equal count and sum prove nothing new only while every id read there is still counted:
