@@ -99,6 +99,33 @@ def test_the_same_command_list_executed_again_restarted_and_after_a_forged_stage
     assert actions(engine, agent.run_id) == ["stop_requested", "sigterm"]
 
 
+def test_the_tick_carries_the_judges_commands_out_through_the_tickers_own_enforcer(
+        db_url, engine, procs, attest, tmp_path):
+    """The Ticker holds one Enforcer, over its killer and its state file, for its whole life: the
+    tick's judge step decides the SIGTERM and that enforcer sends it, once; the same list handed to
+    it again after the tick is dropped."""
+    attestor = attest(db_url)
+    log = tmp_path / "signals.log"
+    agent = procs.start("runaway", db_url, **RUNAWAY, signal_log=str(log))
+    cfg, killer = config(), Killer(allowed_users=[ME])
+    tk = Ticker(engine, cfg, killer, sealer=attestor.sealer, memory=Memory(str(tmp_path / "daemon.state")))
+    enforcer = tk.enforcer
+    assert (enforcer.killer, enforcer.memory) == (killer, tk.memory)
+    t = utcnow()
+    assert tk.tick(t).stops == [(agent.run_id, lc.MAX_STEPS)]
+
+    now = later(t, 0.6)  # past the cancel grace (0.5 s)
+    commands = judge(run_row(engine, agent.run_id), now, cfg.daemon, killer.host)  # what the tick decides
+    assert [(c.kind, c.action_no) for c in commands] == [(Kind.SIGTERM, 1)]
+    tk.tick(now)
+    assert wait_until(lambda: "SIGTERM" in received(log)), agent.log()
+    assert tk.enforcer is enforcer and run_row(engine, agent.run_id).signal_stage == lc.Stage.TERM
+    assert execute(engine, enforcer, commands, now, attestor.sealer) == [False]  # carried out by the tick
+
+    assert sentinel(agent.pid, log) == ["SIGTERM", "SIGUSR1"]
+    assert actions(engine, agent.run_id) == ["stop_requested", "sigterm"]
+
+
 def test_an_enforcer_restarted_between_decide_and_execute_signals_once(db_url, engine, procs, attest, tmp_path):
     attestor = attest(db_url)
     log = tmp_path / "signals.log"
@@ -200,7 +227,7 @@ def lock_waiters(engine) -> int:
                                              ("host", lambda v: v + "-elsewhere")])
 def test_a_command_whose_target_changed_under_it_is_dropped_and_nothing_is_signalled(
         db_url, engine, procs, attest, tmp_path, column, changed):
-    """ladder.advance hands the enforcer the very row the judge read: the target is read again
+    """The tick hands the Ticker's enforcer the very row the judge read: the target is read again
     under the row lock (store.ladder.stage_now), so a row re-registered in between drops the step."""
     attestor = attest(db_url)
     log = tmp_path / "signals.log"
@@ -213,7 +240,7 @@ def test_a_command_whose_target_changed_under_it_is_dropped_and_nothing_is_signa
         conn.execute(update(runs).where(runs.c.id == agent.run_id)
                      .values({column: changed(getattr(read, column))}))
     enforcer = Enforcer(Killer(allowed_users=[ME]), Memory(str(tmp_path / "daemon.state")))
-    with engine.begin() as conn:  # the row object the judge read, as advance() passes it
+    with engine.begin() as conn:  # the row object the judge read, as the tick passes it
         assert enforcer.execute(conn, commands[0], read, checks(read, now, attestor.sealer)) is False
 
     assert sentinel(agent.pid, log) == ["SIGUSR1"]

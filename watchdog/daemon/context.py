@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from watchdog.daemon.tick.activeset import ActiveSet
     from watchdog.daemon.trust.authentic import OwnEvidence
     from watchdog.daemon.stops.exectree import ExecTrees
+    from watchdog.daemon.stops.enforcer import Enforcer
     from watchdog.daemon.stops.killer import Killer
     from watchdog.daemon.trust.owned import OwnerEvidence
     from watchdog.daemon.tick.prefilter import PreFilter
@@ -39,6 +40,7 @@ class TickContext(Protocol):
     engine: Engine
     config: Config
     killer: Killer
+    enforcer: Enforcer  # this host's hand for the judge's commands (over `killer` and `memory`)
     sealer: Sealer | None  # the daemon's key: without it nothing is signalled nor alerted
     by: str  # the actor of its audit rows
     state: TickState  # what it remembers between ticks

@@ -5,9 +5,9 @@ process table, no socket) says which step of the stop ladder a `stopping` run is
 the cooperative stop left as it is (`cancel`), SIGTERM, SIGKILL, SIGKILL with cgroup.kill,
 or a look whether its processes are gone (`confirm`) — as frozen `Command`s. The enforcer of
 the run's host (watchdog.daemon.stops.enforcer) attests the processes and carries each command
-out at most once, keyed by (run_id, action_no). Today's daemon runs both in one process
-(ladder.advance: judge → list → enforcer); a judge elsewhere would hand the same list to each
-host's enforcer.
+out at most once, keyed by (run_id, action_no). Today's daemon runs both in one process: the
+tick's judge step (watchdog.daemon.tick.stopping_runs) makes the list and the Ticker's own
+Enforcer executes it; a judge elsewhere would hand the same list to each host's enforcer.
 
 A command names the run's target identity as the judge read it off the row: that is what the
 judge decided about, never an authority to signal. The enforcer signals only the identity this

@@ -79,8 +79,9 @@ class Checks:
 
 
 class Enforcer:
-    """One per host: carries the judge's commands out, each at most once. It holds no state of
-    its own (the key lives on the row and in `memory`): a restarted enforcer is a new one."""
+    """One per host: carries the judge's commands out, each at most once. The daemon's Ticker
+    holds one, over its killer and its state file. It holds no state of its own (the key lives
+    on the row and in `memory`): a restarted enforcer is a new one."""
 
     def __init__(self, killer: Killer, memory: Memory | None = None) -> None:
         self.killer = killer
@@ -98,6 +99,11 @@ class Enforcer:
         if Target(now.host, now.pid, now.pid_create_time, now.kill_mode) != command.target:
             return False
         return self.memory is None or ownstage.own_stage(self.memory, command.run_id)[0] == command.from_stage
+
+    def carry_out(self, conn: Connection, commands: Iterable[Command], row: RunView, checks: Checks) -> int:
+        """The judge's commands for one run, in order, in the caller's transaction: how many were
+        carried out (the others were dropped: not this host's, stale, or already carried out)."""
+        return sum(self.execute(conn, command, row, checks) for command in commands)
 
     def execute(self, conn: Connection, command: Command, row: RunView, checks: Checks) -> bool:
         """Carry one command out in the caller's transaction; False when it was dropped (not this

@@ -220,12 +220,11 @@ class ActiveSet:
     def _put(self, r: Any, judged: frozenset[str] | None) -> None:
         rid = r[_ID]
         old = self.rows.get(rid)
-        if old is not None:
-            self.by_host[old[_HOST]] -= 1
-            self._unproc(old)
         self.rows[rid] = r
-        self.by_host[r[_HOST]] += 1
-        self.by_proc[(r[_HOST], r[_PID])] += 1
+        # Most changed rows keep their host and pid (new events, same process): their counts stay.
+        # (Counter's del and a missing key's += are Python calls: a few per changed row, every tick.)
+        if old is None or old[_HOST] != r[_HOST] or old[_PID] != r[_PID]:
+            self._recount(old, r)
         if judged is None or r[_HOST] in judged or (isinstance(judged, Reach) and judged.covers(rid, r[_HOST])):
             self.mine.add(rid)  # (a sharded judge's: its hosts' runs and its shards')
         else:
@@ -237,6 +236,14 @@ class ActiveSet:
             self._watch(rid, pid, ctime)
         elif self.liveness is not None:
             self.liveness.unwatch(rid)
+
+    def _recount(self, old: Any, r: Any) -> None:
+        """A run's row moved to another (host, pid), or is new: the counts by host and process."""
+        if old is not None:
+            self.by_host[old[_HOST]] -= 1
+            self._unproc(old)
+        self.by_host[r[_HOST]] += 1
+        self.by_proc[(r[_HOST], r[_PID])] += 1
 
     def _unproc(self, old: Any) -> None:
         key = (old[_HOST], old[_PID])

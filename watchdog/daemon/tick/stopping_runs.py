@@ -3,7 +3,9 @@ the ladder (how a stop is composed in the first place: watchdog.daemon.stops.sto
 
 A stopping run is acknowledged (recorded if nobody did, alerted once, worded by the daemon
 from the store's numbers), then walked down the ladder (cancel, SIGTERM, SIGKILL:
-watchdog.daemon.stops.ladder) or ended when its process is gone. Before a first signal the daemon
+watchdog.daemon.stops.ladder) or ended when its process is gone. The ladder's step is the seam
+between the two roles: the judge (watchdog.daemon.stops.commands.judge) says which command is
+due, and the Ticker's own Enforcer (watchdog.daemon.stops.enforcer) carries it out. Before a first signal the daemon
 confirms the stop is its own: a stop only written into the store never leads to a signal.
 """
 
@@ -26,8 +28,11 @@ from watchdog.daemon.tick import believe
 from watchdog.daemon.trust import ownstage
 from watchdog.daemon.stops import redrive
 from watchdog.daemon.tick.batch import Batch
-from watchdog.daemon.stops.ladder import WAITING_STAGES, advance, exited
+from watchdog.daemon.stops.commands import judge
+from watchdog.daemon.stops.enforcer import Checks
+from watchdog.daemon.stops.ladder import WAITING_STAGES, exited
 from watchdog.daemon.stops.ladder import due as ladder_due
+from watchdog.daemon.stops.steps import Said
 from watchdog.daemon.tick.tickstate import ThisTick
 from watchdog.daemon.stops.stopping import stop_plan
 from watchdog.store.alerts import queued
@@ -79,12 +84,16 @@ def judge_stopping(tk: TickContext, this: ThisTick, row: RunView, batch: Batch, 
             return owner_evidence.justifies(conn, row, now, budgets, lambda r: tk.closing(r, this),
                                             skip_clock=this.skip_clock)
 
-        advance(conn, row, killer=tk.killer, daemon=tk.config.daemon, budgets=budgets, facts=f,
-                now=now, by=tk.by, sharing=this.sharing[(row.host, row.pid)] - 1, sealer=tk.sealer,
-                confirmed=lambda: confirms(tk, this, conn, row, budgets),
-                remembered=tk.exec_trees.remembered(row.id),
-                own_evidence=None if own_evidence is None and owner_evidence is None else own_says,
-                redriven=redriven is not None, memory=tk.memory)
+        # The seam (watchdog.daemon.stops.commands): the judge's commands for this run, carried out
+        # by the Ticker's own enforcer, each at most once (its key on the row and in tk.memory).
+        daemon = tk.config.daemon
+        commands = judge(row, now, daemon, tk.killer.host, redriven=redriven is not None)
+        checks = Checks(Said(now, tk.by, f, budgets, tk.sealer), daemon.cancel_grace_s, daemon.term_grace_s,
+                        sharing=this.sharing[(row.host, row.pid)] - 1,
+                        confirmed=lambda: confirms(tk, this, conn, row, budgets),
+                        own_evidence=None if own_evidence is None and owner_evidence is None else own_says,
+                        remembered=tk.exec_trees.remembered(row.id))
+        tk.enforcer.carry_out(conn, commands, row, checks)
         if redriven is not None:
             tk.state.redriven.add(redriven)  # once per redrive alert
         ownstage.remember(conn, tk.memory, row, row.signal_stage)

@@ -46,6 +46,7 @@ from watchdog.daemon.tick.heap import HeapFreezer
 from watchdog.daemon.tick.toolwatch import ToolWatch
 from watchdog.daemon.trust.isolation import Defect
 from watchdog.core.procid import ProcessIdentity
+from watchdog.daemon.stops.enforcer import Enforcer
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.leases.lease import LeaseLost
 from watchdog.daemon.money.money import Money
@@ -115,6 +116,8 @@ class Ticker:
                                                      engine.url)
         self.trust = Trust(config, self.memory, sealer=sealer, by=self.by)
         self.exec_trees.memory.state = self.memory  # pinned trees outlive a restart
+        # The judge -> enforcer seam: the ladder's commands are carried out by this one, keyed in memory.
+        self.enforcer = Enforcer(killer, self.memory)
         # PostgreSQL: a first signal needs the run's own evidence too (watchdog.daemon.trust.owned).
         from watchdog.daemon.trust.owned import OwnerEvidence
 
