@@ -592,8 +592,8 @@ def profile(backend: str, records: int, top: int):
     import timeit
 
     from watchdog import Watchdog
-    from watchdog.core.records import hash_args
-    from watchdog.core.clock import utcnow
+    from watchdog.core.lifecycle import hash_args
+    from watchdog.core.periods import utcnow
     from watchdog.store.agent_writes import EVENT_COLUMNS
 
     if backend != "sqlite":

@@ -223,7 +223,7 @@ def listing(store: Store, limits, repeat: int, old_max_s: float) -> list[dict]:
     from watchdog.core.config import Config
     from watchdog.store import views
     from watchdog.store.engine import read_connection
-    from watchdog.core.clock import utcnow
+    from watchdog.core.periods import utcnow
 
     cfg = Config()
     out = []

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemon_support import config, ticker  # noqa: E402
 from watchdog.daemon.leases.shards import ShardSet  # noqa: E402
-from watchdog.store import stops  # noqa: E402
+from watchdog.store import run_rows  # noqa: E402
 from watchdog.store.engine import make_engine  # noqa: E402
 from watchdog.store.schema import utcnow  # noqa: E402
 
@@ -31,7 +31,7 @@ TICK_S = 0.2
 def main() -> None:
     url, folder, name, n_shards, hang_at = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     engine = make_engine(url)
-    real = stops.request_stop
+    real = run_rows.request_stop
     armed = {"calls": 0}
 
     def request_stop(conn, run_id, **kw):
@@ -44,7 +44,7 @@ def main() -> None:
                     time.sleep(60)
         return iid
 
-    stops.request_stop = request_stop
+    run_rows.request_stop = request_stop
     tk = ticker(engine, config(agents={"bot": {"max_steps": 3}}))
     shards = ShardSet(engine, n_shards)
     ticks = 0

@@ -40,7 +40,7 @@ depends_on = None
 ACTIVE = ("running", "stopping", "paused")
 ENDED_BY_WRITER = ("completed", "failed", "killed")
 # What a writer may move its own run to, from each status (DESIGN.md, "Trust model"). paused →
-# stopping is the SDK's own give-up on a pause nobody answered (watchdog.sdk.pause).
+# stopping is the SDK's own give-up on a pause nobody answered (watchdog.sdk.obey).
 MOVES = {
     "running": ("stopping", "paused", *ENDED_BY_WRITER),
     "stopping": ENDED_BY_WRITER,

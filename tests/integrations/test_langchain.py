@@ -27,7 +27,7 @@ from langchain_core.tools import ToolException, tool  # noqa: E402
 
 from watchdog import RunKilled  # noqa: E402
 from watchdog.integrations.langchain import WatchdogCallbackHandler, handler  # noqa: E402
-from watchdog.core.records import hash_args  # noqa: E402
+from watchdog.core.lifecycle import hash_args  # noqa: E402
 from watchdog.store.schema import tool_circuits, utcnow  # noqa: E402
 
 from .integration_support import event_rows, run_ids, run_row  # noqa: E402

@@ -23,7 +23,7 @@ from agents.usage import Usage  # noqa: E402
 from .integration_support import event_rows, run_ids, run_row  # noqa: E402
 from watchdog import RunKilled  # noqa: E402
 from watchdog.integrations.openai_agents import WatchdogRunHooks, failure_error_function, hooks  # noqa: E402
-from watchdog.core.records import hash_args  # noqa: E402
+from watchdog.core.lifecycle import hash_args  # noqa: E402
 
 set_tracing_disabled(True)
 

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from watchdog import Watchdog
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.store.agent_writes import EVENT_COLUMNS
 from watchdog.store.schema import events, runs
 

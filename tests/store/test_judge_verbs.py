@@ -12,9 +12,9 @@ from sqlalchemy import insert, select
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.lifecycle import Circuit, IllegalCircuitMove, IllegalStageMove
-from watchdog.daemon.trust.isolation import read_isolated
-from watchdog.store import (alerts as sealed_alerts, attestations, event_rows, circuits, ladder,
-                            interventions as quarantine, scan)
+from watchdog.daemon.trust.scan import read_isolated
+from watchdog.store import (alerts as sealed_alerts, attestations, event_rows, circuits, ladder, alerts as quarantine,
+                            scan)
 from watchdog.store.schema import alerts, circuit_probes, events, interventions, runs, tool_circuits
 
 T0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)

@@ -19,7 +19,7 @@ from watchdog.daemon.money.moneytick import MoneyOrderError, Phase
 from watchdog.daemon.tick.prefilter import PreFilter
 from watchdog.daemon.trust.scan import Scanner
 from watchdog.store import run_rows, settings
-from watchdog.store.interventions import stop_intervention
+from watchdog.store.alerts import stop_intervention
 from watchdog.store.engine import read_connection
 from watchdog.store.schema import alerts, interventions, runs
 

@@ -16,7 +16,7 @@ from sqlalchemy import insert, select, text
 
 from alertsinks import HangSink
 from watchdog.cli import main
-from watchdog.core.alert_text import BODY_MARKER, MAX_BODY_CHARS, MAX_TITLE_CHARS, TITLE_MARKER, alert_body, alert_title
+from watchdog.core.outcomes import BODY_MARKER, MAX_BODY_CHARS, MAX_TITLE_CHARS, TITLE_MARKER, alert_body, alert_title
 from watchdog.daemon.alerts import lanes
 from watchdog.daemon.process.metrics import Metrics
 from watchdog.daemon.alerts.notify import Notifier

@@ -28,7 +28,7 @@ from watchdog import RunKilled, Watchdog
 
 from watchdog.store import access
 from watchdog.core.config import parse as parse_config
-from watchdog.core.records import hash_args
+from watchdog.core.lifecycle import hash_args
 from watchdog.store.engine import make_engine
 from watchdog.store.schema import events, runs, settings, utcnow
 

@@ -1,4 +1,4 @@
-"""A run's stop in the store (watchdog.store.stops) and as the daemon composes it
+"""A run's stop in the store (watchdog.store.run_rows) and as the daemon composes it
 (watchdog.daemon.stops.stopping), on both backends, against rows written with plain inserts."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from watchdog.core.budgets import Budgets
 from watchdog.core.interventions import Action
 from watchdog.core.seal import Sealer
 from watchdog.daemon.stops import stopping
-from watchdog.store import stops
+from watchdog.store import run_rows
 from watchdog.store.schema import alerts, events, interventions, runs
 
 T0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
@@ -53,9 +53,9 @@ def _status(engine, rid: str) -> str:
 def test_request_stop_moves_the_run_and_records_it_and_nothing_else(engine):
     _family(engine)
     with engine.begin() as conn:
-        iid = stops.request_stop(conn, P, reason=lc.MAX_STEPS, detail="steps 13/12", outcome="plan", now=T0, by="t")
+        iid = run_rows.request_stop(conn, P, reason=lc.MAX_STEPS, detail="steps 13/12", outcome="plan", now=T0, by="t")
         assert isinstance(iid, int)
-        assert stops.request_stop(conn, P, reason=lc.MAX_STEPS, detail="again", outcome="plan", now=T0,
+        assert run_rows.request_stop(conn, P, reason=lc.MAX_STEPS, detail="again", outcome="plan", now=T0,
                                   by="t") is None  # already stopping
     assert _status(engine, P) == lc.STOPPING and _status(engine, C) == lc.RUNNING  # children: not its job
     assert _ivs(engine) == [(P, Action.STOP_REQUESTED, "plan")]
@@ -65,10 +65,10 @@ def test_request_stop_moves_the_run_and_records_it_and_nothing_else(engine):
 def test_stop_children_stops_the_active_descendants_with_the_parents_reason(engine):
     _family(engine)
     with engine.begin() as conn:
-        parent = stops.run_row(conn, P)
-        stopped = stops.stop_children(conn, parent, reason=lc.MAX_COST, detail="1.2/1.0 EUR", now=T0, by="t")
+        parent = run_rows.run_row(conn, P)
+        stopped = run_rows.stop_children(conn, parent, reason=lc.MAX_COST, detail="1.2/1.0 EUR", now=T0, by="t")
     assert sorted(child.id for child, _why in stopped) == [C, G]
-    from watchdog.core.marked import ident
+    from watchdog.core.text import ident
 
     assert all(why.startswith(f"its parent run {ident(P)} («bot») was stopped: max_cost") for _c, why in stopped)
     assert [_status(engine, r) for r in (P, C, G, DONE)] == [lc.RUNNING, lc.STOPPING, lc.STOPPING, lc.COMPLETED]
@@ -83,19 +83,19 @@ def test_a_parents_name_cannot_add_a_line_to_its_childrens_stop(engine):
         _run(conn, P)
         _run(conn, C, parent=P)
         conn.execute(update(runs).where(runs.c.id == P).values(agent="bot)\nall clear: nothing was done"))
-        parent = stops.run_row(conn, P)
-        ((_child, why),) = stops.stop_children(conn, parent, reason=lc.MAX_COST, detail="d", now=T0, by="t")
+        parent = run_rows.run_row(conn, P)
+        ((_child, why),) = run_rows.stop_children(conn, parent, reason=lc.MAX_COST, detail="d", now=T0, by="t")
     assert "\n" not in why and "all clear" in why
 
 
 def test_mark_lost_ends_an_active_run_once(engine):
     _family(engine)
     with engine.begin() as conn:
-        assert isinstance(stops.mark_lost(conn, G, detail="gone", now=T0, by="t"), int)
-        assert stops.mark_lost(conn, G, detail="gone", now=T0, by="t") is None
-        assert stops.mark_lost(conn, DONE, detail="gone", now=T0, by="t") is None
+        assert isinstance(run_rows.mark_lost(conn, G, detail="gone", now=T0, by="t"), int)
+        assert run_rows.mark_lost(conn, G, detail="gone", now=T0, by="t") is None
+        assert run_rows.mark_lost(conn, DONE, detail="gone", now=T0, by="t") is None
     with engine.connect() as conn:
-        row = stops.run_row(conn, G)
+        row = run_rows.run_row(conn, G)
     assert (row.status, row.stop_reason, row.stop_detail) == (lc.LOST, lc.PROCESS_GONE, "gone")
     assert _ivs(engine) == [(G, Action.LOST, "marked lost")]
 
@@ -109,25 +109,25 @@ def test_ended_since_and_top_tool(engine):
         for seq, (tool, ok) in enumerate([("a", True), ("b", False), ("b", True), ("a", True), ("b", False)]):
             conn.execute(insert(events).values(run_id=P, seq=seq, at=T0, kind=lc.EV_TOOL, tool=tool, ok=ok))
     with engine.connect() as conn:
-        assert [r.id for r in stops.ended_since(conn, T0, None)] == [C, P]
-        assert stops.ended_since(conn, T0, frozenset({"h2"})) == []
-        assert stops.ended_since(conn, T0 + dt.timedelta(seconds=1), None) == []
-        assert stops.top_tool(conn, P) == stops.ToolCount("b", 3, 2)
-        assert stops.top_tool(conn, C) is None
+        assert [r.id for r in run_rows.ended_since(conn, T0, None)] == [C, P]
+        assert run_rows.ended_since(conn, T0, frozenset({"h2"})) == []
+        assert run_rows.ended_since(conn, T0 + dt.timedelta(seconds=1), None) == []
+        assert run_rows.top_tool(conn, P) == run_rows.ToolCount("b", 3, 2)
+        assert run_rows.top_tool(conn, C) is None
 
 
 def test_the_ladders_stage_is_read_and_put_back(engine):
     with engine.begin() as conn:
         _run(conn, P, status=lc.STOPPING, signal_stage=lc.Stage.KILL, signalled_at=T0)
-        stops.restore_stage(conn, P, lc.Stage.TERM, T0)
-        assert stops.stage_of(conn, P) == stops.Stage(lc.Stage.TERM, T0)
-        assert stops.stage_of(conn, "z" * 32) is None and stops.run_row(conn, "z" * 32) is None
+        run_rows.restore_stage(conn, P, lc.Stage.TERM, T0)
+        assert run_rows.stage_of(conn, P) == run_rows.Stage(lc.Stage.TERM, T0)
+        assert run_rows.stage_of(conn, "z" * 32) is None and run_rows.run_row(conn, "z" * 32) is None
 
 
 def test_stop_run_alerts_the_run_and_each_child_once_sealed(engine):
     _family(engine)
     with engine.begin() as conn:
-        row = stops.run_row(conn, P)
+        row = run_rows.run_row(conn, P)
         ok = stopping.stop_run(conn, row, reason=lc.MAX_STEPS, detail="steps 13/12", now=T0, by="t",
                                budgets=Budgets(), run_facts=stopping.facts(row, now=T0), sealer=SEALER,
                                own_parent=lambda child: child.id != G)
@@ -151,7 +151,7 @@ def _text(engine, key):
 def test_without_a_sealer_a_stop_is_recorded_with_its_children_and_alerts_nothing(engine):
     _family(engine)
     with engine.begin() as conn:
-        row = stops.run_row(conn, P)
+        row = run_rows.run_row(conn, P)
         assert stopping.stop_run(conn, row, reason=lc.MANUAL, detail="by hand", now=T0, by="cli", budgets=Budgets(),
                                  run_facts=stopping.facts(row, now=T0), why="killed while paused for max_steps")
     assert [_status(engine, r) for r in (P, C, G)] == [lc.STOPPING] * 3
@@ -163,7 +163,7 @@ def test_without_a_sealer_a_stop_is_recorded_with_its_children_and_alerts_nothin
 def test_a_run_lost_and_the_unreadable_ones(engine):
     _family(engine)
     with engine.begin() as conn:
-        row = stops.run_row(conn, P)
+        row = run_rows.run_row(conn, P)
         assert stopping.lose_run(conn, row, detail="gone", now=T0, by="t", budgets=Budgets(),
                                  run_facts=stopping.facts(row, now=T0), sealer=SEALER)
         assert stopping.stop_unreadable(conn, C, reason=lc.WALL_CLOCK, detail="d", outcome="o", now=T0, by="t",

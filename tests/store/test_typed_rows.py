@@ -11,7 +11,7 @@ from sqlalchemy import select
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS, effective_budgets
 from watchdog.core.config import load
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.store import viewer, views
 from watchdog.store.engine import read_connection
 from watchdog.store.rows import AlertRow, EventRow, InterventionRow, RunRow

@@ -18,7 +18,7 @@ from failsafe_support import constraints_off
 from daemon_support import ME, SEALER, actions, alerts_of, config, later, run_row
 from watchdog.core import lifecycle as lc
 from watchdog.core.messages import ACK_MARK
-from watchdog.daemon.trust.evidence import Tally
+from watchdog.daemon.trust.scan import Tally
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.schema import alerts, events, interventions, runs, spend_ledger, utcnow
@@ -342,7 +342,7 @@ def test_the_writers_fast_path_never_lowers_what_a_gateway_saw_first():
 
 
 def test_a_raise_holds_only_with_runs_may_raise_or_a_sealed_resume(db_url, engine):
-    from watchdog.store.interventions import seal_grant
+    from watchdog.store.alerts import seal_grant
 
     cfg = config(agents={"bot": {"max_steps": 5}, "lax": {"max_steps": 5, "runs_may_raise": True}})
     lax = _sql_run(engine, agent="lax", max_steps=50, steps=20)

@@ -411,7 +411,7 @@ def test_a_hostile_run_whose_steps_sum_to_a_huge_cost_hides_no_other_runs_spend(
 def test_steps_whose_pricing_failed_are_priced_at_the_next_tick(engine, wd, monkeypatch):
     """Pricing failed once (logged, retried next tick): the next tick, which reads no new step,
     prices them all the same."""
-    from watchdog.daemon.money.backfill import Backfill
+    from watchdog.daemon.money.moneytick import Backfill
 
     tk, run, now = _an_unpriced_step_after_a_full_tick(engine, wd)
     real = Backfill.apply

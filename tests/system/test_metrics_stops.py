@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from daemon_support import config
 from watchdog import RunKilled, Watchdog
 from watchdog.cli import main
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.daemon.alerts.notify import Notifier
 from watchdog.daemon.process.service import Daemon
 from watchdog.store.engine import make_engine

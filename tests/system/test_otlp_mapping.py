@@ -13,7 +13,7 @@ import pytest
 
 from daemon_support import daemon_toml
 from otlp_support import PRICES, STEP_EUR, TOKEN, free_port, otlp_runs, post, start_py_agent, tokens_file, wait_for
-from watchdog.core.records import hash_args
+from watchdog.core.lifecycle import hash_args
 from watchdog.daemon.otlp.decode import ResourceSpans, Span
 from watchdog.daemon.otlp.mapping import groups
 from watchdog.store.engine import make_engine

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from pg_support import RolesStore, let_go, raw
-from watchdog.store import ladder, stops
+from watchdog.store import ladder, run_rows
 from watchdog.store.engine import make_engine, row_locked
 
 RETURN_WITHIN_S = 10.0  # far above the daemon's tick: a call blocked this long has frozen the daemon
@@ -61,7 +61,7 @@ def test_an_agent_holding_its_run_row_lock_does_not_freeze_the_daemon(store, ste
     engine = make_engine(store.url("daemon"))
     if step == "stage_now":
         with engine.begin() as conn:
-            stops.request_stop(conn, rid, reason="max_steps", detail="d", outcome="o",
+            run_rows.request_stop(conn, rid, reason="max_steps", detail="d", outcome="o",
                                now=dt.datetime.now(dt.timezone.utc), by="test")
     holder = _raw(store.url("a"))  # the agent's transaction, left open
     try:
@@ -75,7 +75,7 @@ def test_an_agent_holding_its_run_row_lock_does_not_freeze_the_daemon(store, ste
                     if step == "stage_now":
                         ladder.stage_now(conn, rid)
                     else:
-                        stops.request_stop(conn, rid, reason="max_steps", detail="d", outcome="o",
+                        run_rows.request_stop(conn, rid, reason="max_steps", detail="d", outcome="o",
                                            now=dt.datetime.now(dt.timezone.utc), by="test")
             except Exception as exc:  # noqa: BLE001 — what the tick sees: one run's lock, not an outage
                 raised.append(exc)

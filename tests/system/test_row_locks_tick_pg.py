@@ -19,7 +19,7 @@ import pytest
 from daemon_support import actions, alerts_of, config, later, run_row
 from pg_support import RolesStore, let_go, raw
 from watchdog.core import lifecycle as lc
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.tick.ticker import Ticker
 from watchdog.store.engine import DAEMON_LOCK_TIMEOUT_MS, make_engine
@@ -139,9 +139,9 @@ def test_many_locked_runs_cost_a_tick_a_bounded_number_of_waits_and_each_is_trie
         store, daemon, monkeypatch):
     """A login holding many of its runs' rows: past locked.MAX_WAITS_PER_TICK waits a tick tries no
     more of them; the others come first, the locked ones least recently tried first."""
-    from watchdog.daemon.tick import locked
+    from watchdog.daemon.tick import judging
 
-    monkeypatch.setattr(locked, "MAX_WAITS_PER_TICK", 1)
+    monkeypatch.setattr(judging, "MAX_WAITS_PER_TICK", 1)
     eng, sealer = daemon
     held = sorted(_runaway(store.url("a")) for _ in range(3))
     tk = Ticker(eng, config(), Killer(), sealer=sealer)

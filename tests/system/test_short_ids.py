@@ -1,6 +1,6 @@
 """A run's writer chooses its run's id, so another run may share its first 8 hex digits, chosen to
 (hostile review, low): the command an alert or the CLI names must still find the one run. It names
-the whole id (watchdog.core.marked.command_id); a listing shows the whole id of runs that collide."""
+the whole id (watchdog.core.text.command_id); a listing shows the whole id of runs that collide."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from attest_support import LocalUsers, shared_sqlite, short_dir
 from daemon_support import actions, interventions_of, run_row, wait_ticks
 from test_daemon import AGENT_WATCHDOG
 from watchdog.core import lifecycle as lc
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.daemon.stops.redrive import DENIED
 from watchdog.store.engine import make_engine
 

@@ -23,7 +23,7 @@ from watchdog.core.lifecycle import Circuit, IllegalCircuitMove, IllegalStatusMo
 from watchdog.core.seal import Sealer
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.tick.ticker import Ticker
-from watchdog.store import access, alerts, circuits, interventions, run_rows, views
+from watchdog.store import access, alerts, circuits, run_rows, views
 from watchdog.store.inmemory import memory_engine
 from watchdog.store.memory import Memory
 from watchdog.store.schema import alerts as alerts_table, events, runs
@@ -101,7 +101,7 @@ def test_the_tick_stops_a_run_over_its_steps_and_leaves_the_one_at_its_budget(en
     assert status(engine, over) == (lc.STOPPING, lc.MAX_STEPS)
     assert status(engine, at_budget) == (lc.RUNNING, None)
     with engine.connect() as conn:
-        assert interventions.stop_intervention(conn, over) is not None  # the audit row, same transaction
+        assert alerts.stop_intervention(conn, over) is not None  # the audit row, same transaction
         sealed = alerts.by_key(conn, alerts.stop_key(over))  # the stop's one alert, sealed with the daemon's key
         assert sealed is not None and lc.MAX_STEPS in sealed.title
         assert SEALER.alert_ok(sealed.mac, sealed.dedupe_key, sealed.title, sealed.body, sealed.created_at)

@@ -12,10 +12,7 @@ from typing import Any
 
 import pytest
 
-from watchdog.core import circuit_rules as cr
-from watchdog.core import lifecycle as lc
-from watchdog.core import pause
-from watchdog.core import policies as p
+from watchdog.core import circuit_rules as cr, lifecycle as lc, policies, policies as p
 from watchdog.core.budgets import Budgets
 from watchdog.core.lifecycle import Circuit
 from watchdog.core.periods import DAY, MONTH, LabelBudget, PeriodState, build_states, closed_entry, refusal
@@ -148,28 +145,28 @@ def test_a_pausing_budget_pauses_and_a_grant_lifts_it() -> None:
     used_at = snap(steps=12)
     assert p.evaluate(used_at, prof, T0) == []  # at the budget: nothing to decide
     over = p.evaluate(snap(steps=13), prof, T0)
-    assert pause.decide(over, prof) == ("pause", over[0])
-    assert pause.stops_while_paused(over) == []  # a paused budget is not judged again
+    assert policies.decide(over, prof) == ("pause", over[0])
+    assert policies.stops_while_paused(over) == []  # a paused budget is not judged again
     # the run took two more steps before it was held: 15 used against 12
     used = p.totals(snap(steps=15), T0)
-    short = pause.Grant.from_options(add_steps=2)
+    short = policies.Grant.from_options(add_steps=2)
     cols = short.columns(prof, paused_s=0)
     assert cols["max_steps"] == 14
-    hint = pause.still_over(lc.MAX_STEPS, used, cols, short)  # 15 > 14: it would pause again at once
+    hint = policies.still_over(lc.MAX_STEPS, used, cols, short)  # 15 > 14: it would pause again at once
     assert hint is not None and "--add-steps 3 or more" in hint
-    enough = pause.Grant.from_options(add_steps=3)
+    enough = policies.Grant.from_options(add_steps=3)
     cols = enough.columns(prof, paused_s=612.4)
     assert (cols["max_steps"], cols["max_wall_s"]) == (15, 300 + 613)  # paused time is given back too
-    assert pause.still_over(lc.MAX_STEPS, used, cols, enough) is None
+    assert policies.still_over(lc.MAX_STEPS, used, cols, enough) is None
 
 
 def test_a_loop_stops_even_when_budgets_pause() -> None:
     prof = Budgets(on_breach="pause")
     verdicts = p.evaluate(snap(steps=13, top_signature=("t", 3)), prof, T0)
-    assert pause.decide(verdicts, prof)[0] == "stop"
-    assert [v.reason for v in pause.stops_while_paused(verdicts)] == [lc.LOOP_DETECTED]
-    assert pause.decide(p.evaluate(snap(steps=13), prof, T0), prof)[0] == "pause"
-    assert pause.decide(p.evaluate(snap(steps=13), B, T0), B)[0] == "stop"  # the default profile stops
+    assert policies.decide(verdicts, prof)[0] == "stop"
+    assert [v.reason for v in policies.stops_while_paused(verdicts)] == [lc.LOOP_DETECTED]
+    assert policies.decide(p.evaluate(snap(steps=13), prof, T0), prof)[0] == "pause"
+    assert policies.decide(p.evaluate(snap(steps=13), B, T0), B)[0] == "stop"  # the default profile stops
 
 
 # -- the circuit: closed -> open -> half_open -> closed (or open again) --------------------------------------------
@@ -203,12 +200,12 @@ def test_a_probe_that_never_reports_frees_its_slot_after_open_s() -> None:
 def test_a_paused_run_nobody_answers_is_stopped_at_approval_timeout() -> None:
     prof = Budgets(on_breach="pause", approval_timeout_s=600.0)
     # waited since the daemon's own pause mark (epoch seconds), not the row's paused_at
-    assert pause.waited_s(at(599), T0.timestamp(), at(-3600)) == pytest.approx(599)
-    assert pause.waited_s(at(599), None, T0) == pytest.approx(599)
-    assert pause.waited_s(at(599), None, None) is None
-    assert not pause.approval_expired(T0, lc.MAX_STEPS, 599.0, prof.approval_timeout_s)
-    assert pause.approval_expired(T0, lc.MAX_STEPS, 600.0, prof.approval_timeout_s)
+    assert policies.waited_s(at(599), T0.timestamp(), at(-3600)) == pytest.approx(599)
+    assert policies.waited_s(at(599), None, T0) == pytest.approx(599)
+    assert policies.waited_s(at(599), None, None) is None
+    assert not policies.approval_expired(T0, lc.MAX_STEPS, 599.0, prof.approval_timeout_s)
+    assert policies.approval_expired(T0, lc.MAX_STEPS, 600.0, prof.approval_timeout_s)
     # nobody could answer: no pause time, or a reason no resume option raises
-    assert pause.approval_expired(None, lc.MAX_STEPS, None, prof.approval_timeout_s)
-    assert pause.approval_expired(T0, lc.LOOP_DETECTED, 0.0, prof.approval_timeout_s)
-    assert not pause.approval_expired(T0, lc.MAX_STEPS, None, prof.approval_timeout_s)
+    assert policies.approval_expired(None, lc.MAX_STEPS, None, prof.approval_timeout_s)
+    assert policies.approval_expired(T0, lc.LOOP_DETECTED, 0.0, prof.approval_timeout_s)
+    assert not policies.approval_expired(T0, lc.MAX_STEPS, None, prof.approval_timeout_s)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from watchdog.core import drift, forecast
+from watchdog.core import drift, messages
 from watchdog.core.periods import (DAY, MONTH, LabelBudget, build_states, closed_entry, live_by_scope, period_bounds,
                                    period_key, refusal, sum_spend, zone)
 from watchdog.core.pricing import Price
@@ -159,14 +159,14 @@ def test_states_warn_close_and_forecast():
     assert bot_day.runs_out_at == T0 + dt.timedelta(minutes=18)  # 9 EUR left at 0.5 EUR/min
     month = by[("bot", MONTH)]
     assert not month.warned and month.runs_out_at == T0 + dt.timedelta(minutes=918)  # 459 EUR left
-    assert forecast.period_line(month, T0, UTC) == (
+    assert messages.period_line(month, T0, UTC) == (
         "bot's monthly budget runs out at 2025-03-15 06:48 UTC at 0.50 EUR/min (41.00/500.00 EUR)")
     slow = build_states(spent, {"bot"}, lambda a: _profile(), (), T0, UTC, rate_of=lambda *a: 0.001)
-    assert forecast.period_line(slow[1], T0, UTC) == (
+    assert messages.period_line(slow[1], T0, UTC) == (
         "bot's monthly budget lasts the month at 0.0010 EUR/min (41.00/500.00 EUR)")
     big = by[("big", DAY)]
     assert big.closed and big.reason == "daily_budget" and big.runs_out_at == T0
-    line = forecast.period_line(bot_day, T0, UTC)
+    line = messages.period_line(bot_day, T0, UTC)
     assert line == "bot's daily budget runs out at 15:48 UTC at 0.50 EUR/min (41.00/50.00 EUR)"
     entry = closed_entry(big)
     assert refusal([entry], "big", None, T0) == ("daily_budget", entry["detail"])
@@ -199,13 +199,13 @@ def test_label_refusal_matches_a_subset_of_the_run_labels():
 
 
 def test_run_forecast_lines():
-    assert forecast.run_line(1.23, 2.0, 180) == "at 0.41 EUR/min this run reaches its 2.00 EUR budget in 2 min"
-    assert forecast.run_line(2.46, 2.0, 360) == "at 0.41 EUR/min this run reached its 2.00 EUR budget in 6 min"
-    assert forecast.run_line(0.0, 2.0, 100) is None
+    assert messages.run_line(1.23, 2.0, 180) == "at 0.41 EUR/min this run reaches its 2.00 EUR budget in 2 min"
+    assert messages.run_line(2.46, 2.0, 360) == "at 0.41 EUR/min this run reached its 2.00 EUR budget in 6 min"
+    assert messages.run_line(0.0, 2.0, 100) is None
 
 
 def test_rate_tracker_uses_recent_spend_and_survives_a_clock_jump():
-    r = forecast.RateTracker()
+    r = messages.RateTracker()
     start = T0.replace(hour=0, minute=0)
     # the first sample: the period's average (15.5 h for 9.3 EUR = 0.01 EUR/min)
     assert r.rate("agent:bot", DAY, "k", 9.3, T0, start) == pytest.approx(9.3 / (15.5 * 60))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from watchdog.core import pause as ap
-from watchdog.core import lifecycle as lc
+from watchdog.core import policies as ap, lifecycle as lc
 from watchdog.core.budgets import Budgets, Totals, profile
 from watchdog.core.config import parse
 from watchdog.core.policies import Verdict

@@ -7,10 +7,9 @@ import datetime as dt
 from types import SimpleNamespace
 
 from watchdog.core.config import parse
-from watchdog.daemon.trust.isolation import Defect
+from watchdog.daemon.trust.scan import Defect, L, LIGHT
 from watchdog.daemon.money.money import Money
 from watchdog.daemon.tick.prefilter import PreFilter
-from watchdog.daemon.trust.scan import L, LIGHT
 
 T0 = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.timezone.utc)
 NOW_S = T0.timestamp()

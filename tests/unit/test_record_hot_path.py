@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from watchdog.core.records import TOOL_MAX_CHARS, _CANONICAL, canonical_json, hash_args
+from watchdog.core.lifecycle import TOOL_MAX_CHARS, _CANONICAL, canonical_json, hash_args
 from watchdog.sdk import run as sdk_run
 
 VALUES = [

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from watchdog.core.marked import md_text
+from watchdog.core.text import md_text
 
 # The spec's two scheme-less triggers, as a renderer scans the text (escapes removed first).
 GFM_WWW = re.compile(r"(?:^|[\s*_~(])www\.[\w-]+(?:\.[\w-]+)*", re.I)
@@ -36,13 +36,13 @@ def test_a_tools_dotted_name_reads_as_it_is():
 @pytest.mark.parametrize("text", ["www.evil.ninja", "evil.ninja/login", "a.b.evil.ninja/reset?u=1"])
 def test_an_alerts_marked_field_links_no_host_a_chat_app_would_link(text: str) -> None:
     """Chat apps (Slack, Teams) link a `www.` word or a dotted host before a path, known TLD or not."""
-    from watchdog.core.marked import marked
+    from watchdog.core.text import marked
 
     out = marked(text)
     assert "www." not in out and "evil.ninja" not in out and "b.evil" not in out, out
 
 
 def test_a_tools_dotted_name_and_a_number_stay_as_they_are() -> None:
-    from watchdog.core.marked import marked
+    from watchdog.core.text import marked
 
     assert marked("fs.read_file") == "«fs.read_file»" and marked("1.5/2") == "«1.5/2»"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from watchdog.core.records import ERROR_MSG_MAX_CHARS, error_fields
-from watchdog.core.scrub import MASK, luhn_ok, scrub
+from watchdog.core.lifecycle import ERROR_MSG_MAX_CHARS, error_fields
+from watchdog.core.text import MASK, luhn_ok, scrub
 
 SECRET = "sk-live-TENANTA-SECRET"
 

@@ -1,5 +1,5 @@
 """The intervention actions and alert kinds are enums (watchdog.core.interventions,
-watchdog.core.alert_kinds): every word the code writes is one of them, each kind's key builder
+watchdog.core.outcomes): every word the code writes is one of them, each kind's key builder
 gives the key its urgency is read from, and the stored words never change spelling."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from watchdog.core.alert_kinds import AlertKind, Urgency, notify_kind
+from watchdog.core.outcomes import AlertKind, Urgency, notify_kind
 from watchdog.core.interventions import ACTIONS, STOP_ACTIONS, Action
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "watchdog"

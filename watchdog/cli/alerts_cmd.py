@@ -6,7 +6,7 @@ import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
 from watchdog.cli.render import cut
-from watchdog.core.alert_text import alert_title
+from watchdog.core.outcomes import alert_title
 
 
 def _line(value) -> str:

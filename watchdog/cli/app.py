@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from watchdog.core.config import ENV_CONFIG, Config, load, resolve_db_url
-from watchdog.core.scrub import scrub
+from watchdog.core.text import scrub
 from watchdog.errors import ConfigError, StoreError
 
 if TYPE_CHECKING:

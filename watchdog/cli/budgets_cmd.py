@@ -8,7 +8,7 @@ import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
 from watchdog.store.engine import read_connection
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.core.text import terminal_safe
 
 # The daemon's last published period state: shared with the web view (watchdog.store.viewer).
@@ -16,7 +16,7 @@ from watchdog.store.viewer import published_state  # noqa: E402,F401
 
 
 def table(states, now: dt.datetime, tz) -> str:
-    from watchdog.core import forecast
+    from watchdog.core import messages
 
     if not states:
         return "no period budgets and no spend yet"
@@ -24,9 +24,9 @@ def table(states, now: dt.datetime, tz) -> str:
     for s in states:
         use = f"{100 * s.spent_eur / s.budget_eur:.0f}%" if s.budget_eur else "-"
         rate = f"{s.rate_eur_per_min:.3f}" if s.rate_eur_per_min else "-"
-        out = "spent" if s.closed else forecast.when(s.runs_out_at, now, tz)[5:] if (
+        out = "spent" if s.closed else messages.when(s.runs_out_at, now, tz)[5:] if (
             s.runs_out_at and s.runs_out_at.astimezone(tz).date() != now.astimezone(tz).date()) else (
-            forecast.when(s.runs_out_at, now, tz) if s.runs_out_at else "-")
+            messages.when(s.runs_out_at, now, tz) if s.runs_out_at else "-")
         state = "CLOSED" if s.closed else "WARN" if s.warned else "ok" if s.budget_eur else "-"
         name = s.scope.name if s.scope.kind == "agent" else f"[{s.scope.name}]"
         lines.append(f"{name[:16]:16} {s.period:6} {s.spent_eur:>9.2f} "

@@ -8,7 +8,7 @@ import sys
 import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 
 
 def _logging(verbose: bool):
@@ -245,7 +245,7 @@ def circuits_cmd(ctx, app, as_json):
 @fail_cleanly
 def circuits_close(app, tool):
     """Close TOOL's circuit by hand (after fixing the tool)."""
-    from watchdog.store.interventions import actor
+    from watchdog.store.alerts import actor
     from watchdog.daemon.stops.circuits import CircuitBreakers
     from watchdog.errors import StoreError
 

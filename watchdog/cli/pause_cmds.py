@@ -13,7 +13,7 @@ import click
 
 from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
 from watchdog.core.budgets import PAUSABLE, Budget
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,7 +48,7 @@ def resume_cmd(app, run_id, **adds):
 
     The time it spent paused never counts against its max_wall_s. `agent-watchdog kill RUN` stops it instead.
     """
-    from watchdog.core.pause import Grant
+    from watchdog.core.policies import Grant
     from watchdog.core.budgets import effective_budgets
     from watchdog.errors import StoreError
     from watchdog.daemon.stops.stopping import facts
@@ -71,7 +71,7 @@ def resume_cmd(app, run_id, **adds):
         # issue 20: sealed with the daemon's key (root or its user), the raise may pass the
         # profile; anyone else's resume is a row the daemon clamps to the profile.
         from watchdog.cli.daemon_cmds import _operator_sealer
-        from watchdog.store.interventions import seal_grant
+        from watchdog.store.alerts import seal_grant
 
         sealer = _operator_sealer(app)
         if sealer is not None:

@@ -8,7 +8,7 @@ import os
 
 from watchdog.core import timeline_svg
 from watchdog.core.config import Config
-from watchdog.core.marked import run_ref
+from watchdog.core.text import run_ref
 from watchdog.core.postmortem import file_stem, render as render_facts
 from watchdog.store.viewer import postmortem_facts, timeline
 

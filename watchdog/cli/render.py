@@ -6,8 +6,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from watchdog.core.budgets import BUDGETS, Totals
-from watchdog.core.marked import command_id
-from watchdog.core.text import duration, one_line
+from watchdog.core.text import command_id, duration, one_line
 
 # What a record of the store can hold (writers chose its names): every string one line, without
 # control, escape or bidi characters, before it is laid out for a terminal.
@@ -66,7 +65,7 @@ def runs_table(records: list[dict]) -> str:
 
 
 def _paused_line(r: dict) -> str:
-    # The whole id in a command (watchdog.core.marked.command_id): 8 characters may name two runs.
+    # The whole id in a command (watchdog.core.text.command_id): 8 characters may name two runs.
     rid = command_id(r["id"]) or "RUN"
     return (f"  paused      since {r['paused_at'] or '-'}: agent-watchdog resume {rid} "
             f"--add-... or agent-watchdog kill {rid}")

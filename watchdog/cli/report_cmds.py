@@ -7,7 +7,7 @@ import time
 import click
 
 from watchdog.cli.app import fail_cleanly, main, pass_app, shared_options
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.core.text import terminal_safe
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from watchdog.cli.app import emit_json, fail_cleanly, main, pass_app, shared_options
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 
 
 @main.group()

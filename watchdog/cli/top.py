@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from watchdog.core import forecast
-from watchdog.core import lifecycle as lc
+from watchdog.core import messages, lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.cli.render import short
 from watchdog.core.text import duration, one_line
@@ -37,8 +36,8 @@ def rows(conn: Connection, config: Config, now: dt.datetime) -> list[dict]:
         out.append(dict(id=r.id, agent=r.agent, status=r.status, age_s=age_s, steps=r.steps, max_steps=b.max_steps,
                         calls=r.tool_calls, max_calls=b.max_tool_calls, cost=r.cost_eur, max_cost=b.max_cost_eur,
                         per_min=per_min.get(r.id, 0), top=top, closeness=closeness,
-                        eur_per_min=forecast.per_min(r.cost_eur, age_s),
-                        burn=forecast.run_line(r.cost_eur, b.max_cost_eur, age_s)))
+                        eur_per_min=messages.per_min(r.cost_eur, age_s),
+                        burn=messages.run_line(r.cost_eur, b.max_cost_eur, age_s)))
     out.sort(key=lambda d: (d["status"] != lc.STOPPING, -d["closeness"]))
     return out
 
@@ -74,5 +73,5 @@ def frame(records: list[dict], now: dt.datetime, title: str = "", periods=(), tz
 
             shown = [dataclasses.replace(s, runs_out_at=None, rate_eur_per_min=None) for s in shown]
         lines.append("")
-        lines += [forecast.period_line(s, now, tz)[:WIDTH] for s in shown]
+        lines += [messages.period_line(s, now, tz)[:WIDTH] for s in shown]
     return "\n".join(lines)

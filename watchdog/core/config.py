@@ -21,7 +21,7 @@ from watchdog.core.budgets import PROFILE_KEYS, RUN_BUDGET_KEYS, Budgets, profil
 from watchdog.core.drift import DriftConfig
 from watchdog.core.periods import LabelBudget, WARN_AT, zone
 from watchdog.core.pricing import PRICE_KEYS, REQUIRED_PRICE_KEYS, Price, PricingConfig
-from watchdog.core.records import RECORD_ERRORS_CHOICES
+from watchdog.core.lifecycle import RECORD_ERRORS_CHOICES
 from watchdog.core.text import url_scheme_only
 from watchdog.errors import ConfigError
 

@@ -100,11 +100,11 @@ def deadlines(row: DeadlineRow, prof: Budgets, daemon: DaemonConfig, now_s: floa
         return out
     b = effective(prof, row.asked, raised=raised)
     seen = row.seen_s
-    # Silence stops a paused run too (it never pauses: watchdog.core.pause.stops_while_paused).
+    # Silence stops a paused run too (it never pauses: watchdog.core.policies.stops_while_paused).
     out.append(Deadline(NOW if seen is None else crossing(SILENT, seen, b.heartbeat_timeout_s), Why.SILENCE))
     if status == lc.PAUSED:
         since = pause_since_s if pause_since_s is not None else row.paused_s
-        # The approval timeout trips when the wait reaches it (watchdog.daemon.tick.pause: waited >= timeout).
+        # The approval timeout trips when the wait reaches it (watchdog.daemon.tick.judging: waited >= timeout).
         out.append(Deadline(NOW if since is None else since + b.approval_timeout_s, Why.APPROVAL_TIMEOUT))
     else:
         starts = [s for s in (row.started_s, first_seen_s) if s is not None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from watchdog.core.marked import marked
+from watchdog.core.text import marked
 
 
 @dataclass(frozen=True)

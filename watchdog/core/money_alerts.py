@@ -1,14 +1,14 @@
 """Alert texts about money that no single run owns: period budgets and unpriced models. Pure.
 
-(The run alerts, watchdog.core.messages, add the forecast lines of watchdog.core.forecast.)
+(The run alerts, watchdog.core.messages, add the forecast lines of watchdog.core.messages.)
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-from watchdog.core import forecast
-from watchdog.core.marked import ident, marked
+from watchdog.core import messages
+from watchdog.core.text import ident, marked
 from watchdog.core.periods import PeriodState
 
 
@@ -33,13 +33,13 @@ def period_alert(s: PeriodState, kind: str, now: dt.datetime, tz: dt.tzinfo, sto
     if kind == "closed":
         title = f"agent-watchdog: a {s.adjective} budget is spent — {spent}"
         what = (f"action stopped {len(stopped)} running run{'s' if len(stopped) != 1 else ''} ({s.reason}); "
-                f"new runs are refused until {forecast.when(s.end, now, tz)}")
+                f"new runs are refused until {messages.when(s.end, now, tz)}")
     else:
         title = f"agent-watchdog: a {s.adjective} budget at {share:.0f}% — {spent}"
         what = f"action alert only (warn_at {s.warn_at:g}); at {100:.0f}% running runs are stopped ({s.reason})"
-    lines = [forecast.period_line(s, now, tz, mark=True), "",
+    lines = [messages.period_line(s, now, tz, mark=True), "",
              f"scope {s.scope.kind} {marked(s.scope.name)}   period {s.period} {s.key} "
-             f"({forecast.when(s.start, now, tz)} → {forecast.when(s.end, now, tz)})",
+             f"({messages.when(s.start, now, tz)} → {messages.when(s.end, now, tz)})",
              f"spent {spent} ({share:.0f}%)", what]
     if stopped:
         lines.append("stopped " + " ".join(ident(r[:8]) for r in stopped[:20]) + (" …" if len(stopped) > 20 else ""))

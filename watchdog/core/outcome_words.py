@@ -1,7 +1,7 @@
 """Alert texts of the outcomes that no run's facts word: circuits, quarantine, the outbox's
 refusals, the clock, the OTLP receiver, summaries, rows the daemon cannot read whole. Pure:
 numbers and names in, title and body out (the table, watchdog.core.outcomes, picks these).
-A writer's text (a run id, an agent's or a tool's name, an error) is marked (watchdog.core.marked).
+A writer's text (a run id, an agent's or a tool's name, an error) is marked (watchdog.core.text).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import datetime as dt
 from collections import Counter
 
 from watchdog.core.budgets import Budgets
-from watchdog.core.marked import TEXT_CHARS, ident, marked, run_ref, show_command
+from watchdog.core.text import TEXT_CHARS, ident, marked, run_ref, show_command
 from watchdog.core.messages import RunFacts, escalation_alert, reason_of, title_reason
 
 

@@ -1,9 +1,13 @@
-"""Period budgets: calendar days and months in `[pricing] budget_tz`, who a budget covers,
+"""Time: the wall clock (timezone-aware UTC) and the calendar periods of the period budgets.
+
+Period budgets: calendar days and months in `[pricing] budget_tz`, who a budget covers,
 and the state of one budget from its spend. Pure: the tick passes spend and clock in.
 
 Attribution: a run's cost counts in the period in which the run ends; while it runs,
 in the current period. So the ledger books each run once, at its end, and the tick
 adds the active runs' live cost on top (see watchdog.store.ledger).
+
+The wall clock, always timezone-aware UTC: every side takes `now` from here (or is given it).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from watchdog.core.budgets import Budgets
+
 
 DAY = "day"
 MONTH = "month"
@@ -140,7 +145,7 @@ class PeriodState:
     @property
     def marked_label(self) -> str:
         """The label as an alert shows it: an agent's scope is named by its runs' writers (marked)."""
-        from watchdog.core.marked import marked
+        from watchdog.core.text import marked
 
         return f"the {ADJECTIVE[self.period]} budget of {self.scope.kind} {marked(self.scope.name)}"
 
@@ -303,3 +308,9 @@ def build_states(spent: Mapping[tuple[str, str], float], agents: Iterable[str], 
         for p in PERIODS:
             one(scope, p, b.max_cost_eur_per_day if p == DAY else b.max_cost_eur_per_month, b.warn_at)
     return out
+
+
+# -- The wall clock, always timezone-aware UTC: every side takes `now` from here (or is given it) ------------------
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)

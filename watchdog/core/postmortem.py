@@ -17,7 +17,7 @@ from typing import Sequence
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import Budgets, effective_budgets
 from watchdog.core.config import Config
-from watchdog.core.marked import NAME_CHARS, md_run_id, md_text, run_ref
+from watchdog.core.text import NAME_CHARS, md_run_id, md_text, run_ref
 from watchdog.core.postmortem_facts import AlertRow, CircuitRow, EventRow, InterventionRow, PostmortemFacts, RunRow
 
 SCHEMA_RE = re.compile(r"schema|validat|invalid|malformed|required field|pydantic|jsondecode", re.I)
@@ -111,7 +111,7 @@ def render(facts: PostmortemFacts, config: Config, now: dt.datetime, *, timeline
     acted = _defense(row, ivs)
 
     # Every name and text a writer chose (or a store writer wrote) is md_text: it cannot add a
-    # heading, a link, an image, HTML or a code fence to the file (watchdog.core.marked).
+    # heading, a link, an image, HTML or a code fence to the file (watchdog.core.text).
     name, status = md_text(row.agent, NAME_CHARS), md_text(row.status, NAME_CHARS)
     out = [f"# Postmortem: {name} {run_ref(row.id)} — {md_text(row.stop_reason or row.status, NAME_CHARS)}", "",
            f"Run {md_run_id(row.id)} on {md_text(row.host, NAME_CHARS)} (pid {md_text(row.pid)}, kill_mode "

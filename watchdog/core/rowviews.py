@@ -69,7 +69,7 @@ class RunView(Protocol):
 
 
 class AlertKeyView(Protocol):
-    """What names an outbox alert in the daemon's delivery record (watchdog.daemon.alerts.delivered):
+    """What names an outbox alert in the daemon's delivery record (watchdog.daemon.alerts.outbox):
     a store outbox row is one (watchdog.store.outbox.read)."""
 
     @property

@@ -12,7 +12,7 @@ import textwrap
 from dataclasses import dataclass
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.store import viewer as store
 from watchdog.store.engine import Engine
 from watchdog.store.rows import AlertRow, InterventionRow, RunRow

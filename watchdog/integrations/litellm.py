@@ -26,7 +26,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.records import AGENT_MAX_CHARS, MODEL_MAX_CHARS, RUN_ID_MAX_CHARS
+from watchdog.core.lifecycle import AGENT_MAX_CHARS, MODEL_MAX_CHARS, RUN_ID_MAX_CHARS
 from watchdog.core.text import one_line, printable
 from watchdog.errors import RunKilled
 from watchdog.integrations.litellm_preflight import Estimate, preflight

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from watchdog.core.lifecycle import Circuit
 from watchdog.store import probes
 from watchdog.store.probes import CircuitState
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 
 if TYPE_CHECKING:
     from watchdog.store.agent_writes import Writer

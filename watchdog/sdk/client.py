@@ -19,22 +19,20 @@ from collections import deque
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Sequence, Unpack
 
-from watchdog.core import budgets as bud
-from watchdog.core import lifecycle as lc
-from watchdog.core import periods
+from watchdog.core import budgets as bud, lifecycle as lc, periods
 from watchdog.core.config import ENV_CONFIG, ENV_DB, Config
 from watchdog.core.config import load as load_config
-from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name, validate_record_errors
+from watchdog.core.lifecycle import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name, validate_record_errors
 from watchdog.errors import ConfigError, RunKilled, StoreError, StoreMisconfigured, ToolUnavailable
 from watchdog.sdk.attest import socket_path
 from watchdog.sdk.burst import Bursts
 from watchdog.sdk.circuits import CIRCUIT_CACHE_MAX_S, Circuits
-from watchdog.sdk import children
+from watchdog.sdk import obey
 from watchdog.sdk.inflight import InflightTools
 from watchdog.sdk.run import Run
 from watchdog.store.engine import make_engine, misconfiguration, normalise_url
 from watchdog.store.agent_writes import POOL_SIZE, Writer
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.store.lineage import Statement
 from watchdog.store.settings import CONFIG_KEY
 
@@ -167,7 +165,7 @@ class Watchdog:
         if parent_id is not None and _parent is None:
             validate_name("parent_id", parent_id, RUN_ID_MAX_CHARS)
             try:
-                ancestors, _pb, _left = children.from_store(self, parent_id)
+                ancestors, _pb, _left = obey.from_store(self, parent_id)
             except ValueError as exc:
                 if not joined or "no run" not in str(exc):
                     raise
@@ -176,11 +174,11 @@ class Watchdog:
                             ENV_EXEC_RUN, parent_id[:8])
                 parent_id = None
             else:
-                hit = children.exhausted(_left)
+                hit = obey.exhausted(_left)
                 if hit is not None:
                     raise ValueError(f"parent_id: run {parent_id[:8]} has no {hit[0].label} left for a child run")
         if _left:  # a child: its own budgets, never above what its parent has left
-            asked = children.clamp(asked, profile, _left)
+            asked = obey.clamp(asked, profile, _left)
         return Run(self, agent=agent, kill_mode=kill_mode, labels=labels, run_id=run_id, budgets=asked,
                    profile=profile, guards=guards, parent=_parent, ancestors=ancestors)
 
@@ -372,7 +370,7 @@ class Watchdog:
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
     def close(self) -> None:
-        self.closed = True  # a run still held in a pause gives up (watchdog.sdk.pause)
+        self.closed = True  # a run still held in a pause gives up (watchdog.sdk.obey)
         self.flush()
         self.writer.close()
         self.engine.dispose()

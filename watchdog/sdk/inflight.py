@@ -77,7 +77,7 @@ class InflightTools:
 
     def _poll(self, in_flight: list[RunLike]) -> None:
         """Set `cancelled` on the runs (with a tool in flight) whose row, or an ancestor's, says stop."""
-        from watchdog.sdk.children import obeyed_stop
+        from watchdog.sdk.obey import obeyed_stop
         from watchdog.store.lineage import poll_statuses
 
         ids = sorted({i for run in in_flight for i in run.lineage.ids})

@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core import budgets as bud
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.sdk.guards import Guard
 from watchdog.store import joined
 from watchdog.store.joined import RunState

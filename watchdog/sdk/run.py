@@ -13,19 +13,17 @@ from collections import Counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, NoReturn, Protocol, Self, Sequence, TypeVar, Unpack
 
-from watchdog.core import pause as ap
-from watchdog.core import budgets as bud
-from watchdog.core import lifecycle as lc
+from watchdog.core import policies as ap, budgets as bud, lifecycle as lc
 from watchdog.core.evidence_mac import RecordMac
 from watchdog.core.procid import current_create_time, hostname
-from watchdog.core.records import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
-                                   validate_count, validate_name, validate_tokens)
+from watchdog.core.lifecycle import (MODEL_MAX_CHARS, TOOL_MAX_CHARS, error_fields, hash_args, validate_amount,
+                                     validate_count, validate_name, validate_tokens)
 from watchdog.errors import RunKilled, StoreMisconfigured
-from watchdog.sdk import children, toolcall
+from watchdog.sdk import obey, toolcall
 from watchdog.sdk.guards import Guard
-from watchdog.sdk.pause import Hold, pause_statements
+from watchdog.sdk.obey import Hold, pause_statements
 from watchdog.store.lineage import Lineage
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 
 from watchdog.sdk.seams import WatchdogLike
 
@@ -330,8 +328,8 @@ class Run:
 
         def room() -> None:
             left.clear()
-            left.update(children.left_of(self.budgets, children.spent_in_process(self)))
-            children.no_room(self, left)
+            left.update(obey.left_of(self.budgets, obey.spent_in_process(self)))
+            obey.no_room(self, left)
 
         self.guarded(room)
         child = self.wd.run(agent, kill_mode=lc.COOPERATIVE, labels=labels, run_id=run_id,
@@ -563,7 +561,7 @@ class Run:
             return
         if len(row) < 4 or row[3] == self.id:
             self.status = row[0]
-        stop = children.obeyed_stop(row, self.id)
+        stop = obey.obeyed_stop(row, self.id)
         if stop is None and row[0] == lc.PAUSED:
             if self.holds:
                 self.hold.wait(row)  # returns once resumed (budgets re-read), raises RunKilled when stopped

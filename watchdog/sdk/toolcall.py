@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable, TypedDict, TypeVar
 
-from watchdog.core.records import hash_args, validate_amount
+from watchdog.core.lifecycle import hash_args, validate_amount
 from watchdog.errors import RunKilled, ToolUnavailable
 from watchdog.sdk import deadline
 from watchdog.sdk.circuits import PROBE

@@ -66,7 +66,7 @@ class Dialect:
     commits_in_order: ClassVar[bool] = False
     # A read of rows anyone may have written fails, when one value is bad, in the driver after the
     # server answered (PostgreSQL: a date past year 9999): its transaction stays usable, so such
-    # reads need no SAVEPOINT round trips (watchdog.store.isolated.chunk_read). SQLite parses
+    # reads need no SAVEPOINT round trips (watchdog.store.scan.chunk_read). SQLite parses
     # inside the engine: a savepoint, local and free, keeps a failed read from costing the rest.
     reads_fail_in_driver: ClassVar[bool] = False
 
@@ -160,7 +160,7 @@ class SQLiteDialect(Dialect):
 
     def ts(self, value: dt.datetime) -> str:
         # SQLite has no timestamp type: naive UTC text, the format of the table contract.
-        # A UTC time (core.clock.utcnow's, every record's) needs no conversion.
+        # A UTC time (core.periods.utcnow's, every record's) needs no conversion.
         utc = value if value.tzinfo is dt.timezone.utc else value.astimezone(dt.timezone.utc)
         if type(utc) is dt.datetime and utc.year >= 1000:
             # isoformat is ~3x cheaper than strftime and, for 4-digit years, spells exactly

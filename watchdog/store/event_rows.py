@@ -7,7 +7,7 @@ once per run when it is booked, with DESIGN.md's "one call, one count": per run,
 total of any one witness (source; NULL = the run's own writer), or the sum over distinct call
 ids (each at the largest amount a witness gave it) when that is larger; never the sum of witnesses.
 
-The steps the SDK could not price, as the daemon prices them (watchdog.daemon.money.backfill).
+The steps the SDK could not price, as the daemon prices them (watchdog.daemon.money.moneytick).
 
 Reads: the unpriced steps of runs not booked yet, with what pricing and the tick's sums need of
 their runs, in id order, one statement on the tick's read snapshot. Writes: a step's cost as a
@@ -29,8 +29,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from watchdog.core import lifecycle as lc
 from watchdog.store.engine import store_unavailable
-from watchdog.store.isolated import chunk_read
-from watchdog.store.scan import IsolatedRead
+from watchdog.store.scan import chunk_read, IsolatedRead
 from watchdog.store.schema import events, runs
 
 
@@ -116,7 +115,7 @@ def own_events(conn: Connection, run_id: str, excluded: Sequence[str], since: An
                      (str(top[0]), int(top[1])) if top is not None else None, int(acc[5]))
 
 
-# -- The steps the SDK could not price, as the daemon prices them (watchdog.daemon.money.backfill) ------
+# -- The steps the SDK could not price, as the daemon prices them (watchdog.daemon.money.moneytick) ------
 
 MAX_PER_TICK = 20_000  # unpriced steps one read returns at most (a backlog drains over ticks)
 

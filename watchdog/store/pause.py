@@ -1,7 +1,7 @@
 """Pause and approve in the store: running → paused, paused → running with more budget.
 
 Each state change is written with its audit row and its alert in one transaction, like
-every stop (watchdog.daemon.stops.stopping). The decisions are watchdog.core.pause'; who
+every stop (watchdog.daemon.stops.stopping). The decisions are watchdog.core.policies'; who
 pauses is the daemon (its tick) or the run's own in-process guard (which writes only
 the status: the daemon records and alerts what it did not request, `acknowledge`).
 """
@@ -18,20 +18,15 @@ from typing import Any, Protocol
 from sqlalchemy import and_, desc, select
 from sqlalchemy.engine import Connection
 
-from watchdog.core import pause as ap
-from watchdog.core import lifecycle as lc
+from watchdog.core import policies as ap, lifecycle as lc
 from watchdog.core.budgets import Budgets, Totals
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.interventions import Action
 from watchdog.core.messages import RunFacts
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.seal import Sealer
 from watchdog.store import run_rows
-from watchdog.store.alerts import queued
-from watchdog.store.alerts import Audit, announce
-from watchdog.store.interventions import record
-from watchdog.store.run_rows import with_top_child
-from watchdog.store.stops import run_row
+from watchdog.store.alerts import queued, Audit, announce, record
+from watchdog.store.run_rows import with_top_child, run_row
 from watchdog.store.schema import interventions, runs
 
 

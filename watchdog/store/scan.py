@@ -1,29 +1,151 @@
-"""The tick's reads of active runs and new events (watchdog.daemon.trust.scan folds them).
+"""The tick's reads of active runs and new events, each row or event read so that one bad one costs only itself.
+
+Reading rows anyone may have written by hand: one bad row or event costs only itself.
+
+The tick reads runs, events and steps in chunks; a value that does not parse (a timestamp
+written as 'garbage', labels that are not JSON, a year-20000 date PostgreSQL accepts and
+Python does not) fails the whole chunk. Here a failed chunk is read again key by key, and
+what still fails becomes a Defect, which the tick reports once (watchdog.daemon.trust.quarantine).
+
+The tick's reads of active runs and new events (watchdog.daemon.trust.scan folds them).
 
 Each read is one statement on the tick's own read snapshot (the caller's connection). Rows
 anyone may have written by hand can hold values that do not parse: the reads that meet them
-take the caller's `isolated` reader (watchdog.daemon.trust.isolation.read_isolated), which reads a
+take the caller's `isolated` reader (watchdog.daemon.trust.scan.read_isolated), which reads a
 failed chunk again key by key so that one bad row costs only itself.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, NamedTuple, Protocol, Sequence, cast
 
-from sqlalchemy import Select, Text, and_, bindparam, exists, func, or_, select, text
-from sqlalchemy import cast as sql_cast
-from sqlalchemy.engine import Connection
+from sqlalchemy import Select, Text, and_, bindparam, exists, func, or_, select, text, cast as sql_cast, Table
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.sql import ColumnElement, Executable
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
 from watchdog.store import dialects
 from watchdog.store.changes import ChangeFeed, reach_clause
 from watchdog.store.engine import store_unavailable
-from watchdog.store.isolated import chunk_read
 from watchdog.store.schema import events, runs, WHOLE_RUN
 from watchdog.store.shards import Reach, bucket_mask_sql
+
+
+CHUNK = 500
+SUSPECTS_MAX = 10_000  # a flood of bad rows costs chunk re-reads, never memory
+
+
+@dataclass(frozen=True)
+class Defect:
+    """A run or event the tick could not read or judge: it costs only itself (quarantine.py
+    reports it once). `detail` is the daemon's own words (a column and what it holds), never
+    the stored value: any store writer chooses that text."""
+
+    run_id: str | None
+    detail: str
+    event_id: int | None = None
+
+
+class _Savepoints:
+    always = False  # this process met a read the server itself failed: savepoints from then on
+
+
+@contextmanager
+def chunk_read(conn: Connection) -> Iterator[None]:
+    """Around one read of rows that may hold a bad value, so that its failure leaves the
+    snapshot usable for the reads after it. Where such a failure happens in the driver
+    (Dialect.reads_fail_in_driver), no SAVEPOINT and RELEASE round trips around every read:
+    should the server fail one after all (its transaction then refuses every later statement),
+    that is raised as an outage (the tick is retried) and this process uses savepoints from then on."""
+    if not dialects.of(conn).reads_fail_in_driver or _Savepoints.always:
+        with conn.begin_nested():
+            yield
+        return
+    try:
+        yield
+    except Exception as exc:
+        if not store_unavailable(exc) and dialects.of(conn).transaction_failed(conn):
+            _Savepoints.always = True
+            raise OperationalError("a chunk read the server failed", None, exc) from exc
+        raise
+
+
+def _probe(conn: Connection, table: Table, key_col: ColumnElement[Any], key: Any, cols: Sequence[str]) -> str:
+    """Which columns of one row cannot be read (the row already failed as a whole)."""
+    bad = []
+    for c in cols:
+        try:
+            with conn.begin_nested():
+                conn.execute(select(table.c[c]).where(key_col == key)).all()
+        except Exception as exc:  # noqa: BLE001 — any failure names the column
+            if store_unavailable(exc):
+                raise
+            bad.append(c)
+    what = ", ".join(bad) if bad else "the row"
+    return f"{what} cannot be read (not valid for its type)"
+
+
+def read_isolated(conn: Connection, query_for: Callable[[list[Any]], Executable], keys: list[Any], *,
+                  table: Table, key_col: ColumnElement[Any], defects: list[Defect], suspects: dict[Any, str],
+                  event: bool = False) -> list[Row[Any]]:
+    """`query_for(chunk of keys)` for every chunk; a chunk that fails to read (one value that
+    does not parse) is read again key by key, and a key that still fails becomes a Defect:
+    one bad row never hides the others. Each read is its own SAVEPOINT, so a failed one
+    leaves the snapshot usable on PostgreSQL.
+
+    `suspects` (key -> what was wrong), kept by the caller across ticks: the keys that failed
+    last time are read on their own, so a bad row that stays costs one query per tick and
+    never fails (and re-reads) its chunk again; one that was fixed reads normally."""
+    out: list[Row[Any]] = []
+    alone = [k for k in keys if k in suspects]
+    rest = [k for k in keys if k not in suspects] if alone else keys
+    failed_now: dict[Any, str] = {}
+
+    def one(key: Any) -> None:
+        try:
+            with conn.begin_nested():
+                out.extend(conn.execute(query_for([key])).all())
+            return
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+        detail = suspects.get(key) or _probe(conn, table, key_col, key, [c.name for c in table.c])
+        failed_now[key] = detail
+        if event:
+            rid = conn.execute(select(events.c.run_id).where(events.c.id == key)).scalar()
+            defects.append(Defect(rid if isinstance(rid, str) else None, f"event {key}: {detail}", key))
+        else:
+            defects.append(Defect(key, detail))
+
+    for key in alone:
+        one(key)
+    for i in range(0, len(rest), CHUNK):
+        part = rest[i : i + CHUNK]
+        try:
+            with chunk_read(conn):
+                out.extend(conn.execute(query_for(part)).all())
+            continue
+        except Exception as exc:  # noqa: BLE001
+            if store_unavailable(exc):
+                raise
+        for key in part:
+            one(key)
+    for key in alone:
+        if key not in failed_now:
+            del suspects[key]  # fixed
+    suspects.update(failed_now)
+    if len(suspects) > SUSPECTS_MAX:
+        suspects.clear()
+    return out
+
+
+# -- The tick's reads of active runs and new events (watchdog.daemon.trust.scan folds them) ------------------------
 
 # What the tick reads of EVERY active run, each tick: enough to tell whether the run needs
 # a full evaluation. The two timestamps come back as epoch seconds computed by the
@@ -53,7 +175,7 @@ class FoldedEvent:
     ok: bool | None
     error_msg: str | None
     attempt: int | None = None
-    # issue 20: what the evidence fold counts (watchdog.daemon.trust.evidence)
+    # issue 20: what the evidence fold counts (watchdog.daemon.trust.scan)
     kind: str = lc.EV_TOOL
     tokens_in: int | None = None
     tokens_out: int | None = None
@@ -68,7 +190,7 @@ _EVENT_COLS = (events.c.id, events.c.run_id, events.c.at, events.c.tool, events.
 
 
 class IsolatedRead(Protocol):
-    """watchdog.daemon.trust.isolation.read_isolated's shape: `query_for(chunk of keys)` per chunk, a
+    """watchdog.daemon.trust.scan.read_isolated's shape: `query_for(chunk of keys)` per chunk, a
     failed chunk read again key by key, a key that still fails appended to `defects`."""
 
     def __call__(self, conn: Connection, query_for: Callable[[list[Any]], Any], keys: list[Any], *, table: Any,

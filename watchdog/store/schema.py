@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 
 from watchdog.core.budgets import RUN_BUDGETS
-from watchdog.core.clock import utcnow  # noqa: F401  (re-exported: the store's modules and tests take it with the tables)
+from watchdog.core.periods import utcnow  # noqa: F401  (re-exported: the store's modules and tests take it with the tables)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

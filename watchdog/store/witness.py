@@ -21,9 +21,8 @@ from sqlalchemy.engine import Connection
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.interventions import Action
-from watchdog.store import run_rows
-from watchdog.store.interventions import record
-from watchdog.store import dialects
+from watchdog.store import run_rows, dialects
+from watchdog.store.alerts import record
 from watchdog.store.dialects import Dialect
 from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.store.attestations import Attestation, replace as replace_attestation

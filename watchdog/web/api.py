@@ -10,16 +10,14 @@ import datetime as dt
 from typing import Any
 from urllib.parse import urlencode
 
-from watchdog.core import lifecycle as lc
-from watchdog.core import timeline_svg
+from watchdog.core import lifecycle as lc, timeline_svg
 from watchdog.core.config import Config
-from watchdog.core.periods import zone
+from watchdog.core.periods import zone, utcnow
 from watchdog.core.postmortem import render as render_postmortem
 from watchdog.errors import StoreError
 from watchdog.store import views, viewer
 from watchdog.store.engine import Connection, Engine, read_connection
 from watchdog.store.ledger import period_report
-from watchdog.core.clock import utcnow
 from watchdog.web import pages
 from watchdog.web.markdown import to_html
 

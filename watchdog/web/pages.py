@@ -10,8 +10,8 @@ import datetime as dt
 from typing import Any
 
 from watchdog.core.interventions import LADDER_ACTIONS
-from watchdog.core import forecast
-from watchdog.core.scrub import scrub
+from watchdog.core import messages
+from watchdog.core.text import scrub
 from watchdog.web.html import bar, esc, href, page, run_href, status_badge, table, when
 
 # The ladder's rungs among a run's interventions, in the order they happen.
@@ -30,7 +30,7 @@ def top_text(record: dict) -> str:
 def budget_cells(r: dict) -> str:
     b = r["budgets"]
     cost = f"{r['cost_eur']:.2f}/{(b.get('max_cost_eur') or 0):.2f} EUR"
-    wall = forecast.duration(r["duration_s"])
+    wall = messages.duration(r["duration_s"])
     return (f"<td>{bar(r['steps'], b.get('max_steps'))}</td>"
             f"<td>{bar(r['tool_calls'], b.get('max_tool_calls'))}</td>"
             f"<td>{bar(r['cost_eur'], b.get('max_cost_eur'), text=cost)}</td>"
@@ -86,7 +86,7 @@ def run_page(r: dict, *, svg: str, alerts: list[dict]) -> str:
         f"<tr><td>tokens</td><td>{tokens:,}</td><td>{bar(tokens, b.get('max_tokens'))}</td></tr>",
         f'<tr><td>cost (EUR)</td><td data-k="cost_eur">{r["cost_eur"]:.4f}</td><td>{_cost_bar(r)}</td></tr>',
         f'<tr><td>wall (s)</td><td data-k="duration_s">{r["duration_s"]:.0f}</td>'
-        f'<td>{bar(r["duration_s"], b.get("max_wall_s"), text=forecast.duration(r["duration_s"]))}</td></tr>',
+        f'<td>{bar(r["duration_s"], b.get("max_wall_s"), text=messages.duration(r["duration_s"]))}</td></tr>',
     ], cls="counters")
     labels = ", ".join(f"{k}={v}" for k, v in (r.get("labels") or {}).items()) if isinstance(r.get("labels"), dict) else ""
     facts = _kv([
@@ -165,7 +165,7 @@ def budgets_page(states: list, now: dt.datetime, tz: dt.tzinfo) -> str:
         name = s.scope.name if s.scope.kind == "agent" else f"[{s.scope.name}]"
         rate = ("-" if not s.rate_eur_per_min else "< 0.0001" if s.rate_eur_per_min < 0.0001
                 else f"{s.rate_eur_per_min:.4f}")
-        out = "spent" if s.closed else forecast.when(s.runs_out_at, now, tz) if s.runs_out_at else "-"
+        out = "spent" if s.closed else messages.when(s.runs_out_at, now, tz) if s.runs_out_at else "-"
         state = "CLOSED" if s.closed else "WARN" if s.warned else "ok" if s.budget_eur else "-"
         budget = f"{s.budget_eur:.2f}" if s.budget_eur else "-"
         rows.append(f"<tr><td>{esc(name)}</td><td>{esc(s.scope.kind)}</td><td>{esc(s.period)} {esc(s.key)}</td>"

@@ -247,7 +247,7 @@ class Notifier:
                 body=body,
                 title=title,
                 body_format=apprise.NotifyFormat.TEXT,
-                notify_type=_NOTIFY_TYPES.get(kind, apprise.NotifyType.WARNING),  # watchdog.core.alert_kinds.notify_kind
+                notify_type=_NOTIFY_TYPES.get(kind, apprise.NotifyType.WARNING),  # watchdog.core.outcomes.notify_kind
             ) as outcome:
                 # notify() returns an AppriseResult in apprise 2.x (a bool before): coerce.
                 if not bool(outcome):

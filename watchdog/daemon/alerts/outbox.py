@@ -1,4 +1,13 @@
-"""Alert delivery from the outbox table.
+"""Alert delivery from the outbox table, and what the daemon itself delivered, checked before each send.
+
+What the daemon itself delivered, checked before each send (issue 20).
+
+`alerts.delivered_at` / `delivered_targets` are store columns any SQLite writer can reset:
+reset, a genuine sealed alert would go out again on each reset. The daemon records each
+(alert, target) it delivered in its state file (watchdog.store.memory) and never sends one
+twice; the alert's key is its dedupe key and its sealed creation time.
+
+Alert delivery from the outbox table.
 
 Alerts are queued in the transaction of the intervention they report; this
 module delivers them later, per target, retrying failures with backoff on later
@@ -26,15 +35,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from watchdog.core.alert_kinds import AlertKind
-from watchdog.core.alert_text import alert_body, alert_title
-from watchdog.core.alert_kinds import notify_kind
-from watchdog.core.outcomes import Outcome, Say
-from watchdog.daemon.alerts import delivered, lanes
+from watchdog.core.outcomes import AlertKind, notify_kind, alert_body, alert_title, Outcome, Say
+from watchdog.core.rowviews import AlertKeyView
+from watchdog.daemon.alerts import lanes
 from watchdog.daemon.alerts.notify import Notifier, TargetResult
 from watchdog.store import outbox as rows
 from watchdog.store.alerts import announce
@@ -44,6 +51,38 @@ if TYPE_CHECKING:
     from watchdog.core.seal import Sealer
     from watchdog.daemon.alerts.notify import Target
     from watchdog.store.memory import Memory
+
+
+_delivered_log = logging.getLogger("watchdog.outbox")
+
+
+def _key(dedupe_key: str, created_at: object) -> str:
+    stamp = created_at.isoformat() if hasattr(created_at, "isoformat") else str(created_at)
+    return f"{dedupe_key}@{stamp}"
+
+
+def already(memory: Memory | None, row: AlertKeyView, targets: Iterable[Target]) -> set[str]:
+    """The ids of the targets this daemon delivered this alert to (none without a memory)."""
+    if memory is None:
+        return set()
+    key = _key(row.dedupe_key, row.created_at)
+    try:
+        return {t.id for t in targets if memory.delivered(key, t.id)}
+    except Exception:  # noqa: BLE001 — the store's own record still holds
+        _delivered_log.warning("could not read the daemon's delivery record", exc_info=True)
+        return set()
+
+
+def sent(memory: Memory | None, dedupe_key: str, created_at: object, target_id: str) -> None:
+    if memory is None:
+        return
+    try:
+        memory.deliver(_key(dedupe_key, created_at), target_id)
+    except Exception:  # noqa: BLE001 — at least once: the store's record still says delivered
+        _delivered_log.warning("could not write the daemon's delivery record", exc_info=True)
+
+
+# -- Alert delivery from the outbox table --------------------------------------------------------------------------
 
 Jobs = dict["Target", list[lanes.Job]]  # per target, the (alert id, title, body, kind) it is sent
 Results = dict[tuple[Hashable, str], TargetResult]  # (alert id, target id) -> what its send did
@@ -117,7 +156,7 @@ def deliver_due(engine: Engine, notifier: Notifier, now: dt.datetime, *, sealer:
                     title, body = alert_title(row.title), alert_body(row.body)
                     if row.attempts == 0:  # the log is the alert channel of last resort (and the demo's)
                         log.info("ALERT %s\n%s", title, body)
-                    done = set(row.delivered_targets or []) | delivered.already(memory, row, notifier.targets)
+                    done = set(row.delivered_targets or []) | already(memory, row, notifier.targets)
                     due.append(_Due(alert_id, row.dedupe_key, row.attempts, done, row.created_at))
                     kind = notify_kind(row.dedupe_key)  # apprise's type: failure / warning / info
                     for target in notifier.targets:
@@ -222,7 +261,7 @@ def _record(engine: Engine, token: str, notifier: Notifier, a: _Due, results: Re
             log.warning("alert %s to %s dead-lettered for that target: %s", a.key, target.privacy_url, r.error)
         elif r.ok:
             a.done.add(target.id)
-            delivered.sent(memory, a.key, a.created_at, target.id)  # the daemon's own record (issue 20)
+            sent(memory, a.key, a.created_at, target.id)  # the daemon's own record (issue 20)
             a.done.add(f"at:{target.id}:{now.isoformat(timespec='seconds')}")  # for `alerts --all`
         else:
             errors.append(f"{target.privacy_url}: {r.error}")

@@ -1,4 +1,14 @@
-"""Several daemons on one store: whose runs each one judges, and the cluster duties.
+"""Several daemons on one store: whose runs each one judges, and the cluster's duties (the day partitions of
+`events` among them).
+
+The leader's duty of making the next day partitions of `events` (PostgreSQL, revision 0015).
+
+Every PARTITIONS_EVERY_S of the store's time, and at the first tick this daemon leads: cheap
+(one catalogue read when the partitions are there), idempotent, and DAYS_AHEAD days ahead, so
+a leader that is down for a day still finds today's partition made. Rows for a day nobody made
+land in the default partition and move into the day's partition when it is made.
+
+Several daemons on one store: whose runs each one judges, and the cluster duties.
 
 Per-run policies are per host: each daemon judges the active runs of its own
 host (only it may signal them). The leader (`watchdog.daemon.leases.lease`) also judges
@@ -20,23 +30,64 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.config import Config
 from watchdog.core.interventions import Action
 from watchdog.core.seal import Sealer
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.text import one_line
-from watchdog.daemon.leases.partition_duty import PartitionDuty
-from watchdog.store import leases, retention
-from watchdog.store.alerts import queued
-from watchdog.store.alerts import Audit, announce
+from watchdog.store import leases, retention, partitions
+from watchdog.store.alerts import queued, Audit, announce
 from watchdog.store.engine import Engine, read_connection
 from watchdog.store.leases import Holder
 
 if TYPE_CHECKING:
     from watchdog.daemon.leases.lease import Lease
+
+
+_partition_duty_log = logging.getLogger("watchdog.daemon")
+
+PARTITIONS_EVERY_S = 600.0
+# After `events` stayed locked (an open transaction): the next attempt, which queues every writer
+# for up to partitions.LOCK_TIMEOUT_MS while it waits, this much later.
+PARTITIONS_BUSY_RETRY_S = 120.0
+
+
+class Clocked(Protocol):
+    """What the duty reads of the leader's tick (cluster.DutyTick): only its store time; a
+    protocol here, so that this module does not import cluster, which imports it."""
+
+    now: dt.datetime
+
+
+class PartitionDuty:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._next_at: dt.datetime | None = None
+        self._busy = False  # the last attempt found events locked (logged once)
+
+    def __call__(self, t: Clocked) -> None:
+        if self._next_at is not None and t.now < self._next_at:
+            return
+        try:
+            made = partitions.ensure_ahead(self.engine)
+        except partitions.Busy as busy:
+            made = busy.made
+            if not self._busy:
+                _partition_duty_log.warning("events: the next day partitions wait: events is locked by an open transaction "
+                            "(idle in transaction?); tried again in %.0f s (rows land in %s meanwhile)",
+                            PARTITIONS_BUSY_RETRY_S, partitions.DEFAULT)
+            self._busy = True
+            self._next_at = t.now + dt.timedelta(seconds=PARTITIONS_BUSY_RETRY_S)
+        else:
+            self._busy = False
+            self._next_at = t.now + dt.timedelta(seconds=PARTITIONS_EVERY_S)
+        if made:
+            _partition_duty_log.info("events: made day partitions %s", ", ".join(made))
+
+
+# -- Several daemons on one store: whose runs each one judges, and the cluster duties ------------------------------
 
 log = logging.getLogger("watchdog.cluster")
 

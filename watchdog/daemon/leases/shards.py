@@ -22,7 +22,7 @@ costs its part of what changed, not all of it. What it does with them:
   end. Another host's stopping run is left to that host's daemon (or its adopter).
 
 Each stop is still decided once whatever the timing: the decision is the store's conditional
-move `running -> stopping` with its audit row (watchdog.store.stops.request_stop), which a
+move `running -> stopping` with its audit row (watchdog.store.run_rows.request_stop), which a
 second decider finds already made. A judge that gains shards folds the history of the runs it
 reads now and did not before (a cold fold of its Scanner), before it judges them: its counters
 are whole. The leader (the cluster duties and the money) still reads every host's changed run

@@ -13,15 +13,12 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say, word
 from watchdog.core.interventions import Action
 from watchdog.core import drift
-from watchdog.core.outcomes import Outcome, Say, word
-from watchdog.store.alerts import queued
-from watchdog.store.alerts import Audit, announce
+from watchdog.store.alerts import queued, Audit, announce, queued_at
 from watchdog.store.engine import Connection, Engine, read_connection
 from watchdog.store.ledger import first_bucket_after, rollup_totals, top_tool
-from watchdog.store.alerts import queued_at
 
 if TYPE_CHECKING:
     from watchdog.core.seal import Sealer

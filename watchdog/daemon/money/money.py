@@ -28,17 +28,16 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING
 
-from watchdog.core import forecast
+from watchdog.core import messages
 from watchdog.core.outcomes import Outcome, Say, word
 from watchdog.core.lifecycle import ACTIVE_STATUSES as ACTIVE
 from watchdog.core.periods import (CLOSED_KEY, DAY, MONTH, PERIODS, STATE_KEY, PeriodState, build_states,
                                    closed_entry, period_bounds, period_key, scope_agent, sum_spend, zone)
 from watchdog.core.pricing import NO_MODEL
 from watchdog.core.rowviews import RunView
-from watchdog.daemon.money.backfill import Backfill, BackfillReport
+from watchdog.daemon.money.moneytick import Backfill, BackfillReport, LiveSpend, MoneyTick
 from watchdog.store.event_rows import UnpricedStep
 from watchdog.daemon.money.driftwatch import DriftWatch
-from watchdog.daemon.money.moneytick import LiveSpend, MoneyTick
 from watchdog.daemon.money.prices import PriceBook
 from watchdog.daemon.trust.lightrow import Light
 from watchdog.store import ledger
@@ -75,7 +74,7 @@ class Money:
         # issue 32: whose each run is (watchdog.daemon.trust.trust.Trust, set by the Ticker): a run counts
         # toward its agent's period budgets only if its owner may use that agent.
         self.whose: Trust | None = None
-        self.rates = forecast.RateTracker()
+        self.rates = messages.RateTracker()
         self.run_scopes: dict[str, tuple[str, ...]] = {}  # active run id -> the label budgets covering it
         self.states: list[PeriodState] = []
         self.closed: dict[str, PeriodState] = {}  # scope key -> the closed period (day first)
@@ -283,12 +282,12 @@ class Money:
         """The burn-rate lines of a run's alerts: the run against its max_cost_eur, then every
         period budget covering it ("support-bot's daily budget runs out at 16:40 UTC")."""
         lines: list[str] = []
-        run = forecast.run_line(row.cost_eur or 0.0, budgets.max_cost_eur,
+        run = messages.run_line(row.cost_eur or 0.0, budgets.max_cost_eur,
                                 max(0.0, (now - row.started_at).total_seconds()))
         if run:
             lines.append(run)
         labels = row.labels if self.label_budgets else None  # (the whole row: its labels are at hand)
-        lines += [forecast.period_line(s, now, self.tz, mark=True) for s in self.states_of(row.agent, labels)]
+        lines += [messages.period_line(s, now, self.tz, mark=True) for s in self.states_of(row.agent, labels)]
         return tuple(lines)
 
     # -- 5. alerts and what the SDK reads -------------------------------------------------------

@@ -46,7 +46,7 @@ from watchdog.daemon.otlp.outcome import Lru as _Lru, Outcome
 from watchdog.store import witness
 from watchdog.store.attestations import load as load_attestation
 from watchdog.store.engine import Connection, Engine, bound_lock_waits
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 
 log = logging.getLogger("watchdog.otlp")
 

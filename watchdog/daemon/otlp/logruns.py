@@ -42,8 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.alert_kinds import AlertKind
-from watchdog.core.outcomes import Outcome as Said, Say
+from watchdog.core.outcomes import AlertKind, Outcome as Said, Say
 from watchdog.core.text import one_line
 from watchdog.daemon.otlp import sender
 from watchdog.daemon.otlp.auth import Identity

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from watchdog.core.records import error_fields, hash_args
+from watchdog.core.lifecycle import error_fields, hash_args
 from watchdog.core.text import one_line
 from watchdog.daemon.otlp.decode import ResourceSpans, Span
 

@@ -12,10 +12,9 @@ import logging
 from collections import deque
 from collections.abc import Hashable
 
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.store.alerts import announce
 from watchdog.store.engine import Connection
 

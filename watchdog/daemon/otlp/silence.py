@@ -18,7 +18,7 @@ from watchdog.core.rowviews import RunView
 from watchdog.store import witness
 
 if TYPE_CHECKING:
-    from watchdog.daemon.tick.batch import Batch
+    from watchdog.daemon.tick.judging import Batch
 
 # The sources whose runs end by silence: witnesses outside the run's process.
 # A coding CLI's hook session (source hook) is one too: nothing says when a human left the

@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from watchdog.core.scrub import scrub
-from watchdog.core.alert_kinds import AlertKind
-from watchdog.core.outcomes import Outcome, Say
+from watchdog.core.text import scrub
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.seal import Sealer
 from watchdog.daemon.trust import keyfile
 from watchdog.daemon.alerts import outbox
@@ -33,8 +32,7 @@ from watchdog.daemon.process.loop import Periodic
 from watchdog.daemon.stops.attest import AttestServer
 from watchdog.daemon.leases.cluster import Membership
 from watchdog.daemon.leases.lease import AlreadyRunning, LeaseLost, lease_for
-from watchdog.store.alerts import announce
-from watchdog.store.interventions import actor
+from watchdog.store.alerts import announce, actor
 from watchdog.store.leases import Holder, db_now
 from watchdog.store.engine import Engine
 from watchdog.store.run_rows import rebase_active_runs, rebase_pending_alerts
@@ -46,7 +44,7 @@ from watchdog.daemon.process.preflight import check_allowed_users
 from watchdog.store.settings import CONFIG_KEY
 from watchdog.store.settings import get as published_value
 from watchdog.store.settings import put as publish_value
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.daemon.tick.ticker import TickReport, Ticker
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Protocol
 
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 from watchdog.core.config import Config
 from watchdog.store.settings import publish_self
 from watchdog.store.engine import Engine

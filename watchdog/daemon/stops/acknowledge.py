@@ -21,17 +21,14 @@ from collections import Counter, deque
 from typing import TYPE_CHECKING
 
 from watchdog.core.rowviews import Row
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say, word
 from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import effective_budgets
-from watchdog.core.outcomes import Outcome, Say, word
 from watchdog.core.text import one_line
 from watchdog.daemon.stops.stopping import facts
-from watchdog.store import stops
-from watchdog.store.alerts import stop_key, summarised, unheard
-from watchdog.store.alerts import Audit, announce
-from watchdog.store.interventions import record, stop_intervention
+from watchdog.store import run_rows
+from watchdog.store.alerts import stop_key, summarised, unheard, Audit, announce, record, stop_intervention
 from watchdog.store.engine import Connection, Engine, bound_lock_waits, statement_reads
 
 if TYPE_CHECKING:
@@ -59,12 +56,12 @@ class EndedStops:
         since = self.since if self.since is not None else now - dt.timedelta(seconds=LOOKBACK_S)
         self.heard = []
         with statement_reads(engine) as conn:  # every tick a run ended: no BEGIN/ROLLBACK round trips
-            ended = stops.ended_since(conn, since, hosts)
+            ended = run_rows.ended_since(conn, since, hosts)
             todo = unheard(conn, [r.id for r in ended])
         self.backlog = False
         if ended:
             newest = max(r.ended_at for r in ended)
-            full = self.backlog = len(ended) >= stops.BATCH
+            full = self.backlog = len(ended) >= run_rows.BATCH
             self.since = newest if full else max(since, newest - dt.timedelta(seconds=OVERLAP_S))
         elif self.since is None:
             self.since = since
@@ -94,7 +91,7 @@ class EndedStops:
 
     def _compose(self, conn: Connection, row: Row, now: dt.datetime, config: Config) -> tuple[str, Outcome]:
         budgets = effective_budgets(config.profile(row.agent), row)
-        f = facts(row, stops.top_tool(conn, row.id), None, now)
+        f = facts(row, run_rows.top_tool(conn, row.id), None, now)
         # Writer text (progress, partial answer) is not quoted in an alert the daemon did not decide.
         f = dataclasses.replace(f, progress=None, partial=None, last_error=None)
         reason = row.stop_reason if _identifier(row.stop_reason) else "unknown"

@@ -49,9 +49,8 @@ from watchdog.core.seal import Sealer
 from watchdog.core.procid import CREATE_TIME_TOLERANCE_S, ProcessIdentity
 from watchdog.errors import ConfigError
 from watchdog.daemon.trust.authentic import new_evidence, parse_evidence, run_key
-from watchdog.store import attestations as rows
-from watchdog.store import attestations as evstore
-from watchdog.core.clock import utcnow
+from watchdog.store import attestations as rows, attestations as evstore
+from watchdog.core.periods import utcnow
 from watchdog.store.engine import Connection, Engine, bound_lock_waits
 
 log = logging.getLogger("watchdog.attest")

@@ -22,14 +22,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core import circuit_rules as rules
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.interventions import Action
 from watchdog.core.lifecycle import CIRCUIT_STATES, Circuit
-from watchdog.core.outcomes import Outcome, Say
-from watchdog.core.scrub import scrub
+from watchdog.core.text import scrub
 from watchdog.store import circuits as store
-from watchdog.store.alerts import Audit, announce
-from watchdog.store.interventions import actor, record
+from watchdog.store.alerts import Audit, announce, actor, record
 from watchdog.core.config import Config
 from watchdog.store.circuits import REFUSAL_CLASS as REFUSAL_CLASS
 from watchdog.store.engine import Connection, Engine

@@ -14,7 +14,7 @@ the run is still at its `from_stage`; the row is read under its lock (FOR UPDATE
 writers hold the write lock from BEGIN IMMEDIATE), so a second enforcer on the same store waits
 for the first one's commit and then finds the stage moved. That wait is bounded
 (engine.bound_lock_waits): a run's own writer may hold its row locked, and then the step is not
-taken this tick (watchdog.daemon.tick.locked) — never from the state file alone, which would
+taken this tick (watchdog.daemon.tick.judging) — never from the state file alone, which would
 give up that serialisation (docs/explanation/security.md, "A run that holds its own row locked"). Why no store writer can forge the
 key: the state file is the daemon's (mode 0600 in its state directory; no store writer has it),
 so a run's writer that puts its row's stage back (`term` -> NULL, to be signalled again) finds
@@ -41,8 +41,7 @@ from typing import Any
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.interventions import Action
-from watchdog.core.outcomes import Outcome, Say
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import Outcome, Say, AlertKind
 from watchdog.core.procid import GONE_REASONS, ProcessIdentity
 from watchdog.core.rowviews import RunView
 from watchdog.daemon.stops.attest import verified_cgroup, verified_leader
@@ -56,9 +55,8 @@ from watchdog.daemon.stops.stopping import SPANS_UNPROVEN
 from watchdog.daemon.trust import ownstage
 from watchdog.daemon.trust.authentic import hold_not_own
 from watchdog.store import ladder as store
-from watchdog.store.alerts import Audit, announce
+from watchdog.store.alerts import Audit, announce, record
 from watchdog.store.engine import Connection
-from watchdog.store.interventions import record
 from watchdog.store.memory import Memory
 
 # The processes the daemon attributes to an exec'd run's attested root (runtree.TreeMemory).

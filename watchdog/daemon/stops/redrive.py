@@ -19,16 +19,14 @@ import logging
 from typing import Any
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.budgets import Budgets
 from watchdog.core.interventions import Action
 from watchdog.core.messages import RunFacts
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.seal import Sealer
 from watchdog.daemon.stops.signalcheck import FIX
-from watchdog.store import stops
-from watchdog.store.alerts import queued
-from watchdog.store.alerts import Audit, announce
+from watchdog.store import run_rows
+from watchdog.store.alerts import queued, Audit, announce
 from watchdog.store.engine import Connection
 from watchdog.store.run_rows import redrive_alerts
 
@@ -63,7 +61,7 @@ def request(conn: Connection, row: Any, *, now: dt.datetime, by: str, facts: Run
     key = AlertKind.REDRIVE.key(row.id, now.strftime("%Y%m%dT%H%M%S.%f"))
     announce(conn, Outcome.of(Say.REDRIVE, key, row.id, f=facts, b=budgets, reason=row.stop_reason, outcome=REDRIVEN),
              now=now, sealer=sealer, audit=Audit(Action.STOP_REDRIVEN, by, reason=row.stop_reason, outcome=REDRIVEN))
-    stops.touch(conn, row.id)
+    run_rows.touch(conn, row.id)
     return key
 
 

@@ -5,7 +5,7 @@
   /proc/self/mountinfo, exec's process or its child inside it) and again, for the name and
   the mount, every time it is used. A row cannot point the daemon at `system.slice`.
 - Tree mode (no cgroup): each tick the daemon pins the descendants it sees of each attested
-  exec and of what it pinned before (watchdog.daemon.stops.treememory), so when exec is gone —
+  exec and of what it pinned before (watchdog.daemon.stops.exectree), so when exec is gone —
   SIGKILLed, its orphans reparented away — the tree it left is still attributable to the root.
 """
 

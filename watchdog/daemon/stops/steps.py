@@ -15,18 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.budgets import Budgets
 from watchdog.core.interventions import Action
 from watchdog.core.messages import RunFacts
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.procid import ProcessIdentity
 from watchdog.core.rowviews import RunView
 from watchdog.core.seal import Sealer
 from watchdog.store import ladder as store
-from watchdog.store.alerts import Audit, announce
+from watchdog.store.alerts import Audit, announce, record
 from watchdog.store.engine import Connection
-from watchdog.store.interventions import record
 
 NOT_ATTESTED = "not signalled: identity not attested"
 UNCONFIRMED = "not signalled: the stop was requested in the store and the daemon's own budgets do not confirm it"

@@ -2,7 +2,7 @@
 (sealed), and the same for the run's active children, in the caller's one transaction, so a
 crash never leaves a stop without its record or an alert without its stop.
 
-The store verbs (watchdog.store.stops) each do one thing; this is the one place that says
+The store verbs (watchdog.store.run_rows) each do one thing; this is the one place that says
 which of them a stop, a run lost, or a stop of a row the daemon cannot read whole is made of.
 Without a sealer (the CLI, not root nor the daemon's user) the alerts are not queued here: the
 daemon composes them when it sees the stops (watchdog.daemon.stops.acknowledge).
@@ -14,14 +14,12 @@ import datetime as dt
 from typing import Any, Callable, Sequence
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.budgets import Budgets, for_run
 from watchdog.core.messages import RunFacts
-from watchdog.core.outcomes import Outcome, Say
-from watchdog.core.scrub import scrub
+from watchdog.core.text import scrub, one_line
 from watchdog.core.seal import Sealer
-from watchdog.core.text import one_line
-from watchdog.store import stops
+from watchdog.store import run_rows
 from watchdog.store.alerts import announce
 from watchdog.store.run_rows import with_top_child
 from watchdog.store.engine import Connection
@@ -81,14 +79,14 @@ def stop_run(conn: Connection, row: Any, *, reason: str, detail: str, now: dt.da
     first. `why`: said before the plan (a paused run nobody answered, or killed while paused)."""
     plan = stop_plan(row.kill_mode, getattr(row, "source", None))
     outcome = f"{why}; {plan}" if why else plan
-    iid = stops.request_stop(conn, row.id, reason=reason, detail=detail, outcome=outcome, now=now, by=by)
+    iid = run_rows.request_stop(conn, row.id, reason=reason, detail=detail, outcome=outcome, now=now, by=by)
     if iid is None:
         return False
     if sealer is not None:
         announce(conn, Outcome.of(Say.STOP, AlertKind.STOP.key(row.id), row.id, f=with_top_child(conn, row, run_facts),
                                b=budgets, reason=reason, detail=detail, action=outcome),
                  now=now, sealer=sealer, audit=iid)
-    for child, child_detail in stops.stop_children(conn, row, reason=reason, detail=detail, now=now, by=by):
+    for child, child_detail in run_rows.stop_children(conn, row, reason=reason, detail=detail, now=now, by=by):
         if sealer is None:
             continue
         if own_parent is not None and not own_parent(child):
@@ -107,7 +105,7 @@ def stop_run(conn: Connection, row: Any, *, reason: str, detail: str, now: dt.da
 def lose_run(conn: Connection, row: Any, *, detail: str, now: dt.datetime, by: str, budgets: Budgets,
              run_facts: RunFacts, sealer: Sealer | None = None) -> bool:
     """An active run whose process is gone: lost, recorded and alerted; False if it was not active."""
-    iid = stops.mark_lost(conn, row.id, detail=detail, now=now, by=by)
+    iid = run_rows.mark_lost(conn, row.id, detail=detail, now=now, by=by)
     if iid is None:
         return False
     announce(conn, Outcome.of(Say.LOST, AlertKind.LOST.key(row.id), row.id, f=run_facts, b=budgets, detail=detail),
@@ -119,7 +117,7 @@ def stop_unreadable(conn: Connection, run_id: str, *, reason: str, detail: str, 
                     by: str, sealer: Sealer | None = None) -> bool:
     """running / paused -> stopping for a run whose row the daemon cannot read whole (it never
     builds a row object): its intervention and alert, worded by the daemon. False if it was not active."""
-    iid = stops.request_stop(conn, run_id, reason=reason, detail=detail, outcome=outcome, now=now, by=by)
+    iid = run_rows.request_stop(conn, run_id, reason=reason, detail=detail, outcome=outcome, now=now, by=by)
     if iid is None:
         return False
     announce(conn, Outcome.of(Say.UNREADABLE_STOP, AlertKind.STOP.key(run_id), run_id, run_id=run_id, reason=reason,
@@ -130,7 +128,7 @@ def stop_unreadable(conn: Connection, run_id: str, *, reason: str, detail: str, 
 def lose_unreadable(conn: Connection, run_id: str, *, pid: int, host: str, now: dt.datetime, by: str,
                     sealer: Sealer | None = None) -> bool:
     """An active run the daemon cannot read whole whose process is gone: lost."""
-    iid = stops.mark_lost(conn, run_id, detail=GONE, now=now, by=by,
+    iid = run_rows.mark_lost(conn, run_id, detail=GONE, now=now, by=by,
                           outcome="marked lost (its row could not be read whole)")
     if iid is None:
         return False

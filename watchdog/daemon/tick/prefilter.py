@@ -17,9 +17,8 @@ from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import BUDGETS, RUN_BUDGET_KEYS, effective
 from watchdog.core.config import Config
 from watchdog.core.deadlines import Deadline, Why
-from watchdog.daemon.trust.isolation import Defect
+from watchdog.daemon.trust.scan import Defect, L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, RunStats
 from watchdog.daemon.trust.quarantine import FUTURE_S, MAX_AGE_S, light_defect
-from watchdog.daemon.trust.scan import L, MEASURES, OWN_BUDGETS, RATE_WINDOW_S, RunStats
 
 if TYPE_CHECKING:
     from watchdog.daemon.money.moneytick import LiveSpend
@@ -68,7 +67,7 @@ class PreFilter:
         and `_gone`'s conditions. The policies still decide, on the whole row.
         `spend` (watchdog.daemon.money.moneytick.LiveSpend): this same pass over every active run sums
         their live cost per agent and label budget, for the period budgets.
-        issue 20: `evidence` (run id -> the daemon's own counters, watchdog.daemon.trust.evidence) and
+        issue 20: `evidence` (run id -> the daemon's own counters, watchdog.daemon.trust.scan) and
         `first` (run id -> first sight, epoch s; runs seen now are appended to `new_seen`): a run
         is judged by the larger counters and its age from its first sight at the latest.
         `raised`: (run id, resumes, own budgets) -> a sealed operator resume raised its budgets;

@@ -16,18 +16,17 @@ import logging
 from typing import TYPE_CHECKING
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.budgets import Budgets
 from watchdog.core.interventions import Action
 from watchdog.core.messages import ACK_MARK, RunFacts
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.policies import evaluate, with_period
 from watchdog.core.rowviews import RunView
 from watchdog.core.seal import Sealer
-from watchdog.daemon.tick import believe
+from watchdog.daemon.tick import judging
 from watchdog.daemon.trust import ownstage
 from watchdog.daemon.stops import redrive
-from watchdog.daemon.tick.batch import Batch
+from watchdog.daemon.tick.judging import Batch
 from watchdog.daemon.stops.commands import judge
 from watchdog.daemon.stops.enforcer import Checks
 from watchdog.daemon.stops.ladder import WAITING_STAGES, exited
@@ -35,9 +34,7 @@ from watchdog.daemon.stops.ladder import due as ladder_due
 from watchdog.daemon.stops.steps import Said
 from watchdog.daemon.tick.tickstate import ThisTick
 from watchdog.daemon.stops.stopping import stop_plan
-from watchdog.store.alerts import queued
-from watchdog.store.alerts import announce
-from watchdog.store.interventions import record, stop_intervention
+from watchdog.store.alerts import queued, announce, record, stop_intervention
 from watchdog.store.engine import Connection, bound_lock_waits
 from watchdog.store.run_rows import stop_alert
 
@@ -105,7 +102,7 @@ def confirms(tk: TickContext, this: ThisTick, conn: Connection, row: RunView, bu
     write one for any run) never leads to a signal by itself."""
     if row.id in tk.state.decided or sealed_stop(tk.sealer, conn, row):
         return True
-    return bool(with_period(evaluate(believe.snapshot(tk, row, this.now), budgets, this.now,
+    return bool(with_period(evaluate(judging.snapshot(tk, row, this.now), budgets, this.now,
                                      skip_clock=this.skip_clock), tk.closing(row, this)))
 
 

@@ -11,7 +11,7 @@ events, the pre-filter, the money's read), `_money_judge` (prices and period bud
 `_judge_rows` (each due run, in one write batch) and `_end` (late stops, the books, the
 duties, forgetting the runs that ended). What the Ticker remembers between ticks is its
 TickState (watchdog.daemon.tick.tickstate). A stopping run is watchdog.daemon.stops.stopping's, a
-paused one watchdog.daemon.tick.pause's. The tick speaks no SQL: it calls named store verbs.
+paused one watchdog.daemon.tick.judging's. The tick speaks no SQL: it calls named store verbs.
 """
 
 from __future__ import annotations
@@ -25,42 +25,37 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.budgets import Budgets
 from watchdog.core.config import Config
 from watchdog.core.interventions import Action
 from watchdog.core.messages import RunFacts
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.periods import PeriodState
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate, rate_alarm, with_period
 from watchdog.core.seal import Sealer
 from watchdog.core.text import one_line
-from watchdog.daemon.tick import believe
-from watchdog.daemon.tick import locked, tickread
+from watchdog.daemon.tick import judging, tickread
 from watchdog.daemon.stops.acknowledge import EndedStops
 from watchdog.daemon.tick.activeset import ActiveSet
 from watchdog.daemon.trust.authentic import OwnEvidence
-from watchdog.daemon.tick.batch import Batch
+from watchdog.daemon.tick.judging import Batch, act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.leases.cluster import ClusterDuties, DutyTick, Membership, Role
 from watchdog.daemon.tick.heap import HeapFreezer
 from watchdog.daemon.tick.toolwatch import ToolWatch
-from watchdog.daemon.trust.isolation import Defect
+from watchdog.daemon.trust.scan import Defect, L, RATE_WINDOW_S, Scanner
 from watchdog.core.procid import ProcessIdentity
 from watchdog.daemon.stops.enforcer import Enforcer
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.leases.lease import LeaseLost
 from watchdog.daemon.money.money import Money
 from watchdog.daemon.otlp import silence
-from watchdog.daemon.tick.pause import act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.tick.prefilter import PreFilter
 from watchdog.daemon.trust.quarantine import Malformed, Quarantine, check_actionable
 from watchdog.daemon.stops.stopping import lose_run
 from watchdog.daemon.tick.stopping_runs import judge_stopping
-from watchdog.daemon.trust.scan import L, RATE_WINDOW_S, Scanner
 from watchdog.daemon.tick.tickread import TickRead
 from watchdog.daemon.tick.tickstate import PeriodStop, ThisTick, TickReport, TickState
-from watchdog.store.alerts import Audit, announce
-from watchdog.store.interventions import actor
+from watchdog.store.alerts import Audit, announce, actor
 from watchdog.store.engine import Connection, Engine, read_connection, row_locked, store_unavailable
 
 if TYPE_CHECKING:
@@ -196,7 +191,7 @@ class Ticker:
             this.sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light) if full else self.active.by_proc
         batch = Batch(self.engine)
         try:
-            for row in locked.order(self.state, rows):
+            for row in judging.order(self.state, rows):
                 self._one_isolated(row, this, batch)
             self._report_defects(this, batch)
             self._backstop(this, batch)
@@ -233,13 +228,13 @@ class Ticker:
     # -- defects ---------------------------------------------------------------------------
 
     def _one_isolated(self, row: Row, this: ThisTick, batch: Batch) -> None:
-        if locked.skipped(self, this, row):
+        if judging.skipped(self, this, row):
             return
         try:
             self._one(row, this, batch)
         except Exception as exc:  # one bad row must not stop the scan of the others...
             if row_locked(exc):  # a writer holds its row: its step rolled back alone, tried next tick
-                locked.held(self, this, row, batch)
+                judging.held(self, this, row, batch)
                 return
             if store_unavailable(exc):
                 raise  # ...but a store that is down or locked fails them all: retry the whole tick
@@ -250,7 +245,7 @@ class Ticker:
             self.scanner.defects.append(Defect(row.id, detail))
             return
         if self.state.locked:
-            locked.released(self, row)
+            judging.released(self, row)
 
     def _report_defects(self, this: ThisTick, batch: Batch) -> None:
         """Each row or event the tick could not read or judge, reported once (quarantine.py)."""
@@ -280,7 +275,7 @@ class Ticker:
     def _one(self, row: Row, this: ThisTick, batch: Batch) -> None:
         check_actionable(row)
         now = this.now
-        budgets = believe.budgets(self, row, batch)
+        budgets = judging.budgets(self, row, batch)
         st = self.scanner.stats.get(row.id)
         top = st.top_tool() if st else None
         last_error = st.last_error.get(top[0]) if (st and top) else None
@@ -294,9 +289,9 @@ class Ticker:
             judge_stopping(self, this, row, batch, budgets, f)
             return
         self_paused = False
-        if row.status == lc.PAUSED and not believe.pause_is_known(self, row, now, budgets):
+        if row.status == lc.PAUSED and not judging.pause_is_known(self, row, now, budgets):
             # A pause only a store writer claims (issue 20): denied, and the run judged as running.
-            again = believe.unclaimed_pause(self, row, now, batch)
+            again = judging.unclaimed_pause(self, row, now, batch)
             if again is None:
                 return
             row, self_paused = again, True
@@ -375,17 +370,17 @@ class Ticker:
                     reason=lc.TOOL_RATE, detail=alarm.detail, outcome="alert only")).queued:
                 this.rep.alarms.append(row.id)
 
-    # -- issue 20: what the daemon believes of a row (watchdog.daemon.tick.believe) ---------------
+    # -- issue 20: what the daemon believes of a row (watchdog.daemon.tick.judging) ---------------
 
     def _snapshot(self, row: Row, now: dt.datetime) -> RunSnapshot:
-        return believe.snapshot(self, row, now)
+        return judging.snapshot(self, row, now)
 
     def _facts(self, row: Row, top: tuple[str, int, int] | None, last_error: str | None,
                now: dt.datetime) -> RunFacts:
-        return believe.run_facts(self, row, top, last_error, now)
+        return judging.run_facts(self, row, top, last_error, now)
 
     def _backstop(self, this: ThisTick, batch: Batch) -> None:
-        from watchdog.daemon.tick.backstop import backstop
+        from watchdog.daemon.tick.judging import backstop
 
         backstop(self, this, self.active.rows, batch)
 

@@ -36,7 +36,7 @@ class TickState:
     resume_seen: set[tuple[str, int]] = field(default_factory=set)  # (run id, resumes) whose resume is alerted
     backstopped: set[str] = field(default_factory=set)  # quarantined runs stopped or ended by the backstop
     redriven: set[str] = field(default_factory=set)  # redrive alert keys carried out (watchdog.daemon.stops.redrive)
-    # runs whose row a writer held locked: run id -> ticks in a row (watchdog.daemon.tick.locked)
+    # runs whose row a writer held locked: run id -> ticks in a row (watchdog.daemon.tick.judging)
     locked: dict[str, int] = field(default_factory=dict)
     locked_tried: dict[str, int] = field(default_factory=dict)  # run id -> the number of its last try
     locked_tries: int = 0  # tries numbered, so the least recently tried locked run goes first
@@ -112,4 +112,4 @@ class ThisTick:
     money: MoneyTick | None = None  # the money work, when this daemon leads
     sharing: Counter[tuple[str, int | None]] = field(default_factory=Counter)  # (host, pid) -> active runs on it
     period_stops: list[PeriodStop] = field(default_factory=list)
-    lock_waits: int = 0  # the bounded lock waits that gave up this tick (watchdog.daemon.tick.locked)
+    lock_waits: int = 0  # the bounded lock waits that gave up this tick (watchdog.daemon.tick.judging)

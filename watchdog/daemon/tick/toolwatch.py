@@ -26,11 +26,9 @@ from collections.abc import Collection
 from typing import Any, NamedTuple
 
 from watchdog.core import lifecycle as lc
-from watchdog.daemon.trust.isolation import CHUNK
+from watchdog.daemon.trust.scan import CHUNK, MAX_PENDING_UNPRICED, RATE_WINDOW_S
 from watchdog.daemon.trust.latewindow import LateWindow
-from watchdog.daemon.trust.scan import MAX_PENDING_UNPRICED, RATE_WINDOW_S
-from watchdog.store import scan as store
-from watchdog.store import toolcounts
+from watchdog.store import scan as store, toolcounts
 from watchdog.store.engine import Connection
 
 
@@ -99,7 +97,7 @@ class ToolWatch:
         calls: list[ToolCall] = []
         for g in groups:
             self.unpriced_ids.extend(g.unpriced)
-            # Only what the fold would have let through (watchdog.daemon.trust.isolation.event_defect):
+            # Only what the fold would have let through (watchdog.daemon.trust.scan.event_defect):
             # a tool call named by a string (PostgreSQL's types guarantee its time).
             if g.kind != lc.EV_TOOL or g.tool.__class__ is not str or not g.at_s:
                 continue

@@ -29,20 +29,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.interventions import Action
-from watchdog.core import budgets as bud
-from watchdog.core import lifecycle as lc
+from watchdog.core import budgets as bud, lifecycle as lc
 from watchdog.core.config import Config
 from watchdog.core.evidence_mac import RecordMac
 from watchdog.core.messages import ACK_MARK, RunFacts
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.policies import RunSnapshot, Verdict, evaluate
 from watchdog.core.seal import Sealer
 from watchdog.store import attestations as store
-from watchdog.store.alerts import Audit, announce
+from watchdog.store.alerts import Audit, announce, by_key as sealed_alert
 from watchdog.store.engine import Connection
-from watchdog.store.alerts import by_key as sealed_alert
 
 NOT_OWN = "not signalled: the evidence is not the run's own"
 NONCE_BYTES = 16

@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 
 from watchdog.core.rowviews import RunView
-from watchdog.store import stops
+from watchdog.store import run_rows
 from watchdog.store.engine import Connection
 from watchdog.store.memory import Memory
 
@@ -40,13 +40,13 @@ def restore(conn: Connection, row: RunView, own: OwnStage) -> RunView:
     """The row with the daemon's stage written back; returns the row read again."""
     log.warning("run %s: its signal_stage %r is not the stage this daemon reached (%r): put back",
                 row.id[:8], str(row.signal_stage)[:20], own[0])
-    stops.restore_stage(conn, row.id, own[0], own[1])
-    return stops.run_row(conn, row.id) or row
+    run_rows.restore_stage(conn, row.id, own[0], own[1])
+    return run_rows.run_row(conn, row.id) or row
 
 
 def remember(conn: Connection, memory: Memory, row: RunView, before: str | None) -> None:
     """After the ladder acted in `conn`'s transaction: record the stage it reached."""
-    now = stops.stage_of(conn, row.id)
+    now = run_rows.stage_of(conn, row.id)
     if now is None or now.signal_stage is None or now.signal_stage == before:
         return
     at = now.signalled_at

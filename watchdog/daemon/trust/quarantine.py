@@ -20,18 +20,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from watchdog.core.rowviews import RunView
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.interventions import Action
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGET_KEYS
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.text import one_line
-from watchdog.daemon.trust.isolation import Defect
-from watchdog.daemon.trust.scan import LIGHT, MEASURES
-from watchdog.store.alerts import queued
-from watchdog.store.alerts import announce
-from watchdog.store.interventions import record
-from watchdog.store import interventions as store
+from watchdog.daemon.trust.scan import Defect, LIGHT, MEASURES
+from watchdog.store.alerts import queued, announce, record
+from watchdog.store import alerts as store
 from watchdog.store.engine import Connection
 
 if TYPE_CHECKING:

@@ -1,4 +1,25 @@
-"""What the tick knows about active runs: counters from the run rows, and per-run
+"""What the tick knows of active runs, from evidence it can trust: the run rows' counters, the daemon's own per-
+run counters folded from the events, and what makes a row or an event unusable.
+
+The daemon's own per-run counters, folded from the append-only events: what a run cannot reset.
+
+A run's row is a claim its writer can rewrite (`UPDATE runs SET steps = 0, cost_eur = 0`);
+its events are appended and never updated by an agent. The tick folds every new step and
+tool event into a `Tally` per run, and a run is judged, and the ledger books, by the larger
+of the tally and the row (`merged`): the row still counts for what the events do not show
+(a child's roll-up, a record written before the daemon started for a run it never folded).
+
+One call, one count (DESIGN.md): several witnesses (the run's own writer, source NULL; a
+gateway, source "mcp" / "litellm" / "otlp") may append an event for the same call. Per
+counter, count = max(the number of distinct call ids over all sources, the largest count of
+any one source): never the sum. Sums (tokens, cost) follow the same rule with each call id
+counted at the largest amount a witness gave it.
+
+Rows anyone may have written by hand, as the tick judges them: one bad row or event costs
+only itself. The chunked, key-by-key reads live in the store (watchdog.store.scan); what
+makes a tool event unusable to the judges is decided here.
+
+What the tick knows about active runs: counters from the run rows, and per-run
 tool statistics folded incrementally from the events written since the last tick.
 
 The caches are rebuilt from the store on a cold start (only the active runs'
@@ -8,24 +29,173 @@ events are read), so a restarted daemon knows exactly what the old one knew.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import Counter, deque
-from collections.abc import Collection
+from collections.abc import Collection, Container
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.core.rowviews import RunView
 from watchdog.core import lifecycle as lc
 from watchdog.core.policies import RunSnapshot
-from watchdog.daemon.trust.evidence import Evidence, merged
-from watchdog.daemon.trust.isolation import CHUNK, Defect, event_defect, read_isolated
+from watchdog.core.rowviews import RunView
 from watchdog.daemon.trust.latewindow import LateWindow
 from watchdog.store import scan as store
 from watchdog.store.engine import Connection
-from watchdog.store.scan import EventSelection
+from watchdog.store.scan import (CHUNK, Defect, read_isolated, EventSelection, IDENTITY as IDENTITY, LIGHT as LIGHT,
+                                 MEASURES as MEASURES, L as L, OWN_BUDGETS as OWN_BUDGETS, FoldedEvent)
+
+__all__ = ["CALLS", "COST", "ERRORS", "Evidence", "MAX_CALL_IDS", "SLOTS", "STEPS", "TOKENS", "Tally", "merged",
+           "CHUNK", "Defect", "event_defect", "read_isolated", "FOLDED", "MAX_PENDING_UNPRICED", "NewEvent",
+           "RATE_WINDOW_S", "RunStats", "Scanner"]
+
+
+# steps, tool_calls, tool_errors, tokens, cost_eur: the tally's slots
+STEPS, CALLS, ERRORS, TOKENS, COST = range(5)
+SLOTS = 5
+# A run's distinct call ids kept per counter: past this, the per-source counts alone decide
+# (a flood of invented ids inflates only the run that wrote them, and only this far in memory).
+MAX_CALL_IDS = 50_000
+
+
+def _amount(v: object) -> float:
+    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        return 0.0
+    return float(v)
+
+
+@dataclass
+class Tally:
+    # source ("" = the run's own writer) -> [5 numbers]
+    by_source: dict[str, list[float]] = field(default_factory=dict)
+    # (is step, call id) -> [5 numbers], the largest per witness
+    by_call: dict[tuple[bool, str], list[float]] = field(default_factory=dict)
+    ids: list[float] = field(default_factory=lambda: [0, 0, 0, 0, 0.0])  # the sums over distinct call ids
+    values: list[float] = field(default_factory=lambda: [0, 0, 0, 0, 0.0])  # the folded counters
+
+    # The event's columns as stored: any value a writer put there (a bad one counts as nothing).
+    def add(self, kind: str, source: object, call_id: object, ok: object, tokens_in: object, tokens_out: object,
+            cost: object) -> None:
+        """O(1): every number only grows, so the maxima are kept as they go."""
+        own = self.by_source
+        if source is None and call_id is None and (not own or (len(own) == 1 and "" in own)):
+            self._own(kind == lc.EV_STEP, ok, tokens_in, tokens_out, cost)
+            return
+        step = kind == lc.EV_STEP
+        delta = (1 if step else 0, 0 if step else 1, 1 if (not step and ok is False) else 0,
+                 int(_amount(tokens_in) + _amount(tokens_out)), _amount(cost))
+        src = source if isinstance(source, str) else ""
+        per = self.by_source.get(src)
+        if per is None:
+            per = self.by_source[src] = [0, 0, 0, 0, 0.0]
+        values, ids = self.values, self.ids
+        for i in range(SLOTS):
+            per[i] += delta[i]
+            if per[i] > values[i]:
+                values[i] = per[i]
+        if isinstance(call_id, str) and call_id and len(self.by_call) < MAX_CALL_IDS:
+            key = (step, call_id)
+            cur = self.by_call.get(key)
+            if cur is None:
+                cur = self.by_call[key] = [0, 0, 0, 0, 0.0]
+            for i in range(SLOTS):
+                if delta[i] > cur[i]:
+                    ids[i] += delta[i] - cur[i]
+                    cur[i] = delta[i]
+                    if ids[i] > values[i]:
+                        values[i] = ids[i]
+
+    def _own(self, step: bool, ok: object, tokens_in: object, tokens_out: object, cost: object) -> None:
+        """The usual case, unrolled: the run's own writer alone, no call ids (its counts are the tally)."""
+        per = self.by_source.get("")
+        if per is None:
+            per = self.by_source[""] = [0, 0, 0, 0, 0.0]
+        if step:
+            per[STEPS] += 1
+        else:
+            per[CALLS] += 1
+            if ok is False:
+                per[ERRORS] += 1
+        if tokens_in or tokens_out:
+            per[TOKENS] += int(_amount(tokens_in) + _amount(tokens_out))
+        if cost:
+            per[COST] += _amount(cost)
+        values = self.values
+        if not self.by_call:  # no witness's call ids: the writer's counts are the tally
+            values[:] = per
+            return
+        for i in range(SLOTS):
+            if per[i] > values[i]:
+                values[i] = per[i]
+
+    def add_cost(self, cost_eur: float) -> None:
+        """A step the daemon priced itself (watchdog.daemon.money.moneytick): its cost counts as the writer's."""
+        per = self.by_source.setdefault("", [0, 0, 0, 0, 0.0])
+        per[COST] += _amount(cost_eur)
+        if per[COST] > self.values[COST]:
+            self.values[COST] = per[COST]
+
+
+class Evidence:
+    """Tallies of the active runs (rebuilt from their whole history on a cold start, like the caches)."""
+
+    def __init__(self) -> None:
+        self.tallies: dict[str, Tally] = {}
+
+    def fold(self, run_id: str, kind: str, source: object, call_id: object, ok: object, tokens_in: object,
+             tokens_out: object, cost: object) -> None:
+        t = self.tallies.get(run_id)
+        if t is None:
+            t = self.tallies[run_id] = Tally()
+        t.add(kind, source, call_id, ok, tokens_in, tokens_out, cost)
+
+    def priced(self, run_id: str, cost_eur: float) -> None:
+        t = self.tallies.get(run_id)
+        if t is not None:
+            t.add_cost(cost_eur)
+
+    def keep(self, active: Container[str]) -> None:
+        for rid in [r for r in self.tallies if r not in active]:
+            del self.tallies[rid]
+
+    def get(self, run_id: str) -> list[float] | None:
+        t = self.tallies.get(run_id)
+        return None if t is None else t.values
+
+
+def merged(row_values: tuple[Any, ...], folded: list[float] | None) -> tuple[Any, ...]:
+    """(steps, tool_calls, tool_errors, tokens, cost_eur): the larger of the row's and the tally's."""
+    if folded is None:
+        return row_values
+    return tuple(f if (r is None or not isinstance(r, (int, float)) or f > r) else r
+                 for r, f in zip(row_values, folded))
+
+
+# -- Rows anyone may have written by hand, as the tick judges them: one bad row or event costs ---------------------
+
+def event_defect(e: Any) -> str | None:
+    """What makes a tool event unusable (None: nothing): it must name its run and tool and
+    carry a timestamp the rate window can compare."""
+    if not isinstance(e.run_id, str):
+        return "its run_id is not text"
+    if getattr(e, "kind", "tool") != "tool":  # a step (issue 20's fold): only its run and time matter
+        return None if isinstance(e.at, dt.datetime) else "its timestamp `at` is missing"
+    if not isinstance(e.tool, str) or not e.tool:
+        return "its tool is missing (NULL or empty)"
+    if not isinstance(e.at, dt.datetime):
+        return "its timestamp `at` is missing"
+    if e.ok not in (True, False, None, 0, 1):
+        return "its `ok` is not a boolean"
+    for name in ("args_hash", "error_msg"):
+        if getattr(e, name) is not None and not isinstance(getattr(e, name), str):
+            return f"its {name} is not text"
+    if e.attempt is not None and (isinstance(e.attempt, bool) or not isinstance(e.attempt, int)):
+        return "its attempt is not an integer"
+    return None
+
+
+# -- What the tick knows about active runs: counters from the run rows, and per-run --------------------------------
+
 # The light row's columns, by position (the tick's modules index it with `L`).
-from watchdog.store.scan import IDENTITY as IDENTITY, LIGHT as LIGHT, MEASURES as MEASURES
-from watchdog.store.scan import L as L, OWN_BUDGETS as OWN_BUDGETS
-from watchdog.store.scan import FoldedEvent
 
 # An event as the fold reads it (the name the tick and the circuits know it by).
 NewEvent = FoldedEvent
@@ -224,7 +394,7 @@ class Scanner:
     def snapshot(self, row: RunView, now: dt.datetime, started_at: dt.datetime | None = None) -> RunSnapshot:
         st = self.stats.get(row.id) or RunStats()
         calls_min, top_min = st.rate(now)
-        # The larger of the row's counters and the daemon's own (watchdog.daemon.trust.evidence).
+        # The larger of the row's counters and the daemon's own (watchdog.daemon.trust.scan).
         steps, calls, errors, tokens, cost = merged(
             (row.steps, row.tool_calls, row.tool_errors, (row.tokens_in or 0) + (row.tokens_out or 0), row.cost_eur),
             self.evidence.get(row.id))

@@ -21,19 +21,17 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from watchdog.core.rowviews import Row, RunView
-from watchdog.core.alert_kinds import AlertKind
+from watchdog.core.outcomes import AlertKind, Outcome, Say
 from watchdog.core.interventions import Action
-from watchdog.core import pause as ap
+from watchdog.core import policies as ap
 from watchdog.core.budgets import BY_KEY, Budgets, effective, asked
 from watchdog.core.config import Config
 from watchdog.core.lifecycle import Source
-from watchdog.core.outcomes import Outcome, Say
 from watchdog.core.text import one_line
 from watchdog.daemon.otlp.senders import sender_of
 from watchdog.core.whose import OWNER_PREFIX, owner_key
 from watchdog.store.pause import deny_pause
-from watchdog.store.alerts import Audit, announce
-from watchdog.store.interventions import attested_uid, grant_ok
+from watchdog.store.alerts import Audit, announce, attested_uid, grant_ok
 from watchdog.store.engine import Connection
 from watchdog.store.memory import Memory
 
@@ -48,7 +46,7 @@ OTLP = Source.OTLP
 
 def agent_shown(name: object) -> str:
     """An agent or tool name as alerts show it: bounded, scrubbed, one line, marked as the agent's."""
-    from watchdog.core.scrub import scrub
+    from watchdog.core.text import scrub
 
     return f"«{one_line(scrub(str(name)) or '', 60)}» (as the agent names it)"
 
@@ -120,7 +118,7 @@ class Trust:
                 prof = self.config.defaults
         raised = False
         if row.resumes:
-            from watchdog.store.interventions import budget_columns
+            from watchdog.store.alerts import budget_columns
 
             key = (row.id, row.resumes, budget_columns(row))
             granted = self._raised.get(key)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from watchdog.sdk.client import Watchdog
     from watchdog.sdk.run import Run
 
-# Tree mode's one gap (watchdog.daemon.stops.treememory): said with -v wherever the run is `tree`.
+# Tree mode's one gap (watchdog.daemon.stops.exectree): said with -v wherever the run is `tree`.
 TREE_WINDOW = ("kill mode tree: if exec is killed, the daemon takes down the descendants it pinned at each tick; "
                "one born and orphaned within one tick escapes it, so a command that means to escape can "
                "(--kill-mode cgroup has no such window: use it wherever it is available)")

@@ -23,7 +23,7 @@ from watchdog.gateways.exec import reaper as rp
 from watchdog.gateways.exec import spawn
 from watchdog.gateways.exec.exits import EXIT_STOPPED, say
 from watchdog.store.joined import ExecRunState, killed_child, read_state
-from watchdog.core.clock import utcnow
+from watchdog.core.periods import utcnow
 
 if TYPE_CHECKING:
     from watchdog.core.config import Config

@@ -21,13 +21,11 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.core import budgets as bud
-from watchdog.core import lifecycle as lc
-from watchdog.core import pause as ap
-from watchdog.core.clock import utcnow
-from watchdog.core.marked import command_id
+from watchdog.core import budgets as bud, lifecycle as lc, policies as ap
+from watchdog.core.periods import utcnow
+from watchdog.core.text import command_id
 from watchdog.core.config import Config
-from watchdog.core.records import hash_args
+from watchdog.core.lifecycle import hash_args
 from watchdog.core.sessions import MAX_GENERATIONS
 from watchdog.core.sessions import run_id_for as _run_id
 from watchdog.errors import RunKilled

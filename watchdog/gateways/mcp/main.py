@@ -9,7 +9,7 @@ import sys
 import warnings
 
 from watchdog.core.config import ENV_CONFIG
-from watchdog.core.records import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name
+from watchdog.core.lifecycle import AGENT_MAX_CHARS, RUN_ID_MAX_CHARS, validate_name
 from watchdog.errors import ConfigError
 
 ENV_RUN = "AGENT_WATCHDOG_RUN"

@@ -19,7 +19,7 @@ import mcp_types as types
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from pydantic import ValidationError
 
-from watchdog.core.records import TOOL_MAX_CHARS
+from watchdog.core.lifecycle import TOOL_MAX_CHARS
 from watchdog.core.text import printable
 from watchdog.gateways.mcp.witness import Admitted, ServerError, ToolFailed, ToolWitness
 

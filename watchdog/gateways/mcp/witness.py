@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.records import error_fields, hash_args
+from watchdog.core.lifecycle import error_fields, hash_args
 from watchdog.errors import RunKilled, ToolUnavailable
 from watchdog.sdk.client import Watchdog
 from watchdog.sdk.joined import JoinedRuns

@@ -6,8 +6,7 @@ error text (a stop detail written by an agent is cut to one bounded line)."""
 from __future__ import annotations
 
 from watchdog.core import lifecycle as lc
-from watchdog.core.scrub import scrub
-from watchdog.core.text import one_line
+from watchdog.core.text import scrub, one_line
 
 PREFIX = "agent-watchdog:"
 DETAIL_MAX_CHARS = 200
