@@ -11,12 +11,14 @@ from typing import Any
 import os
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, insert, make_url, text
 
 from watchdog.store.engine import make_engine
-from watchdog.store.schema import metadata
+from watchdog.store.schema import metadata, runs, utcnow
 
 PG_ADMIN_URL = os.environ.get("AGENT_WATCHDOG_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]
@@ -29,6 +31,27 @@ def empty_pg(url: str) -> None:
         names = ", ".join(t.name for t in metadata.sorted_tables)
         conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
     engine.dispose()
+
+
+@contextmanager
+def emptied_engine(url: str) -> Iterator[Engine]:
+    """An engine on the (migrated) store at url, every table emptied first; disposed after."""
+    empty_pg(url)
+    engine = make_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def insert_runs(engine: Engine, n: int, host: str = "elsewhere") -> list[str]:
+    """n running runs of agent `bot` on `host` (by default not the judge's), their ids."""
+    ids = [uuid.uuid4().hex for _ in range(n)]
+    now = utcnow()
+    with engine.begin() as conn:
+        conn.execute(insert(runs), [dict(id=rid, agent="bot", status="running", kill_mode="cooperative", host=host,
+                                         started_at=now, last_seen_at=now) for rid in ids])
+    return ids
 
 
 def raw(url: str, **kw: Any) -> Any:

@@ -7,16 +7,15 @@ column refuses it; the events trigger overwrites it), and the database computes 
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 from sqlalchemy import insert, text, update
 from sqlalchemy.exc import DBAPIError
 
-from pg_support import empty_pg
+from pg_support import emptied_engine, insert_runs
 from watchdog.store import scan, shards
 from watchdog.store.changes import ChangeFeed
-from watchdog.store.engine import make_engine, read_connection
+from watchdog.store.engine import read_connection
 from watchdog.store.schema import events, runs, utcnow
 
 pytestmark = pytest.mark.postgres
@@ -26,19 +25,10 @@ N = 4  # shards
 
 @pytest.fixture
 def engine(pg_migrated):
-    empty_pg(pg_migrated)
-    eng = make_engine(pg_migrated)
-    yield eng
-    eng.dispose()
+    with emptied_engine(pg_migrated) as eng:
+        yield eng
 
 
-def _runs(engine, n: int, host: str = "elsewhere") -> list[str]:
-    ids = [uuid.uuid4().hex for _ in range(n)]
-    now = utcnow()
-    with engine.begin() as conn:
-        conn.execute(insert(runs), [dict(id=rid, agent="bot", status="running", kill_mode="cooperative", host=host,
-                                         started_at=now, last_seen_at=now) for rid in ids])
-    return ids
 
 
 def _step(engine, rid: str, seq: int) -> None:
@@ -52,7 +42,7 @@ def test_the_database_computes_python_s_bucket_and_no_writer_sets_another(engine
     with engine.begin() as conn:
         conn.execute(insert(runs).values(id=odd, agent="bot", status="running", kill_mode="cooperative",
                                          host="elsewhere", started_at=now, last_seen_at=now))
-    ids = [odd] + _runs(engine, 200)
+    ids = [odd] + insert_runs(engine, 200)
     for rid in ids[:20]:
         _step(engine, rid, 1)
     with engine.connect() as conn:
@@ -77,8 +67,8 @@ def test_the_database_computes_python_s_bucket_and_no_writer_sets_another(engine
 
 
 def test_a_judge_reads_its_shards_runs_and_events_and_its_hosts_nothing_else(engine):
-    elsewhere = _runs(engine, 120)
-    here = _runs(engine, 5, host="judge-host")
+    elsewhere = insert_runs(engine, 120)
+    here = insert_runs(engine, 5, host="judge-host")
     held = {1, 3}
     reach = shards.Reach({"judge-host"}, shards.buckets_of(held, N))
     mine = {rid for rid in elsewhere if shards.shard_of(rid, N) in held} | set(here)

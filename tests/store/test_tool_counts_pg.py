@@ -6,35 +6,25 @@ A Reach's bucket mask (watchdog.store.shards.Reach.mask) selects in SQL what `co
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 
 import pytest
 from sqlalchemy import insert, select, text
 
-from pg_support import empty_pg, raw
+from pg_support import emptied_engine, insert_runs, raw
 from watchdog.daemon.tick.toolwatch import ToolWatch
 from watchdog.store import shards, toolcounts
-from watchdog.store.engine import make_engine, read_connection
-from watchdog.store.schema import events, runs, utcnow
+from watchdog.store.engine import read_connection
+from watchdog.store.schema import events, utcnow
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
 def engine(pg_migrated):
-    empty_pg(pg_migrated)
-    eng = make_engine(pg_migrated)
-    yield eng
-    eng.dispose()
+    with emptied_engine(pg_migrated) as eng:
+        yield eng
 
 
-def _runs(engine, n: int) -> list[str]:
-    ids = [uuid.uuid4().hex for _ in range(n)]
-    now = utcnow()
-    with engine.begin() as conn:
-        conn.execute(insert(runs), [dict(id=rid, agent="bot", status="running", kill_mode="cooperative",
-                                         host="elsewhere", started_at=now, last_seen_at=now) for rid in ids])
-    return ids
 
 
 def _events(engine, rows: list[dict]) -> list[int]:
@@ -43,7 +33,7 @@ def _events(engine, rows: list[dict]) -> list[int]:
 
 
 def test_grouped_calls_hold_every_id_time_failure_and_unpriced_step(engine):
-    a, b = _runs(engine, 2)
+    a, b = insert_runs(engine, 2)
     t0 = utcnow().replace(microsecond=250_000)
     before = _events(engine, [dict(run_id=a, seq=1, kind="tool", tool="search", ok=True, at=t0)])
     ids = _events(engine, [
@@ -69,7 +59,7 @@ def test_grouped_calls_hold_every_id_time_failure_and_unpriced_step(engine):
 
 
 def test_the_tool_watch_gives_the_circuits_the_failing_tools_and_the_rate_each_call_once(engine):
-    a, b = _runs(engine, 2)
+    a, b = insert_runs(engine, 2)
     now = utcnow()
     _events(engine, [dict(run_id=a, seq=1, kind="tool", tool="search", ok=True, at=now - dt.timedelta(seconds=90))])
     watch = ToolWatch()
@@ -97,7 +87,7 @@ def test_the_tool_watch_gives_the_circuits_the_failing_tools_and_the_rate_each_c
 
 
 def test_a_reach_s_bucket_mask_selects_in_sql_what_covers_says(engine):
-    ids = _runs(engine, 300)
+    ids = insert_runs(engine, 300)
     reach = shards.Reach(["nohost"], shards.buckets_of([1, 6, 7], 16))
     with engine.connect() as conn:
         got = set(conn.execute(text("SELECT id FROM runs WHERE " + shards.bucket_mask_sql("shard", ":m")),
@@ -107,7 +97,7 @@ def test_a_reach_s_bucket_mask_selects_in_sql_what_covers_says(engine):
 
 
 def test_a_call_committed_below_the_watch_s_mark_is_read_once_in_its_late_window(engine, pg_migrated):
-    a, b = _runs(engine, 2)
+    a, b = insert_runs(engine, 2)
     now = utcnow()
     watch = ToolWatch()
     with read_connection(engine) as conn:
