@@ -268,3 +268,27 @@ def test_the_upgrade_after_0018_mends_an_index_row_left_behind(pg_server_url):
             access.upgrade(engine)
             engine.dispose()
             assert _skew(daemon) == []
+
+
+def test_a_run_changes_table_a_writer_made_is_never_the_feeds_index(pg_server_url):
+    """Before 0018, or wherever PUBLIC may create in the schema (PostgreSQL 14 and older by
+    default), an agent can make a table named run_changes itself: the daemon must not read its
+    feed from it (the agent's rows would decide which changes the daemon sees)."""
+    with RolesStore(pg_server_url, prefix="awsq").create("0017") as s:
+        with _pg(s.url("daemon")) as daemon:
+            daemon.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")  # PostgreSQL 14's default
+        with _pg(s.url("a")) as a:
+            rid = _new_run(a)
+            a.execute("CREATE TABLE public.run_changes (run_id varchar(32), change_seq bigint, shard smallint)")
+            a.execute("GRANT SELECT ON public.run_changes TO PUBLIC")
+            a.execute("INSERT INTO public.run_changes VALUES ('none', 9223372036854775000, 0)")
+            engine = make_engine(s.url("daemon"))
+            try:
+                feed = ChangeFeed()
+                with read_connection(engine) as conn:
+                    assert [c.id for c in feed.read(conn).changed] == [rid]
+                a.execute("UPDATE runs SET progress = 'later' WHERE id = %s", (rid,))
+                with read_connection(engine) as conn:
+                    assert [c.id for c in feed.read(conn).changed] == [rid]
+            finally:
+                engine.dispose()
