@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import psycopg
 import pytest
+import sqlalchemy.exc
 
 from pg_support import RolesStore
 from watchdog.store import access
@@ -249,6 +250,17 @@ def test_a_write_committed_during_the_upgrade_to_0018_is_in_the_index(pg_server_
                 assert {c.id for c in feed.read(conn).changed} == {rid, other}
             with _pg(s.url("daemon")) as daemon:
                 assert _skew(daemon) == []
+            # A daemon that found the index and a store taken back below 0018: loud, never blind.
+            fresh = make_engine(s.url("daemon"))
+            try:
+                with read_connection(fresh) as conn:
+                    ChangeFeed().read(conn)  # caches the index
+                access.downgrade(fresh, "0017")
+                with pytest.raises(sqlalchemy.exc.ProgrammingError, match="run_changes"):
+                    with read_connection(fresh) as conn:
+                        ChangeFeed().read(conn)
+            finally:
+                fresh.dispose()
         finally:
             engine.dispose()
 
