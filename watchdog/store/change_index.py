@@ -55,6 +55,13 @@ INDEXED = Source(TABLE, run_changes.c.change_seq, f"{TABLE}.shard", f"SELECT max
                  f"SELECT {TABLE}.change_seq FROM {TABLE} JOIN runs ON runs.id = {TABLE}.run_id "
                  f"WHERE {TABLE}.change_seq > {{ph}} AND {TABLE}.change_seq <= {{ph}}")
 
+# The index is revision 0018's table only when it is where `runs` is and has its owner: a table of
+# that name a writer made (before 0018, or where PUBLIC may create in the schema: PostgreSQL 14
+# and older by default) would otherwise decide which changes the daemon sees.
+_OURS = (f"SELECT EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_class r"
+         f" ON r.relnamespace = c.relnamespace AND r.relowner = c.relowner"
+         f" WHERE c.oid = to_regclass('{TABLE}') AND c.relkind = 'r' AND r.oid = to_regclass('runs'))")
+
 _KNOWN: "weakref.WeakKeyDictionary[Engine, Source]" = weakref.WeakKeyDictionary()
 
 
@@ -64,8 +71,7 @@ def source(conn: Connection) -> Source:
     got = _KNOWN.get(engine)
     if got is None:
         got = RUNS
-        if conn.dialect.name == "postgresql" and conn.exec_driver_sql(
-                f"SELECT to_regclass('{TABLE}') IS NOT NULL").scalar():
+        if conn.dialect.name == "postgresql" and conn.exec_driver_sql(_OURS).scalar():
             got = INDEXED
         _KNOWN[engine] = got
     return got
