@@ -4,7 +4,10 @@
 --     `agent-watchdog db upgrade` and the daemon, and is the only writer of
 --     interventions, alerts, settings, daemons, tool_circuits and attestations.
 --     It (and a superuser) is not confined by the rules below: it stops, books,
---     seals and rebases any run;
+--     seals and rebases any run. It is granted pg_signal_backend (below): it
+--     ends a confined writer's session (an agents' or a gateway's login, never
+--     a superuser's or its own) that keeps a run's row locked from it at two
+--     ticks in a row, which would otherwise keep that run from being stopped;
 --   * the agents' role (default agent_watchdog_agents, NOLOGIN) is granted to
 --     each agent's login role. It registers runs, inserts events, updates its
 --     run's counters and status (a stop request, the end of the run), reads the
@@ -79,6 +82,28 @@ SELECT format('CREATE ROLE %I NOLOGIN', r) FROM unnest(ARRAY[:'agents_role', :'g
  WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) \gexec
 
 BEGIN;
+
+-- The daemon's login (the role owning the tables) ends a confined writer's session that keeps a
+-- run's row locked from it (watchdog.daemon.tick.row_holders): an agents' login on its own run, a
+-- gateway's on any run (its witnessed event locks the row), else any holder of a gateway's
+-- credential keeps another user's runaway from being stopped. That takes pg_signal_backend (it
+-- never reaches a superuser's session; the daemon checks the login's roles before it signals).
+-- Reading which session holds the lock needs nothing more (pg_locks and pg_stat_activity's
+-- backend_xid are every login's to read). Only a superuser (or a holder WITH ADMIN OPTION) may
+-- grant it: run as the tables' owner, the script says what to run, and the daemon then only
+-- alerts such a lock (and warns once that the grant is missing).
+DO $$
+DECLARE
+  owner_role name := (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass('runs'));
+BEGIN
+  IF owner_role IS NULL OR pg_has_role(owner_role, 'pg_signal_backend', 'USAGE') THEN
+    RETURN;
+  END IF;
+  EXECUTE format('GRANT pg_signal_backend TO %I', owner_role);
+EXCEPTION WHEN insufficient_privilege THEN
+  RAISE WARNING 'agent-watchdog: could not grant pg_signal_backend to %: as a superuser, run GRANT pg_signal_backend TO %;',
+                owner_role, quote_ident(owner_role);
+END $$;
 
 -- Start from nothing on every table of the store, then grant exactly what the SDK runs.
 -- The store's tables, named (the database may hold other applications' tables too); a table a

@@ -33,6 +33,9 @@ class Action(str, Enum):
     RATE_ALARM = "rate_alarm"
     PROFILE_REFUSED = "profile_refused"
     QUARANTINED = "quarantined"
+    # A writer's session the daemon ended for keeping a run's row locked from it (no run column:
+    # its foreign key would wait on that lock; the detail names the run).
+    SESSION_ENDED = "session_ended"
     # Tool circuits (no run).
     CIRCUIT_OPEN = "circuit_open"
     CIRCUIT_HALF_OPEN = "circuit_half_open"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Sequence
 
 from watchdog.core.budgets import Budgets
 from watchdog.core.text import TEXT_CHARS, ident, marked, run_ref, show_command
@@ -146,7 +147,8 @@ def unreadable_stop_alert(run_id: str, reason: str, detail: str) -> tuple[str, s
             "row that cannot be read never leads to a signal.")
 
 
-def row_locked_alert(run_id: str, status: str, waited_ms: int, ticks: int) -> tuple[str, str]:
+def row_locked_alert(run_id: str, status: str, waited_ms: int, ticks: int,
+                     holders: Sequence[tuple[str, int]] = ()) -> tuple[str, str]:
     """A run whose row another session holds locked (on PostgreSQL, a login may lock its own run
     and leave its transaction open): the daemon can write nothing of it, so it says so."""
     state = status if status in ("running", "paused", "stopping") else "active"
@@ -156,7 +158,31 @@ def row_locked_alert(run_id: str, status: str, waited_ms: int, ticks: int) -> tu
             "run's own writer's) holds it. Until it is released nothing of this run is recorded, stopped or "
             "signalled; the daemon tries again every tick and carries out what is due once the lock goes. "
             "Every other run is judged as usual. To release it, end that session: pg_stat_activity names it "
-            "(pg_blocking_pids), pg_terminate_backend ends it.")
+            "(pg_blocking_pids), pg_terminate_backend ends it." + _holders(holders))
+
+
+def _holders(holders: Sequence[tuple[str, int]]) -> str:
+    """The sessions seen holding the row (login, pid): logins are the database's, still marked."""
+    if not holders:
+        return ""
+    shown = ", ".join(f"login {marked(login)} (pid {int(pid)})" for login, pid in holders[:5])
+    more = f", and {len(holders) - 5} more" if len(holders) > 5 else ""
+    return f"\nHeld by: {shown}{more}."
+
+
+def row_lock_ended_alert(run_id: str, status: str, waited_ms: int, ticks: int,
+                         ended: Sequence[tuple[str, int]]) -> tuple[str, str]:
+    """The daemon ended the session(s) of a confined writer's login (an agent's or a gateway's) that
+    held a run's row locked at `ticks` ticks in a row (watchdog.daemon.tick.row_holders)."""
+    state = status if status in ("running", "paused", "stopping") else "active"
+    who = ", ".join(f"login {marked(login)} (pid {int(pid)})" for login, pid in ended[:5])
+    more = f", and {len(ended) - 5} more" if len(ended) > 5 else ""
+    return (f"agent-watchdog: {run_ref(run_id)}: ended a session that held its row locked",
+            f"run {ident(run_id)} ({state})\nThe daemon waited {waited_ms} ms for the run's row lock at {ticks} "
+            "ticks in a row, held by the same open transaction each time, and gave up each time. That session "
+            f"belongs to a confined writer's login (the agents' or the gateway's role): the daemon ended it: {who}{more}. "
+            "Its open transaction is rolled back; the run's step (its stop, if due) is taken at the next tick. "
+            "A writer that keeps its transaction open on a run's row is misbehaving: check that login's client.")
 
 
 def redrive_alert(f: RunFacts, b: Budgets, reason: str, outcome: str) -> tuple[str, str]:

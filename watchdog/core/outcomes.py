@@ -56,6 +56,7 @@ class Say(str, Enum):
     UNREADABLE_STOP = "unreadable_stop"
     UNREADABLE_LOST = "unreadable_lost"
     ROW_LOCKED = "row_locked"
+    ROW_LOCK_ENDED = "row_lock_ended"
     STOPS_SUMMARY = "stops_summary"
     # Pause and resume.
     PAUSE = "pause"
@@ -99,6 +100,7 @@ TABLE: Mapping[Say, Words] = {
     Say.UNREADABLE_STOP: words.unreadable_stop_alert,
     Say.UNREADABLE_LOST: words.unreadable_lost_alert,
     Say.ROW_LOCKED: words.row_locked_alert,
+    Say.ROW_LOCK_ENDED: words.row_lock_ended_alert,
     Say.STOPS_SUMMARY: words.stops_summary_alert,
     Say.PAUSE: policies.pause_alert,
     Say.RESUME: policies.resume_alert,
@@ -237,7 +239,8 @@ _MEANING: dict[AlertKind, str] = {
     AlertKind.DENIED: "denied:<run> — the kernel refused the signal (the daemon lacks CAP_KILL): retried each tick",
     AlertKind.REDRIVE: "redrive:<run>:<time> — an operator's `kill` of a run already stopping: its stop driven again",
     AlertKind.FORGED: "forged:<run>:<what> — a row the daemon's seal does not cover",
-    AlertKind.LOCKED: "locked:<run> — another session holds the run's row locked: its step waits, tried each tick",
+    AlertKind.LOCKED: "locked:<run> — another session holds the run's row locked: its step waits, tried each tick; "
+                       "locked:<run>:ended:<pid>:<xid> — the daemon ended a writer's session that held it",
     AlertKind.PAUSE: 'pause:<run>:<paused at> — each pause once',
     AlertKind.RESUME: 'resume:<run>:<resumes> — each resume once',
     AlertKind.PAUSE_DENIED: 'pause-denied:<run> — a pause the daemon did not confirm',

@@ -37,7 +37,10 @@ each insert's foreign key waits on the same row). So the report says so without 
 in a column: a log line at the first miss, and one alert (key `locked:<run>`, once ever) when
 the row is still locked at the next tick, with the run id as the daemon reads it (marked unless
 of the generated form). Its process is not signalled meanwhile (see docs/explanation/security.md,
-"A run that holds its own row locked").
+"A run that holds its own row locked"). A confined writer's session (an agent's login on its own
+run, a gateway's on any run it witnessed) that holds it with the same transaction at two ticks in
+a row is ended by the daemon (row_holders decides, store.row_lockers finds and ends it): recorded
+and alerted as such (`locked:<run>:ended:<pid>:<xid>`), and the run's step is taken at the next tick.
 """
 
 from __future__ import annotations
@@ -55,18 +58,23 @@ from watchdog.core.budgets import Budgets, effective_budgets
 from watchdog.core.messages import RunFacts
 from watchdog.core.policies import RunSnapshot, totals, Verdict, evaluate
 from watchdog.core.rowviews import RunView
-from watchdog.core.text import one_line
+from watchdog.core.interventions import Action
+from watchdog.core.text import ident, marked, one_line
 from watchdog.daemon.stops import stopping
 from watchdog.daemon.stops.stopping import facts, lose_run, stop_run
+from watchdog.daemon.tick import row_holders
 from watchdog.daemon.tick.tickstate import ThisTick, TickState
 from watchdog.daemon.trust.scan import merged
 from watchdog.daemon.trust.lightrow import Light, LightRow
 from watchdog.daemon.trust.trust import first_sight_budget_s
-from watchdog.store.alerts import announce
+from watchdog.store.alerts import Audit, announce
 from watchdog.store.engine import Connection, Engine, bound_lock_waits, DAEMON_LOCK_TIMEOUT_MS, store_unavailable
+from watchdog.store import row_lockers
+from watchdog.store.row_lockers import RowLocker
 from watchdog.store.pause import acknowledge, acknowledge_resume, pause_key, request_pause
 
 if TYPE_CHECKING:
+    from watchdog.core.seal import Sealer
     from watchdog.daemon.context import TickContext
 
 
@@ -349,7 +357,8 @@ def skipped(tk: TickContext, this: ThisTick, row: Any) -> bool:
 
 
 def held(tk: TickContext, this: ThisTick, row: Any, batch: Batch) -> None:
-    """The run's step gave up on its row lock this tick: remembered, logged once, alerted once."""
+    """The run's step gave up on its row lock this tick: remembered, logged once, alerted once; a
+    confined writer's session holding it at two ticks in a row is ended (row_holders)."""
     rid, st = row.id, tk.state
     ticks = st.locked.get(rid, 0) + 1
     st.locked[rid] = ticks
@@ -360,21 +369,74 @@ def held(tk: TickContext, this: ThisTick, row: Any, batch: Batch) -> None:
     if ticks == 1:
         log.warning("run %s (%s): its row is locked by another session; its step waits, tried again each tick",
                     one_line(rid, 40), one_line(str(row.status), 16))
-    if ticks != ALERT_AFTER_TICKS or tk.sealer is None:
+    lockers, ended = _end_holders(tk, row, batch, ticks)
+    this.rep.ended_sessions += [(rid, lk.login, lk.pid) for lk in ended]
+    sealer = tk.sealer
+    if sealer is None:
         return
-    said = Outcome.of(Say.ROW_LOCKED, AlertKind.LOCKED.key(rid), None, run_id=rid, status=str(row.status),
-                      waited_ms=DAEMON_LOCK_TIMEOUT_MS, ticks=ticks)
+    if ended:  # said as the ending, whatever the tick (each ended session once)
+        for lk in ended:
+            audit = Audit(Action.SESSION_ENDED, by=tk.by, reason="row_locked", outcome="session ended",
+                          detail=f"ended session pid {lk.pid} of login {marked(lk.login)}: it held run {ident(rid)}'s "
+                                 f"row locked at {ticks} ticks in a row")
+            _say(batch, this, rid, Outcome.of(
+                Say.ROW_LOCK_ENDED, AlertKind.LOCKED.key(rid, "ended", lk.pid, lk.xid), None, run_id=rid,
+                status=str(row.status), waited_ms=DAEMON_LOCK_TIMEOUT_MS, ticks=ticks, ended=[(lk.login, lk.pid)]), sealer, audit)
+        return
+    if ticks != ALERT_AFTER_TICKS:
+        return
+    _say(batch, this, rid, Outcome.of(Say.ROW_LOCKED, AlertKind.LOCKED.key(rid), None, run_id=rid,
+                                      status=str(row.status), waited_ms=DAEMON_LOCK_TIMEOUT_MS, ticks=ticks,
+                                      holders=[(lk.login, lk.pid) for lk in lockers]), sealer)
+
+
+def _say(batch: Batch, this: ThisTick, rid: str, said: Outcome, sealer: Sealer, audit: Audit | None = None) -> None:
     try:
         with batch.run() as conn:  # no run_id column: its foreign key would wait on the same lock
-            announce(conn, said, now=this.now, sealer=tk.sealer, once=True)
+            announce(conn, said, now=this.now, sealer=sealer, audit=audit, once=True)
     except Exception as exc:  # noqa: BLE001 — the log line said it; never at the other runs' expense
         if store_unavailable(exc):
             raise
         log.warning("run %s: could not queue its locked-row alert (%s)", one_line(rid, 40), type(exc).__name__)
 
 
+def _end_holders(tk: TickContext, row: Any, batch: Batch, ticks: int) -> tuple[list[RowLocker], list[RowLocker]]:
+    """(the sessions seen holding the run's row, those of them ended now). Only a diagnosis and a
+    signal: a failure here costs the run this tick's ending, never the tick."""
+    rid, st = row.id, tk.state
+    try:
+        with batch.run() as conn:
+            lockers = row_lockers.row_lockers(conn, rid)
+            before = st.lockers.get(rid, frozenset())
+            st.lockers[rid] = row_holders.seen(lockers)
+            if ticks < row_holders.HELD_TICKS or not lockers:
+                return lockers, []
+            chosen = row_holders.to_end(lockers, before, ticks, row_lockers.daemon_logins(conn))
+            if not chosen:
+                return lockers, []
+            if not row_lockers.may_end_sessions(conn):
+                if not st.end_refused_said:
+                    st.end_refused_said = True
+                    log.warning("run %s: its row is held locked by a writer's session (login %s, pid %d) the daemon "
+                                "may not end: its login lacks pg_signal_backend (%s; sql/postgres-roles.sql grants "
+                                "it). Until then such a lock is only alerted.", one_line(rid, 40),
+                                one_line(chosen[0].login, 64), chosen[0].pid, row_lockers.END_GRANT)
+                return lockers, []
+            ended = [lk for lk in chosen if row_lockers.end_session(conn, lk)]
+    except Exception as exc:  # noqa: BLE001 — the lock is still alerted; never at the other runs' expense
+        if store_unavailable(exc):
+            raise
+        log.warning("run %s: could not look up who holds its row (%s)", one_line(rid, 40), type(exc).__name__)
+        return [], []
+    for lk in ended:
+        log.warning("run %s: ended session pid %d of login %s: it held the run's row locked at %d ticks in a row",
+                    one_line(rid, 40), lk.pid, one_line(lk.login, 64), ticks)
+    return lockers, ended
+
+
 def released(tk: TickContext, row: Any) -> None:
     """The run's step went through: its lock is gone (said once in the log)."""
     tk.state.locked_tried.pop(row.id, None)
+    tk.state.lockers.pop(row.id, None)
     if tk.state.locked.pop(row.id, None) is not None:
         log.warning("run %s: its row lock is released; its step is taken", one_line(row.id, 40))

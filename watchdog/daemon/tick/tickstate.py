@@ -40,6 +40,11 @@ class TickState:
     locked: dict[str, int] = field(default_factory=dict)
     locked_tried: dict[str, int] = field(default_factory=dict)  # run id -> the number of its last try
     locked_tries: int = 0  # tries numbered, so the least recently tried locked run goes first
+    # run id -> the (pid, transaction id) of each session seen holding its row at its last miss
+    # (watchdog.daemon.tick.row_holders: the same transaction at two ticks in a row is ended)
+    lockers: dict[str, frozenset[tuple[int, str]]] = field(default_factory=dict)
+    # the daemon's login may not end another login's session (no pg_signal_backend): said once
+    end_refused_said: bool = False
 
     def holds_runs(self) -> bool:
         """Whether `forget` has anything to do (the ticker then builds the set of active ids)."""
@@ -57,6 +62,7 @@ class TickState:
         for rid in [k for k in self.locked if k not in active_ids]:
             del self.locked[rid]
             self.locked_tried.pop(rid, None)
+            self.lockers.pop(rid, None)
         if len(self.pause_seen) > MAX_PAUSE_KEYS or len(self.resume_seen) > MAX_PAUSE_KEYS:
             self.pause_seen.clear()
             self.resume_seen.clear()
@@ -86,6 +92,8 @@ class TickReport:
     adopted: tuple[str, ...] = ()  # hosts without a live daemon whose runs it judged too
     quarantined: list[str | None] = field(default_factory=list)  # run ids (None: an event of no run) not judged
     locked: list[str] = field(default_factory=list)  # runs whose row a writer held locked: tried again next tick
+    # (run id, login, pid) of each session the daemon ended this tick for holding a run's row locked
+    ended_sessions: list[tuple[str, str, int]] = field(default_factory=list)
     full: bool = True  # this tick read every active run (False: only what changed, issue 25)
     looked: int = 0  # the runs the pre-filter looked at (all of them on a full tick)
 
