@@ -110,12 +110,17 @@ def row_lockers(conn: Connection, run_id: str) -> list[RowLocker]:
 
 
 def _members(conn: Connection, xmax: str) -> list[str]:
-    """The transactions of multixact `xmax`; [] when it is none (a plain transaction id beyond or
-    before the multixacts the server keeps: "has not been created yet", "does no longer exist")."""
+    """The transactions of multixact `xmax` that keep the daemon's writes out; [] when it is none (a
+    plain transaction id beyond or before the multixacts the server keeps: "has not been created
+    yet", "does no longer exist"). A member holding only FOR KEY SHARE (what a foreign key check
+    takes) is left out: it never conflicts with the daemon's writes to a run (no-key UPDATEs,
+    key-share inserts), so it holds nothing from the daemon, however long; named, it would be
+    ended alongside whoever does hold the row (a gateway's witnessed event beside it: review)."""
     try:
         with conn.begin_nested():
             return [str(x) for x in conn.execute(
-                text("SELECT xid::text FROM pg_get_multixact_members(CAST(:x AS xid))"), {"x": xmax}).scalars()]
+                text("SELECT xid::text FROM pg_get_multixact_members(CAST(:x AS xid)) WHERE mode <> 'keysh'"),
+                {"x": xmax}).scalars()]
     except DBAPIError as exc:
         if store_unavailable(exc):
             raise
