@@ -96,7 +96,7 @@ def row_lockers(conn: Connection, run_id: str) -> list[RowLocker]:
         via_multi: list[RowLocker] = []
         if members:
             with conn.begin_nested():
-                via_multi = _sessions(conn, members)
+                via_multi = _sessions(conn, list(members))
     except DBAPIError as exc:
         if store_unavailable(exc):
             raise  # the store, not this row: the tick retries whole
@@ -107,25 +107,31 @@ def row_lockers(conn: Connection, run_id: str) -> list[RowLocker]:
         # pageinspect reads): a number that is both a running transaction's and a live multixact's
         # names nobody, rather than perhaps the wrong session.
         return []
-    return direct or via_multi
+    # A member holding only FOR KEY SHARE (what a foreign key check takes) is never named: it never
+    # conflicts with the daemon's writes to a run (no-key UPDATEs, key-share inserts), so it holds
+    # nothing from the daemon, however long; named, it would be ended alongside whoever does hold
+    # the row (a gateway's witnessed event beside it: review). It still makes the number a live
+    # multixact above: a key-share-only multixact must not let the number be read as a running
+    # transaction id instead (another login's, the pumped multixact counter having caught up).
+    return direct or [lk for lk in via_multi if members.get(lk.xid) != "keysh"]
 
 
-def _members(conn: Connection, xmax: str) -> list[str]:
-    """The transactions of multixact `xmax` that keep the daemon's writes out; [] when it is none (a
-    plain transaction id beyond or before the multixacts the server keeps: "has not been created
-    yet", "does no longer exist"). A member holding only FOR KEY SHARE (what a foreign key check
-    takes) is left out: it never conflicts with the daemon's writes to a run (no-key UPDATEs,
-    key-share inserts), so it holds nothing from the daemon, however long; named, it would be
-    ended alongside whoever does hold the row (a gateway's witnessed event beside it: review)."""
+def _members(conn: Connection, xmax: str) -> dict[str, str]:
+    """The transactions of multixact `xmax`, each with its lock's mode (a transaction in it twice:
+    its strongest); {} when it is none (a plain transaction id beyond or before the multixacts the
+    server keeps: "has not been created yet", "does no longer exist")."""
     try:
         with conn.begin_nested():
-            return [str(x) for x in conn.execute(
-                text("SELECT xid::text FROM pg_get_multixact_members(CAST(:x AS xid)) WHERE mode <> 'keysh'"),
-                {"x": xmax}).scalars()]
+            out: dict[str, str] = {}
+            for x, mode in conn.execute(text("SELECT xid::text, mode FROM pg_get_multixact_members(CAST(:x AS xid))"),
+                                        {"x": xmax}):
+                if out.get(str(x)) in (None, "keysh"):
+                    out[str(x)] = str(mode)
+            return out
     except DBAPIError as exc:
         if store_unavailable(exc):
             raise
-        return []
+        return {}
 
 
 def _sessions(conn: Connection, xids: list[str]) -> list[RowLocker]:
