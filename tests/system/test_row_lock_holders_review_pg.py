@@ -164,3 +164,60 @@ def test_sessions_of_the_holders_login_queued_on_the_row_are_ended_with_it_and_t
         holder.close()
         for c, t, _ in q + [bq]:
             c.close()
+
+
+def test_honest_short_bursts_of_a_gateway_and_the_owner_are_never_ended(store, daemon):
+    """gw witnesses on b's run and commits; b then holds its own row in a short transaction that
+    a tick happens to meet, a new one each tick (a new transaction id each time): no session is
+    ended, however many ticks in a row the daemon's write meets some lock."""
+    eng, sealer = daemon
+    rid = _runaway(store.url("b"))
+    b = raw(store.url("b"))
+    tk = Ticker(eng, config(), Killer(), sealer=sealer)
+    now = utcnow()
+    try:
+        for i in range(5):
+            gw = raw(store.url("gw"))
+            gw.execute("INSERT INTO events (run_id, seq, at, kind, tool, source) VALUES (%s, %s, now(), 'tool', "
+                       "'search', 'mcp')", (rid, WITNESS_SEQ_BASE + i))
+            gw.commit()  # its witnessed event, committed at once
+            assert b.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (rid,)).fetchone() == (rid,)
+            rep = tk.tick(later(now, i))
+            assert rep.locked == [rid] and rep.ended_sessions == []
+            assert _alive(gw) and _alive(b)
+            b.rollback()  # b's burst ends before the next tick; the next one is another transaction
+            gw.close()
+        assert rid in [r for r, _ in tk.tick(later(now, 6)).stops]  # (the witnessed calls read as a loop)
+    finally:
+        b.close()
+
+
+def test_a_second_daemons_login_and_a_writer_that_is_also_a_daemon_are_never_ended(store, daemon):
+    """Another host's daemon with its own login (a member of the tables' owner), and a login that
+    is both a gateway's and a member of the owner (an operator's), hold a run's row: alerted only,
+    never ended; nor the daemon's own pool's other connection (test_row_lock_holders_pg.py)."""
+    from sqlalchemy import text as sql
+    eng, sealer = daemon
+    tag = store.daemon.rsplit("_", 1)[-1]
+    d2, mixed = f"aw_lkr_d2_{tag}", f"aw_lkr_mx_{tag}"
+    with store.admin.connect() as conn:
+        conn.execute(sql(f'CREATE ROLE "{d2}" LOGIN IN ROLE "{store.daemon}"'))
+        conn.execute(sql(f'CREATE ROLE "{mixed}" LOGIN IN ROLE "{store.daemon}", "{store.gateway}"'))
+    holders = []
+    try:
+        runs_ = [_runaway(store.url("a")), _runaway(store.url("b"))]
+        for login, rid in zip((d2, mixed), runs_):
+            url = store.base.set(username=login, database=store.db).render_as_string(hide_password=False)
+            holders.append(_holds_for_update(url, rid))
+        tk = Ticker(eng, config(), Killer(), sealer=sealer)
+        now = utcnow()
+        for i in range(4):
+            rep = tk.tick(later(now, i))
+            assert sorted(rep.locked) == sorted(runs_) and rep.ended_sessions == []
+        assert all(_alive(h) for h in holders)
+    finally:
+        for h in holders:
+            h.close()
+        with store.admin.connect() as conn:
+            for r in (d2, mixed):
+                conn.execute(sql(f'DROP ROLE IF EXISTS "{r}"'))

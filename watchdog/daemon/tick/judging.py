@@ -363,6 +363,9 @@ def skipped(tk: TickContext, this: ThisTick, row: Any) -> bool:
 # reconnect of the same login (or a session already queued on the row) took the row first every
 # time, and the run was never stopped (review).
 RETRIES_AFTER_ENDING = 2
+# The queued sessions ended with a holder, at most (each ending waits for its exit, bounded): more
+# would take the row in turn and, their login an offender by then, be ended at their first miss.
+MAX_QUEUED_ENDED = 16
 
 
 def held(tk: TickContext, this: ThisTick, row: Any, batch: Batch, again: bool = False) -> bool:
@@ -446,7 +449,7 @@ def _end_holders(tk: TickContext, row: Any, batch: Batch, ticks: int) -> tuple[l
             # (pg_terminate_backend allows it for the same role), so this lends it nothing.
             logins = sorted({lk.login for lk in chosen} | offenders)
             queued = [w for w in row_lockers.row_waiters(conn, [lk.pid for lk in chosen], logins)
-                      if row_holders.may_end(w, ours)]
+                      if row_holders.may_end(w, ours)][:MAX_QUEUED_ENDED]
             # (the queued first: ended after the holder, the first of them would already hold the row)
             ended = [lk for lk in queued + chosen if row_lockers.end_session(conn, lk)]
     except Exception as exc:  # noqa: BLE001 — the lock is still alerted; never at the other runs' expense
