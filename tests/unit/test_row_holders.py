@@ -50,3 +50,15 @@ def test_only_the_sessions_that_qualify_among_several():
     su = dataclasses.replace(GW, pid=1, xid="5", login="postgres", superuser=True)
     agent = dataclasses.replace(GW, pid=2, xid="6", login="aw_a")
     assert to_end([su, agent, GW], seen([su, agent, GW]), 2, OURS) == [agent, GW]
+
+
+def test_a_new_session_of_a_login_already_ended_on_this_run_is_ended_at_its_first_miss():
+    """Review: each reconnect of the same login bought it two more ticks, the run never stopped."""
+    again = dataclasses.replace(GW, pid=4343, xid="778")
+    assert to_end([again], frozenset(), 1, OURS, offenders={"aw_gl"}) == [again]
+    assert to_end([again], frozenset(), 1, OURS, offenders={"someone_else"}) == []
+    # never a login the daemon may not end, offender or not
+    ours = dataclasses.replace(again, login="agent_watchdog")
+    assert to_end([ours], frozenset(), 1, OURS, offenders={"agent_watchdog"}) == []
+    su = dataclasses.replace(again, superuser=True)
+    assert to_end([su], frozenset(), 1, OURS, offenders={"aw_gl"}) == []

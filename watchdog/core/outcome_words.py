@@ -181,7 +181,7 @@ def row_lock_ended_alert(run_id: str, status: str, waited_ms: int, ticks: int,
             f"run {ident(run_id)} ({state})\nThe daemon waited {waited_ms} ms for the run's row lock at {ticks} "
             "ticks in a row, held by the same open transaction each time, and gave up each time. That session "
             f"belongs to a confined writer's login (the agents' or the gateway's role): the daemon ended it: {who}{more}. "
-            "Its open transaction is rolled back; the run's step (its stop, if due) is taken at the next tick. "
+            "Its open transaction is rolled back; the run's step (its stop, if due) is then taken at once. "
             "A writer that keeps its transaction open on a run's row is misbehaving: check that login's client.")
 
 

@@ -32,7 +32,8 @@ from sqlalchemy.exc import DBAPIError
 
 from watchdog.store.engine import Connection, DAEMON_LOCK_TIMEOUT_MS, store_unavailable
 
-__all__ = ["RowLocker", "row_lockers", "may_end_sessions", "end_session", "daemon_logins", "END_GRANT"]
+__all__ = ["RowLocker", "row_lockers", "row_waiters", "may_end_sessions", "end_session", "daemon_logins",
+           "END_GRANT"]
 
 log = logging.getLogger("watchdog.store")
 
@@ -95,7 +96,7 @@ def row_lockers(conn: Connection, run_id: str) -> list[RowLocker]:
         via_multi: list[RowLocker] = []
         if members:
             with conn.begin_nested():
-                via_multi = _sessions(conn, members)
+                via_multi = _sessions(conn, list(members))
     except DBAPIError as exc:
         if store_unavailable(exc):
             raise  # the store, not this row: the tick retries whole
@@ -106,26 +107,84 @@ def row_lockers(conn: Connection, run_id: str) -> list[RowLocker]:
         # pageinspect reads): a number that is both a running transaction's and a live multixact's
         # names nobody, rather than perhaps the wrong session.
         return []
-    return direct or via_multi
+    # A member holding only FOR KEY SHARE (what a foreign key check takes) is never named: it never
+    # conflicts with the daemon's writes to a run (no-key UPDATEs, key-share inserts), so it holds
+    # nothing from the daemon, however long; named, it would be ended alongside whoever does hold
+    # the row (a gateway's witnessed event beside it: review). It still makes the number a live
+    # multixact above: a key-share-only multixact must not let the number be read as a running
+    # transaction id instead (another login's, the pumped multixact counter having caught up).
+    return direct or [lk for lk in via_multi if members.get(lk.xid) != "keysh"]
 
 
-def _members(conn: Connection, xmax: str) -> list[str]:
-    """The transactions of multixact `xmax`; [] when it is none (a plain transaction id beyond or
-    before the multixacts the server keeps: "has not been created yet", "does no longer exist")."""
+def _members(conn: Connection, xmax: str) -> dict[str, str]:
+    """The transactions of multixact `xmax`, each with its lock's mode (a transaction in it twice:
+    its strongest); {} when it is none (a plain transaction id beyond or before the multixacts the
+    server keeps: "has not been created yet", "does no longer exist")."""
     try:
         with conn.begin_nested():
-            return [str(x) for x in conn.execute(
-                text("SELECT xid::text FROM pg_get_multixact_members(CAST(:x AS xid))"), {"x": xmax}).scalars()]
+            out: dict[str, str] = {}
+            for x, mode in conn.execute(text("SELECT xid::text, mode FROM pg_get_multixact_members(CAST(:x AS xid))"),
+                                        {"x": xmax}):
+                if out.get(str(x)) in (None, "keysh"):
+                    out[str(x)] = str(mode)
+            return out
     except DBAPIError as exc:
         if store_unavailable(exc):
             raise
-        return []
+        return {}
 
 
 def _sessions(conn: Connection, xids: list[str]) -> list[RowLocker]:
     return [RowLocker(pid=int(pid), xid=str(xid), login=str(login), superuser=bool(su), bypasses_rls=bool(by),
                       daemons=bool(ours), writer=bool(writer))
             for pid, xid, login, su, by, ours, writer in conn.execute(_SESSIONS, {"xids": xids})]
+
+
+# Sessions of :logins in this database queued (transitively) behind the sessions :pids on a lock,
+# each with the same facts as _SESSIONS. A waiter may have no transaction id yet (a FOR UPDATE
+# that has not got its row): it is named by pid and login. Waiting is read from pg_locks (a lock
+# not granted) and pg_blocking_pids: pg_stat_activity's wait_event_type, like backend_start, is
+# hidden from another login's session without pg_read_all_stats.
+_WAITERS = text(r"""
+WITH RECURSIVE behind(pid) AS (
+  SELECT unnest(CAST(:pids AS int[]))
+  UNION
+  SELECT s.pid FROM pg_stat_activity s JOIN behind b ON b.pid = ANY(pg_blocking_pids(s.pid))
+   WHERE s.usename = ANY(:logins)
+     AND EXISTS (SELECT 1 FROM pg_locks w WHERE w.pid = s.pid AND NOT w.granted)
+     AND s.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT a.pid, a.usename, r.rolsuper, r.rolbypassrls,
+       (a.usename = session_user OR a.usename = current_user OR pg_has_role(a.usesysid, o.relowner, 'MEMBER')),
+       EXISTS (SELECT 1 FROM pg_policies p, unnest(p.roles) AS w(name)
+                WHERE p.schemaname = current_schema() AND p.tablename = 'events'
+                  AND p.policyname LIKE 'aw\_witness\_range\_%' AND w.name <> 'public'
+                  AND pg_has_role(a.usesysid, w.name, 'MEMBER'))
+  FROM behind t
+  JOIN pg_stat_activity a ON a.pid = t.pid
+  JOIN pg_roles r ON r.oid = a.usesysid
+ CROSS JOIN (SELECT relowner FROM pg_class WHERE oid = 'runs'::regclass) AS o
+ WHERE a.pid <> pg_backend_pid() AND NOT (a.pid = ANY(CAST(:pids AS int[])))
+ ORDER BY a.pid""")
+
+
+def row_waiters(conn: Connection, pids: list[int], logins: list[str]) -> list[RowLocker]:
+    """The sessions of `logins` waiting, directly or behind one another, on the sessions `pids`
+    (those holding a run's row): when the holder is ended, the first of them would take the row
+    before the daemon's step (a queued or reconnected session of the same login). [] on SQLite."""
+    if conn.dialect.name != "postgresql" or not pids or not logins:
+        return []
+    try:
+        with conn.begin_nested():
+            return [RowLocker(pid=int(pid), xid="", login=str(login), superuser=bool(su), bypasses_rls=bool(by),
+                              daemons=bool(ours), writer=bool(writer))
+                    for pid, login, su, by, ours, writer in conn.execute(
+                        _WAITERS, {"pids": [int(p) for p in pids], "logins": list(logins)})]
+    except DBAPIError as exc:
+        if store_unavailable(exc):
+            raise
+        log.debug("the sessions waiting behind %s cannot be read (%s)", pids[:5], type(exc.orig).__name__)
+        return []
 
 
 def daemon_logins(conn: Connection) -> frozenset[str]:
@@ -156,11 +215,16 @@ def end_session(conn: Connection, locker: RowLocker) -> bool:
     major = (conn.dialect.server_version_info or (0,))[0]
     waits = isinstance(major, int) and major >= 14
     call = "pg_terminate_backend(a.pid, :ms)" if waits else "pg_terminate_backend(a.pid)"
+    if locker.xid:  # a holder: still running the transaction that holds the lock
+        still = """EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'transactionid'
+                AND l.mode = 'ExclusiveLock' AND l.granted AND l.transactionid::text = :xid)"""
+        params: dict[str, object] = {"pid": locker.pid, "xid": locker.xid}
+    else:  # a waiter (row_waiters, no transaction id yet): of the same login, still waiting on a lock
+        still = ("a.usename = :login AND cardinality(pg_blocking_pids(a.pid)) > 0 "
+                 "AND EXISTS (SELECT 1 FROM pg_locks w WHERE w.pid = a.pid AND NOT w.granted)")
+        params = {"pid": locker.pid, "login": locker.login}
     sql = text(f"""SELECT {call} FROM pg_stat_activity a
- WHERE a.pid = :pid AND a.pid <> pg_backend_pid()
-   AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'transactionid'
-                AND l.mode = 'ExclusiveLock' AND l.granted AND l.transactionid::text = :xid)""")
-    params: dict[str, object] = {"pid": locker.pid, "xid": locker.xid}
+ WHERE a.pid = :pid AND a.pid <> pg_backend_pid() AND {still}""")
     if waits:
         params["ms"] = int(DAEMON_LOCK_TIMEOUT_MS)
     try:

@@ -39,8 +39,10 @@ the row is still locked at the next tick, with the run id as the daemon reads it
 of the generated form). Its process is not signalled meanwhile (see docs/explanation/security.md,
 "A run that holds its own row locked"). A confined writer's session (an agent's login on its own
 run, a gateway's on any run it witnessed) that holds it with the same transaction at two ticks in
-a row is ended by the daemon (row_holders decides, store.row_lockers finds and ends it): recorded
-and alerted as such (`locked:<run>:ended:<pid>:<xid>`), and the run's step is taken at the next tick.
+a row is ended by the daemon (row_holders decides, store.row_lockers finds and ends it), with its
+login's sessions queued on the row: recorded and alerted as such (`locked:<run>:ended:<pid>:<xid>`),
+and the run's step is taken again at once (RETRIES_AFTER_ENDING); a new session of a login already
+ended on that run is ended at its first miss, until the step goes through.
 """
 
 from __future__ import annotations
@@ -356,24 +358,41 @@ def skipped(tk: TickContext, this: ThisTick, row: Any) -> bool:
     return True
 
 
-def held(tk: TickContext, this: ThisTick, row: Any, batch: Batch) -> None:
+# After the daemon ended the session(s) holding a run's row, its step is taken again at once, in
+# the same tick, at most this many times (each a bounded wait): taken only at the next tick, a
+# reconnect of the same login (or a session already queued on the row) took the row first every
+# time, and the run was never stopped (review).
+RETRIES_AFTER_ENDING = 2
+# The queued sessions ended with a holder, at most (each ending waits for its exit, bounded): more
+# would take the row in turn and, their login an offender by then, be ended at their first miss.
+MAX_QUEUED_ENDED = 16
+
+
+def held(tk: TickContext, this: ThisTick, row: Any, batch: Batch, again: bool = False) -> bool:
     """The run's step gave up on its row lock this tick: remembered, logged once, alerted once; a
-    confined writer's session holding it at two ticks in a row is ended (row_holders)."""
+    confined writer's session holding it at two ticks in a row is ended (row_holders), with the
+    sessions of its login queued behind it. True when a session was ended: the caller takes the
+    step again at once. `again`: this miss is such a retry's, in the tick that already counted one."""
     rid, st = row.id, tk.state
-    ticks = st.locked.get(rid, 0) + 1
-    st.locked[rid] = ticks
-    st.locked_tries += 1
-    st.locked_tried[rid] = st.locked_tries
     this.lock_waits += 1
-    this.rep.locked.append(rid)
-    if ticks == 1:
+    if again:
+        ticks = st.locked.get(rid, 1)
+    else:
+        ticks = st.locked.get(rid, 0) + 1
+        st.locked[rid] = ticks
+        st.locked_tries += 1
+        st.locked_tried[rid] = st.locked_tries
+        this.rep.locked.append(rid)
+    if ticks == 1 and not again:
         log.warning("run %s (%s): its row is locked by another session; its step waits, tried again each tick",
                     one_line(rid, 40), one_line(str(row.status), 16))
     lockers, ended = _end_holders(tk, row, batch, ticks)
     this.rep.ended_sessions += [(rid, lk.login, lk.pid) for lk in ended]
+    if ended:
+        st.offenders[rid] = st.offenders.get(rid, frozenset()) | {lk.login for lk in ended}
     sealer = tk.sealer
     if sealer is None:
-        return
+        return bool(ended)
     if ended:  # said as the ending, whatever the tick (each ended session once)
         for lk in ended:
             audit = Audit(Action.SESSION_ENDED, by=tk.by, reason="row_locked", outcome="session ended",
@@ -382,12 +401,13 @@ def held(tk: TickContext, this: ThisTick, row: Any, batch: Batch) -> None:
             _say(batch, this, rid, Outcome.of(
                 Say.ROW_LOCK_ENDED, AlertKind.LOCKED.key(rid, "ended", lk.pid, lk.xid), None, run_id=rid,
                 status=str(row.status), waited_ms=DAEMON_LOCK_TIMEOUT_MS, ticks=ticks, ended=[(lk.login, lk.pid)]), sealer, audit)
-        return
-    if ticks != ALERT_AFTER_TICKS:
-        return
+        return True
+    if ticks != ALERT_AFTER_TICKS or again:
+        return False
     _say(batch, this, rid, Outcome.of(Say.ROW_LOCKED, AlertKind.LOCKED.key(rid), None, run_id=rid,
                                       status=str(row.status), waited_ms=DAEMON_LOCK_TIMEOUT_MS, ticks=ticks,
                                       holders=[(lk.login, lk.pid) for lk in lockers]), sealer)
+    return False
 
 
 def _say(batch: Batch, this: ThisTick, rid: str, said: Outcome, sealer: Sealer, audit: Audit | None = None) -> None:
@@ -409,9 +429,11 @@ def _end_holders(tk: TickContext, row: Any, batch: Batch, ticks: int) -> tuple[l
             lockers = row_lockers.row_lockers(conn, rid)
             before = st.lockers.get(rid, frozenset())
             st.lockers[rid] = row_holders.seen(lockers)
-            if ticks < row_holders.HELD_TICKS or not lockers:
+            if not lockers:
                 return lockers, []
-            chosen = row_holders.to_end(lockers, before, ticks, row_lockers.daemon_logins(conn))
+            ours = row_lockers.daemon_logins(conn)
+            offenders = st.offenders.get(rid, frozenset())
+            chosen = row_holders.to_end(lockers, before, ticks, ours, offenders)
             if not chosen:
                 return lockers, []
             if not row_lockers.may_end_sessions(conn):
@@ -422,7 +444,14 @@ def _end_holders(tk: TickContext, row: Any, batch: Batch, ticks: int) -> tuple[l
                                 "it). Until then such a lock is only alerted.", one_line(rid, 40),
                                 one_line(chosen[0].login, 64), chosen[0].pid, row_lockers.END_GRANT)
                 return lockers, []
-            ended = [lk for lk in chosen if row_lockers.end_session(conn, lk)]
+            # Its login's sessions queued behind it (or behind one another) would take the row
+            # before the daemon's step: ended with it. A login may end its own sessions itself
+            # (pg_terminate_backend allows it for the same role), so this lends it nothing.
+            logins = sorted({lk.login for lk in chosen} | offenders)
+            queued = [w for w in row_lockers.row_waiters(conn, [lk.pid for lk in chosen], logins)
+                      if row_holders.may_end(w, ours)][:MAX_QUEUED_ENDED]
+            # (the queued first: ended after the holder, the first of them would already hold the row)
+            ended = [lk for lk in queued + chosen if row_lockers.end_session(conn, lk)]
     except Exception as exc:  # noqa: BLE001 — the lock is still alerted; never at the other runs' expense
         if store_unavailable(exc):
             raise
@@ -438,5 +467,6 @@ def released(tk: TickContext, row: Any) -> None:
     """The run's step went through: its lock is gone (said once in the log)."""
     tk.state.locked_tried.pop(row.id, None)
     tk.state.lockers.pop(row.id, None)
+    tk.state.offenders.pop(row.id, None)
     if tk.state.locked.pop(row.id, None) is not None:
         log.warning("run %s: its row lock is released; its step is taken", one_line(row.id, 40))

@@ -41,10 +41,12 @@ def may_end(lk: RowLocker, ours: Collection[str]) -> bool:
 
 
 def to_end(lockers: Sequence[RowLocker], before: Collection[tuple[int, str]], ticks: int,
-           ours: Collection[str]) -> list[RowLocker]:
+           ours: Collection[str], offenders: Collection[str] = ()) -> list[RowLocker]:
     """The sessions to end now: `lockers` hold the row this tick, `before` is what the previous
     tick saw holding it (seen()), `ticks` the ticks in a row the daemon's write met the lock (this
-    one included), `ours` the daemon's own logins."""
-    if ticks < HELD_TICKS:
-        return []
-    return [lk for lk in lockers if (lk.pid, lk.xid) in before and may_end(lk, ours)]
+    one included), `ours` the daemon's own logins, `offenders` the logins a session of which the
+    daemon already ended for holding this run's row, its step not taken since: a new session of
+    such a login holding it again (a reconnect) is ended at once, else each reconnect would buy
+    it two more ticks and the run would never be stopped (review)."""
+    return [lk for lk in lockers if may_end(lk, ours)
+            and (lk.login in offenders or (ticks >= HELD_TICKS and (lk.pid, lk.xid) in before))]

@@ -230,22 +230,32 @@ class Ticker:
     def _one_isolated(self, row: Row, this: ThisTick, batch: Batch) -> None:
         if judging.skipped(self, this, row):
             return
-        try:
-            self._one(row, this, batch)
-        except Exception as exc:  # one bad row must not stop the scan of the others...
-            if row_locked(exc):  # a writer holds its row: its step rolled back alone, tried next tick
-                judging.held(self, this, row, batch)
+        for attempt in range(1 + judging.RETRIES_AFTER_ENDING):
+            try:
+                self._one(row, this, batch)
+                break
+            except Exception as exc:  # one bad row must not stop the scan of the others...
+                if row_locked(exc):  # a writer holds its row: its step rolled back alone, tried next tick
+                    if judging.held(self, this, row, batch, again=attempt > 0) \
+                            and attempt < judging.RETRIES_AFTER_ENDING:
+                        continue  # its holder was ended (and has exited): the step at once, before another takes the row
+                    return
+                self._failed(row, exc)
                 return
-            if store_unavailable(exc):
-                raise  # ...but a store that is down or locked fails them all: retry the whole tick
-            if not isinstance(exc, Malformed) and row.id not in self.quarantine.logged:  # once: our bug?
-                self.quarantine.logged.add(row.id)
-                log.exception("run %s: evaluation failed", one_line(row.id, 40))
-            detail = str(exc) if isinstance(exc, Malformed) else f"its evaluation failed ({type(exc).__name__})"
-            self.scanner.defects.append(Defect(row.id, detail))
-            return
         if self.state.locked:
+            if row.id in this.rep.locked:  # a retry went through: the run is not left locked this tick
+                this.rep.locked.remove(row.id)
             judging.released(self, row)
+
+    def _failed(self, row: Row, exc: Exception) -> None:
+        """A run's step failed for another reason than its row lock."""
+        if store_unavailable(exc):
+            raise exc  # ...but a store that is down or locked fails them all: retry the whole tick
+        if not isinstance(exc, Malformed) and row.id not in self.quarantine.logged:  # once: our bug?
+            self.quarantine.logged.add(row.id)
+            log.exception("run %s: evaluation failed", one_line(row.id, 40), exc_info=exc)
+        detail = str(exc) if isinstance(exc, Malformed) else f"its evaluation failed ({type(exc).__name__})"
+        self.scanner.defects.append(Defect(row.id, detail))
 
     def _report_defects(self, this: ThisTick, batch: Batch) -> None:
         """Each row or event the tick could not read or judge, reported once (quarantine.py)."""

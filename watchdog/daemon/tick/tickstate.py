@@ -43,6 +43,8 @@ class TickState:
     # run id -> the (pid, transaction id) of each session seen holding its row at its last miss
     # (watchdog.daemon.tick.row_holders: the same transaction at two ticks in a row is ended)
     lockers: dict[str, frozenset[tuple[int, str]]] = field(default_factory=dict)
+    # run id -> the logins of the sessions ended for holding its row, until its step is taken
+    offenders: dict[str, frozenset[str]] = field(default_factory=dict)
     # the daemon's login may not end another login's session (no pg_signal_backend): said once
     end_refused_said: bool = False
 
@@ -63,6 +65,7 @@ class TickState:
             del self.locked[rid]
             self.locked_tried.pop(rid, None)
             self.lockers.pop(rid, None)
+            self.offenders.pop(rid, None)
         if len(self.pause_seen) > MAX_PAUSE_KEYS or len(self.resume_seen) > MAX_PAUSE_KEYS:
             self.pause_seen.clear()
             self.resume_seen.clear()
