@@ -210,5 +210,5 @@ def _prefilter(tk: TickContext, this: ThisTick, light: list[Any], live: set[int]
                             resume_seen=tk.state.resume_seen, skip_clock=this.skip_clock,
                             defects=tk.scanner.defects, evidence=tk.scanner.evidence.tallies,
                             first=trust.first, new_seen=trust.new_seen, raised=trust.raised_key,
-                            owner_ok=trust.owner_ok, wake=wake, costs=costs,
+                            owner_ok=trust.owner_lookup(), wake=wake, costs=costs,
                             spend_as=trust.spend_as if trust.bound else None)

@@ -134,6 +134,12 @@ class Trust:
     def owner_ok(self, rid: str) -> bool | None:
         return self._owner_ok.get(rid)
 
+    def owner_lookup(self) -> Callable[[str], bool | None]:
+        """`owner_ok` for the pre-filter's pass over every run: the memo's own lookup (a C call,
+        not a Python frame per run; the memo is only ever cleared, never replaced, so the lookup
+        answers exactly what `owner_ok` would, at the moment it is called)."""
+        return self._owner_ok.get
+
     def not_owner(self, rid: str) -> None:
         """A run its sender may not book under its profile, known from the start (the OTLP
         receiver's anonymous runs): judged by [defaults] from its first tick."""
