@@ -269,8 +269,28 @@ class ChangeFeed:
         if since is not None and since != self.cursor:
             self._restart(since)
         backend = dialects.of(conn)
-        cursor, reported = self.cursor, self._reported
+        cursor = self.cursor
         low = cursor if backend.commits_in_order or not self._lows else min(self._lows[0], cursor)
+        reads, opened, confined = self._reads(backend, src, above, reach, low)
+        got = backend.read_batch(conn, reads)
+        rows: list[Sequence[Any]] = got[0]
+        probed = _number(got[1][0][0]) if got[1] else 0
+        if low < cursor:
+            late = self._late(got, cursor, confined)
+            if late:
+                cond = src.number.in_(late)
+                if reach is not None:
+                    cond = cond & reach_clause(reach)
+                rows = list(conn.execute(src.rows(columns).where(cond))) + rows
+        if opened:
+            self._visible = {n for (n,) in got[2]}
+        return rows, probed
+
+    def _reads(self, backend: dialects.Dialect, src: change_index.Source, above: str, reach: Reach | None,
+               low: int) -> tuple[list[tuple[str, tuple[Any, ...]]], bool, bool]:
+        """_fetch's statements: the rows above the cursor, the high-water probe, and the late
+        window's numbers; whether the window is read open (a reach's) and whether confined."""
+        cursor = self.cursor
         extra: tuple[Any, ...] = () if reach is None else reach_params(reach)
         if reach is not None:
             above = _confined(above, backend, src)
@@ -288,24 +308,17 @@ class ChangeFeed:
             # The late window: its numbers only (the index alone), whole rows for the few not
             # reported yet: a number that committed after the cursor passed it.
             reads.append((_window(backend, src, reach), (low, cursor, *extra)))
-        got = backend.read_batch(conn, reads)
-        rows: list[Sequence[Any]] = got[0]
-        probed = _number(got[1][0][0]) if got[1] else 0
-        if low < cursor:
-            if confined:
-                late = [n for (n,) in got[-1] if n not in reported]
-            else:
-                seen = self._visible
-                assert seen is not None
-                late = sorted(n for (n,) in got[2] if n <= cursor and n not in seen and n not in reported)
-            if late:
-                cond = src.number.in_(late)
-                if reach is not None:
-                    cond = cond & reach_clause(reach)
-                rows = list(conn.execute(src.rows(columns).where(cond))) + rows
-        if opened:
-            self._visible = {n for (n,) in got[2]}
-        return rows, probed
+        return reads, opened, confined
+
+    def _late(self, got: list[list[Any]], cursor: int, confined: bool) -> list[int]:
+        """The window's numbers not reported yet: of the confined window's read (the last), or of
+        the open one (the third) those at or below the cursor the read before did not see."""
+        reported = self._reported
+        if confined:
+            return [n for (n,) in got[-1] if n not in reported]
+        seen = self._visible
+        assert seen is not None
+        return sorted(n for (n,) in got[2] if n <= cursor and n not in seen and n not in reported)
 
     def _moved(self, conn: Connection, numbers: list[int], top: int) -> None:
         if not dialects.of(conn).commits_in_order:
