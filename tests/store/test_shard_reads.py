@@ -91,3 +91,50 @@ def test_a_judge_reads_its_shards_runs_and_events_and_its_hosts_nothing_else(eng
     assert sorted(folded) == sorted(mine)  # the new events: only theirs
     assert len(ids_in_window) == window.n == len(mine)  # the late window counts the same events
     assert shards.Reach({"a"}, [1]) != shards.Reach({"a"}, [2]) and shards.Reach({"a"}, [1]) != frozenset({"a"})
+
+
+def test_a_reachs_feed_reads_its_late_commits_once_and_not_the_others(engine, pg_migrated):
+    """The reach's late window reads every number below its cursor unconfined and reads whole
+    only those the read before did not see (issue 35): a run of the reach (by its shard, or on
+    its host) whose change commits after a later one is still read, once; another judge's run
+    committed late is not read; a number seen before is not read again."""
+    import psycopg
+    from sqlalchemy import make_url
+
+    elsewhere = insert_runs(engine, 60)
+    here = insert_runs(engine, 2, host="judge-host")
+    held = {0, 2}
+    reach = shards.Reach({"judge-host"}, shards.buckets_of(held, N))
+    by_shard = [rid for rid in elsewhere if shards.shard_of(rid, N) in held]
+    theirs = [rid for rid in elsewhere if shards.shard_of(rid, N) not in held]
+    feed = ChangeFeed()
+
+    def read() -> list[str]:
+        with read_connection(engine) as conn:
+            return sorted(scan.changed_light(conn, feed, reach).ids)
+
+    with read_connection(engine) as conn:
+        feed.mark(conn, reach)
+    assert read() == []
+    dsn = make_url(pg_migrated).set(drivername="postgresql").render_as_string(hide_password=False)
+    conns = [psycopg.connect(dsn, autocommit=True) for _ in range(4)]
+    slow_mine, slow_host, slow_theirs, fast = conns
+    try:
+        for _ in range(2):  # twice: the first read after mark is confined, the next ones are not
+            for c in (slow_mine, slow_host, slow_theirs):
+                c.execute("BEGIN")
+            slow_mine.execute("UPDATE runs SET progress = 'slow' WHERE id = %s", (by_shard[0],))
+            slow_host.execute("UPDATE runs SET progress = 'slow' WHERE id = %s", (here[0],))
+            slow_theirs.execute("UPDATE runs SET progress = 'slow' WHERE id = %s", (theirs[0],))
+            fast.execute("UPDATE runs SET progress = 'fast' WHERE id = %s", (by_shard[1],))  # a later number
+            fast.execute("UPDATE runs SET progress = 'fast' WHERE id = %s", (theirs[1],))
+            assert read() == [by_shard[1]]
+            for c in (slow_mine, slow_host, slow_theirs):
+                c.execute("COMMIT")
+            assert read() == sorted([by_shard[0], here[0]])  # below the cursor: read once, only the reach's
+            assert read() == []
+            fast.execute("UPDATE runs SET progress = 'again' WHERE id = %s", (theirs[2],))
+            assert read() == []
+    finally:
+        for c in conns:
+            c.close()

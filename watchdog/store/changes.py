@@ -167,6 +167,11 @@ def _row(r: Sequence[Any]) -> RunChange | None:
 # (Dialect.read_batch).
 
 
+def _open(backend: dialects.Dialect, src: change_index.Source) -> str:
+    """Every number above one bound (`{ph}`): the late window's read, open above, unconfined."""
+    return src.window.partition(" AND ")[0].format(ph=backend.ph)
+
+
 def _window(backend: dialects.Dialect, src: change_index.Source, reach: Reach | None = None) -> str:
     if reach is None:
         return src.window.format(ph=backend.ph)
@@ -217,6 +222,7 @@ class ChangeFeed:
         self._lows: deque[int] = deque(maxlen=late_reads)  # the cursor before each of the last reads
         self._reported: set[int] = set()  # numbers above the window's low end already reported
         self._batches: deque[list[int]] = deque()  # what each of the last reads added to it
+        self._visible: set[int] | None = None  # a reach's: every number the last read saw above its low end
 
     def read(self, conn: Connection, since: int | None = None) -> ChangeBatch:
         """The runs numbered above the cursor (and, where commits come out of order, the late
@@ -263,27 +269,56 @@ class ChangeFeed:
         if since is not None and since != self.cursor:
             self._restart(since)
         backend = dialects.of(conn)
-        cursor, reported = self.cursor, self._reported
+        cursor = self.cursor
         low = cursor if backend.commits_in_order or not self._lows else min(self._lows[0], cursor)
-        extra: tuple[Any, ...] = () if reach is None else reach_params(reach)
-        if reach is not None:
-            above = _confined(above, backend, src)
-        reads: list[tuple[str, tuple[Any, ...]]] = [(above, (cursor, *extra)), (src.top, ())]
-        if low < cursor:
-            # The late window: its numbers only (the index alone), whole rows for the few not
-            # reported yet: a number that committed after the cursor passed it.
-            reads.append((_window(backend, src, reach), (low, cursor, *extra)))
+        reads, opened, confined = self._reads(backend, src, above, reach, low)
         got = backend.read_batch(conn, reads)
         rows: list[Sequence[Any]] = got[0]
         probed = _number(got[1][0][0]) if got[1] else 0
         if low < cursor:
-            late = [n for (n,) in got[2] if n not in reported]
+            late = self._late(got, cursor, confined)
             if late:
                 cond = src.number.in_(late)
                 if reach is not None:
                     cond = cond & reach_clause(reach)
                 rows = list(conn.execute(src.rows(columns).where(cond))) + rows
+        if opened:
+            self._visible = {n for (n,) in got[2]}
         return rows, probed
+
+    def _reads(self, backend: dialects.Dialect, src: change_index.Source, above: str, reach: Reach | None,
+               low: int) -> tuple[list[tuple[str, tuple[Any, ...]]], bool, bool]:
+        """_fetch's statements: the rows above the cursor, the high-water probe, and the late
+        window's numbers; whether the window is read open (a reach's) and whether confined."""
+        cursor = self.cursor
+        extra: tuple[Any, ...] = () if reach is None else reach_params(reach)
+        if reach is not None:
+            above = _confined(above, backend, src)
+        reads: list[tuple[str, tuple[Any, ...]]] = [(above, (cursor, *extra)), (src.top, ())]
+        # A reach's late window (issue 35): every number visible above the window's low end, the
+        # index alone, not confined: confined, each number's run row was probed for its host, ~3
+        # reads of every judge's changes a tick. A number at or below the cursor is late if the
+        # read before did not see it (a number is one change of one run: visible once committed,
+        # gone only when its run changes again); only those are read whole, confined.
+        opened = reach is not None and not backend.commits_in_order
+        if opened:
+            reads.append((_open(backend, src), (low,)))
+        confined = low < cursor and not (opened and self._visible is not None)
+        if confined:
+            # The late window: its numbers only (the index alone), whole rows for the few not
+            # reported yet: a number that committed after the cursor passed it.
+            reads.append((_window(backend, src, reach), (low, cursor, *extra)))
+        return reads, opened, confined
+
+    def _late(self, got: list[list[Any]], cursor: int, confined: bool) -> list[int]:
+        """The window's numbers not reported yet: of the confined window's read (the last), or of
+        the open one (the third) those at or below the cursor the read before did not see."""
+        reported = self._reported
+        if confined:
+            return [n for (n,) in got[-1] if n not in reported]
+        seen = self._visible
+        assert seen is not None
+        return sorted(n for (n,) in got[2] if n <= cursor and n not in seen and n not in reported)
 
     def _moved(self, conn: Connection, numbers: list[int], top: int) -> None:
         if not dialects.of(conn).commits_in_order:
@@ -341,3 +376,4 @@ class ChangeFeed:
         self._lows.clear()
         self._batches.clear()
         self._reported = set()
+        self._visible = None

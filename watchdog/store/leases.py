@@ -21,7 +21,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from sqlalchemy import String, and_, bindparam, case, func, insert, literal, select, text, update
+from sqlalchemy import BigInteger, String, and_, bindparam, case, func, insert, literal, null, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
@@ -172,6 +172,45 @@ def _renew_statement(pg: bool, leader: bool, with_tick: bool) -> Any:
             values.update(last_tick_at=bindparam("b_tick_at", type_=c.last_tick_at.type),
                           last_event_id=bindparam("b_event_id", type_=c.last_event_id.type))
         q = _RENEW[key] = update(daemons).where(mine).values(**values)
+    return q
+
+
+def follow(conn: Connection, *, host: str, pid: int, create_time: float, lease_s: float,
+           tick: tuple[dt.datetime, int | None] | None = None) -> tuple[bool, bool]:
+    """A follower's tick on its lease's session (PostgreSQL), one round trip: try the leader lock
+    and extend the lease row if it still names this process, recording `tick` (the last tick's
+    end and newest event folded) when given; the row names a leader (`leader_since`) only if the
+    lock was taken. -> (leader now, row renewed)."""
+    params: dict[str, Any] = {"b_key": LEADER_KEY, "b_host": host, "b_pid": pid, "b_ctime": create_time,
+                              "b_now": utcnow(), "b_lease_s": float(lease_s)}
+    if tick is not None:
+        params.update(b_tick_at=tick[0], b_event_id=tick[1])
+    got, renewed = conn.execute(_follow_statement(tick is not None), params).one()
+    return bool(got), bool(renewed)
+
+
+_FOLLOW: dict[bool, Any] = {}
+
+
+def _follow_statement(with_tick: bool) -> Any:
+    """follow's statement: the lock's try in a CTE of its own (a volatile function: evaluated once,
+    whether the row matches or not), the UPDATE in another, both answered by one SELECT."""
+    q = _FOLLOW.get(with_tick)
+    if q is None:
+        c = daemons.c
+        got = select(func.pg_try_advisory_lock(bindparam("b_key", type_=BigInteger())).label("got")).cte("leader_try")
+        mine = and_(c.host == bindparam("b_host"), c.pid == bindparam("b_pid"),
+                    c.pid_create_time == bindparam("b_ctime"))
+        values: dict[str, Any] = {
+            "expires_at": text("clock_timestamp() + make_interval(secs => :b_lease_s)"),
+            "leader_since": case((select(got.c.got).scalar_subquery(),
+                                  func.coalesce(c.leader_since, bindparam("b_now", type_=c.leader_since.type))),
+                                 else_=null())}
+        if with_tick:
+            values.update(last_tick_at=bindparam("b_tick_at", type_=c.last_tick_at.type),
+                          last_event_id=bindparam("b_event_id", type_=c.last_event_id.type))
+        renewed = update(daemons).where(mine).values(**values).returning(c.host).cte("renewed")
+        q = _FOLLOW[with_tick] = select(got.c.got, select(func.count()).select_from(renewed).scalar_subquery())
     return q
 
 

@@ -110,6 +110,7 @@ class Reach(frozenset[str]):
         return (Reach, (frozenset(self), self.buckets))
 
 
+@functools.lru_cache(maxsize=4096)  # every rebalance asks each shard's key
 def shard_key(index: int, n_shards: int) -> int:
     return lock_key(f"shard:{n_shards}:{index}")
 
@@ -145,6 +146,33 @@ def _holders(conn: Connection) -> tuple[set[int], dict[int, str]]:
         else:
             others.setdefault(key, login or "?")
     return ours, others
+
+
+class Holders:
+    """One read of who holds which advisory key (the session's one round trip of a rebalance:
+    `judges`, `free_shards`, `squatted` and `squatted_members` answered from it, and its success
+    proves the session, and so its locks, alive). A key this session takes or gives up after the
+    read is told by the caller's own set (`mine`), not by this snapshot."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.ours, self.others = _holders(conn)
+
+    def judges(self) -> int:
+        return len(self.ours & _MEMBERS.keys())
+
+    def squatted_members(self) -> dict[int, str]:
+        return {_MEMBERS[k]: who for k, who in self.others.items() if k in _MEMBERS}
+
+    def free_shards(self, n_shards: int, mine: set[int]) -> list[int]:
+        return [i for i in range(n_shards) if i not in mine and shard_key(i, n_shards) not in self.ours]
+
+    def squatted(self, n_shards: int) -> dict[int, str]:
+        out = {}
+        for i in range(n_shards):
+            key = shard_key(i, n_shards)
+            if key in self.others and key not in self.ours:
+                out[i] = self.others[key]
+        return out
 
 
 def join(conn: Connection) -> int | None:

@@ -10,7 +10,9 @@ PostgreSQL: advisory locks held by a connection this process keeps (see
 `watchdog.store.leases`). A crashed daemon's session ends and frees its locks at
 once; the server's TCP keepalives on that session free a vanished host's within
 a few ticks. The leader lock is tried at the start of every tick by every other
-daemon, so a dead leader is replaced at the next tick of any survivor.
+daemon, so a dead leader is replaced at the next tick of any survivor: in the same
+statement that extends that daemon's lease and records its last tick (a follower's
+one round trip a tick on its lease's session, `watchdog.store.leases.follow`).
 
 SQLite: one host, one daemon, which is also the leader.
 """
@@ -152,6 +154,7 @@ class PgLease(Lease):
         self._conn: Connection | None = None
         self._host_locked = False
         self._key = sql.host_key(host)
+        self._last_tick: tuple[dt.datetime, int | None] | None = None  # a follower's, for its next refresh
 
     def _connect(self) -> Connection:
         conn = sql.open_session(self.engine)
@@ -215,9 +218,13 @@ class PgLease(Lease):
                 if ping:
                     sql.ping(conn)  # our session lives: its locks are ours
             else:
-                self.leader = sql.try_lock(conn, sql.LEADER_KEY)
+                # A follower's one round trip of the tick: the leader lock tried, the lease
+                # extended and the last tick recorded (touch left it for here), in one statement.
+                tick, self._last_tick = self._last_tick, None
+                self.leader, renewed = sql.follow(conn, **self._mine(), lease_s=self.lease_s, tick=tick)
+                if not renewed:
+                    self._rewrite(conn, tick)
                 if self.leader:
-                    sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True)
                     log.info("leader of the store: this daemon now does the cluster duties")
         except LeaseLost:
             raise
@@ -227,19 +234,31 @@ class PgLease(Lease):
         return self.leader
 
     def touch(self, now: dt.datetime, last_event_id: int | None) -> None:
+        """A leader extends its lease now; a follower's tick is recorded by its next refresh,
+        with the leader lock's try (one round trip a tick: its row's last tick is a tick behind,
+        and its lease runs from the start of its last tick, LEASE_TICKS ticks long)."""
         conn = self._conn
         if conn is None:
             return
+        if not self.leader:
+            self._last_tick = (now, last_event_id)
+            return
         try:
-            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=self.leader,
+            if not sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True,
                              tick=(now, last_event_id)):
-                # We hold the lock, so nobody else could take the row: it was deleted or
-                # edited by hand. Write it again.
-                sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
-                sql.record_tick(conn, self.host, now=now, last_event_id=last_event_id, pid=self.pid)
+                self._rewrite(conn, (now, last_event_id))
         except Exception:
             self._drop()
             raise
+
+    def _rewrite(self, conn: Connection, tick: tuple[dt.datetime, int | None] | None) -> None:
+        """We hold the host lock, so nobody else could take the row: it was deleted or edited by
+        hand. Write it again (naming the leader if this daemon leads)."""
+        sql.write_holder(conn, **self._mine(), lease_s=self.lease_s)
+        if self.leader:
+            sql.renew(conn, **self._mine(), lease_s=self.lease_s, leader=True)
+        if tick is not None:
+            sql.record_tick(conn, self.host, now=tick[0], last_event_id=tick[1], pid=self.pid)
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """`fn` on the lease's own session: one round trip per statement, no checkout, no
@@ -262,6 +281,9 @@ class PgLease(Lease):
             self.held = False
             return
         try:
+            tick, self._last_tick = self._last_tick, None
+            if tick is not None:  # a follower's last tick, not recorded yet (touch)
+                sql.record_tick(self._conn, self.host, now=tick[0], last_event_id=tick[1], pid=self.pid)
             sql.release(self._conn, host=self.host, pid=self.pid)
             # Freed before the socket closes, so the next leader can take over at once.
             sql.unlock_all(self._conn)

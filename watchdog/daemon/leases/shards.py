@@ -166,15 +166,23 @@ class ShardSet:
                         "ignored, their runs are judged here anyway", len(new), what, ", ".join(logins))
             self._reported |= new
 
-    def _session(self) -> Any:
+    def _snapshot(self) -> tuple[Any, store.Holders]:
+        """The session and one read of the locks' holders on it: the rebalance's one round trip
+        while the session lives (the read proves it, as a ping would; a read that fails on a
+        session that lived ends it, and a new one is opened at once, its locks taken afresh)."""
         if self._conn is not None:
             try:
-                leases.ping(self._conn)
-                return self._conn
+                return self._conn, store.Holders(self._conn)
             except Exception:  # noqa: BLE001 — the session is gone, and its locks with it
                 log.warning("shards: the lock session broke; %d shards are no longer held", len(self.held))
                 leases.end_session(self._conn)
                 self._conn, self.held, self.squatted, self.slot = None, set(), set(), None
+        conn = self._session()
+        return conn, store.Holders(conn)
+
+    def _session(self) -> Any:
+        if self._conn is not None:
+            return self._conn
         conn = leases.open_session(self.engine)
         leases.session_keepalives(conn, KEEPALIVE_IDLE_S)
         self.slot = store.join(conn)
@@ -192,21 +200,23 @@ class ShardSet:
         """Give up shards beyond the fair share, take free ones up to it; True if the set changed."""
         before = (set(self.held), set(self.squatted))
         try:
-            conn = self._session()
-            present = store.judges(conn) + (1 if self.slot is None else 0)
+            # One read of the holders answers every question below (it was four, and a ping):
+            # the shards this judge takes or gives up after it are its own set's to tell.
+            conn, holders = self._snapshot()
+            present = holders.judges() + (1 if self.slot is None else 0)
             fair = math.ceil(self.n / max(1, present))
             for index in sorted(self.held, reverse=True)[:max(0, len(self.held) - fair)]:
                 store.give_up(conn, index, self.n)
                 self.held.discard(index)
-            for index in store.free_shards(conn, self.n, self.held):
+            for index in holders.free_shards(self.n, self.held):
                 if len(self.held) >= fair:
                     break
                 if store.take(conn, index, self.n):
                     self.held.add(index)
-            taken = store.squatted(conn, self.n)
+            taken = holders.squatted(self.n)
             self.squatted = set(taken) - self.held
             self._report("shard", taken)
-            self._report("member", store.squatted_members(conn))
+            self._report("member", holders.squatted_members())
         except Exception:  # noqa: BLE001 — the store is down: judge nothing rather than twice
             log.exception("shards: rebalance failed; holding none until the next")
             self.close()
