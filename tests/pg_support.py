@@ -54,6 +54,18 @@ def insert_runs(engine: Engine, n: int, host: str = "elsewhere") -> list[str]:
     return ids
 
 
+@contextmanager
+def attested_daemon(store: "RolesStore", attest: Any) -> Iterator[tuple[Engine, Any]]:
+    """The daemon's engine on a RolesStore and its attestation socket's sealer (agents started
+    afterwards attest through it); `attest` is conftest's fixture of that name."""
+    a = attest(store.url("daemon"))
+    engine = make_engine(store.url("daemon"))
+    try:
+        yield engine, a.sealer
+    finally:
+        engine.dispose()
+
+
 def raw(url: str, **kw: Any) -> Any:
     """The driver's own connection (psycopg) to a store URL of SQLAlchemy's form: what a plain-SQL
     writer, or an agent holding its own transaction open, does."""

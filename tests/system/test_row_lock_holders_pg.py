@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import select, text
 
 from daemon_support import alerts_of, config, later, run_row
-from pg_support import RolesStore, let_go, raw
+from pg_support import RolesStore, attested_daemon, let_go, raw
 from watchdog.core import lifecycle as lc
 from watchdog.core.outcomes import AlertKind
 from watchdog.daemon.stops.killer import Killer
@@ -41,10 +41,8 @@ def store(pg_server_url):
 
 @pytest.fixture
 def daemon(store, attest):
-    a = attest(store.url("daemon"))
-    eng = make_engine(store.url("daemon"))
-    yield eng, a.sealer
-    eng.dispose()
+    with attested_daemon(store, attest) as d:
+        yield d
 
 
 def _runaway(url: str) -> str:

@@ -12,13 +12,12 @@ import psycopg
 import pytest
 
 from daemon_support import config, later, run_row
-from pg_support import RolesStore, raw
+from pg_support import RolesStore, attested_daemon, raw
 from test_row_lock_holders_pg import _alive, _gateway_holds, _holds_for_update, _pid, _runaway
 from watchdog.store.joined import WITNESS_SEQ_BASE
 from watchdog.core import lifecycle as lc
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.tick.ticker import Ticker
-from watchdog.store.engine import make_engine
 from watchdog.store.row_lockers import row_lockers
 from watchdog.store.schema import utcnow
 
@@ -31,10 +30,8 @@ def store(pg_server_url):
 
 @pytest.fixture
 def daemon(store, attest):
-    a = attest(store.url("daemon"))
-    eng = make_engine(store.url("daemon"))
-    yield eng, a.sealer
-    eng.dispose()
+    with attested_daemon(store, attest) as d:
+        yield d
 
 
 def test_a_key_share_holder_that_never_blocks_the_daemon_is_not_ended_with_the_gateway(store, daemon):

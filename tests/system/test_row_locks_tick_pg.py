@@ -18,12 +18,12 @@ import uuid
 import pytest
 
 from daemon_support import actions, alerts_of, config, later, run_row
-from pg_support import RolesStore, let_go, raw
+from pg_support import RolesStore, attested_daemon, let_go, raw
 from watchdog.core import lifecycle as lc
 from watchdog.core.outcomes import AlertKind
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.tick.ticker import Ticker
-from watchdog.store.engine import DAEMON_LOCK_TIMEOUT_MS, make_engine
+from watchdog.store.engine import DAEMON_LOCK_TIMEOUT_MS
 from watchdog.store.schema import utcnow
 
 # A tick meets each locked run's bounded wait once or twice (its step, then its report): far
@@ -39,10 +39,8 @@ def store(pg_server_url):
 
 @pytest.fixture
 def daemon(store, attest):
-    a = attest(store.url("daemon"))
-    eng = make_engine(store.url("daemon"))
-    yield eng, a.sealer
-    eng.dispose()
+    with attested_daemon(store, attest) as d:
+        yield d
 
 
 def _raw(url: str, **kw):

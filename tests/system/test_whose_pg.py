@@ -16,12 +16,11 @@ from sqlalchemy import select
 
 from agent_procs import sigterm_pending, wait_until
 from daemon_support import ME, actions, alerts_of, config, later, run_row
-from pg_support import RolesStore, raw
+from pg_support import RolesStore, attested_daemon, raw
 from watchdog.core import lifecycle as lc
 from watchdog.core import whose
 from watchdog.daemon.stops.killer import Killer
 from watchdog.daemon.tick.ticker import Ticker
-from watchdog.store.engine import make_engine
 from watchdog.store.schema import spend_ledger, utcnow
 
 @pytest.fixture(scope="module")
@@ -32,11 +31,8 @@ def store(pg_server_url):
 
 @pytest.fixture
 def daemon(store, attest):
-    """The daemon's engine and attestation socket (agents started afterwards attest through it)."""
-    a = attest(store.url("daemon"))
-    eng = make_engine(store.url("daemon"))
-    yield eng, a.sealer
-    eng.dispose()
+    with attested_daemon(store, attest) as d:
+        yield d
 
 
 def _ticker(eng, cfg, sealer) -> Ticker:
