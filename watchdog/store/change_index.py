@@ -39,6 +39,7 @@ class Source:
     top: str  # the high-water probe
     window: str  # the late window's numbers, with a `{ph}` for each of its two bounds
     window_hosts: str  # the same, joined with `runs` (a reach's confinement reads runs.host)
+    above: str  # every number above one bound (`{ph}`): a reach's late window read open, unconfined
 
     def rows(self, columns: Any) -> Any:
         """A SELECT of `runs` (`columns`) that can be filtered and ordered by `number`."""
@@ -47,13 +48,16 @@ class Source:
         return columns.select_from(runs.join(run_changes, run_changes.c.run_id == runs.c.id))
 
 
-_RUNS_WINDOW = "SELECT change_seq FROM runs WHERE change_seq > {ph} AND change_seq <= {ph}"
+_RUNS_ABOVE = "SELECT change_seq FROM runs WHERE change_seq > {ph}"
+_RUNS_WINDOW = _RUNS_ABOVE + " AND change_seq <= {ph}"
 RUNS = Source("runs", runs.c.change_seq, "runs.shard", "SELECT max(change_seq) FROM runs", _RUNS_WINDOW,
-              _RUNS_WINDOW)
+              _RUNS_WINDOW, _RUNS_ABOVE)
+_INDEX_ABOVE = f"SELECT change_seq FROM {TABLE} WHERE change_seq > {{ph}}"
 INDEXED = Source(TABLE, run_changes.c.change_seq, f"{TABLE}.shard", f"SELECT max(change_seq) FROM {TABLE}",
-                 f"SELECT change_seq FROM {TABLE} WHERE change_seq > {{ph}} AND change_seq <= {{ph}}",
+                 _INDEX_ABOVE + " AND change_seq <= {ph}",
                  f"SELECT {TABLE}.change_seq FROM {TABLE} JOIN runs ON runs.id = {TABLE}.run_id "
-                 f"WHERE {TABLE}.change_seq > {{ph}} AND {TABLE}.change_seq <= {{ph}}")
+                 f"WHERE {TABLE}.change_seq > {{ph}} AND {TABLE}.change_seq <= {{ph}}",
+                 _INDEX_ABOVE)
 
 # The index is revision 0018's table only when it is where `runs` is and has its owner: a table of
 # that name a writer made (before 0018, or where PUBLIC may create in the schema: PostgreSQL 14

@@ -169,7 +169,7 @@ def _row(r: Sequence[Any]) -> RunChange | None:
 
 def _open(backend: dialects.Dialect, src: change_index.Source) -> str:
     """Every number above one bound (`{ph}`): the late window's read, open above, unconfined."""
-    return src.window.partition(" AND ")[0].format(ph=backend.ph)
+    return src.above.format(ph=backend.ph)
 
 
 def _window(backend: dialects.Dialect, src: change_index.Source, reach: Reach | None = None) -> str:
