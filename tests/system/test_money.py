@@ -240,10 +240,19 @@ def test_a_daily_budget_spent_by_several_agent_processes_stops_them_and_refuses_
     assert ledger == pytest.approx(sum(run_row(engine, rid).cost_eur for rid in ids))
 
 
+def midday_zone(now: dt.datetime) -> str:
+    """A fixed-offset IANA zone in which `now` falls near noon. The SDK stamps events with the
+    real clock, so a test whose ticks run minutes past it would see a second day's budget open
+    when started just before midnight UTC; in this zone its day does not turn for hours."""
+    offset_h = 12 - now.hour  # in -11..12; Etc/GMT's sign is inverted (Etc/GMT-3 is UTC+3)
+    return "Etc/GMT" if offset_h == 0 else f"Etc/GMT{-offset_h:+d}"
+
+
 def test_the_warning_goes_out_once_at_warn_at(engine, wd):
-    cfg = config(agents={"warn-bot": {"max_cost_eur_per_day": 10.0, "max_cost_eur": 100.0, "heartbeat_timeout_s": 3600.0}})
-    tk = ticker(engine, cfg)
     now = utcnow()
+    cfg = config(agents={"warn-bot": {"max_cost_eur_per_day": 10.0, "max_cost_eur": 100.0, "heartbeat_timeout_s": 3600.0}},
+                 pricing={"budget_tz": midday_zone(now)})
+    tk = ticker(engine, cfg)
     with wd.run("warn-bot", guards=False) as run:
         run.step(model="gpt-x", cost_eur=7.9)
         tk.tick(now)
