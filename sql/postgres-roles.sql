@@ -105,6 +105,35 @@ EXCEPTION WHEN insufficient_privilege THEN
                 owner_role, quote_ident(owner_role);
 END $$;
 
+-- No confined login may create objects in the store's schema. PostgreSQL 14 and older let every
+-- login (PUBLIC) CREATE in schema public; 15 no longer does. With it, a writer could plant a
+-- function overload of a closer argument type (CVE-2018-1058's pattern) that the daemon's own
+-- statements would then run with the owner's rights. The tables' owner keeps CREATE (it runs
+-- `db upgrade`). Other applications' owners sharing this database lose the PUBLIC grant too:
+-- grant it back to them by name (a warning says so). Only the schema's owner or a superuser may
+-- revoke PUBLIC's grant: otherwise the script says what to run, and goes on.
+DO $$
+DECLARE
+  owner_role name := (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass('runs'));
+  schema_name name := current_schema();
+BEGIN
+  IF owner_role IS NULL OR NOT has_schema_privilege('public', schema_name, 'CREATE') THEN
+    RETURN;
+  END IF;
+  EXECUTE format('GRANT CREATE ON SCHEMA %I TO %I', schema_name, owner_role);
+  EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', schema_name);
+  IF has_schema_privilege('public', schema_name, 'CREATE') THEN
+    RAISE WARNING 'agent-watchdog: every login may still CREATE in schema %: as its owner or a superuser, run REVOKE CREATE ON SCHEMA % FROM PUBLIC;',
+                  schema_name, quote_ident(schema_name);
+  ELSE
+    RAISE WARNING 'agent-watchdog: revoked CREATE ON SCHEMA % FROM PUBLIC (kept for %): grant it back by name to any other application''s owner in this database',
+                  schema_name, owner_role;
+  END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+  RAISE WARNING 'agent-watchdog: every login may CREATE in schema %: as its owner or a superuser, run REVOKE CREATE ON SCHEMA % FROM PUBLIC;',
+                schema_name, quote_ident(schema_name);
+END $$;
+
 -- Start from nothing on every table of the store, then grant exactly what the SDK runs.
 -- The store's tables, named (the database may hold other applications' tables too); a table a
 -- later revision adds joins this list with its grants.
@@ -112,6 +141,7 @@ END $$;
 REVOKE ALL ON :aw_tables FROM PUBLIC, :"agents_role", :"gateway_role", :"viewer_role";
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM PUBLIC, :"agents_role", :"gateway_role", :"viewer_role";
 GRANT USAGE ON SCHEMA public TO :"agents_role", :"gateway_role", :"viewer_role";
+REVOKE CREATE ON SCHEMA public FROM :"agents_role", :"gateway_role", :"viewer_role";
 
 -- Runs: register, read the status back, update only the columns the SDK writes.
 -- Row-level security (revision 0010) narrows all of it to the login's own runs.

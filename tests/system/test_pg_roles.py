@@ -157,3 +157,26 @@ def test_runs_with_an_agents_own_login_is_one_line_naming_what_reads(roles):
     assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
     assert "alembic_version" not in done.stderr and f"GRANT agent_watchdog_viewer TO {login};" in done.stderr, \
         done.stderr
+
+
+def test_no_confined_login_creates_in_the_schema_even_where_public_may(pg_server_url):
+    """PostgreSQL 14 and older grant CREATE on schema public to every login (15 no longer does): a
+    writer could plant a closer-typed overload of a function the daemon's statements call, run
+    with the owner's rights. The script takes PUBLIC's grant away, and the owner still upgrades."""
+    from pg_support import RolesStore
+
+    with RolesStore(pg_server_url, prefix="awsc").create() as store:
+        with _raw(store.url("daemon")) as daemon:  # the database's owner owns schema public on 15
+            daemon.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")  # as 14 and older ship it
+        with _raw(store.url("a")) as a:
+            a.execute("CREATE FUNCTION public.aw_probe() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+            a.execute("DROP FUNCTION public.aw_probe()")  # the hole, before the script runs again
+        store.roles_script()
+        for who in ("a", "b", "gw"):
+            with _raw(store.url(who)) as writer, pytest.raises(psycopg.errors.InsufficientPrivilege):
+                writer.execute("CREATE FUNCTION public.lower(varchar) RETURNS text LANGUAGE sql AS 'SELECT 1::text'")
+            with _raw(store.url(who)) as writer, pytest.raises(psycopg.errors.InsufficientPrivilege):
+                writer.execute("CREATE TABLE public.run_changes_planted (x int)")
+        with _raw(store.url("daemon")) as daemon:
+            daemon.execute("CREATE TABLE aw_a_later_revision (x int)")  # `db upgrade` still can
+            assert daemon.execute("SELECT has_schema_privilege('public', 'public', 'CREATE')").fetchone() == (False,)
