@@ -304,3 +304,35 @@ def test_a_run_changes_table_a_writer_made_is_never_the_feeds_index(pg_server_ur
                     assert [c.id for c in feed.read(conn).changed] == [rid]
             finally:
                 engine.dispose()
+
+
+def test_an_idle_writer_never_holds_the_upgrade_nor_the_writers_queued_behind_it(pg_server_url):
+    """0019 locks runs against writers, and a lock request queues every later writer of the table
+    behind it. An agent's transaction left idle with a change to its run must not make `db upgrade`
+    (and so every agent's writes) wait for as long as it stays open: the upgrade gives up after a
+    bounded wait, tries again, then fails naming the fix with nothing changed; once the idle
+    transaction is gone it upgrades."""
+    from watchdog.errors import StoreError
+
+    with RolesStore(pg_server_url, prefix="awul").create("0018") as s:
+        engine = make_engine(s.url("daemon"))
+        try:
+            with _pg(s.url("a")) as a:
+                rid = _new_run(a)
+            idle = psycopg.connect(s.url("a").replace("+psycopg", ""))
+            try:
+                idle.execute("UPDATE runs SET progress = 'idle' WHERE id = %s", (rid,))  # and left open
+                with pytest.raises(StoreError, match="idle in transaction"):
+                    access.upgrade(engine, lock_timeout_ms=100, tries=2, pause_s=0.0)
+                assert access.current(engine) == "0018"
+                with _pg(s.url("b")) as b:  # no lock of the upgrade's is left behind for writers
+                    b.execute("SET lock_timeout = '1s'")
+                    _new_run(b)
+            finally:
+                idle.close()
+            access.upgrade(engine, lock_timeout_ms=100, tries=2, pause_s=0.0)
+            assert access.current(engine) == access.head()
+            with _pg(s.url("daemon")) as daemon:
+                assert _skew(daemon) == []
+        finally:
+            engine.dispose()

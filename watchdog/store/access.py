@@ -12,6 +12,7 @@ Alembic, driven from code: works from any directory, with no alembic.ini.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -21,7 +22,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from watchdog.core.text import url_without_password
 from watchdog.store.dialects import for_url
 from watchdog.store.engine import (GATEWAY_ROLE, Engine, is_missing_schema, make_engine, normalise_url, require_tables,
-                                   share_sqlite_files)
+                                   row_locked, share_sqlite_files)
 
 
 if TYPE_CHECKING:  # alembic is imported by the migration verbs only: opening a store (the web view,
@@ -185,14 +186,43 @@ def check_revision(engine: Engine, revision: str) -> None:
     raise StoreError(f"unknown revision {revision!r}: give head, base or one of {known}")
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+# PostgreSQL: how long `db upgrade` waits for any one lock before it rolls back and tries again.
+# Some revisions lock `runs` against writers (0018's CREATE TRIGGER, 0019's copy: SHARE ROW
+# EXCLUSIVE), and a lock request queues every later writer of the table behind it: an agent's
+# transaction left idle with a change to its run would make the upgrade, and with it every agent's
+# writes, wait for as long as it stays open. So the wait is bounded (writers stall at most this
+# long), the whole upgrade (one transaction) is tried again a few times, then it fails, naming the
+# fix, with nothing changed.
+UPGRADE_LOCK_TIMEOUT_MS = 2_000
+UPGRADE_TRIES = 5
+UPGRADE_RETRY_PAUSE_S = 1.0
+
+
+def upgrade(engine: Engine, revision: str = "head", *, lock_timeout_ms: int = UPGRADE_LOCK_TIMEOUT_MS,
+            tries: int = UPGRADE_TRIES, pause_s: float = UPGRADE_RETRY_PAUSE_S) -> None:
     from alembic import command
+
+    from watchdog.errors import StoreError
 
     check_revision(engine, revision)
     cfg = alembic_config(engine)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    for attempt in range(1, max(1, tries) + 1):
+        try:
+            with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(lock_timeout_ms)}ms'")
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+            return
+        except DBAPIError as exc:
+            if not row_locked(exc):
+                raise
+            if attempt >= tries:
+                raise StoreError(
+                    f"db upgrade: another session kept a table of the store locked past {lock_timeout_ms} ms, "
+                    f"{tries} times; nothing changed: end the long transactions on the store (pg_stat_activity, "
+                    f"state 'idle in transaction') and run it again") from None
+            time.sleep(pause_s)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
