@@ -24,8 +24,9 @@ it is still stopped once the daemon has watched it for its profile's max_wall_s 
 [defaults]' when its agent cannot be read), and marked lost when its process is gone. The
 stop is cooperative: no row that cannot be read leads to a signal.
 
-Runs whose row another session holds locked (PostgreSQL): passed over this tick, tried again
-at every next one, reported once.
+Runs whose row another session holds locked (PostgreSQL): tried once more after every other run
+of the tick (first_missed: most such locks are a writer's short transaction), then passed over
+this tick, tried again at every next one, reported once.
 
 Any confined login may `SELECT ... FOR UPDATE` its own run and leave the transaction open. The
 daemon's statements wait for such a lock at most engine.DAEMON_LOCK_TIMEOUT_MS (their
@@ -347,6 +348,19 @@ def order(state: TickState, rows: list[Any]) -> list[Any]:
     free = [r for r in rows if r.id not in state.locked]
     held_rows = sorted((r for r in rows if r.id in state.locked), key=lambda r: state.locked_tried.get(r.id, 0))
     return free + held_rows
+
+
+def first_missed(state: TickState, this: ThisTick, rows: list[Any]) -> Iterator[Any]:
+    """The runs whose row was found locked for the first time at this tick, to be tried once more
+    after every other run: most such locks are a writer's own short record transaction, slow on
+    a loaded server, long committed by then, and the run's stop then goes out in this tick, not
+    the next (one of three runs of a spent daily budget was stopped a tick late). Within the
+    tick's lock waits; a second miss counts as the same tick's (held(again=True))."""
+    for row in rows:
+        if this.lock_waits >= MAX_WAITS_PER_TICK:
+            return
+        if row.id in this.rep.locked and state.locked.get(row.id) == 1:
+            yield row
 
 
 def skipped(tk: TickContext, this: ThisTick, row: Any) -> bool:

@@ -193,6 +193,8 @@ class Ticker:
         try:
             for row in judging.order(self.state, rows):
                 self._one_isolated(row, this, batch)
+            for row in judging.first_missed(self.state, this, rows):
+                self._one_isolated(row, this, batch, again=True)
             self._report_defects(this, batch)
             self._backstop(this, batch)
         except BaseException:
@@ -227,8 +229,9 @@ class Ticker:
 
     # -- defects ---------------------------------------------------------------------------
 
-    def _one_isolated(self, row: Row, this: ThisTick, batch: Batch) -> None:
-        if judging.skipped(self, this, row):
+    def _one_isolated(self, row: Row, this: ThisTick, batch: Batch, again: bool = False) -> None:
+        """`again`: the tick's second try of a run whose row was locked at its first (first_missed)."""
+        if not again and judging.skipped(self, this, row):
             return
         for attempt in range(1 + judging.RETRIES_AFTER_ENDING):
             try:
@@ -236,7 +239,7 @@ class Ticker:
                 break
             except Exception as exc:  # one bad row must not stop the scan of the others...
                 if row_locked(exc):  # a writer holds its row: its step rolled back alone, tried next tick
-                    if judging.held(self, this, row, batch, again=attempt > 0) \
+                    if judging.held(self, this, row, batch, again=again or attempt > 0) \
                             and attempt < judging.RETRIES_AFTER_ENDING:
                         continue  # its holder was ended (and has exited): the step at once, before another takes the row
                     return
