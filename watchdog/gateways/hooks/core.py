@@ -10,12 +10,14 @@ next generation's run.
 Before a call: refused when the run is stopped (any reason), paused (until `resume`), or when
 the call would break a budget (the SDK's guard, fed the store's counters: tool calls, identical
 calls, oscillation, wall clock); otherwise counted before it runs. After a call: its failure
-counts on the run's errors.
+counts on the run's errors, and a stopped run ends the session there (`continue: false`: after
+a call, a batch of calls, a turn).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from watchdog.store import hooks as store
 
 from watchdog.gateways.hooks import sessionkey
 
-from watchdog.gateways.hooks.protocols import PRE, HookEvent
+from watchdog.gateways.hooks.protocols import POST, PRE, HookEvent
 
 PREFIX = "agent-watchdog:"
 
@@ -161,24 +163,91 @@ def before_tool(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEv
     return Verdict(True, run_id=rid)
 
 
-def after_tool(engine: Any, *, cli: str, ev: HookEvent) -> None:
-    """A call that ran: its failure counts on the run (its success was counted before it ran)."""
-    if not ev.failed:
-        return
-    sid = ev.session_id or "no-session"
-    key = f"{sid}\x00subagent\x00{ev.agent_id}" if ev.agent_id else sid
+def _current(engine: Any, cli: str, key: str) -> tuple[str, Any] | None:
+    """(run id, state) of the session's current run, never created (None before its first call)."""
     for gen in range(MAX_GENERATIONS):
         rid = run_id_for(cli, key, gen)
         state = store.session_run(engine, rid)
         if state is None:
-            return
+            return None
         if state.source == lc.Source.HOOK and not _over(state):
-            store.count_error(engine, rid)
-            return
+            return rid, state
+    return None
+
+
+def _key(ev: HookEvent) -> str:
+    sid = ev.session_id or "no-session"
+    return f"{sid}\x00subagent\x00{ev.agent_id}" if ev.agent_id else sid
+
+
+def after_tool(engine: Any, *, cli: str, ev: HookEvent) -> None:
+    """A call that ran: its failure counts on the run (its success was counted before it ran)."""
+    if not ev.failed:
+        return
+    found = _current(engine, cli, _key(ev))
+    if found is not None:
+        store.count_error(engine, found[0])
+
+
+def ended(engine: Any, *, cli: str, ev: HookEvent) -> Verdict:
+    """After a batch of calls, or a turn (Claude Code's PostToolBatch, Stop): the session ends
+    here when its run is stopped (not when paused: `resume` lets it go on), or a sub-agent's loop
+    when its child run is — once the model has read a refusal (an earlier batch's, in the
+    session's transcript), so that it, and whoever reads the transcript, knows why. Reads only:
+    the session's run is never created here."""
+    keys = [_key(ev)] + ([ev.session_id or "no-session"] if ev.agent_id else [])
+    for key in keys:
+        found = _current(engine, cli, key)
+        if found is not None:
+            no = _held(*found)
+            if no is not None and no.end_session:
+                return no if ev.event != "PostToolBatch" or told(ev.transcript, ev.batch) else Verdict(True)
+    return Verdict(True)
+
+
+TRANSCRIPT_TAIL_BYTES = 4 << 20  # the end of the transcript is where the last refusals are
+
+
+def told(transcript: str | None, batch: tuple[str, ...]) -> bool:
+    """Whether the session's transcript (Claude Code's JSONL) has a refusal of a stopped run as
+    the result of a call outside this batch: the model read it in its last request. A transcript
+    that cannot be read counts as told (the session ends now rather than go on)."""
+    if not transcript:
+        return True
+    try:
+        with open(transcript, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - TRANSCRIPT_TAIL_BYTES))
+            tail = f.read(TRANSCRIPT_TAIL_BYTES)
+    except OSError:
+        return True
+    mark = PREFIX.encode()
+    for line in tail.splitlines():
+        if mark not in line or b'"tool_result"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        message = entry.get("message") if isinstance(entry, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else []:
+            if (isinstance(block, dict) and block.get("type") == "tool_result"
+                    and block.get("tool_use_id") not in batch and _a_stop(block.get("content"))):
+                return True
+    return False
+
+
+def _a_stop(content: Any) -> bool:
+    if isinstance(content, list):  # [{"type": "text", "text": ...}]
+        content = " ".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+    return isinstance(content, str) and content.startswith(f"{PREFIX} run ") and " stopped: " in content[:300]
 
 
 def decide(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEvent) -> Verdict:
     if ev.phase == PRE:
         return before_tool(engine, config, cli=cli, agent=agent, ev=ev)
-    after_tool(engine, cli=cli, ev=ev)
-    return Verdict(True)
+    if ev.phase == POST:
+        after_tool(engine, cli=cli, ev=ev)
+        return Verdict(True)
+    return ended(engine, cli=cli, ev=ev)
