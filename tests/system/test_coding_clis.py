@@ -67,12 +67,13 @@ def store(tmp_path_factory):
     cfg = folder / "watchdog.toml"
     port = free_port()
     tokens = folder / "otlp-tokens"  # the receiver refuses senders without a token (allow_anonymous = false)
-    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,claude-code,codex-otel owner=tests\n")
+    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,cc-steps,claude-code,codex-otel owner=tests\n")
     tokens.chmod(0o600)
     cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
         + '[agents.cc-pause]\nmax_tool_calls = 2\non_breach = "pause"\n'
-        + "[agents.cc-cost]\nmax_tool_calls = 40\nmax_cost_eur = 0.002\n")
+        + "[agents.cc-cost]\nmax_tool_calls = 40\nmax_cost_eur = 0.002\n"
+        + "[agents.cc-steps]\nmax_tool_calls = 40\nmax_steps = 3\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
     log = open(folder / "daemon.log", "w")
     daemon = subprocess.Popen([AW, "--config", str(cfg), "--db", url, "run"], env=env, stdout=log,
@@ -217,6 +218,26 @@ def test_claude_code_over_max_cost_from_its_own_log_events_is_stopped(store, tmp
     ran = markers(proj)
     assert 3 <= len(ran) < 12 and ran == set(range(1, len(ran) + 1)), ran
     assert "agent-watchdog: run " in model.texts() and "max_cost" in model.texts()
+
+
+def test_claude_code_over_max_steps_from_its_log_events_is_stopped_and_its_session_ends(store, tmp_path):
+    """Steps are what only the log events tell (each api_request): past max_steps the daemon stops
+    the run, the hook refuses the next call naming max_steps, and the session then ends."""
+    url, cfg, engine = store
+
+    def slow(n: int) -> str:
+        time.sleep(0.6)  # the tick judges between turns
+        return f"touch marker-{n}"
+
+    with FakeModel(slow) as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-steps", max_turns=12, otlp=OTLP[0])
+    (run,) = runs_json(url, cfg, "cc-steps")
+    assert (run["source"], run["stop_reason"]) == ("hook", "max_steps"), (run, done.stdout[-1500:])
+    ran = markers(proj)
+    assert 3 <= len(ran) < 11 and ran == set(range(1, len(ran) + 1)), ran
+    assert "agent-watchdog: run " in model.texts() and "max_steps" in model.texts()
+    assert json.loads(done.stdout).get("terminal_reason") == "hook_stopped", done.stdout[-1500:]
+    assert wait_for(lambda: stopped_alert(engine, run["id"], "Bash"), 30)
 
 
 def test_an_interactive_claude_code_session_under_tmux_is_stopped_the_same_way(store, tmp_path):
