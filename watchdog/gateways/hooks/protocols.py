@@ -96,13 +96,14 @@ def _batch(calls: Any) -> tuple[str, ...]:
 
 
 def _utf8(s: str) -> str:
-    """`s` as UTF-8 can carry it: JSON's lone surrogates (`"\\ud800"`) become U+FFFD, so a session
-    id no store can take never makes the hook fail open on every call of its session."""
+    """`s` as every store can keep it: JSON's lone surrogates (`"\\ud800"`, no UTF-8) and NUL (no
+    PostgreSQL text) become U+FFFD, so a session id, tool name or call id no store takes never
+    makes the hook fail open on every call of its session."""
     try:
         s.encode("utf-8")
-        return s
     except UnicodeEncodeError:
-        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        s = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return s.replace("\x00", "\ufffd")
 
 
 def _text(v: Any) -> str | None:
