@@ -42,7 +42,7 @@ OTLP_TOKEN = "coding-cli-otlp-token-7d1e9b20c4"
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
 
 OTLP: list[str] = []  # the daemon's OTLP/HTTP receiver, once the `store` fixture started it
-PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-hostile": 40, "cc-kill": 40, "codex-max": 3, "codex-otel": 8, "gemini-max": 3, "gemini-loop": 20, "codex-loop": 20}
+PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-hostile": 40, "cc-kill": 40, "codex-max": 3, "codex-otel": 8, "gemini-max": 3, "gemini-loop": 20, "codex-loop": 20, "gemini-otel": 4}
 
 pytestmark = pytest.mark.skipif(not (BIN / "claude").exists(),
                                 reason="the coding CLIs are not installed: cd tests/clis && npm ci")
@@ -67,7 +67,7 @@ def store(tmp_path_factory):
     cfg = folder / "watchdog.toml"
     port = free_port()
     tokens = folder / "otlp-tokens"  # the receiver refuses senders without a token (allow_anonymous = false)
-    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,cc-steps,claude-code,codex-otel owner=tests\n")
+    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,cc-steps,claude-code,codex-otel,gemini-otel owner=tests\n")
     tokens.chmod(0o600)
     cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
@@ -470,7 +470,8 @@ def test_codex_log_events_and_hooks_are_one_run_each_call_counted_once(store, tm
 
 # --- Gemini CLI ---------------------------------------------------------------------------------
 
-def gemini(tmp_path: Path, model: FakeModel, *, db: str, agent: str) -> tuple[Path, subprocess.CompletedProcess]:
+def gemini(tmp_path: Path, model: FakeModel, *, db: str, agent: str,
+           otlp: str | None = None) -> tuple[Path, subprocess.CompletedProcess]:
     proj = tmp_path / "proj"
     proj.mkdir()
     gemini_dir = tmp_path / "home" / ".gemini"
@@ -479,7 +480,8 @@ def gemini(tmp_path: Path, model: FakeModel, *, db: str, agent: str) -> tuple[Pa
     (gemini_dir / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
     (gemini_dir / "trustedFolders.json").write_text(json.dumps({str(proj): "TRUST_FOLDER"}))
     env = home_env(tmp_path, GEMINI_API_KEY="fake", GOOGLE_GEMINI_BASE_URL=model.url)
-    install("gemini", ["--project", str(proj)], env, "--agent", agent, "--hook-db", db)
+    install("gemini", ["--project", str(proj)], env, "--agent", agent, "--hook-db", db,
+            *(["--otlp", otlp, "--otlp-token", OTLP_TOKEN] if otlp else []))
     return proj, subprocess.run([str(BIN / "gemini"), "-p", "touch the markers", "--yolo", "--output-format", "json"],
                                 cwd=proj, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
@@ -498,6 +500,19 @@ def test_gemini_looping_on_one_failing_call_is_stopped_and_the_session_ends(stor
     assert (run["source"], run["status"], run["stop_reason"]) == ("hook", "killed", "loop_detected"), run
     assert (run["tool_calls"], run["tool_errors"]) == (2, 2), run
     assert wait_for(lambda: stopped_alert(engine, run["id"], "run_shell_command"), 30)
+
+
+def test_gemini_log_events_and_hooks_are_one_run_each_call_counted_once(store, tmp_path):
+    """Gemini CLI's hook input names no call id, so its log events' tool calls (gemini_cli.tool_call)
+    matched none of the hook's: they counted again on the hook's run (3 calls ran, the 4th was
+    refused as the 5th). On a hook run the logs' tool calls are the hook's, counted once."""
+    url, cfg, engine = store
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        proj, done = gemini(tmp_path, model, db=url, agent="gemini-otel", otlp=OTLP[0])
+    assert markers(proj) == {1, 2, 3, 4}, done.stderr[-3000:]
+    assert "stopped by hook: agent-watchdog: run " in done.stderr and "max_tool_calls" in done.stderr
+    (shown,) = runs_json(url, cfg, "gemini-otel")
+    assert (shown["source"], shown["stop_reason"], shown["tool_calls"]) == ("hook", "max_tool_calls", 4), shown
 
 
 def test_gemini_is_refused_at_max_tool_calls_and_the_session_ends(store, tmp_path):
