@@ -257,6 +257,10 @@ def test_a_stopped_sessions_batch_ends_it_once_the_model_read_a_refusal(tmp_path
     transcript.write_text(result("toolu_4", "agent-watchdog: run 1f2e3d4c paused: waiting for approval") + "\n")
     assert not told(str(transcript), ("toolu_5",))  # a pause is no stop
     assert told(str(tmp_path / "missing.jsonl"), ()) and told(None, ())  # unreadable: end now
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    assert told(str(tmp_path / "fifo"), ()) and told(str(tmp_path), ())  # never read (nor waited on)
     ev = protocols.parse(json.dumps({"session_id": "s", "hook_event_name": "PostToolBatch",
                                      "transcript_path": str(transcript), "tool_calls": [
                                          {"tool_name": "Bash", "tool_input": {}, "tool_use_id": "toolu_5"}]}))

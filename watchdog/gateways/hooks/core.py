@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import os
 import socket
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,13 +215,20 @@ def told(transcript: str | None, batch: tuple[str, ...]) -> bool:
     that cannot be read counts as told (the session ends now rather than go on)."""
     if not transcript:
         return True
-    try:
-        with open(transcript, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - TRANSCRIPT_TAIL_BYTES))
-            tail = f.read(TRANSCRIPT_TAIL_BYTES)
+    try:  # a regular file only (O_NONBLOCK: a FIFO named there never holds the hook)
+        fd = os.open(transcript, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return True
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return True
+        os.lseek(fd, max(0, st.st_size - TRANSCRIPT_TAIL_BYTES), os.SEEK_SET)
+        tail = os.read(fd, TRANSCRIPT_TAIL_BYTES)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
     mark = PREFIX.encode()
     for line in tail.splitlines():
         if mark not in line or b'"tool_result"' not in line:
