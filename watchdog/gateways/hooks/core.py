@@ -209,41 +209,50 @@ def ended(engine: Any, *, cli: str, ev: HookEvent) -> Verdict:
 TRANSCRIPT_TAIL_BYTES = 4 << 20  # the end of the transcript is where the last refusals are
 
 
+def _tail(path: str) -> bytes | None:
+    """The last TRANSCRIPT_TAIL_BYTES of a regular file; None for anything else or an error
+    (O_NONBLOCK: a FIFO named there never holds the hook)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        os.lseek(fd, max(0, st.st_size - TRANSCRIPT_TAIL_BYTES), os.SEEK_SET)
+        return os.read(fd, TRANSCRIPT_TAIL_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def told(transcript: str | None, batch: tuple[str, ...]) -> bool:
     """Whether the session's transcript (Claude Code's JSONL) has a refusal of a stopped run as
     the result of a call outside this batch: the model read it in its last request. A transcript
     that cannot be read counts as told (the session ends now rather than go on)."""
-    if not transcript:
+    tail = _tail(transcript) if transcript else None
+    if tail is None:
         return True
-    try:  # a regular file only (O_NONBLOCK: a FIFO named there never holds the hook)
-        fd = os.open(transcript, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return True
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return True
-        os.lseek(fd, max(0, st.st_size - TRANSCRIPT_TAIL_BYTES), os.SEEK_SET)
-        tail = os.read(fd, TRANSCRIPT_TAIL_BYTES)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
     mark = PREFIX.encode()
     for line in tail.splitlines():
-        if mark not in line or b'"tool_result"' not in line:
-            continue
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        message = entry.get("message") if isinstance(entry, dict) else None
-        content = message.get("content") if isinstance(message, dict) else None
-        for block in content if isinstance(content, list) else []:
-            if (isinstance(block, dict) and block.get("type") == "tool_result"
-                    and block.get("tool_use_id") not in batch and _a_stop(block.get("content"))):
-                return True
+        if mark in line and b'"tool_result"' in line and _refused_before(line, batch):
+            return True
     return False
+
+
+def _refused_before(line: bytes, batch: tuple[str, ...]) -> bool:
+    """The transcript line is a stop's refusal as the result of a call outside `batch`."""
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    message = entry.get("message") if isinstance(entry, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    return any(isinstance(block, dict) and block.get("type") == "tool_result"
+               and block.get("tool_use_id") not in batch and _a_stop(block.get("content"))
+               for block in (content if isinstance(content, list) else []))
 
 
 def _a_stop(content: Any) -> bool:
