@@ -42,7 +42,7 @@ OTLP_TOKEN = "coding-cli-otlp-token-7d1e9b20c4"
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nothing_listens_here"
 
 OTLP: list[str] = []  # the daemon's OTLP/HTTP receiver, once the `store` fixture started it
-PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-kill": 40, "codex-max": 3, "codex-otel": 8, "gemini-max": 3}
+PROFILES = {"cc-otel": 40, "cc-tmux": 3, "cc-max": 3, "cc-resident": 3, "cc-loop": 20, "cc-hostile": 40, "cc-kill": 40, "codex-max": 3, "codex-otel": 8, "gemini-max": 3, "gemini-loop": 20, "codex-loop": 20, "gemini-otel": 4}
 
 pytestmark = pytest.mark.skipif(not (BIN / "claude").exists(),
                                 reason="the coding CLIs are not installed: cd tests/clis && npm ci")
@@ -67,12 +67,13 @@ def store(tmp_path_factory):
     cfg = folder / "watchdog.toml"
     port = free_port()
     tokens = folder / "otlp-tokens"  # the receiver refuses senders without a token (allow_anonymous = false)
-    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,claude-code,codex-otel owner=tests\n")
+    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,cc-steps,claude-code,codex-otel,gemini-otel owner=tests\n")
     tokens.chmod(0o600)
     cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
         + '[agents.cc-pause]\nmax_tool_calls = 2\non_breach = "pause"\n'
-        + "[agents.cc-cost]\nmax_tool_calls = 40\nmax_cost_eur = 0.002\n")
+        + "[agents.cc-cost]\nmax_tool_calls = 40\nmax_cost_eur = 0.002\n"
+        + "[agents.cc-steps]\nmax_tool_calls = 40\nmax_steps = 3\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
     log = open(folder / "daemon.log", "w")
     daemon = subprocess.Popen([AW, "--config", str(cfg), "--db", url, "run"], env=env, stdout=log,
@@ -179,6 +180,10 @@ def test_claude_code_is_refused_at_max_tool_calls_and_alerted(store, tmp_path):
     assert "agent-watchdog: run " in told and "max_tool_calls" in told
     result = json.loads(done.stdout)
     assert result["permission_denials"] and result["permission_denials"][0]["tool_input"]["command"] == "touch marker-4"
+    # Once the model read the refusal, the session ended (PostToolBatch's continue: false), not
+    # at --max-turns: the 5th call, refused again, was the last.
+    assert model.calls == 5 and result.get("terminal_reason") == "hook_stopped", done.stdout[-2000:]
+    assert [d["tool_input"]["command"] for d in result["permission_denials"]] == ["touch marker-4", "touch marker-5"]
     assert wait_for(lambda: stopped_alert(engine, run.id, "Bash"), 30)
 
 
@@ -213,6 +218,26 @@ def test_claude_code_over_max_cost_from_its_own_log_events_is_stopped(store, tmp
     ran = markers(proj)
     assert 3 <= len(ran) < 12 and ran == set(range(1, len(ran) + 1)), ran
     assert "agent-watchdog: run " in model.texts() and "max_cost" in model.texts()
+
+
+def test_claude_code_over_max_steps_from_its_log_events_is_stopped_and_its_session_ends(store, tmp_path):
+    """Steps are what only the log events tell (each api_request): past max_steps the daemon stops
+    the run, the hook refuses the next call naming max_steps, and the session then ends."""
+    url, cfg, engine = store
+
+    def slow(n: int) -> str:
+        time.sleep(0.6)  # the tick judges between turns
+        return f"touch marker-{n}"
+
+    with FakeModel(slow) as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-steps", max_turns=12, otlp=OTLP[0])
+    (run,) = runs_json(url, cfg, "cc-steps")
+    assert (run["source"], run["stop_reason"]) == ("hook", "max_steps"), (run, done.stdout[-1500:])
+    ran = markers(proj)
+    assert 3 <= len(ran) < 11 and ran == set(range(1, len(ran) + 1)), ran
+    assert "agent-watchdog: run " in model.texts() and "max_steps" in model.texts()
+    assert json.loads(done.stdout).get("terminal_reason") == "hook_stopped", done.stdout[-1500:]
+    assert wait_for(lambda: stopped_alert(engine, run["id"], "Bash"), 30)
 
 
 def test_an_interactive_claude_code_session_under_tmux_is_stopped_the_same_way(store, tmp_path):
@@ -253,14 +278,28 @@ def test_an_interactive_claude_code_session_under_tmux_is_stopped_the_same_way(s
     assert run is not None and (run.status, run.stop_reason, run.tool_calls) == ("killed", "max_tool_calls", 3)
 
 
-def test_claude_code_identical_calls_are_a_loop(store, tmp_path):
-    url, _, engine = store
-    with FakeModel(lambda n: "echo ran >> calls.log") as model:
-        proj, done = claude(tmp_path, model, db=url, agent="cc-loop", max_turns=5)
+def runs_json(url: str, cfg: Path, agent: str) -> list[dict]:
+    """`agent-watchdog runs --all --json --agent NAME`: what a user reads."""
+    done = subprocess.run([AW, "--db", url, "--config", str(cfg), "runs", "--all", "--json", "--agent", agent],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+def test_claude_code_looping_on_one_failing_call_is_stopped_and_its_session_ends(store, tmp_path):
+    url, cfg, engine = store
+    with FakeModel(lambda n: "echo ran >> calls.log; exit 3") as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-loop", max_turns=8)
     assert (proj / "calls.log").read_text().splitlines() == ["ran", "ran"], done.stdout[-2000:]
-    run = hook_run(engine, "cc-loop")
-    assert run is not None and (run.status, run.stop_reason) == ("killed", "loop_detected")
-    assert "loop_detected" in model.texts()
+    (run,) = runs_json(url, cfg, "cc-loop")
+    assert (run["source"], run["status"], run["stop_reason"]) == ("hook", "killed", "loop_detected"), run
+    assert (run["tool_calls"], run["tool_errors"]) == (2, 2), run  # PostToolUseFailure: each failure once
+    # (top_tool's errors come from the calls' events, which the hook writes before the call runs:
+    # a failure it hears of later is on the run's tool_errors only.)
+    assert (run["top_tool"]["name"], run["top_tool"]["calls"]) == ("Bash", 2), run
+    assert "agent-watchdog: run " in model.texts() and "loop_detected" in model.texts()
+    # The model read the refusal once; the next refused batch ended the session (not --max-turns).
+    assert model.calls == 4 and json.loads(done.stdout).get("terminal_reason") == "hook_stopped", done.stdout[-2000:]
+    assert wait_for(lambda: stopped_alert(engine, run["id"], "Bash"), 30)
 
 
 def test_claude_code_killed_mid_session_is_refused_naming_manual(store, tmp_path):
@@ -356,6 +395,34 @@ def test_codex_is_refused_at_max_tool_calls(store, tmp_path):
     assert wait_for(lambda: stopped_alert(engine, run.id, "Bash"), 30)  # Codex names its shell tool Bash
 
 
+def test_codex_looping_on_one_failing_call_is_refused_as_a_loop(store, tmp_path):
+    url, cfg, engine = store
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    codex_home = tmp_path / "home" / ".codex"
+    codex_home.mkdir(parents=True)
+    with FakeModel(lambda n: "echo ran >> calls.log; exit 3") as model:
+        (codex_home / "config.toml").write_text(
+            'model = "gpt-5"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
+            f'base_url = "{model.url}/v1"\nwire_api = "responses"\nenv_key = "FAKE_MODEL_KEY"\n')
+        env = home_env(tmp_path, CODEX_HOME=str(codex_home), FAKE_MODEL_KEY="sk-fake")
+        install("codex", ["--user"], env, "--agent", "codex-loop", "--hook-db", url)
+        cli = subprocess.Popen([str(BIN / "codex"), "exec", "--skip-git-repo-check",
+                                "--dangerously-bypass-approvals-and-sandbox", "--dangerously-bypass-hook-trust",
+                                "touch the markers"], cwd=proj, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            told = wait_for(lambda: "loop_detected" in model.texts() and "agent-watchdog: run " in model.texts(), 60)
+        finally:
+            cli.terminate()
+            output = cli.communicate(timeout=30)[0]
+    assert told, output[-3000:]
+    assert (proj / "calls.log").read_text().splitlines() == ["ran", "ran"], output[-3000:]
+    (run,) = runs_json(url, cfg, "codex-loop")
+    assert (run["source"], run["status"], run["stop_reason"], run["tool_calls"]) == ("hook", "killed", "loop_detected", 2)
+    assert wait_for(lambda: stopped_alert(engine, run["id"], "Bash"), 30)
+
+
 def test_codex_log_events_and_hooks_are_one_run_each_call_counted_once(store, tmp_path):
     """The real Codex with `hook install --otlp --otlp-token`: its log events (the tokens of each
     completed response, its tool results) reach the receiver with the token and count on the
@@ -402,6 +469,51 @@ def test_codex_log_events_and_hooks_are_one_run_each_call_counted_once(store, tm
 
 
 # --- Gemini CLI ---------------------------------------------------------------------------------
+
+def gemini(tmp_path: Path, model: FakeModel, *, db: str, agent: str,
+           otlp: str | None = None) -> tuple[Path, subprocess.CompletedProcess]:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    gemini_dir = tmp_path / "home" / ".gemini"
+    gemini_dir.mkdir(parents=True)
+    # An API key auth (no Google login), and the project trusted (else its settings' hooks are ignored).
+    (gemini_dir / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
+    (gemini_dir / "trustedFolders.json").write_text(json.dumps({str(proj): "TRUST_FOLDER"}))
+    env = home_env(tmp_path, GEMINI_API_KEY="fake", GOOGLE_GEMINI_BASE_URL=model.url)
+    install("gemini", ["--project", str(proj)], env, "--agent", agent, "--hook-db", db,
+            *(["--otlp", otlp, "--otlp-token", OTLP_TOKEN] if otlp else []))
+    return proj, subprocess.run([str(BIN / "gemini"), "-p", "touch the markers", "--yolo", "--output-format", "json"],
+                                cwd=proj, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_gemini_looping_on_one_failing_call_is_stopped_and_the_session_ends(store, tmp_path):
+    """The same failing shell command again and again: the third is refused as a loop (before
+    Gemini CLI's own loop detection, which waits for more), the session ends naming it, and the
+    failures (Gemini reports none: `Exit Code: 3` in the result) count on the run."""
+    url, cfg, engine = store
+    with FakeModel(lambda n: "echo ran >> calls.log; exit 3") as model:
+        proj, done = gemini(tmp_path, model, db=url, agent="gemini-loop")
+    assert (proj / "calls.log").read_text().splitlines() == ["ran", "ran"], done.stderr[-3000:]
+    assert model.calls == 3 and "stopped by hook: agent-watchdog: run " in done.stderr, done.stderr[-3000:]
+    assert "loop_detected" in done.stderr
+    (run,) = runs_json(url, cfg, "gemini-loop")
+    assert (run["source"], run["status"], run["stop_reason"]) == ("hook", "killed", "loop_detected"), run
+    assert (run["tool_calls"], run["tool_errors"]) == (2, 2), run
+    assert wait_for(lambda: stopped_alert(engine, run["id"], "run_shell_command"), 30)
+
+
+def test_gemini_log_events_and_hooks_are_one_run_each_call_counted_once(store, tmp_path):
+    """Gemini CLI's hook input names no call id, so its log events' tool calls (gemini_cli.tool_call)
+    matched none of the hook's: they counted again on the hook's run (3 calls ran, the 4th was
+    refused as the 5th). On a hook run the logs' tool calls are the hook's, counted once."""
+    url, cfg, engine = store
+    with FakeModel(lambda n: f"touch marker-{n}") as model:
+        proj, done = gemini(tmp_path, model, db=url, agent="gemini-otel", otlp=OTLP[0])
+    assert markers(proj) == {1, 2, 3, 4}, done.stderr[-3000:]
+    assert "stopped by hook: agent-watchdog: run " in done.stderr and "max_tool_calls" in done.stderr
+    (shown,) = runs_json(url, cfg, "gemini-otel")
+    assert (shown["source"], shown["stop_reason"], shown["tool_calls"]) == ("hook", "max_tool_calls", 4), shown
+
 
 def test_gemini_is_refused_at_max_tool_calls_and_the_session_ends(store, tmp_path):
     url, _, engine = store
@@ -485,6 +597,42 @@ def test_gemini_hook_install_makes_geminis_log_export_send_the_token(store, tmp_
         assert logs and set(logs) == {f"Bearer {OTLP_TOKEN}"}, recorder.seen
     finally:
         recorder.close()
+
+
+# --- hostile input -------------------------------------------------------------------------------
+
+def test_hostile_hook_input_never_crashes_the_hook_nor_lets_a_session_slip_through(store, tmp_path):
+    """What the CLI (or a model through it) may put on the hook's stdin, through the resident
+    helper as the CLIs call it: unreadable input fails open with one stderr line (refused with
+    --fail-closed), never a traceback; a session id or tool input with control characters or
+    JSON's lone surrogates is still one run, every call counted."""
+    url, cfg, engine = store
+    env = home_env(tmp_path)
+
+    def hook(stdin: bytes, *extra: str, cli: str = "claude-code") -> subprocess.CompletedProcess:
+        return subprocess.run([AW, "hook", cli, "--agent", "cc-hostile", "--db", url, *extra], input=stdin,
+                              capture_output=True, timeout=60, env=env)
+
+    unreadable = [b"\xff\xfe not json", b"[]", b"null", b"{", b"[" * 200_000 + b"]" * 200_000,
+                  b'{"tool_input": "' + b"x" * (9 << 20) + b'"}']  # past the 8 MiB the hook reads
+    for raw in unreadable:
+        for cli in ("claude-code", "gemini"):
+            done = hook(raw, cli=cli)
+            err = done.stderr.decode()
+            assert (done.returncode, done.stdout) == (0, b""), (raw[:40], done)
+            assert len(err.splitlines()) == 1 and err.startswith("agent-watchdog: hook:"), (raw[:40], err)
+            closed = hook(raw, "--fail-closed", cli=cli)
+            answer = json.loads(closed.stdout)
+            reason = answer["reason"] if cli == "gemini" else answer["hookSpecificOutput"]["permissionDecisionReason"]
+            assert closed.returncode == 0 and reason.startswith("agent-watchdog: refused (--fail-closed)"), closed
+    session = r"evil\u0000\u001b[31m\ud800\n\r\u2028" + "s" * 300  # JSON escapes; cut to 200 chars
+    for n, raw_input in enumerate(['{"command": "ls \\ud800"}', '{"file_path": "/' + "y" * (3 << 20) + '"}']):
+        event = ('{"session_id": "%s", "hook_event_name": "PreToolUse", "tool_name": "Bash\\u0007", '
+                 '"tool_input": %s, "tool_use_id": "toolu_\\u0000%d"}' % (session, raw_input, n))
+        done = hook(event.encode())
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b""), done.stderr[-500:]
+    (run,) = runs_json(url, cfg, "cc-hostile")
+    assert (run["source"], run["tool_calls"], run["status"]) == ("hook", 2, "running"), run
 
 
 # --- the resident helper ------------------------------------------------------------------------

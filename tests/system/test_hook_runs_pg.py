@@ -108,3 +108,22 @@ def test_a_subagents_child_run_is_the_hooks_login_own_under_row_level_security(s
     (child,) = [r for r in rows if r.parent_id is not None]
     assert child.parent_id == parent.id and {parent.owner, child.owner} == {store.logins["a"]}
     assert (parent.tool_calls, child.tool_calls) == (3, 2)
+
+
+def test_nul_control_characters_and_lone_surrogates_never_make_the_hook_fail_open(store, tmp_path):
+    """PostgreSQL's text takes no NUL and UTF-8 no lone surrogate, and both are valid JSON in a
+    session id, a tool name or a tool use id: each call is still counted on the session's one run
+    (they were let through unjudged, every one of them, with `the store failed`)."""
+    session = "pg-\u0000\x1b[31m\ud800\n" + "s" * 300
+    for i in range(3):
+        done = hook(store.url("a"), session, tmp_path / "home", tool_use_id=f"toolu_\u0000{i}",
+                    command=f"ls \u0000\ud800 {i}", tool_name="Bash\u0000")
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), done.stderr
+    engine = make_engine(store.url("daemon"))
+    try:
+        with engine.connect() as conn:
+            rows = [r for r in conn.execute(select(runs)) if str((r.labels or {}).get("session", "")).startswith("pg-")
+                    and r.owner == store.logins["a"] and "\ufffd" in r.labels["session"]]
+    finally:
+        engine.dispose()
+    assert [(r.source, r.tool_calls) for r in rows] == [("hook", 3)], rows

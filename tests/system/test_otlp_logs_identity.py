@@ -439,3 +439,22 @@ def test_the_hook_run_lookup_filters_in_sql_and_keeps_the_active_claimants_first
         assert logruns.pick(got[keys[1]]).id == ids[7]  # an active run beats a stopped look-alike
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
+def test_log_events_with_nul_and_lone_surrogates_never_break_the_receiver(db_url, short_hold):
+    """JSON carries NUL and lone surrogates in any string (PostgreSQL's text takes no NUL): a
+    session id or tool use id with them is still its sender's session, and the receiver goes on
+    answering everyone else."""
+    with OtlpDaemon(db_url, tokens=TOKENS) as d:
+        odd = logs_json("s-odd-\u0000\ud800\x1b[31m", steps=1, tools=1).replace(
+            '"tool_use_id", "value": {"stringValue": "', '"tool_use_id", "value": {"stringValue": "\\u0000\\ud800')
+        assert '\\u0000\\ud800' in odd
+        status, body = post(d.address, odd.encode(), JS, token=VICTIM_TOKEN, path=LOGS)
+        assert status == 200, body
+        status, body = post(d.address, logs_json("s-plain", steps=1, tools=2).encode(), JS, token=VICTIM_TOKEN,
+                            path=LOGS)
+        assert status == 200, body
+        assert wait_for(lambda: [(r.steps, r.tool_calls) for r in session_runs(d.engine, "s-plain")] == [(1, 2)], 15)
+        assert wait_for(lambda: [(r.steps, r.tool_calls) for r in all_runs(d.engine)
+                                 if str((r.labels or {}).get("session", "")).startswith("s-odd-")] == [(1, 1)], 15)

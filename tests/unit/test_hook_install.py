@@ -21,14 +21,14 @@ def test_claude_settings_keep_every_key_and_hook_of_the_user():
                       "Stop": [{"hooks": [{"type": "command", "command": "notify.sh"}]}]}}
     merged, changes, kept = install.merge_json("claude-code", mine, CMD, otlp="http://127.0.0.1:4318")
     assert merged["model"] == "opus" and merged["permissions"] == mine["permissions"]
-    assert merged["hooks"]["Stop"] == mine["hooks"]["Stop"]
+    assert merged["hooks"]["Stop"][0] == mine["hooks"]["Stop"][0] and merged["hooks"]["Stop"][1]["hooks"][0]["command"] == CMD
     pre = merged["hooks"]["PreToolUse"]
     assert pre[0] == mine["hooks"]["PreToolUse"][0] and pre[1]["hooks"][0]["command"] == CMD
-    assert set(merged["hooks"]) == {"PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop"}
+    assert set(merged["hooks"]) == {"PreToolUse", "PostToolUse", "PostToolUseFailure", "PostToolBatch", "Stop"}
     # The user's own exporter choice is kept (and said so); the keys they did not set are added.
     assert merged["env"]["OTEL_LOGS_EXPORTER"] == "console" and any("OTEL_LOGS_EXPORTER" in k for k in kept)
     assert merged["env"]["OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"] == "http://127.0.0.1:4318/v1/logs"
-    assert len(changes) == 3 + 3  # three hook events, three env keys
+    assert len(changes) == 5 + 3  # five hook events, three env keys
     assert mine["hooks"]["PreToolUse"] == [{"matcher": "Bash", "hooks": [{"type": "command", "command": "lint.sh"}]}]
 
 
@@ -208,3 +208,79 @@ def test_the_resident_helper_is_keyed_by_the_absolute_store_path(tmp_path, monke
     assert fastpath.resolved(absolute, {})[0] == absolute
     pg = ["claude-code", "--db", "postgresql://u@h/db"]
     assert fastpath.resolved(pg, {})[0] == pg
+
+
+def test_hook_install_dry_run_writes_nothing_and_a_second_install_changes_nothing(tmp_path):
+    """The command as a user runs it: --dry-run leaves no file (and an existing one byte for
+    byte); install keeps the user's keys; installing again leaves the file as it is."""
+    from click.testing import CliRunner
+
+    from watchdog.cli import main
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    run = CliRunner().invoke
+    dry = run(main, ["hook", "install", "claude-code", "--project", str(proj), "--dry-run"])
+    assert dry.exit_code == 0 and "would change" in dry.output and not (proj / ".claude").exists(), dry.output
+    settings = proj / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    mine = '{"model": "opus",\n "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify.sh"}]}]}}'
+    settings.write_text(mine)
+    dry = run(main, ["hook", "install", "claude-code", "--project", str(proj), "--dry-run", "--otlp", "http://127.0.0.1:1"])
+    assert dry.exit_code == 0 and settings.read_text() == mine, dry.output
+    done = run(main, ["hook", "install", "claude-code", "--project", str(proj), "--agent", "dev"])
+    assert done.exit_code == 0, done.output
+    after = settings.read_text()
+    data = json.loads(after)
+    assert data["model"] == "opus" and data["hooks"]["Stop"][0]["hooks"][0]["command"] == "notify.sh"
+    assert all(any("hook claude-code --agent dev" in h["command"] for g in data["hooks"][e] for h in g["hooks"])
+               for e in ("PreToolUse", "PostToolUse", "PostToolBatch", "Stop"))
+    again = run(main, ["hook", "install", "claude-code", "--project", str(proj), "--agent", "dev"])
+    assert again.exit_code == 0 and "nothing to change" in again.output and settings.read_text() == after
+
+
+def test_a_stopped_sessions_batch_ends_it_once_the_model_read_a_refusal(tmp_path):
+    from watchdog.gateways.hooks.core import told
+
+    refusal = "agent-watchdog: run 1f2e3d4c stopped: max_tool_calls: tool calls 4 would exceed 3"
+
+    def result(use_id: str, content) -> str:
+        return json.dumps({"type": "user", "message": {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": use_id, "content": content, "is_error": True}]}})
+
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text(result("toolu_1", "ok") + "\n" + result("toolu_4", refusal) + "\n")
+    assert not told(str(transcript), ("toolu_4",))  # this batch's refusal: the model reads it next
+    assert told(str(transcript), ("toolu_5",))  # an earlier batch's: it was read
+    transcript.write_text(result("toolu_4", [{"type": "text", "text": refusal}]) + "\n")
+    assert told(str(transcript), ("toolu_5",))
+    transcript.write_text(result("toolu_4", "agent-watchdog: run 1f2e3d4c paused: waiting for approval") + "\n")
+    assert not told(str(transcript), ("toolu_5",))  # a pause is no stop
+    assert told(str(tmp_path / "missing.jsonl"), ()) and told(None, ())  # unreadable: end now
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    assert told(str(tmp_path / "fifo"), ()) and told(str(tmp_path), ())  # never read (nor waited on)
+    ev = protocols.parse(json.dumps({"session_id": "s", "hook_event_name": "PostToolBatch",
+                                     "transcript_path": str(transcript), "tool_calls": [
+                                         {"tool_name": "Bash", "tool_input": {}, "tool_use_id": "toolu_5"}]}))
+    assert (ev.phase, ev.transcript, ev.batch) == (protocols.END, str(transcript), ("toolu_5",))
+    assert json.loads(protocols.end("agent-watchdog: x").stdout) == {"continue": False, "stopReason": "agent-watchdog: x"}
+
+
+def test_gemini_shell_failures_and_lone_surrogates_parse():
+    def after(content: str) -> protocols.HookEvent:
+        return protocols.parse(json.dumps({"session_id": "s", "hook_event_name": "AfterTool", "tool_name": "run_shell_command",
+                                           "tool_response": {"llmContent": content, "returnDisplay": ""}}))
+
+    assert after("Output: nope\nExit Code: 1\nProcess Group PGID: 7").failed
+    assert not after("Output: ok\nProcess Group PGID: 7").failed
+    assert not after("Output: Exit Code: 1\nExit Code: 0\n").failed  # Gemini's own line is the last
+    ev = protocols.parse('{"session_id": "a\\ud800b", "hook_event_name": "BeforeTool", "tool_name": "t\\udfff"}')
+    assert ev.session_id == "a\ufffdb" and ev.tool == "t\ufffd"
+    ev.session_id.encode("utf-8")
+    from watchdog.core.lifecycle import hash_args
+
+    assert hash_args({"command": "\ud800"}) != hash_args({"command": "\ud801"})
+    with pytest.raises(ValueError):
+        protocols.parse("[" * 100_000 + "]" * 100_000)

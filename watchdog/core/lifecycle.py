@@ -257,7 +257,8 @@ def hash_args(args: Any, *, tool: str = "?") -> str:
         text = canonical_json(args)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"args of tool {tool!r}: expected JSON-serialisable values ({exc})") from None
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    # surrogatepass: JSON's lone surrogates ("\\ud800") hash too, never an error that lets a call through
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def error_fields(error: object, record_errors: str = "scrubbed") -> tuple[str | None, str | None]:

@@ -97,12 +97,25 @@ def decode(body: bytes, kind: str, max_spans: int) -> tuple[list[ResourceSpans],
 # -- protobuf ------------------------------------------------------------------------------
 
 
+def storable(s: str) -> str:
+    """`s` as every store keeps it: NUL (which PostgreSQL's text refuses) and lone surrogates
+    (JSON's `"\\ud800"`, no UTF-8) become U+FFFD, so an odd string fails no request (503s its
+    sender's exporter retries) and gets its sender's events dropped no more."""
+    if s.isascii():
+        return s.replace("\x00", "\ufffd") if "\x00" in s else s
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        s = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return s.replace("\x00", "\ufffd")
+
+
 def _pb_value(v: AnyValue, depth: int = 0) -> Any:
     which = v.WhichOneof("value")
     if which is None or depth > MAX_DEPTH:
         return None
     if which == "string_value":
-        return v.string_value[:MAX_ATTR_VALUE_CHARS]
+        return storable(v.string_value[:MAX_ATTR_VALUE_CHARS])
     if which == "array_value":
         return [_pb_value(x, depth + 1) for x in v.array_value.values[:64]]
     if which == "kvlist_value":
@@ -150,7 +163,7 @@ def _j_value(v: object, depth: int = 0) -> Any:
         return None
     for key in ("stringValue", "string_value"):
         if key in v:
-            return str(v[key])[:MAX_ATTR_VALUE_CHARS]
+            return storable(str(v[key])[:MAX_ATTR_VALUE_CHARS])
     for key in ("intValue", "int_value"):
         if key in v:
             return _int(v[key], "intValue")

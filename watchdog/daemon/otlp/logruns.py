@@ -200,9 +200,13 @@ class LogsReceiver:
 
     def _count_on(self, conn: Connection, run: HookRun, s: Session, g: Group, ident: Identity, now: dt.datetime,
                   out: Outcome) -> None:
+        # The hook counted each of the session's tool calls before it ran (its matcher is every
+        # tool): the events' tool calls are those, once (Claude Code's and Codex's share its call
+        # ids; Gemini CLI's hook input names none, so its calls would count twice). Steps are theirs.
+        calls = [c for c in g.calls if c.kind != lc.EventKind.TOOL]
         if ident.agents is not None and run.agent not in ident.agents:
             out.refuse(g.spans, f"this token may not report for agent {run.agent[:64]!r}")
-        elif run.active and witness.append(conn, run.id, g.calls, source=lc.Source.OTLP, now=now):
+        elif run.active and witness.append(conn, run.id, calls, source=lc.Source.OTLP, now=now):
             out.accepted += g.spans
         else:
             out.refuse(g.spans, f"session {s.session_id[:40]}: its run is not active")

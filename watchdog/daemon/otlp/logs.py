@@ -11,7 +11,9 @@ Mapped (names as Claude Code 2.1.197 exports them, recorded in tests/clis/record
 - `claude_code.tool_result` (`tool_name`, `tool_use_id`, `success`), `codex.tool_result`
   (`call_id`, its model-side tool name `exec_command`), `gemini_cli.tool_call`: a tool call,
   with call id `hook:<cli>:<tool use id>` — the id the hook gave the same call, so a call both
-  saw counts once (the hook's tool name stands: Codex's hooks call it `Bash`).
+  saw counts once (the hook's tool name stands: Codex's hooks call it `Bash`). On a hook's run
+  the tool calls are the hook's alone (watchdog.daemon.otlp.logruns: Gemini CLI's hook names no
+  call id, and a sub-agent's calls are its child run's).
 Other events (prompts, decisions) are progress only. Which run a session's events count for,
 and who may make them count, is watchdog.daemon.otlp.logruns (the traces' rules, and the hook's run).
 """

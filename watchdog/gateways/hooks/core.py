@@ -10,14 +10,17 @@ next generation's run.
 Before a call: refused when the run is stopped (any reason), paused (until `resume`), or when
 the call would break a budget (the SDK's guard, fed the store's counters: tool calls, identical
 calls, oscillation, wall clock); otherwise counted before it runs. After a call: its failure
-counts on the run's errors.
+counts on the run's errors, and a stopped run ends the session there (`continue: false`: after
+a call, a batch of calls, a turn).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import socket
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +37,7 @@ from watchdog.store import hooks as store
 
 from watchdog.gateways.hooks import sessionkey
 
-from watchdog.gateways.hooks.protocols import PRE, HookEvent
+from watchdog.gateways.hooks.protocols import POST, PRE, HookEvent
 
 PREFIX = "agent-watchdog:"
 
@@ -161,24 +164,107 @@ def before_tool(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEv
     return Verdict(True, run_id=rid)
 
 
-def after_tool(engine: Any, *, cli: str, ev: HookEvent) -> None:
-    """A call that ran: its failure counts on the run (its success was counted before it ran)."""
-    if not ev.failed:
-        return
-    sid = ev.session_id or "no-session"
-    key = f"{sid}\x00subagent\x00{ev.agent_id}" if ev.agent_id else sid
+def _current(engine: Any, cli: str, key: str) -> tuple[str, Any] | None:
+    """(run id, state) of the session's current run, never created (None before its first call)."""
     for gen in range(MAX_GENERATIONS):
         rid = run_id_for(cli, key, gen)
         state = store.session_run(engine, rid)
         if state is None:
-            return
+            return None
         if state.source == lc.Source.HOOK and not _over(state):
-            store.count_error(engine, rid)
-            return
+            return rid, state
+    return None
+
+
+def _key(ev: HookEvent) -> str:
+    sid = ev.session_id or "no-session"
+    return f"{sid}\x00subagent\x00{ev.agent_id}" if ev.agent_id else sid
+
+
+def after_tool(engine: Any, *, cli: str, ev: HookEvent) -> None:
+    """A call that ran: its failure counts on the run (its success was counted before it ran)."""
+    if not ev.failed:
+        return
+    found = _current(engine, cli, _key(ev))
+    if found is not None:
+        store.count_error(engine, found[0])
+
+
+def ended(engine: Any, *, cli: str, ev: HookEvent) -> Verdict:
+    """After a batch of calls, or a turn (Claude Code's PostToolBatch, Stop): the session ends
+    here when its run is stopped (not when paused: `resume` lets it go on), or a sub-agent's loop
+    when its child run is — once the model has read a refusal (an earlier batch's, in the
+    session's transcript), so that it, and whoever reads the transcript, knows why. Reads only:
+    the session's run is never created here."""
+    keys = [_key(ev)] + ([ev.session_id or "no-session"] if ev.agent_id else [])
+    for key in keys:
+        found = _current(engine, cli, key)
+        if found is not None:
+            no = _held(*found)
+            if no is not None and no.end_session:
+                return no if ev.event != "PostToolBatch" or told(ev.transcript, ev.batch) else Verdict(True)
+    return Verdict(True)
+
+
+TRANSCRIPT_TAIL_BYTES = 4 << 20  # the end of the transcript is where the last refusals are
+
+
+def _tail(path: str) -> bytes | None:
+    """The last TRANSCRIPT_TAIL_BYTES of a regular file; None for anything else or an error
+    (O_NONBLOCK: a FIFO named there never holds the hook)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        os.lseek(fd, max(0, st.st_size - TRANSCRIPT_TAIL_BYTES), os.SEEK_SET)
+        return os.read(fd, TRANSCRIPT_TAIL_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def told(transcript: str | None, batch: tuple[str, ...]) -> bool:
+    """Whether the session's transcript (Claude Code's JSONL) has a refusal of a stopped run as
+    the result of a call outside this batch: the model read it in its last request. A transcript
+    that cannot be read counts as told (the session ends now rather than go on)."""
+    tail = _tail(transcript) if transcript else None
+    if tail is None:
+        return True
+    mark = PREFIX.encode()
+    for line in tail.splitlines():
+        if mark in line and b'"tool_result"' in line and _refused_before(line, batch):
+            return True
+    return False
+
+
+def _refused_before(line: bytes, batch: tuple[str, ...]) -> bool:
+    """The transcript line is a stop's refusal as the result of a call outside `batch`."""
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    message = entry.get("message") if isinstance(entry, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    return any(isinstance(block, dict) and block.get("type") == "tool_result"
+               and block.get("tool_use_id") not in batch and _a_stop(block.get("content"))
+               for block in (content if isinstance(content, list) else []))
+
+
+def _a_stop(content: Any) -> bool:
+    if isinstance(content, list):  # [{"type": "text", "text": ...}]
+        content = " ".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+    return isinstance(content, str) and content.startswith(f"{PREFIX} run ") and " stopped: " in content[:300]
 
 
 def decide(engine: Any, config: Config, *, cli: str, agent: str, ev: HookEvent) -> Verdict:
     if ev.phase == PRE:
         return before_tool(engine, config, cli=cli, agent=agent, ev=ev)
-    after_tool(engine, cli=cli, ev=ev)
-    return Verdict(True)
+    if ev.phase == POST:
+        after_tool(engine, cli=cli, ev=ev)
+        return Verdict(True)
+    return ended(engine, cli=cli, ev=ev)

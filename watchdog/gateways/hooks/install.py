@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 # Each CLI's tool-call events, as its settings name them.
-EVENTS = {"claude-code": ("PreToolUse", "PostToolUse", "PostToolUseFailure"),
+# Claude Code's PostToolBatch (after each batch of calls, a refused one included) and Stop are
+# where a stopped run ends its session (watchdog.gateways.hooks.protocols).
+EVENTS = {"claude-code": ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PostToolBatch", "Stop"),
           "codex": ("PreToolUse", "PostToolUse"),
           "gemini": ("BeforeTool", "AfterTool")}
 MATCH_ALL = {"claude-code": "*", "codex": "*", "gemini": ".*"}

@@ -66,8 +66,8 @@ def answer(opts: dict[str, Any], raw: str, engines: dict[str, Any] | None = None
         ev = protocols.parse(raw)
     except ValueError as exc:
         return _outage(opts, None, f"unreadable hook input ({exc})")
-    if ev.phase not in (PRE, protocols.POST):
-        return protocols.allow()  # an event the hook does not judge (Stop, SessionStart, ...)
+    if ev.phase == protocols.OTHER:
+        return protocols.allow()  # an event the hook does not judge (SessionStart, ...)
     engine = None
     try:
         from watchdog.core.config import load
@@ -93,6 +93,8 @@ def answer(opts: dict[str, Any], raw: str, engines: dict[str, Any] | None = None
             engine.dispose()
     if verdict.allowed:
         return protocols.allow()
+    if ev.phase != PRE:
+        return protocols.end(verdict.reason)  # after the call: the session ends (the call ran)
     return protocols.deny(cli, ev.event, verdict.reason, end_session=verdict.end_session)
 
 
