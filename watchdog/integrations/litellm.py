@@ -35,7 +35,7 @@ from watchdog.sdk.joined import JoinedRuns, RunState
 from watchdog.sdk.run import Run
 from watchdog.store import joined
 from watchdog.store.access import missing_gateway_grants
-from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
+from watchdog.store.engine import GATEWAY_LOCK_TIMEOUT_MS, GATEWAY_ROLE, gateway_misconfiguration, row_locked
 
 log = logging.getLogger("watchdog.integrations.litellm")
 
@@ -45,6 +45,10 @@ PRE_CALL_DEADLINE_S = 2.0
 ALLOW_KEY = "agent_watchdog_agents"  # in a key's metadata: the agents its requests may name
 AGENT_KEY = "agent_watchdog_agent"  # in a request's metadata
 RESOLVED_KEY = "agent_watchdog_resolved_agent"  # set by the pre-call hook, over whatever the client sent
+# A store that answers but keeps this trace's run row locked (another login's open transaction):
+# the call is refused, never let through unjudged.
+LOCKED = ("agent-watchdog: run stopped: its row is locked in the store by another session's open "
+          "transaction, so it cannot be judged; the call is refused until that transaction ends")
 RUNS_MAX = 10_000  # own runs remembered (the oldest are forgotten; the store still has them)
 
 
@@ -71,7 +75,7 @@ class WatchdogProxyHandler(CustomLogger):
         if self._wd is None:
             with self._lock:
                 if self._wd is None:
-                    wd = Watchdog(self._url, attest_socket="")
+                    wd = Watchdog(self._url, attest_socket="", lock_timeout_ms=GATEWAY_LOCK_TIMEOUT_MS)
                     wd.store_role = GATEWAY_ROLE
                     missing = missing_gateway_grants(wd.engine)
                     if missing is not None:  # loud at the first call: the runs it joins would record nothing
@@ -133,6 +137,8 @@ class WatchdogProxyHandler(CustomLogger):
             self._outage(TimeoutError(f"no answer within {PRE_CALL_DEADLINE_S:g} s"))
             return data
         except Exception as exc:  # noqa: BLE001 — fail open
+            if row_locked(exc):  # not an outage: another session holds this run's row (fail closed)
+                raise HTTPException(status_code=400, detail={"error": LOCKED}) from None
             self._outage(exc)
             return data
         if verdict is not None:
