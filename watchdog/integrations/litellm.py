@@ -64,7 +64,9 @@ class WatchdogProxyHandler(CustomLogger):
         self._url = url
         self._wd: Watchdog | None = None
         self._lock = threading.Lock()
-        self.runs: dict[str, Run] = {}  # own runs by trace id
+        # Own runs by (agent, trace id): a trace id is a claim any key can make; another key's
+        # calls with the same trace are a run of that key's own, never counted on this one.
+        self.runs: dict[tuple[str, str], Run] = {}
         self._joined: JoinedRuns | None = None  # joined runs, and this proxy's view of their steps
         self._warned = False
         self._misconfigured = False
@@ -155,7 +157,7 @@ class WatchdogProxyHandler(CustomLogger):
         if trace is None:
             return None
         with self._lock:
-            run = self.runs.get(trace)
+            run = self.runs.get((agent, trace))
         if run is not None:
             status = joined.own_status(wd.writer, run.id)
             if status is not None and quietly_ended(status[0], status[1]):
@@ -164,6 +166,10 @@ class WatchdogProxyHandler(CustomLogger):
         state = self.joined().state(trace)
         if state is None:
             return self._check_own(self._new_run(trace, agent), estimate)
+        if state.source == SOURCE and state.agent != agent:
+            # The callback's own run of this trace, made for another key: this key's calls are a
+            # run of its own (a fresh id), never counted on, nor refused by, the other's.
+            return self._check_own(self._new_run(trace, agent, fresh=True), estimate)
         return self._check_joined(state, estimate)
 
     def _check_own(self, run: Run, estimate: Estimate,
@@ -211,7 +217,7 @@ class WatchdogProxyHandler(CustomLogger):
         with self._lock:
             if len(self.runs) >= RUNS_MAX:
                 self.runs.pop(next(iter(self.runs)))
-            self.runs[trace] = run
+            self.runs[(agent, trace)] = run
         return run
 
     # -- after the call --------------------------------------------------------------
@@ -239,8 +245,10 @@ class WatchdogProxyHandler(CustomLogger):
         if trace is None:
             self._record_untraced(kwargs, model, tokens_in, tokens_out, cost_eur)
             return
+        meta = (kwargs.get("litellm_params") or {}).get("metadata") or {}
+        agent = (_name(meta.get(RESOLVED_KEY), AGENT_MAX_CHARS) if isinstance(meta, dict) else None) or DEFAULT_AGENT
         with self._lock:
-            run = self.runs.get(trace)
+            run = self.runs.get((agent, trace))
         if run is not None:
             try:
                 run.step(model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
@@ -248,8 +256,9 @@ class WatchdogProxyHandler(CustomLogger):
                 pass  # the next call is refused
             return
         runs = self.joined()
-        if runs.state(trace) is None:
-            return
+        state = runs.state(trace)
+        if state is None or (state.source == SOURCE and state.agent != agent):
+            return  # no run, or the callback's own run of this trace for another key (check() made this key's)
         call_id = _name(kwargs.get("litellm_call_id"), 128)
         runs.append(trace, kind=lc.EV_STEP, call_id=call_id, model=model, tokens_in=tokens_in, tokens_out=tokens_out,
                     cost_eur=cost_eur)
