@@ -245,8 +245,7 @@ class WatchdogProxyHandler(CustomLogger):
         if trace is None:
             self._record_untraced(kwargs, model, tokens_in, tokens_out, cost_eur)
             return
-        meta = (kwargs.get("litellm_params") or {}).get("metadata") or {}
-        agent = (_name(meta.get(RESOLVED_KEY), AGENT_MAX_CHARS) if isinstance(meta, dict) else None) or DEFAULT_AGENT
+        agent = resolved_agent(kwargs)
         with self._lock:
             run = self.runs.get((agent, trace))
         if run is not None:
@@ -255,11 +254,15 @@ class WatchdogProxyHandler(CustomLogger):
             except RunKilled:
                 pass  # the next call is refused
             return
+        self._record_joined(trace, agent, _name(kwargs.get("litellm_call_id"), 128), model, tokens_in, tokens_out,
+                            cost_eur)
+
+    def _record_joined(self, trace: str, agent: str, call_id: str | None, model: str | None, tokens_in: int,
+                       tokens_out: int, cost_eur: float | None) -> None:
         runs = self.joined()
         state = runs.state(trace)
         if state is None or (state.source == SOURCE and state.agent != agent):
             return  # no run, or the callback's own run of this trace for another key (check() made this key's)
-        call_id = _name(kwargs.get("litellm_call_id"), 128)
         runs.append(trace, kind=lc.EV_STEP, call_id=call_id, model=model, tokens_in=tokens_in, tokens_out=tokens_out,
                     cost_eur=cost_eur)
         guard = runs.known(trace)
@@ -271,9 +274,7 @@ class WatchdogProxyHandler(CustomLogger):
                          cost_eur: float | None) -> None:
         """A call with no trace id is a run of one call (created and ended at once): the period
         budgets count its spend, and no run budget can trip on a run that is already over."""
-        meta = (kwargs.get("litellm_params") or {}).get("metadata") or {}
-        agent = (_name(meta.get(RESOLVED_KEY), AGENT_MAX_CHARS) if isinstance(meta, dict) else None) or DEFAULT_AGENT
-        run = self.wd().run(agent, guards=False)
+        run = self.wd().run(resolved_agent(kwargs), guards=False)
         run.source = SOURCE
         run.start()
         try:
@@ -281,6 +282,12 @@ class WatchdogProxyHandler(CustomLogger):
         except RunKilled:
             pass
         run.end(lc.COMPLETED, None, None)
+
+
+def resolved_agent(kwargs: dict) -> str:
+    """The agent the pre-call hook resolved for this call (the key's; never the client's word)."""
+    meta = (kwargs.get("litellm_params") or {}).get("metadata") or {}
+    return (_name(meta.get(RESOLVED_KEY), AGENT_MAX_CHARS) if isinstance(meta, dict) else None) or DEFAULT_AGENT
 
 
 def quietly_ended(status: str, reason: str | None) -> bool:

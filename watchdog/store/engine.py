@@ -126,14 +126,7 @@ def row_locked(exc: BaseException) -> bool:
     row is held by a writer, the store is not down; the caller passes over that run only."""
     # SQLAlchemy's error carries the driver's as .orig; a statement sent on the raw driver's
     # cursor (the bulk event inserts) raises the driver's own.
-    seen: BaseException | None = exc
-    for _ in range(8):  # the SDK may wrap the driver's error (raise ... from)
-        if seen is None:
-            return False
-        if LOCK_NOT_AVAILABLE in (_sqlstate(seen), getattr(seen, "sqlstate", None)):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return LOCK_NOT_AVAILABLE in (_sqlstate(exc), getattr(exc, "sqlstate", None))
 
 
 def store_unavailable(exc: BaseException) -> bool:
