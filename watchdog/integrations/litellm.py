@@ -35,7 +35,7 @@ from watchdog.sdk.joined import JoinedRuns, RunState
 from watchdog.sdk.run import Run
 from watchdog.store import joined
 from watchdog.store.access import missing_gateway_grants
-from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
+from watchdog.store.engine import GATEWAY_LOCK_TIMEOUT_MS, GATEWAY_ROLE, gateway_misconfiguration, row_locked
 
 log = logging.getLogger("watchdog.integrations.litellm")
 
@@ -45,6 +45,10 @@ PRE_CALL_DEADLINE_S = 2.0
 ALLOW_KEY = "agent_watchdog_agents"  # in a key's metadata: the agents its requests may name
 AGENT_KEY = "agent_watchdog_agent"  # in a request's metadata
 RESOLVED_KEY = "agent_watchdog_resolved_agent"  # set by the pre-call hook, over whatever the client sent
+# A store that answers but keeps this trace's run row locked (another login's open transaction):
+# the call is refused, never let through unjudged.
+LOCKED = ("agent-watchdog: run stopped: its row is locked in the store by another session's open "
+          "transaction, so it cannot be judged; the call is refused until that transaction ends")
 RUNS_MAX = 10_000  # own runs remembered (the oldest are forgotten; the store still has them)
 
 
@@ -60,7 +64,9 @@ class WatchdogProxyHandler(CustomLogger):
         self._url = url
         self._wd: Watchdog | None = None
         self._lock = threading.Lock()
-        self.runs: dict[str, Run] = {}  # own runs by trace id
+        # Own runs by (agent, trace id): a trace id is a claim any key can make; another key's
+        # calls with the same trace are a run of that key's own, never counted on this one.
+        self.runs: dict[tuple[str, str], Run] = {}
         self._joined: JoinedRuns | None = None  # joined runs, and this proxy's view of their steps
         self._warned = False
         self._misconfigured = False
@@ -71,7 +77,7 @@ class WatchdogProxyHandler(CustomLogger):
         if self._wd is None:
             with self._lock:
                 if self._wd is None:
-                    wd = Watchdog(self._url, attest_socket="")
+                    wd = Watchdog(self._url, attest_socket="", lock_timeout_ms=GATEWAY_LOCK_TIMEOUT_MS)
                     wd.store_role = GATEWAY_ROLE
                     missing = missing_gateway_grants(wd.engine)
                     if missing is not None:  # loud at the first call: the runs it joins would record nothing
@@ -133,6 +139,8 @@ class WatchdogProxyHandler(CustomLogger):
             self._outage(TimeoutError(f"no answer within {PRE_CALL_DEADLINE_S:g} s"))
             return data
         except Exception as exc:  # noqa: BLE001 — fail open
+            if row_locked(exc):  # not an outage: another session holds this run's row (fail closed)
+                raise HTTPException(status_code=400, detail={"error": LOCKED}) from None
             self._outage(exc)
             return data
         if verdict is not None:
@@ -149,7 +157,7 @@ class WatchdogProxyHandler(CustomLogger):
         if trace is None:
             return None
         with self._lock:
-            run = self.runs.get(trace)
+            run = self.runs.get((agent, trace))
         if run is not None:
             status = joined.own_status(wd.writer, run.id)
             if status is not None and quietly_ended(status[0], status[1]):
@@ -158,6 +166,10 @@ class WatchdogProxyHandler(CustomLogger):
         state = self.joined().state(trace)
         if state is None:
             return self._check_own(self._new_run(trace, agent), estimate)
+        if state.source == SOURCE and state.agent != agent:
+            # The callback's own run of this trace, made for another key: this key's calls are a
+            # run of its own (a fresh id), never counted on, nor refused by, the other's.
+            return self._check_own(self._new_run(trace, agent, fresh=True), estimate)
         return self._check_joined(state, estimate)
 
     def _check_own(self, run: Run, estimate: Estimate,
@@ -205,7 +217,7 @@ class WatchdogProxyHandler(CustomLogger):
         with self._lock:
             if len(self.runs) >= RUNS_MAX:
                 self.runs.pop(next(iter(self.runs)))
-            self.runs[trace] = run
+            self.runs[(agent, trace)] = run
         return run
 
     # -- after the call --------------------------------------------------------------
@@ -233,18 +245,24 @@ class WatchdogProxyHandler(CustomLogger):
         if trace is None:
             self._record_untraced(kwargs, model, tokens_in, tokens_out, cost_eur)
             return
+        agent = resolved_agent(kwargs)
         with self._lock:
-            run = self.runs.get(trace)
+            run = self.runs.get((agent, trace))
         if run is not None:
             try:
                 run.step(model=model, tokens_in=tokens_in, tokens_out=tokens_out, cost_eur=cost_eur)
             except RunKilled:
                 pass  # the next call is refused
             return
+        self._record_joined(trace, agent, _name(kwargs.get("litellm_call_id"), 128), model, tokens_in, tokens_out,
+                            cost_eur)
+
+    def _record_joined(self, trace: str, agent: str, call_id: str | None, model: str | None, tokens_in: int,
+                       tokens_out: int, cost_eur: float | None) -> None:
         runs = self.joined()
-        if runs.state(trace) is None:
-            return
-        call_id = _name(kwargs.get("litellm_call_id"), 128)
+        state = runs.state(trace)
+        if state is None or (state.source == SOURCE and state.agent != agent):
+            return  # no run, or the callback's own run of this trace for another key (check() made this key's)
         runs.append(trace, kind=lc.EV_STEP, call_id=call_id, model=model, tokens_in=tokens_in, tokens_out=tokens_out,
                     cost_eur=cost_eur)
         guard = runs.known(trace)
@@ -256,9 +274,7 @@ class WatchdogProxyHandler(CustomLogger):
                          cost_eur: float | None) -> None:
         """A call with no trace id is a run of one call (created and ended at once): the period
         budgets count its spend, and no run budget can trip on a run that is already over."""
-        meta = (kwargs.get("litellm_params") or {}).get("metadata") or {}
-        agent = (_name(meta.get(RESOLVED_KEY), AGENT_MAX_CHARS) if isinstance(meta, dict) else None) or DEFAULT_AGENT
-        run = self.wd().run(agent, guards=False)
+        run = self.wd().run(resolved_agent(kwargs), guards=False)
         run.source = SOURCE
         run.start()
         try:
@@ -266,6 +282,12 @@ class WatchdogProxyHandler(CustomLogger):
         except RunKilled:
             pass
         run.end(lc.COMPLETED, None, None)
+
+
+def resolved_agent(kwargs: dict) -> str:
+    """The agent the pre-call hook resolved for this call (the key's; never the client's word)."""
+    meta = (kwargs.get("litellm_params") or {}).get("metadata") or {}
+    return (_name(meta.get(RESOLVED_KEY), AGENT_MAX_CHARS) if isinstance(meta, dict) else None) or DEFAULT_AGENT
 
 
 def quietly_ended(status: str, reason: str | None) -> bool:

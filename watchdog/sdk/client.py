@@ -30,7 +30,7 @@ from watchdog.sdk.circuits import CIRCUIT_CACHE_MAX_S, Circuits
 from watchdog.sdk import obey
 from watchdog.sdk.inflight import InflightTools
 from watchdog.sdk.run import Run
-from watchdog.store.engine import make_engine, misconfiguration, normalise_url
+from watchdog.store.engine import make_engine, misconfiguration, normalise_url, row_locked
 from watchdog.store.agent_writes import POOL_SIZE, Writer
 from watchdog.core.periods import utcnow
 from watchdog.store.lineage import Statement
@@ -65,7 +65,7 @@ class Watchdog:
     def __init__(self, url: str | None = None, *, buffer_max: int = BUFFER_MAX_EVENTS,
                  circuit_cache_s: float | None = None, record_args: bool | None = None,
                  record_errors: str | None = None, attest_socket: str | None = None,
-                 pool_size: int = POOL_SIZE) -> None:
+                 pool_size: int = POOL_SIZE, lock_timeout_ms: int | None = None) -> None:
         """`circuit_cache_s`: how long the tool circuits the daemon wrote are cached
         (default: one daemon tick as published in the store, at most 5 s).
 
@@ -79,7 +79,9 @@ class Watchdog:
         else /run/agent-watchdog/attest.sock; "" = never attest: runs are then stopped
         cooperatively only, never signalled).
         `pool_size`: store connections this process's threads share (one more for the
-        rare circuit-probe writes); through PgBouncer these are cheap client connections."""
+        rare circuit-probe writes); through PgBouncer these are cheap client connections.
+        `lock_timeout_ms` (PostgreSQL): how long a statement may wait for a lock another
+        session holds (the gateways pass GATEWAY_LOCK_TIMEOUT_MS; an agent's SDK waits)."""
         url = url or os.environ.get(ENV_DB)
         if not url:
             raise ValueError(f"Watchdog(url): no store URL given and ${ENV_DB} is not set")
@@ -102,7 +104,8 @@ class Watchdog:
         # replaced before an agent's record fails on it (the daemon checks sockets instead).
         kw.setdefault("pool_pre_ping", True)
         self.engine = make_engine(url, pool_size=pool_size, max_overflow=1, pool_timeout=PG_CONNECT_TIMEOUT_S * 2,
-                                  create=False, **kw)
+                                  create=False, lock_timeout_ms=lock_timeout_ms, **kw)
+        self.lock_timeout_ms = lock_timeout_ms
         self.writer = Writer(self.engine, pool_size)
         # Records of this process's threads that meet at the store go in one transaction (issue 35).
         self.bursts = Bursts(self, pool_size)
@@ -282,6 +285,11 @@ class Watchdog:
             row: Sequence[Any] | None = self.writer.transaction(statements)
         except Exception as exc:
             self._raise_if_misconfigured(exc)
+            if self.lock_timeout_ms is not None and row_locked(exc):
+                # A gateway (lock_timeout_ms): a row another session holds is not an outage. Buffered,
+                # the record would head the buffer and every later record of every run this process
+                # witnesses would wait on that lock first; raised, the gateway refuses that one call.
+                raise
             if self.writer.is_rejection(exc):
                 if raise_conflict and self.writer.is_conflict(exc):
                     raise

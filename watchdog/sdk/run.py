@@ -22,6 +22,7 @@ from watchdog.errors import RunKilled, StoreMisconfigured
 from watchdog.sdk import obey, toolcall
 from watchdog.sdk.guards import Guard
 from watchdog.sdk.obey import Hold, pause_statements
+from watchdog.store.engine import row_locked
 from watchdog.store.lineage import Lineage
 from watchdog.core.periods import utcnow
 
@@ -163,7 +164,9 @@ class Run:
             self.wd.write(statements, raise_conflict=True)
         except StoreMisconfigured:
             raise  # the store cannot be used by this process: its one line names the fix
-        except Exception:  # only a duplicate id gets here: events would land in the other run
+        except Exception as exc:  # a duplicate id (events would land in the other run), or a gateway's lock wait
+            if row_locked(exc):  # another session's open INSERT of this id: not a run to join (Watchdog.write)
+                raise
             raise ValueError(f"run_id: a run {self.id!r} already exists in the store; give each run its own id") from None
         self.status = lc.RUNNING
         if self.kill_mode != lc.COOPERATIVE:  # a shared process is never signalled: nothing to attest

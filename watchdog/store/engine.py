@@ -95,6 +95,22 @@ def _sqlite_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+# PostgreSQL: how long a gateway's statement (the LiteLLM callback, the MCP proxy) may wait for a
+# lock. Any login may insert a run under an id it picks and leave the transaction open; a gateway
+# that then makes its own run of that id (a trace id) would wait for ever, its thread stuck, and
+# enough stuck threads make every other call's check miss its deadline and fail open. Under the
+# callback's pre-call deadline (2 s) and the proxy's (5 s): the wait raises lock_not_available,
+# and the gateway refuses that one call.
+GATEWAY_LOCK_TIMEOUT_MS = 500
+
+
+def _pg_lock_timeout(dbapi_conn: Any, _record: ConnectionPoolEntry, ms: int) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute(f"SET lock_timeout = '{ms}ms'")
+    cur.close()
+    dbapi_conn.commit()
+
+
 def bound_lock_waits(conn: Connection) -> None:
     """PostgreSQL: the rest of the caller's transaction waits at most DAEMON_LOCK_TIMEOUT_MS for
     any one lock (`SET LOCAL`: it ends with the transaction, so it holds behind PgBouncer's
@@ -193,13 +209,15 @@ def _require_driver(url: str) -> None:
 
 
 def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, create: bool = True,
-                **kw: Any) -> Engine:
+                lock_timeout_ms: int | None = None, **kw: Any) -> Engine:
     """An engine with the store's connection discipline for either database.
 
     `must_exist`: a SQLite file that is not there is a StoreError naming the fix, instead
     of an empty file created by the first connection. `create=False` (the SDK): the file is
     opened read-write but never created, so the first contact fails with the fix instead. `read_only` (implies must_exist):
     SQLite opens the file read-only (`mode=ro`), so a read can never create or change it.
+    `lock_timeout_ms` (PostgreSQL): each session's `lock_timeout`, for a process that must never
+    wait long on a row another login holds (the gateways: see GATEWAY_LOCK_TIMEOUT_MS).
     """
     url = normalise_url(url)
     # A failed statement's message never carries its values (error texts, arguments, labels):
@@ -212,6 +230,8 @@ def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, 
         # connection that never saw the PREPARE.
         kw.setdefault("connect_args", {}).setdefault("prepare_threshold", None)
         pg_engine = create_engine(url, **kw)
+        if lock_timeout_ms is not None:
+            event.listen(pg_engine, "connect", functools.partial(_pg_lock_timeout, ms=int(lock_timeout_ms)))
         if not kw.get("pool_pre_ping"):  # a caller asking for the ping gets it; ours costs no round trip
             event.listen(pg_engine, "checkout", _pg_checkout)
         return pg_engine

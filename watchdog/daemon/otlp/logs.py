@@ -100,7 +100,7 @@ def _int(v: object) -> int | None:
         return None
     try:
         n = int(float(v))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # "inf", "1e400": no number of tokens
         return None
     return n if 0 <= n < 1 << 40 else None
 

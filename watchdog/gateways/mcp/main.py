@@ -70,7 +70,7 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     from watchdog.gateways.mcp.serve import serve_http, serve_stdio
     from watchdog.gateways.mcp.witness import ToolWitness
     from watchdog.sdk.client import Watchdog
-    from watchdog.store.engine import GATEWAY_ROLE
+    from watchdog.store.engine import GATEWAY_LOCK_TIMEOUT_MS, GATEWAY_ROLE
 
     if upstream and command:
         raise ConfigError("mcp-proxy: give either --upstream URL or -- SERVER_COMMAND, not both")
@@ -96,7 +96,9 @@ def run_proxy(*, db_url: str, config_path: str | None, agent: str | None, run_id
     # The SDK says an outage both in its log and as a Python warning (for an agent's developer);
     # in the proxy's own process the log line is enough.
     warnings.simplefilter("ignore", RuntimeWarning)
-    wd = Watchdog(db_url, attest_socket="")  # a witness outside the agent's process: never attested
+    # A witness outside the agent's process: never attested; it never waits long on a row another
+    # login holds (GATEWAY_LOCK_TIMEOUT_MS: such a call is refused, see ToolWitness.admit).
+    wd = Watchdog(db_url, attest_socket="", lock_timeout_ms=GATEWAY_LOCK_TIMEOUT_MS)
     wd.store_role = GATEWAY_ROLE
     if run_id is not None:
         _require_run(wd, run_id, db_url)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -92,6 +93,9 @@ class HttpProxy:
             return
         if scope["type"] != "http":
             return
+        if not own_user(scope):
+            await _json_error(send, 403, "Forbidden: this proxy answers only the Unix user that started it")
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         sid = headers.get(MCP_SESSION_ID_HEADER)
         if sid is not None:
@@ -156,6 +160,24 @@ class HttpProxy:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def own_user(scope: dict) -> bool:
+    """The client's socket is this process's Unix user's (or root's), as the kernel names it
+    (/proc/net/tcp): another local user's calls would count on this proxy's runs. A client the
+    kernel does not place on this host (a non-loopback --listen) is not looked up here."""
+    from watchdog.daemon.otlp.sender import peer
+
+    client, server = scope.get("client"), scope.get("server")
+    if not client or not server:
+        return False
+    uid = peer((str(client[0]), int(client[1])), (str(server[0]), int(server[1]))).uid
+    if uid is None:  # not found: only a peer beyond this host may be unknown to its kernel
+        try:
+            return not ipaddress.ip_address(str(client[0]).split("%", 1)[0]).is_loopback
+        except ValueError:
+            return False
+    return uid in (os.getuid(), 0)
 
 
 async def _json_error(send, status: int, message: str) -> None:

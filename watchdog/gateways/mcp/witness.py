@@ -29,7 +29,7 @@ from watchdog.sdk.joined import JoinedRuns
 from watchdog.sdk.run import Run
 from watchdog.sdk.toolcall import PendingTool
 from watchdog.store import joined
-from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration
+from watchdog.store.engine import GATEWAY_ROLE, gateway_misconfiguration, row_locked
 
 from watchdog.gateways.mcp import wording
 
@@ -87,6 +87,8 @@ class ToolWitness:
                     return self._admit_joined(name, args, call_id)
                 return self._admit_own(name, args, call_id)
             except Exception as exc:  # noqa: BLE001 — fail open, said (the SDK raises a misconfigured store)
+                if row_locked(exc):  # not an outage: another session holds the run's row (fail closed)
+                    return wording.locked(name)
                 self.outage(exc)
                 return Admitted(name, args, call_id, None)  # nothing to record it in
             finally:

@@ -41,3 +41,9 @@ def unavailable(tool: str, message: str) -> str:
 def no_run(tool: str, run_id: str) -> str:
     return (f"{PREFIX} run {run_id[:32]!r} is not in the store; the call to tool {tool!r} was refused and not "
             f"run. Tell the user the watchdog is misconfigured (--run / $AGENT_WATCHDOG_RUN).")
+
+
+def locked(tool: str) -> str:
+    return (f"{PREFIX} run stopped: its row is locked in the store by another session's open transaction, so "
+            f"the call to tool {tool!r} cannot be judged; it was refused and not run. Retry later or answer "
+            f"with what you have.")

@@ -1,0 +1,93 @@
+"""Hostile review: another local Unix user drives the streamable-HTTP MCP proxy.
+
+`agent-watchdog mcp-proxy --upstream URL --listen 127.0.0.1:PORT --run RUN` witnesses the run of
+the user who started it. Any local user can connect to a loopback port: without a check, another
+user's (mallory's, made with useradd) tool calls were counted on that run, by the proxy's guards
+and in the store, so that the run's owner's next call was refused for a budget mallory spent.
+A name is a claim; the loopback socket's owner uid (from /proc/net/tcp) is not: the proxy now
+answers only its own Unix user (and root), 403 to anyone else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from attest_support import LocalUsers
+from test_mcp_proxy import CLI, SERVER, _env, free_port, http_session, store_events, wait_port  # noqa: F401
+from watchdog import Watchdog
+
+MALLORY_SCRIPT = textwrap.dedent("""
+    import json, sys, httpx
+    url = sys.argv[1]
+    h = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "m", "version": "1"}}}
+    r = httpx.post(url, json=init, headers=h, timeout=30)
+    out = {"initialize": r.status_code, "calls": []}
+    sid = r.headers.get("mcp-session-id")
+    if r.status_code == 200 and sid:
+        h["mcp-session-id"] = sid
+        httpx.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=h, timeout=30)
+        for i in range(4):
+            call = {"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
+                    "params": {"name": "search", "arguments": {"q": f"spend {i}"}}}
+            out["calls"].append(httpx.post(url, json=call, headers=h, timeout=30).status_code)
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture
+def mallory():
+    users = LocalUsers()
+    try:
+        yield users.add("mallory")
+    finally:
+        users.close()
+
+
+def test_another_unix_users_calls_through_the_http_proxy_never_count_on_its_run(tmp_path, sqlite_url, mallory):
+    env = _env(tmp_path, sqlite_url)
+    wd = Watchdog(sqlite_url, attest_socket="")
+    run = wd.run(agent="victim", max_tool_calls=3)
+    run.start()
+    sport, pport = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, SERVER, "http", str(sport)], env=env, stderr=subprocess.DEVNULL)
+    proxy = None
+    try:
+        wait_port(sport, server)
+        proxy = subprocess.Popen([*CLI, "mcp-proxy", "--run", run.id, "--upstream", f"http://127.0.0.1:{sport}/mcp",
+                                  "--listen", f"127.0.0.1:{pport}"], env=env, stderr=subprocess.DEVNULL)
+        wait_port(pport, proxy)
+        url = f"http://127.0.0.1:{pport}/mcp"
+        done = subprocess.run(["setpriv", f"--reuid={mallory}", f"--regid={mallory}", "--clear-groups",
+                               sys.executable, "-c", MALLORY_SCRIPT, url], capture_output=True, text=True, timeout=120,
+                              env={"PATH": os.environ["PATH"], "HOME": "/tmp"}, cwd="/")
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+        assert seen["initialize"] == 403, seen  # another user's session is never opened
+        assert not [e for e in store_events(sqlite_url, run.id) if e.source == "mcp"]
+
+        async def own() -> list[bool]:  # the run's own user: its calls go through, within its budget
+            async with http_session(url) as s:
+                return [(await s.call_tool("search", {"q": f"own {i}"})).is_error for i in range(3)]
+
+        assert anyio.run(own) == [False, False, False]
+    finally:
+        for p in (proxy, server):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        run.end("completed", None, None)
+        wd.close()
