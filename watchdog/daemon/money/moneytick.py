@@ -249,7 +249,7 @@ class LiveSpend:
     agent, and per label budget for the runs whose labels are known (a run's labels never
     change, so they are read once, when it is first seen: `new`)."""
 
-    __slots__ = ("per_agent", "labelled", "covered", "new", "light", "i_id")
+    __slots__ = ("per_agent", "labelled", "covered", "new", "light")
 
     def __init__(self, covered: dict[str, tuple[str, ...]] | None):
         self.per_agent: dict[str, float] = defaultdict(float)
@@ -257,7 +257,6 @@ class LiveSpend:
         self.covered = covered  # run id -> the label budgets covering it; None: no [[budgets]]
         self.new: list[tuple[str, float]] = []  # (run id, live cost) of runs first seen
         self.light: Sequence[LightRow] = []  # the tick's light rows (for forgetting the runs that ended)
-        self.i_id = 0  # the id's position in `light` (the pre-filter's positional pass; others read by name)
 
 
 class Books(Protocol):

@@ -90,7 +90,7 @@ class PreFilter:
         i_started, i_seen, i_agent = L["started_s"], L["seen_s"], L["agent"]
         i_cost, i_resumes = L["cost_eur"], L["resumes"]
         i_steps, i_calls, i_tokens = L["steps"], L["tool_calls"], L["tokens"]
-        per_agent, labelled, new, covered_get, unknown = _spend_sinks(spend, light, i_id)
+        per_agent, labelled, new, covered_get, unknown = _spend_sinks(spend, light)
         first_get = (first if first is not None else _NOTHING).get
         due: list[str] = []
         tallies = evidence if evidence is not None else _NOTHING
@@ -194,13 +194,13 @@ def _first_sight(r: Sequence[Any], now_s: float, first: Mapping[str, float] | No
     return now_s
 
 
-def _spend_sinks(spend: LiveSpend | None, light: Sequence[Any], i_id: int) -> tuple[Any, Any, Any, Any, Any]:
+def _spend_sinks(spend: LiveSpend | None, light: Sequence[Any]) -> tuple[Any, Any, Any, Any, Any]:
     """Where the pass adds each run's live cost: (per agent, per label budget, runs first seen,
     the lookup of a run's label budgets, what it returns for a run whose labels are unknown).
     Without [[budgets]] every run is covered by none: the lookup always answers ()."""
     if spend is None:
         return None, None, None, _NOTHING.get, ()
-    spend.light, spend.i_id = light, i_id
+    spend.light = light
     if spend.covered is None:
         return spend.per_agent, spend.labelled, spend.new, _NOTHING.get, ()
     return spend.per_agent, spend.labelled, spend.new, spend.covered.get, None

@@ -42,7 +42,8 @@ from watchdog.daemon.tick.judging import Batch, act_on_breach, announce_resume, 
 from watchdog.daemon.leases.cluster import ClusterDuties, DutyTick, Membership, Role
 from watchdog.daemon.tick.heap import HeapFreezer
 from watchdog.daemon.tick.toolwatch import ToolWatch
-from watchdog.daemon.trust.scan import Defect, L, RATE_WINDOW_S, Scanner
+from watchdog.daemon.trust.lightrow import proc_of
+from watchdog.daemon.trust.scan import Defect, RATE_WINDOW_S, Scanner
 from watchdog.core.procid import ProcessIdentity
 from watchdog.daemon.stops.enforcer import Enforcer
 from watchdog.daemon.stops.killer import Killer
@@ -188,7 +189,7 @@ class Ticker:
         """Each due run, then the defects and the backstop: this tick's stop requests, lost runs
         and rate alarms in one commit (rolled back on failure: the next tick finds them again)."""
         if any(r.status == lc.STOPPING for r in rows):  # (incremental: the ActiveSet's count, not a pass)
-            this.sharing = Counter((r[L["host"]], r[L["pid"]]) for r in light) if full else self.active.by_proc
+            this.sharing = Counter(map(proc_of, light)) if full else self.active.by_proc
         batch = Batch(self.engine)
         try:
             for row in judging.order(self.state, rows):

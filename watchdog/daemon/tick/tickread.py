@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from watchdog.core.deadlines import Deadline
 from watchdog.daemon.tick.activeset import Scope
 from watchdog.daemon.leases.cluster import Role
-from watchdog.daemon.trust.scan import L, NewEvent
+from watchdog.daemon.trust.lightrow import host_of, run_id
+from watchdog.daemon.trust.scan import NewEvent
 from watchdog.daemon.tick.tickstate import ThisTick
 from watchdog.daemon.tick.toolwatch import ToolCall, ToolWatch
 from watchdog.store.engine import Connection
@@ -84,10 +85,9 @@ def _mine(light: list[Any], scope: Scope) -> list[Any]:
     judged = scope.judged
     if scope.hosts is not None or judged is None:
         return light  # (it read only its own)
-    i_id, i_host = L["id"], L["host"]
     if isinstance(judged, Reach):
-        return [r for r in light if judged.covers(r[i_id], r[i_host])]
-    return [r for r in light if r[i_host] in judged]
+        return [r for r in light if judged.covers(run_id(r), host_of(r))]
+    return [r for r in light if host_of(r) in judged]
 
 
 def read(tk: TickContext, this: ThisTick, role: Role) -> TickRead:
@@ -112,11 +112,11 @@ def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: 
     act.feed.mark(conn, scope.hosts if isinstance(scope.hosts, Reach) else None)
     mine = _mine(light, scope)  # (the leader read all)
     new = _fold_read(tk, conn, mine, scope.hosts, _folded(scope, role))
-    calls = watch.read(conn, [rid for r in light if (rid := r[L["id"]]).__class__ is str]) if watch else None
+    calls = watch.read(conn, [rid for rid in map(run_id, light) if rid.__class__ is str]) if watch else None
     wake: dict[str, Deadline] = {}
     costs: dict[str, float] | None = {} if mt is not None else None
     if mt is not None:  # whose each run's spend is (issue 32), before the pass sums it
-        tk.trust.check_spend(conn, light, L["id"], L["agent"])
+        tk.trust.check_spend(conn, light)
         act.spend.spend_as = tk.trust.spend_as if tk.trust.bound else None
     due = _prefilter(tk, this, light, this.live, wake, costs)
     if mt is not None:  # unreadable steps: reported with the rest
@@ -126,7 +126,7 @@ def _full(tk: TickContext, conn: Connection, this: ThisTick, role: Role, scope: 
     act.rebuild(light, scope, this.now.timestamp(), wake=wake, due=due, costs=costs,
                 covered=mt.spend.covered if mt is not None else None)
     tk.trust.flush(act.rows)  # first sights and parent links (issue 20)
-    looked = [rid for r in light if (rid := r[L["id"]]).__class__ is str]
+    looked = [rid for rid in map(run_id, light) if rid.__class__ is str]
     return TickRead(light, len(mine), new, due, rows, looked, wake, True, calls)
 
 
@@ -134,8 +134,8 @@ def _fold_read(tk: TickContext, conn: Connection, mine: list[Any], read: frozens
                folded: frozenset[str] | None) -> list[NewEvent]:
     """A full read's fold: of the runs it judges, those whose events it folds (`folded`, _folded)."""
     of = mine if folded is read or not isinstance(folded, Reach) else [
-        r for r in mine if folded.covers(r[L["id"]], r[L["host"]])]
-    return tk.scanner.fold(conn, [r[L["id"]] for r in of], hosts=folded)
+        r for r in mine if folded.covers(run_id(r), host_of(r))]
+    return tk.scanner.fold(conn, list(map(run_id, of)), hosts=folded)
 
 
 def _fold_changes(tk: TickContext, conn: Connection, folded: frozenset[str] | None) -> list[NewEvent]:
@@ -146,7 +146,7 @@ def _fold_changes(tk: TickContext, conn: Connection, folded: frozenset[str] | No
         return []
     mine: set[str] = act.mine
     if tk.scanner.high_water is None and isinstance(folded, Reach):  # a cold fold: of those it folds only
-        mine = {rid for rid in mine if folded.covers(rid, act.rows[rid][L["host"]])}
+        mine = {rid for rid in mine if folded.covers(rid, host_of(act.rows[rid]))}
     return tk.scanner.fold(conn, mine, hosts=folded)
 
 
@@ -157,11 +157,11 @@ def _incremental(tk: TickContext, conn: Connection, this: ThisTick, scope: Scope
     calls = watch.read(conn, act.rows, quiet=act.quiet) if watch else None
     changed.update(tk.scanner.touched)  # a run with an event folded is looked at, whatever the feed said
     cand = act.candidates(this.now.timestamp(), changed)
-    looked = [r[L["id"]] for r in cand]
+    looked = list(map(run_id, cand))
     wake: dict[str, Deadline] = {}
     costs: dict[str, float] | None = {} if mt is not None else None
     if mt is not None:
-        tk.trust.check_spend(conn, cand, L["id"], L["agent"])
+        tk.trust.check_spend(conn, cand)
         act.spend.spend_as = tk.trust.spend_as if tk.trust.bound else None
     # The processes: their ends come from the ActiveSet's watches, not a check of every local run.
     # The live spend's sums come from the ActiveSet's index (below), not from this pass over a few.
@@ -172,7 +172,6 @@ def _incremental(tk: TickContext, conn: Connection, this: ThisTick, scope: Scope
     if mt is not None:
         covered = mt.spend.covered
         mt.spend.new.extend(act.spend_looked(looked, costs or {}, covered))  # their labels: read below
-        mt.spend.i_id = L["id"]  # (what the pre-filter's pass would have set)
         act.spend.learn(covered)
         act.spend.fill(mt.spend)  # every run's live cost, not only the few looked at
         mt.spend.light = light

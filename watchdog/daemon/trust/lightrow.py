@@ -27,6 +27,8 @@ LightRow = Sequence[Any]
 run_id: Callable[[LightRow], str] = itemgetter(_ID)
 agent_of: Callable[[LightRow], str] = itemgetter(_AGENT)
 status_of: Callable[[LightRow], str] = itemgetter(_STATUS)
+host_of: Callable[[LightRow], str] = itemgetter(_HOST)
+proc_of: Callable[[LightRow], tuple[str, int | None]] = itemgetter(_HOST, _PID)  # the run's (host, pid)
 
 
 class Light:

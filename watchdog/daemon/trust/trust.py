@@ -29,6 +29,7 @@ from watchdog.core.config import Config
 from watchdog.core.lifecycle import Source
 from watchdog.core.text import one_line
 from watchdog.daemon.otlp.senders import sender_of
+from watchdog.daemon.trust.lightrow import LightRow, agent_of, run_id
 from watchdog.core.whose import OWNER_PREFIX, owner_key
 from watchdog.store.pause import deny_pause
 from watchdog.store.alerts import Audit, announce, attested_uid, grant_ok
@@ -214,13 +215,14 @@ class Trust:
         self._spend_key[rid] = key
         return key
 
-    def check_spend(self, conn: Connection, rows: Iterable[Sequence[Any]], i_id: int, i_agent: int) -> None:
+    def check_spend(self, conn: Connection, rows: Iterable[LightRow]) -> None:
         """Before the tick sums the live spend: the owner of every run of a bound agent not
-        checked yet (a few per tick: each run once), so its spend counts where it belongs at once."""
+        checked yet (a few per tick: each run once), so its spend counts where it belongs at once.
+        `rows`: light rows (watchdog.daemon.trust.lightrow)."""
         bound, known = self.bound, self._spend_key
         if not bound:
             return
-        todo = [(r[i_id], r[i_agent]) for r in rows if r[i_agent] in bound and r[i_id] not in known]
+        todo = [(rid, agent) for r in rows if (agent := agent_of(r)) in bound and (rid := run_id(r)) not in known]
         if not todo:
             return
         from watchdog.store.run_rows import owners_of
