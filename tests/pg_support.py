@@ -24,13 +24,45 @@ PG_ADMIN_URL = os.environ.get("AGENT_WATCHDOG_TEST_PG", "postgresql+psycopg://po
 BACKENDS = ["sqlite", "postgresql"]
 
 
+# What `TRUNCATE <the schema's tables> RESTART IDENTITY CASCADE` would touch: those tables, the
+# tables whose foreign keys reach them (CASCADE), and the sequences those tables' columns own.
+_TRUNCATED = text("""
+WITH RECURSIVE t(oid) AS (
+    SELECT to_regclass(n) FROM unnest(CAST(:names AS text[])) AS n WHERE to_regclass(n) IS NOT NULL
+    UNION SELECT k.conrelid FROM pg_constraint k JOIN t ON k.confrelid = t.oid WHERE k.contype = 'f'
+)
+SELECT (SELECT array_agg(quote_ident(n.nspname) || '.' || quote_ident(c.relname)) FROM t
+            JOIN pg_class c ON c.oid = t.oid JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE NOT c.relispartition),
+       (SELECT array_agg(d.objid) FROM pg_depend d JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+            WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass
+              AND d.deptype IN ('a', 'i') AND d.refobjid IN (SELECT oid FROM t))
+""")
+
+
 def empty_pg(url: str) -> None:
-    """Empty every table of the store at url (the schema stays)."""
+    """Empty every table of the store at url (the schema stays): the end state of
+    `TRUNCATE ... RESTART IDENTITY CASCADE` on the schema's tables, without its cost (~0.3-0.5 s
+    here, a new file for each table, partition and index, for each of ~460 PostgreSQL tests): as the
+    superuser, DELETE with triggers and foreign-key checks off (session_replication_role = replica;
+    TRUNCATE fires no row trigger either), then each owned sequence back to its start."""
     engine = make_engine(url)
-    with engine.begin() as conn:
-        names = ", ".join(t.name for t in metadata.sorted_tables)
-        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
-    engine.dispose()
+    try:
+        with engine.begin() as conn:
+            if conn.execute(text("SELECT current_setting('is_superuser')")).scalar() != "on":
+                names = ", ".join(t.name for t in metadata.sorted_tables)
+                conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+                return
+            names = [t.name for t in metadata.sorted_tables]
+            tables, sequences = conn.execute(_TRUNCATED, {"names": names}).one()
+            conn.execute(text("SET LOCAL session_replication_role = replica"))
+            for name in tables or ():
+                conn.execute(text(f"DELETE FROM {name}"))
+            for seq in sequences or ():
+                conn.execute(text("SELECT setval(CAST(:s AS oid)::regclass, seqstart, false) FROM pg_sequence "
+                                  "WHERE seqrelid = :s"), {"s": seq})
+    finally:
+        engine.dispose()
 
 
 @contextmanager
