@@ -190,12 +190,13 @@ def attest(monkeypatch):
 # fresh venv) last, one worker would run it alone while the other idles. Heaviest first, as far as
 # their real processes, venvs and wheels say (a file not named is ordered by its kind: system,
 # chaos and integrations, then store, then unit, whose small files fill the end).
-HEAVY_FIRST = (
-    "system/test_readme.py", "system/test_docs.py", "chaos/test_chaos.py", "system/test_packaging.py",
-    "system/test_demo.py", "system/test_ladder.py", "system/test_evidence_mac.py",
-    "integrations/test_langchain.py", "integrations/test_openai_agents.py", "system/test_cluster.py",
-    "system/test_clock_jump.py", "system/test_exec_status.py", "system/test_mcp_proxy.py",
-    "system/test_killer.py", "system/test_security.py", "system/test_ops.py", "system/test_daemon.py",
+HEAVY_FIRST = (  # by their summed test time in a whole run (junit, 2026-12-08), the heaviest first
+    "system/test_coding_clis.py", "system/test_exec.py", "system/test_develop_page.py", "system/test_readme.py",
+    "system/test_mcp_proxy.py", "chaos/test_chaos.py", "system/test_failsafe.py", "system/test_status.py",
+    "system/test_pause.py", "system/test_clock_jump.py", "system/test_cli_messages.py", "system/test_heard.py",
+    "system/test_cluster.py", "system/test_docs.py", "system/test_gateways_pg.py", "system/test_exec_status.py",
+    "system/test_hook_subagents.py", "system/test_ladder.py", "system/test_daemon.py", "system/test_packaging.py",
+    "system/test_demo.py", "system/test_security.py", "system/test_evidence_mac.py",
 )
 KIND_ORDER = {"system": 0, "chaos": 0, "integrations": 0, "store": 1, "unit": 2}
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
