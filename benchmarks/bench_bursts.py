@@ -8,8 +8,10 @@ login and a fleet of --runs active runs (bench_scale's fixture):
           COMMIT), the burst as 0015's multi-row VALUES in a data-modifying WITH;
   0017    migrated to revision 0017 (those two as statement triggers), the burst as the SDK
           writes it now (watchdog.store.bursts: one array per column, one statement shape);
-  after   migrated to head (revision 0018: the change feed's index out of the runs row, whose
-          update by a record is then HOT), the same burst.
+  0019    migrated to revision 0019 (0018: the change feed's index out of the runs row, whose
+          update by a record is then HOT), the same burst;
+  after   migrated to head (revision 0020: that index also holds a copy of the feed's light
+          columns), the same burst.
 
 Each round, for each store in turn (the order alternates from round to round, so drift of a
 shared machine weighs on both alike):
@@ -47,7 +49,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scale as bs  # noqa: E402  (the fleet fixture, the stores, the COPY baseline's rows)
 
-VARIANTS = {"before": ("0015", False), "0017": ("0017", True), "after": ("head", True)}
+VARIANTS = {"before": ("0015", False), "0017": ("0017", True), "0019": ("0019", True), "after": ("head", True)}
 COPY_SINKS = 1000
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 

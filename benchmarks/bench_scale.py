@@ -127,10 +127,15 @@ class Store:
             with cur.copy(f"COPY events ({', '.join(cols)}) FROM STDIN") as cp:
                 for r in event_rows:
                     cp.write_row(r[:len(cols)])
-            # Revision 0018's index of the change numbers, as the triggers would have filled it.
+            # Revision 0018's index of the change numbers (and 0020's copy of the light columns in
+            # it), as the triggers would have filled it.
             if cur.execute("SELECT to_regclass('run_changes') IS NOT NULL").fetchone()[0]:
-                cur.execute("INSERT INTO run_changes (run_id, change_seq, shard) SELECT id, change_seq, shard FROM runs "
-                            "ON CONFLICT (run_id) DO UPDATE SET change_seq = EXCLUDED.change_seq")
+                light = [c for (c,) in cur.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = 'run_changes'::regclass AND attnum > 3 "
+                    "AND NOT attisdropped ORDER BY attnum").fetchall()]
+                cols = ", ".join(["change_seq", "shard", *light])
+                cur.execute(f"INSERT INTO run_changes (run_id, {cols}) SELECT id, {cols} FROM runs "
+                            f"ON CONFLICT (run_id) DO UPDATE SET ({cols}) = ROW(EXCLUDED.{cols.replace(', ', ', EXCLUDED.')})")
         with psycopg.connect(conninfo(self.db), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
 

@@ -16,8 +16,9 @@ import pytest
 import sqlalchemy.exc
 
 from pg_support import RolesStore
-from watchdog.store import access
+from watchdog.store import access, change_index, scan
 from watchdog.store.changes import LATE_READS, ChangeFeed
+from watchdog.store.shards import Reach
 from watchdog.store.engine import make_engine, read_connection
 
 REFUSED = (psycopg.errors.InsufficientPrivilege, psycopg.errors.CheckViolation)
@@ -45,11 +46,16 @@ def _new_run(conn: Any) -> str:
 
 
 def _skew(daemon: Any) -> list:
-    """Every run whose number differs between runs and run_changes (or is in one only)."""
+    """Every run whose number differs between runs and run_changes (or is in one only), or, from
+    revision 0020, any column of its light copy there (change_index.LIGHT)."""
+    light = [c for c in change_index.LIGHT if daemon.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'run_changes'::regclass AND attname = %s "
+        "AND NOT attisdropped)", (c,)).fetchone()[0]]
+    cols = ["change_seq", "shard", *light]
     return daemon.execute("SELECT r.id, c.run_id, r.change_seq, c.change_seq FROM runs r "
                           "FULL JOIN run_changes c ON c.run_id = r.id "
-                          "WHERE r.change_seq IS DISTINCT FROM c.change_seq OR r.shard IS DISTINCT FROM c.shard"
-                          ).fetchall()
+                          f"WHERE ROW({', '.join('r.' + c for c in cols)}) IS DISTINCT FROM "
+                          f"ROW({', '.join('c.' + c for c in cols)})").fetchall()
 
 
 def test_no_login_has_a_right_on_the_index_or_a_way_around_its_triggers(store):
@@ -336,3 +342,127 @@ def test_an_idle_writer_never_holds_the_upgrade_nor_the_writers_queued_behind_it
                 assert _skew(daemon) == []
         finally:
             engine.dispose()
+
+
+def test_the_light_copy_follows_every_column_the_feed_reads(store):
+    """Revision 0020: run_changes carries the feed's light columns, copied from the run row as
+    stored by every kind of write (the skew checks each column), and the feed's reads of them
+    read that table alone, in the order of its index: no probe of runs per changed run."""
+    with _pg(store.url("a")) as a, _pg(store.url("daemon")) as daemon:
+        rid = _new_run(a)
+        a.execute("UPDATE runs SET steps = 3, tool_calls = 2, tokens_in = 5, tokens_out = 7, cost_eur = 0.5, "
+                  "last_seen_at = now(), stop_requested_at = now(), status = 'stopping' WHERE id = %s", (rid,))
+        a.execute("UPDATE runs SET paused_at = now(), parent_id = NULL WHERE id = %s", (rid,))
+        daemon.execute("UPDATE runs SET signal_stage = 'term', signalled_at = now(), resumes = 1, max_steps = 9 "
+                       "WHERE id = %s", (rid,))
+        assert _skew(daemon) == []
+        copy = daemon.execute("SELECT host, status, steps, max_steps, resumes FROM run_changes WHERE run_id = %s",
+                              (rid,)).fetchone()
+        assert copy == ("h", "stopping", 3, 9, 1)
+    engine = make_engine(store.url("daemon"))
+    try:
+        with read_connection(engine) as conn:
+            src = change_index.source(conn)
+            assert src is change_index.COPIED
+            tick_light = scan._light_select(conn, with_seq=True)
+            from watchdog.store.changes import _light, _rendered
+
+            for what, columns in (("tick light", tick_light), ("feed light", _light(conn))):
+                assert src.reads_alone(columns)
+                sql = _rendered(conn, src, what, columns)
+                plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql.replace("%s", "0")))
+                assert " runs" not in plan.replace("run_changes", ""), plan
+            # A read that needs a column outside the copy still joins runs.
+            from sqlalchemy import select
+            from watchdog.store.schema import runs
+
+            wide = select(runs.c.id, runs.c.change_seq, runs.c.labels)
+            assert not src.reads_alone(wide) and "FROM runs JOIN run_changes" in str(src.rows(wide))
+            got = ChangeFeed().read_rows(conn, "test wide", wide, i_id=0, i_seq=1)
+            assert rid in got.ids
+    finally:
+        engine.dispose()
+
+
+def test_a_writer_cannot_forge_the_host_it_is_judged_under(store):
+    """The host a sharded judge confines its feed with is run_changes' copy of runs.host: the one
+    the run registered with, which no login may change afterwards (the roles script's column
+    grants), and which no writer can set in the index itself. A writer aiming its run at another
+    judge's host (an update, an upsert's UPDATE arm, the index directly) is refused; the judge of
+    that host never reads the run's changes, the judge of its own host does."""
+    with _pg(store.url("a")) as a, _pg(store.url("gw")) as gw, _pg(store.url("daemon")) as daemon:
+        rid = _new_run(a)
+        for who, conn in (("a", a), ("gw", gw)):
+            for forged in ("UPDATE runs SET host = 'judge-b' WHERE id = %s",
+                           "INSERT INTO runs (id, agent, status, kill_mode, host, started_at, last_seen_at) "
+                           "VALUES (%s, 'bot', 'running', 'cooperative', 'judge-b', now(), now()) "
+                           "ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host",
+                           "UPDATE run_changes SET host = 'judge-b' WHERE run_id = %s",
+                           "INSERT INTO run_changes (run_id, change_seq, host) VALUES (%s, 9223372036854775000, 'judge-b')"):
+                with pytest.raises(REFUSED, match="permission denied"):
+                    conn.execute(forged, (rid,))
+        a.execute("UPDATE runs SET steps = steps + 1 WHERE id = %s", (rid,))
+        a.execute("INSERT INTO events (run_id, seq, at, kind) VALUES (%s, 5, now(), 'heartbeat')", (rid,))
+        assert daemon.execute("SELECT host FROM run_changes WHERE run_id = %s", (rid,)).fetchone() == ("h",)
+        assert _skew(daemon) == []
+    engine = make_engine(store.url("daemon"))
+    try:
+        theirs, mine = ChangeFeed(), ChangeFeed()
+        no_buckets: list[int] = []
+        with read_connection(engine) as conn:
+            assert rid not in scan.changed_light(conn, theirs, Reach({"judge-b"}, no_buckets)).ids
+            assert rid in scan.changed_light(conn, mine, Reach({"h"}, no_buckets)).ids
+        with _pg(store.url("a")) as a:
+            a.execute("UPDATE runs SET progress = 'again' WHERE id = %s", (rid,))
+        with read_connection(engine) as conn:
+            assert rid not in scan.changed_light(conn, theirs, Reach({"judge-b"}, no_buckets)).ids
+            assert rid in scan.changed_light(conn, mine, Reach({"h"}, no_buckets)).ids
+    finally:
+        engine.dispose()
+
+
+def test_truncating_runs_empties_the_index(pg_server_url):
+    """TRUNCATE fires no DELETE trigger: revision 0020's own trigger empties run_changes with runs
+    (a copy row left behind would be read alone as a run that is not there)."""
+    with RolesStore(pg_server_url, prefix="awtr").create() as s:
+        with _pg(s.url("a")) as a:
+            _new_run(a)
+        with _pg(s.url("daemon")) as daemon:
+            assert daemon.execute("SELECT count(*) FROM run_changes").fetchone()[0] == 1
+            daemon.execute("TRUNCATE runs CASCADE")
+            assert daemon.execute("SELECT count(*) FROM run_changes").fetchone()[0] == 0
+        engine = make_engine(s.url("daemon"))
+        try:
+            with read_connection(engine) as conn:
+                assert ChangeFeed().read(conn).changed == ()
+        finally:
+            engine.dispose()
+
+
+def test_the_upgrade_to_0020_copies_every_run_and_the_migration_copies_the_feeds_columns(pg_server_url):
+    """A store at 0019 with runs (one of them written with the triggers off, its index row stale)
+    upgraded to 0020: every run's copy equals its row. The migration's list of columns is the
+    package's (a migration never imports the package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0020_run_changes_light.py"
+    spec = importlib.util.spec_from_file_location("_aw_0020", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.LIGHT == change_index.LIGHT
+    with RolesStore(pg_server_url, prefix="aw20").create("0019") as s:
+        with _pg(s.url("a")) as a:
+            ids = [_new_run(a) for _ in range(3)]
+            a.execute("UPDATE runs SET steps = 2 WHERE id = %s", (ids[0],))
+        with _pg(s.url("daemon")) as daemon:
+            daemon.execute("UPDATE run_changes SET change_seq = 1 WHERE run_id = %s", (ids[1],))
+            engine = make_engine(s.url("daemon"))
+            try:
+                access.upgrade(engine)
+            finally:
+                engine.dispose()
+            assert _skew(daemon) == []
+            assert daemon.execute("SELECT count(*) FROM run_changes WHERE host = 'h' AND agent = 'bot'"
+                                  ).fetchone()[0] == 3

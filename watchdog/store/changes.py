@@ -21,7 +21,9 @@ SQL to the runs of the reach's hosts and of its buckets (`runs.shard`, revision 
 
 On PostgreSQL (revision 0018) the numbers' index is the narrow table `run_changes`, kept equal to
 `runs.change_seq` by the database in the same statement, so that a record's update of its run
-row is a HOT one (watchdog.store.change_index): the range is read there, the rows from `runs`.
+row is a HOT one (watchdog.store.change_index): the range is read there, and since revision
+0020 the light rows too (the table holds a copy of their columns, host included, written by the
+same statement: one table read in index order, a reach confined on it).
 
 Nothing of the feed is kept in the store: a restarted daemon starts from 0 (`read` returns
 every run that ever changed) or, cheaper, from `start` (the active runs and the high-water
@@ -175,30 +177,31 @@ def _open(backend: dialects.Dialect, src: change_index.Source) -> str:
 def _window(backend: dialects.Dialect, src: change_index.Source, reach: Reach | None = None) -> str:
     if reach is None:
         return src.window.format(ph=backend.ph)
-    return _confined(src.window_hosts.format(ph=backend.ph), backend, src)
+    return _confined(src.window_hosts.format(ph=backend.ph), backend, src, src.host)
 
 
 # A reach's confinement of a pre-rendered read (PostgreSQL only: judges are sharded there): its
 # buckets' runs on any host (the Reach's bit mask, tested on the number's row: `runs` or
-# `run_changes`), and every run of its hosts (an array).
-_REACH = " AND (" + bucket_mask_sql("{shard}", "{ph}") + " OR runs.host = ANY({ph}))"
+# `run_changes`), and every run of its hosts (an array; `runs.host`, or run_changes' copy of it).
+_REACH = " AND (" + bucket_mask_sql("{shard}", "{ph}") + " OR {host} = ANY({ph}))"
 
 
 def reach_params(reach: Reach) -> tuple[bytes, list[str]]:
     return reach.mask, sorted(reach)
 
 
-def reach_clause(reach: Reach) -> Any:
-    """The same confinement as an SQLAlchemy condition on `runs` (two parameters)."""
+def reach_clause(reach: Reach, shard: str = "runs.shard", host: str = "runs.host") -> Any:
+    """The same confinement as an SQLAlchemy condition on `runs` (two parameters), or on the
+    columns named."""
     mask, hosts = reach_params(reach)
-    return text("(" + bucket_mask_sql("runs.shard", ":r_mask") + " OR runs.host = ANY(:r_hosts))").bindparams(
+    return text("(" + bucket_mask_sql(shard, ":r_mask") + f" OR {host} = ANY(:r_hosts))").bindparams(
         r_mask=mask, r_hosts=hosts)
 
 
-def _confined(sql: str, backend: dialects.Dialect, src: change_index.Source) -> str:
+def _confined(sql: str, backend: dialects.Dialect, src: change_index.Source, host: str) -> str:
     """A rendered `... WHERE <number> > ? [ORDER BY ...]` read, confined to a reach."""
     head, sep, tail = sql.partition(" ORDER BY ")
-    return head + _REACH.format(shard=src.shard, ph=backend.ph) + sep + tail
+    return head + _REACH.format(shard=src.shard, host=host, ph=backend.ph) + sep + tail
 
 
 def high_water(conn: Connection) -> int:
@@ -271,7 +274,7 @@ class ChangeFeed:
         backend = dialects.of(conn)
         cursor = self.cursor
         low = cursor if backend.commits_in_order or not self._lows else min(self._lows[0], cursor)
-        reads, opened, confined = self._reads(backend, src, above, reach, low)
+        reads, opened, confined = self._reads(backend, src, above, reach, low, src.host_of(columns))
         got = backend.read_batch(conn, reads)
         rows: list[Sequence[Any]] = got[0]
         probed = _number(got[1][0][0]) if got[1] else 0
@@ -280,20 +283,21 @@ class ChangeFeed:
             if late:
                 cond = src.number.in_(late)
                 if reach is not None:
-                    cond = cond & reach_clause(reach)
+                    cond = cond & reach_clause(reach, src.shard, src.host_of(columns))
                 rows = list(conn.execute(src.rows(columns).where(cond))) + rows
         if opened:
             self._visible = {n for (n,) in got[2]}
         return rows, probed
 
     def _reads(self, backend: dialects.Dialect, src: change_index.Source, above: str, reach: Reach | None,
-               low: int) -> tuple[list[tuple[str, tuple[Any, ...]]], bool, bool]:
-        """_fetch's statements: the rows above the cursor, the high-water probe, and the late
-        window's numbers; whether the window is read open (a reach's) and whether confined."""
+               low: int, host: str) -> tuple[list[tuple[str, tuple[Any, ...]]], bool, bool]:
+        """_fetch's statements: the rows above the cursor (`host`: the column their confinement
+        reads), the high-water probe, and the late window's numbers; whether the window is read
+        open (a reach's) and whether confined."""
         cursor = self.cursor
         extra: tuple[Any, ...] = () if reach is None else reach_params(reach)
         if reach is not None:
-            above = _confined(above, backend, src)
+            above = _confined(above, backend, src, host)
         reads: list[tuple[str, tuple[Any, ...]]] = [(above, (cursor, *extra)), (src.top, ())]
         # A reach's late window (issue 35): every number visible above the window's low end, the
         # index alone, not confined: confined, each number's run row was probed for its host, ~3
