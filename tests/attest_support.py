@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from watchdog.core.seal import Sealer
@@ -68,6 +70,16 @@ class LocalUsers:
     def close(self) -> None:
         for name in self.created:
             subprocess.run(["userdel", name], capture_output=True)
+
+
+@contextmanager
+def local_user(role: str) -> Iterator[str]:
+    """One real local user (LocalUsers.add) for the block, removed after it."""
+    users = LocalUsers()
+    try:
+        yield users.add(role)
+    finally:
+        users.close()
 
 
 def shared_sqlite(tmp_root: Path | None = None) -> tuple[str, Path]:

@@ -19,7 +19,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from attest_support import LocalUsers, foreign_python
+from attest_support import foreign_python, local_user
 from daemon_support import actions
 from otlp_support import OtlpDaemon, otel_headers, otlp_runs, post, start_py_agent, wait_for
 from watchdog.daemon.otlp import server as otlp_server
@@ -68,11 +68,8 @@ while time.time() < end:
 
 @pytest.fixture(scope="module")
 def mallory():
-    users = LocalUsers()
-    try:
-        yield users.add("mallory")
-    finally:
-        users.close()
+    with local_user("mallory") as name:
+        yield name
 
 
 def _span(name: str, attrs: dict, trace_id: str) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from attest_support import LocalUsers, foreign_python
+from attest_support import foreign_python, local_user
 from otlp_support import OtlpDaemon, otel_headers, post, wait_for
 from watchdog.daemon.otlp import logruns
 from watchdog.daemon.otlp.senders import sender_of
@@ -88,11 +88,8 @@ print(r.status, r.read().decode()[:300])
 
 @pytest.fixture(scope="module")
 def mallory():
-    users = LocalUsers()
-    try:
-        yield users.add("mallory")
-    finally:
-        users.close()
+    with local_user("mallory") as name:
+        yield name
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from attest_support import LocalUsers
+from attest_support import local_user
 from test_mcp_proxy import CLI, SERVER, _env, free_port, http_session, store_events, wait_port  # noqa: F401
 from watchdog import Watchdog
 
@@ -47,11 +47,8 @@ MALLORY_SCRIPT = textwrap.dedent("""
 
 @pytest.fixture
 def mallory():
-    users = LocalUsers()
-    try:
-        yield users.add("mallory")
-    finally:
-        users.close()
+    with local_user("mallory") as name:
+        yield name
 
 
 def test_another_unix_users_calls_through_the_http_proxy_never_count_on_its_run(tmp_path, sqlite_url, mallory):
