@@ -58,3 +58,60 @@ def test_a_breach_the_profile_pauses_on_holds_every_call(engine):
     assert session_run(engine, held.run_id).status == "paused"
     still = before_tool(engine, CONFIG, cli="claude-code", agent="held", ev=pre("s3", "C", {}, "3"))
     assert not still.allowed and "paused: waiting for approval" in still.reason
+
+
+def post(session: str, tool: str, args: dict, call: str | None, event: str = "PostToolUse") -> HookEvent:
+    return HookEvent("post", event, session, tool, args, call, True)
+
+
+def tools_of(engine, run_id: str):
+    import datetime as dt
+
+    from watchdog.store.run_rows import top_tool
+    from watchdog.store.views import list_runs
+
+    with engine.connect() as conn:
+        (record,) = [r for r in list_runs(conn, CONFIG, dt.datetime.now(dt.timezone.utc), all_runs=True)
+                     if r["id"] == run_id]
+        return top_tool(conn, run_id), record["top_tool"], record["tool_calls"], record["tool_errors"]
+
+
+def test_a_failed_call_is_an_error_of_its_tool_once_per_call(engine):
+    """The hook counts a call before it runs (ok unknown): its failure, reported after, is an error
+    of its tool in the top tool (the alert's read, `runs`/`show`), once per call: by the CLI's call
+    id (Claude Code's PostToolUse and PostToolUseFailure of one call are one failure)."""
+    def call(tool, args, cid):
+        assert before_tool(engine, CONFIG, cli="claude-code", agent="dev", ev=pre("s9", tool, args, cid)).allowed
+
+    call("Bash", {"c": 1}, "u1")
+    call("Bash", {"c": 2}, "u2")
+    call("Read", {"p": 1}, "u3")
+    for ev in (post("s9", "Bash", {"c": 1}, "u1"), post("s9", "Bash", {"c": 1}, "u1", "PostToolUseFailure"),
+               post("s9", "Bash", {"c": 2}, "u2")):
+        decide(engine, CONFIG, cli="claude-code", agent="dev", ev=ev)
+    rid = run_id_for("claude-code", "s9", 0)
+    top, shown, calls, errors = tools_of(engine, rid)
+    assert tuple(top) == ("Bash", 2, 2) and shown == {"name": "Bash", "calls": 2, "errors": 2}
+    assert (calls, errors) == (3, 2)
+
+
+def test_a_cli_without_call_ids_has_each_failure_matched_to_one_call_and_loops_still_stop(engine):
+    """Gemini CLI's hook input names no call id: a failure is matched to the latest call of the
+    same tool and arguments without a result, so two failed identical calls are two errors; the
+    third identical call is a loop (max_identical_calls = 3), and the stopped run's sealed top
+    tool keeps its errors."""
+    from watchdog.store.retention import seal_ended
+
+    args = {"command": "false"}
+    for _ in range(2):
+        ok = before_tool(engine, CONFIG, cli="gemini", agent="dev", ev=pre("g1", "run_shell_command", args, None))
+        assert ok.allowed
+        decide(engine, CONFIG, cli="gemini", agent="dev",
+               ev=HookEvent("post", "AfterTool", "g1", "run_shell_command", args, None, True))
+    loop = before_tool(engine, CONFIG, cli="gemini", agent="dev", ev=pre("g1", "run_shell_command", args, None))
+    assert not loop.allowed and "loop_detected" in loop.reason
+    top, shown, calls, errors = tools_of(engine, ok.run_id)
+    assert tuple(top) == ("run_shell_command", 2, 2) and shown == {"name": "run_shell_command", "calls": 2, "errors": 2}
+    assert (calls, errors) == (2, 2)
+    assert seal_ended(engine) >= 1
+    assert tools_of(engine, ok.run_id)[1] == {"name": "run_shell_command", "calls": 2, "errors": 2}
