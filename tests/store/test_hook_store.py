@@ -115,3 +115,30 @@ def test_a_cli_without_call_ids_has_each_failure_matched_to_one_call_and_loops_s
     assert (calls, errors) == (2, 2)
     assert seal_ended(engine) >= 1
     assert tools_of(engine, ok.run_id)[1] == {"name": "run_shell_command", "calls": 2, "errors": 2}
+
+
+def test_the_daemons_stop_of_a_hook_run_names_its_tools_errors(engine):
+    """A stop the daemon makes (here max_tokens, from the steps the CLI's log events brought)
+    names the top tool with the errors the hook appended after its calls, which its fold of the
+    calls does not see."""
+    from daemon_support import SEALER, alerts_of
+    from watchdog.core import lifecycle as lc
+    from watchdog.daemon.stops.killer import Killer
+    from watchdog.daemon.tick.ticker import Ticker
+    from watchdog.store import witness
+    from watchdog.store.schema import utcnow
+
+    cfg = parse({"agents": {"dev": {"max_tool_calls": 40, "max_tokens": 1000}}})
+    tk = Ticker(engine, cfg, Killer(), sealer=SEALER)
+    tk.tick(utcnow())
+    for cid in ("t1", "t2"):
+        assert before_tool(engine, cfg, cli="claude-code", agent="dev", ev=pre("s7", "Bash", {"c": cid}, cid)).allowed
+        decide(engine, cfg, cli="claude-code", agent="dev", ev=post("s7", "Bash", {"c": cid}, cid, "PostToolUseFailure"))
+    rid = run_id_for("claude-code", "s7", 0)
+    with engine.begin() as conn:
+        assert witness.append(conn, rid, [witness.WitnessedCall(kind=lc.EV_STEP, model="m", tokens_in=900,
+                                                                tokens_out=200)], source=lc.Source.OTLP,
+                              now=witness.store_now(conn))
+    assert tk.tick(utcnow()).stops == [(rid, lc.MAX_TOKENS)]
+    (alert,) = alerts_of(engine, rid)
+    assert "×2 (100%), 2 errors" in alert.body, alert.body

@@ -293,13 +293,14 @@ def test_claude_code_looping_on_one_failing_call_is_stopped_and_its_session_ends
     (run,) = runs_json(url, cfg, "cc-loop")
     assert (run["source"], run["status"], run["stop_reason"]) == ("hook", "killed", "loop_detected"), run
     assert (run["tool_calls"], run["tool_errors"]) == (2, 2), run  # PostToolUseFailure: each failure once
-    # (top_tool's errors come from the calls' events, which the hook writes before the call runs:
-    # a failure it hears of later is on the run's tool_errors only.)
-    assert (run["top_tool"]["name"], run["top_tool"]["calls"]) == ("Bash", 2), run
+    # The hook writes a call's event before it runs; its failure, heard after, is appended as its
+    # result: an error of its tool, once (PostToolUseFailure's tool_use_id), in runs and the alert.
+    assert run["top_tool"] == {"name": "Bash", "calls": 2, "errors": 2}, run
     assert "agent-watchdog: run " in model.texts() and "loop_detected" in model.texts()
     # The model read the refusal once; the next refused batch ended the session (not --max-turns).
     assert model.calls == 4 and json.loads(done.stdout).get("terminal_reason") == "hook_stopped", done.stdout[-2000:]
     assert wait_for(lambda: stopped_alert(engine, run["id"], "Bash"), 30)
+    assert "×2 (100%), 2 errors" in alerts_of(engine, run["id"])[0].body
 
 
 def test_claude_code_killed_mid_session_is_refused_naming_manual(store, tmp_path):
@@ -499,7 +500,10 @@ def test_gemini_looping_on_one_failing_call_is_stopped_and_the_session_ends(stor
     (run,) = runs_json(url, cfg, "gemini-loop")
     assert (run["source"], run["status"], run["stop_reason"]) == ("hook", "killed", "loop_detected"), run
     assert (run["tool_calls"], run["tool_errors"]) == (2, 2), run
+    # No call id in Gemini's hook input: each failure is matched to its call (same tool and args).
+    assert run["top_tool"] == {"name": "run_shell_command", "calls": 2, "errors": 2}, run
     assert wait_for(lambda: stopped_alert(engine, run["id"], "run_shell_command"), 30)
+    assert "×2 (100%), 2 errors" in alerts_of(engine, run["id"])[0].body
 
 
 def test_gemini_log_events_and_hooks_are_one_run_each_call_counted_once(store, tmp_path):
