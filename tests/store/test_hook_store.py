@@ -93,6 +93,12 @@ def test_a_failed_call_is_an_error_of_its_tool_once_per_call(engine):
     top, shown, calls, errors = tools_of(engine, rid)
     assert tuple(top) == ("Bash", 2, 2) and shown == {"name": "Bash", "calls": 2, "errors": 2}
     assert (calls, errors) == (3, 2)
+    from watchdog.store.trace import run_lines
+
+    with engine.connect() as conn:  # show --jsonl: the calls, then their failed results
+        lines = [(x["event"], x.get("tool"), x.get("ok")) for x in run_lines(conn, rid) if "seq" in x]
+    assert lines == [("tool_call", "Bash", None), ("tool_call", "Bash", None), ("tool_call", "Read", None),
+                     ("heartbeat", "Bash", False), ("heartbeat", "Bash", False)]
 
 
 def test_a_cli_without_call_ids_has_each_failure_matched_to_one_call_and_loops_still_stop(engine):
