@@ -67,13 +67,14 @@ def store(tmp_path_factory):
     cfg = folder / "watchdog.toml"
     port = free_port()
     tokens = folder / "otlp-tokens"  # the receiver refuses senders without a token (allow_anonymous = false)
-    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,cc-steps,claude-code,codex-otel,gemini-otel owner=tests\n")
+    tokens.write_text(f"{OTLP_TOKEN} agent=cc-otel,cc-cost,cc-claim,cc-steps,claude-code,codex-otel,gemini-otel owner=tests\n")
     tokens.chmod(0o600)
     cfg.write_text(daemon_toml(tick_s=0.25) + f'[otlp]\nlisten = "127.0.0.1:{port}"\ntokens_file = "{tokens}"\n' + "".join(
         f"[agents.{name}]\nmax_tool_calls = {n}\n" for name, n in PROFILES.items())
         + '[agents.cc-pause]\nmax_tool_calls = 2\non_breach = "pause"\n'
         + "[agents.cc-cost]\nmax_tool_calls = 40\nmax_cost_eur = 0.002\n"
-        + "[agents.cc-steps]\nmax_tool_calls = 40\nmax_steps = 3\n")
+        + "[agents.cc-steps]\nmax_tool_calls = 40\nmax_steps = 3\n"
+        + "[agents.cc-claim]\nmax_tool_calls = 40\nmax_cost_eur = 0.002\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_WATCHDOG")}
     log = open(folder / "daemon.log", "w")
     daemon = subprocess.Popen([AW, "--config", str(cfg), "--db", url, "run"], env=env, stdout=log,
@@ -142,7 +143,7 @@ def install(cli: str, where: list[str], env: dict[str, str], *args: str) -> str:
 
 
 def claude(tmp_path: Path, model: FakeModel, *, db: str, agent: str, max_turns: int, fail_closed: bool = False,
-           otlp: str | None = None):
+           otlp: str | None = None, model_name: str | None = None):
     proj = tmp_path / "proj"
     proj.mkdir(parents=True)
     env = home_env(tmp_path, ANTHROPIC_BASE_URL=model.url, ANTHROPIC_API_KEY="sk-fake", DISABLE_TELEMETRY="1",
@@ -153,7 +154,8 @@ def claude(tmp_path: Path, model: FakeModel, *, db: str, agent: str, max_turns: 
     env["OTEL_LOGS_EXPORT_INTERVAL"] = "200"  # ms: the events of a short session arrive before it ends
     assert "+ hooks.PreToolUse" in out
     done = subprocess.run([str(BIN / "claude"), "-p", "touch the markers", "--allowedTools", "Bash",
-                           "--output-format", "json", "--max-turns", str(max_turns)], cwd=proj, env=env,
+                           "--output-format", "json", "--max-turns", str(max_turns),
+                           *(["--model", model_name] if model_name else [])], cwd=proj, env=env,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     return proj, done
 
@@ -218,6 +220,28 @@ def test_claude_code_over_max_cost_from_its_own_log_events_is_stopped(store, tmp
     ran = markers(proj)
     assert 3 <= len(ran) < 12 and ran == set(range(1, len(ran) + 1)), ran
     assert "agent-watchdog: run " in model.texts() and "max_cost" in model.texts()
+
+
+def test_claude_code_claimed_cost_counts_for_a_model_no_price_table_knows(store, tmp_path):
+    """A model genai-prices and [prices] do not know: its tokens were unpriced and max_cost_eur
+    never fired. Claude Code's api_request events claim their cost (`cost_usd`): for such a model
+    that claim is the run's cost (in EUR at [pricing] eur_per_usd), so the daemon stops the run
+    over max_cost_eur and the hook refuses the session's next call naming max_cost."""
+    url, cfg, engine = store
+
+    def slow(n: int) -> str:
+        time.sleep(0.6)  # the tick judges between turns
+        return f"touch marker-{n}"
+
+    with FakeModel(slow) as model:
+        proj, done = claude(tmp_path, model, db=url, agent="cc-claim", max_turns=12, otlp=OTLP[0],
+                            model_name="claude-unpriced-test-model-7")
+    (run,) = runs_json(url, cfg, "cc-claim")
+    assert (run["source"], run["stop_reason"]) == ("hook", "max_cost"), (run, done.stdout[-1500:])
+    assert run["cost_eur"] > 0 and run["cost_unpriced_tokens"] == 0, run
+    ran = markers(proj)
+    assert 1 <= len(ran) < 12, ran
+    assert "max_cost" in model.texts()
 
 
 def test_claude_code_over_max_steps_from_its_log_events_is_stopped_and_its_session_ends(store, tmp_path):
@@ -293,13 +317,14 @@ def test_claude_code_looping_on_one_failing_call_is_stopped_and_its_session_ends
     (run,) = runs_json(url, cfg, "cc-loop")
     assert (run["source"], run["status"], run["stop_reason"]) == ("hook", "killed", "loop_detected"), run
     assert (run["tool_calls"], run["tool_errors"]) == (2, 2), run  # PostToolUseFailure: each failure once
-    # (top_tool's errors come from the calls' events, which the hook writes before the call runs:
-    # a failure it hears of later is on the run's tool_errors only.)
-    assert (run["top_tool"]["name"], run["top_tool"]["calls"]) == ("Bash", 2), run
+    # The hook writes a call's event before it runs; its failure, heard after, is appended as its
+    # result: an error of its tool, once (PostToolUseFailure's tool_use_id), in runs and the alert.
+    assert run["top_tool"] == {"name": "Bash", "calls": 2, "errors": 2}, run
     assert "agent-watchdog: run " in model.texts() and "loop_detected" in model.texts()
     # The model read the refusal once; the next refused batch ended the session (not --max-turns).
     assert model.calls == 4 and json.loads(done.stdout).get("terminal_reason") == "hook_stopped", done.stdout[-2000:]
     assert wait_for(lambda: stopped_alert(engine, run["id"], "Bash"), 30)
+    assert "×2 (100%), 2 errors" in alerts_of(engine, run["id"])[0].body
 
 
 def test_claude_code_killed_mid_session_is_refused_naming_manual(store, tmp_path):
@@ -499,7 +524,10 @@ def test_gemini_looping_on_one_failing_call_is_stopped_and_the_session_ends(stor
     (run,) = runs_json(url, cfg, "gemini-loop")
     assert (run["source"], run["status"], run["stop_reason"]) == ("hook", "killed", "loop_detected"), run
     assert (run["tool_calls"], run["tool_errors"]) == (2, 2), run
+    # No call id in Gemini's hook input: each failure is matched to its call (same tool and args).
+    assert run["top_tool"] == {"name": "run_shell_command", "calls": 2, "errors": 2}, run
     assert wait_for(lambda: stopped_alert(engine, run["id"], "run_shell_command"), 30)
+    assert "×2 (100%), 2 errors" in alerts_of(engine, run["id"])[0].body
 
 
 def test_gemini_log_events_and_hooks_are_one_run_each_call_counted_once(store, tmp_path):

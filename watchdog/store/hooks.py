@@ -149,11 +149,49 @@ def count_call(engine: Engine, run_id: str, *, tool: str, args_hash: str, call_i
         return True
 
 
-def count_error(engine: Engine, run_id: str) -> None:
-    """A counted call's tool failed (its event is append-only: the run's error counter takes it)."""
+FAILED_SUFFIX = "/failed"  # a failed result's call id: its call's, and this
+
+
+def count_failed(engine: Engine, run_id: str, *, tool: str, args_hash: str, call_id: str | None,
+                 cli: str) -> bool:
+    """A counted call's tool failed. Its event is append-only (written before the call ran, ok
+    unknown): a result is appended, a heartbeat naming the tool with ok false (the readers of a
+    run's tools count it as that tool's error, never as a call: watchdog.store.run_rows.tool_events),
+    and the run's error counter takes it, in one transaction. Once per call: the result's call id
+    is the call's (`call_id`, the CLI's tool-call id) + FAILED_SUFFIX; a CLI that names no call id
+    (Gemini) has its failure matched to the run's latest call of this tool and args hash that has
+    no result yet (`hook:<cli>:@<seq>`). False when nothing was counted (a result already there, or
+    the run not active)."""
     with engine.begin() as conn:
-        conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status.in_(lc.ACTIVE_STATUSES)))
-                     .values(tool_errors=runs.c.tool_errors + 1))
+        if call_id is None:
+            call_id = _unanswered_call(conn, run_id, tool, args_hash, cli)
+        result_id = None if call_id is None else call_id[:128 - len(FAILED_SUFFIX)] + FAILED_SUFFIX
+        if result_id is not None:
+            if witness.known_call_ids(conn, run_id, [result_id]):
+                return False  # this call's failure is counted (PostToolUse and PostToolUseFailure alike)
+            result = witness.WitnessedCall(kind=lc.EventKind.HEARTBEAT, tool=tool, args_hash=args_hash, ok=False,
+                                           call_id=result_id)
+            if not witness.append(conn, run_id, [result], source=lc.Source.HOOK, now=witness.store_now(conn)):
+                return False
+        moved = conn.execute(update(runs).where(and_(runs.c.id == run_id, runs.c.status.in_(lc.ACTIVE_STATUSES)))
+                             .values(tool_errors=runs.c.tool_errors + 1))
+        return bool(moved.rowcount)
+
+
+def _unanswered_call(conn: Connection, run_id: str, tool: str, args_hash: str, cli: str) -> str | None:
+    """`hook:<cli>:@<seq>` of the run's latest call of (tool, args hash) without a failed result
+    yet (None: there is none; the failure then counts on the run's errors alone)."""
+    prefix = f"hook:{cli}:@"
+    answered = select(events.c.call_id).where(and_(
+        events.c.run_id == run_id, events.c.kind == lc.EventKind.HEARTBEAT, events.c.call_id.like(f"{prefix}%")))
+    done = set(conn.execute(answered).scalars())
+    seqs = conn.execute(select(events.c.seq).where(and_(
+        events.c.run_id == run_id, events.c.kind == lc.EventKind.TOOL, events.c.tool == tool,
+        events.c.args_hash == args_hash)).order_by(events.c.seq.desc()).limit(1000)).scalars()
+    for seq in seqs:
+        if f"{prefix}{seq}{FAILED_SUFFIX}" not in done:
+            return f"{prefix}{seq}"
+    return None
 
 
 def end_stopped(engine: Engine, run_id: str, *, reason: str, detail: str) -> bool:

@@ -368,13 +368,31 @@ def _ended_statement(on_hosts: bool) -> Any:
     return q
 
 
+def tool_events() -> ColumnElement[bool]:
+    """The events that count for a run's tools: its tool calls, and the failed results a witness
+    appended after a call it counted before it ran (a coding CLI's hook: a heartbeat naming the
+    tool, ok false, watchdog.store.hooks.count_failed): an error of that tool, never a call."""
+    return or_(events.c.kind == lc.EV_TOOL,
+               and_(events.c.kind == lc.EV_HEARTBEAT, events.c.ok.is_(False), events.c.tool.is_not(None)))
+
+
+def tool_calls_sum() -> ColumnElement[Any]:
+    return func.sum(case((events.c.kind == lc.EV_TOOL, 1), else_=0))
+
+
+def tool_errors_sum() -> ColumnElement[Any]:
+    return func.sum(case((events.c.ok.is_(False), 1), else_=0))
+
+
 def top_tool(conn: Connection, run_id: str) -> ToolCount | None:
-    """The run's most called tool from its append-only events: (name, calls, errors)."""
-    errors = func.sum(case((events.c.ok.is_(False), 1), else_=0))
+    """The run's most called tool from its append-only events: (name, calls, errors); its errors
+    include the failed results appended after the calls (tool_events)."""
+    calls, errors = tool_calls_sum(), tool_errors_sum()
     row = conn.execute(
-        select(events.c.tool, func.count().label("calls"), errors.label("errors"))
-        .where(and_(events.c.run_id == run_id, events.c.kind == lc.EV_TOOL, events.c.tool.is_not(None)))
-        .group_by(events.c.tool).order_by(func.count().desc(), events.c.tool).limit(1)).first()
+        select(events.c.tool, calls.label("calls"), errors.label("errors"))
+        .where(and_(events.c.run_id == run_id, tool_events(), events.c.tool.is_not(None)))
+        .group_by(events.c.tool).having(calls > 0).order_by(calls.desc(), errors.desc(), events.c.tool)
+        .limit(1)).first()
     if row is None or not isinstance(row.tool, str):
         return None
     return ToolCount(row.tool, int(row.calls or 0), int(row.errors or 0))

@@ -87,6 +87,8 @@ def _event(base: Line, e: Any) -> Line:
     if e.kind == lc.EV_TOOL:
         return {**line, "event": "tool_call", "tool": e.tool, "args_hash": e.args_hash, "ok": e.ok,
                 "error_class": e.error_class, "duration_s": e.duration_s, "attempt": e.attempt or 1}
+    if e.tool is not None:  # a failed result of a call counted before it ran (agent-watchdog hook)
+        return {**line, "event": "heartbeat", "progress": e.progress, "tool": e.tool, "ok": e.ok}
     return {**line, "event": "heartbeat", "progress": e.progress}
 
 

@@ -11,9 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, desc, func, or_, select
+from sqlalchemy import and_, desc, or_, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import ColumnElement
 
 from watchdog.core import lifecycle as lc
 from watchdog.core.budgets import RUN_BUDGETS, effective_budgets
@@ -21,6 +20,7 @@ from watchdog.core.config import Config
 from watchdog.errors import StoreError
 from watchdog.store.settings import CONFIG_KEY, get as published_value
 from watchdog.store.rows import RunRow
+from watchdog.store.run_rows import tool_calls_sum, tool_errors_sum, tool_events
 from watchdog.store.schema import daemons, events, interventions, runs, WHOLE_RUN
 
 
@@ -74,20 +74,17 @@ def tool_stats(conn: Connection, run_ids: Iterable[str]) -> dict[str, list[ToolS
     for i in range(0, len(run_ids), 500):
         chunk = run_ids[i : i + 500]
         q = (
-            select(events.c.run_id, events.c.tool, func.count().label("calls"),
-                   func.sum(func.coalesce(_not_ok(), 0)).label("errors"))
-            .where(and_(events.c.run_id.in_(chunk), events.c.kind == lc.EV_TOOL))
+            select(events.c.run_id, events.c.tool, tool_calls_sum().label("calls"),
+                   tool_errors_sum().label("errors"))
+            .where(and_(events.c.run_id.in_(chunk), tool_events()))
             .group_by(events.c.run_id, events.c.tool)
         )
         for rid, tool, calls, errors in conn.execute(q):
-            out[rid].append(ToolStat(tool, int(calls), int(errors or 0)))
+            if calls:  # a failed result whose call is not in the run (a writer's own rows) is no tool of it
+                out[rid].append(ToolStat(tool, int(calls), int(errors or 0)))
     for rid in out:
         out[rid].sort(key=lambda t: (-t.calls, -t.errors, t.name))
     return out
-
-
-def _not_ok() -> ColumnElement[int]:
-    return case((events.c.ok.is_(False), 1), else_=0)
 
 
 def _iso(value: dt.datetime | None) -> str | None:

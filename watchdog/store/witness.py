@@ -4,7 +4,9 @@ The OTLP receiver (watchdog.daemon.otlp) is the first user. Every event carries 
 `source` and, where the witnesses share one, the call's `call_id`: a call already in the run
 under that id is not counted again (one call, one count). Steps are written unpriced (cost
 NULL, their tokens in `cost_unpriced_tokens`): the daemon's backfill prices them within the
-tick, like any step an SDK could not price. Times are the store's clock: the server's now()
+tick, like any step an SDK could not price; a step the daemon gives a cost (a coding CLI's
+claimed cost for a model no price table knows: watchdog.daemon.otlp.logruns) is written with it,
+onto the run's cost. Times are the store's clock: the server's now()
 on PostgreSQL, this host's on SQLite.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -45,6 +48,7 @@ class WitnessedCall:
     tokens_out: int | None = None
     cached_tokens_in: int | None = None
     call_id: str | None = None
+    cost_eur: float | None = None  # a step's cost as written (a sender's claim the daemon took), else unpriced
 
 
 @dataclass(frozen=True)
@@ -129,9 +133,7 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
                 taken.add(c.call_id)
             fresh.append(c)
         calls = fresh
-    steps = [c for c in calls if c.kind == lc.EV_STEP]
-    tools = [c for c in calls if c.kind == lc.EV_TOOL]
-    unpriced = sum((c.tokens_in or 0) + (c.tokens_out or 0) for c in steps)
+    steps, tools, costs, unpriced = _tally(calls)
     sql = _sql(dialects.of(conn))
     at = sql.dialect.ts(now)
     # Plain SQL text rendered once per dialect, on the transaction's own DBAPI cursor (as the SDK's
@@ -150,19 +152,45 @@ def append(conn: Connection, run_id: str, calls: Iterable[WitnessedCall | Any], 
             base = max(found[1] or 0, WITNESS_SEQ_BASE - 1) if joined else max(found[0] or 0, found[1] or 0)
         cur.execute(sql.counters, (
             len(steps), len(tools), sum(1 for c in tools if c.ok is False), sum(c.tokens_in or 0 for c in steps),
-            sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced, at,
-            0 if joined else base + len(calls), run_id))
+            sum(c.tokens_out or 0 for c in steps), sum(c.cached_tokens_in or 0 for c in steps), unpriced,
+            sum(costs.values()), at, 0 if joined else base + len(calls), run_id))
         if calls:
             at_text = at if isinstance(at, str) else None
             _insert_events(cur, sql, [
                 (run_id, base + i, at, c.kind, c.tool, c.args_hash, c.ok, c.error_class, c.error_msg, c.duration_s,
                  c.model, c.tokens_in, c.tokens_out, c.cached_tokens_in,
-                 0.0 if c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out) else None, source, c.call_id,
+                 costs.get(id(c), _unpriced_cost(c)), source, c.call_id,
                  None if mac is None else mac(base + i, c, at_text))
                 for i, c in enumerate(calls, start=1)])
     finally:
         cur.close()
     return True
+
+
+MAX_STEP_COST_EUR = 1e9  # a step's written cost, at most
+
+
+def _tally(calls: list[Any]) -> tuple[list[Any], list[Any], dict[int, float], int]:
+    """(steps, tool calls, id(step) -> the cost it is written with, the other steps' tokens)."""
+    steps = [c for c in calls if c.kind == lc.EV_STEP]
+    tools = [c for c in calls if c.kind == lc.EV_TOOL]
+    costs = {id(c): cost for c in steps if (cost := _cost(c)) is not None}
+    unpriced = sum((c.tokens_in or 0) + (c.tokens_out or 0) for c in steps if id(c) not in costs)
+    return steps, tools, costs, unpriced
+
+
+def _unpriced_cost(c: Any) -> float | None:
+    """A step without tokens costs nothing; any other is unpriced (NULL) until the daemon prices it."""
+    return 0.0 if c.kind == lc.EV_STEP and not (c.tokens_in or c.tokens_out) else None
+
+
+def _cost(c: Any) -> float | None:
+    """A step's cost as written with it: a finite number >= 0, at most MAX_STEP_COST_EUR; None
+    (unpriced: the daemon's backfill prices it) for anything else."""
+    v = getattr(c, "cost_eur", None)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        return None
+    return min(float(v), MAX_STEP_COST_EUR)
 
 
 # SQLite: rows a multi-row INSERT (18 parameters each: below the 999 of the oldest SQLite builds).
@@ -213,6 +241,7 @@ def _sql(d: Dialect) -> _Sql:
         f"UPDATE runs SET steps = steps + {ph}, tool_calls = tool_calls + {ph}, tool_errors = tool_errors + {ph}, "
         f"tokens_in = tokens_in + {ph}, tokens_out = tokens_out + {ph}, "
         f"cached_tokens_in = cached_tokens_in + {ph}, cost_unpriced_tokens = cost_unpriced_tokens + {ph}, "
+        f"cost_eur = cost_eur + {ph}, "
         f"last_seen_at = {greatest}(last_seen_at, {d.clock_ph}), last_seq = {greatest}(last_seq, {ph}) "
         f"WHERE id = {ph}",
         f"SELECT last_seq, (SELECT MAX(seq) FROM events WHERE run_id = {ph}) FROM runs WHERE id = {ph} "

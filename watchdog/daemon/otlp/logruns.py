@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from watchdog.core import lifecycle as lc
 from watchdog.core.outcomes import AlertKind, Outcome as Said, Say
 from watchdog.core.text import one_line
+from watchdog.daemon.money.prices import PriceBook
 from watchdog.daemon.otlp import sender
 from watchdog.daemon.otlp.auth import Identity
 from watchdog.daemon.otlp.ingest import Receiver
@@ -98,6 +100,21 @@ def pick(found: list[HookRun]) -> Found:
     return SEVERAL
 
 
+def claimed(found: list[Session], book: PriceBook) -> None:
+    """The steps that claim a cost (Claude Code's `cost_usd`) for a model no price table knows
+    ([prices], genai-prices) are written with that cost, in EUR at `[pricing] eur_per_usd`: a
+    claim only raises its own run's cost (a claim of 0 is no different from unpriced). A step
+    whose model the daemon prices keeps the daemon's price (the tick's backfill), whatever it
+    claims."""
+    for s in found:
+        for c in s.calls:
+            if c.claimed_cost_usd is None or c.kind != lc.EventKind.STEP or book.known(c.model):
+                continue
+            eur = c.claimed_cost_usd * book.eur_per_usd
+            if math.isfinite(eur) and eur > 0:
+                c.cost_eur = eur
+
+
 class LogsReceiver:
     def __init__(self, engine: Engine, receiver: Receiver, clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
@@ -107,6 +124,9 @@ class LogsReceiver:
         self._per_sender: Counter[SenderKey] = Counter()
         self._lock = threading.Lock()  # the hold (never held over a store query)
         self._flush_lock = threading.Lock()
+        cfg = receiver.config
+        self.prices = PriceBook(cfg.prices, cfg.pricing.eur_per_usd)  # the receiver's own (its thread's caches)
+        self._prices_lock = threading.Lock()
 
     @property
     def held(self) -> int:
@@ -117,6 +137,8 @@ class LogsReceiver:
 
     def ingest(self, found: list[Session], peer: sender.Peer, ident: Identity) -> Outcome:
         out = Outcome()
+        with self._prices_lock:
+            claimed(found, self.prices)
         who = Receiver.sender_of(peer, ident)
         if ident.run_id is None and not ident.anonymous and peer.uid is not None:
             rest, own = self._to_hook_runs(found, peer, ident, who, out)

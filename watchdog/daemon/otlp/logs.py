@@ -3,8 +3,9 @@ session's run (the same run `agent-watchdog hook` records, watchdog.core.session
 
 Mapped (names as Claude Code 2.1.197 exports them, recorded in tests/clis/recorded/):
 - `claude_code.api_request` (`session.id`, `model`, `input_tokens`, `output_tokens`,
-  `cache_read_tokens`): a step, priced from its model like any step (unpriced until the tick's
-  backfill prices it). Codex 0.171 (name in `event.name`, no body; keyed by `conversation.id`)
+  `cache_read_tokens`, `cost_usd`): a step, priced from its model like any step (unpriced until
+  the tick's backfill prices it); for a model no price table knows, its `cost_usd` claim is its
+  cost (watchdog.daemon.otlp.logruns.claimed: a claim only ever raises its own run's cost). Codex 0.171 (name in `event.name`, no body; keyed by `conversation.id`)
   puts a turn's tokens on `codex.sse_event` with `event.kind = response.completed`
   (`input_token_count`, `output_token_count`), not on `codex.api_request`: that one is the step.
   `gemini_cli.api_response` is mapped like Claude Code's, unchecked against the real CLI;
@@ -21,6 +22,7 @@ and who may make them count, is watchdog.daemon.otlp.logruns (the traces' rules,
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +107,23 @@ def _int(v: object) -> int | None:
     return n if 0 <= n < 1 << 40 else None
 
 
+MAX_CLAIM_USD = 1_000_000.0  # one step's claimed cost, at most (a claim past it counts as this much)
+
+
+def usd(v: object) -> float | None:
+    """A claimed cost in USD: a finite number >= 0 (text that reads as one too), at most
+    MAX_CLAIM_USD; None for anything else (negative, NaN, a bool, an object)."""
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        return None
+    try:
+        n = float(v[:64] if isinstance(v, str) else v)
+    except (ValueError, OverflowError):
+        return None
+    if not math.isfinite(n) or n < 0:
+        return None
+    return min(n, MAX_CLAIM_USD)
+
+
 def sessions(records: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> list[Session]:
     """The records grouped by (CLI, session), as witnessed calls (pure)."""
     by: dict[tuple[str, str], Session] = {}
@@ -130,7 +149,8 @@ def sessions(records: list[tuple[dict[str, Any], str, dict[str, Any]]]) -> list[
             s.calls.append(Call(kind=lc.EventKind.STEP, span_id="", end_ns=0, duration_s=None,
                                 model=str(attrs.get("model") or "")[:128] or None, tokens_in=tin or 0,
                                 tokens_out=tout or 0,
-                                cached_tokens_in=_int(attrs.get("cache_read_tokens", attrs.get("cached_token_count")))))
+                                cached_tokens_in=_int(attrs.get("cache_read_tokens", attrs.get("cached_token_count"))),
+                                claimed_cost_usd=usd(attrs.get("cost_usd"))))
         elif event in _TOOL_EVENTS:
             use_id = attrs.get("tool_use_id") or attrs.get("call_id") or attrs.get("function_call_id")
             ok = str(attrs.get("success", "true")).lower() not in ("false", "0")

@@ -50,6 +50,8 @@ class Call:
     tokens_out: int | None = None
     cached_tokens_in: int | None = None
     call_id: str | None = None
+    claimed_cost_usd: float | None = None  # a step's cost as its sender says (Claude Code's cost_usd)
+    cost_eur: float | None = None  # a step's cost written with it (a claim, for a model no table prices)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from watchdog.daemon.trust.authentic import OwnEvidence
 from watchdog.daemon.tick.judging import Batch, act_on_breach, announce_resume, judge_paused
 from watchdog.daemon.leases.cluster import ClusterDuties, DutyTick, Membership, Role
 from watchdog.daemon.tick.heap import HeapFreezer
+from watchdog.daemon.tick.hooktop import HookTops
 from watchdog.daemon.tick.toolwatch import ToolWatch
 from watchdog.daemon.trust.lightrow import proc_of
 from watchdog.daemon.trust.scan import Defect, RATE_WINDOW_S, Scanner
@@ -85,6 +86,7 @@ class Ticker:
         self.state = TickState()  # what it remembers between ticks (watchdog.daemon.tick.tickstate)
         self.this: ThisTick | None = None  # the tick in progress (or the last one)
         self.scanner = Scanner()
+        self.hook_tops = HookTops()  # a hook run's top tool with the errors appended after its calls
         # Prices, the spend ledger, period budgets, drift (watchdog.daemon.money.money); None = run budgets only.
         # A cluster duty: only the leader runs it (see tick).
         self.money = Money(config, self.by, sealer=sealer) if money else None
@@ -291,7 +293,8 @@ class Ticker:
         now = this.now
         budgets = judging.budgets(self, row, batch)
         st = self.scanner.stats.get(row.id)
-        top = st.top_tool() if st else None
+        top = self.hook_tops.top(self.engine, row, st.top_tool() if st else None,
+                                 sum(st.tool_errors.values()) if st else 0)
         last_error = st.last_error.get(top[0]) if (st and top) else None
         if self.config.store.record_errors == "class":
             last_error = None  # the operator asked for no message text anywhere the daemon writes

@@ -182,12 +182,15 @@ def _key(ev: HookEvent) -> str:
 
 
 def after_tool(engine: Any, *, cli: str, ev: HookEvent) -> None:
-    """A call that ran: its failure counts on the run (its success was counted before it ran)."""
+    """A call that ran: its failure counts on the run and as an error of its tool, once per call
+    (its success was counted before it ran: watchdog.store.hooks.count_failed)."""
     if not ev.failed:
         return
     found = _current(engine, cli, _key(ev))
     if found is not None:
-        store.count_error(engine, found[0])
+        args_hash = hash_args(ev.tool_input if ev.tool_input is not None else {}, tool=ev.tool)
+        store.count_failed(engine, found[0], tool=ev.tool, args_hash=args_hash,
+                           call_id=f"hook:{cli}:{ev.call_id}" if ev.call_id else None, cli=cli)
 
 
 def ended(engine: Any, *, cli: str, ev: HookEvent) -> Verdict:
