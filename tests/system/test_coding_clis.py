@@ -545,19 +545,8 @@ def test_gemini_log_events_and_hooks_are_one_run_each_call_counted_once(store, t
 
 def test_gemini_is_refused_at_max_tool_calls_and_the_session_ends(store, tmp_path):
     url, _, engine = store
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    gemini_dir = tmp_path / "home" / ".gemini"
-    gemini_dir.mkdir(parents=True)
-    # An API key auth (no Google login), and the project trusted (else its settings' hooks are ignored).
-    (gemini_dir / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
-    (gemini_dir / "trustedFolders.json").write_text(json.dumps({str(proj): "TRUST_FOLDER"}))
     with FakeModel(lambda n: f"touch marker-{n}") as model:
-        env = home_env(tmp_path, GEMINI_API_KEY="fake", GOOGLE_GEMINI_BASE_URL=model.url)
-        install("gemini", ["--project", str(proj)], env, "--agent", "gemini-max", "--hook-db", url)
-        done = subprocess.run([str(BIN / "gemini"), "-p", "touch the markers", "--yolo", "--output-format", "json"],
-                              cwd=proj, env=env, capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL)
+        proj, done = gemini(tmp_path, model, db=url, agent="gemini-max")
     assert markers(proj) == {1, 2, 3}, done.stderr[-3000:]
     # continue: false ends Gemini's session: it exits by itself, naming our reason.
     assert done.returncode == 0 and model.calls == 4, done.stderr[-3000:]
