@@ -21,26 +21,37 @@ from pathlib import Path
 import anyio
 import pytest
 
-from attest_support import local_user
+from attest_support import foreign_python, local_user
 from test_mcp_proxy import CLI, SERVER, _env, free_port, http_session, store_events, wait_port  # noqa: F401
 from watchdog import Watchdog
 
+# The standard library only: another user runs it with an interpreter of its own (the test's venv
+# may sit under a directory only root may enter: CI's `mktemp -d`), with no site-packages of ours.
 MALLORY_SCRIPT = textwrap.dedent("""
-    import json, sys, httpx
+    import json, sys, urllib.error, urllib.request
     url = sys.argv[1]
     h = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+
+    def post(body):
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=h, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                r.read()
+                return r.status, r.headers.get("mcp-session-id")
+        except urllib.error.HTTPError as e:
+            return e.code, None
+
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "m", "version": "1"}}}
-    r = httpx.post(url, json=init, headers=h, timeout=30)
-    out = {"initialize": r.status_code, "calls": []}
-    sid = r.headers.get("mcp-session-id")
-    if r.status_code == 200 and sid:
+    status, sid = post(init)
+    out = {"initialize": status, "calls": []}
+    if status == 200 and sid:
         h["mcp-session-id"] = sid
-        httpx.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=h, timeout=30)
+        post({"jsonrpc": "2.0", "method": "notifications/initialized"})
         for i in range(4):
             call = {"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call",
                     "params": {"name": "search", "arguments": {"q": f"spend {i}"}}}
-            out["calls"].append(httpx.post(url, json=call, headers=h, timeout=30).status_code)
+            out["calls"].append(post(call)[0])
     print(json.dumps(out))
 """)
 
@@ -66,7 +77,7 @@ def test_another_unix_users_calls_through_the_http_proxy_never_count_on_its_run(
         wait_port(pport, proxy)
         url = f"http://127.0.0.1:{pport}/mcp"
         done = subprocess.run(["setpriv", f"--reuid={mallory}", f"--regid={mallory}", "--clear-groups",
-                               sys.executable, "-c", MALLORY_SCRIPT, url], capture_output=True, text=True, timeout=120,
+                               foreign_python()[0], "-I", "-c", MALLORY_SCRIPT, url], capture_output=True, text=True, timeout=120,
                               env={"PATH": os.environ["PATH"], "HOME": "/tmp"}, cwd="/")
         assert done.returncode == 0, done.stderr
         seen = json.loads(done.stdout)
