@@ -71,5 +71,29 @@ def test_a_closed_peer_socket_is_never_taken_for_roots(mallory):
             assert fin_wait2(addr[1]), "the client's socket never reached FIN_WAIT2"
             found = peer(addr, conn.getsockname())
             assert found.uid in (None, uid), found  # never root's: the socket was mallory's
-            if found.uid is None:  # a loopback peer the kernel cannot place: refused
-                assert not own_user({"client": addr, "server": conn.getsockname()})
+            assert found.closed
+            assert not own_user({"client": addr, "server": conn.getsockname()})
+
+
+def test_a_closed_peer_on_a_non_loopback_address_is_refused_too(mallory):
+    """Through the host's own non-loopback address (a proxy listening beyond loopback) a peer the
+    kernel does not find counts as a remote one: a closed local socket must not pass as that."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: the route's source address
+        host = probe.getsockname()[0]
+    if host.startswith("127."):
+        host = "127.0.0.1"  # no other address: the loopback case again
+    with socket.socket() as ls:
+        ls.bind((host, 0))
+        ls.listen(1)
+        port = ls.getsockname()[1]
+        done = subprocess.run(["setpriv", f"--reuid={mallory}", f"--regid={mallory}", "--clear-groups",
+                               sys.executable, "-c", CLIENT.replace('"127.0.0.1"', repr(host)), str(port)],
+                              capture_output=True, text=True, timeout=60, cwd="/")
+        assert done.returncode == 0, done.stderr
+        conn, addr = ls.accept()
+        with conn:
+            assert conn.recv(4096).startswith(b"POST")
+            found = peer(addr, conn.getsockname())
+            assert found.uid in (None, pwd.getpwnam(mallory).pw_uid), found
+            assert not own_user({"client": addr, "server": conn.getsockname()})

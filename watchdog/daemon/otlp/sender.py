@@ -36,6 +36,7 @@ class Peer:
     address: tuple[str, int]
     uid: int | None
     inode: int | None
+    closed: bool = False  # not found open, but the kernel lists it closed: a local peer that left (nobody's)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ def peer(client: tuple[str, int], server: tuple[str, int]) -> Peer:
         want_remote = (_norm(server[0]), int(server[1]))
     except ValueError:
         return Peer(address, None, None)
+    closed = False
     for path in PROC_NET:
         try:
             with open(path, encoding="ascii") as f:
@@ -83,13 +85,14 @@ def peer(client: tuple[str, int], server: tuple[str, int]) -> Peer:
                         if _parse_addr(parts[1]) != want_local or _parse_addr(parts[2]) != want_remote:
                             continue
                         if parts[9] == "0":  # no live socket (closed: timewait, orphan): its uid is 0, no owner's
+                            closed = True
                             continue
                         return Peer(address, int(parts[7]), int(parts[9]))
                     except ValueError:
                         continue
         except OSError:
             continue
-    return Peer(address, None, None)
+    return Peer(address, None, None, closed)
 
 
 def holds(pid: int, inode: int) -> bool | None:
