@@ -20,6 +20,8 @@ import pytest
 
 from pg_support import RolesStore, raw
 from watchdog import Watchdog
+from watchdog.core.periods import utcnow
+from watchdog.store import joined
 from watchdog.store.engine import GATEWAY_LOCK_TIMEOUT_MS, GATEWAY_ROLE, row_locked
 
 pytest.importorskip("psycopg")
@@ -73,3 +75,50 @@ def test_a_gateways_lock_wait_is_bounded_through_pgbouncer(store):
         wd.close()
         assert not stalled, "the gateway's INSERT waited on the other login's lock past 15 s"
         assert outcome and outcome[0] is not None and row_locked(outcome[0]), outcome
+
+
+def test_a_gateways_witness_event_wait_is_bounded_through_pgbouncer(store):
+    """The witness events (a joined run's steps and tool calls) go through the engine, not the
+    Writer: an agent holding its own run's row locked makes their foreign key wait."""
+    from pgbouncer_proc import PgBouncer, binary
+
+    if binary() is None:
+        pytest.skip("pgbouncer is not installed")
+    gw = store.logins["gw"]
+    agent = Watchdog(store.url("b"), attest_socket="")
+    run = agent.run(agent="victim")
+    run.start()
+    with PgBouncer(users=[gw], pool_size=3) as bouncer:
+        url = bouncer.url(gw, store.db)
+        wd = Watchdog(url, attest_socket="", lock_timeout_ms=GATEWAY_LOCK_TIMEOUT_MS)
+        hold = raw(store.url("b"))  # the runaway's own session, its row locked
+        other = raw(url)
+        try:
+            with wd.engine.connect() as conn:  # the engine's connection opens (on one server connection)
+                conn.exec_driver_sql("SELECT 1")
+            other.execute("SELECT 1")  # ...which another transaction of the login now holds
+            hold.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (run.id,))
+            outcome: list[BaseException | None] = []
+
+            def append() -> None:
+                try:
+                    joined.append_witness_event(wd.engine, run.id, source="litellm", kind="step", at=utcnow())
+                    outcome.append(None)
+                except BaseException as exc:  # noqa: BLE001
+                    outcome.append(exc)
+
+            t = threading.Thread(target=append, daemon=True)
+            t.start()
+            t.join(timeout=15)
+            stalled = t.is_alive()
+        finally:
+            hold.rollback()
+            hold.close()
+            other.rollback()
+            other.close()
+        t.join(timeout=30)
+        wd.close()
+    run.end("completed", None, None)
+    agent.close()
+    assert not stalled, "the gateway's witness event waited on the run's row lock past 15 s"
+    assert outcome and outcome[0] is not None and row_locked(outcome[0]), outcome
