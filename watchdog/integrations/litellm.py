@@ -263,11 +263,13 @@ class WatchdogProxyHandler(CustomLogger):
         state = runs.state(trace)
         if state is None or (state.source == SOURCE and state.agent != agent):
             return  # no run, or the callback's own run of this trace for another key (check() made this key's)
-        runs.append(trace, kind=lc.EV_STEP, call_id=call_id, model=model, tokens_in=tokens_in, tokens_out=tokens_out,
-                    cost_eur=cost_eur)
-        guard = runs.known(trace)
-        if guard is not None:
-            guard.after_step(cost_eur or 0.0, tokens_in + tokens_out)
+        try:
+            runs.append(trace, kind=lc.EV_STEP, call_id=call_id, model=model, tokens_in=tokens_in,
+                        tokens_out=tokens_out, cost_eur=cost_eur)
+        finally:  # seen, whatever the store did with it: a run holding its own row locked (its event
+            guard = runs.known(trace)  # waits on it, then gives up) is still refused past its budget
+            if guard is not None:
+                guard.after_step(cost_eur or 0.0, tokens_in + tokens_out)
 
 
     def _record_untraced(self, kwargs: dict, model: str | None, tokens_in: int, tokens_out: int,

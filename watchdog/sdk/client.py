@@ -106,7 +106,7 @@ class Watchdog:
         self.engine = make_engine(url, pool_size=pool_size, max_overflow=1, pool_timeout=PG_CONNECT_TIMEOUT_S * 2,
                                   create=False, lock_timeout_ms=lock_timeout_ms, **kw)
         self.lock_timeout_ms = lock_timeout_ms
-        self.writer = Writer(self.engine, pool_size)
+        self.writer = Writer(self.engine, pool_size, lock_timeout_ms=lock_timeout_ms)
         # Records of this process's threads that meet at the store go in one transaction (issue 35).
         self.bursts = Bursts(self, pool_size)
         self.closed = False

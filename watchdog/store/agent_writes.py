@@ -150,7 +150,11 @@ class Writer:
     where the busy timeout waits for it, never mid-transaction where it cannot.
     """
 
-    def __init__(self, engine: Engine, pool_size: int = POOL_SIZE):
+    def __init__(self, engine: Engine, pool_size: int = POOL_SIZE, lock_timeout_ms: int | None = None):
+        """`lock_timeout_ms` (PostgreSQL; the gateways): every transaction's lock waits are
+        bounded by `SET LOCAL`, sent with its BEGIN (one round trip), so the bound holds behind
+        PgBouncer's transaction pooling too, where a session's SET stays on whichever server
+        connection ran it: its single statements are then transactions of their own too."""
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size: expected an integer >= 1, got {pool_size!r}")
         self.engine = engine
@@ -158,7 +162,11 @@ class Writer:
         self.sql = _agent_sql(self.dialect.name)  # the SDK's statements, rendered once per backend
         self.pool_size = pool_size
         self._begin = self.dialect.write_begin
-        self._autocommit = self.dialect.autocommit_writes
+        self._autocommit = self.dialect.autocommit_writes  # the connections' mode
+        self._one_trip = self._autocommit  # a single statement is its own transaction (autocommit)
+        if lock_timeout_ms is not None and self.dialect.name == "postgresql":
+            self._begin = f"{self._begin}; SET LOCAL lock_timeout = '{int(lock_timeout_ms)}ms'"
+            self._one_trip = False
         self._idle: list[_Slot] = []  # LIFO: the warmest connection first; list.pop/append are atomic
         self._open = 0  # connections this process opened and has not dropped (idle or in use)
         self._cond = threading.Condition(threading.Lock())
@@ -254,7 +262,7 @@ class Writer:
         has_rows = self.dialect.has_rows
         row = None
         try:
-            if self._autocommit and len(statements) == 1:  # its own transaction: one round trip
+            if self._one_trip and len(statements) == 1:  # its own transaction: one round trip
                 sql, params = statements[0]
                 cur.execute(sql, params)
                 row = cur.fetchone() if has_rows(cur) else None
@@ -278,7 +286,7 @@ class Writer:
         has_rows = self.dialect.has_rows
         rows: list[Any] = []
         try:
-            if self._autocommit and len(statements) == 1:  # its own transaction: one round trip
+            if self._one_trip and len(statements) == 1:  # its own transaction: one round trip
                 cur.execute(*statements[0])
                 if has_rows(cur):
                     rows += cur.fetchall()

@@ -104,11 +104,16 @@ def _sqlite_begin(conn: Connection) -> None:
 GATEWAY_LOCK_TIMEOUT_MS = 500
 
 
-def _pg_lock_timeout(dbapi_conn: Any, _record: ConnectionPoolEntry, ms: int) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute(f"SET lock_timeout = '{ms}ms'")
-    cur.close()
-    dbapi_conn.commit()
+def _pg_lock_timeout(conn: Connection, ms: int) -> None:
+    """Each transaction's first statement (the engine's `begin` event): `SET LOCAL`, so that the
+    bound holds behind PgBouncer's transaction pooling too, where a session's SET stays on the one
+    server connection that ran it (the Writer's raw connections send theirs with BEGIN)."""
+    dbapi: Any = conn.connection.dbapi_connection
+    cur = dbapi.cursor()  # the driver's: it begins the transaction implicitly
+    try:
+        cur.execute(f"SET LOCAL lock_timeout = '{ms}ms'")
+    finally:
+        cur.close()
 
 
 def bound_lock_waits(conn: Connection) -> None:
@@ -216,7 +221,7 @@ def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, 
     of an empty file created by the first connection. `create=False` (the SDK): the file is
     opened read-write but never created, so the first contact fails with the fix instead. `read_only` (implies must_exist):
     SQLite opens the file read-only (`mode=ro`), so a read can never create or change it.
-    `lock_timeout_ms` (PostgreSQL): each session's `lock_timeout`, for a process that must never
+    `lock_timeout_ms` (PostgreSQL): each transaction's `lock_timeout`, for a process that must never
     wait long on a row another login holds (the gateways: see GATEWAY_LOCK_TIMEOUT_MS).
     """
     url = normalise_url(url)
@@ -231,7 +236,7 @@ def make_engine(url: str, *, read_only: bool = False, must_exist: bool = False, 
         kw.setdefault("connect_args", {}).setdefault("prepare_threshold", None)
         pg_engine = create_engine(url, **kw)
         if lock_timeout_ms is not None:
-            event.listen(pg_engine, "connect", functools.partial(_pg_lock_timeout, ms=int(lock_timeout_ms)))
+            event.listen(pg_engine, "begin", functools.partial(_pg_lock_timeout, ms=int(lock_timeout_ms)))
         if not kw.get("pool_pre_ping"):  # a caller asking for the ping gets it; ours costs no round trip
             event.listen(pg_engine, "checkout", _pg_checkout)
         return pg_engine

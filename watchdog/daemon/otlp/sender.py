@@ -2,9 +2,10 @@
 
 `/proc/net/tcp` and `/proc/net/tcp6` list every socket with its owner uid and inode (readable by
 anyone). The peer's socket is the one whose local address is the peer's address and whose
-remote address is ours. Which process holds that inode is readable only for one's own
-processes (or as root / with CAP_SYS_PTRACE): where the daemon can read a process's fds, it
-believes nothing less than the inode being there.
+remote address is ours, and it is open (a closed one's line, timewait or orphaned, has inode 0
+and, as timewait, uid 0 whoever made it: never taken for root's). Which process holds that
+inode is readable only for one's own processes (or as root / with CAP_SYS_PTRACE): where the
+daemon can read a process's fds, it believes nothing less than the inode being there.
 
 Two questions are asked of it (watchdog.daemon.otlp.ingest):
 - `confirm_claim`: is the claimed `process.pid` the sender? (its uid is the socket's owner and,
@@ -35,6 +36,7 @@ class Peer:
     address: tuple[str, int]
     uid: int | None
     inode: int | None
+    closed: bool = False  # not found open, but the kernel lists it closed: a local peer that left (nobody's)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ def peer(client: tuple[str, int], server: tuple[str, int]) -> Peer:
         want_remote = (_norm(server[0]), int(server[1]))
     except ValueError:
         return Peer(address, None, None)
+    closed = False
     for path in PROC_NET:
         try:
             with open(path, encoding="ascii") as f:
@@ -81,12 +84,15 @@ def peer(client: tuple[str, int], server: tuple[str, int]) -> Peer:
                     try:
                         if _parse_addr(parts[1]) != want_local or _parse_addr(parts[2]) != want_remote:
                             continue
+                        if parts[9] == "0":  # no live socket (closed: timewait, orphan): its uid is 0, no owner's
+                            closed = True
+                            continue
                         return Peer(address, int(parts[7]), int(parts[9]))
                     except ValueError:
                         continue
         except OSError:
             continue
-    return Peer(address, None, None)
+    return Peer(address, None, None, closed)
 
 
 def holds(pid: int, inode: int) -> bool | None:

@@ -171,7 +171,10 @@ def own_user(scope: dict) -> bool:
     client, server = scope.get("client"), scope.get("server")
     if not client or not server:
         return False
-    uid = peer((str(client[0]), int(client[1])), (str(server[0]), int(server[1]))).uid
+    found = peer((str(client[0]), int(client[1])), (str(server[0]), int(server[1])))
+    uid = found.uid
+    if found.closed:  # a local socket that already closed: whose it was, the kernel no longer says
+        return False
     if uid is None:  # not found: only a peer beyond this host may be unknown to its kernel
         try:
             return not ipaddress.ip_address(str(client[0]).split("%", 1)[0]).is_loopback
