@@ -26,6 +26,10 @@ for _d in (os.environ["STATE_DIRECTORY"], os.environ["RUNTIME_DIRECTORY"]):
 # with kill_mode "process" would attest to a daemon running on this machine. It looks where a
 # daemon of this session listens by default instead (tests that start one still name theirs).
 os.environ.setdefault("AGENT_WATCHDOG_SOCKET", os.path.join(os.environ["RUNTIME_DIRECTORY"], "attest.sock"))
+# LiteLLM, imported in-process by the callback's tests, fetches its model cost map from GitHub in
+# a background thread, and retries: hermetic tests have no network, and a retry that fires while
+# a later unit test of the same worker runs fails that test in the unit guard (seen). Its own map.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 atexit.register(shutil.rmtree, _SESSION_DIRS, True)
 
 # Imported only now: the package resolves its default paths when it is imported (Config's
