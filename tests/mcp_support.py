@@ -4,6 +4,8 @@ in front of the real server tests/mcp_server.py, and what that server really rec
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,3 +39,14 @@ def calls_seen(env, tool=None) -> int:
         return 0
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     return sum(1 for c in lines if tool is None or c["tool"] == tool)
+
+
+def terminate(*procs: "subprocess.Popen | None") -> None:
+    """SIGTERM each process still running (a proxy, an upstream server), SIGKILL if it lingers."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()

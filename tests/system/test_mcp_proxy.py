@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from sqlalchemy import select
 
 from daemon_support import config as daemon_config
-from mcp_support import SERVER, calls_seen, stdio_session, text
+from mcp_support import SERVER, calls_seen, stdio_session, terminate, text
 from watchdog import Watchdog
 from watchdog.daemon.stops.circuits import CircuitBreakers
 from watchdog.daemon.stops.killer import Killer
@@ -334,13 +334,7 @@ def http_proxy(env):
         wait_port(pport, proxy)
         yield f"http://127.0.0.1:{pport}/mcp"
     finally:
-        for p in (proxy, server):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        terminate(proxy, server)
 
 
 @asynccontextmanager

@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from test_review_litellm_trace_claims import TOML, one_call
-from watchdog.integrations.litellm import WatchdogProxyHandler
+from test_review_litellm_trace_claims import handler, one_call
 from watchdog.store.schema import runs
 
 
@@ -29,11 +28,7 @@ def unaliased(secret: str):
 @pytest.mark.xfail(strict=True, reason="own runs are keyed by the resolved agent, not the key: two keys "
                                        "without an alias are both agent 'litellm' and share a trace's run")
 def test_two_unaliased_keys_with_one_trace_are_two_runs(sqlite_url, tmp_path, monkeypatch):
-    cfg = tmp_path / "watchdog.toml"
-    cfg.write_text(TOML)
-    monkeypatch.setenv("AGENT_WATCHDOG_CONFIG", str(cfg))
-    h = WatchdogProxyHandler(sqlite_url)
-    try:
+    with handler(sqlite_url, tmp_path, monkeypatch) as h:
         assert one_call(h, unaliased("alpha"), "job-1") is None  # alpha's first step
         for _ in range(3):  # bravo, another key (no alias either), picks the same trace id
             one_call(h, unaliased("bravo"), "job-1")
@@ -41,5 +36,3 @@ def test_two_unaliased_keys_with_one_trace_are_two_runs(sqlite_url, tmp_path, mo
         with h.wd().engine.connect() as conn:
             steps = sorted(r.steps for r in conn.execute(select(runs)).all())
         assert steps == [2, 3], steps  # alpha's run and bravo's own
-    finally:
-        h.wd().close()

@@ -12,6 +12,9 @@ store; the keys are LiteLLM's own `UserAPIKeyAuth`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import asyncio
 import datetime as dt
 from types import SimpleNamespace
@@ -48,12 +51,21 @@ def one_call(h: WatchdogProxyHandler, who, trace: str) -> str | None:
     return None
 
 
-def test_another_keys_calls_with_the_same_trace_never_spend_the_first_keys_run(sqlite_url, tmp_path, monkeypatch):
+@contextmanager
+def handler(url: str, tmp_path, monkeypatch) -> Iterator[WatchdogProxyHandler]:
+    """The shipped handler on the store at url, with TOML as its config; its SDK closed after."""
     cfg = tmp_path / "watchdog.toml"
     cfg.write_text(TOML)
     monkeypatch.setenv("AGENT_WATCHDOG_CONFIG", str(cfg))
-    h = WatchdogProxyHandler(sqlite_url)
+    h = WatchdogProxyHandler(url)
     try:
+        yield h
+    finally:
+        h.wd().close()
+
+
+def test_another_keys_calls_with_the_same_trace_never_spend_the_first_keys_run(sqlite_url, tmp_path, monkeypatch):
+    with handler(sqlite_url, tmp_path, monkeypatch) as h:
         assert one_call(h, key("alpha"), "job-1") is None  # alpha's first step
         for _ in range(3):  # bravo, another key, picks the same trace id
             one_call(h, key("bravo"), "job-1")
@@ -62,5 +74,3 @@ def test_another_keys_calls_with_the_same_trace_never_spend_the_first_keys_run(s
             rows = {r.agent: r for r in conn.execute(select(runs)).all()}
         assert (rows["alpha"].id, rows["alpha"].steps) == ("job-1", 2)
         assert rows["bravo"].id != "job-1" and rows["bravo"].steps == 3  # bravo's calls: a run of its own
-    finally:
-        h.wd().close()

@@ -22,6 +22,7 @@ import anyio
 import pytest
 
 from attest_support import foreign_python, local_user
+from mcp_support import terminate
 from test_mcp_proxy import CLI, SERVER, _env, free_port, http_session, store_events, wait_port  # noqa: F401
 from watchdog import Watchdog
 
@@ -90,12 +91,6 @@ def test_another_unix_users_calls_through_the_http_proxy_never_count_on_its_run(
 
         assert anyio.run(own) == [False, False, False]
     finally:
-        for p in (proxy, server):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        terminate(proxy, server)
         run.end("completed", None, None)
         wd.close()
