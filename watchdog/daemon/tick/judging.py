@@ -356,6 +356,8 @@ def first_missed(state: TickState, this: ThisTick, rows: list[Any]) -> Iterator[
     a loaded server, long committed by then, and the run's stop then goes out in this tick, not
     the next (one of three runs of a spent daily budget was stopped a tick late). Within the
     tick's lock waits; a second miss counts as the same tick's (held(again=True))."""
+    if not this.rep.locked:  # the usual tick: no pass over its rows
+        return
     for row in rows:
         if this.lock_waits >= MAX_WAITS_PER_TICK:
             return
